@@ -1,0 +1,199 @@
+/* flashcl.h: public API of flashcl, exact FlashAttention on any OpenCL device. */
+#ifndef FLASHCL_H
+#define FLASHCL_H
+
+#define CL_TARGET_OPENCL_VERSION 120
+#ifdef __APPLE__
+#include <OpenCL/cl.h>
+#else
+#include <CL/cl.h>
+#endif
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(FLASHCL_STATIC)
+#define FLASHCL_API
+#elif defined(_WIN32)
+#ifdef FLASHCL_BUILDING
+#define FLASHCL_API __declspec(dllexport)
+#else
+#define FLASHCL_API __declspec(dllimport)
+#endif
+#else
+#define FLASHCL_API __attribute__((visibility("default")))
+#endif
+
+#define FLASHCL_VERSION_MAJOR 0
+#define FLASHCL_VERSION_MINOR 1
+#define FLASHCL_VERSION_PATCH 0
+#define FLASHCL_VERSION_STRING "0.1.0"
+
+/* Returns FLASHCL_VERSION_STRING of the library actually linked. */
+FLASHCL_API const char *flashcl_version(void);
+
+/* ------------------------------------------------------------------------
+ * Status codes. 0 is success. Negative values in [-1, -1000) are OpenCL's
+ * own CL_* codes passed through unchanged (so a cl_int can be returned as
+ * is); the library's own codes live in [-2000, -2099].
+ * ---------------------------------------------------------------------- */
+typedef int flashcl_status;
+enum {
+    FLASHCL_SUCCESS = 0,
+    FLASHCL_ERROR_INVALID_ARGUMENT = -2000, /* NULL handle, zero size, bad enum  */
+    FLASHCL_ERROR_INVALID_SHAPE = -2001,    /* heads_q % heads_k, head_dim > 256  */
+    FLASHCL_ERROR_OUT_OF_BOUNDS = -2002,    /* strides/offsets overrun a buffer   */
+    FLASHCL_ERROR_DTYPE_MISMATCH = -2003,   /* tensors disagree on element type   */
+    FLASHCL_ERROR_NO_DEVICE = -2004,        /* no device matches the spec         */
+    FLASHCL_ERROR_BUILD_FAILED = -2005,     /* kernel build failed (log in last_error) */
+    FLASHCL_ERROR_OUT_OF_HOST_MEMORY = -2006, /* malloc failed                     */
+    FLASHCL_ERROR_UNSUPPORTED = -2007,      /* the operation needs an OpenCL device */
+    FLASHCL_ERROR_INVALID_PARAMS = -2008,   /* kernel parameters that do not fit  */
+};
+
+/* A static English description of any status, OpenCL's codes included. */
+FLASHCL_API const char *flashcl_status_string(flashcl_status status);
+
+/* ------------------------------------------------------------------------
+ * Contexts
+ * ---------------------------------------------------------------------- */
+typedef struct flashcl_context flashcl_context;
+
+/* Creates a context on a device chosen by `spec` (NULL or "" means the
+ * environment variable FLASHCL_DEVICE, else the default: the first GPU, else
+ * the first device of any type). Specs, case-insensitive:
+ *   "gpu", "cpu", "accelerator"  first device of that type
+ *   "nvidia", "amd", "intel", "pocl", any other word:
+ *                                first device whose platform or device name
+ *                                contains the word
+ *   "P:D"                        platform index P, device index D
+ *   "host"                       no OpenCL: the multi-threaded C path
+ * When no OpenCL platform exists at all and `spec` does not demand one, the
+ * context falls back to the host path and flashcl_context_is_host() says so.
+ * On failure *out is NULL and the status says why. */
+FLASHCL_API flashcl_status flashcl_context_create(flashcl_context **out, const char *spec);
+
+/* Adopts the application's own OpenCL objects. flashcl retains them (and
+ * releases its references in flashcl_context_destroy); the caller keeps its
+ * own. The queue must belong to `context` and `device`. Timing functions need
+ * CL_QUEUE_PROFILING_ENABLE on the queue; everything else works without it. */
+FLASHCL_API flashcl_status flashcl_context_adopt(flashcl_context **out, cl_context context,
+                                                 cl_device_id device, cl_command_queue queue);
+
+/* Destroys a context and everything it built. NULL is a no-op. */
+FLASHCL_API void flashcl_context_destroy(flashcl_context *ctx);
+
+/* The message of the last failed call on this context (with the OpenCL build
+ * log when a build failed); "" after a success. Owned by the context, valid
+ * until the next call on it. Safe on NULL (returns a static string). */
+FLASHCL_API const char *flashcl_last_error(const flashcl_context *ctx);
+
+/* 1 when the context runs the pure-C host path instead of OpenCL. */
+FLASHCL_API int flashcl_context_is_host(const flashcl_context *ctx);
+
+/* The OpenCL objects in use (NULL on a host context). Owned by the context. */
+FLASHCL_API cl_context flashcl_context_cl_context(const flashcl_context *ctx);
+FLASHCL_API cl_device_id flashcl_context_cl_device(const flashcl_context *ctx);
+FLASHCL_API cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx);
+
+/* A one-line description: "NVIDIA H200 (NVIDIA CUDA, OpenCL 3.0 ...)". */
+FLASHCL_API const char *flashcl_context_device_name(const flashcl_context *ctx);
+
+/* Optional log sink for notes such as "no OpenCL platform: using host path"
+ * or "disk cache hit". Process-wide; NULL restores the default, which
+ * prints nothing unless FLASHCL_LOG=1 (then lines go to stderr). */
+typedef void (*flashcl_log_fn)(void *user, const char *line);
+FLASHCL_API void flashcl_set_log(flashcl_log_fn fn, void *user);
+
+/* ------------------------------------------------------------------------
+ * Attention
+ * ---------------------------------------------------------------------- */
+typedef enum flashcl_dtype {
+    FLASHCL_FLOAT32 = 0,
+    FLASHCL_FLOAT16 = 1,  /* IEEE binary16 */
+    FLASHCL_BFLOAT16 = 2, /* upper 16 bits of a binary32 */
+} flashcl_dtype;
+
+/* Size in bytes of one element of `dtype` (0 for an unknown value). */
+FLASHCL_API size_t flashcl_dtype_size(flashcl_dtype dtype);
+
+/* Where a 4-D tensor lives inside its buffer. All counts are in elements.
+ * The last (head_dim) dimension is always contiguous. When all three strides
+ * are 0 the default packed layout is used:
+ *   q, out: [batch][seqlen_q][heads_q][head_dim]
+ *   k, v:   [batch][seqlen_k][heads_k][head_dim]
+ * The [batch][heads][seqlen][head_dim] layout is just other strides. */
+typedef struct flashcl_layout {
+    size_t offset;
+    size_t stride_batch, stride_seq, stride_head;
+} flashcl_layout;
+
+/* One attention problem. Zero-initialise, then set the shape:
+ *   flashcl_attention_desc d = {0}; d.batch = 2; ...
+ * Masks are aligned bottom-right (flash-attn >= 2.1): query row i sees key j
+ * iff  i + (seqlen_k - seqlen_q) - window_left <= j <= i + (seqlen_k - seqlen_q) + window_right,
+ * a negative window side being unbounded; causal sets window_right to 0.
+ * A row that sees no key gets output 0 and LSE -inf. */
+typedef struct flashcl_attention_desc {
+    flashcl_dtype dtype;      /* storage type of q, k, v and out            */
+    int batch;                /* >= 1                                       */
+    int heads_q, heads_k;     /* heads_q % heads_k == 0 (MHA, GQA, MQA)     */
+    int seqlen_q, seqlen_k;   /* >= 1, independent                          */
+    int head_dim;             /* 1 .. 256                                   */
+    float scale;              /* 0 means 1/sqrt(head_dim)                   */
+    int causal;               /* nonzero: causal mask, bottom-right aligned */
+    int window_left;          /* keys left of the diagonal seen; < 0: all   */
+    int window_right;         /* keys right of the diagonal seen; < 0: all  */
+    float softcap;            /* > 0: scores become softcap*tanh(s/softcap) */
+    flashcl_layout q, k, v, out;
+} flashcl_attention_desc;
+
+/* Normalises and checks a descriptor without running anything: fills the
+ * default scale, default strides, and the window implied by `causal`.
+ * Returns FLASHCL_SUCCESS or the error the forward call would report. */
+FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *desc);
+
+/* Forward attention on caller-owned device buffers, enqueued on the
+ * context's queue:
+ *   out = softmax(scale * q k^T + mask) v,   lse = logsumexp(scale * q k^T + mask)
+ * lse (may be NULL): float32 [batch][heads_q][seqlen_q], at element
+ * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
+ * On error nothing is enqueued and no output is touched. `event` (may be
+ * NULL) receives the kernel's event; the caller releases it. */
+FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
+                                                     const flashcl_attention_desc *desc,
+                                                     cl_mem q, cl_mem k, cl_mem v, cl_mem out,
+                                                     cl_mem lse, size_t lse_offset,
+                                                     cl_event *event);
+
+/* The same on host memory: copies to the device, runs, copies back and
+ * waits (on a host context it runs the multi-threaded C path directly).
+ * Layout offsets and strides apply to the host arrays; the caller guarantees
+ * that they lie inside the arrays. lse may be NULL. Blocking. */
+FLASHCL_API flashcl_status flashcl_attention_forward_host(flashcl_context *ctx,
+                                                          const flashcl_attention_desc *desc,
+                                                          const void *q, const void *k,
+                                                          const void *v, void *out, float *lse);
+
+/* ------------------------------------------------------------------------
+ * Kernel parameters (what flashcl picks for a device; see src/params.c)
+ * ---------------------------------------------------------------------- */
+typedef struct flashcl_params {
+    int block_m;         /* query rows per work-group                      */
+    int block_n;         /* keys per tile held in __local memory           */
+    int threads_per_row; /* work-items sharing one query row               */
+    const char *variant; /* "portable-gpu", "portable-cpu", "host", ...    */
+    const char *source;  /* where the numbers came from                    */
+} flashcl_params;
+
+/* The parameters the forward kernel would use for `desc` on this context. */
+FLASHCL_API flashcl_status flashcl_attention_params(flashcl_context *ctx,
+                                                    const flashcl_attention_desc *desc,
+                                                    flashcl_params *params);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHCL_H */

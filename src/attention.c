@@ -1,0 +1,338 @@
+/* attention.c: checking attention arguments and launching the forward kernel. */
+#include <ctype.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* ---- descriptors -------------------------------------------------------------------- */
+
+static void default_layout(flashcl_layout *l, int seqlen, int heads, int head_dim) {
+    if (l->stride_batch || l->stride_seq || l->stride_head)
+        return;
+    l->stride_head = (size_t)head_dim;
+    l->stride_seq = (size_t)heads * (size_t)head_dim;
+    l->stride_batch = (size_t)seqlen * l->stride_seq;
+}
+
+flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
+    if (!d)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    if (flashcl_dtype_size(d->dtype) == 0)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    if (d->batch < 1 || d->heads_q < 1 || d->heads_k < 1 || d->seqlen_q < 1 || d->seqlen_k < 1 ||
+        d->head_dim < 1)
+        return FLASHCL_ERROR_INVALID_SHAPE;
+    if (d->heads_q % d->heads_k != 0 || d->head_dim > 256)
+        return FLASHCL_ERROR_INVALID_SHAPE;
+    if (!(d->scale >= 0.0f) || isinf(d->scale) || !(d->softcap >= 0.0f) || isinf(d->softcap))
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    if (d->scale == 0.0f)
+        d->scale = 1.0f / sqrtf((float)d->head_dim);
+    if (d->causal)
+        d->window_right = 0; /* flash-attn: causal is a window whose right side is 0 */
+    if (d->window_left < 0)
+        d->window_left = -1;
+    if (d->window_right < 0)
+        d->window_right = -1;
+    default_layout(&d->q, d->seqlen_q, d->heads_q, d->head_dim);
+    default_layout(&d->out, d->seqlen_q, d->heads_q, d->head_dim);
+    default_layout(&d->k, d->seqlen_k, d->heads_k, d->head_dim);
+    default_layout(&d->v, d->seqlen_k, d->heads_k, d->head_dim);
+    return FLASHCL_SUCCESS;
+}
+
+/* One past the last element a layout touches, or 0 on overflow. */
+static size_t layout_extent(const flashcl_layout *l, int batch, int seqlen, int heads, int head_dim) {
+    size_t end = l->offset + (size_t)head_dim, t;
+    if (end < l->offset)
+        return 0;
+    if (!flashcl_mul_add((size_t)(batch - 1), l->stride_batch, end, &t))
+        return 0;
+    if (!flashcl_mul_add((size_t)(seqlen - 1), l->stride_seq, t, &t))
+        return 0;
+    if (!flashcl_mul_add((size_t)(heads - 1), l->stride_head, t, &t))
+        return 0;
+    return t;
+}
+
+/* Resolves *d into *r and checks it; the error message names the problem. */
+static flashcl_status check_desc(flashcl_context *ctx, const flashcl_attention_desc *d,
+                                 flashcl_attention_desc *r) {
+    if (!d)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    *r = *d;
+    flashcl_status st = flashcl_attention_desc_resolve(r);
+    if (st == FLASHCL_SUCCESS)
+        return st;
+    if (flashcl_dtype_size(d->dtype) == 0)
+        return flashcl_fail(ctx, st, "unknown dtype %d", (int)d->dtype);
+    if (st == FLASHCL_ERROR_INVALID_SHAPE)
+        return flashcl_fail(ctx, st,
+                            "invalid shape: batch %d, heads_q %d, heads_k %d, seqlen_q %d, "
+                            "seqlen_k %d, head_dim %d (all >= 1, heads_q a multiple of heads_k, "
+                            "head_dim <= 256)",
+                            d->batch, d->heads_q, d->heads_k, d->seqlen_q, d->seqlen_k, d->head_dim);
+    return flashcl_fail(ctx, st, "invalid scale %g or softcap %g (finite, >= 0)", (double)d->scale,
+                        (double)d->softcap);
+}
+
+static flashcl_status check_buffer(flashcl_context *ctx, const char *name, cl_mem buf, size_t need_bytes) {
+    if (!buf)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", name);
+    size_t size = 0;
+    cl_int err = clGetMemObjectInfo(buf, CL_MEM_SIZE, sizeof size, &size, NULL);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "%s: not a valid cl_mem (%s)", name, flashcl_status_string(err));
+    if (need_bytes == 0 || need_bytes > size)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS,
+                            "%s: layout reaches byte %zu but the buffer holds %zu", name, need_bytes, size);
+    return FLASHCL_SUCCESS;
+}
+
+/* Bytes each tensor's layout spans (0 on overflow). */
+typedef struct extents {
+    size_t q, k, v, out, lse;
+} extents;
+
+static int tensor_extents(const flashcl_attention_desc *r, size_t lse_offset, extents *e) {
+    size_t es = flashcl_dtype_size(r->dtype);
+    size_t lse_count = (size_t)r->batch * (size_t)r->heads_q * (size_t)r->seqlen_q;
+    e->q = layout_extent(&r->q, r->batch, r->seqlen_q, r->heads_q, r->head_dim);
+    e->out = layout_extent(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim);
+    e->k = layout_extent(&r->k, r->batch, r->seqlen_k, r->heads_k, r->head_dim);
+    e->v = layout_extent(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim);
+    int ok = e->q && e->out && e->k && e->v &&
+             flashcl_mul_add(e->q, es, 0, &e->q) && flashcl_mul_add(e->out, es, 0, &e->out) &&
+             flashcl_mul_add(e->k, es, 0, &e->k) && flashcl_mul_add(e->v, es, 0, &e->v) &&
+             flashcl_mul_add(lse_offset + lse_count, sizeof(float), 0, &e->lse) &&
+             lse_offset + lse_count >= lse_offset;
+    return ok;
+}
+
+/* ---- parameters ---------------------------------------------------------------------- */
+
+/* FLASHCL_PARAMS="BLOCK_M=32,BLOCK_N=16,TPR=4": strict; any unknown key,
+ * missing value or trailing garbage is an error naming the entry. */
+static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) {
+    const char *env = getenv("FLASHCL_PARAMS");
+    if (!env || !env[0])
+        return FLASHCL_SUCCESS;
+    const char *s = env;
+    while (*s) {
+        char key[32];
+        size_t n = 0;
+        while (s[n] && s[n] != '=' && s[n] != ',' && n + 1 < sizeof key) {
+            key[n] = (char)toupper((unsigned char)s[n]);
+            ++n;
+        }
+        key[n] = '\0';
+        if (s[n] != '=')
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: expected KEY=VALUE at '%s'", s);
+        char *end;
+        long value = strtol(s + n + 1, &end, 10);
+        if (end == s + n + 1 || (*end && *end != ',') || value < 1 || value > 4096)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: bad value for %s in '%s'", key, env);
+        if (!strcmp(key, "BLOCK_M"))
+            p->block_m = (int)value;
+        else if (!strcmp(key, "BLOCK_N"))
+            p->block_n = (int)value;
+        else if (!strcmp(key, "TPR"))
+            p->threads_per_row = (int)value;
+        else
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: unknown parameter '%s' (BLOCK_M, BLOCK_N, TPR)", key);
+        p->source = "FLASHCL_PARAMS";
+        s = *end ? end + 1 : end;
+    }
+    return FLASHCL_SUCCESS;
+}
+
+/* Parameters for a resolved desc, checked against the device. */
+static flashcl_status choose_params(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                    flashcl_params *p) {
+    flashcl_default_params(ctx, r, p);
+    if (ctx->is_host)
+        return FLASHCL_SUCCESS;
+    flashcl_status st = apply_env_params(ctx, p);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    size_t wg = (size_t)p->block_m * (size_t)p->threads_per_row;
+    size_t local = flashcl_forward_local_bytes(p, r->head_dim);
+    if (p->block_n % p->threads_per_row != 0)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "BLOCK_N %d is not a multiple of TPR %d", p->block_n, p->threads_per_row);
+    if (wg > ctx->info.max_wg)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "work-group of %zu (BLOCK_M %d x TPR %d) exceeds the device's %zu", wg,
+                            p->block_m, p->threads_per_row, ctx->info.max_wg);
+    if (local > ctx->info.local_mem)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "%zu bytes of local memory needed, the device has %llu", local,
+                            (unsigned long long)ctx->info.local_mem);
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                        flashcl_params *params) {
+    if (!ctx || !params)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    flashcl_attention_desc r;
+    flashcl_status st = check_desc(ctx, desc, &r);
+    return st != FLASHCL_SUCCESS ? st : choose_params(ctx, &r, params);
+}
+
+/* ---- the forward pass ------------------------------------------------------------------ */
+
+static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                     cl_kernel *kernel, size_t *local, size_t *global) {
+    flashcl_params p;
+    flashcl_status st = choose_params(ctx, r, &p);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    char options[256];
+    snprintf(options, sizeof options,
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DTPR=%d",
+             (int)r->dtype, r->head_dim, p.block_m, p.block_n, p.threads_per_row);
+    st = flashcl_get_kernel(ctx, "flash_fwd.cl", "flash_fwd", options, kernel);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    size_t wg = (size_t)p.block_m * (size_t)p.threads_per_row, kernel_wg = 0;
+    clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
+                             &kernel_wg, NULL);
+    if (kernel_wg && wg > kernel_wg)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "work-group of %zu exceeds the built kernel's limit of %zu", wg, kernel_wg);
+    local[0] = wg;
+    local[1] = local[2] = 1;
+    global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;
+    global[1] = (size_t)r->heads_q;
+    global[2] = (size_t)r->batch;
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                         cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
+                                         size_t lse_offset, cl_event *event) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                            "a host context has no cl_mem buffers: use flashcl_attention_forward_host");
+    flashcl_attention_desc r;
+    flashcl_status st = check_desc(ctx, desc, &r);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    extents e;
+    if (!tensor_extents(&r, lse_offset, &e))
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
+    if ((st = check_buffer(ctx, "q", q, e.q)) || (st = check_buffer(ctx, "k", k, e.k)) ||
+        (st = check_buffer(ctx, "v", v, e.v)) || (st = check_buffer(ctx, "out", out, e.out)) ||
+        (lse && (st = check_buffer(ctx, "lse", lse, e.lse))))
+        return st;
+
+    cl_kernel kernel;
+    size_t local[3], global[3];
+    if ((st = forward_kernel(ctx, &r, &kernel, local, global)) != FLASHCL_SUCCESS)
+        return st;
+
+    const float log2e = 1.4426950408889634f;
+    cl_ulong u[17] = {r.q.offset,  r.q.stride_batch,   r.q.stride_seq, r.q.stride_head,
+                      r.k.offset,  r.k.stride_batch,   r.k.stride_seq, r.k.stride_head,
+                      r.v.offset,  r.v.stride_batch,   r.v.stride_seq, r.v.stride_head,
+                      r.out.offset, r.out.stride_batch, r.out.stride_seq, r.out.stride_head,
+                      lse_offset};
+    cl_int has_lse = lse != NULL;
+    cl_int nq = r.seqlen_q, nk = r.seqlen_k, group = r.heads_q / r.heads_k;
+    cl_float q_mul = r.softcap > 0.0f ? r.scale / r.softcap : r.scale * log2e;
+    cl_float softcap_log2 = r.softcap > 0.0f ? r.softcap * log2e : 0.0f;
+    cl_int wl = r.window_left, wr = r.window_right;
+    /* The kernel wants a valid buffer even when LSE is not stored. */
+    cl_mem lse_arg = lse ? lse : out;
+
+    cl_int err = CL_SUCCESS;
+    cl_uint a = 0;
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &q);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &k);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &out);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse_arg);
+    for (int i = 0; i < 17; ++i)
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &has_lse);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &nq);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &nk);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &group);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &q_mul);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &wl);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &wr);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed");
+    err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL, event);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "launching flash_fwd: %s", flashcl_status_string(err));
+    return FLASHCL_SUCCESS;
+}
+
+/* ---- host memory convenience layer -------------------------------------------------------- */
+
+flashcl_status flashcl_attention_forward_host(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                              const void *q, const void *k, const void *v, void *out,
+                                              float *lse) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    flashcl_attention_desc r;
+    flashcl_status st = check_desc(ctx, desc, &r);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    if (!q || !k || !v || !out)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "a tensor pointer is NULL");
+    extents e;
+    if (!tensor_extents(&r, 0, &e))
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
+    if (ctx->is_host)
+        return flashcl_host_forward(ctx, &r, q, k, v, out, lse);
+
+    /* Inputs are copied whole; out is copied in too so the elements its
+     * strides skip come back unchanged. */
+    cl_int err = CL_SUCCESS;
+    cl_mem_flags in = CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR;
+    cl_mem bq = clCreateBuffer(ctx->cl_ctx, in, e.q, (void *)q, &err);
+    cl_mem bk = bq ? clCreateBuffer(ctx->cl_ctx, in, e.k, (void *)k, &err) : NULL;
+    cl_mem bv = bk ? clCreateBuffer(ctx->cl_ctx, in, e.v, (void *)v, &err) : NULL;
+    cl_mem bo = bv ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, e.out, out, &err)
+                   : NULL;
+    cl_mem bl = bo && lse ? clCreateBuffer(ctx->cl_ctx, CL_MEM_WRITE_ONLY, e.lse, NULL, &err) : NULL;
+    if (!bo || (lse && !bl)) {
+        st = flashcl_fail(ctx, err, "allocating device buffers: %s", flashcl_status_string(err));
+    } else {
+        st = flashcl_attention_forward(ctx, &r, bq, bk, bv, bo, bl, 0, NULL);
+        if (st == FLASHCL_SUCCESS) {
+            /* Read into a staging copy first so a failed read cannot leave
+             * `out` half-written. */
+            void *staging = malloc(e.out);
+            err = staging ? clEnqueueReadBuffer(ctx->queue, bo, CL_TRUE, 0, e.out, staging, 0, NULL, NULL)
+                          : CL_OUT_OF_HOST_MEMORY;
+            if (err == CL_SUCCESS && lse)
+                err = clEnqueueReadBuffer(ctx->queue, bl, CL_TRUE, 0, e.lse, lse, 0, NULL, NULL);
+            if (err == CL_SUCCESS)
+                memcpy(out, staging, e.out);
+            else
+                st = flashcl_fail(ctx, err, "reading results: %s", flashcl_status_string(err));
+            free(staging);
+        }
+    }
+    cl_mem all[5] = {bq, bk, bv, bo, bl};
+    for (int i = 0; i < 5; ++i)
+        if (all[i])
+            clReleaseMemObject(all[i]);
+    return st;
+}

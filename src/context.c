@@ -1,0 +1,363 @@
+/* context.c: choosing or adopting a device, the host fallback, errors and logging. */
+#define _POSIX_C_SOURCE 200809L
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+#ifndef CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV
+#define CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV 0x4000
+#define CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV 0x4001
+#endif
+
+/* ---- logging ---------------------------------------------------------------- */
+
+static flashcl_log_fn log_fn;
+static void *log_user;
+
+void flashcl_set_log(flashcl_log_fn fn, void *user) {
+    log_fn = fn;
+    log_user = user;
+}
+
+void flashcl_log(const char *fmt, ...) {
+    const char *env = getenv("FLASHCL_LOG");
+    if (!log_fn && !(env && env[0] && strcmp(env, "0") != 0))
+        return;
+    char line[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (log_fn)
+        log_fn(log_user, line);
+    else
+        fprintf(stderr, "flashcl: %s\n", line);
+}
+
+/* ---- errors ------------------------------------------------------------------- */
+
+static void set_error(flashcl_context *ctx, const char *text, int append) {
+    size_t old = append && ctx->error ? strlen(ctx->error) : 0;
+    size_t need = old + strlen(text) + 1;
+    if (need > ctx->error_cap) {
+        char *grown = realloc(ctx->error, need);
+        if (!grown)
+            return; /* keep the old message rather than lose the status */
+        ctx->error = grown;
+        ctx->error_cap = need;
+    }
+    memcpy(ctx->error + old, text, strlen(text) + 1);
+}
+
+flashcl_status flashcl_fail(flashcl_context *ctx, flashcl_status status, const char *fmt, ...) {
+    if (!ctx)
+        return status;
+    char text[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(text, sizeof text, fmt, ap);
+    va_end(ap);
+    set_error(ctx, text, 0);
+    return status;
+}
+
+void flashcl_append_error(flashcl_context *ctx, const char *text) {
+    set_error(ctx, text, 1);
+}
+
+void flashcl_clear_error(flashcl_context *ctx) {
+    if (ctx && ctx->error)
+        ctx->error[0] = '\0';
+}
+
+const char *flashcl_last_error(const flashcl_context *ctx) {
+    if (!ctx)
+        return "no context";
+    return ctx->error ? ctx->error : "";
+}
+
+/* ---- device properties ---------------------------------------------------------- */
+
+static void read_string(cl_device_id dev, cl_device_info what, char *out, size_t cap) {
+    out[0] = '\0';
+    if (clGetDeviceInfo(dev, what, cap, out, NULL) != CL_SUCCESS)
+        out[0] = '\0';
+    out[cap - 1] = '\0';
+}
+
+static int contains_nocase(const char *hay, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *hay; ++hay) {
+        size_t i = 0;
+        while (i < n && hay[i] && tolower((unsigned char)hay[i]) == tolower((unsigned char)needle[i]))
+            ++i;
+        if (i == n)
+            return 1;
+    }
+    return n == 0;
+}
+
+static void read_device_info(cl_platform_id platform, cl_device_id dev, flashcl_device_info *info) {
+    memset(info, 0, sizeof *info);
+    read_string(dev, CL_DEVICE_NAME, info->name, sizeof info->name);
+    read_string(dev, CL_DEVICE_VENDOR, info->vendor, sizeof info->vendor);
+    read_string(dev, CL_DEVICE_VERSION, info->version, sizeof info->version);
+    read_string(dev, CL_DRIVER_VERSION, info->driver, sizeof info->driver);
+    clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof info->platform_name, info->platform_name, NULL);
+    clGetPlatformInfo(platform, CL_PLATFORM_VERSION, sizeof info->platform_version,
+                      info->platform_version, NULL);
+    info->platform_name[sizeof info->platform_name - 1] = '\0';
+    info->platform_version[sizeof info->platform_version - 1] = '\0';
+    clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof info->type, &info->type, NULL);
+    clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof info->local_mem, &info->local_mem, NULL);
+    clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof info->max_wg, &info->max_wg, NULL);
+    clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof info->compute_units,
+                    &info->compute_units, NULL);
+    info->is_nvidia = contains_nocase(info->vendor, "nvidia") || contains_nocase(info->platform_name, "nvidia");
+    info->is_pocl = contains_nocase(info->platform_name, "portable computing") ||
+                    contains_nocase(info->platform_version, "pocl");
+    char ext[8192];
+    read_string(dev, CL_DEVICE_EXTENSIONS, ext, sizeof ext);
+    if (strstr(ext, "cl_nv_device_attribute_query")) {
+        cl_uint major = 0, minor = 0;
+        clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MAJOR_NV, sizeof major, &major, NULL);
+        clGetDeviceInfo(dev, CL_DEVICE_COMPUTE_CAPABILITY_MINOR_NV, sizeof minor, &minor, NULL);
+        info->nv_cc_major = (int)major;
+        info->nv_cc_minor = (int)minor;
+    }
+}
+
+/* ---- creation ------------------------------------------------------------------ */
+
+static flashcl_context *alloc_context(void) {
+    flashcl_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return NULL;
+    ctx->error = calloc(1, 256);
+    ctx->error_cap = ctx->error ? 256 : 0;
+    if (!ctx->error) {
+        free(ctx);
+        return NULL;
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ctx->host_threads = cpus > 0 ? (int)(cpus > 256 ? 256 : cpus) : 1;
+    return ctx;
+}
+
+static void describe(flashcl_context *ctx) {
+    if (ctx->is_host) {
+        snprintf(ctx->description, sizeof ctx->description,
+                 "host (pure C, %d threads, no OpenCL)", ctx->host_threads);
+        return;
+    }
+    snprintf(ctx->description, sizeof ctx->description, "%s (%s, %s, driver %s)", ctx->info.name,
+             ctx->info.platform_name, ctx->info.version, ctx->info.driver);
+}
+
+static flashcl_status make_host(flashcl_context *ctx, const char *why) {
+    /* Said once per process, not per context: tests create many. */
+    static int said;
+    if (!said) {
+        said = 1;
+        flashcl_log("%s: using the multi-threaded host C path", why);
+    }
+    ctx->is_host = 1;
+    flashcl_clear_error(ctx);
+    describe(ctx);
+    return FLASHCL_SUCCESS;
+}
+
+/* Parses spec into a device; returns the status and sets *platform / *device. */
+static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_platform_id *platform,
+                                  cl_device_id *device) {
+    cl_platform_id plats[32];
+    cl_uint nplat = 0;
+    cl_int err = clGetPlatformIDs(32, plats, &nplat);
+    if (err != CL_SUCCESS || nplat == 0)
+        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "no OpenCL platform found (%s)",
+                            flashcl_status_string(err == CL_SUCCESS ? -1001 : err));
+    if (nplat > 32)
+        nplat = 32;
+
+    /* "P:D": explicit indices. */
+    unsigned pi, di;
+    char tail;
+    if (sscanf(spec, "%u:%u%c", &pi, &di, &tail) == 2) {
+        cl_device_id devs[64];
+        cl_uint ndev = 0;
+        if (pi >= nplat || clGetDeviceIDs(plats[pi], CL_DEVICE_TYPE_ALL, 64, devs, &ndev) != CL_SUCCESS ||
+            di >= ndev || di >= 64)
+            return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no such platform:device",
+                                spec);
+        *platform = plats[pi];
+        *device = devs[di];
+        return FLASHCL_SUCCESS;
+    }
+
+    cl_device_type want = CL_DEVICE_TYPE_ALL;
+    const char *word = NULL; /* a name fragment to match */
+    if (spec[0] == '\0')
+        want = CL_DEVICE_TYPE_GPU; /* default: a GPU first, then anything */
+    else if (!strcmp(spec, "gpu"))
+        want = CL_DEVICE_TYPE_GPU;
+    else if (!strcmp(spec, "cpu"))
+        want = CL_DEVICE_TYPE_CPU;
+    else if (!strcmp(spec, "accelerator"))
+        want = CL_DEVICE_TYPE_ACCELERATOR;
+    else
+        word = spec;
+
+    for (int pass = 0; pass < 2; ++pass) {
+        for (cl_uint p = 0; p < nplat; ++p) {
+            cl_device_id devs[64];
+            cl_uint ndev = 0;
+            if (clGetDeviceIDs(plats[p], want, 64, devs, &ndev) != CL_SUCCESS)
+                continue;
+            for (cl_uint d = 0; d < ndev && d < 64; ++d) {
+                if (word) {
+                    flashcl_device_info info;
+                    read_device_info(plats[p], devs[d], &info);
+                    if (!contains_nocase(info.name, word) && !contains_nocase(info.vendor, word) &&
+                        !contains_nocase(info.platform_name, word) &&
+                        !contains_nocase(info.platform_version, word))
+                        continue;
+                }
+                *platform = plats[p];
+                *device = devs[d];
+                return FLASHCL_SUCCESS;
+            }
+        }
+        if (spec[0] != '\0')
+            break;
+        want = CL_DEVICE_TYPE_ALL; /* default spec, second pass: any device */
+    }
+    return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no matching device", spec);
+}
+
+flashcl_status flashcl_context_create(flashcl_context **out, const char *spec) {
+    if (!out)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    *out = NULL;
+    flashcl_context *ctx = alloc_context();
+    if (!ctx)
+        return FLASHCL_ERROR_OUT_OF_HOST_MEMORY;
+
+    if (!spec || !spec[0])
+        spec = getenv("FLASHCL_DEVICE");
+    char lowered[256] = "";
+    for (size_t i = 0; spec && spec[i] && i + 1 < sizeof lowered; ++i) {
+        lowered[i] = (char)tolower((unsigned char)spec[i]);
+        lowered[i + 1] = '\0';
+    }
+    if (!strcmp(lowered, "host")) {
+        *out = ctx;
+        return make_host(ctx, "device spec 'host'");
+    }
+
+    cl_platform_id platform = NULL;
+    cl_device_id device = NULL;
+    flashcl_status st = pick_device(ctx, lowered, &platform, &device);
+    if (st != FLASHCL_SUCCESS) {
+        cl_uint nplat = 0;
+        /* No OpenCL at all and no device demanded: the host path. */
+        if (lowered[0] == '\0' && (clGetPlatformIDs(0, NULL, &nplat) != CL_SUCCESS || nplat == 0)) {
+            *out = ctx;
+            return make_host(ctx, "no OpenCL platform");
+        }
+        flashcl_context_destroy(ctx);
+        return st;
+    }
+    cl_int err;
+    cl_context clctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
+    if (!clctx) {
+        flashcl_context_destroy(ctx);
+        return err;
+    }
+    cl_command_queue queue = clCreateCommandQueue(clctx, device, CL_QUEUE_PROFILING_ENABLE, &err);
+    if (!queue) {
+        clReleaseContext(clctx);
+        flashcl_context_destroy(ctx);
+        return err;
+    }
+    st = flashcl_context_adopt(out, clctx, device, queue);
+    /* adopt retained both; drop the creation references. */
+    clReleaseCommandQueue(queue);
+    clReleaseContext(clctx);
+    flashcl_context_destroy(ctx);
+    return st;
+}
+
+flashcl_status flashcl_context_adopt(flashcl_context **out, cl_context context, cl_device_id device,
+                                     cl_command_queue queue) {
+    if (!out)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    *out = NULL;
+    if (!context || !device || !queue)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    cl_context qctx = NULL;
+    cl_device_id qdev = NULL;
+    cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL);
+    if (err == CL_SUCCESS)
+        err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL);
+    if (err != CL_SUCCESS)
+        return err;
+    if (qctx != context || qdev != device)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    cl_platform_id platform = NULL;
+    err = clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
+    if (err != CL_SUCCESS)
+        return err;
+
+    flashcl_context *ctx = alloc_context();
+    if (!ctx)
+        return FLASHCL_ERROR_OUT_OF_HOST_MEMORY;
+    clRetainContext(context);
+    clRetainCommandQueue(queue);
+    clRetainDevice(device);
+    ctx->cl_ctx = context;
+    ctx->queue = queue;
+    ctx->device = device;
+    ctx->platform = platform;
+    read_device_info(platform, device, &ctx->info);
+    describe(ctx);
+    *out = ctx;
+    return FLASHCL_SUCCESS;
+}
+
+void flashcl_context_destroy(flashcl_context *ctx) {
+    if (!ctx)
+        return;
+    flashcl_release_programs(ctx);
+    if (ctx->queue)
+        clReleaseCommandQueue(ctx->queue);
+    if (ctx->device)
+        clReleaseDevice(ctx->device);
+    if (ctx->cl_ctx)
+        clReleaseContext(ctx->cl_ctx);
+    free(ctx->error);
+    free(ctx);
+}
+
+int flashcl_context_is_host(const flashcl_context *ctx) {
+    return ctx ? ctx->is_host : 0;
+}
+
+cl_context flashcl_context_cl_context(const flashcl_context *ctx) {
+    return ctx ? ctx->cl_ctx : NULL;
+}
+
+cl_device_id flashcl_context_cl_device(const flashcl_context *ctx) {
+    return ctx ? ctx->device : NULL;
+}
+
+cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx) {
+    return ctx ? ctx->queue : NULL;
+}
+
+const char *flashcl_context_device_name(const flashcl_context *ctx) {
+    return ctx ? ctx->description : "";
+}

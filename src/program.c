@@ -1,0 +1,345 @@
+/* program.c: building kernels once, with an in-memory and an on-disk program cache.
+ *
+ * A kernel is cl/common.cl followed by one cl/ file, built with -D options.
+ * Lookup order: the context's list (same file + options) -> the disk cache
+ * -> a build from source, whose binary is then written to the disk cache.
+ *
+ * Disk cache: one file per program in $FLASHCL_CACHE_DIR, else
+ * $XDG_CACHE_HOME/flashcl, else ~/.cache/flashcl; FLASHCL_CACHE=0 turns it
+ * off. The file name is a 64-bit FNV-1a hash of everything that changes the
+ * binary: a format version, the source text, the options, the device name,
+ * device version, driver version, platform name and platform version. The
+ * file holds a header (magic, key, payload size, payload hash) and the
+ * binary, written to a temporary file and renamed, so readers never see a
+ * partial file. Any cache failure (unreadable, corrupt, rejected by the
+ * driver) silently falls back to building from source.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+#include "kernels.h"
+
+#define CACHE_FORMAT "flashcl-cache-v1"
+#define CACHE_MAGIC "FLCLBIN1"
+
+/* ---- kernel sources --------------------------------------------------------------- */
+
+/* The text of cl/<file>: embedded, or read from $FLASHCL_KERNEL_DIR while
+ * developing kernels. Caller frees. */
+static char *load_source(flashcl_context *ctx, const char *file) {
+    const char *dir = getenv("FLASHCL_KERNEL_DIR");
+    if (dir && dir[0]) {
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, file);
+        FILE *f = fopen(path, "rb");
+        if (!f) {
+            flashcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "FLASHCL_KERNEL_DIR: cannot open %s", path);
+            return NULL;
+        }
+        fseek(f, 0, SEEK_END);
+        long size = ftell(f);
+        fseek(f, 0, SEEK_SET);
+        char *text = size >= 0 ? malloc((size_t)size + 1) : NULL;
+        if (text && fread(text, 1, (size_t)size, f) == (size_t)size) {
+            text[size] = '\0';
+        } else {
+            free(text);
+            text = NULL;
+            flashcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "FLASHCL_KERNEL_DIR: cannot read %s", path);
+        }
+        fclose(f);
+        return text;
+    }
+    for (const flashcl_embedded_source *s = flashcl_embedded_sources; s->name; ++s)
+        if (!strcmp(s->name, file))
+            return flashcl_strdup(s->text);
+    flashcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "no embedded kernel source %s", file);
+    return NULL;
+}
+
+/* common.cl + file, as one string. */
+static char *assemble_source(flashcl_context *ctx, const char *file) {
+    char *common = load_source(ctx, "common.cl");
+    char *body = common ? load_source(ctx, file) : NULL;
+    char *all = NULL;
+    if (body) {
+        size_t a = strlen(common), b = strlen(body);
+        all = malloc(a + b + 2);
+        if (all) {
+            memcpy(all, common, a);
+            all[a] = '\n';
+            memcpy(all + a + 1, body, b + 1);
+        }
+    }
+    free(common);
+    free(body);
+    return all;
+}
+
+/* ---- the disk cache -------------------------------------------------------------- */
+
+static int cache_dir(char *out, size_t cap) {
+    const char *off = getenv("FLASHCL_CACHE");
+    if (off && !strcmp(off, "0"))
+        return 0;
+    const char *dir = getenv("FLASHCL_CACHE_DIR");
+    const char *xdg = getenv("XDG_CACHE_HOME");
+    const char *home = getenv("HOME");
+    int n;
+    if (dir && dir[0])
+        n = snprintf(out, cap, "%s", dir);
+    else if (xdg && xdg[0])
+        n = snprintf(out, cap, "%s/flashcl", xdg);
+    else if (home && home[0])
+        n = snprintf(out, cap, "%s/.cache/flashcl", home);
+    else
+        return 0;
+    return n > 0 && (size_t)n < cap;
+}
+
+/* mkdir -p; failures surface later as a failed write, which is ignored. */
+static void make_dirs(const char *path) {
+    char tmp[4096];
+    snprintf(tmp, sizeof tmp, "%s", path);
+    for (char *p = tmp + 1; *p; ++p) {
+        if (*p == '/') {
+            *p = '\0';
+            mkdir(tmp, 0755);
+            *p = '/';
+        }
+    }
+    mkdir(tmp, 0755);
+}
+
+static uint64_t cache_key(const flashcl_context *ctx, const char *source, const char *options) {
+    const flashcl_device_info *d = &ctx->info;
+    const char *parts[] = {CACHE_FORMAT, source,     options,           d->name,
+                           d->version,   d->driver, d->platform_name, d->platform_version};
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; ++i)
+        h = flashcl_fnv1a(h, parts[i], strlen(parts[i]) + 1); /* the NUL separates parts */
+    return h;
+}
+
+static int cache_path(const flashcl_context *ctx, const char *source, const char *options,
+                      char *path, size_t cap, uint64_t *key) {
+    char dir[3072];
+    if (!cache_dir(dir, sizeof dir))
+        return 0;
+    *key = cache_key(ctx, source, options);
+    int n = snprintf(path, cap, "%s/%016llx.bin", dir, (unsigned long long)*key);
+    return n > 0 && (size_t)n < cap;
+}
+
+typedef struct cache_header {
+    char magic[8];
+    uint64_t key, size, hash;
+} cache_header;
+
+/* Returns a malloc'd binary or NULL on any problem. */
+static unsigned char *cache_read(const char *path, uint64_t key, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return NULL;
+    cache_header h;
+    unsigned char *bin = NULL;
+    if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CACHE_MAGIC, 8) && h.key == key &&
+        h.size > 0 && h.size < ((uint64_t)1 << 31)) {
+        bin = malloc((size_t)h.size);
+        if (bin && (fread(bin, 1, (size_t)h.size, f) != h.size ||
+                    flashcl_fnv1a(0xcbf29ce484222325ull, bin, (size_t)h.size) != h.hash)) {
+            free(bin);
+            bin = NULL;
+        }
+        *size = (size_t)h.size;
+    }
+    fclose(f);
+    return bin;
+}
+
+static void cache_write(const char *path, uint64_t key, const unsigned char *bin, size_t size) {
+    char dir[4096], tmp[4200];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash)
+        *slash = '\0';
+    make_dirs(dir);
+    /* The pid and address make concurrent writers' temporary names differ. */
+    snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%p", path, (long)getpid(), (const void *)bin);
+    FILE *f = fopen(tmp, "wb");
+    if (!f)
+        return;
+    cache_header h;
+    memcpy(h.magic, CACHE_MAGIC, 8);
+    h.key = key;
+    h.size = size;
+    h.hash = flashcl_fnv1a(0xcbf29ce484222325ull, bin, size);
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(bin, 1, size, f) == size;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok || rename(tmp, path) != 0)
+        remove(tmp);
+}
+
+/* The device binary of a built program; NULL when the driver gives none. */
+static unsigned char *program_binary(cl_program program, size_t *size) {
+    size_t sz = 0;
+    if (clGetProgramInfo(program, CL_PROGRAM_BINARY_SIZES, sizeof sz, &sz, NULL) != CL_SUCCESS || !sz)
+        return NULL;
+    unsigned char *bin = malloc(sz);
+    if (!bin)
+        return NULL;
+    if (clGetProgramInfo(program, CL_PROGRAM_BINARIES, sizeof bin, &bin, NULL) != CL_SUCCESS) {
+        free(bin);
+        return NULL;
+    }
+    *size = sz;
+    return bin;
+}
+
+/* ---- building ------------------------------------------------------------------ */
+
+static char *build_log(cl_program program, cl_device_id device) {
+    size_t size = 0;
+    clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, 0, NULL, &size);
+    char *log = malloc(size + 1);
+    if (!log)
+        return NULL;
+    log[0] = '\0';
+    if (size)
+        clGetProgramBuildInfo(program, device, CL_PROGRAM_BUILD_LOG, size, log, NULL);
+    log[size] = '\0';
+    return log;
+}
+
+static cl_program build_from_binary(flashcl_context *ctx, const unsigned char *bin, size_t size,
+                                    const char *options) {
+    cl_int err, status;
+    cl_program p = clCreateProgramWithBinary(ctx->cl_ctx, 1, &ctx->device, &size, &bin, &status, &err);
+    if (!p)
+        return NULL;
+    if (err != CL_SUCCESS || status != CL_SUCCESS ||
+        clBuildProgram(p, 1, &ctx->device, options, NULL, NULL) != CL_SUCCESS) {
+        clReleaseProgram(p);
+        return NULL;
+    }
+    return p;
+}
+
+/* Builds (file, options) into entry; on failure entry->build_log says why. */
+static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) {
+    char *source = assemble_source(ctx, entry->file);
+    if (!source)
+        return FLASHCL_ERROR_BUILD_FAILED;
+
+    char path[4096];
+    uint64_t key = 0;
+    int cached = cache_path(ctx, source, entry->options, path, sizeof path, &key);
+    if (cached) {
+        size_t size = 0;
+        unsigned char *bin = cache_read(path, key, &size);
+        if (bin) {
+            entry->program = build_from_binary(ctx, bin, size, entry->options);
+            free(bin);
+        }
+        flashcl_log("disk cache %s: %s [%s]", entry->program ? "hit" : "miss", entry->file,
+                    entry->options);
+        if (entry->program) {
+            free(source);
+            return FLASHCL_SUCCESS;
+        }
+    }
+
+    cl_int err;
+    const char *src = source;
+    cl_program p = clCreateProgramWithSource(ctx->cl_ctx, 1, &src, NULL, &err);
+    free(source);
+    if (!p)
+        return err;
+    err = clBuildProgram(p, 1, &ctx->device, entry->options, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        entry->build_log = build_log(p, ctx->device);
+        clReleaseProgram(p);
+        return FLASHCL_ERROR_BUILD_FAILED;
+    }
+    entry->program = p;
+    if (cached) {
+        size_t size = 0;
+        unsigned char *bin = program_binary(p, &size);
+        if (bin)
+            cache_write(path, key, bin, size);
+        free(bin);
+    }
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
+                                  const char *options, cl_kernel *kernel) {
+    flashcl_program *e;
+    for (e = ctx->programs; e; e = e->next)
+        if (!strcmp(e->file, file) && !strcmp(e->options, options))
+            break;
+    if (!e) {
+        e = calloc(1, sizeof *e);
+        if (!e)
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        e->file = flashcl_strdup(file);
+        e->options = flashcl_strdup(options);
+        if (!e->file || !e->options) {
+            free(e->file);
+            free(e->options);
+            free(e);
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        }
+        e->next = ctx->programs;
+        ctx->programs = e;
+        flashcl_status st = build_entry(ctx, e);
+        if (st == FLASHCL_SUCCESS) {
+            cl_int err;
+            e->kernel = clCreateKernel(e->program, kernel_name, &err);
+            if (!e->kernel)
+                return flashcl_fail(ctx, err, "clCreateKernel(%s): %s", kernel_name,
+                                    flashcl_status_string(err));
+        } else if (!e->build_log) {
+            /* Not a compiler failure (no source, no memory): do not remember it. */
+            ctx->programs = e->next;
+            free(e->file);
+            free(e->options);
+            free(e);
+            return st == FLASHCL_ERROR_BUILD_FAILED
+                       ? st
+                       : flashcl_fail(ctx, st, "building %s: %s", file, flashcl_status_string(st));
+        }
+    }
+    if (!e->kernel) {
+        /* A remembered failure: report it again without rebuilding. */
+        flashcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with '%s' failed:\n", e->file,
+                     e->options);
+        flashcl_append_error(ctx, e->build_log ? e->build_log : "(no build log)");
+        return FLASHCL_ERROR_BUILD_FAILED;
+    }
+    *kernel = e->kernel;
+    return FLASHCL_SUCCESS;
+}
+
+void flashcl_release_programs(flashcl_context *ctx) {
+    flashcl_program *e = ctx->programs;
+    while (e) {
+        flashcl_program *next = e->next;
+        if (e->kernel)
+            clReleaseKernel(e->kernel);
+        if (e->program)
+            clReleaseProgram(e->program);
+        free(e->file);
+        free(e->options);
+        free(e->build_log);
+        free(e);
+        e = next;
+    }
+    ctx->programs = NULL;
+}

@@ -1,0 +1,93 @@
+/* util.c: version, status strings and small helpers shared by the runtime. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+const char *flashcl_version(void) {
+    return FLASHCL_VERSION_STRING;
+}
+
+size_t flashcl_dtype_size(flashcl_dtype dtype) {
+    switch (dtype) {
+    case FLASHCL_FLOAT32:
+        return 4;
+    case FLASHCL_FLOAT16:
+    case FLASHCL_BFLOAT16:
+        return 2;
+    }
+    return 0;
+}
+
+static const char *cl_status_string(cl_int status) {
+    switch (status) {
+    case CL_DEVICE_NOT_FOUND: return "CL_DEVICE_NOT_FOUND";
+    case CL_DEVICE_NOT_AVAILABLE: return "CL_DEVICE_NOT_AVAILABLE";
+    case CL_COMPILER_NOT_AVAILABLE: return "CL_COMPILER_NOT_AVAILABLE";
+    case CL_MEM_OBJECT_ALLOCATION_FAILURE: return "CL_MEM_OBJECT_ALLOCATION_FAILURE";
+    case CL_OUT_OF_RESOURCES: return "CL_OUT_OF_RESOURCES";
+    case CL_OUT_OF_HOST_MEMORY: return "CL_OUT_OF_HOST_MEMORY";
+    case CL_PROFILING_INFO_NOT_AVAILABLE: return "CL_PROFILING_INFO_NOT_AVAILABLE";
+    case CL_BUILD_PROGRAM_FAILURE: return "CL_BUILD_PROGRAM_FAILURE";
+    case CL_INVALID_VALUE: return "CL_INVALID_VALUE";
+    case CL_INVALID_PLATFORM: return "CL_INVALID_PLATFORM";
+    case CL_INVALID_DEVICE: return "CL_INVALID_DEVICE";
+    case CL_INVALID_CONTEXT: return "CL_INVALID_CONTEXT";
+    case CL_INVALID_COMMAND_QUEUE: return "CL_INVALID_COMMAND_QUEUE";
+    case CL_INVALID_MEM_OBJECT: return "CL_INVALID_MEM_OBJECT";
+    case CL_INVALID_BINARY: return "CL_INVALID_BINARY";
+    case CL_INVALID_BUILD_OPTIONS: return "CL_INVALID_BUILD_OPTIONS";
+    case CL_INVALID_PROGRAM: return "CL_INVALID_PROGRAM";
+    case CL_INVALID_KERNEL_NAME: return "CL_INVALID_KERNEL_NAME";
+    case CL_INVALID_KERNEL_ARGS: return "CL_INVALID_KERNEL_ARGS";
+    case CL_INVALID_WORK_GROUP_SIZE: return "CL_INVALID_WORK_GROUP_SIZE";
+    case CL_INVALID_GLOBAL_WORK_SIZE: return "CL_INVALID_GLOBAL_WORK_SIZE";
+    case CL_INVALID_EVENT: return "CL_INVALID_EVENT";
+    case CL_INVALID_BUFFER_SIZE: return "CL_INVALID_BUFFER_SIZE";
+    case -1001: return "CL_PLATFORM_NOT_FOUND_KHR";
+    default: return "OpenCL error";
+    }
+}
+
+const char *flashcl_status_string(flashcl_status status) {
+    switch (status) {
+    case FLASHCL_SUCCESS: return "success";
+    case FLASHCL_ERROR_INVALID_ARGUMENT: return "invalid argument";
+    case FLASHCL_ERROR_INVALID_SHAPE: return "invalid shape";
+    case FLASHCL_ERROR_OUT_OF_BOUNDS: return "tensor overruns its buffer";
+    case FLASHCL_ERROR_DTYPE_MISMATCH: return "dtype mismatch";
+    case FLASHCL_ERROR_NO_DEVICE: return "no matching OpenCL device";
+    case FLASHCL_ERROR_BUILD_FAILED: return "kernel build failed";
+    case FLASHCL_ERROR_OUT_OF_HOST_MEMORY: return "out of host memory";
+    case FLASHCL_ERROR_UNSUPPORTED: return "operation needs an OpenCL device";
+    case FLASHCL_ERROR_INVALID_PARAMS: return "kernel parameters do not fit the device";
+    default: break;
+    }
+    if (status < 0 && status > -2000)
+        return cl_status_string(status);
+    return "unknown status";
+}
+
+uint64_t flashcl_fnv1a(uint64_t hash, const void *data, size_t size) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < size; ++i) {
+        hash ^= p[i];
+        hash *= 0x100000001b3ull;
+    }
+    return hash;
+}
+
+char *flashcl_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *copy = malloc(n);
+    if (copy)
+        memcpy(copy, s, n);
+    return copy;
+}
+
+int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out) {
+    if (a != 0 && b > (SIZE_MAX - c) / a)
+        return 0;
+    *out = a * b + c;
+    return 1;
+}

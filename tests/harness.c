@@ -1,0 +1,164 @@
+/* harness.c: device choice, seeds and the run-and-check loop the tests share. */
+#define _POSIX_C_SOURCE 200809L
+#include "harness.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+flashcl_context *test_context(void) {
+    flashcl_context *ctx = NULL;
+    const char *spec = getenv("FLASHCL_TEST_DEVICE");
+    flashcl_status st = flashcl_context_create(&ctx, spec);
+    if (st != FLASHCL_SUCCESS) {
+        fprintf(stderr, "cannot create a context (%s): %s\n", flashcl_status_string(st),
+                flashcl_last_error(ctx));
+        exit(1);
+    }
+    static int said;
+    if (!said) {
+        said = 1;
+        printf("device: %s\n", flashcl_context_device_name(ctx));
+    }
+    return ctx;
+}
+
+uint64_t test_seed(void) {
+    static uint64_t seed;
+    static int have;
+    if (!have) {
+        const char *env = getenv("FLASHCL_TEST_SEED");
+        if (env && env[0]) {
+            seed = strtoull(env, NULL, 0);
+        } else {
+            struct timespec ts;
+            clock_gettime(CLOCK_REALTIME, &ts);
+            seed = (uint64_t)ts.tv_sec * 1000003u ^ (uint64_t)ts.tv_nsec;
+        }
+        have = 1;
+        printf("seed: FLASHCL_TEST_SEED=%llu\n", (unsigned long long)seed);
+    }
+    return seed;
+}
+
+void expect(int ok, const char *what, int *failures) {
+    printf("%-60s %s\n", what, ok ? "ok" : "FAILED");
+    if (!ok)
+        ++*failures;
+}
+
+/* Lays out one tensor of shape (batch, seqlen, heads, head_dim). */
+static size_t set_layout(flashcl_layout *l, int layout, int batch, int seqlen, int heads, int head_dim) {
+    memset(l, 0, sizeof *l);
+    size_t s = (size_t)seqlen, h = (size_t)heads, d = (size_t)head_dim;
+    switch (layout) {
+    case LAYOUT_BHSD:
+        l->stride_seq = d;
+        l->stride_head = s * d;
+        l->stride_batch = h * s * d;
+        return (size_t)batch * h * s * d;
+    case LAYOUT_PADDED: /* 3 spare elements per head row, 7 per token, 5 per batch */
+        l->offset = 11;
+        l->stride_head = d + 3;
+        l->stride_seq = h * (d + 3) + 7;
+        l->stride_batch = s * l->stride_seq + 5;
+        return l->offset + (size_t)batch * l->stride_batch;
+    default:
+        return (size_t)batch * s * h * d;
+    }
+}
+
+void case_desc(const test_case *tc, flashcl_attention_desc *d, size_t elems[4]) {
+    memset(d, 0, sizeof *d);
+    d->dtype = tc->dtype;
+    d->batch = tc->batch;
+    d->heads_q = tc->heads_q;
+    d->heads_k = tc->heads_k;
+    d->seqlen_q = tc->seqlen_q;
+    d->seqlen_k = tc->seqlen_k;
+    d->head_dim = tc->head_dim;
+    d->causal = tc->causal;
+    d->window_left = tc->window_left;
+    d->window_right = tc->window_right;
+    d->softcap = tc->softcap;
+    d->scale = tc->scale;
+    elems[0] = set_layout(&d->q, tc->layout, tc->batch, tc->seqlen_q, tc->heads_q, tc->head_dim);
+    elems[1] = set_layout(&d->k, tc->layout, tc->batch, tc->seqlen_k, tc->heads_k, tc->head_dim);
+    elems[2] = set_layout(&d->v, tc->layout, tc->batch, tc->seqlen_k, tc->heads_k, tc->head_dim);
+    elems[3] = set_layout(&d->out, tc->layout, tc->batch, tc->seqlen_q, tc->heads_q, tc->head_dim);
+}
+
+static void describe_case(const test_case *tc, char *buf, size_t cap) {
+    static const char *dtypes[] = {"f32", "f16", "bf16"};
+    snprintf(buf, cap, "%-4s B%d Hq%d Hk%d Nq%d Nk%d D%d%s win(%d,%d)%s%s%s", dtypes[tc->dtype],
+             tc->batch, tc->heads_q, tc->heads_k, tc->seqlen_q, tc->seqlen_k, tc->head_dim,
+             tc->causal ? " causal" : "", tc->window_left, tc->window_right,
+             tc->softcap > 0 ? " softcap" : "",
+             tc->layout == LAYOUT_BHSD ? " bhsd" : tc->layout == LAYOUT_PADDED ? " padded" : "",
+             tc->input_scale > 1 ? " large" : "");
+}
+
+int run_case(flashcl_context *ctx, const test_case *tc, uint64_t seed, int verbose) {
+    flashcl_attention_desc d;
+    size_t elems[4];
+    case_desc(tc, &d, elems);
+    size_t es = flashcl_dtype_size(tc->dtype);
+    size_t lse_count = (size_t)tc->batch * tc->heads_q * tc->seqlen_q;
+    void *host[4];
+    float *lse = malloc(lse_count * sizeof(float));
+    for (int i = 0; i < 4; ++i)
+        host[i] = malloc(elems[i] * es);
+    char name[200];
+    describe_case(tc, name, sizeof name);
+    int ok = 0;
+    if (!lse || !host[0] || !host[1] || !host[2] || !host[3]) {
+        fprintf(stderr, "%s: out of host memory\n", name);
+        goto done;
+    }
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    double sd = tc->input_scale > 0 ? tc->input_scale : 1.0;
+    for (int i = 0; i < 3; ++i)
+        flashcl_ref_fill_normal(&rng, host[i], tc->dtype, elems[i], sd);
+    flashcl_ref_poison(host[3], tc->dtype, elems[3]);
+    flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_count);
+
+    flashcl_status st;
+    if (flashcl_context_is_host(ctx)) {
+        st = flashcl_attention_forward_host(ctx, &d, host[0], host[1], host[2], host[3], lse);
+    } else {
+        cl_context cl = flashcl_context_cl_context(ctx);
+        cl_command_queue queue = flashcl_context_cl_queue(ctx);
+        cl_int err;
+        cl_mem buf[5] = {0};
+        for (int i = 0; i < 4; ++i)
+            buf[i] = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, elems[i] * es, host[i], &err);
+        buf[4] = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, lse_count * 4, lse, &err);
+        st = flashcl_attention_forward(ctx, &d, buf[0], buf[1], buf[2], buf[3], buf[4], 0, NULL);
+        if (st == FLASHCL_SUCCESS) {
+            clEnqueueReadBuffer(queue, buf[3], CL_TRUE, 0, elems[3] * es, host[3], 0, NULL, NULL);
+            clEnqueueReadBuffer(queue, buf[4], CL_TRUE, 0, lse_count * 4, lse, 0, NULL, NULL);
+        }
+        for (int i = 0; i < 5; ++i)
+            if (buf[i])
+                clReleaseMemObject(buf[i]);
+    }
+    if (st != FLASHCL_SUCCESS) {
+        printf("%s: FAILED: %s: %s\n", name, flashcl_status_string(st), flashcl_last_error(ctx));
+        goto done;
+    }
+    /* The harness's own layouts are only for the device; the check reads
+     * the resolved strides from the same desc. */
+    flashcl_attention_desc_resolve(&d);
+    flashcl_ref_report rep;
+    ok = flashcl_ref_check_forward(&d, host[0], host[1], host[2], host[3], lse, 1, &rep);
+    if (!ok || verbose)
+        printf("%-64s err %.3g tol %.3g lse_err %.3g %s\n", name, rep.max_err, rep.tolerance,
+               rep.max_lse_err, ok ? "ok" : "FAILED");
+done:
+    for (int i = 0; i < 4; ++i)
+        free(host[i]);
+    free(lse);
+    return ok;
+}

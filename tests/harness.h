@@ -1,0 +1,45 @@
+/* harness.h: what every flashcl test shares: device choice, seeds, running one forward case. */
+#ifndef FLASHCL_TEST_HARNESS_H
+#define FLASHCL_TEST_HARNESS_H
+
+#include <stdint.h>
+
+#include "flashcl.h"
+#include "flashcl_ref.h"
+
+/* Layouts a case can use for q/k/v/out. */
+enum {
+    LAYOUT_PACKED = 0, /* [b][s][h][d], strides left 0                       */
+    LAYOUT_BHSD = 1,   /* [b][h][s][d] through strides                       */
+    LAYOUT_PADDED = 2, /* packed with padded strides and a nonzero offset    */
+};
+
+typedef struct test_case {
+    flashcl_dtype dtype;
+    int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim;
+    int causal, window_left, window_right;
+    float softcap, scale;
+    int layout;
+    double input_scale; /* stddev of the random inputs (1 if 0) */
+} test_case;
+
+/* The context the tests run on: FLASHCL_TEST_DEVICE, else the default
+ * device. Exits with a message when none can be created. */
+flashcl_context *test_context(void);
+
+/* A seed for fresh inputs: FLASHCL_TEST_SEED if set, else time-based;
+ * printed once so a failure can be replayed. */
+uint64_t test_seed(void);
+
+/* Runs one case on ctx against host_ref with fresh inputs and poisoned
+ * outputs. Prints a line on failure (and a summary when verbose). Returns 1
+ * when the case passed. */
+int run_case(flashcl_context *ctx, const test_case *tc, uint64_t seed, int verbose);
+
+/* Fills desc's shape and layout from a case (buffer sizes in *elems). */
+void case_desc(const test_case *tc, flashcl_attention_desc *desc, size_t elems[4]);
+
+/* Prints "name: ok" or "name: FAILED" and counts failures. */
+void expect(int ok, const char *what, int *failures);
+
+#endif

@@ -1,0 +1,138 @@
+/* test_forward.c: the forward kernel against host_ref over flash-attn's shape list.
+ *
+ * `test_forward quick` covers every head dim, every (Nq, Nk) pair, every
+ * dtype, mask, layout and GQA ratio at least once; `test_forward sweep` takes
+ * the full cross product (CTest label "long"). Inputs are fresh each run
+ * (FLASHCL_TEST_SEED replays one). */
+#include <stdio.h>
+#include <string.h>
+
+#include "harness.h"
+
+static const int head_dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256};
+static const int seqlens[][2] = {{1, 239},    {3, 799},    {113, 203},  {127, 513},   {128, 217},
+                                 {108, 256},  {256, 512},  {512, 256},  {1023, 1024}, {1024, 1023}};
+#define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
+
+static int failures, cases;
+
+static void run(flashcl_context *ctx, test_case tc) {
+    ++cases;
+    if (!run_case(ctx, &tc, test_seed() + (uint64_t)cases * 7919u, 0))
+        ++failures;
+}
+
+static test_case base(flashcl_dtype dtype, int nq, int nk, int d) {
+    test_case tc;
+    memset(&tc, 0, sizeof tc);
+    tc.dtype = dtype;
+    tc.batch = 1;
+    tc.heads_q = tc.heads_k = 1;
+    tc.seqlen_q = nq;
+    tc.seqlen_k = nk;
+    tc.head_dim = d;
+    tc.window_left = tc.window_right = -1;
+    return tc;
+}
+
+static void quick(flashcl_context *ctx) {
+    /* Every head dim, rotating dtype, shape and causality. */
+    for (int i = 0; i < COUNT(head_dims); ++i) {
+        const int *s = seqlens[i % COUNT(seqlens)];
+        test_case tc = base((flashcl_dtype)(i % 3), s[0] > 512 ? 200 : s[0], s[1] > 512 ? 300 : s[1],
+                            head_dims[i]);
+        tc.causal = i & 1;
+        run(ctx, tc);
+    }
+    /* Every (Nq, Nk) pair, causal both ways round. */
+    for (int i = 0; i < COUNT(seqlens); ++i)
+        for (int causal = 0; causal < 2; ++causal) {
+            test_case tc = base(FLASHCL_FLOAT16, seqlens[i][0], seqlens[i][1], 64);
+            tc.causal = causal;
+            run(ctx, tc);
+        }
+    /* Every dtype on a batched GQA shape; windows; soft-cap. */
+    for (int dt = 0; dt < 3; ++dt) {
+        test_case tc = base((flashcl_dtype)dt, 77, 131, 59);
+        tc.batch = 2;
+        tc.heads_q = 6;
+        tc.heads_k = 2;
+        run(ctx, tc);
+        tc.window_left = 17;
+        tc.window_right = 5;
+        run(ctx, tc);
+        tc.window_right = -1;
+        tc.causal = 1;
+        run(ctx, tc);
+        tc = base((flashcl_dtype)dt, 64, 96, 128);
+        tc.softcap = 30.0f;
+        tc.input_scale = 4.0;
+        run(ctx, tc);
+    }
+    /* MQA and MHA, layouts, explicit scale. */
+    test_case tc = base(FLASHCL_FLOAT32, 45, 45, 96);
+    tc.heads_q = 8;
+    tc.heads_k = 1;
+    tc.causal = 1;
+    run(ctx, tc);
+    tc.layout = LAYOUT_BHSD;
+    tc.heads_k = 8;
+    run(ctx, tc);
+    tc.layout = LAYOUT_PADDED;
+    tc.dtype = FLASHCL_FLOAT16;
+    tc.scale = 0.3f;
+    run(ctx, tc);
+    tc.layout = LAYOUT_PADDED;
+    tc.dtype = FLASHCL_BFLOAT16;
+    tc.heads_k = 2;
+    tc.causal = 0;
+    tc.window_left = 0;
+    tc.window_right = 0;
+    run(ctx, tc);
+    /* Fully masked rows: Nq > Nk with causal leaves the first Nq - Nk rows
+     * without keys; a left window of 0 and right of 0 with Nq > Nk too. */
+    tc = base(FLASHCL_FLOAT16, 200, 37, 64);
+    tc.causal = 1;
+    run(ctx, tc);
+    tc.dtype = FLASHCL_FLOAT32;
+    tc.window_left = 3;
+    run(ctx, tc);
+    /* Large-magnitude scores: exp must not overflow. */
+    for (int dt = 0; dt < 3; ++dt) {
+        tc = base((flashcl_dtype)dt, 33, 257, 64);
+        tc.input_scale = 20.0;
+        run(ctx, tc);
+    }
+    /* Tiny shapes: one query, one key, head_dim 1. */
+    tc = base(FLASHCL_FLOAT32, 1, 1, 1);
+    run(ctx, tc);
+    tc = base(FLASHCL_FLOAT16, 5, 3, 7);
+    tc.causal = 1;
+    run(ctx, tc);
+}
+
+static void sweep(flashcl_context *ctx) {
+    for (int dt = 0; dt < 3; ++dt)
+        for (int i = 0; i < COUNT(head_dims); ++i)
+            for (int s = 0; s < COUNT(seqlens); ++s)
+                for (int causal = 0; causal < 2; ++causal) {
+                    test_case tc = base((flashcl_dtype)dt, seqlens[s][0], seqlens[s][1], head_dims[i]);
+                    tc.causal = causal;
+                    tc.batch = 1 + (s & 1);
+                    tc.heads_q = 2 + 2 * (i & 1);
+                    tc.heads_k = (i & 2) ? 1 : tc.heads_q;
+                    run(ctx, tc);
+                }
+}
+
+int main(int argc, char **argv) {
+    flashcl_context *ctx = test_context();
+    test_seed();
+    if (argc > 1 && !strcmp(argv[1], "sweep"))
+        sweep(ctx);
+    else
+        quick(ctx);
+    printf("%d of %d cases passed\n", cases - failures, cases);
+    flashcl_context_destroy(ctx);
+    return failures ? 1 : 0;
+}
