@@ -23,9 +23,13 @@
  * Only tiles intersecting the block's visible key range are visited, so
  * causal and windowed attention skip fully masked tiles.
  *
- * The softmax runs in base 2: Q is pre-multiplied by scale*log2(e) (or by
- * scale/softcap when soft-capping, whose tanh needs the natural-scale score),
- * so every exponential is a bare exp2. LSE = (m + log2 l) * ln 2.
+ * The softmax runs in base 2 on raw dot products s: p = 2^(s*c - m*c) with
+ * c = scale*log2(e), evaluated as one fma, FlashAttention-2's trick. Folding
+ * c into Q instead would round every score relative to its own magnitude
+ * (2^-24 * 3000 for large logits); here the rounding of m*c is shared by the
+ * whole row and cancels in the normalisation and in LSE = (m*c + log2 l) ln 2.
+ * Soft-capping needs the natural-scale score for its tanh: there
+ * s = softcap*log2(e) * tanh(dot * scale/softcap) and c = 1.
  *
  * A row that sees no key keeps m = -inf and l = 0; it writes 0 and LSE -inf
  * and never evaluates -inf - -inf.
@@ -88,12 +92,12 @@ flash_fwd(__global const elem_t *restrict q, __global const elem_t *restrict k,
     const ulong k_base = k_off + b * k_sb + hk * k_sh;
     const ulong v_base = v_off + b * v_sb + hk * v_sh;
 
-    /* Q block -> q_tile, pre-scaled; rows past nq are zero and never stored. */
+    /* Q block -> q_tile; rows past nq are zero and never stored. */
     for (int idx = lid; idx < BLOCK_M * HEAD_DIM; idx += WG_SIZE) {
         int rr = idx / HEAD_DIM, d = idx % HEAD_DIM;
         float x = 0.0f;
         if (m0 + rr < nq)
-            x = LOAD_ELEM(q, q_base + (ulong)(m0 + rr) * q_ss + d) * q_mul;
+            x = LOAD_ELEM(q, q_base + (ulong)(m0 + rr) * q_ss + d);
         q_tile[rr * ROW_STRIDE + d] = x;
     }
 
@@ -107,7 +111,9 @@ flash_fwd(__global const elem_t *restrict q, __global const elem_t *restrict k,
     float acc[D_PER];
     for (int i = 0; i < D_PER; ++i)
         acc[i] = 0.0f;
-    float m_run = -INFINITY; /* running row max (log2 domain), uniform in a row */
+    const int capped = softcap_log2 > 0.0f;
+    const float to_log2 = capped ? 1.0f : q_mul; /* score -> log2 domain */
+    float m_run = -INFINITY; /* running max of raw scores, uniform in a row */
     float l_run = 0.0f;      /* this work-item's share of the running row sum  */
 
     const long n_start = blk_lo <= blk_hi ? (blk_lo / BLOCK_N) * BLOCK_N : blk_hi + 1;
@@ -137,7 +143,7 @@ flash_fwd(__global const elem_t *restrict q, __global const elem_t *restrict k,
         float tile_max = -INFINITY;
         for (int j = 0; j < N_PER; ++j) {
             long key = n0 + t + j * TPR;
-            float x = softcap_log2 > 0.0f ? softcap_log2 * tanh(s[j]) : s[j];
+            float x = capped ? softcap_log2 * tanh(s[j] * q_mul) : s[j];
             if (!row_valid || key < mine.x || key > mine.y)
                 x = -INFINITY;
             s[j] = x;
@@ -153,10 +159,11 @@ flash_fwd(__global const elem_t *restrict q, __global const elem_t *restrict k,
             m_new = fmax(m_new, red[r * TPR + u]);
         /* While the row has seen nothing, m_new is -inf: keep alpha = 1 and
          * p = 0 instead of forming -inf - -inf. */
-        const float alpha = m_new == -INFINITY ? 1.0f : exp2(m_run - m_new);
+        const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run - m_new) * to_log2);
+        const float m_scaled = m_new * to_log2;
         float psum = 0.0f;
         for (int j = 0; j < N_PER; ++j) {
-            float p = s[j] == -INFINITY ? 0.0f : exp2(s[j] - m_new);
+            float p = s[j] == -INFINITY ? 0.0f : exp2(fma(s[j], to_log2, -m_scaled));
             s_tile[r * S_STRIDE + t + j * TPR] = p;
             psum += p;
         }
@@ -204,5 +211,5 @@ flash_fwd(__global const elem_t *restrict q, __global const elem_t *restrict k,
     }
     if (has_lse && t == 0)
         lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
-            l > 0.0f ? (m_run + log2(l)) * LN2 : -INFINITY;
+            l > 0.0f ? (m_run * to_log2 + log2(l)) * LN2 : -INFINITY;
 }

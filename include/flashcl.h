@@ -183,8 +183,9 @@ FLASHCL_API flashcl_status flashcl_attention_forward_host(flashcl_context *ctx,
 typedef struct flashcl_params {
     int block_m;         /* query rows per work-group                      */
     int block_n;         /* keys per tile held in __local memory           */
-    int threads_per_row; /* work-items sharing one query row               */
-    const char *variant; /* "portable-gpu", "portable-cpu", "host", ...    */
+    int threads_per_row; /* portable kernel: work-items sharing a row      */
+    int work_group_size; /* work-items per work-group                      */
+    const char *variant; /* "portable-gpu", "portable-cpu", "nv-mma", "host" */
     const char *source;  /* where the numbers came from                    */
 } flashcl_params;
 

@@ -141,14 +141,47 @@ static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) 
             p->block_m = (int)value;
         else if (!strcmp(key, "BLOCK_N"))
             p->block_n = (int)value;
-        else if (!strcmp(key, "TPR"))
+        else if (!strcmp(key, "TPR") && p->threads_per_row)
             p->threads_per_row = (int)value;
+        else if (!strcmp(key, "WARPS") && !p->threads_per_row)
+            p->work_group_size = 32 * (int)value;
         else
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_PARAMS: unknown parameter '%s' (BLOCK_M, BLOCK_N, TPR)", key);
+                                "FLASHCL_PARAMS: unknown parameter '%s' for the %s kernel "
+                                "(BLOCK_M, BLOCK_N, and TPR or WARPS)",
+                                key, p->variant);
         p->source = "FLASHCL_PARAMS";
+        if (*end == ',' && end[1] == '\0')
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: trailing comma in '%s'", env);
         s = *end ? end + 1 : end;
     }
+    if (p->threads_per_row)
+        p->work_group_size = p->block_m * p->threads_per_row;
+    return FLASHCL_SUCCESS;
+}
+
+/* Checks parameters against the device before anything is built. */
+static flashcl_status check_params(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                   const flashcl_params *p) {
+    if (p->threads_per_row) {
+        size_t local = flashcl_forward_local_bytes(p, r->head_dim);
+        if (p->block_n % p->threads_per_row != 0)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "BLOCK_N %d is not a multiple of TPR %d", p->block_n, p->threads_per_row);
+        if (local > ctx->info.local_mem)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "%zu bytes of local memory needed, the device has %llu", local,
+                                (unsigned long long)ctx->info.local_mem);
+    } else if (p->block_m % 16 != 0 || p->block_n % 16 != 0 || p->work_group_size % 32 != 0) {
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "tensor-core kernel: BLOCK_M %d and BLOCK_N %d must be multiples of 16",
+                            p->block_m, p->block_n);
+    }
+    if ((size_t)p->work_group_size > ctx->info.max_wg)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "work-group of %d exceeds the device's %zu", p->work_group_size,
+                            ctx->info.max_wg);
     return FLASHCL_SUCCESS;
 }
 
@@ -159,22 +192,7 @@ static flashcl_status choose_params(flashcl_context *ctx, const flashcl_attentio
     if (ctx->is_host)
         return FLASHCL_SUCCESS;
     flashcl_status st = apply_env_params(ctx, p);
-    if (st != FLASHCL_SUCCESS)
-        return st;
-    size_t wg = (size_t)p->block_m * (size_t)p->threads_per_row;
-    size_t local = flashcl_forward_local_bytes(p, r->head_dim);
-    if (p->block_n % p->threads_per_row != 0)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "BLOCK_N %d is not a multiple of TPR %d", p->block_n, p->threads_per_row);
-    if (wg > ctx->info.max_wg)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "work-group of %zu (BLOCK_M %d x TPR %d) exceeds the device's %zu", wg,
-                            p->block_m, p->threads_per_row, ctx->info.max_wg);
-    if (local > ctx->info.local_mem)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "%zu bytes of local memory needed, the device has %llu", local,
-                            (unsigned long long)ctx->info.local_mem);
-    return FLASHCL_SUCCESS;
+    return st != FLASHCL_SUCCESS ? st : check_params(ctx, r, p);
 }
 
 flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -189,25 +207,51 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
+static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                    const flashcl_params *p, cl_kernel *kernel) {
+    const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+    char options[512];
+    int nv = !p->threads_per_row;
+    snprintf(options, sizeof options,
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -D%s=%d%s%s",
+             (int)r->dtype, r->head_dim, p->block_m, p->block_n, nv ? "WARPS" : "TPR",
+             nv ? p->work_group_size / 32 : p->threads_per_row, extra ? " " : "", extra ? extra : "");
+    return flashcl_get_kernel(ctx, nv ? "flash_fwd_nv.cl" : "flash_fwd.cl",
+                              nv ? "flash_fwd_nv" : "flash_fwd", options, kernel);
+}
+
+/* Builds the kernel for r and sizes its launch. A variant that fails to
+ * build falls back to the portable kernel, which cannot give a wrong answer;
+ * the log says why (the failure is remembered, so this happens once). */
 static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
                                      cl_kernel *kernel, size_t *local, size_t *global) {
     flashcl_params p;
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
         return st;
-    char options[256];
-    snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DTPR=%d",
-             (int)r->dtype, r->head_dim, p.block_m, p.block_n, p.threads_per_row);
-    st = flashcl_get_kernel(ctx, "flash_fwd.cl", "flash_fwd", options, kernel);
+    st = build_forward(ctx, r, &p, kernel);
+    if (st == FLASHCL_ERROR_BUILD_FAILED && !p.threads_per_row) {
+        const char *why = flashcl_last_error(ctx);
+        flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant, why);
+        flashcl_portable_params(ctx, r, &p);
+        flashcl_clear_error(ctx);
+        st = build_forward(ctx, r, &p, kernel);
+    }
     if (st != FLASHCL_SUCCESS)
         return st;
-    size_t wg = (size_t)p.block_m * (size_t)p.threads_per_row, kernel_wg = 0;
+    size_t wg = (size_t)p.work_group_size, kernel_wg = 0;
+    cl_ulong kernel_local = 0;
     clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
                              &kernel_wg, NULL);
+    clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kernel_local,
+                             &kernel_local, NULL);
     if (kernel_wg && wg > kernel_wg)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "work-group of %zu exceeds the built kernel's limit of %zu", wg, kernel_wg);
+    if (kernel_local > ctx->info.local_mem)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "the built kernel needs %llu bytes of local memory, the device has %llu",
+                            (unsigned long long)kernel_local, (unsigned long long)ctx->info.local_mem);
     local[0] = wg;
     local[1] = local[2] = 1;
     global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;

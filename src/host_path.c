@@ -94,9 +94,10 @@ static void forward_row(const job *j, int b, int h, int i, float *qrow, float *a
     const float log2e = 1.4426950408889634f;
     const int capped = d->softcap > 0.0f;
     const float q_mul = capped ? d->scale / d->softcap : d->scale * log2e;
+    const float to_log2 = capped ? 1.0f : q_mul; /* raw score -> log2 domain, as in the kernel */
     size_t qb = d->q.offset + b * d->q.stride_batch + (size_t)i * d->q.stride_seq + h * d->q.stride_head;
     for (int x = 0; x < D; ++x) {
-        qrow[x] = load(j->q, d->dtype, qb + x) * q_mul;
+        qrow[x] = load(j->q, d->dtype, qb + x);
         acc[x] = 0.0f;
     }
     long diag = (long)i + d->seqlen_k - d->seqlen_q;
@@ -116,15 +117,15 @@ static void forward_row(const job *j, int b, int h, int i, float *qrow, float *a
             float dot = 0.0f;
             for (int x = 0; x < D; ++x)
                 dot += qrow[x] * load(j->k, d->dtype, kb + x);
-            s[c] = capped ? d->softcap * log2e * tanhf(dot) : dot;
+            s[c] = capped ? d->softcap * log2e * tanhf(dot * q_mul) : dot;
             tile_max = fmaxf(tile_max, s[c]);
         }
-        float m_new = fmaxf(m, tile_max), alpha = exp2f(m - m_new);
+        float m_new = fmaxf(m, tile_max), alpha = exp2f((m - m_new) * to_log2), m_scaled = m_new * to_log2;
         l *= alpha;
         for (int x = 0; x < D; ++x)
             acc[x] *= alpha;
         for (int c = 0; c < n; ++c) {
-            float p = exp2f(s[c] - m_new);
+            float p = exp2f(fmaf(s[c], to_log2, -m_scaled));
             size_t vb = d->v.offset + b * d->v.stride_batch + (size_t)(n0 + c) * d->v.stride_seq +
                         hk * d->v.stride_head;
             l += p;
@@ -141,7 +142,7 @@ static void forward_row(const job *j, int b, int h, int i, float *qrow, float *a
         store(j->out, d->dtype, ob + x, acc[x] * inv);
     if (j->lse)
         j->lse[((size_t)b * d->heads_q + h) * d->seqlen_q + i] =
-            l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : -INFINITY;
+            l > 0.0f ? (m * to_log2 + log2f(l)) * 0.6931471805599453f : -INFINITY;
 }
 
 static void *worker(void *arg) {

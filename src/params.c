@@ -26,13 +26,15 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
     return floats * sizeof(float);
 }
 
-void flashcl_default_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
-                            flashcl_params *p) {
+/* The portable kernel's parameters (also the fallback of every other variant). */
+void flashcl_portable_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
+                             flashcl_params *p) {
     memset(p, 0, sizeof *p);
     if (ctx->is_host) {
         p->block_m = 1;
         p->block_n = 64;
         p->threads_per_row = 1;
+        p->work_group_size = 1;
         p->variant = "host";
         p->source = "built-in: host path";
         return;
@@ -58,4 +60,30 @@ void flashcl_default_params(const flashcl_context *ctx, const flashcl_attention_
     while (p->block_m > 1 && ((size_t)p->block_m * (size_t)p->threads_per_row > ctx->info.max_wg ||
                               flashcl_forward_local_bytes(p, desc->head_dim) > budget))
         p->block_m /= 2;
+    p->work_group_size = p->block_m * p->threads_per_row;
+}
+
+int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+    const char *force = getenv("FLASHCL_VARIANT");
+    if (force && !strcmp(force, "portable"))
+        return 0;
+    return !ctx->is_host && ctx->info.nv_cc_major >= 8 && desc->dtype != FLASHCL_FLOAT32 &&
+           desc->head_dim >= 32 && desc->head_dim <= 256;
+}
+
+void flashcl_default_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
+                            flashcl_params *p) {
+    if (!flashcl_nv_mma_eligible(ctx, desc)) {
+        flashcl_portable_params(ctx, desc, p);
+        return;
+    }
+    /* Tensor cores (cl/flash_fwd_nv.cl): 4 warps of 16 query rows each;
+     * 64-key tiles, 32 above D=128, keep double-buffered K and V in ~46 KB. */
+    memset(p, 0, sizeof *p);
+    p->block_m = 64;
+    p->block_n = desc->head_dim > 128 ? 32 : 64;
+    p->threads_per_row = 0;
+    p->work_group_size = 128;
+    p->variant = "nv-mma";
+    p->source = "built-in: NVIDIA sm_80+ default";
 }

@@ -268,6 +268,13 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
         return FLASHCL_ERROR_BUILD_FAILED;
     }
     entry->program = p;
+    if (getenv("FLASHCL_LOG")) {
+        /* Compiler reports (e.g. -cl-nv-verbose register counts). */
+        char *log = build_log(p, ctx->device);
+        if (log && log[0])
+            flashcl_log("build log of %s [%s]:\n%s", entry->file, entry->options, log);
+        free(log);
+    }
     if (cached) {
         size_t size = 0;
         unsigned char *bin = program_binary(p, &size);

@@ -1,0 +1,529 @@
+/* flash_fwd_nv.cl: FlashAttention-2 forward on NVIDIA tensor cores (sm_80+, inline PTX mma.sync).
+ *
+ * Same arguments and semantics as flash_fwd.cl; the host selects this file for
+ * float16/bfloat16 with 32 <= HEAD_DIM <= 256 on compute capability >= 8.0.
+ * It only builds with NVIDIA's OpenCL compiler (inline PTX).
+ *
+ * Work decomposition. A work-group of WARPS warps owns BLOCK_M query rows of
+ * one (batch, query head); warp w owns ROWS_PER_WARP = 16*M_FRAGS of them.
+ * Each warp keeps its Q rows as mma A-fragments in registers for the whole
+ * key loop, its O rows as f32 accumulator fragments, and one S tile.
+ *
+ *                   __local (one ushort array, 16-byte aligned)
+ *   +-------------------------------+-------------------------------+
+ *   | K tile: BLOCK_N rows x PITCH  | V tile: BLOCK_N rows x PITCH  |
+ *   +-------------------------------+-------------------------------+
+ *   | Q block (BLOCK_M x PITCH): only before the loop, same bytes   |
+ *   +---------------------------------------------------------------+
+ *   PITCH = HEAD_DIM_PAD + KV_PAD halves; columns HEAD_DIM..HEAD_DIM_PAD-1
+ *   are zero (the mma k-steps and n8 blocks need multiples of 16).
+ *
+ * Per key tile (software pipeline with one K and one V buffer, as in FA2):
+ *
+ *     wait K(n0), barrier ---> issue copy V(n0) ---+  (V lands while S runs)
+ *     S = Q K^T (mma), mask, online softmax        |
+ *     wait V(n0), barrier ---> issue copy K(n0+BN) |  (K lands while PV runs)
+ *     O += P V (mma; P straight from the S registers)
+ *
+ * Copies use cp.async (16-byte chunks, zero-filled past HEAD_DIM and past nk)
+ * when every row start is 16-byte aligned, else plain 2-byte loads that
+ * complete at issue time; the barriers are the same for both.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k16, .f16/.bf16 inputs, .f32 accumulators).
+ * lane = 0..31, g = lane / 4 ("groupID"), t = lane % 4 ("threadID_in_group");
+ * a 32-bit register holds two 16-bit values, the lower column in the low half.
+ *
+ *   A (16x16, row-major: Q rows x head dims, or P rows x keys)
+ *     a0 = A[g    ][2t, 2t+1]      a2 = A[g    ][2t+8, 2t+9]
+ *     a1 = A[g + 8][2t, 2t+1]      a3 = A[g + 8][2t+8, 2t+9]
+ *   B (16x8, "col": k x n, read as B[k][n])
+ *     b0 = B[2t, 2t+1][g]          b1 = B[2t+8, 2t+9][g]
+ *   C/D (16x8 f32)
+ *     c0, c1 = C[g    ][2t, 2t+1]  c2, c3 = C[g + 8][2t, 2t+1]
+ *
+ *   S = Q K^T: B[k][n] = K[key n][dim k], i.e. K rows as stored, so an 8x8
+ *     block of K read by a plain ldmatrix gives lane (g, t) K[g][2t, 2t+1],
+ *     which is b0 (dims 0-7 of the k-step) or b1 (dims 8-15).
+ *   O = P V: B[k][n] = V[key k][dim n]; ldmatrix .trans hands lane (g, t)
+ *     V[2t, 2t+1][g] of an 8x8 block: b0 (keys 0-7) or b1 (keys 8-15).
+ *   P as A: the accumulators of two adjacent n8 blocks 2k and 2k+1 of S are,
+ *     element for element, the A fragment of k-step k of P V:
+ *       a0 = S(2k)[c0,c1]  a1 = S(2k)[c2,c3]  a2 = S(2k+1)[c0,c1]  a3 = S(2k+1)[c2,c3]
+ *     so P is packed to 16 bits in registers and never touches __local.
+ *   ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i, and
+ *     matrix i lands in result register i. The lane -> address maps are
+ *     chosen so that the results come out in the a0..a3 / b0,b1 order above
+ *     (see the *_lane_off computations in the kernel).
+ *   Each lane therefore holds two query rows per 16-row fragment: g and g+8.
+ *   A row's max and sum are reduced over the 4 lanes of its quad (xor 1, 2).
+ *
+ * Softmax in base 2 with the scale folded in: the running max m is kept in
+ * raw dot-product units and p = 2^(s*sc - m*sc) is one fma + ex2, where
+ * sc = q_mul (scale*log2e, > 0 as the host guarantees). With soft-capping,
+ * s is first replaced by softcap_log2 * tanh(q_mul * s) and sc = 1.
+ * Q is kept in 16 bits exactly as stored; the scale is applied to the f32
+ * scores, so no extra rounding is introduced.
+ *
+ * A row that sees no key keeps m = -inf and l = 0: it writes 0 and LSE -inf
+ * and never evaluates -inf - -inf.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128 // exact head dimension (compile-time: every fragment loop unrolls)
+#endif
+#ifndef WARPS
+#define WARPS 4 // warps per work-group; the work-group is WARPS*32 work-items
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M (16 * WARPS) // query rows per work-group: 16 or 32 per warp
+#endif
+#ifndef BLOCK_N
+#if HEAD_DIM > 128
+#define BLOCK_N 32 // keys per tile: K+V tiles stay near 34 KB at D=256
+#else
+#define BLOCK_N 64 // keys per tile: K+V tiles 34 KB at D=128
+#endif
+#endif
+#ifndef KV_PAD
+#define KV_PAD 8 // halves of padding per __local row: the row pitch becomes an odd
+                 // multiple of 16 bytes, so ldmatrix's 8 row reads hit 8 distinct
+                 // bank groups (no conflicts); must be a multiple of 8
+#endif
+#ifndef USE_CP_ASYNC
+#define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
+#endif
+
+#define WG_SIZE (WARPS * 32)
+#define ROWS_PER_WARP (BLOCK_M / WARPS)
+#define M_FRAGS (ROWS_PER_WARP / 16)           // 16-row A fragments per warp
+#define HEAD_DIM_PAD (((HEAD_DIM) + 15) / 16 * 16) // head dims seen by the mma
+#define PITCH (HEAD_DIM_PAD + KV_PAD)          // __local row pitch, halves
+#define D_CHUNKS (HEAD_DIM_PAD / 8)            // 16-byte chunks per row
+#define K_STEPS (HEAD_DIM_PAD / 16)            // k16 steps of S = Q K^T
+#define S_FRAGS (BLOCK_N / 8)                  // n8 blocks of S per 16 rows
+#define P_STEPS (BLOCK_N / 16)                 // k16 steps of O = P V
+#define O_FRAGS (HEAD_DIM_PAD / 8)             // n8 blocks of O per 16 rows
+#define TILE_HALFS (BLOCK_N * PITCH)
+#define Q_HALFS (BLOCK_M * PITCH)
+#define SMEM_HALFS (Q_HALFS > 2 * TILE_HALFS ? Q_HALFS : 2 * TILE_HALFS)
+
+#if BLOCK_M % (16 * WARPS) != 0 || M_FRAGS < 1
+#error "BLOCK_M must be a multiple of 16*WARPS"
+#endif
+#if BLOCK_N % 16 != 0
+#error "BLOCK_N must be a multiple of 16"
+#endif
+#if KV_PAD % 8 != 0
+#error "KV_PAD must be a multiple of 8 (16-byte rows for cp.async and ldmatrix)"
+#endif
+#if SMEM_HALFS * 2 > 48000
+#error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
+#endif
+#if DTYPE == 1
+#define MMA_TYPE "f16"
+#elif DTYPE == 2
+#define MMA_TYPE "bf16"
+#else
+#error "flash_fwd_nv needs DTYPE 1 (float16) or 2 (bfloat16)"
+#endif
+
+/* ---- PTX wrappers --------------------------------------------------------------------- */
+
+/* 32-bit shared-window address of a __local pointer. NVIDIA's OpenCL may hand
+ * the asm either a generic address or a shared-window one; isspacep tells
+ * them apart, so cvta is applied only where it is meaningful. (A direct
+ * cast to a 32-bit integer is rejected by ptxas.) */
+inline uint shared_addr(__local const void *p) {
+    uint a;
+    asm volatile("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
+                 "isspacep.shared ps, %1;\n\t"
+                 "@ps cvta.to.shared.u64 t, %1;\n\t"
+                 "@!ps mov.u64 t, %1;\n\t"
+                 "cvt.u32.u64 %0, t;\n\t}"
+                 : "=r"(a)
+                 : "l"((ulong)p));
+    return a;
+}
+
+/* D += A B for one 16x8x16 block; c[0..3] are the accumulators. */
+#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                    \
+    asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                  \
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                 \
+        : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                                \
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+/* Four 8x8 16-bit matrices from __local; volatile keeps them after the barriers. */
+#define LDMATRIX_X4(r, addr)                                                                    \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"               \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
+                 : "r"(addr))
+#define LDMATRIX_X4_TRANS(r, addr)                                                              \
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"         \
+                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
+                 : "r"(addr))
+
+/* Two floats rounded to nearest even into one register, lo in the low half
+ * (cvt puts its first source in the high half). */
+inline uint pack2(float lo, float hi) {
+    uint r;
+    asm("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
+inline float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Butterfly exchange inside a warp (OpenCL 1.2 on NVIDIA has no sub-groups). */
+inline float shfl_xor(float x, int mask) {
+    uint y;
+    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                 : "=r"(y)
+                 : "r"(as_uint(x)), "r"(mask));
+    return as_float(y);
+}
+
+/* ---- global -> __local tile copies ---------------------------------------------------- */
+
+/* Copies rows [0, rows) of a [*][HEAD_DIM] 16-bit matrix (row r at
+ * src + r*stride) into __local rows of PITCH halves starting at shared address
+ * dst, for NROWS rows; rows >= rows and columns >= HEAD_DIM become zero, so
+ * padded keys contribute 0 * 0 rather than 0 * garbage (which may be NaN).
+ *
+ * vec != 0 (uniform): src and stride are 16-byte aligned, so each 16-byte
+ * chunk is one cp.async whose src-size clips it at HEAD_DIM (the rest is
+ * zero-filled by the hardware). The copy is only issued: cp_wait() and a
+ * barrier must follow before the tile is read.
+ * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
+ * when this returns. */
+inline void copy_tile(__local ushort *smem, uint dst_off, __global const ushort *src, ulong stride,
+                      int rows, int nrows, int vec, int tid) {
+    const int total = nrows * D_CHUNKS;
+#if USE_CP_ASYNC
+    if (vec) {
+        const uint dst = shared_addr(smem) + dst_off * 2u;
+#pragma unroll
+        for (int i = tid; i < total; i += WG_SIZE) {
+            const int r = i / D_CHUNKS, c = i % D_CHUNKS;
+            int bytes = r < rows ? 2 * (HEAD_DIM - 8 * c) : 0;
+            bytes = clamp(bytes, 0, 16);
+            /* A chunk that copies nothing still needs a valid address. */
+            __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
+            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
+                             dst + (uint)(r * PITCH + 8 * c) * 2u),
+                         "l"(p), "r"(bytes)
+                         : "memory");
+        }
+        asm volatile("cp.async.commit_group;" ::: "memory");
+        return;
+    }
+#endif
+#pragma unroll
+    for (int i = tid; i < total; i += WG_SIZE) {
+        const int r = i / D_CHUNKS, c = i % D_CHUNKS;
+        uint w[4];
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const int d = 8 * c + 2 * e;
+            uint lo = 0, hi = 0;
+            if (r < rows && d < HEAD_DIM)
+                lo = src[(ulong)r * stride + d];
+            if (r < rows && d + 1 < HEAD_DIM)
+                hi = src[(ulong)r * stride + d + 1];
+            w[e] = lo | hi << 16;
+        }
+        *(__local uint4 *)(smem + dst_off + r * PITCH + 8 * c) = (uint4)(w[0], w[1], w[2], w[3]);
+    }
+}
+
+/* Waits for this work-item's outstanding cp.async groups (no-op otherwise). */
+inline void cp_wait(void) {
+#if USE_CP_ASYNC
+    asm volatile("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+/* ---- the kernel ----------------------------------------------------------------------- */
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict k,
+             __global const elem_t *restrict v, __global elem_t *restrict o,
+             __global float *restrict lse,
+             /* element offsets and strides (batch, seq, head) of each tensor */
+             ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh, ulong k_off, ulong k_sb, ulong k_ss,
+             ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, ulong o_off, ulong o_sb,
+             ulong o_ss, ulong o_sh, ulong lse_off, int has_lse,
+             int nq, int nk, int group, /* group = heads_q / heads_k */
+             float q_mul,              /* scale*log2e, or scale/softcap   */
+             float softcap_log2,       /* softcap*log2e, 0 when off       */
+             int win_left, int win_right) {
+    __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int m0 = (int)get_group_id(0) * BLOCK_M;
+    const int hq = (int)get_global_id(1);
+    const int b = (int)get_global_id(2);
+    const int hk = hq / group;
+    const int rows_q = min(BLOCK_M, nq - m0);
+
+    /* Raw 16-bit views: the mma consumes the stored bits of both dtypes. */
+    __global const ushort *qb = (__global const ushort *)q + (q_off + b * q_sb + hq * q_sh);
+    __global const ushort *kb = (__global const ushort *)k + (k_off + b * k_sb + hk * k_sh);
+    __global const ushort *vb = (__global const ushort *)v + (v_off + b * v_sb + hk * v_sh);
+    /* cp.async needs 16-byte aligned sources; decided once, uniformly. */
+    const int q_vec = ((ulong)qb % 16 == 0) && (q_ss % 8 == 0);
+    const int k_vec = ((ulong)kb % 16 == 0) && (k_ss % 8 == 0);
+    const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 8 == 0);
+
+    const uint s_base = shared_addr(smem);
+    const uint k_tile = s_base, v_tile = s_base + TILE_HALFS * 2u;
+
+    /* Q block -> __local -> A fragments, once. Rows past nq are zero. */
+    copy_tile(smem, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
+    cp_wait();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[M_FRAGS][K_STEPS][4];
+    {
+        /* lanes 0-15 address rows 0-15 at dims 0-7, lanes 16-31 the same rows
+         * at dims 8-15: matrices come out as a0 (rows 0-7, dims 0-7), a1
+         * (rows 8-15, dims 0-7), a2 (rows 0-7, dims 8-15), a3. */
+        const uint q_lane = s_base + (uint)((warp * ROWS_PER_WARP + lane % 16) * PITCH +
+                                            (lane / 16) * 8) * 2u;
+#pragma unroll
+        for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk)
+                LDMATRIX_X4(qf[mf][kk], q_lane + (uint)(mf * 16 * PITCH + kk * 16) * 2u);
+    }
+    /* Every warp has its Q before K overwrites the same bytes. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    /* K: matrix i of ldmatrix.x4 = keys 8*(i/2).. x dims 8*(i%2).., so the
+     * results are b0, b1 of n8 block 2p and b0, b1 of n8 block 2p+1.
+     * V (.trans): matrix i = keys 8*(i%2).. x dims 8*(i/2).., giving b0, b1
+     * of output n8 block 2p and b0, b1 of block 2p+1. */
+    const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
+    const uint v_lane = (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
+
+    /* Visible keys. lo and hi grow with the row, so a block's (or warp's)
+     * union is [lo(first), hi(last)] and the keys every row sees are
+     * [lo(last), hi(first)]. Key indices fit in int once clipped. */
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
+    const long blk_lo = blk_first.x, blk_hi = blk_last.y;
+
+    const int w0 = m0 + warp * ROWS_PER_WARP; /* first row of this warp */
+    const int w_rows = min(ROWS_PER_WARP, nq - w0);
+    int w_lo = 1, w_hi = 0, w_all_lo = 1, w_all_hi = 0; /* empty unless the warp has rows */
+    if (w_rows > 0) {
+        const long2 f = visible_keys(w0, nq, nk, win_left, win_right);
+        const long2 l = visible_keys(w0 + w_rows - 1, nq, nk, win_left, win_right);
+        w_lo = (int)f.x;
+        w_hi = (int)max(l.y, -1L);
+        w_all_lo = (int)l.x;
+        w_all_hi = (int)max(f.y, -1L);
+    }
+    /* Per row of this lane: [lo, hi] for rows g and g+8 of each fragment. */
+    int row_lo[M_FRAGS][2], row_hi[M_FRAGS][2];
+#pragma unroll
+    for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const long2 r = visible_keys(w0 + mf * 16 + g + 8 * h, nq, nk, win_left, win_right);
+            row_lo[mf][h] = (int)min(r.x, (long)nk);
+            row_hi[mf][h] = (int)max(r.y, -1L);
+        }
+
+    const int softcap = softcap_log2 > 0.0f;
+    const float sc = softcap ? 1.0f : q_mul; /* raw score units -> log2 units */
+
+    float acc[M_FRAGS][O_FRAGS][4];
+    float m_run[M_FRAGS][2], l_run[M_FRAGS][2];
+#pragma unroll
+    for (int mf = 0; mf < M_FRAGS; ++mf) {
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j)
+            acc[mf][j][0] = acc[mf][j][1] = acc[mf][j][2] = acc[mf][j][3] = 0.0f;
+        m_run[mf][0] = m_run[mf][1] = -INFINITY;
+        l_run[mf][0] = l_run[mf][1] = 0.0f;
+    }
+
+    const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
+    const int n_end = (int)blk_hi; /* last key any row of the block sees */
+    if (n_start <= n_end)
+        copy_tile(smem, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N,
+                  k_vec, tid);
+
+    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        /* K(n0) has landed for everyone, and every warp is done with V(n0-BN). */
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        copy_tile(smem, TILE_HALFS, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0), BLOCK_N,
+                  v_vec, tid);
+
+        /* Warp-uniform: a warp none of whose rows sees this tile skips its math
+         * (p would be 0 everywhere and m unchanged), but not the barriers. */
+        const int n_last = n0 + BLOCK_N - 1;
+        const int active = n0 <= w_hi && n_last >= w_lo;
+        float s[M_FRAGS][S_FRAGS][4];
+        if (active) {
+            /* ---- S = Q K^T ---- */
+#pragma unroll
+            for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j)
+                    s[mf][j][0] = s[mf][j][1] = s[mf][j][2] = s[mf][j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk)
+#pragma unroll
+                for (int np = 0; np < S_FRAGS / 2; ++np) {
+                    uint kf[4];
+                    LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
+#pragma unroll
+                    for (int mf = 0; mf < M_FRAGS; ++mf) {
+                        MMA_16816(s[mf][2 * np], qf[mf][kk][0], qf[mf][kk][1], qf[mf][kk][2],
+                                  qf[mf][kk][3], kf[0], kf[1]);
+                        MMA_16816(s[mf][2 * np + 1], qf[mf][kk][0], qf[mf][kk][1],
+                                  qf[mf][kk][2], qf[mf][kk][3], kf[2], kf[3]);
+                    }
+                }
+
+            /* ---- soft-cap (rare; precise tanh like the portable kernel) ---- */
+            if (softcap) {
+#pragma unroll
+                for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+                    for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e)
+                            s[mf][j][e] = softcap_log2 * tanh(q_mul * s[mf][j][e]);
+            }
+
+            /* ---- mask, only on tiles crossing some row's window edge or nk ---- */
+            if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
+#pragma unroll
+                for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+                    for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                        for (int e = 0; e < 4; ++e) {
+                            const int key = n0 + 8 * j + 2 * t + (e & 1);
+                            const int h = e >> 1;
+                            if (key < row_lo[mf][h] || key > row_hi[mf][h])
+                                s[mf][j][e] = -INFINITY;
+                        }
+            }
+
+            /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
+#pragma unroll
+            for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    float mx = -INFINITY;
+#pragma unroll
+                    for (int j = 0; j < S_FRAGS; ++j)
+                        mx = fmax(mx, fmax(s[mf][j][2 * h], s[mf][j][2 * h + 1]));
+                    mx = fmax(mx, shfl_xor(mx, 1));
+                    mx = fmax(mx, shfl_xor(mx, 2));
+                    const float m_new = fmax(m_run[mf][h], mx);
+                    /* While the row has seen nothing, m_new is -inf: subtract 0
+                     * instead, so p = 2^-inf = 0 and alpha = 2^-inf = 0 (acc
+                     * and l are still 0) without forming -inf - -inf. */
+                    const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
+                    const float alpha = ex2(m_run[mf][h] * sc - ms);
+                    m_run[mf][h] = m_new;
+                    float psum = 0.0f;
+#pragma unroll
+                    for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                            const float p = ex2(fma(s[mf][j][e], sc, -ms));
+                            s[mf][j][e] = p;
+                            psum += p;
+                        }
+                    /* l stays a per-lane partial sum (alpha is uniform along a
+                     * row); the quad reduces it once at the end. */
+                    l_run[mf][h] = l_run[mf][h] * alpha + psum;
+#pragma unroll
+                    for (int j = 0; j < O_FRAGS; ++j) {
+                        acc[mf][j][2 * h] *= alpha;
+                        acc[mf][j][2 * h + 1] *= alpha;
+                    }
+                }
+        }
+
+        /* V(n0) has landed, and every warp is done reading K(n0). */
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n0 + BLOCK_N <= n_end)
+            copy_tile(smem, 0, kb + (ulong)(n0 + BLOCK_N) * k_ss, k_ss,
+                      min(BLOCK_N, nk - (n0 + BLOCK_N)), BLOCK_N, k_vec, tid);
+
+        if (active) {
+            /* ---- O += P V, P packed from the S registers ---- */
+#pragma unroll
+            for (int kk = 0; kk < P_STEPS; ++kk) {
+                uint pf[M_FRAGS][4];
+#pragma unroll
+                for (int mf = 0; mf < M_FRAGS; ++mf) {
+                    pf[mf][0] = pack2(s[mf][2 * kk][0], s[mf][2 * kk][1]);
+                    pf[mf][1] = pack2(s[mf][2 * kk][2], s[mf][2 * kk][3]);
+                    pf[mf][2] = pack2(s[mf][2 * kk + 1][0], s[mf][2 * kk + 1][1]);
+                    pf[mf][3] = pack2(s[mf][2 * kk + 1][2], s[mf][2 * kk + 1][3]);
+                }
+#pragma unroll
+                for (int dp = 0; dp < O_FRAGS / 2; ++dp) {
+                    uint vf[4];
+                    LDMATRIX_X4_TRANS(vf, v_tile + v_lane + (uint)(kk * 16 * PITCH + dp * 16) * 2u);
+#pragma unroll
+                    for (int mf = 0; mf < M_FRAGS; ++mf) {
+                        MMA_16816(acc[mf][2 * dp], pf[mf][0], pf[mf][1], pf[mf][2], pf[mf][3],
+                                  vf[0], vf[1]);
+                        MMA_16816(acc[mf][2 * dp + 1], pf[mf][0], pf[mf][1], pf[mf][2],
+                                  pf[mf][3], vf[2], vf[3]);
+                    }
+                }
+            }
+        }
+    }
+
+    /* ---- epilogue: O / l and LSE ---- */
+    __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
+    /* Two columns per 32-bit store when every (row, even column) is 4-byte aligned. */
+    const int o_pair = (HEAD_DIM % 2 == 0) && ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
+#pragma unroll
+    for (int mf = 0; mf < M_FRAGS; ++mf)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float l = l_run[mf][h];
+            l += shfl_xor(l, 1);
+            l += shfl_xor(l, 2);
+            const int row = w0 + mf * 16 + g + 8 * h;
+            if (row >= nq)
+                continue;
+            const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+            __global ushort *orow = ob + (ulong)row * o_ss;
+#pragma unroll
+            for (int j = 0; j < O_FRAGS; ++j) {
+                const int d = 8 * j + 2 * t;
+                const float x0 = acc[mf][j][2 * h] * inv_l, x1 = acc[mf][j][2 * h + 1] * inv_l;
+                if (d >= HEAD_DIM)
+                    continue;
+                if (o_pair) {
+                    *(__global uint *)(orow + d) = pack2(x0, x1);
+                } else {
+                    STORE_ELEM((__global elem_t *)orow, d, x0);
+                    if (d + 1 < HEAD_DIM)
+                        STORE_ELEM((__global elem_t *)orow, d + 1, x1);
+                }
+            }
+            if (has_lse && t == 0)
+                lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
+                    l > 0.0f ? (m_run[mf][h] * sc + log2(l)) * LN2 : -INFINITY;
+        }
+}

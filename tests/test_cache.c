@@ -1,0 +1,139 @@
+/* test_cache.c: the on-disk program cache: a second process-like start hits, corrupt files are ignored. */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "harness.h"
+
+static int failures;
+static int hits, misses;
+
+static void count(void *user, const char *line) {
+    (void)user;
+    if (strstr(line, "disk cache hit"))
+        ++hits;
+    else if (strstr(line, "disk cache miss"))
+        ++misses;
+}
+
+/* A fresh context (as a new process would have), one forward, checked. */
+static int run_once(uint64_t seed) {
+    hits = misses = 0;
+    flashcl_context *ctx = test_context();
+    test_case tc = {FLASHCL_FLOAT16, 1, 2, 1, 19, 45, 24, 1, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0};
+    int ok = run_case(ctx, &tc, seed, 0);
+    flashcl_context_destroy(ctx);
+    return ok;
+}
+
+/* Applies fn to every *.bin file of dir; returns how many there were. */
+static int for_each_bin(const char *dir, void (*fn)(const char *path)) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *e;
+    while (d && (e = readdir(d))) {
+        size_t len = strlen(e->d_name);
+        if (len > 4 && !strcmp(e->d_name + len - 4, ".bin")) {
+            char path[4096];
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            if (fn)
+                fn(path);
+            ++n;
+        }
+    }
+    if (d)
+        closedir(d);
+    return n;
+}
+
+static void scramble(const char *path) {
+    FILE *f = fopen(path, "r+b");
+    if (!f)
+        return;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, size / 2, SEEK_SET);
+    fputs("corrupted by test_cache", f);
+    fclose(f);
+}
+
+static void delete_file(const char *path) {
+    remove(path);
+}
+
+static void truncate_half(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return;
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fclose(f);
+    if (truncate(path, size / 2) != 0)
+        perror("truncate");
+}
+
+int main(void) {
+    char dir[] = "/tmp/flashcl-cache-test-XXXXXX";
+    if (!mkdtemp(dir)) {
+        perror("mkdtemp");
+        return 1;
+    }
+    setenv("FLASHCL_CACHE_DIR", dir, 1);
+    unsetenv("FLASHCL_CACHE");
+    flashcl_set_log(count, NULL);
+    uint64_t seed = test_seed();
+
+    flashcl_context *probe = test_context();
+    int host = flashcl_context_is_host(probe);
+    flashcl_context_destroy(probe);
+    if (host) {
+        printf("host context: no programs to cache, nothing to test\n");
+        return 0;
+    }
+
+    expect(run_once(seed) && misses == 1 && hits == 0, "first build misses and is correct", &failures);
+    expect(for_each_bin(dir, NULL) == 1, "one cache file written", &failures);
+    expect(run_once(seed + 1) && hits == 1 && misses == 0, "second start hits the disk cache", &failures);
+
+    for_each_bin(dir, scramble);
+    expect(run_once(seed + 2) && hits == 0 && misses == 1, "corrupted file ignored, still correct", &failures);
+    expect(run_once(seed + 3) && hits == 1, "the rebuilt binary replaced it", &failures);
+
+    for_each_bin(dir, truncate_half);
+    expect(run_once(seed + 4) && hits == 0 && misses == 1, "truncated file ignored, still correct", &failures);
+
+    setenv("FLASHCL_CACHE", "0", 1);
+    for_each_bin(dir, delete_file);
+    expect(run_once(seed + 5) && hits == 0 && misses == 0 && for_each_bin(dir, NULL) == 0,
+           "FLASHCL_CACHE=0 neither reads nor writes", &failures);
+    unsetenv("FLASHCL_CACHE");
+
+    /* A cache directory that cannot be created: silently builds from source. */
+    setenv("FLASHCL_CACHE_DIR", "/proc/flashcl-cannot-write-here", 1);
+    expect(run_once(seed + 6), "unwritable cache directory still works", &failures);
+
+    /* FLASHCL_KERNEL_DIR: sources from disk; a directory without them fails cleanly. */
+    setenv("FLASHCL_CACHE", "0", 1);
+    setenv("FLASHCL_KERNEL_DIR", dir, 1);
+    flashcl_context *ctx = test_context();
+    flashcl_attention_desc d;
+    size_t elems[4];
+    test_case tc = {FLASHCL_FLOAT32, 1, 1, 1, 8, 8, 8, 0, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0};
+    case_desc(&tc, &d, elems);
+    float buf[64] = {0};
+    flashcl_status st = flashcl_attention_forward_host(ctx, &d, buf, buf, buf, buf, NULL);
+    expect(st == FLASHCL_ERROR_BUILD_FAILED && strstr(flashcl_last_error(ctx), "FLASHCL_KERNEL_DIR"),
+           "FLASHCL_KERNEL_DIR without sources -> build failed with a message", &failures);
+    flashcl_context_destroy(ctx);
+#ifdef FLASHCL_SOURCE_CL_DIR
+    setenv("FLASHCL_KERNEL_DIR", FLASHCL_SOURCE_CL_DIR, 1);
+    expect(run_once(seed + 7), "FLASHCL_KERNEL_DIR=cl/ builds from disk", &failures);
+#endif
+    unsetenv("FLASHCL_KERNEL_DIR");
+    rmdir(dir);
+    printf("%d failures\n", failures);
+    return failures ? 1 : 0;
+}

@@ -1,0 +1,222 @@
+/* test_errors.c: every invalid argument gets its error code and message, and outputs stay untouched. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static int failures;
+
+enum { B = 2, H = 4, HK = 2, N = 24, D = 32 };
+#define ELEMS ((size_t)B * N * H * D)
+#define LSE_ELEMS ((size_t)B * H * N)
+
+typedef struct fixture {
+    flashcl_context *ctx;
+    cl_mem q, k, v, out, lse, small;
+    float pattern[ELEMS];
+} fixture;
+
+static cl_mem make(flashcl_context *ctx, size_t bytes, const void *init) {
+    cl_int err;
+    cl_mem m = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR,
+                              bytes, (void *)init, &err);
+    if (!m) {
+        fprintf(stderr, "clCreateBuffer: %d\n", err);
+        exit(1);
+    }
+    return m;
+}
+
+static flashcl_attention_desc valid_desc(void) {
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT32;
+    d.batch = B;
+    d.heads_q = H;
+    d.heads_k = HK;
+    d.seqlen_q = d.seqlen_k = N;
+    d.head_dim = D;
+    d.window_left = d.window_right = -1;
+    return d;
+}
+
+/* The output buffer must still hold the pattern written at the start. */
+static int out_untouched(fixture *f) {
+    static float back[ELEMS];
+    clEnqueueReadBuffer(flashcl_context_cl_queue(f->ctx), f->out, CL_TRUE, 0, sizeof back, back, 0,
+                        NULL, NULL);
+    return memcmp(back, f->pattern, sizeof back) == 0;
+}
+
+/* One bad call: the expected status, a message, and untouched outputs. */
+static void bad(fixture *f, const char *what, flashcl_status want, flashcl_status got) {
+    const char *msg = flashcl_last_error(f->ctx);
+    int ok = got == want && msg && msg[0] && out_untouched(f);
+    char line[160];
+    snprintf(line, sizeof line, "%s -> %s", what, flashcl_status_string(want));
+    expect(ok, line, &failures);
+    if (!ok)
+        printf("    got %d (%s), message '%s'\n", got, flashcl_status_string(got), msg);
+}
+
+static flashcl_status fwd(fixture *f, const flashcl_attention_desc *d) {
+    return flashcl_attention_forward(f->ctx, d, f->q, f->k, f->v, f->out, f->lse, 0, NULL);
+}
+
+int main(void) {
+    static fixture f;
+    f.ctx = test_context();
+    for (size_t i = 0; i < ELEMS; ++i)
+        f.pattern[i] = (float)i * 0.25f;
+    f.q = make(f.ctx, sizeof f.pattern, f.pattern);
+    f.k = make(f.ctx, sizeof f.pattern, f.pattern);
+    f.v = make(f.ctx, sizeof f.pattern, f.pattern);
+    f.out = make(f.ctx, sizeof f.pattern, f.pattern);
+    f.lse = make(f.ctx, LSE_ELEMS * sizeof(float), f.pattern);
+    f.small = make(f.ctx, 64, f.pattern);
+
+    flashcl_attention_desc d = valid_desc();
+    expect(fwd(&f, &d) == FLASHCL_SUCCESS && clFinish(flashcl_context_cl_queue(f.ctx)) == CL_SUCCESS,
+           "a valid call succeeds", &failures);
+    /* Put the pattern back: every call below must leave it alone. */
+    clEnqueueWriteBuffer(flashcl_context_cl_queue(f.ctx), f.out, CL_TRUE, 0, sizeof f.pattern,
+                         f.pattern, 0, NULL, NULL);
+
+    bad(&f, "NULL desc", FLASHCL_ERROR_INVALID_ARGUMENT,
+        flashcl_attention_forward(f.ctx, NULL, f.q, f.k, f.v, f.out, NULL, 0, NULL));
+    bad(&f, "NULL q", FLASHCL_ERROR_INVALID_ARGUMENT,
+        flashcl_attention_forward(f.ctx, &d, NULL, f.k, f.v, f.out, NULL, 0, NULL));
+    bad(&f, "NULL k", FLASHCL_ERROR_INVALID_ARGUMENT,
+        flashcl_attention_forward(f.ctx, &d, f.q, NULL, f.v, f.out, NULL, 0, NULL));
+    bad(&f, "NULL v", FLASHCL_ERROR_INVALID_ARGUMENT,
+        flashcl_attention_forward(f.ctx, &d, f.q, f.k, NULL, f.out, NULL, 0, NULL));
+    bad(&f, "NULL out", FLASHCL_ERROR_INVALID_ARGUMENT,
+        flashcl_attention_forward(f.ctx, &d, f.q, f.k, f.v, NULL, NULL, 0, NULL));
+
+    struct {
+        const char *what;
+        int field, value;
+        flashcl_status want;
+    } shapes[] = {
+        {"batch 0", 0, 0, FLASHCL_ERROR_INVALID_SHAPE},
+        {"heads_q -1", 1, -1, FLASHCL_ERROR_INVALID_SHAPE},
+        {"heads_k 0", 2, 0, FLASHCL_ERROR_INVALID_SHAPE},
+        {"seqlen_q 0", 3, 0, FLASHCL_ERROR_INVALID_SHAPE},
+        {"seqlen_k -5", 4, -5, FLASHCL_ERROR_INVALID_SHAPE},
+        {"head_dim 0", 5, 0, FLASHCL_ERROR_INVALID_SHAPE},
+        {"head_dim 257", 5, 257, FLASHCL_ERROR_INVALID_SHAPE},
+        {"heads_q 4 over heads_k 3", 2, 3, FLASHCL_ERROR_INVALID_SHAPE},
+        {"unknown dtype 7", 6, 7, FLASHCL_ERROR_INVALID_ARGUMENT},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+        flashcl_attention_desc x = valid_desc();
+        int *fields[] = {&x.batch, &x.heads_q, &x.heads_k, &x.seqlen_q, &x.seqlen_k, &x.head_dim};
+        if (shapes[i].field < 6)
+            *fields[shapes[i].field] = shapes[i].value;
+        else
+            x.dtype = (flashcl_dtype)shapes[i].value;
+        bad(&f, shapes[i].what, shapes[i].want, fwd(&f, &x));
+    }
+
+    flashcl_attention_desc x = valid_desc();
+    x.scale = -1.0f;
+    bad(&f, "negative scale", FLASHCL_ERROR_INVALID_ARGUMENT, fwd(&f, &x));
+    x = valid_desc();
+    x.softcap = strtof("nan", NULL);
+    bad(&f, "NaN softcap", FLASHCL_ERROR_INVALID_ARGUMENT, fwd(&f, &x));
+
+    /* Layouts that overrun a buffer. */
+    x = valid_desc();
+    x.seqlen_q = N + 1;
+    bad(&f, "seqlen_q larger than the buffers", FLASHCL_ERROR_OUT_OF_BOUNDS, fwd(&f, &x));
+    x = valid_desc();
+    x.k.offset = ELEMS / 2 + 1; /* k needs half the buffer (HK = H/2): one element too far */
+    x.k.stride_head = D;
+    x.k.stride_seq = (size_t)HK * D;
+    x.k.stride_batch = (size_t)N * HK * D;
+    bad(&f, "k offset one past a full buffer", FLASHCL_ERROR_OUT_OF_BOUNDS, fwd(&f, &x));
+    x = valid_desc();
+    x.v.stride_seq = (size_t)1 << 62;
+    x.v.stride_head = D;
+    x.v.stride_batch = 1;
+    bad(&f, "stride that overflows size_t", FLASHCL_ERROR_OUT_OF_BOUNDS, fwd(&f, &x));
+    x = valid_desc();
+    bad(&f, "out buffer too small", FLASHCL_ERROR_OUT_OF_BOUNDS,
+        flashcl_attention_forward(f.ctx, &x, f.q, f.k, f.v, f.small, NULL, 0, NULL));
+    bad(&f, "lse buffer too small", FLASHCL_ERROR_OUT_OF_BOUNDS,
+        flashcl_attention_forward(f.ctx, &x, f.q, f.k, f.v, f.out, f.small, 0, NULL));
+    bad(&f, "lse offset past the end", FLASHCL_ERROR_OUT_OF_BOUNDS,
+        flashcl_attention_forward(f.ctx, &x, f.q, f.k, f.v, f.out, f.lse, 1, NULL));
+    x.dtype = FLASHCL_FLOAT16; /* half the bytes: fits; bf16 likewise. float64 does not exist */
+    expect(fwd(&f, &x) == FLASHCL_SUCCESS, "float16 view of the same buffers is valid", &failures);
+    clFinish(flashcl_context_cl_queue(f.ctx));
+    clEnqueueWriteBuffer(flashcl_context_cl_queue(f.ctx), f.out, CL_TRUE, 0, sizeof f.pattern,
+                         f.pattern, 0, NULL, NULL);
+
+    /* Parameters from the environment: malformed, unknown, or too big. */
+    const char *bad_params[] = {"BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,", "FOO=3",
+                                "BLOCK_M=0", "BLOCK_M=4096,TPR=64", "BLOCK_N=24,TPR=16"};
+    flashcl_params p;
+    flashcl_status st = flashcl_attention_params(f.ctx, &d, &p);
+    int portable = st == FLASHCL_SUCCESS && p.threads_per_row > 0;
+    for (size_t i = 0; portable && i < sizeof bad_params / sizeof bad_params[0]; ++i) {
+        setenv("FLASHCL_PARAMS", bad_params[i], 1);
+        char what[96];
+        snprintf(what, sizeof what, "FLASHCL_PARAMS=\"%s\"", bad_params[i]);
+        bad(&f, what, FLASHCL_ERROR_INVALID_PARAMS, fwd(&f, &d));
+    }
+    setenv("FLASHCL_PARAMS", "BLOCK_M=8,BLOCK_N=16", 1);
+    st = flashcl_attention_params(f.ctx, &d, &p);
+    expect(st == FLASHCL_SUCCESS && p.block_m == 8 && p.block_n == 16 && !strcmp(p.source, "FLASHCL_PARAMS"),
+           "FLASHCL_PARAMS override is used", &failures);
+    unsetenv("FLASHCL_PARAMS");
+
+    /* Contexts and handles. */
+    flashcl_context *none = NULL;
+    expect(flashcl_context_create(&none, "no-such-device-anywhere") == FLASHCL_ERROR_NO_DEVICE && !none,
+           "unknown device spec -> no device", &failures);
+    expect(flashcl_context_create(&none, "99:0") == FLASHCL_ERROR_NO_DEVICE && !none,
+           "platform index out of range -> no device", &failures);
+    expect(flashcl_context_create(NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT, "NULL out pointer",
+           &failures);
+    expect(flashcl_attention_forward(NULL, &d, f.q, f.k, f.v, f.out, NULL, 0, NULL) ==
+               FLASHCL_ERROR_INVALID_ARGUMENT,
+           "NULL context", &failures);
+    expect(flashcl_context_adopt(&none, flashcl_context_cl_context(f.ctx), flashcl_context_cl_device(f.ctx),
+                                 NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "adopt without a queue", &failures);
+    flashcl_context_destroy(NULL);
+    expect(flashcl_last_error(NULL)[0] != '\0' && strcmp(flashcl_status_string(-2099), "unknown status") == 0 &&
+               strcmp(flashcl_status_string(CL_OUT_OF_RESOURCES), "CL_OUT_OF_RESOURCES") == 0,
+           "NULL-safe accessors and status strings", &failures);
+
+    /* Adopting the application's own objects works like a created context. */
+    flashcl_context *adopted = NULL;
+    expect(flashcl_context_adopt(&adopted, flashcl_context_cl_context(f.ctx), flashcl_context_cl_device(f.ctx),
+                                 flashcl_context_cl_queue(f.ctx)) == FLASHCL_SUCCESS &&
+               flashcl_attention_forward(adopted, &d, f.q, f.k, f.v, f.out, NULL, 0, NULL) == FLASHCL_SUCCESS,
+           "adopted context runs", &failures);
+    clFinish(flashcl_context_cl_queue(f.ctx));
+    flashcl_context_destroy(adopted);
+
+    /* A host context refuses cl_mem buffers with its own code. */
+    flashcl_context *host = NULL;
+    expect(flashcl_context_create(&host, "host") == FLASHCL_SUCCESS && flashcl_context_is_host(host) &&
+               flashcl_attention_forward(host, &d, f.q, f.k, f.v, f.out, NULL, 0, NULL) ==
+                   FLASHCL_ERROR_UNSUPPORTED &&
+               flashcl_last_error(host)[0],
+           "host context with cl_mem -> unsupported", &failures);
+    expect(flashcl_attention_forward_host(host, &d, NULL, f.pattern, f.pattern, f.pattern, NULL) ==
+               FLASHCL_ERROR_INVALID_ARGUMENT,
+           "host API with a NULL pointer", &failures);
+    flashcl_context_destroy(host);
+
+    cl_mem all[] = {f.q, f.k, f.v, f.out, f.lse, f.small};
+    for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i)
+        clReleaseMemObject(all[i]);
+    flashcl_context_destroy(f.ctx);
+    printf("%d failures\n", failures);
+    return failures ? 1 : 0;
+}
