@@ -1,0 +1,107 @@
+/* flashcl_ref.h: the pure-C reference (the readable specification) and the
+ * checking helpers that tests and `flashcl check` share. Built as the static
+ * library flashcl_ref, independent of libflashcl: the two implementations
+ * check each other. */
+#ifndef FLASHCL_REF_H
+#define FLASHCL_REF_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashcl.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- storage types -------------------------------------------------------
+ * Conversions round to nearest, ties to even, as vstore_half does; NaN stays
+ * NaN, overflow goes to infinity. */
+float flashcl_ref_half_to_float(uint16_t h);
+uint16_t flashcl_ref_float_to_half(float f);
+float flashcl_ref_bf16_to_float(uint16_t b);
+uint16_t flashcl_ref_float_to_bf16(float f);
+
+/* Element `index` of an array of `dtype`, widened to double. */
+double flashcl_ref_load(const void *base, flashcl_dtype dtype, size_t index);
+/* Rounds `value` to `dtype` (through float) and stores it at `index`. */
+void flashcl_ref_store(void *base, flashcl_dtype dtype, size_t index, double value);
+
+/* ---- masks -----------------------------------------------------------------
+ * The keys query row i may see, for a desc passed through
+ * flashcl_attention_desc_resolve(): the interval [*lo, *hi]. Returns 0 and
+ * leaves lo > hi when the row sees no key. */
+int flashcl_ref_visible_keys(const flashcl_attention_desc *desc, int i, int *lo, int *hi);
+
+/* ---- forward attention -----------------------------------------------------
+ * desc: resolved. q, k, v: storage dtype, laid out as desc->q/k/v say.
+ * out:  double [batch][seqlen_q][heads_q][head_dim] (packed, not desc->out).
+ * lse:  double [batch][heads_q][seqlen_q], may be NULL; -INFINITY for a row
+ *       that sees no key (whose output is 0).
+ * scores, probs: optional debug outputs, double
+ *       [batch][heads_q][seqlen_q][seqlen_k]: the scaled (soft-capped) logits
+ *       with -INFINITY where masked, and the softmax probabilities (0 where
+ *       masked; a row that sees no key is all -INFINITY and all 0).
+ * Defensively, all-zero strides are taken as packed and scale 0 as
+ * 1/sqrt(head_dim), as resolve would. If an internal allocation fails, every
+ * given output is filled with NaN (so any comparison against it fails).
+ * Everything is computed in double from the stored (already rounded) inputs. */
+void flashcl_ref_attention_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
+                                   const void *v, double *out, double *lse, double *scores,
+                                   double *probs);
+
+/* A plain (non-tiled) implementation in the storage precision, used to set
+ * tolerances the way flash-attn's tests do: scores and softmax in float, the
+ * probabilities rounded to the storage dtype before P·V, accumulation in
+ * float, the output rounded to the storage dtype. Same out layout as above. */
+void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
+                                         const void *k, const void *v, double *out);
+
+/* ---- seeded random numbers (never bare rand()) ------------------------------ */
+typedef struct flashcl_ref_rng {
+    uint64_t state;
+} flashcl_ref_rng;
+void flashcl_ref_rng_seed(flashcl_ref_rng *rng, uint64_t seed);
+uint64_t flashcl_ref_rng_next(flashcl_ref_rng *rng);  /* splitmix64 */
+double flashcl_ref_rng_uniform(flashcl_ref_rng *rng); /* [0, 1)     */
+double flashcl_ref_rng_normal(flashcl_ref_rng *rng);  /* N(0, 1)    */
+/* Fills `count` elements of `dtype` with N(0,1) * stddev, rounded to dtype. */
+void flashcl_ref_fill_normal(flashcl_ref_rng *rng, void *base, flashcl_dtype dtype, size_t count,
+                             double stddev);
+/* Fills `count` elements with a NaN bit pattern so unwritten outputs fail. */
+void flashcl_ref_poison(void *base, flashcl_dtype dtype, size_t count);
+
+/* ---- checking ---------------------------------------------------------------
+ * Compares a forward result against the double reference with flash-attn's
+ * rule: max|out - ref| <= 2 * max|plain - ref| + eps(dtype) * max(1, max|ref|)
+ * (the slack scales with outputs larger than N(0,1) inputs give), where plain is
+ * flashcl_ref_attention_forward_plain; lse (if given) must match the double
+ * LSE within 1e-3 + 1e-4|lse|, -inf exactly where the reference is -inf.
+ * NaN anywhere fails. out is in desc->out layout and the storage dtype; lse is
+ * float [batch][heads_q][seqlen_q] or NULL. */
+typedef struct flashcl_ref_report {
+    double max_err;      /* max |out - ref| (inf if out has NaN/inf) */
+    double plain_err;    /* max |plain - ref|                        */
+    double tolerance;    /* 2 * plain_err + eps * max(1, max|ref|)   */
+    double max_lse_err;  /* max |lse - ref_lse| where ref_lse finite */
+    size_t mismatches;   /* elements (out or lse) outside tolerance,
+                            (size_t)-1 if the reference could not run */
+    size_t first_bad[4]; /* b, i, h, d of the first bad out element
+                            (all 0 when only lse entries failed)     */
+    int passed;          /* 1 when everything is within tolerance    */
+} flashcl_ref_report;
+
+/* Epsilon of the rule above for a storage dtype. */
+double flashcl_ref_epsilon(flashcl_dtype dtype);
+
+/* Runs the reference and the plain implementation on q, k, v and checks out
+ * and lse against them. When `verbose` is nonzero, the first few mismatches
+ * are printed to stderr with their indices. Returns report->passed. */
+int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
+                              const void *v, const void *out, const float *lse, int verbose,
+                              flashcl_ref_report *report);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHCL_REF_H */
