@@ -114,12 +114,40 @@ static int tensor_extents(const flashcl_attention_desc *r, size_t lse_offset, ex
 
 /* ---- parameters ---------------------------------------------------------------------- */
 
+/* The forward kernels. Each takes the same arguments; they differ in file,
+ * in how the work-group is shaped and in the one extra -D they need. */
+typedef struct forward_variant {
+    const char *name, *file, *kernel;
+    const char *extra; /* the -D beyond BLOCK_M/BLOCK_N, or NULL */
+} forward_variant;
+
+static const forward_variant variants[] = {
+    {"portable", "flash_fwd.cl", "flash_fwd", "TPR"},
+    {"cpu", "flash_fwd_cpu.cl", "flash_fwd_cpu", NULL},
+    {"nv-mma", "flash_fwd_nv.cl", "flash_fwd_nv", "WARPS"},
+};
+
+static const forward_variant *find_variant(const char *name) {
+    for (size_t i = 0; i < sizeof variants / sizeof variants[0]; ++i)
+        if (!strcmp(variants[i].name, name))
+            return &variants[i];
+    return NULL;
+}
+
+/* The value of a variant's extra -D from its parameters. */
+static int extra_value(const forward_variant *v, const flashcl_params *p) {
+    if (!v->extra)
+        return 0;
+    return !strcmp(v->extra, "TPR") ? p->threads_per_row : p->work_group_size / 32;
+}
+
 /* FLASHCL_PARAMS="BLOCK_M=32,BLOCK_N=16,TPR=4": strict; any unknown key,
  * missing value or trailing garbage is an error naming the entry. */
 static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) {
     const char *env = getenv("FLASHCL_PARAMS");
     if (!env || !env[0])
         return FLASHCL_SUCCESS;
+    const forward_variant *v = find_variant(p->variant);
     const char *s = env;
     while (*s) {
         char key[32];
@@ -141,15 +169,15 @@ static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) 
             p->block_m = (int)value;
         else if (!strcmp(key, "BLOCK_N"))
             p->block_n = (int)value;
-        else if (!strcmp(key, "TPR") && p->threads_per_row)
+        else if (v && v->extra && !strcmp(key, "TPR") && !strcmp(v->extra, "TPR"))
             p->threads_per_row = (int)value;
-        else if (!strcmp(key, "WARPS") && !p->threads_per_row)
+        else if (v && v->extra && !strcmp(key, "WARPS") && !strcmp(v->extra, "WARPS"))
             p->work_group_size = 32 * (int)value;
         else
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_PARAMS: unknown parameter '%s' for the %s kernel "
-                                "(BLOCK_M, BLOCK_N, and TPR or WARPS)",
-                                key, p->variant);
+                                "(BLOCK_M, BLOCK_N%s%s)",
+                                key, p->variant, v && v->extra ? ", " : "", v && v->extra ? v->extra : "");
         p->source = "FLASHCL_PARAMS";
         if (*end == ',' && end[1] == '\0')
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
@@ -164,20 +192,19 @@ static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) 
 /* Checks parameters against the device before anything is built. */
 static flashcl_status check_params(flashcl_context *ctx, const flashcl_attention_desc *r,
                                    const flashcl_params *p) {
-    if (p->threads_per_row) {
-        size_t local = flashcl_forward_local_bytes(p, r->head_dim);
-        if (p->block_n % p->threads_per_row != 0)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "BLOCK_N %d is not a multiple of TPR %d", p->block_n, p->threads_per_row);
-        if (local > ctx->info.local_mem)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "%zu bytes of local memory needed, the device has %llu", local,
-                                (unsigned long long)ctx->info.local_mem);
-    } else if (p->block_m % 16 != 0 || p->block_n % 16 != 0 || p->work_group_size % 32 != 0) {
+    size_t local = flashcl_forward_local_bytes(p, r->head_dim);
+    if (p->threads_per_row && p->block_n % p->threads_per_row != 0)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "BLOCK_N %d is not a multiple of TPR %d", p->block_n, p->threads_per_row);
+    if (!strcmp(p->variant, "nv-mma") &&
+        (p->block_m % 16 != 0 || p->block_n % 16 != 0 || p->work_group_size % 32 != 0))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "tensor-core kernel: BLOCK_M %d and BLOCK_N %d must be multiples of 16",
                             p->block_m, p->block_n);
-    }
+    if (local > ctx->info.local_mem)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "%zu bytes of local memory needed, the device has %llu", local,
+                            (unsigned long long)ctx->info.local_mem);
     if ((size_t)p->work_group_size > ctx->info.max_wg)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "work-group of %d exceeds the device's %zu", p->work_group_size,
@@ -209,20 +236,23 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 
 static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attention_desc *r,
                                     const flashcl_params *p, cl_kernel *kernel) {
+    const forward_variant *v = find_variant(p->variant);
+    if (!v)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char options[512];
-    int nv = !p->threads_per_row;
+    char define[32] = "", options[512];
+    if (v->extra)
+        snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -D%s=%d%s%s",
-             (int)r->dtype, r->head_dim, p->block_m, p->block_n, nv ? "WARPS" : "TPR",
-             nv ? p->work_group_size / 32 : p->threads_per_row, extra ? " " : "", extra ? extra : "");
-    return flashcl_get_kernel(ctx, nv ? "flash_fwd_nv.cl" : "flash_fwd.cl",
-                              nv ? "flash_fwd_nv" : "flash_fwd", options, kernel);
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s",
+             (int)r->dtype, r->head_dim, p->block_m, p->block_n, define, extra ? " " : "",
+             extra ? extra : "");
+    return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 
 /* Builds the kernel for r and sizes its launch. A variant that fails to
- * build falls back to the portable kernel, which cannot give a wrong answer;
- * the log says why (the failure is remembered, so this happens once). */
+ * build falls back to the kernel that always applies, which cannot give a
+ * wrong answer; the log says why (the failure is remembered, so once). */
 static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
                                      cl_kernel *kernel, size_t *local, size_t *global) {
     flashcl_params p;
@@ -230,10 +260,10 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     if (st != FLASHCL_SUCCESS)
         return st;
     st = build_forward(ctx, r, &p, kernel);
-    if (st == FLASHCL_ERROR_BUILD_FAILED && !p.threads_per_row) {
-        const char *why = flashcl_last_error(ctx);
-        flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant, why);
-        flashcl_portable_params(ctx, r, &p);
+    if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-mma")) {
+        flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
+                    flashcl_last_error(ctx));
+        flashcl_fallback_params(ctx, r, &p);
         flashcl_clear_error(ctx);
         st = build_forward(ctx, r, &p, kernel);
     }

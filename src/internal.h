@@ -73,12 +73,12 @@ void flashcl_release_programs(flashcl_context *ctx);
 /* The built-in choice for a resolved desc on this context's device. */
 void flashcl_default_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
                             flashcl_params *params);
-/* The portable kernel's choice (the fallback when a variant cannot build). */
-void flashcl_portable_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
+/* The choice that always applies (the fallback when a variant cannot build). */
+void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
                              flashcl_params *params);
 /* 1 when the tensor-core variant applies (NVIDIA sm_80+, f16/bf16, D 32..256). */
 int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
-/* __local bytes the portable forward kernel needs with these parameters. */
+/* __local bytes the cpu and portable kernels need (0 for others). */
 size_t flashcl_forward_local_bytes(const flashcl_params *params, int head_dim);
 
 /* ---- the pure-C host path (host_path.c) ---- */
