@@ -132,10 +132,14 @@ typedef struct flashcl_layout {
 
 /* One attention problem. Zero-initialise, then set the shape:
  *   flashcl_attention_desc d = {0}; d.batch = 2; ...
- * Masks are aligned bottom-right (flash-attn >= 2.1): query row i sees key j
- * iff  i + (seqlen_k - seqlen_q) - window_left <= j <= i + (seqlen_k - seqlen_q) + window_right,
- * a negative window side being unbounded; causal sets window_right to 0.
- * A row that sees no key gets output 0 and LSE -inf. */
+ * Zero means the defaults: no mask, scale 1/sqrt(head_dim), no soft-cap,
+ * packed layouts. Masks are aligned bottom-right (flash-attn >= 2.1): with
+ * shift = seqlen_k - seqlen_q, query row i sees key j iff
+ *   i + shift - window_left <= j <= i + shift + window_right,
+ * where a negative side is unbounded and the window applies only when
+ * `windowed` is nonzero (so a zeroed desc is not a diagonal-only window);
+ * causal sets window_right to 0. A row that sees no key gets output 0 and
+ * LSE -inf. */
 typedef struct flashcl_attention_desc {
     flashcl_dtype dtype;      /* storage type of q, k, v and out            */
     int batch;                /* >= 1                                       */
@@ -144,6 +148,7 @@ typedef struct flashcl_attention_desc {
     int head_dim;             /* 1 .. 256                                   */
     float scale;              /* 0 means 1/sqrt(head_dim)                   */
     int causal;               /* nonzero: causal mask, bottom-right aligned */
+    int windowed;             /* nonzero: window_left/right below apply     */
     int window_left;          /* keys left of the diagonal seen; < 0: all   */
     int window_right;         /* keys right of the diagonal seen; < 0: all  */
     float softcap;            /* > 0: scores become softcap*tanh(s/softcap) */
@@ -151,7 +156,8 @@ typedef struct flashcl_attention_desc {
 } flashcl_attention_desc;
 
 /* Normalises and checks a descriptor without running anything: fills the
- * default scale, default strides, and the window implied by `causal`.
+ * default scale, default strides, and the window implied by `windowed` and
+ * `causal` (afterwards window_left/right are final, -1 meaning unbounded).
  * Returns FLASHCL_SUCCESS or the error the forward call would report. */
 FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *desc);
 

@@ -31,8 +31,11 @@ flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     if (d->scale == 0.0f)
         d->scale = 1.0f / sqrtf((float)d->head_dim);
+    if (!d->windowed)
+        d->window_left = d->window_right = -1;
     if (d->causal)
         d->window_right = 0; /* flash-attn: causal is a window whose right side is 0 */
+    d->windowed = 1; /* resolved: the two sides are final */
     if (d->window_left < 0)
         d->window_left = -1;
     if (d->window_right < 0)

@@ -20,7 +20,7 @@ typedef struct test_case {
     int causal, window_left, window_right;
     float softcap, scale;
     int layout;
-    double input_scale; /* stddev of the random inputs (1 if 0) */
+    double input_scale; /* stddev of random q and k (1 if 0); v is always N(0,1) */
 } test_case;
 
 /* The context the tests run on: FLASHCL_TEST_DEVICE, else the default

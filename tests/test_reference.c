@@ -315,6 +315,7 @@ static void expect_keys(int Nq, int Nk, int causal, int left, int right, int i, 
     flashcl_attention_desc d = make_desc(FLASHCL_FLOAT32, 1, 1, 1, Nq, Nk, 8);
     d.causal = causal;
     d.window_left = left;
+    d.windowed = 1;
     d.window_right = right;
     int lo = 12345, hi = -12345;
     int any = flashcl_ref_visible_keys(&d, i, &lo, &hi);
@@ -379,6 +380,7 @@ static void test_visible_keys(void) {
         flashcl_attention_desc d = make_desc(FLASHCL_FLOAT32, 1, 1, 1, Nq, Nk, 8);
         d.causal = causal;
         d.window_left = left;
+        d.windowed = 1;
         d.window_right = right;
         int r = causal ? 0 : right;
         for (int i = 0; i < Nq; i++) {
@@ -471,6 +473,7 @@ static void test_single_key(flashcl_dtype dt) {
     const int Nq = 3, Nk = 5, D = 16, H = 2;
     flashcl_attention_desc d = make_desc(dt, 1, H, H, Nq, Nk, D);
     d.window_left = 0;
+    d.windowed = 1;
     d.window_right = 0;
     d.softcap = 2.0f; // the single probability is 1 whatever the score
     flashcl_ref_rng rng;
@@ -714,6 +717,7 @@ static void test_strided(flashcl_dtype dt) {
     const int B = 2, Hq = 4, Hk = 2, Nq = 9, Nk = 13, D = 12;
     flashcl_attention_desc p = make_desc(dt, B, Hq, Hk, Nq, Nk, D);
     p.window_left = 3;
+    p.windowed = 1;
     p.window_right = 1;
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, 6);
@@ -792,8 +796,9 @@ static void test_check(flashcl_dtype dt) {
     double max_ref = 0.0;
     for (size_t t = 0; t < n; t++)
         max_ref = fmax(max_ref, fabs(ref[t]));
-    CHECK(rep.tolerance == 2 * rep.plain_err + eps * fmax(1.0, max_ref), "%s: tolerance",
-          dtype_name(dt));
+    /* the score-rounding term is ~1e-6 on N(0,1) inputs */
+    double base = 2 * rep.plain_err + eps * fmax(1.0, max_ref);
+    CHECK(rep.tolerance >= base && rep.tolerance <= base + 1e-5, "%s: tolerance", dtype_name(dt));
     CHECK(rep.plain_err > 0 || dt == FLASHCL_FLOAT32, "%s: plain_err should be nonzero",
           dtype_name(dt));
     CHECK(rep.plain_err < plain_cap, "%s: plain_err %g too large", dtype_name(dt), rep.plain_err);

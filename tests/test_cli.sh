@@ -1,0 +1,307 @@
+#!/usr/bin/env bash
+# test_cli.sh: end-to-end tests of the flashcl tool, with .npy files built by printf (no numpy).
+#
+# usage: test_cli.sh FLASHCL_BINARY TMPDIR
+#
+# The inputs are constant, so the answers are known exactly: when every q and k
+# element is equal, every visible key gets the same score, the softmax is
+# uniform, and each output row equals the (shared) v row; the log-sum-exp is
+# score + ln(number of visible keys). Rows that see no key must give 0 and -inf.
+set -u
+
+BIN=${1:?usage: test_cli.sh FLASHCL_BINARY TMPDIR}
+TMP=${2:?usage: test_cli.sh FLASHCL_BINARY TMPDIR}
+mkdir -p "$TMP" || exit 1
+W=$(mktemp -d "$TMP/test_cli.XXXXXX") || exit 1
+cd "$W" || exit 1
+
+failures=0
+ok() { printf 'ok    %s\n' "$1"; }
+bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
+
+# ---- building .npy files ------------------------------------------------------
+# npy_header FILE DESCR SHAPE: numpy's version 1.0 layout, the dict padded with
+# spaces and a '\n' so that the data starts on a 64-byte boundary.
+npy_header() {
+    local dict="{'descr': '$2', 'fortran_order': False, 'shape': ($3), }"
+    local total=$((10 + ${#dict} + 1))
+    local pad=$(((64 - total % 64) % 64))
+    local hlen=$((${#dict} + pad + 1))
+    printf '\x93NUMPY\x01\x00' >"$1"
+    # shellcheck disable=SC2059 # the format is built to hold the two length bytes
+    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))" >>"$1"
+    printf '%s%*s\n' "$dict" "$pad" '' >>"$1"
+}
+
+# repeat FILE COUNT BYTES: appends COUNT copies of a printf escape string.
+repeat() {
+    local i
+    # shellcheck disable=SC2059 # $3 is a string of \x escapes, meant as the format
+    for ((i = 0; i < $2; i++)); do printf "$3"; done >>"$1"
+}
+
+# Little-endian element bytes.
+F32_HALF='\x00\x00\x00\x3f'                                                  # 0.5
+F32_VROW='\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x00\xbf\x00\x00\x80\x3e' # 1 2 -0.5 0.25
+F16_HALF='\x00\x38'                                                          # 0.5
+F16_VROW='\x00\x3c\x00\x40\x00\xb8\x00\x34'                                  # 1 2 -0.5 0.25
+
+# const_npy FILE DESCR SHAPE COUNT BYTES
+const_npy() {
+    npy_header "$1" "$2" "$3"
+    repeat "$1" "$4" "$5"
+}
+
+# data_offset FILE: 10 + the header length stored at bytes 8..9.
+data_offset() {
+    echo $((10 + $(od -An -tu2 -j8 -N2 "$1" | tr -d ' ')))
+}
+
+# ---- reading results back -----------------------------------------------------
+# check_out FILE DTYPE H D SEES: every output element (b, i, h, d) must equal the
+# v row's element d, or 0 for rows i with SEES[i] == 0 (SEES: space-separated
+# number of visible keys per query row).
+check_out() {
+    local file=$1 dtype=$2 heads=$3 dim=$4 sees=$5 off fmt
+    off=$(data_offset "$file")
+    if [ "$dtype" = f4 ]; then fmt=-tf4; else fmt=-tu2; fi
+    od -An -v $fmt -j "$off" "$file" | awk -v dtype="$dtype" -v H="$heads" -v D="$dim" \
+        -v sees="$sees" '
+        function half(u,   s, e, m) {
+            s = u >= 32768 ? -1 : 1; u = u % 32768; e = int(u / 1024); m = u % 1024
+            if (e == 0) return s * m * 2 ^ -24
+            if (e == 31) return "nan"
+            return s * (1 + m / 1024) * 2 ^ (e - 15)
+        }
+        BEGIN { split("1 2 -0.5 0.25", row, " "); n = split(sees, seen, " "); bad = 0; count = 0 }
+        {
+            for (f = 1; f <= NF; f++) {
+                x = dtype == "f4" ? $f : half($f)
+                d = count % D; i = int(count / (D * H))
+                want = seen[i + 1] > 0 ? row[d + 1] : 0
+                if (x == "nan" || x ~ /nan|inf/ || (x - want > 1e-3) || (want - x > 1e-3)) {
+                    if (bad < 3) printf "  element %d: got %s, want %s\n", count, $f, want
+                    bad++
+                }
+                count++
+            }
+        }
+        END { if (count != n * H * D) { printf "  %d elements, want %d\n", count, n * H * D; bad++ }
+              exit bad > 0 }'
+}
+
+# check_lse FILE H SCORE SEES: lse[b][h][i] = SCORE + ln(SEES[i]), -inf where SEES[i] == 0.
+check_lse() {
+    local file=$1 heads=$2 score=$3 sees=$4 off
+    off=$(data_offset "$file")
+    od -An -v -tf4 -j "$off" "$file" | awk -v H="$heads" -v score="$score" -v sees="$sees" '
+        BEGIN { n = split(sees, seen, " "); bad = 0; count = 0 }
+        {
+            for (f = 1; f <= NF; f++) {
+                i = count % n; k = seen[i + 1]
+                if (k == 0) { if ($f != "-inf") { bad++; printf "  lse %d: got %s, want -inf\n", count, $f } }
+                else { want = score + log(k); x = $f
+                       if (x ~ /nan|inf/ || x - want > 1e-4 || want - x > 1e-4) {
+                           bad++; printf "  lse %d: got %s, want %.6f\n", count, $f, want } }
+                count++
+            }
+        }
+        END { if (count != n * H) { printf "  %d lse values, want %d\n", count, n * H; bad++ }
+              exit bad > 0 }'
+}
+
+# True when no output and no temporary file (NAME.tmp-XXXXXX) exists.
+no_outputs_left() {
+    local f
+    for f in o.npy* lse.npy* ./*.tmp-*; do
+        [ -e "$f" ] && return 1
+    done
+    return 0
+}
+
+# ---- inputs -------------------------------------------------------------------
+# f32: q (1,5,4,4), k and v (1,7,2,4): GQA 2:1, seqlen_q < seqlen_k.
+const_npy q32.npy '<f4' '1, 5, 4, 4' 80 "$F32_HALF"
+const_npy k32.npy '<f4' '1, 7, 2, 4' 56 "$F32_HALF"
+npy_header v32.npy '<f4' '1, 7, 2, 4'
+repeat v32.npy 14 "$F32_VROW"
+# f16: q (1,6,2,4), k and v (1,4,2,4): seqlen_q > seqlen_k, so causal rows 0, 1 see nothing.
+const_npy q16.npy '<f2' '1, 6, 2, 4' 48 "$F16_HALF"
+const_npy k16.npy '<f2' '1, 4, 2, 4' 32 "$F16_HALF"
+npy_header v16.npy '<f2' '1, 4, 2, 4'
+repeat v16.npy 8 "$F16_VROW"
+# score = scale * q.k = (1/sqrt(4)) * 4 * 0.25 = 0.5
+
+# ---- attention: known answers -------------------------------------------------
+run_attention() { # NAME ARGS...: runs, expects success
+    local name=$1
+    shift
+    rm -f o.npy lse.npy
+    if "$BIN" attention "$@" --out o.npy --lse lse.npy >out.txt 2>err.txt; then
+        return 0
+    fi
+    bad "$name: exit status $? ($(head -c 300 err.txt))"
+    return 1
+}
+
+if run_attention "f32 GQA" --q q32.npy --k k32.npy --v v32.npy; then
+    if check_out o.npy f4 4 4 "7 7 7 7 7" && check_lse lse.npy 4 0.5 "7 7 7 7 7"; then
+        ok "attention f32 GQA: out = v row, lse = 0.5 + ln 7"
+    else bad "attention f32 GQA: wrong values"; fi
+fi
+
+if run_attention "f32 host path" --q q32.npy --k k32.npy --v v32.npy --device host; then
+    if check_out o.npy f4 4 4 "7 7 7 7 7" && check_lse lse.npy 4 0.5 "7 7 7 7 7"; then
+        ok "attention --device host"
+    else bad "attention --device host: wrong values"; fi
+fi
+
+# Causal with seqlen_q 6 > seqlen_k 4, bottom-right aligned: row i sees keys
+# 0..i-2, so rows 0 and 1 see none (output 0, lse -inf).
+if run_attention "f16 causal" --q q16.npy --k k16.npy --v v16.npy --causal; then
+    if check_out o.npy f2 2 4 "0 0 1 2 3 4" && check_lse lse.npy 2 0.5 "0 0 1 2 3 4"; then
+        ok "attention f16 causal, seqlen_q > seqlen_k: empty rows are 0 / -inf"
+    else bad "attention f16 causal: wrong values"; fi
+fi
+
+# Window (1,1) with the offset seqlen_k - seqlen_q = 2: row i sees i+1 .. i+3,
+# clipped to 0..6: 3 keys, except row 4 (keys 5, 6). Softcap 5: 5*tanh(0.5/5).
+if run_attention "f32 window+softcap" --q q32.npy --k k32.npy --v v32.npy --window 1,1 \
+    --softcap 5; then
+    capped=$(awk 'BEGIN { x = 0.1; printf "%.9f", 5 * (exp(2 * x) - 1) / (exp(2 * x) + 1) }')
+    if check_out o.npy f4 4 4 "3 3 3 3 2" && check_lse lse.npy 4 "$capped" "3 3 3 3 2"; then
+        ok "attention --window 1,1 --softcap 5"
+    else bad "attention --window --softcap: wrong values"; fi
+fi
+
+# '|f4' and '=f4' mean native order: accepted on little-endian hosts.
+sed "s/'<f4'/'|f4'/" q32.npy >qpipe.npy
+sed "s/'<f4'/'=f4'/" k32.npy >keq.npy
+if run_attention "native-order descr" --q qpipe.npy --k keq.npy --v v32.npy; then
+    ok "attention accepts '|f4' and '=f4'"
+fi
+
+# ---- attention: malformed and inconsistent inputs -----------------------------
+good_size=$(wc -c <q32.npy)
+printf 'NOTNUMPY and some more bytes to make it long enough\n' >badmagic.npy
+head -c 8 q32.npy >trunc_pre.npy
+head -c 40 q32.npy >trunc_hdr.npy
+head -c $((good_size - 3)) q32.npy >trunc_data.npy
+{ cat q32.npy; printf 'xx'; } >trailing.npy
+npy_header badhdr.npy '<f4' '1, 5, 4, 4'
+sed "s/'shape': (1, 5, 4, 4)/'shape': [1, 5, 4, 4]/" badhdr.npy >badhdr2.npy
+repeat badhdr2.npy 80 "$F32_HALF"
+npy_header zero.npy '<f4' '1, 0, 4, 4'
+const_npy dims3.npy '<f4' '5, 4, 4' 80 "$F32_HALF"
+const_npy dims5.npy '<f4' '1, 1, 5, 4, 4' 80 "$F32_HALF"
+const_npy bigend.npy '>f4' '1, 5, 4, 4' 80 "$F32_HALF"
+npy_header fortran.npy '<f4' '1, 5, 4, 4'
+sed "s/'fortran_order': False/'fortran_order': True /" fortran.npy >fortran2.npy
+repeat fortran2.npy 80 "$F32_HALF"
+const_npy f8.npy '<f8' '1, 5, 4, 4' 80 "$F32_HALF$F32_HALF"
+const_npy i4.npy '<i4' '1, 5, 4, 4' 80 "$F32_HALF"
+: >empty.npy
+const_npy kbatch.npy '<f4' '2, 7, 2, 4' 112 "$F32_HALF"
+const_npy kheads.npy '<f4' '1, 7, 3, 4' 84 "$F32_HALF"
+const_npy kdim.npy '<f4' '1, 7, 2, 8' 112 "$F32_HALF"
+const_npy vlen.npy '<f4' '1, 6, 2, 4' 48 "$F32_HALF"
+
+# expect_error NAME PATTERN ARGS...: exit status 1, exactly one stderr line that
+# starts with "flashcl: " and matches PATTERN, and no output or temp file left.
+expect_error() {
+    local name=$1 pattern=$2 status lines
+    shift 2
+    rm -f o.npy lse.npy
+    "$BIN" attention "$@" --out o.npy --lse lse.npy >out.txt 2>err.txt
+    status=$?
+    lines=$(wc -l <err.txt)
+    if [ "$status" -ne 1 ]; then
+        bad "$name: exit status $status, want 1"
+    elif [ "$lines" -ne 1 ]; then
+        bad "$name: $lines lines on stderr, want 1: $(head -c 300 err.txt)"
+    elif ! grep -q -e '^flashcl: ' err.txt || ! grep -q -e "$pattern" err.txt; then
+        bad "$name: message does not match '$pattern': $(cat err.txt)"
+    elif ! no_outputs_left; then
+        bad "$name: output or temporary file left behind: $(echo o.npy* lse.npy* ./*.tmp-*)"
+    else
+        ok "$name: $(cat err.txt)"
+    fi
+}
+
+k=(--k k32.npy --v v32.npy)
+expect_error "bad magic" 'badmagic.npy: .*magic' --q badmagic.npy "${k[@]}"
+expect_error "truncated preamble" 'trunc_pre.npy: .*truncated' --q trunc_pre.npy "${k[@]}"
+expect_error "truncated header" 'trunc_hdr.npy: .*truncated' --q trunc_hdr.npy "${k[@]}"
+expect_error "short data" 'trunc_data.npy: .*truncated' --q trunc_data.npy "${k[@]}"
+expect_error "trailing data" 'trailing.npy: .*trailing' --q trailing.npy "${k[@]}"
+expect_error "header not parsable" 'badhdr2.npy: header not parsable' --q badhdr2.npy "${k[@]}"
+expect_error "zero dimension" 'zero.npy: .*zero dimension' --q zero.npy "${k[@]}"
+expect_error "3 dimensions" 'dims3.npy: .*3 dimensions' --q dims3.npy "${k[@]}"
+expect_error "5 dimensions" 'dims5.npy: .*5 dimensions' --q dims5.npy "${k[@]}"
+expect_error "big-endian" 'bigend.npy: big-endian' --q bigend.npy "${k[@]}"
+expect_error "fortran order" 'fortran2.npy: fortran_order' --q fortran2.npy "${k[@]}"
+expect_error "float64" "f8.npy: dtype '<f8' not supported" --q f8.npy "${k[@]}"
+expect_error "int32" "i4.npy: dtype '<i4' not supported" --q i4.npy "${k[@]}"
+expect_error "empty file" 'empty.npy: ' --q empty.npy "${k[@]}"
+expect_error "missing file" 'nonexistent.npy: cannot open' --q nonexistent.npy "${k[@]}"
+expect_error "k batch" "kbatch.npy: shape (2,7,2,4) does not match q's batch 1" \
+    --q q32.npy --k kbatch.npy --v v32.npy
+expect_error "k heads" 'kheads.npy: .*heads' --q q32.npy --k kheads.npy --v v32.npy
+expect_error "k head_dim" "kdim.npy: .*head_dim" --q q32.npy --k kdim.npy --v v32.npy
+expect_error "k dtype" 'k16.npy: dtype float16 does not match' --q q32.npy --k k16.npy --v v32.npy
+expect_error "v shape" "vlen.npy: shape (1,6,2,4) does not match k's" \
+    --q q32.npy --k k32.npy --v vlen.npy
+
+# A failed run must not touch an existing output file.
+printf 'precious' >o.npy
+"$BIN" attention --q trunc_data.npy --k k32.npy --v v32.npy --out o.npy >/dev/null 2>&1
+if [ "$(cat o.npy)" = precious ] && ! compgen -G './*.tmp-*' >/dev/null; then
+    ok "a failed run leaves an existing output untouched"
+else bad "a failed run changed the existing output"; fi
+rm -f o.npy
+
+# ---- usage --------------------------------------------------------------------
+expect_status() { # WANT NAME ARGS...
+    local want=$1 name=$2 status
+    shift 2
+    "$BIN" "$@" >out.txt 2>err.txt
+    status=$?
+    if [ "$status" -eq "$want" ]; then ok "$name (exit $status)"; else
+        bad "$name: exit status $status, want $want: $(head -c 300 err.txt)"; fi
+}
+expect_status 0 "--version" --version
+grep -q '^flashcl [0-9]' out.txt || bad "--version prints no version"
+expect_status 0 "--help" --help
+expect_status 0 "help attention" help attention
+expect_status 0 "attention --help" attention --help
+expect_status 2 "no arguments"
+expect_status 2 "unknown command" frobnicate
+if ! grep -q "unknown command 'frobnicate'" err.txt || ! grep -q '^usage:' err.txt; then
+    bad "unknown command: no message and usage on stderr"
+fi
+expect_status 2 "unknown option" attention --bogus
+expect_status 2 "help for an unknown command" help frobnicate
+expect_status 2 "attention without inputs" attention --out o.npy
+expect_status 2 "option without its value" attention --q
+expect_status 2 "bad --window" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy \
+    --window 3
+expect_status 2 "bad --cases" check --cases zero
+expect_status 2 "bad --shape" bench --shape 1,2,3
+no_outputs_left || bad "usage errors left output files"
+
+# ---- the other subcommands ----------------------------------------------------
+expect_status 0 "devices" devices
+[ -s out.txt ] || bad "devices printed nothing"
+expect_status 0 "check --cases 4" check --cases 4
+[ "$(grep -c ' PASS$' out.txt)" -eq 4 ] || bad "check --cases 4: not 4 PASS rows"
+expect_status 0 "bench --json, one small shape" bench --shape 1,2,64,32 --iters 2 --warmup 1 --json
+if head -c 1 out.txt | grep -q '{' && grep -q '"validated": "pass"' out.txt; then
+    ok "bench --json prints a validated JSON object"
+else bad "bench --json output: $(head -c 300 out.txt)"; fi
+
+cd / && rm -rf "$W"
+if [ "$failures" -ne 0 ]; then
+    echo "$failures test(s) failed"
+    exit 1
+fi
+echo "all tests passed"

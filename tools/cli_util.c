@@ -1,0 +1,126 @@
+/* cli_util.c: helpers shared by the flashcl subcommands: messages, options, clocks, JSON. */
+#define _POSIX_C_SOURCE 200809L
+
+#include "cli_util.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <time.h>
+
+void cli_errorf(const char *fmt, ...) {
+    va_list ap;
+    fputs("flashcl: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int cli_parse_long(const char *text, long min, long max, long *out) {
+    char *end;
+    long value;
+    if (text == NULL || *text == '\0')
+        return -1;
+    errno = 0;
+    value = strtol(text, &end, 10);
+    if (errno != 0 || *end != '\0' || value < min || value > max)
+        return -1;
+    *out = value;
+    return 0;
+}
+
+int cli_parse_double(const char *text, double *out) {
+    char *end;
+    double value;
+    if (text == NULL || *text == '\0')
+        return -1;
+    errno = 0;
+    value = strtod(text, &end);
+    if (errno != 0 || *end != '\0' || !isfinite(value))
+        return -1;
+    *out = value;
+    return 0;
+}
+
+int cli_parse_long_list(const char *text, long min, long max, long *values, int max_count,
+                        int *count) {
+    char item[64];
+    const char *p = text;
+    int n = 0;
+    if (text == NULL || *text == '\0')
+        return -1;
+    for (;;) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len >= sizeof item || n >= max_count)
+            return -1;
+        memcpy(item, p, len);
+        item[len] = '\0';
+        if (cli_parse_long(item, min, max, &values[n]) != 0)
+            return -1;
+        n++;
+        if (comma == NULL)
+            break;
+        p = comma + 1;
+    }
+    *count = n;
+    return 0;
+}
+
+int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value) {
+    const char *arg = argv[*i];
+    size_t len = strlen(name);
+    if (strncmp(arg, name, len) != 0)
+        return 0;
+    if (arg[len] == '=') {
+        *value = arg + len + 1;
+        return 1;
+    }
+    if (arg[len] != '\0')
+        return 0;
+    if (*i + 1 >= argc) {
+        cli_errorf("option %s needs a value", name);
+        return -1;
+    }
+    *i += 1;
+    *value = argv[*i];
+    return 1;
+}
+
+size_t cli_peak_rss_bytes(void) {
+    struct rusage usage;
+    if (getrusage(RUSAGE_SELF, &usage) != 0 || usage.ru_maxrss < 0)
+        return 0;
+#if defined(__APPLE__)
+    return (size_t)usage.ru_maxrss; /* bytes on macOS */
+#else
+    return (size_t)usage.ru_maxrss * 1024; /* KiB on Linux and the BSDs */
+#endif
+}
+
+void cli_json_string(FILE *f, const char *text) {
+    fputc('"', f);
+    for (const unsigned char *p = (const unsigned char *)(text ? text : ""); *p; p++) {
+        if (*p == '"' || *p == '\\')
+            fprintf(f, "\\%c", *p);
+        else if (*p == '\n')
+            fputs("\\n", f);
+        else if (*p == '\t')
+            fputs("\\t", f);
+        else if (*p < 0x20)
+            fprintf(f, "\\u%04x", *p);
+        else
+            fputc(*p, f);
+    }
+    fputc('"', f);
+}

@@ -1,0 +1,45 @@
+/* cli_util.h: helpers shared by the flashcl subcommands: messages, options, clocks, JSON. */
+#ifndef FLASHCL_TOOLS_CLI_UTIL_H
+#define FLASHCL_TOOLS_CLI_UTIL_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+/* Exit statuses of the tool. */
+#define CLI_EXIT_OK 0
+#define CLI_EXIT_FAIL 1
+#define CLI_EXIT_USAGE 2
+
+#if defined(__GNUC__)
+#define CLI_PRINTF(f, a) __attribute__((format(printf, f, a)))
+#else
+#define CLI_PRINTF(f, a)
+#endif
+
+/* Prints "flashcl: <message>\n" to stderr. */
+void cli_errorf(const char *fmt, ...) CLI_PRINTF(1, 2);
+
+/* Seconds on CLOCK_MONOTONIC. */
+double cli_now(void);
+
+/* Strict number parsing: the whole text must be a number in range.
+ * Return 0 on success, -1 otherwise (nothing printed). */
+int cli_parse_long(const char *text, long min, long max, long *out);
+int cli_parse_double(const char *text, double *out); /* finite values only */
+/* "1,8,1024,64": up to max_count integers in [min, max]; *count gets how many. */
+int cli_parse_long_list(const char *text, long min, long max, long *values, int max_count,
+                        int *count);
+
+/* Matches argv[*i] against an option that takes a value, written either
+ * "--name VALUE" or "--name=VALUE". Returns 1 and sets *value (advancing *i
+ * past a separate value) on a match, 0 when argv[*i] is another option, and
+ * -1 after printing "option --name needs a value" when the value is missing. */
+int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
+
+/* Peak resident set size of this process in bytes (getrusage ru_maxrss). */
+size_t cli_peak_rss_bytes(void);
+
+/* Writes `text` as a JSON string literal, quotes included. */
+void cli_json_string(FILE *f, const char *text);
+
+#endif /* FLASHCL_TOOLS_CLI_UTIL_H */
