@@ -7,6 +7,8 @@
  *                      cl_khr_fp16 is needed (NVIDIA does not advertise it)
  *   DTYPE 2  bfloat16  raw 16-bit patterns in ushort: the upper half of a
  *                      float, rounded to nearest even on store
+ * LOAD_ELEM8 reads 8 consecutive elements at any element offset (vload_half8
+ * needs no alignment beyond the element's own) into a float8.
  */
 #ifndef DTYPE
 #define DTYPE 1
@@ -18,14 +20,17 @@
 #if DTYPE == 0
 typedef float elem_t;
 #define LOAD_ELEM(p, i) ((p)[i])
+#define LOAD_ELEM8(p, i) vload8(0, (p) + (i))
 #define STORE_ELEM(p, i, x) ((p)[i] = (x))
 #elif DTYPE == 1
 typedef half elem_t;
 #define LOAD_ELEM(p, i) vload_half((i), (p))
+#define LOAD_ELEM8(p, i) vload_half8(0, (p) + (i))
 #define STORE_ELEM(p, i, x) vstore_half_rte((x), (i), (p))
 #elif DTYPE == 2
 typedef ushort elem_t;
 #define LOAD_ELEM(p, i) as_float((uint)(p)[i] << 16)
+#define LOAD_ELEM8(p, i) as_float8(convert_uint8(vload8(0, (p) + (i))) << 16)
 #define STORE_ELEM(p, i, x) ((p)[i] = float_to_bf16(x))
 
 /* Round to nearest even by adding 0x7fff plus the lowest kept bit; NaN is

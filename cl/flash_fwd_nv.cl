@@ -135,7 +135,7 @@
  * cast to a 32-bit integer is rejected by ptxas.) */
 inline uint shared_addr(__local const void *p) {
     uint a;
-    asm volatile("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
+    __asm__("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
                  "isspacep.shared ps, %1;\n\t"
                  "@ps cvta.to.shared.u64 t, %1;\n\t"
                  "@!ps mov.u64 t, %1;\n\t"
@@ -147,18 +147,18 @@ inline uint shared_addr(__local const void *p) {
 
 /* D += A B for one 16x8x16 block; c[0..3] are the accumulators. */
 #define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                    \
-    asm("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                  \
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                  \
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                 \
         : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                                \
         : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 
 /* Four 8x8 16-bit matrices from __local; volatile keeps them after the barriers. */
 #define LDMATRIX_X4(r, addr)                                                                    \
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"               \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"               \
                  : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
                  : "r"(addr))
 #define LDMATRIX_X4_TRANS(r, addr)                                                              \
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"         \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"         \
                  : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
                  : "r"(addr))
 
@@ -166,21 +166,21 @@ inline uint shared_addr(__local const void *p) {
  * (cvt puts its first source in the high half). */
 inline uint pack2(float lo, float hi) {
     uint r;
-    asm("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    __asm__("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
 }
 
 /* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
 inline float ex2(float x) {
     float y;
-    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    __asm__("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
     return y;
 }
 
 /* Butterfly exchange inside a warp (OpenCL 1.2 on NVIDIA has no sub-groups). */
 inline float shfl_xor(float x, int mask) {
     uint y;
-    asm volatile("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
                  : "=r"(y)
                  : "r"(as_uint(x)), "r"(mask));
     return as_float(y);
@@ -199,50 +199,54 @@ inline float shfl_xor(float x, int mask) {
  * barrier must follow before the tile is read.
  * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
  * when this returns. */
-inline void copy_tile(__local ushort *smem, uint dst_off, __global const ushort *src, ulong stride,
-                      int rows, int nrows, int vec, int tid) {
+inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
+                      ulong stride, int rows, int nrows, int vec, int tid) {
     const int total = nrows * D_CHUNKS;
+    const int iters = (total + WG_SIZE - 1) / WG_SIZE; /* compile-time after inlining */
 #if USE_CP_ASYNC
     if (vec) {
-        const uint dst = shared_addr(smem) + dst_off * 2u;
 #pragma unroll
-        for (int i = tid; i < total; i += WG_SIZE) {
-            const int r = i / D_CHUNKS, c = i % D_CHUNKS;
-            int bytes = r < rows ? 2 * (HEAD_DIM - 8 * c) : 0;
-            bytes = clamp(bytes, 0, 16);
-            /* A chunk that copies nothing still needs a valid address. */
-            __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
-            asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(
-                             dst + (uint)(r * PITCH + 8 * c) * 2u),
-                         "l"(p), "r"(bytes)
-                         : "memory");
+        for (int it = 0; it < iters; ++it) {
+            const int i = tid + it * WG_SIZE;
+            if (i < total) {
+                const int r = i / D_CHUNKS, c = i % D_CHUNKS;
+                const int bytes = r < rows ? clamp(2 * (HEAD_DIM - 8 * c), 0, 16) : 0;
+                /* A chunk that copies nothing still needs a valid address. */
+                __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
+                const uint dst = s_base + (dst_off + (uint)(r * PITCH + 8 * c)) * 2u;
+                __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                             :
+                             : "r"(dst), "l"((ulong)p), "r"(bytes)
+                             : "memory");
+            }
         }
-        asm volatile("cp.async.commit_group;" ::: "memory");
+        __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
         return;
     }
 #endif
 #pragma unroll
-    for (int i = tid; i < total; i += WG_SIZE) {
-        const int r = i / D_CHUNKS, c = i % D_CHUNKS;
-        uint w[4];
+    for (int it = 0; it < iters; ++it) {
+        const int i = tid + it * WG_SIZE;
+        if (i < total) {
+            const int r = i / D_CHUNKS, c = i % D_CHUNKS;
+            __global const ushort *p = src + (ulong)r * stride;
+            uint w[4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const int d = 8 * c + 2 * e;
-            uint lo = 0, hi = 0;
-            if (r < rows && d < HEAD_DIM)
-                lo = src[(ulong)r * stride + d];
-            if (r < rows && d + 1 < HEAD_DIM)
-                hi = src[(ulong)r * stride + d + 1];
-            w[e] = lo | hi << 16;
+            for (int e = 0; e < 4; ++e) {
+                const int d = 8 * c + 2 * e;
+                const uint lo = r < rows && d < HEAD_DIM ? p[d] : 0u;
+                const uint hi = r < rows && d + 1 < HEAD_DIM ? p[d + 1] : 0u;
+                w[e] = lo | hi << 16;
+            }
+            *(__local uint4 *)(smem + dst_off + r * PITCH + 8 * c) = (uint4)(w[0], w[1], w[2], w[3]);
         }
-        *(__local uint4 *)(smem + dst_off + r * PITCH + 8 * c) = (uint4)(w[0], w[1], w[2], w[3]);
     }
 }
 
 /* Waits for this work-item's outstanding cp.async groups (no-op otherwise). */
 inline void cp_wait(void) {
 #if USE_CP_ASYNC
-    asm volatile("cp.async.wait_group 0;" ::: "memory");
+    __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
 #endif
 }
 
@@ -284,7 +288,7 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
     const uint k_tile = s_base, v_tile = s_base + TILE_HALFS * 2u;
 
     /* Q block -> __local -> A fragments, once. Rows past nq are zero. */
-    copy_tile(smem, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
+    copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
     cp_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[M_FRAGS][K_STEPS][4];
@@ -319,7 +323,8 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
 
     const int w0 = m0 + warp * ROWS_PER_WARP; /* first row of this warp */
     const int w_rows = min(ROWS_PER_WARP, nq - w0);
-    int w_lo = 1, w_hi = 0, w_all_lo = 1, w_all_hi = 0; /* empty unless the warp has rows */
+    /* A warp past nq keeps empty ranges and skips every tile's math. */
+    int w_lo = INT_MAX, w_hi = -1, w_all_lo = INT_MAX, w_all_hi = -1;
     if (w_rows > 0) {
         const long2 f = visible_keys(w0, nq, nk, win_left, win_right);
         const long2 l = visible_keys(w0 + w_rows - 1, nq, nk, win_left, win_right);
@@ -356,14 +361,14 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
     const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
     const int n_end = (int)blk_hi; /* last key any row of the block sees */
     if (n_start <= n_end)
-        copy_tile(smem, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N,
+        copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N,
                   k_vec, tid);
 
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
         /* K(n0) has landed for everyone, and every warp is done with V(n0-BN). */
         cp_wait();
         barrier(CLK_LOCAL_MEM_FENCE);
-        copy_tile(smem, TILE_HALFS, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0), BLOCK_N,
+        copy_tile(smem, s_base, TILE_HALFS, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0), BLOCK_N,
                   v_vec, tid);
 
         /* Warp-uniform: a warp none of whose rows sees this tile skips its math
@@ -461,7 +466,7 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
         cp_wait();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n0 + BLOCK_N <= n_end)
-            copy_tile(smem, 0, kb + (ulong)(n0 + BLOCK_N) * k_ss, k_ss,
+            copy_tile(smem, s_base, 0, kb + (ulong)(n0 + BLOCK_N) * k_ss, k_ss,
                       min(BLOCK_N, nk - (n0 + BLOCK_N)), BLOCK_N, k_vec, tid);
 
         if (active) {
