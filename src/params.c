@@ -5,8 +5,10 @@
  *     converted K/V element 32 times; 64-key tiles are eight float8 score
  *     accumulators, which stay in registers; scratch (2*32*D + 2*64*D +
  *     32*64 floats, 56 KB at D=64) fits L2. Measured with `flashcl bench
- *     --shape 1,4,2048,64` on PoCL (2-core Xeon): BLOCK_M 32 ran 1.9x faster
- *     than 16 and 1.2x faster than 128-key tiles.
+ *     --shape 1,8,2048,64 --dtype f16` on PoCL (2-core Xeon, median ms,
+ *     non-causal): 32x64 297, 64x64 286, 16x64 409, 32x32 368, 32x128 479;
+ *     64 rows was within noise of 32 and doubles the idle tail of causal
+ *     blocks, so 32.
  *   GPU (cl/flash_fwd.cl): 16 rows x 8 work-items (128 work-items, 4 warps / 2 wavefronts),
  *     32-key tiles; 16 keys above D=128 so that Q + K/V stay near 34 KB,
  *     under NVIDIA's ~47 KB. Hand-chosen for latency hiding with several
