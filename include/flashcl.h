@@ -51,6 +51,7 @@ enum {
     FLASHCL_ERROR_OUT_OF_HOST_MEMORY = -2006, /* malloc failed                     */
     FLASHCL_ERROR_UNSUPPORTED = -2007,      /* the operation needs an OpenCL device */
     FLASHCL_ERROR_INVALID_PARAMS = -2008,   /* kernel parameters that do not fit  */
+    FLASHCL_ERROR_TUNING_FILE = -2020,      /* the tuning file cannot be read or written */
 };
 
 /* A static English description of any status, OpenCL's codes included. */
@@ -191,14 +192,65 @@ typedef struct flashcl_params {
     int block_n;         /* keys per tile held in __local memory           */
     int threads_per_row; /* portable kernel: work-items sharing a row      */
     int work_group_size; /* work-items per work-group                      */
-    const char *variant; /* "portable-gpu", "portable-cpu", "nv-mma", "host" */
-    const char *source;  /* where the numbers came from                    */
+    const char *variant; /* "portable", "cpu", "nv-mma", or "host"         */
+    const char *source;  /* where the numbers came from: "set: flashcl_set_params",
+                          * "tuned: <file>", "built-in device: <name>",
+                          * "built-in arch: sm_80+", "built-in vendor: NVIDIA",
+                          * "default: CPU"/"GPU"/"global", "FLASHCL_PARAMS";
+                          * owned by the context                          */
 } flashcl_params;
 
 /* The parameters the forward kernel would use for `desc` on this context. */
 FLASHCL_API flashcl_status flashcl_attention_params(flashcl_context *ctx,
                                                     const flashcl_attention_desc *desc,
                                                     flashcl_params *params);
+
+/* Parameters are looked up in a database (src/params.c), first match wins:
+ * flashcl_set_params on this context; the user tuning file; built-in entries
+ * for the exact device, its architecture, its vendor; the default for its
+ * type (CPU/GPU); a global default. Entries are keyed by variant and problem
+ * class: dtype, head_dim class (1..64, 65..128, 129..256), prefill or decode
+ * (seqlen_q == 1), causal. A miss never fails. Database entries that do not
+ * fit the device are passed over (with a log line); explicit requests
+ * (flashcl_set_params, the FLASHCL_PARAMS variable) are refused instead.
+ *
+ * Sets the parameters forward calls on this context use for every problem of
+ * desc's class (its dtype, head_dim class, phase and causality); NULL params
+ * removes that override. Only variant, block_m, block_n and threads_per_row
+ * ("portable") or work_group_size (32 * warps, "nv-mma") are read. Checked
+ * now against the device (local memory, work-group size, the kernel's
+ * divisibility rules): parameters that cannot fit return
+ * FLASHCL_ERROR_INVALID_PARAMS with a message and change nothing. A kernel
+ * built with them that the driver still refuses fails the forward call
+ * rather than falling back. */
+FLASHCL_API flashcl_status flashcl_set_params(flashcl_context *ctx,
+                                              const flashcl_attention_desc *desc,
+                                              const flashcl_params *params);
+
+/* The user tuning file this context reads: FLASHCL_TUNING_FILE, else
+ * $XDG_CONFIG_HOME/flashcl/tuning.json, else ~/.config/flashcl/tuning.json
+ * (NULL on a host context or without HOME). The file is JSON, format in
+ * src/tuning_file.c, at most 1 MiB. It is used whole or not at all: a file
+ * that is too large, not valid JSON, of another format version, or with any
+ * wrong-typed or out-of-range entry is ignored as a whole, and *problem
+ * (may be NULL) is set to why, with line and column; otherwise *problem is
+ * NULL (also when the file does not exist). Unknown keys are ignored, and an
+ * entry naming an unknown variant is skipped alone (forward compatibility).
+ * The file is read once per context, on first use. Strings are owned by the
+ * context. */
+FLASHCL_API const char *flashcl_tuning_file(flashcl_context *ctx, const char **problem);
+
+/* Adds `params` to the tuning file at `path` (NULL: the path above) for this
+ * context's device (name and driver) and desc's problem class, replacing an
+ * entry with the same key; `comment` (may be NULL) is stored beside it. The
+ * file is written to a temporary file and renamed into place. An existing
+ * file that cannot be read is left alone: FLASHCL_ERROR_TUNING_FILE. The
+ * params are checked as flashcl_set_params checks them. Contexts read the
+ * file once: create a new context to use the entry. */
+FLASHCL_API flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
+                                                    const flashcl_attention_desc *desc,
+                                                    const flashcl_params *params,
+                                                    const char *comment);
 
 #ifdef __cplusplus
 }

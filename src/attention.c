@@ -263,7 +263,9 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     if (st != FLASHCL_SUCCESS)
         return st;
     st = build_forward(ctx, r, &p, kernel);
-    if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-mma")) {
+    /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
+     * database entry falls back (see src/params.c). */
+    if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-mma") && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
                     flashcl_last_error(ctx));
         flashcl_fallback_params(ctx, r, &p);
@@ -278,6 +280,21 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
                              &kernel_wg, NULL);
     clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kernel_local,
                              &kernel_local, NULL);
+    if (((kernel_wg && wg > kernel_wg) || kernel_local > ctx->info.local_mem) &&
+        !flashcl_params_explicit(&p) && strncmp(p.source, "default: ", 9) != 0) {
+        /* A database entry the built kernel cannot run: use the type default. */
+        flashcl_log("parameters from %s need a work-group of %zu (kernel limit %zu) and %llu bytes "
+                    "of local memory: using the default", p.source, wg, kernel_wg,
+                    (unsigned long long)kernel_local);
+        flashcl_fallback_params(ctx, r, &p);
+        if ((st = build_forward(ctx, r, &p, kernel)) != FLASHCL_SUCCESS)
+            return st;
+        wg = (size_t)p.work_group_size;
+        clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
+                                 &kernel_wg, NULL);
+        clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE,
+                                 sizeof kernel_local, &kernel_local, NULL);
+    }
     if (kernel_wg && wg > kernel_wg)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "work-group of %zu exceeds the built kernel's limit of %zu", wg, kernel_wg);

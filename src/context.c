@@ -332,6 +332,7 @@ void flashcl_context_destroy(flashcl_context *ctx) {
     if (!ctx)
         return;
     flashcl_release_programs(ctx);
+    flashcl_param_db_free(ctx->params_db);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

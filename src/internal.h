@@ -43,6 +43,7 @@ struct flashcl_context {
     size_t error_cap;
     flashcl_program *programs;
     int host_threads; /* threads of the host path                        */
+    struct flashcl_param_db *params_db; /* params.c: tuning file, overrides; lazy */
 };
 
 /* ---- errors and logging (context.c) ---- */
@@ -78,8 +79,54 @@ void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention
                              flashcl_params *params);
 /* 1 when the tensor-core variant applies (NVIDIA sm_80+, f16/bf16, D 32..256). */
 int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
-/* __local bytes the cpu and portable kernels need (0 for others). */
+/* __local bytes the cpu, portable and nv-mma kernels need (0 for others). */
 size_t flashcl_forward_local_bytes(const flashcl_params *params, int head_dim);
+/* 1 when params can run on the device for this head_dim; else 0 and *why says why. */
+int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_params *params,
+                       char *why, size_t why_size);
+/* 1 when params were asked for explicitly (flashcl_set_params, FLASHCL_PARAMS):
+ * those are refused when they do not fit, never replaced by a fallback. */
+int flashcl_params_explicit(const flashcl_params *params);
+/* "sm_90", "gfx90a", "xe-hpg" or "" for the device. */
+void flashcl_device_arch(const flashcl_context *ctx, char *buf, size_t size);
+/* The head_dim class a desc falls in: 1..64, 65..128, 129..256. */
+void flashcl_head_dim_bucket(int head_dim, int *lo, int *hi);
+void flashcl_param_db_free(struct flashcl_param_db *db);
+
+/* One database entry: where it applies and the parameters (see params.c). */
+enum { FLASHCL_PHASE_ANY = 0, FLASHCL_PHASE_PREFILL = 1, FLASHCL_PHASE_DECODE = 2 };
+typedef struct flashcl_param_entry {
+    const char *match;   /* the level's key: device name, "sm_80+", "NVIDIA", "CPU"...  */
+    const char *driver;  /* device entries: exact driver version, or NULL for any    */
+    const char *variant; /* "portable", "cpu", "nv-mma" (static strings)             */
+    int dtype;           /* flashcl_dtype, or -1 for any                              */
+    int head_dim_min, head_dim_max;
+    int phase;           /* FLASHCL_PHASE_*                                           */
+    int causal;          /* 0, 1, or -1 for either                                    */
+    int block_m, block_n, threads_per_row, warps;
+    const char *why;     /* built-in entries: where the numbers came from             */
+} flashcl_param_entry;
+
+/* ---- the user tuning file (tuning_file.c) ---- */
+#define FLASHCL_TUNING_MAX_BYTES (1 << 20) /* a larger file is ignored whole */
+typedef struct flashcl_tuning_data {
+    char *path;
+    char *problem; /* NULL, or why the whole file is ignored */
+    flashcl_param_entry *entries;
+    size_t count;
+} flashcl_tuning_data;
+/* FLASHCL_TUNING_FILE, else $XDG_CONFIG_HOME/flashcl/tuning.json, else
+ * ~/.config/flashcl/tuning.json; 0 when none can be formed. */
+int flashcl_tuning_path(char *buf, size_t size);
+/* Reads path; never fails: a missing file has no entries, a bad one sets problem. */
+void flashcl_tuning_load(const char *path, flashcl_tuning_data *tf);
+/* Parses a document (tf may be NULL: only check it); 0, or -1 with *err. */
+int flashcl_tuning_parse(const char *text, size_t len, flashcl_tuning_data *tf, char *err, size_t n);
+void flashcl_tuning_free(flashcl_tuning_data *tf);
+/* Adds or replaces entry e (same device, driver and class) in path, atomically;
+ * refuses to touch an existing file it cannot read. 0, or -1 with *err. */
+int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const char *comment,
+                         char *err, size_t n);
 
 /* ---- the pure-C host path (host_path.c) ---- */
 flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,

@@ -1,41 +1,404 @@
-/* params.c: the forward kernel's parameters per device, in one place.
+/* params.c: the forward kernel's parameter database: built-in entries, the lookup chain, overrides.
  *
- * Where the numbers come from:
- *   CPU (cl/flash_fwd_cpu.cl): 32 query rows per work-item reuse each
- *     converted K/V element 32 times; 64-key tiles are eight float8 score
- *     accumulators, which stay in registers; scratch (2*32*D + 2*64*D +
- *     32*64 floats, 56 KB at D=64) fits L2. Measured with `flashcl bench
- *     --shape 1,8,2048,64 --dtype f16` on PoCL (2-core Xeon, median ms,
- *     non-causal): 32x64 297, 64x64 286, 16x64 409, 32x32 368, 32x128 479;
- *     64 rows was within noise of 32 and doubles the idle tail of causal
- *     blocks, so 32.
- *   GPU (cl/flash_fwd.cl): 16 rows x 8 work-items (128 work-items, 4 warps / 2 wavefronts),
- *     32-key tiles; 16 keys above D=128 so that Q + K/V stay near 34 KB,
- *     under NVIDIA's ~47 KB. Hand-chosen for latency hiding with several
- *     work-groups per compute unit.
- * FLASHCL_PARAMS="BLOCK_M=32,BLOCK_N=16,TPR=4" overrides any of them (WARPS for nv-mma); the
- * value is parsed strictly and checked against the device before launch.
+ * Lookup, first match wins (a miss never fails; the last level always matches):
+ *   1. flashcl_set_params() on this context                "set: flashcl_set_params"
+ *   2. the user tuning file (src/tuning_file.c)            "tuned: <path>"
+ *   3. built-in, exact device: name (+ driver if given)    "built-in device: <name>"
+ *   4. built-in, architecture: NVIDIA "sm_XY" (or "sm_XY+" = that or newer),
+ *      AMD "gfxNNN" (the device name on ROCm), Intel "xe-lp/xe-hpg/xe-hpc"
+ *                                                          "built-in arch: <arch>"
+ *   5. built-in, vendor: "NVIDIA", "AMD", "Intel"          "built-in vendor: <vendor>"
+ *   6. built-in, device type: "CPU", "GPU"                 "default: <type>"
+ *   7. built-in, global                                    "default: global"
+ * Then FLASHCL_PARAMS (src/attention.c) may replace single values.
+ * Within a level, entries are keyed by variant and problem class (dtype,
+ * head_dim range, prefill/decode, causal); the most specific match wins. An
+ * entry whose variant does not apply (nv-mma off NVIDIA sm_80+, on float32,
+ * or with FLASHCL_VARIANT=portable) is passed over silently. An entry that does
+ * not fit the device (local memory, work-group size, the kernel's own
+ * divisibility rules) is passed over with a log line and the lookup goes on:
+ * database entries are preferences. Explicit requests (flashcl_set_params,
+ * FLASHCL_PARAMS) are refused with FLASHCL_ERROR_INVALID_PARAMS instead.
+ * The device-type and global defaults are shrunk to fit, never skipped.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
+
+/* ---- built-in entries: every number with where it came from ------------------------------ */
+
+#define ANY (-1)
+#define F32 FLASHCL_FLOAT32
+#define F16 FLASHCL_FLOAT16
+#define BF16 FLASHCL_BFLOAT16
+#define PREFILL FLASHCL_PHASE_PREFILL
+#define DECODE FLASHCL_PHASE_DECODE
+#define PHASE_ANY FLASHCL_PHASE_ANY
+
+/* Row layout: {match, driver, variant, dtype, head_dim_min, head_dim_max, phase, causal,
+ *              block_m, block_n, threads_per_row, warps, why} */
+
+/* Level 3, exact devices. None yet: `flashcl tune` winners measured on a
+ * named device go here (with the command and figures in `why`). */
+static const flashcl_param_entry builtin_device[] = {
+    {NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
+};
+
+/* Level 4, architectures. */
+static const flashcl_param_entry builtin_arch[] = {
+    /* Tensor cores (cl/flash_fwd_nv.cl): 4 warps of 16 query rows each;
+     * 64-key tiles, 32 above D=128, keep double-buffered K and V in ~46 KB. */
+    {"sm_80+", NULL, "nv-mma", ANY, 1, 128, PHASE_ANY, ANY, 64, 64, 0, 4,
+     "hand-chosen: FA2's tile for sm_80"},
+    {"sm_80+", NULL, "nv-mma", ANY, 129, 256, PHASE_ANY, ANY, 64, 32, 0, 4,
+     "hand-chosen: K+V tiles in ~34 KB at D=256"},
+};
+
+/* Level 5, vendors. None yet (nothing measured per vendor). */
+static const flashcl_param_entry builtin_vendor[] = {
+    {NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
+};
+
+/* Level 6, device types; level 7, global. These are shrunk to fit. */
+static const flashcl_param_entry builtin_type[] = {
+    /* CPU (cl/flash_fwd_cpu.cl): 32 query rows per work-item reuse each
+     * converted K/V element 32 times; 64-key tiles are eight float8 score
+     * accumulators, which stay in registers; scratch (2*32*D + 2*64*D +
+     * 32*64 floats, 56 KB at D=64) fits L2. Measured with `flashcl bench
+     * --shape 1,8,2048,64 --dtype f16` on PoCL (2-core Xeon, median ms,
+     * non-causal): 32x64 297, 64x64 286, 16x64 409, 32x32 368, 32x128 479;
+     * 64 rows was within noise of 32 and doubles the idle tail of causal
+     * blocks, so 32. */
+    {"CPU", NULL, "cpu", ANY, 1, 256, PHASE_ANY, ANY, 32, 64, 0, 0,
+     "measured: PoCL 2-core Xeon, 1,8,2048,64 f16"},
+    /* GPU (cl/flash_fwd.cl): 16 rows x 8 work-items (128 work-items, 4 warps
+     * / 2 wavefronts), 32-key tiles; 16 keys above D=128 so that Q + K/V stay
+     * near 34 KB, under NVIDIA's ~47 KB. Hand-chosen for latency hiding with
+     * several work-groups per compute unit. */
+    {"GPU", NULL, "portable", ANY, 1, 128, PHASE_ANY, ANY, 16, 32, 8, 0,
+     "hand-chosen: 128 work-items, several groups per CU"},
+    {"GPU", NULL, "portable", ANY, 129, 256, PHASE_ANY, ANY, 16, 16, 8, 0,
+     "hand-chosen: Q + K/V near 34 KB at D=256"},
+};
+static const flashcl_param_entry builtin_global[] = {
+    {"*", NULL, "portable", ANY, 1, 128, PHASE_ANY, ANY, 16, 32, 8, 0, "as the GPU default"},
+    {"*", NULL, "portable", ANY, 129, 256, PHASE_ANY, ANY, 16, 16, 8, 0, "as the GPU default"},
+};
+
+#define COUNT(a) (sizeof(a) / sizeof((a)[0]))
+
+/* ---- the per-context state: the tuning file, overrides and source strings ---------------- */
+
+typedef struct interned {
+    struct interned *next;
+    char text[];
+} interned;
+
+struct flashcl_param_db {
+    flashcl_tuning_data file;
+    int file_loaded;
+    flashcl_param_entry *overrides; /* flashcl_set_params, newest last */
+    size_t num_overrides;
+    interned *strings;
+};
+
+void flashcl_param_db_free(struct flashcl_param_db *db) {
+    if (!db)
+        return;
+    flashcl_tuning_free(&db->file);
+    free(db->overrides);
+    while (db->strings) {
+        interned *next = db->strings->next;
+        free(db->strings);
+        db->strings = next;
+    }
+    free(db);
+}
+
+/* The context's database, created on first use. The context is logically
+ * const here: the database is a cache of the file and of source strings. */
+static struct flashcl_param_db *get_db(const flashcl_context *cctx) {
+    flashcl_context *ctx = (flashcl_context *)cctx;
+    if (!ctx->params_db)
+        ctx->params_db = calloc(1, sizeof *ctx->params_db);
+    struct flashcl_param_db *db = ctx->params_db;
+    if (db && !db->file_loaded) {
+        char path[4096];
+        db->file_loaded = 1;
+        if (flashcl_tuning_path(path, sizeof path))
+            flashcl_tuning_load(path, &db->file);
+    }
+    return db;
+}
+
+/* A string that lives as long as the context (for params->source). */
+static const char *intern(const flashcl_context *ctx, const char *fmt, const char *a, const char *b) {
+    static const char fallback[] = "(out of memory)";
+    struct flashcl_param_db *db = get_db(ctx);
+    char text[600];
+    snprintf(text, sizeof text, fmt, a, b ? b : "");
+    if (!db)
+        return fallback;
+    for (interned *s = db->strings; s; s = s->next)
+        if (!strcmp(s->text, text))
+            return s->text;
+    interned *s = malloc(sizeof *s + strlen(text) + 1);
+    if (!s)
+        return fallback;
+    strcpy(s->text, text);
+    s->next = db->strings;
+    db->strings = s;
+    return s->text;
+}
+
+/* ---- fitting ----------------------------------------------------------------------------- */
 
 size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)p->block_m, n = (size_t)p->block_n, floats;
     if (!strcmp(p->variant, "cpu")) { /* q, acc, K^T, V, S: see cl/flash_fwd_cpu.cl */
         size_t dpad = (d + 31) / 32 * 32;
         floats = m * d + m * dpad + n * d + n * dpad + m * n;
-    }
-    else if (!strcmp(p->variant, "portable")) /* q, K/V, S, reductions (+1 padding per row) */
+    } else if (!strcmp(p->variant, "portable")) { /* q, K/V, S, reductions (+1 padding per row) */
         floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)p->threads_per_row;
-    else
-        return 0; /* fixed in the kernel source; checked on the built kernel */
+    } else if (!strcmp(p->variant, "nv-mma")) { /* halves: max(Q block, K + V tiles), see SMEM_HALFS */
+        size_t pitch = (d + 15) / 16 * 16 + 8, qh = m * pitch, kv = 2 * n * pitch;
+        return (qh > kv ? qh : kv) * 2;
+    } else {
+        return 0;
+    }
     return floats * sizeof(float);
 }
 
-/* The kernel that cannot fail to apply: cl/flash_fwd_cpu.cl on CPUs,
- * cl/flash_fwd.cl elsewhere (and the host path without OpenCL). */
+int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_params *p, char *why,
+                       size_t n) {
+    const char *v = p->variant ? p->variant : "";
+    size_t local = 0;
+    why[0] = '\0';
+    if (strcmp(v, "cpu") && strcmp(v, "portable") && strcmp(v, "nv-mma"))
+        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma)", v);
+    else if (p->block_m < 1 || p->block_m > 4096 || p->block_n < 1 || p->block_n > 4096)
+        snprintf(why, n, "BLOCK_M %d / BLOCK_N %d outside 1..4096", p->block_m, p->block_n);
+    else if (!strcmp(v, "cpu") && p->block_n % 8)
+        snprintf(why, n, "cpu kernel: BLOCK_N %d is not a multiple of 8", p->block_n);
+    else if (!strcmp(v, "portable") && (p->threads_per_row < 1 || p->block_n % p->threads_per_row))
+        snprintf(why, n, "portable kernel: BLOCK_N %d is not a multiple of TPR %d", p->block_n,
+                 p->threads_per_row);
+    else if (!strcmp(v, "nv-mma") &&
+             (p->work_group_size < 32 || p->work_group_size % 32 ||
+              p->block_m % (p->work_group_size / 2) || p->block_n % 16))
+        snprintf(why, n,
+                 "tensor-core kernel: BLOCK_M %d must be a multiple of 16*WARPS (WARPS %d) and "
+                 "BLOCK_N %d of 16",
+                 p->block_m, p->work_group_size / 32, p->block_n);
+    else if (!strcmp(v, "nv-mma") && flashcl_forward_local_bytes(p, head_dim) > 48000)
+        snprintf(why, n, "tensor-core kernel: %zu bytes of tiles, over its 48000-byte limit",
+                 flashcl_forward_local_bytes(p, head_dim));
+    else if (!ctx->is_host && (local = flashcl_forward_local_bytes(p, head_dim)) > ctx->info.local_mem)
+        snprintf(why, n, "%zu bytes of local memory needed, the device has %llu", local,
+                 (unsigned long long)ctx->info.local_mem);
+    else if (!ctx->is_host && (size_t)p->work_group_size > ctx->info.max_wg)
+        snprintf(why, n, "work-group of %d exceeds the device's %zu", p->work_group_size,
+                 ctx->info.max_wg);
+    return why[0] == '\0';
+}
+
+/* ---- problem classes and matching ------------------------------------------------------- */
+
+static int phase_of(const flashcl_attention_desc *d) {
+    return d->seqlen_q == 1 ? FLASHCL_PHASE_DECODE : FLASHCL_PHASE_PREFILL;
+}
+
+/* desc->causal, or a resolved window that is causal. */
+static int causal_of(const flashcl_attention_desc *d) {
+    return d->causal != 0;
+}
+
+void flashcl_head_dim_bucket(int head_dim, int *lo, int *hi) {
+    *lo = head_dim <= 64 ? 1 : head_dim <= 128 ? 65 : 129;
+    *hi = head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : 256;
+}
+
+/* -1 when e does not apply to desc, else how specific it is (higher wins). */
+static int class_match(const flashcl_param_entry *e, const flashcl_attention_desc *d) {
+    if ((e->dtype >= 0 && e->dtype != (int)d->dtype) || d->head_dim < e->head_dim_min ||
+        d->head_dim > e->head_dim_max || (e->phase && e->phase != phase_of(d)) ||
+        (e->causal >= 0 && e->causal != causal_of(d)))
+        return -1;
+    return (e->dtype >= 0) + (e->phase != 0) + (e->causal >= 0) +
+           (e->head_dim_min > 1 || e->head_dim_max < 256);
+}
+
+static int variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d, const char *v) {
+    return v && (strcmp(v, "nv-mma") != 0 || flashcl_nv_mma_eligible(ctx, d));
+}
+
+static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
+    memset(p, 0, sizeof *p);
+    p->block_m = e->block_m;
+    p->block_n = e->block_n;
+    p->variant = e->variant;
+    if (!strcmp(e->variant, "portable")) {
+        p->threads_per_row = e->threads_per_row;
+        p->work_group_size = e->block_m * e->threads_per_row;
+    } else if (!strcmp(e->variant, "nv-mma")) {
+        p->work_group_size = 32 * e->warps;
+    } else {
+        p->work_group_size = 1;
+    }
+}
+
+int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+    const char *force = getenv("FLASHCL_VARIANT");
+    if (force && !strcmp(force, "portable"))
+        return 0;
+    return !ctx->is_host && ctx->info.nv_cc_major >= 8 && desc->dtype != FLASHCL_FLOAT32 &&
+           desc->head_dim >= 32 && desc->head_dim <= 256;
+}
+
+static int contains_nocase(const char *hay, const char *needle) {
+    size_t n = strlen(needle);
+    for (; *hay; ++hay) {
+        size_t i = 0;
+        while (i < n && hay[i] && (hay[i] | 32) == (needle[i] | 32))
+            ++i;
+        if (i == n)
+            return 1;
+    }
+    return 0;
+}
+
+void flashcl_device_arch(const flashcl_context *ctx, char *buf, size_t n) {
+    const flashcl_device_info *i = &ctx->info;
+    buf[0] = '\0';
+    if (i->nv_cc_major > 0)
+        snprintf(buf, n, "sm_%d%d", i->nv_cc_major, i->nv_cc_minor);
+    else if (!strncmp(i->name, "gfx", 3)) /* ROCm names devices by their ISA */
+        snprintf(buf, n, "%.*s", (int)strcspn(i->name, ":"), i->name);
+    else if (contains_nocase(i->vendor, "intel") && (i->type & CL_DEVICE_TYPE_GPU))
+        snprintf(buf, n, "%s",
+                 contains_nocase(i->name, "Max") ? "xe-hpc"
+                 : contains_nocase(i->name, "Arc") ? "xe-hpg"
+                 : contains_nocase(i->name, "Xe") ? "xe-lp"
+                                                  : "");
+}
+
+static const char *vendor_of(const flashcl_context *ctx) {
+    const flashcl_device_info *i = &ctx->info;
+    if (i->is_nvidia)
+        return "NVIDIA";
+    if (contains_nocase(i->vendor, "advanced micro") || contains_nocase(i->vendor, "amd"))
+        return "AMD";
+    if (contains_nocase(i->vendor, "intel"))
+        return "Intel";
+    return "";
+}
+
+/* Arch keys: "sm_90" exactly, or "sm_80+" for that compute capability or newer. */
+static int arch_match(const char *key, const char *arch) {
+    size_t n = strlen(key);
+    if (n && key[n - 1] == '+' && !strncmp(key, "sm_", 3) && !strncmp(arch, "sm_", 3))
+        return atoi(arch + 3) >= atoi(key + 3);
+    return arch[0] && !strcmp(key, arch);
+}
+
+enum { LVL_SET, LVL_FILE, LVL_DEVICE, LVL_ARCH, LVL_VENDOR, LVL_TYPE, LVL_GLOBAL, LVL_COUNT };
+
+static int level_key_match(const flashcl_context *ctx, int level, const flashcl_param_entry *e,
+                           const char *arch) {
+    const flashcl_device_info *i = &ctx->info;
+    switch (level) {
+    case LVL_SET: return 1;
+    case LVL_FILE:
+    case LVL_DEVICE: return !strcmp(e->match, i->name) && (!e->driver || !strcmp(e->driver, i->driver));
+    case LVL_ARCH: return arch_match(e->match, arch);
+    case LVL_VENDOR: return !strcmp(e->match, vendor_of(ctx));
+    case LVL_TYPE: return !strcmp(e->match, (i->type & CL_DEVICE_TYPE_CPU) ? "CPU" : "GPU");
+    default: return 1;
+    }
+}
+
+static const char *level_source(const flashcl_context *ctx, int level, const flashcl_param_entry *e) {
+    struct flashcl_param_db *db = get_db(ctx);
+    switch (level) {
+    case LVL_SET: return "set: flashcl_set_params";
+    case LVL_FILE: return intern(ctx, "tuned: %s%s", db ? db->file.path : "?", NULL);
+    case LVL_DEVICE: return intern(ctx, "built-in device: %s%s", e->match, NULL);
+    case LVL_ARCH: return intern(ctx, "built-in arch: %s%s", e->match, NULL);
+    case LVL_VENDOR: return intern(ctx, "built-in vendor: %s%s", e->match, NULL);
+    case LVL_TYPE: return intern(ctx, "default: %s%s", e->match, NULL);
+    default: return "default: global";
+    }
+}
+
+/* Shrinks a default to the device: keys per tile first, then rows. 1 KB is
+ * left for the driver (NVIDIA refuses launches at the reported limit). */
+static int shrink_to_fit(const flashcl_context *ctx, int head_dim, flashcl_params *p) {
+    size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+    int min_n = !strcmp(p->variant, "cpu") ? 8 : p->threads_per_row ? p->threads_per_row : 1;
+    int shrunk = 0;
+    while (p->block_n > min_n && flashcl_forward_local_bytes(p, head_dim) > budget)
+        p->block_n /= 2, shrunk = 1;
+    while (p->block_m > 1 && (flashcl_forward_local_bytes(p, head_dim) > budget ||
+                              (size_t)p->block_m * (size_t)p->threads_per_row > ctx->info.max_wg))
+        p->block_m /= 2, shrunk = 1;
+    if (p->threads_per_row)
+        p->work_group_size = p->block_m * p->threads_per_row;
+    return shrunk;
+}
+
+/* Walks the levels; returns 1 with *p filled (always, unless out of memory). */
+static int lookup(const flashcl_context *ctx, const flashcl_attention_desc *desc, int first_level,
+                  flashcl_params *p) {
+    struct flashcl_param_db *db = get_db(ctx);
+    char arch[64], why[200];
+    flashcl_device_arch(ctx, arch, sizeof arch);
+    for (int level = first_level; level < LVL_COUNT; ++level) {
+        const flashcl_param_entry *table = NULL;
+        size_t count = 0;
+        switch (level) {
+        case LVL_SET: table = db ? db->overrides : NULL, count = db ? db->num_overrides : 0; break;
+        case LVL_FILE: table = db ? db->file.entries : NULL, count = db ? db->file.count : 0; break;
+        case LVL_DEVICE: table = builtin_device, count = COUNT(builtin_device); break;
+        case LVL_ARCH: table = builtin_arch, count = COUNT(builtin_arch); break;
+        case LVL_VENDOR: table = builtin_vendor, count = COUNT(builtin_vendor); break;
+        case LVL_TYPE: table = builtin_type, count = COUNT(builtin_type); break;
+        default: table = builtin_global, count = COUNT(builtin_global); break;
+        }
+        const flashcl_param_entry *best = NULL;
+        int best_score = -1;
+        for (size_t i = 0; i < count; ++i) {
+            const flashcl_param_entry *e = &table[i];
+            int score;
+            if (!e->match || !variant_applies(ctx, desc, e->variant) ||
+                !level_key_match(ctx, level, e, arch) || (score = class_match(e, desc)) < 0)
+                continue;
+            /* Newer overrides win ties: >= keeps the last of equals. */
+            if (level == LVL_SET ? score < best_score : score <= best_score)
+                continue;
+            flashcl_params cand;
+            entry_params(e, &cand);
+            if (level < LVL_TYPE && !flashcl_params_fit(ctx, desc->head_dim, &cand, why, sizeof why)) {
+                flashcl_log("parameters from %s passed over: %s", level_source(ctx, level, e), why);
+                continue;
+            }
+            best = e;
+            best_score = score;
+        }
+        if (!best)
+            continue;
+        entry_params(best, p);
+        p->source = level_source(ctx, level, best);
+        if (level >= LVL_TYPE && shrink_to_fit(ctx, desc->head_dim, p))
+            p->source = intern(ctx, "%s (shrunk to fit %s)", p->source, ctx->info.name);
+        return 1;
+    }
+    return 0;
+}
+
+/* The kernel that cannot fail to apply: the type default (cl/flash_fwd_cpu.cl
+ * on CPUs, cl/flash_fwd.cl elsewhere) and the host path without OpenCL. */
 void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
                              flashcl_params *p) {
     memset(p, 0, sizeof *p);
@@ -47,53 +410,155 @@ void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention
         p->source = "built-in: host path";
         return;
     }
-    if (ctx->info.type & CL_DEVICE_TYPE_CPU) {
-        p->block_m = 32;
-        p->block_n = 64;
-        p->work_group_size = 1;
-        p->variant = "cpu";
-        p->source = "built-in: CPU default";
-    } else {
-        p->block_m = 16;
-        p->block_n = desc->head_dim > 128 ? 16 : 32;
-        p->threads_per_row = 8;
-        p->variant = "portable";
-        p->source = "built-in: GPU default";
+    if (!lookup(ctx, desc, LVL_TYPE, p)) { /* out of memory for source strings only */
+        entry_params(&builtin_global[desc->head_dim > 128], p);
+        shrink_to_fit(ctx, desc->head_dim, p);
+        p->source = "default: global";
     }
-    /* Shrink to fit small devices: keys per tile first, then rows. 1 KB is
-     * left for the driver (NVIDIA refuses launches at the reported limit). */
-    size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
-    int min_n = p->threads_per_row ? p->threads_per_row : 1;
-    while (p->block_n > min_n && flashcl_forward_local_bytes(p, desc->head_dim) > budget)
-        p->block_n /= 2;
-    while (p->block_m > 1 && (flashcl_forward_local_bytes(p, desc->head_dim) > budget ||
-                              (size_t)p->block_m * (size_t)p->threads_per_row > ctx->info.max_wg))
-        p->block_m /= 2;
-    if (p->threads_per_row)
-        p->work_group_size = p->block_m * p->threads_per_row;
-}
-
-int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
-    const char *force = getenv("FLASHCL_VARIANT");
-    if (force && !strcmp(force, "portable"))
-        return 0;
-    return !ctx->is_host && ctx->info.nv_cc_major >= 8 && desc->dtype != FLASHCL_FLOAT32 &&
-           desc->head_dim >= 32 && desc->head_dim <= 256;
 }
 
 void flashcl_default_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
                             flashcl_params *p) {
-    if (!flashcl_nv_mma_eligible(ctx, desc)) {
+    if (ctx->is_host || !lookup(ctx, desc, LVL_SET, p))
         flashcl_fallback_params(ctx, desc, p);
-        return;
+}
+
+int flashcl_params_explicit(const flashcl_params *p) {
+    return p->source && (!strcmp(p->source, "set: flashcl_set_params") ||
+                         !strncmp(p->source, "FLASHCL_PARAMS", 14));
+}
+
+/* ---- public: overrides and the tuning file ---------------------------------------------- */
+
+/* The class key of desc: its dtype, head_dim bucket, phase and causality. */
+static void class_entry(const flashcl_attention_desc *d, flashcl_param_entry *e) {
+    memset(e, 0, sizeof *e);
+    e->dtype = (int)d->dtype;
+    flashcl_head_dim_bucket(d->head_dim, &e->head_dim_min, &e->head_dim_max);
+    e->phase = phase_of(d);
+    e->causal = causal_of(d);
+}
+
+static int same_class(const flashcl_param_entry *a, const flashcl_param_entry *b) {
+    return a->dtype == b->dtype && a->head_dim_min == b->head_dim_min &&
+           a->head_dim_max == b->head_dim_max && a->phase == b->phase && a->causal == b->causal;
+}
+
+/* Checks params for desc's class on ctx and fills e from them. */
+static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention_desc *d,
+                                   const flashcl_params *params, flashcl_param_entry *e) {
+    static const char *const names[] = {"portable", "cpu", "nv-mma"};
+    flashcl_params p = *params;
+    char why[200];
+    class_entry(d, e);
+    for (size_t i = 0; i < COUNT(names); ++i)
+        if (p.variant && !strcmp(p.variant, names[i]))
+            e->variant = names[i];
+    if (!e->variant)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "unknown variant '%s' (portable, cpu, nv-mma)",
+                            p.variant ? p.variant : "(null)");
+    if (!variant_applies(ctx, d, e->variant))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)");
+    p.variant = e->variant;
+    if (!strcmp(e->variant, "portable"))
+        p.work_group_size = p.block_m * p.threads_per_row;
+    else if (!strcmp(e->variant, "cpu"))
+        p.work_group_size = 1, p.threads_per_row = 0;
+    else
+        p.threads_per_row = 0;
+    if (!flashcl_params_fit(ctx, d->head_dim, &p, why, sizeof why))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
+    e->block_m = p.block_m;
+    e->block_n = p.block_n;
+    e->threads_per_row = p.threads_per_row;
+    e->warps = !strcmp(e->variant, "nv-mma") ? p.work_group_size / 32 : 0;
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_set_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                  const flashcl_params *params) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    flashcl_attention_desc d;
+    if (!desc)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    d = *desc;
+    if (flashcl_attention_desc_resolve(&d) != FLASHCL_SUCCESS)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc does not resolve (see flashcl_attention_desc_resolve)");
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "a host context has no kernel parameters");
+    struct flashcl_param_db *db = get_db(ctx);
+    if (!db)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
+    flashcl_param_entry e;
+    if (!params) { /* remove this class's override */
+        class_entry(&d, &e);
+        size_t kept = 0;
+        for (size_t i = 0; i < db->num_overrides; ++i)
+            if (!same_class(&db->overrides[i], &e))
+                db->overrides[kept++] = db->overrides[i];
+        db->num_overrides = kept;
+        return FLASHCL_SUCCESS;
     }
-    /* Tensor cores (cl/flash_fwd_nv.cl): 4 warps of 16 query rows each;
-     * 64-key tiles, 32 above D=128, keep double-buffered K and V in ~46 KB. */
-    memset(p, 0, sizeof *p);
-    p->block_m = 64;
-    p->block_n = desc->head_dim > 128 ? 32 : 64;
-    p->threads_per_row = 0;
-    p->work_group_size = 128;
-    p->variant = "nv-mma";
-    p->source = "built-in: NVIDIA sm_80+ default";
+    flashcl_status st = params_entry(ctx, &d, params, &e);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    e.match = "set";
+    for (size_t i = 0; i < db->num_overrides; ++i)
+        if (same_class(&db->overrides[i], &e)) {
+            db->overrides[i] = e;
+            return FLASHCL_SUCCESS;
+        }
+    flashcl_param_entry *grown = realloc(db->overrides, (db->num_overrides + 1) * sizeof *grown);
+    if (!grown)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of memory");
+    db->overrides = grown;
+    db->overrides[db->num_overrides++] = e;
+    return FLASHCL_SUCCESS;
+}
+
+const char *flashcl_tuning_file(flashcl_context *ctx, const char **problem) {
+    if (problem)
+        *problem = NULL;
+    if (!ctx || ctx->is_host)
+        return NULL;
+    struct flashcl_param_db *db = get_db(ctx);
+    if (!db || !db->file.path)
+        return NULL;
+    if (problem)
+        *problem = db->file.problem;
+    return db->file.path;
+}
+
+flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
+                                        const flashcl_attention_desc *desc,
+                                        const flashcl_params *params, const char *comment) {
+    if (!ctx || !params)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    if (!desc)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "a host context has no kernel parameters");
+    flashcl_attention_desc d = *desc;
+    if (flashcl_attention_desc_resolve(&d) != FLASHCL_SUCCESS)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc does not resolve");
+    char def[4096], err[600];
+    if (!path || !path[0]) {
+        if (!flashcl_tuning_path(def, sizeof def))
+            return flashcl_fail(ctx, FLASHCL_ERROR_TUNING_FILE,
+                                "no tuning file path: set FLASHCL_TUNING_FILE, XDG_CONFIG_HOME or HOME");
+        path = def;
+    }
+    flashcl_param_entry e;
+    flashcl_status st = params_entry(ctx, &d, params, &e);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    e.match = ctx->info.name;
+    e.driver = ctx->info.driver;
+    if (flashcl_tuning_store(path, &e, comment, err, sizeof err) != 0)
+        return flashcl_fail(ctx, FLASHCL_ERROR_TUNING_FILE, "%s", err);
+    return FLASHCL_SUCCESS;
 }

@@ -61,6 +61,7 @@ const char *flashcl_status_string(flashcl_status status) {
     case FLASHCL_ERROR_OUT_OF_HOST_MEMORY: return "out of host memory";
     case FLASHCL_ERROR_UNSUPPORTED: return "operation needs an OpenCL device";
     case FLASHCL_ERROR_INVALID_PARAMS: return "kernel parameters do not fit the device";
+    case FLASHCL_ERROR_TUNING_FILE: return "tuning file cannot be read or written";
     default: break;
     }
     if (status < 0 && status > -2000)

@@ -1,0 +1,502 @@
+/* test_params.c: the parameter database: lookup order, the tuning file (good, bad, huge, fuzzed), overrides. */
+#define _POSIX_C_SOURCE 200809L
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "harness.h"
+#include "internal.h"
+
+static int failures;
+static char dir[256];
+
+static void write_file(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f || fputs(text, f) < 0 || fclose(f) != 0) {
+        fprintf(stderr, "cannot write %s\n", path);
+        exit(1);
+    }
+}
+
+static char *read_all(const char *path) {
+    FILE *f = fopen(path, "rb");
+    static char buf[1 << 16];
+    size_t n = f ? fread(buf, 1, sizeof buf - 1, f) : 0;
+    if (f)
+        fclose(f);
+    buf[n] = '\0';
+    return buf;
+}
+
+static flashcl_attention_desc desc_of(flashcl_dtype dtype, int n, int d, int causal) {
+    flashcl_attention_desc x;
+    memset(&x, 0, sizeof x);
+    x.dtype = dtype;
+    x.batch = 1;
+    x.heads_q = x.heads_k = 2;
+    x.seqlen_q = x.seqlen_k = n;
+    x.head_dim = d;
+    x.causal = causal;
+    return x;
+}
+
+/* The params of desc on a fresh context reading the tuning file `path`. */
+static flashcl_status params_with_file(const char *path, const flashcl_attention_desc *d,
+                                       flashcl_params *p, char *source, size_t size,
+                                       const char **problem_out, char *problem, size_t psize) {
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    flashcl_context *ctx = test_context();
+    flashcl_status st = flashcl_attention_params(ctx, d, p);
+    const char *pr = NULL;
+    flashcl_tuning_file(ctx, &pr);
+    snprintf(source, size, "%s", st == FLASHCL_SUCCESS ? p->source : "");
+    if (problem_out)
+        *problem_out = pr ? problem : NULL;
+    if (problem)
+        snprintf(problem, psize, "%s", pr ? pr : "");
+    flashcl_context_destroy(ctx);
+    return st;
+}
+
+static const char *device_name(void) {
+    static char name[256];
+    flashcl_context *ctx = test_context();
+    snprintf(name, sizeof name, "%s", ctx->info.name);
+    flashcl_context_destroy(ctx);
+    return name;
+}
+
+/* ---- the parser on its own ------------------------------------------------------------ */
+
+static const char good_doc[] =
+    "{\"flashcl_tuning\": 1, \"entries\": [\n"
+    "  {\"device\": \"dev\", \"variant\": \"cpu\", \"dtype\": \"f16\", \"head_dim_min\": 1,"
+    " \"head_dim_max\": 64, \"phase\": \"prefill\", \"causal\": false, \"block_m\": 16,"
+    " \"block_n\": 32, \"comment\": \"caf\\u00e9 \\ud83d\\ude00\", \"measured\": {\"ms\": [1.5e0, -2]}},\n"
+    "  {\"device\": \"dev\", \"variant\": \"future-kernel\", \"dtype\": \"any\", \"block_m\": 1,"
+    " \"block_n\": 1},\n"
+    "  {\"device\": \"dev\", \"driver\": \"9\", \"variant\": \"portable\", \"dtype\": \"any\","
+    " \"causal\": null, \"block_m\": 8, \"block_n\": 16, \"threads_per_row\": 4}\n"
+    "]}\n";
+
+static int parses(const char *text, size_t len, size_t *count, char *err, size_t n) {
+    flashcl_tuning_data tf;
+    memset(&tf, 0, sizeof tf);
+    int r = flashcl_tuning_parse(text, len, &tf, err, n);
+    if (count)
+        *count = tf.count;
+    flashcl_tuning_free(&tf);
+    return r == 0;
+}
+
+static void test_parser(void) {
+    char err[256];
+    size_t count = 0;
+    expect(parses(good_doc, strlen(good_doc), &count, err, sizeof err) && count == 2,
+           "valid file: 2 entries read, unknown variant skipped, unknown keys ignored", &failures);
+
+    static const struct {
+        const char *text, *what;
+    } bad[] = {
+        {"", "empty file"},
+        {"[]", "top level not an object"},
+        {"{\"entries\": []}", "no version"},
+        {"{\"flashcl_tuning\": 2, \"entries\": []}", "future version"},
+        {"{\"flashcl_tuning\": 1}", "no entries"},
+        {"{\"flashcl_tuning\": 1, \"entries\": {}}", "entries not an array"},
+        {"{\"flashcl_tuning\": 1, \"entries\": []} x", "text after the document"},
+        {"{\"flashcl_tuning\": 1, \"flashcl_tuning\": 1, \"entries\": []}", "duplicate key"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [1]}", "entry not an object"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"variant\": \"cpu\", \"dtype\": \"f16\", "
+         "\"block_m\": 1, \"block_n\": 8}]}", "missing device"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": 7, \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"block_m\": 1, \"block_n\": 8}]}", "device is a number"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"block_m\": \"16\", \"block_n\": 8}]}", "block_m is a string"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"block_m\": 16.5, \"block_n\": 8}]}", "block_m not an integer"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"block_m\": 0, \"block_n\": 8}]}", "block_m 0"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"block_m\": 1e300, \"block_n\": 8}]}", "block_m 1e300"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f64\", \"block_m\": 16, \"block_n\": 8}]}", "unknown dtype"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"causal\": 1, \"block_m\": 16, \"block_n\": 8}]}", "causal is 1"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"portable\", "
+         "\"dtype\": \"f16\", \"block_m\": 16, \"block_n\": 8}]}", "portable without threads_per_row"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"d\", \"variant\": \"cpu\", "
+         "\"dtype\": \"f16\", \"head_dim_min\": 100, \"head_dim_max\": 50, \"block_m\": 16, "
+         "\"block_n\": 8}]}", "empty head_dim range"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"a\\u0000b\"}]}", "NUL in a string"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"\\ud800\"}]}", "lone surrogate"},
+        {"{\"flashcl_tuning\": 01, \"entries\": []}", "leading zero"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [],}", "trailing comma"},
+        {"{'flashcl_tuning': 1, 'entries': []}", "single quotes"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [\"\t\"]}", "raw tab in a string"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char what[120];
+        err[0] = '\0';
+        int ok = !parses(bad[i].text, strlen(bad[i].text), NULL, err, sizeof err) && err[0];
+        snprintf(what, sizeof what, "rejected: %s", bad[i].what);
+        expect(ok, what, &failures);
+        if (!ok || getenv("VERBOSE"))
+            printf("    message: %s\n", err);
+    }
+
+    /* Every truncation of the valid file is rejected with a message. */
+    size_t len = strlen(good_doc), rejected = 0;
+    for (size_t n = 0; n < len; ++n) {
+        /* The trailing newline is whitespace: cutting only it still parses. */
+        int ok = parses(good_doc, n, NULL, err, sizeof err);
+        rejected += !ok || n == len - 1;
+    }
+    expect(rejected == len, "every truncation of a valid file is rejected", &failures);
+
+    /* Nesting deeper than the limit: an error, not a stack overflow. */
+    size_t deep = 100000;
+    char *nest = malloc(deep * 2 + 64);
+    if (!nest)
+        exit(1);
+    memset(nest, '[', deep);
+    memset(nest + deep, ']', deep);
+    expect(!parses(nest, deep * 2, NULL, err, sizeof err) && strstr(err, "deep"),
+           "100000 nested arrays rejected as too deep", &failures);
+    free(nest);
+
+    /* Fuzz: random byte edits of the valid file never crash (ASan builds check
+     * the memory side); whatever parses must still have sane entries. */
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, test_seed());
+    char buf[sizeof good_doc];
+    int sane = 1;
+    for (int it = 0; it < 4000; ++it) {
+        memcpy(buf, good_doc, len);
+        int edits = 1 + (int)(flashcl_ref_rng_next(&rng) % 4);
+        for (int e = 0; e < edits; ++e) {
+            size_t at = (size_t)(flashcl_ref_rng_next(&rng) % len);
+            static const char pool[] = "{}[]\",:0123456789-+.eE \\utfn\x01\xff";
+            buf[at] = pool[flashcl_ref_rng_next(&rng) % (sizeof pool - 1)];
+        }
+        flashcl_tuning_data tf;
+        memset(&tf, 0, sizeof tf);
+        if (flashcl_tuning_parse(buf, len, &tf, err, sizeof err) == 0)
+            for (size_t i = 0; i < tf.count; ++i)
+                sane &= tf.entries[i].block_m >= 1 && tf.entries[i].block_m <= 4096 &&
+                        tf.entries[i].head_dim_min <= tf.entries[i].head_dim_max && tf.entries[i].match;
+        else
+            sane &= err[0] != '\0';
+        flashcl_tuning_free(&tf);
+    }
+    expect(sane, "4000 fuzzed files: no crash, sane entries or a message", &failures);
+}
+
+/* ---- the file through a context ---------------------------------------------------------- */
+
+static void test_file(void) {
+    char path[300], text[4096], source[600], problem[600];
+    const char *pr;
+    flashcl_params p;
+    const char *name = device_name();
+    flashcl_attention_desc d = desc_of(FLASHCL_FLOAT16, 100, 64, 0);
+    flashcl_context *ctx = test_context();
+    flashcl_params def;
+    flashcl_attention_params(ctx, &d, &def);
+    int cpu = !strcmp(def.variant, "cpu");
+    flashcl_context_destroy(ctx);
+
+    snprintf(path, sizeof path, "%s/missing.json", dir);
+    params_with_file(path, &d, &p, source, sizeof source, &pr, problem, sizeof problem);
+    expect(!strncmp(source, "default: ", 9) && !pr, "no tuning file: the type default, no problem",
+           &failures);
+
+    /* A tuned entry for this device: used, and named in the source. */
+    snprintf(path, sizeof path, "%s/tuned.json", dir);
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [\n"
+             " {\"device\": \"%s\", \"variant\": \"%s\", \"dtype\": \"f16\", \"head_dim_min\": 1,"
+             " \"head_dim_max\": 64, \"block_m\": 8, \"block_n\": 16%s},\n"
+             " {\"device\": \"%s\", \"driver\": \"not-this-driver\", \"variant\": \"%s\","
+             " \"dtype\": \"f16\", \"causal\": true, \"block_m\": 4, \"block_n\": 8%s}]}\n",
+             name, def.variant, cpu ? "" : ", \"threads_per_row\": 4", name, def.variant,
+             cpu ? "" : ", \"threads_per_row\": 4");
+    write_file(path, text);
+    char want[400];
+    snprintf(want, sizeof want, "tuned: %s", path);
+    params_with_file(path, &d, &p, source, sizeof source, &pr, problem, sizeof problem);
+    expect(!strcmp(source, want) && p.block_m == 8 && p.block_n == 16, "tuned entry is used", &failures);
+    flashcl_attention_desc other = desc_of(FLASHCL_FLOAT16, 100, 128, 0);
+    params_with_file(path, &other, &p, source, sizeof source, NULL, NULL, 0);
+    expect(!strncmp(source, "default: ", 9), "tuned entry for D<=64 does not apply to D=128", &failures);
+    other = desc_of(FLASHCL_FLOAT16, 100, 64, 1);
+    params_with_file(path, &other, &p, source, sizeof source, NULL, NULL, 0);
+    expect(!strcmp(source, want) && p.block_m == 8,
+           "entry for another driver is not used (the any-driver entry is)", &failures);
+
+    /* FLASHCL_PARAMS still applies on top of a tuned entry. */
+    setenv("FLASHCL_PARAMS", "BLOCK_N=32", 1);
+    params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0);
+    expect(!strcmp(source, "FLASHCL_PARAMS") && p.block_m == 8 && p.block_n == 32,
+           "FLASHCL_PARAMS overrides single values of the tuned entry", &failures);
+    setenv("FLASHCL_PARAMS", "BLOCK_N=oops", 1);
+    expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) ==
+               FLASHCL_ERROR_INVALID_PARAMS,
+           "malformed FLASHCL_PARAMS is still an error", &failures);
+    unsetenv("FLASHCL_PARAMS");
+
+    /* The tuned entry computes correctly. */
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    ctx = test_context();
+    test_case tc = {FLASHCL_FLOAT16, 1, 2, 2, 37, 53, 64, 0, -1, -1, 0, 0, LAYOUT_PACKED, 0};
+    expect(run_case(ctx, &tc, test_seed(), 0), "forward with the tuned entry matches the reference",
+           &failures);
+    flashcl_context_destroy(ctx);
+
+    /* Bad files: ignored whole, with the reason; the defaults apply. */
+    static const char *const broken[] = {
+        "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"x\", \"variant\": \"cpu\"",
+        "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"x\", \"variant\": \"cpu\", "
+        "\"dtype\": \"f16\", \"block_m\": true, \"block_n\": 8}]}",
+        "not json at all",
+    };
+    for (size_t i = 0; i < 3; ++i) {
+        char bad_path[320];
+        snprintf(bad_path, sizeof bad_path, "%s/broken%zu.json", dir, i);
+        write_file(bad_path, broken[i]);
+        params_with_file(bad_path, &d, &p, source, sizeof source, &pr, problem, sizeof problem);
+        char what[80];
+        snprintf(what, sizeof what, "broken file %zu ignored whole with a reason", i);
+        expect(pr && strstr(problem, "line") && strstr(problem, "ignored") &&
+                   !strncmp(source, "default: ", 9),
+               what, &failures);
+        if (getenv("VERBOSE"))
+            printf("    problem: %s\n", problem);
+    }
+    /* A valid entry followed by garbage: nothing from the file is used. */
+    snprintf(text + strlen(text) - 2, 40, " trailing garbage\n");
+    write_file(path, text);
+    params_with_file(path, &d, &p, source, sizeof source, &pr, problem, sizeof problem);
+    expect(pr && !strncmp(source, "default: ", 9), "valid entry + trailing garbage: whole file ignored",
+           &failures);
+
+    /* Huge: over 1 MiB (valid JSON padded with spaces) is ignored unread. */
+    FILE *f = fopen(path, "w");
+    fputs("{\"flashcl_tuning\": 1, \"entries\": []", f);
+    for (int i = 0; i < (1 << 20); ++i)
+        fputc(' ', f);
+    fputs("}", f);
+    fclose(f);
+    params_with_file(path, &d, &p, source, sizeof source, &pr, problem, sizeof problem);
+    expect(pr && strstr(problem, "limit") && !strncmp(source, "default: ", 9),
+           "a 1 MiB+ file is ignored whole", &failures);
+
+    /* A tuned entry that does not fit the device: passed over, the default used. */
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"%s\", \"variant\": \"%s\","
+             " \"dtype\": \"any\", \"block_m\": 4096, \"block_n\": 4096%s}]}",
+             name, def.variant, cpu ? "" : ", \"threads_per_row\": 64");
+    write_file(path, text);
+    params_with_file(path, &d, &p, source, sizeof source, &pr, problem, sizeof problem);
+    expect(!pr && !strncmp(source, "default: ", 9) && p.block_m == def.block_m,
+           "a tuned entry that no longer fits is passed over for the default", &failures);
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    ctx = test_context();
+    expect(run_case(ctx, &tc, test_seed(), 0), "... and forward still runs correctly", &failures);
+    flashcl_context_destroy(ctx);
+}
+
+/* ---- overrides and saving --------------------------------------------------------------- */
+
+static void test_overrides(void) {
+    char path[300], bad_path[320];
+    snprintf(path, sizeof path, "%s/saved.json", dir);
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    flashcl_context *ctx = test_context();
+    flashcl_attention_desc d = desc_of(FLASHCL_FLOAT32, 50, 40, 1);
+    flashcl_params def, p, q;
+    flashcl_attention_params(ctx, &d, &def);
+    int cpu = !strcmp(def.variant, "cpu");
+
+    p = def;
+    p.block_m = 4;
+    p.block_n = cpu ? 16 : 8;
+    p.threads_per_row = cpu ? 0 : 2;
+    expect(flashcl_set_params(ctx, &d, &p) == FLASHCL_SUCCESS, "flashcl_set_params accepts a fitting set",
+           &failures);
+    flashcl_attention_params(ctx, &d, &q);
+    expect(q.block_m == 4 && q.block_n == p.block_n && !strcmp(q.source, "set: flashcl_set_params"),
+           "the override is used for its class", &failures);
+    test_case tc = {FLASHCL_FLOAT32, 1, 2, 2, 50, 50, 40, 1, -1, -1, 0, 0, LAYOUT_PACKED, 0};
+    expect(run_case(ctx, &tc, test_seed(), 0), "forward with the override matches the reference", &failures);
+    flashcl_attention_desc other = desc_of(FLASHCL_FLOAT32, 50, 40, 0);
+    flashcl_attention_params(ctx, &other, &q);
+    expect(strcmp(q.source, "set: flashcl_set_params") != 0, "... and not for another class (non-causal)",
+           &failures);
+
+    p.block_m = 4096;
+    p.block_n = 4096;
+    flashcl_status st = flashcl_set_params(ctx, &d, &p);
+    expect(st == FLASHCL_ERROR_INVALID_PARAMS && strstr(flashcl_last_error(ctx), "local memory"),
+           "an override that does not fit is refused with a message", &failures);
+    flashcl_attention_params(ctx, &d, &q);
+    expect(q.block_m == 4, "... and the previous override stays", &failures);
+    p = def;
+    p.variant = "nv-mma";
+    expect(flashcl_set_params(ctx, &d, &p) == FLASHCL_ERROR_INVALID_PARAMS, "nv-mma on float32 is refused",
+           &failures);
+    p.variant = "warp-speed";
+    expect(flashcl_set_params(ctx, &d, &p) == FLASHCL_ERROR_INVALID_PARAMS, "unknown variant is refused",
+           &failures);
+    expect(flashcl_set_params(ctx, &d, NULL) == FLASHCL_SUCCESS &&
+               flashcl_attention_params(ctx, &d, &q) == FLASHCL_SUCCESS && !strcmp(q.source, def.source),
+           "NULL removes the override", &failures);
+
+    /* Save, then a new context reads it back. */
+    p = def;
+    p.block_m = 8;
+    expect(flashcl_tuning_file_save(ctx, NULL, &d, &p, "test \"entry\"") == FLASHCL_SUCCESS,
+           "flashcl_tuning_file_save writes the default path", &failures);
+    p.block_m = 16;
+    expect(flashcl_tuning_file_save(ctx, NULL, &d, &p, NULL) == FLASHCL_SUCCESS, "saving again replaces",
+           &failures);
+    flashcl_context_destroy(ctx);
+    char err[200];
+    size_t count = 0;
+    char *text = read_all(path);
+    expect(parses(text, strlen(text), &count, err, sizeof err) && count == 1, "the saved file holds one entry",
+           &failures);
+    ctx = test_context();
+    flashcl_attention_params(ctx, &d, &q);
+    expect(q.block_m == 16 && !strncmp(q.source, "tuned: ", 7), "a new context uses the saved entry", &failures);
+
+    /* Saving into a file that cannot be read leaves it alone. */
+    snprintf(bad_path, sizeof bad_path, "%s/keep.json", dir);
+    write_file(bad_path, "{\"mine\": ");
+    st = flashcl_tuning_file_save(ctx, bad_path, &d, &p, NULL);
+    expect(st == FLASHCL_ERROR_TUNING_FILE && !strcmp(read_all(bad_path), "{\"mine\": "),
+           "saving over an unreadable file is refused and the file kept", &failures);
+    flashcl_context_destroy(ctx);
+}
+
+/* ---- the levels, on a pretend device ------------------------------------------------------ */
+
+static void pretend_h200(flashcl_context *ctx) {
+    snprintf(ctx->info.name, sizeof ctx->info.name, "NVIDIA H200");
+    snprintf(ctx->info.vendor, sizeof ctx->info.vendor, "NVIDIA Corporation");
+    snprintf(ctx->info.driver, sizeof ctx->info.driver, "550.0");
+    ctx->info.type = CL_DEVICE_TYPE_GPU;
+    ctx->info.nv_cc_major = 9;
+    ctx->info.nv_cc_minor = 0;
+    ctx->info.is_nvidia = 1;
+    ctx->info.local_mem = 48 * 1024;
+    ctx->info.max_wg = 1024;
+}
+
+static void test_levels(void) {
+    char path[300], text[1024];
+    flashcl_params p;
+    snprintf(path, sizeof path, "%s/h200.json", dir);
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    unlink(path);
+    flashcl_context *ctx = test_context();
+    pretend_h200(ctx);
+    flashcl_attention_desc d16 = desc_of(FLASHCL_FLOAT16, 1000, 128, 0);
+    flashcl_attention_desc d32 = desc_of(FLASHCL_FLOAT32, 1000, 128, 0);
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-mma") && p.block_n == 64 &&
+               p.work_group_size == 128,
+           "sm_90, f16: the arch entry (nv-mma 64x64, 4 warps)", &failures);
+    flashcl_attention_params(ctx, &d32, &p);
+    expect(!strcmp(p.source, "default: GPU") && !strcmp(p.variant, "portable"),
+           "sm_90, f32: nv-mma does not apply, the GPU default", &failures);
+    setenv("FLASHCL_VARIANT", "portable", 1);
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.variant, "portable"), "FLASHCL_VARIANT=portable skips nv-mma entries", &failures);
+    unsetenv("FLASHCL_VARIANT");
+    ctx->info.local_mem = 16 * 1024; /* the arch entry's 34 KB no longer fits */
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.variant, "portable") && strstr(p.source, "default: GPU") &&
+               flashcl_forward_local_bytes(&p, 128) <= 16 * 1024,
+           "an arch entry that does not fit is passed over; the default shrinks to fit", &failures);
+    flashcl_context_destroy(ctx);
+
+    /* A tuned entry beats the arch entry, and may pick another variant. */
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"NVIDIA H200\", \"variant\": "
+             "\"portable\", \"dtype\": \"f16\", \"head_dim_min\": 65, \"head_dim_max\": 128, \"phase\": "
+             "\"prefill\", \"block_m\": 32, \"block_n\": 32, \"threads_per_row\": 4}]}");
+    write_file(path, text);
+    ctx = test_context();
+    pretend_h200(ctx);
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strncmp(p.source, "tuned: ", 7) && !strcmp(p.variant, "portable") && p.block_m == 32,
+           "tuned entry beats the arch entry and picks the portable variant", &failures);
+    flashcl_attention_desc decode = desc_of(FLASHCL_FLOAT16, 1, 128, 0);
+    decode.seqlen_k = 1000;
+    flashcl_attention_params(ctx, &decode, &p);
+    expect(!strcmp(p.source, "built-in arch: sm_80+"), "the prefill entry does not apply to decode (Nq=1)",
+           &failures);
+    p.variant = "nv-mma";
+    p.block_m = 64;
+    p.block_n = 64;
+    p.work_group_size = 128;
+    expect(flashcl_set_params(ctx, &d16, &p) == FLASHCL_SUCCESS, "override on the pretend device", &failures);
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.source, "set: flashcl_set_params") && !strcmp(p.variant, "nv-mma"),
+           "flashcl_set_params beats the tuning file", &failures);
+    p.block_m = 48; /* not a multiple of 16 * 4 warps */
+    expect(flashcl_set_params(ctx, &d16, &p) == FLASHCL_ERROR_INVALID_PARAMS,
+           "nv-mma BLOCK_M not a multiple of 16*WARPS is refused", &failures);
+    p.block_m = 128;
+    p.block_n = 128;
+    expect(flashcl_set_params(ctx, &d16, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "48000"),
+           "nv-mma tiles over 48000 bytes are refused", &failures);
+    flashcl_context_destroy(ctx);
+
+    /* Architectures. */
+    ctx = test_context();
+    pretend_h200(ctx);
+    ctx->info.nv_cc_major = 7;
+    ctx->info.nv_cc_minor = 5;
+    char arch[64];
+    flashcl_device_arch(ctx, arch, sizeof arch);
+    snprintf(ctx->info.name, sizeof ctx->info.name, "Tesla T4");
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(arch, "sm_75") && !strcmp(p.source, "default: GPU"), "sm_75: no tensor-core entry", &failures);
+    snprintf(ctx->info.name, sizeof ctx->info.name, "gfx90a:sramecc+:xnack-");
+    ctx->info.nv_cc_major = 0;
+    ctx->info.is_nvidia = 0;
+    flashcl_device_arch(ctx, arch, sizeof arch);
+    expect(!strcmp(arch, "gfx90a"), "AMD arch from the gfx name", &failures);
+    flashcl_context_destroy(ctx);
+    unlink(path);
+}
+
+int main(void) {
+    snprintf(dir, sizeof dir, "/tmp/flashcl-test-params.%ld", (long)getpid());
+    if (mkdir(dir, 0755) != 0) {
+        perror(dir);
+        return 1;
+    }
+    test_parser();
+    flashcl_context *ctx = test_context();
+    int host = flashcl_context_is_host(ctx);
+    flashcl_context_destroy(ctx);
+    if (host) {
+        printf("host context: no kernel parameters; database tests skipped\n");
+    } else {
+        test_file();
+        test_overrides();
+        test_levels();
+    }
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0)
+        fprintf(stderr, "could not remove %s\n", dir);
+    printf("%s\n", failures ? "FAILED" : "all passed");
+    return failures ? 1 : 0;
+}
