@@ -15,6 +15,7 @@
 #include "flashcl.h"
 #include "flashcl_ref.h"
 #include "npy.h"
+#include "tune.h"
 
 /* CL_PLATFORM_NOT_FOUND_KHR (cl_khr_icd): what the ICD loader returns when
  * no platform is registered; spelled out to avoid needing cl_ext.h. */
@@ -37,6 +38,7 @@ static const char usage_main[] =
     "  attention   run attention on .npy files\n"
     "  check       compare random problems against the reference implementation\n"
     "  bench       validate, then time the forward kernel\n"
+    "  tune        search kernel parameters for a device and save the fastest\n"
     "  help CMD    show the options of a command\n"
     "\n"
     "  --help      show this text\n"
@@ -1471,6 +1473,7 @@ static const command commands[] = {
     {"attention", usage_attention, cmd_attention},
     {"check", usage_check, cmd_check},
     {"bench", usage_bench, cmd_bench},
+    {"tune", usage_tune, cmd_tune},
 };
 
 static const command *find_command(const char *name) {
