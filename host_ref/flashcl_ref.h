@@ -103,6 +103,35 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report);
 
+/* ---- serving: merge, varlen, paged pools (ref_serving.c) --------------------- */
+
+/* The merge of two partial results in double (see flashcl_attention_merge):
+ * out double [batch][seqlen][heads][head_dim] packed, lse double
+ * [batch][heads][seqlen] (may be NULL). */
+void flashcl_ref_attention_merge(const flashcl_merge_desc *desc, const void *o1, const float *lse1,
+                                 const void *o2, const float *lse2, double *out, double *lse);
+/* Checks a merge result (out in desc->out's layout, lse_out from its offset,
+ * may be NULL) against the double merge: within the storage rounding of each
+ * element plus a few float ulps; -inf exactly where the reference is -inf. */
+int flashcl_ref_check_merge(const flashcl_merge_desc *desc, const void *o1, const float *lse1,
+                            const void *o2, const float *lse2, const void *out, const float *lse_out,
+                            int verbose, flashcl_ref_report *report);
+
+/* A varlen batch: each sequence run alone through
+ * flashcl_ref_attention_forward. out double [total_q][heads_q][head_dim]
+ * packed; lse double [heads_q][total_q] (may be NULL). */
+void flashcl_ref_varlen_forward(const flashcl_varlen_desc *desc, const void *q, const void *k,
+                                const void *v, double *out, double *lse);
+/* Checks a varlen result sequence by sequence with flashcl_ref_check_forward's
+ * rule (lse float [heads_q][total_q] or NULL); first_bad[0] is the sequence. */
+int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
+                             const void *out, const float *lse, int verbose, flashcl_ref_report *report);
+
+/* Copies a sequence's tokens out of a paged pool [num_pages][page_size]
+ * [heads_k][head_dim] into dense [length][heads_k][head_dim] (same dtype). */
+void flashcl_ref_kv_gather(const void *pool, flashcl_dtype dtype, int page_size, int heads_k, int head_dim,
+                           const int *pages, int length, void *dense);
+
 #ifdef __cplusplus
 }
 #endif

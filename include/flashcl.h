@@ -51,6 +51,7 @@ enum {
     FLASHCL_ERROR_OUT_OF_HOST_MEMORY = -2006, /* malloc failed                     */
     FLASHCL_ERROR_UNSUPPORTED = -2007,      /* the operation needs an OpenCL device */
     FLASHCL_ERROR_INVALID_PARAMS = -2008,   /* kernel parameters that do not fit  */
+    FLASHCL_ERROR_OUT_OF_PAGES = -2009,     /* the KV cache pool has too few free pages */
     FLASHCL_ERROR_TUNING_FILE = -2020,      /* the tuning file cannot be read or written */
 };
 
@@ -251,6 +252,167 @@ FLASHCL_API flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const 
                                                     const flashcl_attention_desc *desc,
                                                     const flashcl_params *params,
                                                     const char *comment);
+
+/* ------------------------------------------------------------------------
+ * Serving: merge, paged KV cache, decode, varlen
+ *
+ * Everything here except flashcl_attention_merge_host needs an OpenCL
+ * device (a host context returns FLASHCL_ERROR_UNSUPPORTED). Kernels are
+ * enqueued on the context's queue, which is assumed in-order.
+ * ---------------------------------------------------------------------- */
+
+/* Two partial attention results of the same queries over disjoint key sets,
+ * (o1, lse1) and (o2, lse2), and their merge (out, lse_out): the attention
+ * over the union of the key sets, exact up to float rounding:
+ *   m = max(lse1, lse2), w_i = exp(lse_i - m),
+ *   out = (w1 o1 + w2 o2) / (w1 + w2), lse_out = m + log(w1 + w2).
+ * A side whose LSE is -inf (it saw no key) contributes nothing, whatever its
+ * O holds; both -inf gives out 0 and lse_out -inf.
+ *   o1, o2, out: [batch][seqlen][heads][head_dim] in `dtype`, per layout
+ *                (all-zero strides: packed); out may be o1 or o2 when their
+ *                layouts are equal (in place).
+ *   lse1, lse2, lse_out: float [batch][heads][seqlen] packed, from element
+ *                *_offset; lse_out may be NULL (not stored) and must not
+ *                overlap lse1 or lse2.
+ * This is what split-KV decoding uses internally, and what ring or context-
+ * parallel attention across devices needs. */
+typedef struct flashcl_merge_desc {
+    flashcl_dtype dtype;
+    int batch, seqlen, heads, head_dim; /* >= 1 */
+    flashcl_layout o1, o2, out;
+    size_t lse1_offset, lse2_offset, lse_out_offset;
+} flashcl_merge_desc;
+
+FLASHCL_API flashcl_status flashcl_attention_merge(flashcl_context *ctx, const flashcl_merge_desc *desc,
+                                                   cl_mem o1, cl_mem lse1, cl_mem o2, cl_mem lse2,
+                                                   cl_mem out, cl_mem lse_out, cl_event *event);
+
+/* The same on host memory (blocking; on a host context it runs in C). The
+ * lse arrays start at their *_offset elements as on the device. */
+FLASHCL_API flashcl_status flashcl_attention_merge_host(flashcl_context *ctx,
+                                                        const flashcl_merge_desc *desc,
+                                                        const void *o1, const float *lse1,
+                                                        const void *o2, const float *lse2, void *out,
+                                                        float *lse_out);
+
+/* A paged KV cache: two device pools of fixed-size pages, owned by the cache,
+ *   k_pool, v_pool: [num_pages][page_size][heads_k][head_dim] in `dtype`
+ * (token n of a sequence lives at page table[n / page_size], row
+ * n % page_size), a host-side allocator (free list, a reference count per
+ * page) and one page table per sequence. Sequences are small integer ids
+ * handed out by the cache. Forked sequences share pages; the first append
+ * into a shared, partially filled page copies it first (copy-on-write), so
+ * no sequence ever sees another's new tokens. */
+typedef struct flashcl_kv_cache flashcl_kv_cache;
+
+typedef struct flashcl_kv_cache_desc {
+    flashcl_dtype dtype;
+    int heads_k, head_dim; /* >= 1; head_dim <= 256     */
+    int page_size;         /* tokens per page, 1 .. 256 */
+    int num_pages;         /* pages in each pool, >= 1  */
+    /* Nonzero: pages are handed out in an order shuffled by this seed
+     * instead of 0, 1, 2, ... (tests use it so page tables are scattered). */
+    unsigned long long page_order_seed;
+} flashcl_kv_cache_desc;
+
+/* Creates a cache and allocates its pools (contents undefined until
+ * written). The cache keeps `ctx`, which must outlive it; errors of cache
+ * calls are reported through flashcl_last_error(ctx). */
+FLASHCL_API flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_cache_desc *desc,
+                                                   flashcl_kv_cache **out);
+/* Releases the pools and every sequence. NULL is a no-op. */
+FLASHCL_API void flashcl_kv_cache_destroy(flashcl_kv_cache *cache);
+
+/* The pools (owned by the cache) and its description. */
+FLASHCL_API cl_mem flashcl_kv_cache_k_pool(const flashcl_kv_cache *cache);
+FLASHCL_API cl_mem flashcl_kv_cache_v_pool(const flashcl_kv_cache *cache);
+FLASHCL_API const flashcl_kv_cache_desc *flashcl_kv_cache_get_desc(const flashcl_kv_cache *cache);
+/* Pages not used by any sequence. */
+FLASHCL_API int flashcl_kv_cache_free_pages(const flashcl_kv_cache *cache);
+
+/* A new, empty sequence; its id in *seq. */
+FLASHCL_API flashcl_status flashcl_kv_cache_add_sequence(flashcl_kv_cache *cache, int *seq);
+/* A new sequence sharing every page of `src` (same length, no copy). */
+FLASHCL_API flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *cache, int src, int *seq);
+/* Drops a sequence; pages no other sequence uses return to the free list. */
+FLASHCL_API flashcl_status flashcl_kv_cache_free_sequence(flashcl_kv_cache *cache, int seq);
+/* Tokens stored for `seq`, or -1 when it is not a live sequence. */
+FLASHCL_API int flashcl_kv_cache_length(const flashcl_kv_cache *cache, int seq);
+/* Copies seq's page table (physical page per logical page) into pages[0 ..
+ * capacity); *count receives its length (which may exceed capacity). */
+FLASHCL_API flashcl_status flashcl_kv_cache_page_table(const flashcl_kv_cache *cache, int seq, int *pages,
+                                                       int capacity, int *count);
+
+/* Appends new tokens to several distinct sequences in one kernel:
+ * num_tokens[i] tokens to seq_ids[i] (0 allowed). k and v hold them back to
+ * back, all of seq_ids[0]'s first:
+ *   k, v: [total][heads_k][head_dim] in the cache's dtype, at
+ *         layout->offset + t * stride_seq + h * stride_head (stride_batch is
+ *         unused; a NULL layout or all-zero strides: packed at offset).
+ * Pages are taken from the free list. The capacity of the whole append is
+ * checked before anything changes: when the pool is too small the call
+ * returns FLASHCL_ERROR_OUT_OF_PAGES and every sequence (and the pools' used
+ * pages) stays as it was. `event` receives the append kernel's event. */
+FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *cache, int num_seqs,
+                                                   const int *seq_ids, const int *num_tokens,
+                                                   cl_mem k, const flashcl_layout *k_layout, cl_mem v,
+                                                   const flashcl_layout *v_layout, cl_event *event);
+
+/* Attention of a packed batch of sequences of different lengths (flash-attn's
+ * varlen API), for prompts and for decoding alike:
+ *   sequence i owns query tokens [cu_seqlens_q[i], cu_seqlens_q[i+1]) and, in
+ *   flashcl_varlen_forward, key tokens [cu_seqlens_k[i], cu_seqlens_k[i+1]);
+ *   in flashcl_paged_attention its keys are the cache's tokens of seq_ids[i].
+ *   q, out: [total_q][heads_q][head_dim]; k, v: [total_k][heads_k][head_dim];
+ *           each at offset + t * stride_seq + h * stride_head (stride_batch
+ *           unused; all-zero strides: packed).
+ *   lse (may be NULL): float [heads_q][total_q] from element lse_offset.
+ * Causal masks are bottom-right aligned within each sequence: its query t
+ * (0-based) sees keys 0 .. nk - nq + t. A query that sees no key gets 0 and
+ * LSE -inf. GQA maps query head h to kv head h / (heads_q / heads_k).
+ * Split-KV: the keys of each sequence may be cut into slices computed by
+ * different work-groups and merged exactly (as flashcl_attention_merge);
+ * num_splits = 0 lets flashcl choose from the device and the lengths, 1..64
+ * forces a count. Partial results live in a caller-owned scratch buffer
+ * whose size the *_scratch_size functions return (0: none needed, scratch
+ * may be NULL). The cu_seqlens arrays are host memory, read during the call. */
+typedef struct flashcl_varlen_desc {
+    flashcl_dtype dtype;      /* paged: must equal the cache's             */
+    int num_seqs;             /* >= 1                                      */
+    int heads_q, heads_k;     /* heads_q % heads_k == 0; paged: the cache's */
+    int head_dim;             /* 1 .. 256; paged: the cache's              */
+    const int *cu_seqlens_q;  /* num_seqs + 1 offsets, [0] = 0, nondecreasing, total_q >= 1 */
+    const int *cu_seqlens_k;  /* the same for keys (varlen only)           */
+    float scale;              /* 0 means 1/sqrt(head_dim)                  */
+    int causal;               /* nonzero: causal, bottom-right per sequence */
+    float softcap;            /* > 0: scores become softcap*tanh(s/softcap) */
+    int num_splits;           /* 0: heuristic; 1 .. 64: forced             */
+    flashcl_layout q, k, v, out; /* k, v: varlen only                      */
+} flashcl_varlen_desc;
+
+/* Bytes of scratch flashcl_varlen_forward needs for desc on this context. */
+FLASHCL_API flashcl_status flashcl_varlen_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                       size_t *bytes);
+FLASHCL_API flashcl_status flashcl_varlen_forward(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                  cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
+                                                  size_t lse_offset, cl_mem scratch, cl_event *event);
+
+/* The same with keys and values read through the cache's page tables
+ * (seq_ids: num_seqs distinct live sequences; append the new tokens' K/V
+ * before attending, so a decode step's query sees its own key). */
+FLASHCL_API flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                      const flashcl_kv_cache *cache, const int *seq_ids,
+                                                      size_t *bytes);
+FLASHCL_API flashcl_status flashcl_paged_attention(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                   const flashcl_kv_cache *cache, const int *seq_ids,
+                                                   cl_mem q, cl_mem out, cl_mem lse, size_t lse_offset,
+                                                   cl_mem scratch, cl_event *event);
+
+/* The serving kernel's choice for desc, with cache NULL for
+ * flashcl_varlen_forward; the split count in *splits (may be NULL). */
+FLASHCL_API flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                const flashcl_kv_cache *cache, const int *seq_ids,
+                                                flashcl_params *params, int *splits);
 
 #ifdef __cplusplus
 }

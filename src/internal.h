@@ -128,6 +128,26 @@ void flashcl_tuning_free(flashcl_tuning_data *tf);
 int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const char *comment,
                          char *err, size_t n);
 
+/* ---- serving kernels' parameters (params.c, flashcl_decode_params) ---- */
+/* Tiles of cl/paged_attention.cl and the split-KV count of one launch. */
+typedef struct flashcl_decode_choice {
+    int block_m;         /* rows (token x query head of one kv head) per work-group */
+    int block_n;         /* keys per __local tile                           */
+    int tpr;             /* work-items per row                              */
+    int work_group_size; /* block_m * tpr                                   */
+    int splits;          /* key slices per (block, kv head); 1 = no combine */
+    const char *source;  /* where the numbers came from                     */
+} flashcl_decode_choice;
+/* rows_per_seq[i] = query tokens of sequence i * (heads_q / heads_k);
+ * max_keys: the longest sequence's keys; requested_splits > 0 forces the
+ * split count (clamped to 1..FLASHCL_MAX_SPLITS). */
+#define FLASHCL_MAX_SPLITS 64
+void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k, int num_seqs,
+                           const int *rows_per_seq, long max_keys, int requested_splits,
+                           flashcl_decode_choice *choice);
+/* __local bytes cl/paged_attention.cl needs with these tiles. */
+size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_dim);
+
 /* ---- the pure-C host path (host_path.c) ---- */
 flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                     const void *q, const void *k, const void *v, void *out,

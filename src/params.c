@@ -562,3 +562,74 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
         return flashcl_fail(ctx, FLASHCL_ERROR_TUNING_FILE, "%s", err);
     return FLASHCL_SUCCESS;
 }
+
+/* ==== Serving kernels: tiles and the split-KV heuristic ===================================
+ * Everything cl/paged_attention.cl (paged attention, decoding, varlen) needs is
+ * chosen here, in flashcl_decode_params, so a tuning database can take it
+ * over as one entry point.
+ *   Rows: a work-group holds block_m (token, query head) rows of one kv head,
+ *     the smallest power of two >= the longest sequence's rows, at most 16:
+ *     decode with a GQA group of 4 gets 4 rows, so every K/V element loaded
+ *     serves the 4 heads that share it and no lanes idle on padding rows.
+ *   GPU: 128 work-items per group (tpr = 128 / block_m, at most 32 per row so
+ *     a row stays within a warp's worth of lanes); 32-key tiles, 16 above
+ *     D=128, then halved until the tiles fit __local with 1 KB to spare.
+ *   CPU: one work-item per row (no reductions), 32-key tiles.
+ *   Splits (flash-decoding): without splitting there are blocks * heads_k
+ *     work-groups; when that is below the device's target (2 per compute
+ *     unit on GPUs, 1 per core on CPUs) the keys are cut into enough slices
+ *     to reach it, but never below 256 keys per slice (under that the
+ *     combine pass and the per-split Q load cost more than they save), and
+ *     at most FLASHCL_MAX_SPLITS. Hand-chosen from flash-decoding's rule
+ *     (fill the SMs); not yet measured.
+ */
+size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
+    size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
+    size_t floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)c->tpr;
+    return floats * sizeof(float) + n * sizeof(cl_long); /* + the key-row table */
+}
+
+void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k, int num_seqs,
+                           const int *rows_per_seq, long max_keys, int requested_splits,
+                           flashcl_decode_choice *c) {
+    memset(c, 0, sizeof *c);
+    int max_rows = 1;
+    for (int i = 0; i < num_seqs; ++i)
+        if (rows_per_seq[i] > max_rows)
+            max_rows = rows_per_seq[i];
+    c->block_m = 1;
+    while (c->block_m < max_rows && c->block_m < 16)
+        c->block_m *= 2;
+    const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    c->block_n = cpu || head_dim <= 128 ? 32 : 16;
+    c->tpr = cpu ? 1 : 128 / c->block_m;
+    if (c->tpr > 32)
+        c->tpr = 32;
+    if (c->tpr > c->block_n)
+        c->tpr = c->block_n;
+    size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+    while (c->block_n > c->tpr && flashcl_decode_local_bytes(c, head_dim) > budget)
+        c->block_n /= 2;
+    while (c->block_m > 1 && ((size_t)c->block_m * (size_t)c->tpr > ctx->info.max_wg ||
+                              flashcl_decode_local_bytes(c, head_dim) > budget))
+        c->block_m /= 2;
+    c->work_group_size = c->block_m * c->tpr;
+    c->source = cpu ? "built-in: serving CPU default" : "built-in: serving GPU default";
+
+    if (requested_splits > 0) {
+        c->splits = requested_splits < FLASHCL_MAX_SPLITS ? requested_splits : FLASHCL_MAX_SPLITS;
+        return;
+    }
+    long groups = 0;
+    for (int i = 0; i < num_seqs; ++i)
+        groups += (rows_per_seq[i] + c->block_m - 1) / c->block_m;
+    groups *= heads_k;
+    long target = (long)ctx->info.compute_units * (cpu ? 1 : 2);
+    long splits = groups > 0 && groups < target ? (target + groups - 1) / groups : 1;
+    long by_keys = (max_keys + 255) / 256;
+    if (splits > by_keys)
+        splits = by_keys;
+    if (splits > FLASHCL_MAX_SPLITS)
+        splits = FLASHCL_MAX_SPLITS;
+    c->splits = splits < 1 ? 1 : (int)splits;
+}

@@ -1,0 +1,28 @@
+/* kv_cache.cl: appending new K/V tokens of many sequences into the paged KV pool in one launch.
+ *
+ * The pool holds fixed-size pages; a token's place is a "slot", page * page_size + offset:
+ *
+ *   k_pool, v_pool: [num_pages][page_size][heads_k][head_dim]   (= [slot][heads_k][head_dim])
+ *
+ * The host allocator (src/kv_cache.c) has already chosen every new token's
+ * slot (new pages, copy-on-write copies) and passes them as slots[token]; the
+ * kernel is a gather-free scatter: work-item (d, h, token) copies one element
+ * of the caller's packed new tokens, k_new[token][h][d] (offset + strides),
+ * to its slot. Copies go through float, which is exact for all three storage
+ * types (half and bfloat16 widen losslessly), because OpenCL 1.2 without
+ * cl_khr_fp16 cannot move a `half` other than through vload/vstore.
+ * Nothing is tunable; sizes are run-time arguments.
+ */
+
+__kernel void kv_append(__global const elem_t *restrict k_new, __global const elem_t *restrict v_new,
+                        __global elem_t *restrict k_pool, __global elem_t *restrict v_pool,
+                        __global const int *restrict slots, ulong k_off, ulong k_ss, ulong k_sh,
+                        ulong v_off, ulong v_ss, ulong v_sh, int heads_k, int head_dim) {
+    const int d = (int)get_global_id(0);
+    const int h = (int)get_global_id(1);
+    const int t = (int)get_global_id(2);
+    /* Pool rows are packed: heads_k * head_dim elements per slot. */
+    const ulong dst = ((ulong)slots[t] * heads_k + h) * head_dim + d;
+    STORE_ELEM(k_pool, dst, LOAD_ELEM(k_new, k_off + (ulong)t * k_ss + (ulong)h * k_sh + d));
+    STORE_ELEM(v_pool, dst, LOAD_ELEM(v_new, v_off + (ulong)t * v_ss + (ulong)h * v_sh + d));
+}

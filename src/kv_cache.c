@@ -1,0 +1,462 @@
+/* kv_cache.c: the paged KV cache: pools, page allocator with reference counts, fork, copy-on-write, append.
+ *
+ * Every state change follows plan -> enqueue -> commit: an append first works
+ * out every page it will take (and every copy-on-write) without touching the
+ * allocator, fails with FLASHCL_ERROR_OUT_OF_PAGES before anything changes
+ * when the free list is too short, then enqueues the copies and the append
+ * kernel, and only when all of that succeeded updates page tables, lengths,
+ * reference counts and the free list. A failed enqueue therefore leaves the
+ * cache as it was; the device may have written into pages that are still
+ * free or rows past a sequence's length, which nothing reads.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serving.h"
+
+/* ---- helpers ------------------------------------------------------------------------ */
+
+static int pages_for(int length, int page_size) {
+    return (int)(((long)length + page_size - 1) / page_size);
+}
+
+/* splitmix64, for the optional shuffled page order. */
+static uint64_t mix(uint64_t *state) {
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *c, int id) {
+    if (!c || id < 0 || id >= c->seq_count || !c->seqs[id].live)
+        return NULL;
+    return &c->seqs[id];
+}
+
+static flashcl_kv_sequence *live_sequence(flashcl_kv_cache *c, int id) {
+    return (flashcl_kv_sequence *)flashcl_kv_cache_sequence(c, id);
+}
+
+/* Grows a page table to hold `need` entries; 0 when out of memory. */
+static int reserve_pages(flashcl_kv_sequence *s, int need) {
+    if (need <= s->capacity)
+        return 1;
+    int cap = s->capacity ? s->capacity : 4;
+    while (cap < need)
+        cap = cap > (1 << 29) ? need : cap * 2;
+    int *p = realloc(s->pages, (size_t)cap * sizeof(int));
+    if (!p)
+        return 0;
+    s->pages = p;
+    s->capacity = cap;
+    return 1;
+}
+
+/* A new sequence slot (reusing a freed id); NULL when out of memory. */
+static flashcl_kv_sequence *new_slot(flashcl_kv_cache *c, int *id) {
+    for (int i = 0; i < c->seq_count; ++i)
+        if (!c->seqs[i].live) {
+            *id = i;
+            return &c->seqs[i];
+        }
+    if (c->seq_count == c->seq_capacity) {
+        int cap = c->seq_capacity ? c->seq_capacity * 2 : 16;
+        flashcl_kv_sequence *s = realloc(c->seqs, (size_t)cap * sizeof *s);
+        if (!s)
+            return NULL;
+        memset(s + c->seq_capacity, 0, (size_t)(cap - c->seq_capacity) * sizeof *s);
+        c->seqs = s;
+        c->seq_capacity = cap;
+    }
+    *id = c->seq_count++;
+    return &c->seqs[*id];
+}
+
+/* ---- lifetime ----------------------------------------------------------------------- */
+
+flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_cache_desc *desc,
+                                       flashcl_kv_cache **out) {
+    if (!ctx || !out)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    *out = NULL;
+    flashcl_clear_error(ctx);
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the paged KV cache needs an OpenCL device");
+    if (!desc)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    size_t es = flashcl_dtype_size(desc->dtype);
+    if (!es)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)desc->dtype);
+    if (desc->heads_k < 1 || desc->head_dim < 1 || desc->head_dim > 256 || desc->page_size < 1 ||
+        desc->page_size > 256 || desc->num_pages < 1)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                            "invalid KV cache shape: heads_k %d, head_dim %d (1..256), page_size %d "
+                            "(1..256), num_pages %d (>= 1)",
+                            desc->heads_k, desc->head_dim, desc->page_size, desc->num_pages);
+    size_t page_bytes, pool_bytes;
+    if (!flashcl_mul_add((size_t)desc->page_size * (size_t)desc->heads_k, (size_t)desc->head_dim * es, 0,
+                         &page_bytes) ||
+        !flashcl_mul_add(page_bytes, (size_t)desc->num_pages, 0, &pool_bytes))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "KV pool size overflows size_t");
+
+    flashcl_kv_cache *c = calloc(1, sizeof *c);
+    if (c) {
+        c->refcount = calloc((size_t)desc->num_pages, sizeof(int));
+        c->free_list = malloc((size_t)desc->num_pages * sizeof(int));
+    }
+    if (!c || !c->refcount || !c->free_list) {
+        flashcl_kv_cache_destroy(c);
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    c->ctx = ctx;
+    c->desc = *desc;
+    c->page_bytes = page_bytes;
+    cl_int err = CL_SUCCESS;
+    c->k_pool = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, pool_bytes, NULL, &err);
+    if (c->k_pool)
+        c->v_pool = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, pool_bytes, NULL, &err);
+    if (!c->v_pool) {
+        flashcl_kv_cache_destroy(c);
+        return flashcl_fail(ctx, err, "allocating two KV pools of %zu bytes: %s", pool_bytes,
+                            flashcl_status_string(err));
+    }
+    /* The stack is popped from the top: store the pages in reverse so they
+     * are handed out as 0, 1, 2, ... unless a shuffle was asked for. */
+    for (int i = 0; i < desc->num_pages; ++i)
+        c->free_list[i] = desc->num_pages - 1 - i;
+    if (desc->page_order_seed) {
+        uint64_t state = desc->page_order_seed;
+        for (int i = desc->num_pages - 1; i > 0; --i) {
+            int j = (int)(mix(&state) % (uint64_t)(i + 1));
+            int t = c->free_list[i];
+            c->free_list[i] = c->free_list[j];
+            c->free_list[j] = t;
+        }
+    }
+    c->free_count = desc->num_pages;
+    *out = c;
+    return FLASHCL_SUCCESS;
+}
+
+void flashcl_kv_cache_destroy(flashcl_kv_cache *c) {
+    if (!c)
+        return;
+    if (c->k_pool)
+        clReleaseMemObject(c->k_pool);
+    if (c->v_pool)
+        clReleaseMemObject(c->v_pool);
+    for (int i = 0; i < c->seq_count; ++i)
+        free(c->seqs[i].pages);
+    free(c->seqs);
+    free(c->refcount);
+    free(c->free_list);
+    free(c);
+}
+
+cl_mem flashcl_kv_cache_k_pool(const flashcl_kv_cache *c) {
+    return c ? c->k_pool : NULL;
+}
+
+cl_mem flashcl_kv_cache_v_pool(const flashcl_kv_cache *c) {
+    return c ? c->v_pool : NULL;
+}
+
+const flashcl_kv_cache_desc *flashcl_kv_cache_get_desc(const flashcl_kv_cache *c) {
+    return c ? &c->desc : NULL;
+}
+
+int flashcl_kv_cache_free_pages(const flashcl_kv_cache *c) {
+    return c ? c->free_count : 0;
+}
+
+int flashcl_kv_cache_length(const flashcl_kv_cache *c, int seq) {
+    const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(c, seq);
+    return s ? s->length : -1;
+}
+
+flashcl_status flashcl_kv_cache_page_table(const flashcl_kv_cache *c, int seq, int *pages, int capacity,
+                                           int *count) {
+    if (!c)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(c->ctx);
+    const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(c, seq);
+    if (!s)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "no live sequence %d", seq);
+    if (!count || (capacity > 0 && !pages))
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "pages or count is NULL");
+    for (int i = 0; i < s->count && i < capacity; ++i)
+        pages[i] = s->pages[i];
+    *count = s->count;
+    return FLASHCL_SUCCESS;
+}
+
+/* ---- sequences ---------------------------------------------------------------------- */
+
+flashcl_status flashcl_kv_cache_add_sequence(flashcl_kv_cache *c, int *seq) {
+    if (!c)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(c->ctx);
+    if (!seq)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq is NULL");
+    int id;
+    flashcl_kv_sequence *s = new_slot(c, &id);
+    if (!s)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    s->live = 1;
+    s->length = 0;
+    s->count = 0;
+    *seq = id;
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *c, int src, int *seq) {
+    if (!c)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(c->ctx);
+    if (!seq)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq is NULL");
+    if (!flashcl_kv_cache_sequence(c, src))
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "no live sequence %d to fork", src);
+    int id;
+    flashcl_kv_sequence *s = new_slot(c, &id); /* may move c->seqs: look src up again after */
+    if (!s || !reserve_pages(s, c->seqs[src].count))
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    const flashcl_kv_sequence *from = &c->seqs[src];
+    for (int i = 0; i < from->count; ++i) {
+        s->pages[i] = from->pages[i];
+        c->refcount[from->pages[i]]++;
+    }
+    s->count = from->count;
+    s->length = from->length;
+    s->live = 1;
+    *seq = id;
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_kv_cache_free_sequence(flashcl_kv_cache *c, int seq) {
+    if (!c)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(c->ctx);
+    flashcl_kv_sequence *s = live_sequence(c, seq);
+    if (!s)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "no live sequence %d", seq);
+    for (int i = 0; i < s->count; ++i)
+        if (--c->refcount[s->pages[i]] == 0)
+            c->free_list[c->free_count++] = s->pages[i];
+    s->live = 0;
+    s->count = 0;
+    s->length = 0;
+    return FLASHCL_SUCCESS;
+}
+
+/* ---- append ------------------------------------------------------------------------- */
+
+/* What one sequence's part of an append will do, worked out before any change. */
+typedef struct append_plan {
+    int old_pages, new_pages; /* table length before and after               */
+    int cow_old;              /* shared last page to copy before writing, or -1 */
+    int cow_page;             /* its private replacement, or -1               */
+} append_plan;
+
+/* Whether sequence i of an append must copy its last page first: it is
+ * partially filled and still shared once the copies planned for earlier
+ * sequences of this append are counted (the last sharer writes in place). */
+static int needs_copy(const flashcl_kv_cache *c, const flashcl_kv_sequence *s, int tokens,
+                      const append_plan *plan, int i) {
+    if (tokens == 0 || s->length % c->desc.page_size == 0)
+        return 0;
+    const int last = s->pages[s->count - 1];
+    int owners = c->refcount[last];
+    for (int j = 0; j < i; ++j)
+        owners -= plan[j].cow_old == last;
+    return owners > 1;
+}
+
+static flashcl_status check_new_tokens(flashcl_kv_cache *c, const char *name, cl_mem buf,
+                                       const flashcl_layout *in, int total, flashcl_layout *l) {
+    const int hk = c->desc.heads_k, d = c->desc.head_dim;
+    memset(l, 0, sizeof *l);
+    if (in)
+        *l = *in;
+    if (!l->stride_seq && !l->stride_head) {
+        l->stride_head = (size_t)d;
+        l->stride_seq = (size_t)hk * (size_t)d;
+    }
+    if (!buf)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", name);
+    size_t size = 0, end;
+    cl_int err = clGetMemObjectInfo(buf, CL_MEM_SIZE, sizeof size, &size, NULL);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(c->ctx, err, "%s: not a valid cl_mem", name);
+    if (!flashcl_mul_add((size_t)(total - 1), l->stride_seq, l->offset + (size_t)d, &end) ||
+        !flashcl_mul_add((size_t)(hk - 1), l->stride_head, end, &end) ||
+        !flashcl_mul_add(end, flashcl_dtype_size(c->desc.dtype), 0, &end) || end > size)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_BOUNDS,
+                            "%s: %d new tokens overrun the buffer of %zu bytes", name, total, size);
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const int *seq_ids,
+                                       const int *num_tokens, cl_mem k, const flashcl_layout *k_layout,
+                                       cl_mem v, const flashcl_layout *v_layout, cl_event *event) {
+    if (!c)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_context *ctx = c->ctx;
+    flashcl_clear_error(ctx);
+    if (num_seqs < 1 || !seq_ids || !num_tokens)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "append needs num_seqs >= 1 and the seq_ids and num_tokens arrays");
+    const int ps = c->desc.page_size;
+    long total = 0;
+    for (int i = 0; i < num_seqs; ++i) {
+        const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(c, seq_ids[i]);
+        if (!s)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq_ids[%d] = %d is not a live sequence",
+                                i, seq_ids[i]);
+        if (num_tokens[i] < 0 || (long)s->length + num_tokens[i] > (long)ps * c->desc.num_pages)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                "num_tokens[%d] = %d (>= 0, and the sequence must fit the pool)", i,
+                                num_tokens[i]);
+        for (int j = 0; j < i; ++j)
+            if (seq_ids[j] == seq_ids[i])
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                    "sequence %d appears twice in one append", seq_ids[i]);
+        total += num_tokens[i];
+    }
+    if (total > 0x7fffffffL)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "more than 2^31 new tokens");
+    flashcl_layout kl, vl;
+    flashcl_status st;
+    if (total > 0 && ((st = check_new_tokens(c, "k", k, k_layout, (int)total, &kl)) ||
+                      (st = check_new_tokens(c, "v", v, v_layout, (int)total, &vl))))
+        return st;
+
+    /* 1. Plan: pages needed, copy-on-write of a shared partial last page. */
+    append_plan *plan = calloc((size_t)num_seqs, sizeof *plan);
+    int *slots = total > 0 ? malloc((size_t)total * sizeof(int)) : NULL;
+    if (!plan || (total > 0 && !slots)) {
+        free(plan);
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    long need = 0;
+    for (int i = 0; i < num_seqs; ++i) {
+        const flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
+        plan[i].old_pages = s->count;
+        plan[i].new_pages = pages_for(s->length + num_tokens[i], ps);
+        plan[i].cow_page = -1;
+        plan[i].cow_old = needs_copy(c, s, num_tokens[i], plan, i) ? s->pages[s->count - 1] : -1;
+        need += plan[i].new_pages - plan[i].old_pages + (plan[i].cow_old >= 0);
+    }
+    if (need > c->free_count) {
+        free(plan);
+        free(slots);
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_PAGES,
+                            "the append needs %ld pages but %d of %d are free; nothing was changed",
+                            need, c->free_count, c->desc.num_pages);
+    }
+    for (int i = 0; i < num_seqs; ++i)
+        if (!reserve_pages(&c->seqs[seq_ids[i]], plan[i].new_pages)) {
+            free(plan);
+            free(slots);
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        }
+    /* Pages are taken from the top of the free stack without popping yet;
+     * new table entries go past each table's count, where nothing reads. */
+    int top = c->free_count;
+    long t = 0;
+    cl_int err = CL_SUCCESS;
+    for (int i = 0; i < num_seqs && err == CL_SUCCESS; ++i) {
+        flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
+        if (num_tokens[i] == 0)
+            continue;
+        if (plan[i].cow_old >= 0) {
+            const int old = plan[i].cow_old, fresh = c->free_list[--top];
+            plan[i].cow_page = fresh;
+            /* Only the filled rows matter, but the whole page is one copy. */
+            size_t src = (size_t)old * c->page_bytes, dst = (size_t)fresh * c->page_bytes;
+            err = clEnqueueCopyBuffer(ctx->queue, c->k_pool, c->k_pool, src, dst, c->page_bytes, 0, NULL, NULL);
+            if (err == CL_SUCCESS)
+                err = clEnqueueCopyBuffer(ctx->queue, c->v_pool, c->v_pool, src, dst, c->page_bytes, 0,
+                                          NULL, NULL);
+        }
+        for (int p = plan[i].old_pages; p < plan[i].new_pages; ++p)
+            s->pages[p] = c->free_list[--top];
+        for (int j = 0; j < num_tokens[i]; ++j) {
+            const int n = s->length + j, lp = n / ps;
+            const int page = lp == s->count - 1 && plan[i].cow_page >= 0 ? plan[i].cow_page : s->pages[lp];
+            slots[t++] = page * ps + n % ps;
+        }
+    }
+    if (err != CL_SUCCESS) {
+        free(plan);
+        free(slots);
+        return flashcl_fail(ctx, err, "copy-on-write of a KV page: %s", flashcl_status_string(err));
+    }
+
+    /* 2. Enqueue the scatter kernel (or, with nothing to write, a marker so
+     *    `event` still means "the append is done"). */
+    if (total > 0) {
+        char options[64];
+        snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)c->desc.dtype);
+        cl_kernel kernel;
+        st = flashcl_get_kernel(ctx, "kv_cache.cl", "kv_append", options, &kernel);
+        /* The slot list is copied into its own buffer at creation, so the
+         * call does not wait on the queue; it is released once enqueued
+         * (OpenCL keeps it alive until the kernel has run). */
+        cl_mem slot_buf = st == FLASHCL_SUCCESS
+                              ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                               (size_t)total * sizeof(int), slots, &err)
+                              : NULL;
+        if (st == FLASHCL_SUCCESS && !slot_buf)
+            st = flashcl_fail(ctx, err, "allocating the slot list: %s", flashcl_status_string(err));
+        if (st == FLASHCL_SUCCESS) {
+            cl_ulong u[6] = {kl.offset, kl.stride_seq, kl.stride_head, vl.offset, vl.stride_seq, vl.stride_head};
+            cl_int hk = c->desc.heads_k, hd = c->desc.head_dim;
+            cl_uint a = 0;
+            err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &k);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->k_pool);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->v_pool);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &slot_buf);
+            for (int i = 0; i < 6; ++i)
+                err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hk);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hd);
+            size_t global[3] = {(size_t)hd, (size_t)hk, (size_t)total};
+            if (err == CL_SUCCESS)
+                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, 0, NULL, event);
+            if (err != CL_SUCCESS)
+                st = flashcl_fail(ctx, err, "launching kv_append: %s", flashcl_status_string(err));
+            clReleaseMemObject(slot_buf);
+        }
+    } else if (event) {
+        err = clEnqueueMarkerWithWaitList(ctx->queue, 0, NULL, event);
+        st = err == CL_SUCCESS ? FLASHCL_SUCCESS : flashcl_fail(ctx, err, "enqueueing a marker");
+    } else {
+        st = FLASHCL_SUCCESS;
+    }
+    free(slots);
+    if (st != FLASHCL_SUCCESS) {
+        free(plan);
+        return st;
+    }
+
+    /* 3. Commit: the pages taken leave the free list, tables and lengths grow. */
+    c->free_count = top;
+    for (int i = 0; i < num_seqs; ++i) {
+        flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
+        if (plan[i].cow_page >= 0) {
+            c->refcount[plan[i].cow_old]--; /* > 0: a later sharer still holds it */
+            s->pages[s->count - 1] = plan[i].cow_page;
+            c->refcount[plan[i].cow_page] = 1;
+        }
+        for (int p = plan[i].old_pages; p < plan[i].new_pages; ++p)
+            c->refcount[s->pages[p]] = 1;
+        s->count = plan[i].new_pages;
+        s->length += num_tokens[i];
+    }
+    free(plan);
+    return FLASHCL_SUCCESS;
+}

@@ -1,0 +1,637 @@
+/* serving.c: merging partial results, and attention over varlen batches and the paged KV cache with split-KV.
+ *
+ * One launcher serves flashcl_varlen_forward and flashcl_paged_attention: both
+ * become cl/paged_attention.cl over a list of work blocks, differing only in
+ * how a key's row is found (cu_seqlens_k offsets or page tables). A call:
+ *   1. checks the descriptor and builds `meta` on the host: per sequence
+ *      {q_start, nq, k_base, nk}, the block list, and the page tables;
+ *   2. asks flashcl_decode_params (params.c) for tiles and the split count;
+ *   3. enqueues the attention kernel, then with splits > 1 the combine
+ *      kernel of cl/merge.cl over the caller's scratch.
+ * meta (a few ints per sequence and page) goes in a buffer created with
+ * CL_MEM_COPY_HOST_PTR per call: the copy is taken at creation, so the call
+ * never waits on the queue. Partial results, which scale with the problem,
+ * go in the caller's scratch (flashcl_*_scratch_size).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "serving.h"
+
+/* ---- shared checks -------------------------------------------------------------------- */
+
+static flashcl_status check_buffer(flashcl_context *ctx, const char *name, cl_mem buf, size_t need) {
+    if (!buf)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", name);
+    size_t size = 0;
+    cl_int err = clGetMemObjectInfo(buf, CL_MEM_SIZE, sizeof size, &size, NULL);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "%s: not a valid cl_mem (%s)", name, flashcl_status_string(err));
+    if (need == 0 || need > size)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS,
+                            "%s: layout reaches byte %zu but the buffer holds %zu", name, need, size);
+    return FLASHCL_SUCCESS;
+}
+
+/* Bytes up to the end of a [batch][seq][heads][d] tensor (0 on overflow). */
+static size_t extent_bytes(const flashcl_layout *l, int batch, int seq, int heads, int d, size_t es) {
+    size_t t;
+    if (!flashcl_mul_add((size_t)(batch - 1), l->stride_batch, l->offset + (size_t)d, &t) ||
+        !flashcl_mul_add((size_t)(seq - 1), l->stride_seq, t, &t) ||
+        !flashcl_mul_add((size_t)(heads - 1), l->stride_head, t, &t) || !flashcl_mul_add(t, es, 0, &t))
+        return 0;
+    return t;
+}
+
+static void packed_layout(flashcl_layout *l, int seq, int heads, int d) {
+    if (l->stride_batch || l->stride_seq || l->stride_head)
+        return;
+    l->stride_head = (size_t)d;
+    l->stride_seq = (size_t)heads * (size_t)d;
+    l->stride_batch = (size_t)seq * l->stride_seq;
+}
+
+/* ---- merge ----------------------------------------------------------------------------- */
+
+typedef struct merge_extents {
+    size_t o1, o2, out;       /* bytes */
+    size_t lse1, lse2, lse_out; /* bytes */
+} merge_extents;
+
+static flashcl_status resolve_merge(flashcl_context *ctx, const flashcl_merge_desc *d, flashcl_merge_desc *r,
+                                    merge_extents *e) {
+    if (!d)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    size_t es = flashcl_dtype_size(d->dtype);
+    if (!es)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)d->dtype);
+    if (d->batch < 1 || d->seqlen < 1 || d->heads < 1 || d->head_dim < 1)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                            "invalid merge shape: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
+                            d->batch, d->seqlen, d->heads, d->head_dim);
+    *r = *d;
+    packed_layout(&r->o1, r->seqlen, r->heads, r->head_dim);
+    packed_layout(&r->o2, r->seqlen, r->heads, r->head_dim);
+    packed_layout(&r->out, r->seqlen, r->heads, r->head_dim);
+    size_t rows = (size_t)r->batch * (size_t)r->heads * (size_t)r->seqlen;
+    e->o1 = extent_bytes(&r->o1, r->batch, r->seqlen, r->heads, r->head_dim, es);
+    e->o2 = extent_bytes(&r->o2, r->batch, r->seqlen, r->heads, r->head_dim, es);
+    e->out = extent_bytes(&r->out, r->batch, r->seqlen, r->heads, r->head_dim, es);
+    int ok = e->o1 && e->o2 && e->out && flashcl_mul_add(r->lse1_offset + rows, 4, 0, &e->lse1) &&
+             flashcl_mul_add(r->lse2_offset + rows, 4, 0, &e->lse2) &&
+             flashcl_mul_add(r->lse_out_offset + rows, 4, 0, &e->lse_out);
+    if (!ok)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_attention_merge(flashcl_context *ctx, const flashcl_merge_desc *desc, cl_mem o1,
+                                       cl_mem lse1, cl_mem o2, cl_mem lse2, cl_mem out, cl_mem lse_out,
+                                       cl_event *event) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                            "a host context has no cl_mem buffers: use flashcl_attention_merge_host");
+    flashcl_merge_desc r;
+    merge_extents e;
+    flashcl_status st = resolve_merge(ctx, desc, &r, &e);
+    if (st)
+        return st;
+    if ((st = check_buffer(ctx, "o1", o1, e.o1)) || (st = check_buffer(ctx, "lse1", lse1, e.lse1)) ||
+        (st = check_buffer(ctx, "o2", o2, e.o2)) || (st = check_buffer(ctx, "lse2", lse2, e.lse2)) ||
+        (st = check_buffer(ctx, "out", out, e.out)) ||
+        (lse_out && (st = check_buffer(ctx, "lse_out", lse_out, e.lse_out))))
+        return st;
+    if (lse_out && (lse_out == lse1 || lse_out == lse2))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "lse_out must not be lse1 or lse2");
+    if ((size_t)r.seqlen * (size_t)r.heads > 0x7fffffffu)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "seqlen * heads exceeds 2^31");
+
+    char options[64];
+    /* flashcl_get_kernel keeps one kernel per (file, options): merge.cl's two
+     * kernels differ by a -D naming the kernel, which the source ignores. */
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFLASHCL_KERNEL_attn_merge", (int)r.dtype);
+    cl_kernel kernel;
+    if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_merge", options, &kernel)))
+        return st;
+    cl_ulong u[15] = {r.o1.offset,  r.o1.stride_batch,  r.o1.stride_seq,  r.o1.stride_head,
+                      r.o2.offset,  r.o2.stride_batch,  r.o2.stride_seq,  r.o2.stride_head,
+                      r.out.offset, r.out.stride_batch, r.out.stride_seq, r.out.stride_head,
+                      r.lse1_offset, r.lse2_offset, r.lse_out_offset};
+    cl_int has = lse_out != NULL, n = r.seqlen, h = r.heads;
+    cl_mem lse_arg = lse_out ? lse_out : lse1; /* never written when has == 0 */
+    cl_uint a = 0;
+    cl_int err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &o1);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse1);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &o2);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse2);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &out);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse_arg);
+    for (int i = 0; i < 15; ++i)
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &has);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &n);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &h);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed");
+    size_t global[3] = {(size_t)r.head_dim, (size_t)r.seqlen * (size_t)r.heads, (size_t)r.batch};
+    err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, 0, NULL, event);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "launching attn_merge: %s", flashcl_status_string(err));
+    return FLASHCL_SUCCESS;
+}
+
+/* Storage loads and stores for the host merge (round to nearest even). */
+static float host_load(const void *p, flashcl_dtype dt, size_t i) {
+    if (dt == FLASHCL_FLOAT32)
+        return ((const float *)p)[i];
+    uint16_t h = ((const uint16_t *)p)[i];
+    uint32_t bits;
+    float f;
+    if (dt == FLASHCL_BFLOAT16) {
+        bits = (uint32_t)h << 16;
+    } else {
+        uint32_t sign = (uint32_t)(h & 0x8000) << 16, ex = (h >> 10) & 0x1f, man = h & 0x3ff;
+        if (ex == 0x1f)
+            bits = sign | 0x7f800000u | (man << 13);
+        else if (ex == 0) {
+            f = ldexpf((float)man, -24);
+            return sign ? -f : f;
+        } else
+            bits = sign | ((ex + 112) << 23) | (man << 13);
+    }
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static void host_store(void *p, flashcl_dtype dt, size_t i, float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    if (dt == FLASHCL_FLOAT32) {
+        ((float *)p)[i] = f;
+    } else if (dt == FLASHCL_BFLOAT16) {
+        if ((x & 0x7fffffffu) > 0x7f800000u)
+            ((uint16_t *)p)[i] = (uint16_t)((x >> 16) | 0x40);
+        else
+            ((uint16_t *)p)[i] = (uint16_t)((x + 0x7fffu + ((x >> 16) & 1u)) >> 16);
+    } else {
+        uint32_t sign = (x >> 16) & 0x8000, a = x & 0x7fffffffu, h;
+        if (a > 0x7f800000u)
+            h = sign | 0x7e00;
+        else if (a >= 0x477ff000u)
+            h = sign | 0x7c00;
+        else if (a < 0x38800000u)
+            h = sign | (uint32_t)nearbyintf(fabsf(f) * 16777216.0f); /* subnormal, exact scaling */
+        else {
+            h = (a >> 13) - (112u << 10);
+            uint32_t rest = a & 0x1fff;
+            if (rest > 0x1000 || (rest == 0x1000 && (h & 1)))
+                h++;
+            h |= sign;
+        }
+        ((uint16_t *)p)[i] = (uint16_t)h;
+    }
+}
+
+/* The merge in C, the same arithmetic as attn_merge. */
+static void host_merge(const flashcl_merge_desc *r, const void *o1, const float *lse1, const void *o2,
+                       const float *lse2, void *out, float *lse_out) {
+    for (int b = 0; b < r->batch; ++b)
+        for (int n = 0; n < r->seqlen; ++n)
+            for (int h = 0; h < r->heads; ++h) {
+                size_t lrow = ((size_t)b * r->heads + h) * r->seqlen + n;
+                float l1 = lse1[r->lse1_offset + lrow], l2 = lse2[r->lse2_offset + lrow];
+                float m = fmaxf(l1, l2);
+                size_t i1 = r->o1.offset + b * r->o1.stride_batch + n * r->o1.stride_seq + h * r->o1.stride_head;
+                size_t i2 = r->o2.offset + b * r->o2.stride_batch + n * r->o2.stride_seq + h * r->o2.stride_head;
+                size_t io = r->out.offset + b * r->out.stride_batch + n * r->out.stride_seq +
+                            h * r->out.stride_head;
+                float w1 = l1 == -INFINITY || m == -INFINITY ? 0.0f : expf(l1 - m);
+                float w2 = l2 == -INFINITY || m == -INFINITY ? 0.0f : expf(l2 - m);
+                for (int d = 0; d < r->head_dim; ++d) {
+                    float x = 0.0f;
+                    if (w1 > 0.0f)
+                        x += w1 * host_load(o1, r->dtype, i1 + d);
+                    if (w2 > 0.0f)
+                        x += w2 * host_load(o2, r->dtype, i2 + d);
+                    host_store(out, r->dtype, io + d, m == -INFINITY ? 0.0f : x / (w1 + w2));
+                }
+                if (lse_out)
+                    lse_out[r->lse_out_offset + lrow] = m == -INFINITY ? -INFINITY : m + logf(w1 + w2);
+            }
+}
+
+flashcl_status flashcl_attention_merge_host(flashcl_context *ctx, const flashcl_merge_desc *desc,
+                                            const void *o1, const float *lse1, const void *o2,
+                                            const float *lse2, void *out, float *lse_out) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    flashcl_merge_desc r;
+    merge_extents e;
+    flashcl_status st = resolve_merge(ctx, desc, &r, &e);
+    if (st)
+        return st;
+    if (!o1 || !lse1 || !o2 || !lse2 || !out)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "a tensor pointer is NULL");
+    if (ctx->is_host) {
+        host_merge(&r, o1, lse1, o2, lse2, out, lse_out);
+        return FLASHCL_SUCCESS;
+    }
+    cl_int err = CL_SUCCESS;
+    cl_mem_flags in = CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR;
+    cl_mem b[6] = {0};
+    b[0] = clCreateBuffer(ctx->cl_ctx, in, e.o1, (void *)o1, &err);
+    b[1] = b[0] ? clCreateBuffer(ctx->cl_ctx, in, e.lse1, (void *)lse1, &err) : NULL;
+    b[2] = b[1] ? clCreateBuffer(ctx->cl_ctx, in, e.o2, (void *)o2, &err) : NULL;
+    b[3] = b[2] ? clCreateBuffer(ctx->cl_ctx, in, e.lse2, (void *)lse2, &err) : NULL;
+    /* out is copied in so the elements its strides skip come back unchanged. */
+    b[4] = b[3] ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, e.out, out, &err) : NULL;
+    b[5] = b[4] && lse_out ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, e.lse_out,
+                                            lse_out, &err)
+                           : NULL;
+    if (!b[4] || (lse_out && !b[5])) {
+        st = flashcl_fail(ctx, err, "allocating device buffers: %s", flashcl_status_string(err));
+    } else if ((st = flashcl_attention_merge(ctx, &r, b[0], b[1], b[2], b[3], b[4], b[5], NULL)) ==
+               FLASHCL_SUCCESS) {
+        void *staging = malloc(e.out);
+        err = staging ? clEnqueueReadBuffer(ctx->queue, b[4], CL_TRUE, 0, e.out, staging, 0, NULL, NULL)
+                      : CL_OUT_OF_HOST_MEMORY;
+        if (err == CL_SUCCESS && lse_out)
+            err = clEnqueueReadBuffer(ctx->queue, b[5], CL_TRUE, 0, e.lse_out, lse_out, 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            memcpy(out, staging, e.out);
+        else
+            st = flashcl_fail(ctx, err, "reading results: %s", flashcl_status_string(err));
+        free(staging);
+    }
+    for (int i = 0; i < 6; ++i)
+        if (b[i])
+            clReleaseMemObject(b[i]);
+    return st;
+}
+
+/* ---- varlen and paged attention: the plan ------------------------------------------------------ */
+
+typedef struct serving_plan {
+    flashcl_varlen_desc r; /* resolved: scale, layouts                        */
+    int total_q, total_k, group, num_blocks;
+    long max_keys;
+    flashcl_decode_choice choice;
+    int *meta;                         /* per sequence, blocks, page tables */
+    size_t meta_count, blocks_off;
+    size_t scratch_bytes, part_lse_off; /* part_lse_off in floats         */
+} serving_plan;
+
+static flashcl_status check_cu(flashcl_context *ctx, const char *name, const int *cu, int n, int *total) {
+    if (!cu)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is NULL", name);
+    if (cu[0] != 0)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s[0] = %d, must be 0", name, cu[0]);
+    for (int i = 0; i < n; ++i)
+        if (cu[i + 1] < cu[i])
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s decreases at %d (%d -> %d)", name,
+                                i, cu[i], cu[i + 1]);
+    *total = cu[n];
+    return FLASHCL_SUCCESS;
+}
+
+/* Checks desc (against the cache when paged) and builds meta and the choice. */
+static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc *d,
+                                const flashcl_kv_cache *cache, const int *seq_ids, serving_plan *p) {
+    memset(p, 0, sizeof *p);
+    if (!d)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    p->r = *d;
+    flashcl_varlen_desc *r = &p->r;
+    if (!flashcl_dtype_size(r->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)r->dtype);
+    if (r->num_seqs < 1 || r->heads_q < 1 || r->heads_k < 1 || r->head_dim < 1 || r->head_dim > 256 ||
+        r->heads_q % r->heads_k != 0)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                            "invalid shape: num_seqs %d, heads_q %d, heads_k %d, head_dim %d (all >= 1, "
+                            "heads_q a multiple of heads_k, head_dim <= 256)",
+                            r->num_seqs, r->heads_q, r->heads_k, r->head_dim);
+    if (!(r->scale >= 0.0f) || isinf(r->scale) || !(r->softcap >= 0.0f) || isinf(r->softcap))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "invalid scale %g or softcap %g (finite, >= 0)",
+                            (double)r->scale, (double)r->softcap);
+    if (r->num_splits < 0 || r->num_splits > FLASHCL_MAX_SPLITS)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "num_splits %d (0 .. %d)", r->num_splits,
+                            FLASHCL_MAX_SPLITS);
+    if (r->scale == 0.0f)
+        r->scale = 1.0f / sqrtf((float)r->head_dim);
+    const int n = r->num_seqs;
+    flashcl_status st = check_cu(ctx, "cu_seqlens_q", r->cu_seqlens_q, n, &p->total_q);
+    if (st)
+        return st;
+    if (p->total_q < 1)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "no query tokens (cu_seqlens_q[num_seqs] = 0)");
+    long table_ints = 0;
+    if (cache) {
+        if (!seq_ids)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq_ids is NULL");
+        const flashcl_kv_cache_desc *cd = &cache->desc;
+        if (r->dtype != cd->dtype || r->heads_k != cd->heads_k || r->head_dim != cd->head_dim)
+            return flashcl_fail(ctx, FLASHCL_ERROR_DTYPE_MISMATCH,
+                                "desc (dtype %d, heads_k %d, head_dim %d) disagrees with the cache "
+                                "(dtype %d, heads_k %d, head_dim %d)",
+                                (int)r->dtype, r->heads_k, r->head_dim, (int)cd->dtype, cd->heads_k,
+                                cd->head_dim);
+        for (int i = 0; i < n; ++i) {
+            const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(cache, seq_ids[i]);
+            if (!s)
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                    "seq_ids[%d] = %d is not a live sequence", i, seq_ids[i]);
+            for (int j = 0; j < i; ++j)
+                if (seq_ids[j] == seq_ids[i])
+                    return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "sequence %d appears twice",
+                                        seq_ids[i]);
+            table_ints += s->count;
+            if (s->length > p->max_keys)
+                p->max_keys = s->length;
+        }
+    } else {
+        if ((st = check_cu(ctx, "cu_seqlens_k", r->cu_seqlens_k, n, &p->total_k)))
+            return st;
+        for (int i = 0; i < n; ++i)
+            if (r->cu_seqlens_k[i + 1] - r->cu_seqlens_k[i] > p->max_keys)
+                p->max_keys = r->cu_seqlens_k[i + 1] - r->cu_seqlens_k[i];
+    }
+    p->group = r->heads_q / r->heads_k;
+
+    /* Layouts: token-major; all-zero strides mean packed. stride_batch is unused. */
+    flashcl_layout *ls[4] = {&r->q, &r->out, &r->k, &r->v};
+    for (int i = 0; i < 4; ++i) {
+        int heads = i < 2 ? r->heads_q : r->heads_k;
+        if (!ls[i]->stride_seq && !ls[i]->stride_head) {
+            ls[i]->stride_head = (size_t)r->head_dim;
+            ls[i]->stride_seq = (size_t)heads * (size_t)r->head_dim;
+        }
+        ls[i]->stride_batch = 0;
+    }
+    if (cache) { /* the pools are packed [slot][heads_k][head_dim] */
+        memset(&r->k, 0, sizeof r->k);
+        r->k.stride_head = (size_t)r->head_dim;
+        r->k.stride_seq = (size_t)r->heads_k * (size_t)r->head_dim;
+        r->v = r->k;
+    }
+
+    /* Tiles and splits. */
+    int *rows = malloc((size_t)n * sizeof(int));
+    if (!rows)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    long blocks = 0;
+    for (int i = 0; i < n; ++i) {
+        long nr = (long)(r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i]) * p->group;
+        rows[i] = nr > 0x7fffffffL ? 0x7fffffff : (int)nr;
+    }
+    flashcl_decode_params(ctx, r->head_dim, r->heads_k, n, rows, p->max_keys, r->num_splits, &p->choice);
+    for (int i = 0; i < n; ++i)
+        blocks += (rows[i] + p->choice.block_m - 1) / p->choice.block_m;
+    free(rows);
+    if ((long)p->total_q * r->heads_q > 0x7fffffffL || blocks > 0x3fffffffL ||
+        4L * n + 2 * blocks + table_ints > 0x7fffffffL)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
+    p->num_blocks = (int)blocks;
+
+    /* meta: {q_start, nq, k_base, nk} per sequence, blocks, then page tables. */
+    p->blocks_off = 4 * (size_t)n;
+    p->meta_count = p->blocks_off + 2 * (size_t)blocks + (size_t)table_ints;
+    p->meta = malloc(p->meta_count * sizeof(int));
+    if (!p->meta)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    size_t tables = p->blocks_off + 2 * (size_t)blocks, b = 0;
+    for (int i = 0; i < n; ++i) {
+        int nq = r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i];
+        p->meta[4 * i] = r->cu_seqlens_q[i];
+        p->meta[4 * i + 1] = nq;
+        if (cache) {
+            const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(cache, seq_ids[i]);
+            p->meta[4 * i + 2] = (int)tables;
+            p->meta[4 * i + 3] = s->length;
+            memcpy(p->meta + tables, s->pages, (size_t)s->count * sizeof(int));
+            tables += (size_t)s->count;
+        } else {
+            p->meta[4 * i + 2] = r->cu_seqlens_k[i];
+            p->meta[4 * i + 3] = r->cu_seqlens_k[i + 1] - r->cu_seqlens_k[i];
+        }
+        for (int m0 = 0; m0 < nq * p->group; m0 += p->choice.block_m) {
+            p->meta[p->blocks_off + 2 * b] = i;
+            p->meta[p->blocks_off + 2 * b + 1] = m0;
+            ++b;
+        }
+    }
+    if (p->choice.splits > 1) {
+        size_t rows_all = (size_t)p->choice.splits * (size_t)p->total_q * (size_t)r->heads_q;
+        p->part_lse_off = rows_all * (size_t)r->head_dim;
+        p->scratch_bytes = (p->part_lse_off + rows_all) * sizeof(float);
+    }
+    return FLASHCL_SUCCESS;
+}
+
+/* ---- varlen and paged attention: the launch -------------------------------------------------- */
+
+static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl_mem k, cl_mem v,
+                             int page_size, cl_mem out, cl_mem lse, size_t lse_offset, cl_mem scratch,
+                             cl_event *event) {
+    const flashcl_varlen_desc *r = &p->r;
+    const flashcl_decode_choice *c = &p->choice;
+    const size_t es = flashcl_dtype_size(r->dtype);
+    flashcl_status st;
+    size_t lse_need;
+    if (!flashcl_mul_add(lse_offset + (size_t)p->total_q * (size_t)r->heads_q, 4, 0, &lse_need))
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "lse_offset overflows");
+    if ((st = check_buffer(ctx, "q", q, extent_bytes(&r->q, 1, p->total_q, r->heads_q, r->head_dim, es))) ||
+        (st = check_buffer(ctx, "out", out, extent_bytes(&r->out, 1, p->total_q, r->heads_q, r->head_dim, es))) ||
+        (lse && (st = check_buffer(ctx, "lse", lse, lse_need))))
+        return st;
+    if (!page_size && p->total_k > 0 &&
+        ((st = check_buffer(ctx, "k", k, extent_bytes(&r->k, 1, p->total_k, r->heads_k, r->head_dim, es))) ||
+         (st = check_buffer(ctx, "v", v, extent_bytes(&r->v, 1, p->total_k, r->heads_k, r->head_dim, es)))))
+        return st;
+    if (!page_size && p->total_k == 0) { /* no key anywhere: any valid buffer serves */
+        if (!k || !v)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "k or v buffer is NULL");
+    }
+    if (c->splits > 1 && (st = check_buffer(ctx, "scratch", scratch, p->scratch_bytes)))
+        return st;
+    if (flashcl_decode_local_bytes(c, r->head_dim) > ctx->info.local_mem ||
+        (size_t)c->work_group_size > ctx->info.max_wg)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "serving tiles (%d rows, %d keys, %d per row) do not fit the device",
+                            c->block_m, c->block_n, c->tpr);
+
+    char options[256];
+    const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
+    snprintf(options, sizeof options,
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DTPR=%d%s%s",
+             (int)r->dtype, r->head_dim, c->block_m, c->block_n, c->tpr, extra ? " " : "", extra ? extra : "");
+    cl_kernel kernel, combine = NULL;
+    if ((st = flashcl_get_kernel(ctx, "paged_attention.cl", "paged_attention", options, &kernel)))
+        return st;
+    if (c->splits > 1) {
+        snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFLASHCL_KERNEL_attn_combine", (int)r->dtype);
+        if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_combine", options, &combine)))
+            return st;
+    }
+    cl_int err;
+    cl_mem meta = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                 p->meta_count * sizeof(int), p->meta, &err);
+    if (!meta)
+        return flashcl_fail(ctx, err, "allocating the batch description: %s", flashcl_status_string(err));
+
+    const float log2e = 1.4426950408889634f;
+    cl_float q_mul = r->softcap > 0.0f ? r->scale / r->softcap : r->scale * log2e;
+    cl_float softcap_log2 = r->softcap > 0.0f ? r->softcap * log2e : 0.0f;
+    cl_ulong u[14] = {r->q.offset,   r->q.stride_seq,   r->q.stride_head,   r->k.offset,
+                      r->k.stride_seq, r->k.stride_head, r->v.offset,       r->v.stride_seq,
+                      r->v.stride_head, r->out.offset,   r->out.stride_seq, r->out.stride_head,
+                      lse_offset,     p->part_lse_off};
+    cl_int ints[8] = {lse != NULL,  (cl_int)p->blocks_off, p->total_q, r->heads_q,
+                      p->group,     page_size,             r->causal != 0, 0};
+    /* Unused buffers still need valid arguments; they are never accessed. */
+    cl_mem lse_arg = lse ? lse : out, part = c->splits > 1 ? scratch : out;
+    cl_uint a = 0;
+    err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &q);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &k);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &out);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse_arg);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &part);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &meta);
+    for (int i = 0; i < 14; ++i)
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
+    for (int i = 0; i < 7; ++i)
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &ints[i]);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &q_mul);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
+    size_t local[3] = {(size_t)c->work_group_size, 1, 1};
+    size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL,
+                                     c->splits > 1 ? NULL : event);
+    clReleaseMemObject(meta);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "launching paged_attention: %s", flashcl_status_string(err));
+    if (c->splits == 1)
+        return FLASHCL_SUCCESS;
+
+    cl_ulong cu[5] = {p->part_lse_off, r->out.offset, r->out.stride_seq, r->out.stride_head, lse_offset};
+    cl_int ci[5] = {lse != NULL, c->splits, p->total_q, r->heads_q, r->head_dim};
+    a = 0;
+    err = clSetKernelArg(combine, a++, sizeof(cl_mem), &scratch);
+    err |= clSetKernelArg(combine, a++, sizeof(cl_mem), &out);
+    err |= clSetKernelArg(combine, a++, sizeof(cl_mem), &lse_arg);
+    for (int i = 0; i < 5; ++i)
+        err |= clSetKernelArg(combine, a++, sizeof(cl_ulong), &cu[i]);
+    for (int i = 0; i < 5; ++i)
+        err |= clSetKernelArg(combine, a++, sizeof(cl_int), &ci[i]);
+    size_t cglobal[3] = {(size_t)r->head_dim, (size_t)r->heads_q, (size_t)p->total_q};
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, combine, 3, NULL, cglobal, NULL, 0, NULL, event);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "launching attn_combine: %s", flashcl_status_string(err));
+    return FLASHCL_SUCCESS;
+}
+
+static flashcl_status begin(flashcl_context *ctx, const char *what) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "%s needs an OpenCL device", what);
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_varlen_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                           size_t *bytes) {
+    flashcl_status st = begin(ctx, "varlen attention");
+    if (st)
+        return st;
+    if (!bytes)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
+    serving_plan p;
+    st = make_plan(ctx, desc, NULL, NULL, &p);
+    if (st == FLASHCL_SUCCESS)
+        *bytes = p.scratch_bytes;
+    free(p.meta);
+    return st;
+}
+
+flashcl_status flashcl_varlen_forward(flashcl_context *ctx, const flashcl_varlen_desc *desc, cl_mem q,
+                                      cl_mem k, cl_mem v, cl_mem out, cl_mem lse, size_t lse_offset,
+                                      cl_mem scratch, cl_event *event) {
+    flashcl_status st = begin(ctx, "varlen attention");
+    if (st)
+        return st;
+    serving_plan p;
+    st = make_plan(ctx, desc, NULL, NULL, &p);
+    if (st == FLASHCL_SUCCESS)
+        st = launch(ctx, &p, q, k, v, 0, out, lse, lse_offset, scratch, event);
+    free(p.meta);
+    return st;
+}
+
+flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                          const flashcl_kv_cache *cache, const int *seq_ids, size_t *bytes) {
+    flashcl_status st = begin(ctx, "paged attention");
+    if (st)
+        return st;
+    if (!bytes || !cache)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes or cache is NULL");
+    serving_plan p;
+    st = make_plan(ctx, desc, cache, seq_ids, &p);
+    if (st == FLASHCL_SUCCESS)
+        *bytes = p.scratch_bytes;
+    free(p.meta);
+    return st;
+}
+
+flashcl_status flashcl_paged_attention(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                       const flashcl_kv_cache *cache, const int *seq_ids, cl_mem q,
+                                       cl_mem out, cl_mem lse, size_t lse_offset, cl_mem scratch,
+                                       cl_event *event) {
+    flashcl_status st = begin(ctx, "paged attention");
+    if (st)
+        return st;
+    if (!cache)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "cache is NULL");
+    if (cache->ctx != ctx)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the cache belongs to another context");
+    serving_plan p;
+    st = make_plan(ctx, desc, cache, seq_ids, &p);
+    if (st == FLASHCL_SUCCESS)
+        st = launch(ctx, &p, q, cache->k_pool, cache->v_pool, cache->desc.page_size, out, lse, lse_offset,
+                    scratch, event);
+    free(p.meta);
+    return st;
+}
+
+flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                      const flashcl_kv_cache *cache, const int *seq_ids,
+                                      flashcl_params *params, int *splits) {
+    flashcl_status st = begin(ctx, "serving attention");
+    if (st)
+        return st;
+    if (!params)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "params is NULL");
+    serving_plan p;
+    st = make_plan(ctx, desc, cache, seq_ids, &p);
+    free(p.meta);
+    if (st)
+        return st;
+    memset(params, 0, sizeof *params);
+    params->block_m = p.choice.block_m;
+    params->block_n = p.choice.block_n;
+    params->threads_per_row = p.choice.tpr;
+    params->work_group_size = p.choice.work_group_size;
+    params->variant = "paged";
+    params->source = p.choice.source;
+    if (splits)
+        *splits = p.choice.splits;
+    return FLASHCL_SUCCESS;
+}

@@ -1,0 +1,31 @@
+/* serving.h: the paged KV cache's structure, shared by kv_cache.c and serving.c. */
+#ifndef FLASHCL_SERVING_H
+#define FLASHCL_SERVING_H
+
+#include "internal.h"
+
+/* One sequence: its length and page table (physical page per logical page). */
+typedef struct flashcl_kv_sequence {
+    int live;
+    int length;
+    int *pages;
+    int count, capacity; /* pages in use, allocated entries */
+} flashcl_kv_sequence;
+
+struct flashcl_kv_cache {
+    flashcl_context *ctx;
+    flashcl_kv_cache_desc desc;
+    cl_mem k_pool, v_pool;
+    size_t page_bytes;  /* page_size * heads_k * head_dim * element size */
+    int *refcount;      /* per physical page: sequences using it         */
+    int *free_list;     /* a stack; the top is handed out next            */
+    int free_count;
+    flashcl_kv_sequence *seqs; /* indexed by sequence id                  */
+    int seq_count;             /* ids handed out so far (live or not)     */
+    int seq_capacity;
+};
+
+/* The live sequence `id`, or NULL. */
+const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *cache, int id);
+
+#endif

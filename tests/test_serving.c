@@ -1,0 +1,706 @@
+/* test_serving.c: merge, paged KV cache (append, fork, copy-on-write, exhaustion), paged and varlen attention, split-KV.
+ *
+ * Every result is checked against host_ref with fresh random inputs and
+ * poisoned outputs; page tables are scattered (the cache shuffles its free
+ * list) and the pools are read back and compared bit for bit with what was
+ * appended. Shapes are few on purpose: each (dtype, head dim, tile) is one
+ * PoCL compile. FLASHCL_TEST_SEED replays a run.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+static int failures;
+static uint64_t seed_counter;
+
+static uint64_t next_seed(void) {
+    return test_seed() + 7919u * ++seed_counter;
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of host memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+static cl_mem upload(flashcl_context *ctx, const void *host, size_t bytes) {
+    cl_int err;
+    cl_mem_flags flags = CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0);
+    cl_mem b = clCreateBuffer(flashcl_context_cl_context(ctx), flags, bytes ? bytes : 4, (void *)host, &err);
+    if (!b) {
+        fprintf(stderr, "clCreateBuffer(%zu): %d\n", bytes, err);
+        exit(1);
+    }
+    return b;
+}
+
+static void download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes) {
+    cl_int err = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        fprintf(stderr, "clEnqueueReadBuffer: %d\n", err);
+        exit(1);
+    }
+}
+
+/* ---- merge ------------------------------------------------------------------------------ */
+
+/* Random partial results with some -inf LSEs (one side, both sides); the O of
+ * a -inf side is NaN, which must not leak into the merge. */
+static void merge_random(flashcl_context *ctx, flashcl_dtype dt, int in_place, int padded) {
+    flashcl_merge_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.batch = 2;
+    d.seqlen = 7;
+    d.heads = 3;
+    d.head_dim = 37;
+    size_t es = flashcl_dtype_size(dt), rows = (size_t)d.batch * d.heads * d.seqlen;
+    size_t packed = rows * (size_t)d.head_dim;
+    size_t n2 = packed;
+    if (padded) { /* o2 with padded strides and an offset */
+        d.o2.offset = 5;
+        d.o2.stride_head = (size_t)d.head_dim + 2;
+        d.o2.stride_seq = d.heads * d.o2.stride_head + 1;
+        d.o2.stride_batch = d.seqlen * d.o2.stride_seq + 3;
+        n2 = d.o2.offset + d.batch * d.o2.stride_batch;
+        d.lse2_offset = 9;
+        d.lse_out_offset = 4;
+    }
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, next_seed());
+    void *o1 = xmalloc(packed * es), *o2 = xmalloc(n2 * es), *out = xmalloc(packed * es);
+    float *l1 = xmalloc(rows * 4), *l2 = xmalloc((rows + 9) * 4), *lo = xmalloc((rows + 4) * 4);
+    flashcl_ref_fill_normal(&rng, o1, dt, packed, 1.0);
+    flashcl_ref_fill_normal(&rng, o2, dt, n2, 1.0);
+    for (size_t r = 0; r < rows + 9; ++r)
+        l2[r] = (float)(flashcl_ref_rng_normal(&rng) * 4.0);
+    for (size_t r = 0; r < rows; ++r) {
+        l1[r] = (float)(flashcl_ref_rng_normal(&rng) * 4.0);
+        int kind = (int)(r % 5); /* 0: side 1 empty, 1: side 2 empty, 2: both */
+        if (kind == 0 || kind == 2)
+            l1[r] = -INFINITY;
+        if (kind == 1 || kind == 2)
+            l2[d.lse2_offset + r] = -INFINITY;
+    }
+    /* NaN in the O of every empty side (row-wise, packed o1 only: enough). */
+    for (size_t r = 0; r < rows; ++r)
+        if (l1[r] == -INFINITY) {
+            size_t b = r / (d.heads * d.seqlen), h = (r / d.seqlen) % d.heads, n = r % d.seqlen;
+            flashcl_ref_poison((char *)o1 + (((b * d.seqlen + n) * d.heads + h) * d.head_dim) * es, dt,
+                               (size_t)d.head_dim);
+        }
+    flashcl_ref_poison(out, dt, packed);
+    flashcl_ref_poison(lo, FLASHCL_FLOAT32, rows + 4);
+
+    cl_mem b1 = upload(ctx, o1, packed * es), bl1 = upload(ctx, l1, rows * 4);
+    cl_mem b2 = upload(ctx, o2, n2 * es), bl2 = upload(ctx, l2, (rows + 9) * 4);
+    cl_mem bo = in_place ? b1 : upload(ctx, out, packed * es), blo = upload(ctx, lo, (rows + 4) * 4);
+    flashcl_status st = flashcl_attention_merge(ctx, &d, b1, bl1, b2, bl2, bo, blo, NULL);
+    if (st == FLASHCL_SUCCESS) {
+        download(ctx, bo, out, packed * es);
+        download(ctx, blo, lo, (rows + 4) * 4);
+    }
+    flashcl_ref_report rep;
+    int ok = st == FLASHCL_SUCCESS && flashcl_ref_check_merge(&d, o1, l1, o2, l2, out, lo, 1, &rep);
+    char what[96];
+    snprintf(what, sizeof what, "merge random dtype %d%s%s (err %.2g)", (int)dt, in_place ? " in place" : "",
+             padded ? " padded" : "", st ? -1.0 : rep.max_err);
+    expect(ok, what, &failures);
+    clReleaseMemObject(b1);
+    clReleaseMemObject(bl1);
+    clReleaseMemObject(b2);
+    clReleaseMemObject(bl2);
+    if (!in_place)
+        clReleaseMemObject(bo);
+    clReleaseMemObject(blo);
+    free(o1), free(o2), free(out), free(l1), free(l2), free(lo);
+}
+
+/* Attention over keys [0, a) merged with attention over [a, n) equals
+ * attention over [0, n): the property split-KV and ring attention rely on. */
+static void merge_equals_full(flashcl_context *ctx, const char *name) {
+    const flashcl_dtype dt = FLASHCL_FLOAT16;
+    const int B = 2, Hq = 4, Hk = 2, Nq = 5, Nk = 70, split = 33, D = 64;
+    size_t es = 2, nq_el = (size_t)B * Nq * Hq * D, nk_el = (size_t)B * Nk * Hk * D, rows = (size_t)B * Hq * Nq;
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, next_seed());
+    void *q = xmalloc(nq_el * es), *k = xmalloc(nk_el * es), *v = xmalloc(nk_el * es);
+    void *o1 = xmalloc(nq_el * es), *o2 = xmalloc(nq_el * es), *out = xmalloc(nq_el * es);
+    float *l1 = xmalloc(rows * 4), *l2 = xmalloc(rows * 4), *lo = xmalloc(rows * 4);
+    flashcl_ref_fill_normal(&rng, q, dt, nq_el, 1.0);
+    flashcl_ref_fill_normal(&rng, k, dt, nk_el, 1.0);
+    flashcl_ref_fill_normal(&rng, v, dt, nk_el, 1.0);
+    flashcl_ref_poison(out, dt, nq_el);
+    flashcl_ref_poison(lo, FLASHCL_FLOAT32, rows);
+    /* The two halves are views of the same k/v: offsets and full strides. */
+    flashcl_attention_desc a;
+    memset(&a, 0, sizeof a);
+    a.dtype = dt;
+    a.batch = B;
+    a.heads_q = Hq;
+    a.heads_k = Hk;
+    a.seqlen_q = Nq;
+    a.head_dim = D;
+    a.q.stride_head = a.out.stride_head = (size_t)D;
+    a.q.stride_seq = a.out.stride_seq = (size_t)Hq * D;
+    a.q.stride_batch = a.out.stride_batch = (size_t)Nq * Hq * D;
+    a.k.stride_head = (size_t)D;
+    a.k.stride_seq = (size_t)Hk * D;
+    a.k.stride_batch = (size_t)Nk * Hk * D;
+    a.v = a.k;
+    flashcl_attention_desc first = a, second = a;
+    first.seqlen_k = split;
+    second.seqlen_k = Nk - split;
+    second.k.offset = second.v.offset = (size_t)split * Hk * D;
+    flashcl_status st = flashcl_attention_forward_host(ctx, &first, q, k, v, o1, l1);
+    if (!st)
+        st = flashcl_attention_forward_host(ctx, &second, q, k, v, o2, l2);
+    flashcl_merge_desc m;
+    memset(&m, 0, sizeof m);
+    m.dtype = dt;
+    m.batch = B;
+    m.seqlen = Nq;
+    m.heads = Hq;
+    m.head_dim = D;
+    if (!st)
+        st = flashcl_attention_merge_host(ctx, &m, o1, l1, o2, l2, out, lo);
+    flashcl_attention_desc full = a;
+    full.seqlen_k = Nk;
+    flashcl_ref_report rep;
+    int ok = st == FLASHCL_SUCCESS && flashcl_ref_check_forward(&full, q, k, v, out, lo, 1, &rep);
+    if (st)
+        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
+    expect(ok, name, &failures);
+    free(q), free(k), free(v), free(o1), free(o2), free(out), free(l1), free(l2), free(lo);
+}
+
+/* ---- the paged cache: a host mirror of every sequence --------------------------------------- */
+
+typedef struct mirror {
+    flashcl_kv_cache *cache;
+    flashcl_kv_cache_desc desc;
+    size_t row; /* elements per token: heads_k * head_dim */
+    int ids[16];
+    void *k[16], *v[16]; /* dense host copies, 1024 tokens each at most */
+    int len[16];
+} mirror;
+
+enum { MAX_TOKENS = 1024 };
+
+static void mirror_init(mirror *m, flashcl_context *ctx, flashcl_dtype dt, int hk, int d, int page_size,
+                        int num_pages) {
+    memset(m, 0, sizeof *m);
+    m->desc.dtype = dt;
+    m->desc.heads_k = hk;
+    m->desc.head_dim = d;
+    m->desc.page_size = page_size;
+    m->desc.num_pages = num_pages;
+    m->desc.page_order_seed = next_seed() | 1;
+    m->row = (size_t)hk * d;
+    flashcl_status st = flashcl_kv_cache_create(ctx, &m->desc, &m->cache);
+    if (st) {
+        fprintf(stderr, "kv_cache_create: %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
+        exit(1);
+    }
+    for (int i = 0; i < 16; ++i) {
+        m->k[i] = xmalloc(MAX_TOKENS * m->row * 4);
+        m->v[i] = xmalloc(MAX_TOKENS * m->row * 4);
+        m->ids[i] = -1;
+    }
+}
+
+static void mirror_free(mirror *m) {
+    flashcl_kv_cache_destroy(m->cache);
+    for (int i = 0; i < 16; ++i)
+        free(m->k[i]), free(m->v[i]);
+}
+
+/* Appends random tokens: counts[i] to mirror slot slots[i]. Returns the status. */
+static flashcl_status mirror_append(flashcl_context *ctx, mirror *m, int n, const int *slots,
+                                    const int *counts) {
+    size_t es = flashcl_dtype_size(m->desc.dtype);
+    int total = 0, ids[16];
+    for (int i = 0; i < n; ++i)
+        total += counts[i], ids[i] = m->ids[slots[i]];
+    void *k = xmalloc((size_t)total * m->row * es), *v = xmalloc((size_t)total * m->row * es);
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, next_seed());
+    flashcl_ref_fill_normal(&rng, k, m->desc.dtype, (size_t)total * m->row, 1.0);
+    flashcl_ref_fill_normal(&rng, v, m->desc.dtype, (size_t)total * m->row, 1.0);
+    cl_mem bk = upload(ctx, k, (size_t)total * m->row * es), bv = upload(ctx, v, (size_t)total * m->row * es);
+    flashcl_status st = flashcl_kv_cache_append(m->cache, n, ids, counts, bk, NULL, bv, NULL, NULL);
+    if (st == FLASHCL_SUCCESS) {
+        size_t t = 0;
+        for (int i = 0; i < n; ++i) {
+            int s = slots[i];
+            memcpy((char *)m->k[s] + (size_t)m->len[s] * m->row * es, (char *)k + t * m->row * es,
+                   (size_t)counts[i] * m->row * es);
+            memcpy((char *)m->v[s] + (size_t)m->len[s] * m->row * es, (char *)v + t * m->row * es,
+                   (size_t)counts[i] * m->row * es);
+            m->len[s] += counts[i];
+            t += (size_t)counts[i];
+        }
+    }
+    clFinish(flashcl_context_cl_queue(ctx));
+    clReleaseMemObject(bk);
+    clReleaseMemObject(bv);
+    free(k), free(v);
+    return st;
+}
+
+/* The pools read back and gathered through the page tables equal the mirror,
+ * bit for bit, and every length agrees. */
+static int mirror_matches(flashcl_context *ctx, mirror *m) {
+    size_t es = flashcl_dtype_size(m->desc.dtype);
+    size_t pool = (size_t)m->desc.num_pages * m->desc.page_size * m->row * es;
+    void *kp = xmalloc(pool), *vp = xmalloc(pool), *dense = xmalloc(MAX_TOKENS * m->row * es);
+    download(ctx, flashcl_kv_cache_k_pool(m->cache), kp, pool);
+    download(ctx, flashcl_kv_cache_v_pool(m->cache), vp, pool);
+    int ok = 1, pages[MAX_TOKENS], count;
+    for (int s = 0; s < 16; ++s) {
+        if (m->ids[s] < 0)
+            continue;
+        ok &= flashcl_kv_cache_length(m->cache, m->ids[s]) == m->len[s];
+        ok &= flashcl_kv_cache_page_table(m->cache, m->ids[s], pages, MAX_TOKENS, &count) == FLASHCL_SUCCESS;
+        ok &= count == (m->len[s] + m->desc.page_size - 1) / m->desc.page_size;
+        flashcl_ref_kv_gather(kp, m->desc.dtype, m->desc.page_size, m->desc.heads_k, m->desc.head_dim, pages,
+                              m->len[s], dense);
+        ok &= !memcmp(dense, m->k[s], (size_t)m->len[s] * m->row * es);
+        flashcl_ref_kv_gather(vp, m->desc.dtype, m->desc.page_size, m->desc.heads_k, m->desc.head_dim, pages,
+                              m->len[s], dense);
+        ok &= !memcmp(dense, m->v[s], (size_t)m->len[s] * m->row * es);
+    }
+    free(kp), free(vp), free(dense);
+    return ok;
+}
+
+/* Paged attention of nq[i] new queries per listed mirror slot against the
+ * cache, checked against the dense reference; returns the output (caller
+ * frees) so split counts can be compared. */
+static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots, const int *nq, int heads_q,
+                       int causal, int splits, uint64_t q_seed, const char *name, void **out_host) {
+    const flashcl_dtype dt = m->desc.dtype;
+    const size_t es = flashcl_dtype_size(dt);
+    const int D = m->desc.head_dim, Hk = m->desc.heads_k;
+    int cu_q[17] = {0}, cu_k[17] = {0}, ids[16];
+    for (int i = 0; i < n; ++i) {
+        cu_q[i + 1] = cu_q[i] + nq[i];
+        cu_k[i + 1] = cu_k[i] + m->len[slots[i]];
+        ids[i] = m->ids[slots[i]];
+    }
+    const int total_q = cu_q[n], total_k = cu_k[n];
+    size_t q_el = (size_t)total_q * heads_q * D, lse_n = (size_t)total_q * heads_q;
+    void *q = xmalloc(q_el * es), *out = xmalloc(q_el * es);
+    void *k = xmalloc((size_t)total_k * Hk * D * es), *v = xmalloc((size_t)total_k * Hk * D * es);
+    float *lse = xmalloc(lse_n * 4);
+    for (int i = 0; i < n; ++i) {
+        memcpy((char *)k + (size_t)cu_k[i] * m->row * es, m->k[slots[i]], (size_t)m->len[slots[i]] * m->row * es);
+        memcpy((char *)v + (size_t)cu_k[i] * m->row * es, m->v[slots[i]], (size_t)m->len[slots[i]] * m->row * es);
+    }
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, q_seed ? q_seed : next_seed());
+    flashcl_ref_fill_normal(&rng, q, dt, q_el, 1.0);
+    flashcl_ref_poison(out, dt, q_el);
+    flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
+    flashcl_varlen_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.num_seqs = n;
+    d.heads_q = heads_q;
+    d.heads_k = Hk;
+    d.head_dim = D;
+    d.cu_seqlens_q = cu_q;
+    d.causal = causal;
+    d.num_splits = splits;
+    size_t scratch_bytes = 0;
+    flashcl_status st = flashcl_paged_scratch_size(ctx, &d, m->cache, ids, &scratch_bytes);
+    int used_splits = 0;
+    flashcl_params params;
+    if (!st)
+        st = flashcl_serving_params(ctx, &d, m->cache, ids, &params, &used_splits);
+    cl_mem bq = upload(ctx, q, q_el * es), bo = upload(ctx, out, q_el * es), bl = upload(ctx, lse, lse_n * 4);
+    cl_mem scratch = scratch_bytes ? upload(ctx, NULL, scratch_bytes) : NULL;
+    if (!st)
+        st = flashcl_paged_attention(ctx, &d, m->cache, ids, bq, bo, bl, 0, scratch, NULL);
+    if (!st) {
+        download(ctx, bo, out, q_el * es);
+        download(ctx, bl, lse, lse_n * 4);
+    } else {
+        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
+    }
+    d.cu_seqlens_k = cu_k;
+    flashcl_ref_report rep;
+    int ok = !st && flashcl_ref_check_varlen(&d, q, k, v, out, lse, 1, &rep);
+    ok &= splits == 0 || used_splits == splits;
+    char what[160];
+    snprintf(what, sizeof what, "%s (splits %d, err %.2g tol %.2g)", name, used_splits, st ? -1.0 : rep.max_err,
+             st ? -1.0 : rep.tolerance);
+    expect(ok, what, &failures);
+    clReleaseMemObject(bq), clReleaseMemObject(bo), clReleaseMemObject(bl);
+    if (scratch)
+        clReleaseMemObject(scratch);
+    free(q), free(k), free(v), free(lse);
+    if (out_host)
+        *out_host = out;
+    else
+        free(out);
+    return ok;
+}
+
+/* Lengths 1, page_size - 1, page_size, page_size + 1 and long, prefilled in
+ * one append, one decode step, then decode and a prompt chunk with splits. */
+static void paged_suite(flashcl_context *ctx, flashcl_dtype dt, int hk, int group, int d, int ps, int long_len,
+                        const char *tag) {
+    mirror m;
+    mirror_init(&m, ctx, dt, hk, d, ps, (long_len + 4 * ps + 64) / ps + 8);
+    int lens[5] = {1, ps > 1 ? ps - 1 : 1, ps, ps + 1, long_len}, slots[5] = {0, 1, 2, 3, 4}, ones[5] = {1, 1, 1, 1, 1};
+    for (int i = 0; i < 5; ++i)
+        flashcl_kv_cache_add_sequence(m.cache, &m.ids[i]);
+    char what[128];
+    flashcl_status st = mirror_append(ctx, &m, 5, slots, lens);
+    snprintf(what, sizeof what, "%s: prefill append of mixed lengths", tag);
+    expect(st == FLASHCL_SUCCESS && mirror_matches(ctx, &m), what, &failures);
+    st = mirror_append(ctx, &m, 5, slots, ones);
+    snprintf(what, sizeof what, "%s: decode append, pools equal the appended tokens", tag);
+    expect(st == FLASHCL_SUCCESS && mirror_matches(ctx, &m), what, &failures);
+
+    void *unsplit = NULL, *split = NULL;
+    snprintf(what, sizeof what, "%s: decode, 1 query, GQA %d", tag, group);
+    const uint64_t q_seed = next_seed(); /* the same queries both times */
+    paged_check(ctx, &m, 5, slots, ones, hk * group, 1, 1, q_seed, what, &unsplit);
+    snprintf(what, sizeof what, "%s: decode, split-KV", tag);
+    paged_check(ctx, &m, 5, slots, ones, hk * group, 1, 3, q_seed, what, &split);
+    /* Split and unsplit agree within the sum of their tolerances against the
+     * reference (both were checked above); here: never further apart than
+     * 2 storage ulps of an O(1) output. */
+    size_t el = (size_t)5 * hk * group * d;
+    double worst = 0.0;
+    for (size_t i = 0; i < el; ++i) {
+        double a = flashcl_ref_load(unsplit, dt, i), b = flashcl_ref_load(split, dt, i);
+        worst = fmax(worst, isfinite(a) && isfinite(b) ? fabs(a - b) : INFINITY);
+    }
+    snprintf(what, sizeof what, "%s: split-KV equals unsplit (max diff %.2g)", tag, worst);
+    expect(worst <= 4.0 * flashcl_ref_epsilon(dt), what, &failures);
+    free(unsplit), free(split);
+    int nq[5] = {1, lens[1], 3, lens[3], 7};
+    snprintf(what, sizeof what, "%s: prompt chunks, causal, auto splits", tag);
+    paged_check(ctx, &m, 5, slots, nq, hk * group, 1, 0, 0, what, NULL);
+    mirror_free(&m);
+}
+
+/* Fork, copy-on-write of a shared partial page, free. */
+static void fork_suite(flashcl_context *ctx) {
+    mirror m;
+    const int ps = 8;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 2, 64, ps, 64);
+    flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
+    int s0[1] = {0}, n20[1] = {20};
+    mirror_append(ctx, &m, 1, s0, n20); /* 3 pages, the last holding 4 tokens */
+    int free0 = flashcl_kv_cache_free_pages(m.cache);
+    flashcl_status st = flashcl_kv_cache_fork(m.cache, m.ids[0], &m.ids[1]);
+    memcpy(m.k[1], m.k[0], (size_t)20 * m.row * 2);
+    memcpy(m.v[1], m.v[0], (size_t)20 * m.row * 2);
+    m.len[1] = 20;
+    expect(st == FLASHCL_SUCCESS && flashcl_kv_cache_free_pages(m.cache) == free0 && mirror_matches(ctx, &m),
+           "fork shares every page (no page taken)", &failures);
+    /* Both append different tokens in one call: exactly one copy is made,
+     * the last sharer writes in place. */
+    int both[2] = {0, 1}, counts[2] = {3, 2};
+    st = mirror_append(ctx, &m, 2, both, counts);
+    expect(st == FLASHCL_SUCCESS && flashcl_kv_cache_free_pages(m.cache) == free0 - 1 && mirror_matches(ctx, &m),
+           "copy-on-write: each branch sees only its own new tokens", &failures);
+    /* A second fork, then a multi-page append to the fork. */
+    flashcl_kv_cache_fork(m.cache, m.ids[1], &m.ids[2]);
+    memcpy(m.k[2], m.k[1], (size_t)22 * m.row * 2);
+    memcpy(m.v[2], m.v[1], (size_t)22 * m.row * 2);
+    m.len[2] = 22;
+    int s2[1] = {2}, n13[1] = {13};
+    st = mirror_append(ctx, &m, 1, s2, n13);
+    expect(st == FLASHCL_SUCCESS && mirror_matches(ctx, &m), "fork of a fork, append across pages", &failures);
+    int slots[3] = {0, 1, 2}, ones[3] = {1, 1, 1};
+    paged_check(ctx, &m, 3, slots, ones, 8, 1, 2, 0, "attention over forked sequences", NULL);
+    for (int i = 0; i < 3; ++i)
+        flashcl_kv_cache_free_sequence(m.cache, m.ids[i]);
+    expect(flashcl_kv_cache_free_pages(m.cache) == 64 && flashcl_kv_cache_length(m.cache, m.ids[0]) == -1,
+           "freeing every sequence returns every page", &failures);
+    m.ids[0] = m.ids[1] = m.ids[2] = -1;
+    mirror_free(&m);
+}
+
+/* Running out of pages: a clear error, and nothing changes. */
+static void exhaustion_suite(flashcl_context *ctx) {
+    mirror m;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 2, 64, 4, 6);
+    for (int i = 0; i < 3; ++i)
+        flashcl_kv_cache_add_sequence(m.cache, &m.ids[i]);
+    int slots[3] = {0, 1, 2}, fill[3] = {7, 6, 2}; /* 2 + 2 + 1 pages: 1 left */
+    flashcl_status st = mirror_append(ctx, &m, 3, slots, fill);
+    flashcl_kv_cache_fork(m.cache, m.ids[2], &m.ids[3]);
+    memcpy(m.k[3], m.k[2], 2 * m.row * 2);
+    memcpy(m.v[3], m.v[2], 2 * m.row * 2);
+    m.len[3] = 2;
+    expect(st == FLASHCL_SUCCESS && flashcl_kv_cache_free_pages(m.cache) == 1, "pool filled to one free page",
+           &failures);
+    int tables[4][8], counts[4];
+    for (int i = 0; i < 4; ++i)
+        flashcl_kv_cache_page_table(m.cache, m.ids[i], tables[i], 8, &counts[i]);
+    /* seq 0 needs 1 more page (7 -> 9) and seq 2 a copy of its shared page
+     * (2 -> 3): 2 pages, 1 free. The first part alone would fit. */
+    int which[2] = {0, 2}, more[2] = {2, 1};
+    st = mirror_append(ctx, &m, 2, which, more);
+    char message[300];
+    snprintf(message, sizeof message, "%s", flashcl_last_error(ctx));
+    int same = flashcl_kv_cache_free_pages(m.cache) == 1;
+    for (int i = 0; i < 4; ++i) {
+        int t[8], c;
+        flashcl_kv_cache_page_table(m.cache, m.ids[i], t, 8, &c);
+        same &= c == counts[i] && !memcmp(t, tables[i], (size_t)c * sizeof(int));
+    }
+    expect(st == FLASHCL_ERROR_OUT_OF_PAGES && same && mirror_matches(ctx, &m),
+           "out of pages: clear error, every sequence intact", &failures);
+    printf("  (message: %s)\n", message);
+    int only[1] = {0}, two[1] = {2};
+    st = mirror_append(ctx, &m, 1, only, two);
+    expect(st == FLASHCL_SUCCESS && flashcl_kv_cache_free_pages(m.cache) == 0 && mirror_matches(ctx, &m),
+           "an append that fits still works afterwards", &failures);
+    int all[4] = {0, 1, 2, 3}, ones[4] = {1, 1, 1, 1};
+    paged_check(ctx, &m, 4, all, ones, 4, 1, 1, 0, "attention after exhaustion", NULL);
+    mirror_free(&m);
+}
+
+/* ---- varlen ------------------------------------------------------------------------------ */
+
+static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int splits, const char *name) {
+    /* Lengths include an empty query set and an empty key set. */
+    const int n = 5, Hq = 6, Hk = 2, D = 64;
+    const int nq[5] = {17, 1, 0, 40, 3}, nk[5] = {17, 130, 9, 33, 0};
+    int cu_q[6] = {0}, cu_k[6] = {0};
+    for (int i = 0; i < n; ++i)
+        cu_q[i + 1] = cu_q[i] + nq[i], cu_k[i + 1] = cu_k[i] + nk[i];
+    const size_t es = flashcl_dtype_size(dt), q_el = (size_t)cu_q[n] * Hq * D, k_el = (size_t)cu_k[n] * Hk * D;
+    const size_t lse_n = (size_t)cu_q[n] * Hq;
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, next_seed());
+    void *q = xmalloc(q_el * es), *k = xmalloc(k_el * es), *v = xmalloc(k_el * es), *out = xmalloc(q_el * es);
+    float *lse = xmalloc(lse_n * 4);
+    flashcl_ref_fill_normal(&rng, q, dt, q_el, 1.0);
+    flashcl_ref_fill_normal(&rng, k, dt, k_el, 1.0);
+    flashcl_ref_fill_normal(&rng, v, dt, k_el, 1.0);
+    flashcl_ref_poison(out, dt, q_el);
+    flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
+    flashcl_varlen_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.num_seqs = n;
+    d.heads_q = Hq;
+    d.heads_k = Hk;
+    d.head_dim = D;
+    d.cu_seqlens_q = cu_q;
+    d.cu_seqlens_k = cu_k;
+    d.causal = causal;
+    d.num_splits = splits;
+    size_t sb = 0;
+    flashcl_status st = flashcl_varlen_scratch_size(ctx, &d, &sb);
+    cl_mem bq = upload(ctx, q, q_el * es), bk = upload(ctx, k, k_el * es), bv = upload(ctx, v, k_el * es);
+    cl_mem bo = upload(ctx, out, q_el * es), bl = upload(ctx, lse, lse_n * 4);
+    cl_mem scratch = sb ? upload(ctx, NULL, sb) : NULL;
+    if (!st)
+        st = flashcl_varlen_forward(ctx, &d, bq, bk, bv, bo, bl, 0, scratch, NULL);
+    if (!st) {
+        download(ctx, bo, out, q_el * es);
+        download(ctx, bl, lse, lse_n * 4);
+    } else {
+        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
+    }
+    flashcl_ref_report rep;
+    int ok = !st && flashcl_ref_check_varlen(&d, q, k, v, out, lse, 1, &rep);
+    /* Each sequence alone through the library's own forward gives the same
+     * answer (within both results' tolerance against the reference). */
+    double worst = 0.0;
+    for (int i = 0; ok && i < n; ++i) {
+        if (nq[i] == 0 || nk[i] == 0)
+            continue;
+        flashcl_attention_desc a;
+        memset(&a, 0, sizeof a);
+        a.dtype = dt;
+        a.batch = 1;
+        a.heads_q = Hq;
+        a.heads_k = Hk;
+        a.seqlen_q = nq[i];
+        a.seqlen_k = nk[i];
+        a.head_dim = D;
+        a.causal = causal;
+        size_t el = (size_t)nq[i] * Hq * D;
+        void *alone = xmalloc(el * es);
+        flashcl_status s2 = flashcl_attention_forward_host(ctx, &a, (char *)q + (size_t)cu_q[i] * Hq * D * es,
+                                                           (char *)k + (size_t)cu_k[i] * Hk * D * es,
+                                                           (char *)v + (size_t)cu_k[i] * Hk * D * es, alone, NULL);
+        for (size_t x = 0; x < el; ++x) {
+            double p = flashcl_ref_load(out, dt, (size_t)cu_q[i] * Hq * D + x), r = flashcl_ref_load(alone, dt, x);
+            worst = fmax(worst, s2 == FLASHCL_SUCCESS && isfinite(p) ? fabs(p - r) : INFINITY);
+        }
+        free(alone);
+    }
+    ok &= worst <= 2.0 * rep.tolerance;
+    char what[160];
+    snprintf(what, sizeof what, "%s (err %.2g, vs alone %.2g)", name, st ? -1.0 : rep.max_err, worst);
+    expect(ok, what, &failures);
+    clReleaseMemObject(bq), clReleaseMemObject(bk), clReleaseMemObject(bv), clReleaseMemObject(bo),
+        clReleaseMemObject(bl);
+    if (scratch)
+        clReleaseMemObject(scratch);
+    free(q), free(k), free(v), free(out), free(lse);
+}
+
+/* ---- invalid arguments --------------------------------------------------------------------- */
+
+static void errors_suite(flashcl_context *ctx) {
+    flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 2, 64, 16, 8, 0};
+    flashcl_kv_cache *c = NULL;
+    flashcl_kv_cache_desc bad = cd;
+    bad.page_size = 257;
+    expect(flashcl_kv_cache_create(ctx, &bad, &c) == FLASHCL_ERROR_INVALID_SHAPE && !c, "page_size 257 refused",
+           &failures);
+    bad = cd;
+    bad.dtype = (flashcl_dtype)7;
+    expect(flashcl_kv_cache_create(ctx, &bad, &c) == FLASHCL_ERROR_INVALID_ARGUMENT, "bad cache dtype refused",
+           &failures);
+    flashcl_kv_cache_create(ctx, &cd, &c);
+    int s, t;
+    flashcl_kv_cache_add_sequence(c, &s);
+    int ids[2] = {s, s}, counts[2] = {1, 1};
+    cl_mem kv = upload(ctx, NULL, 4 * 64 * 2 * 2);
+    expect(flashcl_kv_cache_append(c, 2, ids, counts, kv, NULL, kv, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "append: a sequence twice refused", &failures);
+    ids[0] = 99;
+    expect(flashcl_kv_cache_append(c, 1, ids, counts, kv, NULL, kv, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "append: unknown sequence refused", &failures);
+    ids[0] = s;
+    counts[0] = 5; /* 5 tokens of 128 elements do not fit 512 bytes */
+    expect(flashcl_kv_cache_append(c, 1, ids, counts, kv, NULL, kv, NULL, NULL) == FLASHCL_ERROR_OUT_OF_BOUNDS &&
+               flashcl_kv_cache_length(c, s) == 0,
+           "append: new tokens overrunning their buffer refused", &failures);
+    expect(flashcl_kv_cache_fork(c, 42, &t) == FLASHCL_ERROR_INVALID_ARGUMENT, "fork of unknown sequence refused",
+           &failures);
+    expect(flashcl_kv_cache_free_sequence(c, 42) == FLASHCL_ERROR_INVALID_ARGUMENT, "free of unknown sequence",
+           &failures);
+    counts[0] = 3;
+    flashcl_kv_cache_append(c, 1, ids, counts, kv, NULL, kv, NULL, NULL);
+
+    int cu[2] = {0, 1}, cu_bad[3] = {0, 2, 1};
+    flashcl_varlen_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT16;
+    d.num_seqs = 1;
+    d.heads_q = 4;
+    d.heads_k = 2;
+    d.head_dim = 64;
+    d.cu_seqlens_q = cu;
+    d.cu_seqlens_k = cu;
+    uint16_t poison[256];
+    flashcl_ref_poison(poison, FLASHCL_FLOAT16, 256);
+    cl_mem q = upload(ctx, poison, 512), o = upload(ctx, poison, 512);
+    flashcl_varlen_desc e = d;
+    e.dtype = FLASHCL_BFLOAT16;
+    expect(flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_DTYPE_MISMATCH,
+           "paged: dtype differing from the cache refused", &failures);
+    e = d;
+    e.heads_q = 3;
+    expect(flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_SHAPE,
+           "paged: heads_q not a multiple of heads_k refused", &failures);
+    e = d;
+    e.num_seqs = 2;
+    e.cu_seqlens_q = cu_bad;
+    int two[2] = {s, s};
+    expect(flashcl_paged_attention(ctx, &e, c, two, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "paged: decreasing cu_seqlens_q refused", &failures);
+    e = d;
+    e.num_splits = 65;
+    expect(flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "paged: num_splits 65 refused", &failures);
+    e = d;
+    e.num_splits = 2;
+    size_t need = 0;
+    flashcl_paged_scratch_size(ctx, &e, c, &s, &need);
+    expect(need > 0 && flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) ==
+                           FLASHCL_ERROR_INVALID_ARGUMENT,
+           "paged: split without scratch refused", &failures);
+    int dead = 77;
+    expect(flashcl_paged_attention(ctx, &d, c, &dead, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "paged: unknown sequence refused", &failures);
+    e = d;
+    e.out.offset = 200; /* 200 + 256 elements > 256 */
+    expect(flashcl_varlen_forward(ctx, &e, q, kv, kv, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_OUT_OF_BOUNDS,
+           "varlen: out overrunning its buffer refused", &failures);
+    e = d;
+    e.cu_seqlens_k = NULL;
+    expect(flashcl_varlen_forward(ctx, &e, q, kv, kv, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "varlen: missing cu_seqlens_k refused", &failures);
+    uint16_t back[256];
+    download(ctx, o, back, 512);
+    expect(!memcmp(back, poison, 512), "refused calls left the output untouched", &failures);
+
+    flashcl_merge_desc md;
+    memset(&md, 0, sizeof md);
+    md.dtype = FLASHCL_FLOAT16;
+    md.batch = md.seqlen = md.heads = 1;
+    md.head_dim = 64;
+    cl_mem l = upload(ctx, poison, 64);
+    expect(flashcl_attention_merge(ctx, &md, q, l, q, l, o, l, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "merge: lse_out aliasing an input refused", &failures);
+    md.head_dim = 0;
+    expect(flashcl_attention_merge(ctx, &md, q, l, q, l, o, NULL, NULL) == FLASHCL_ERROR_INVALID_SHAPE,
+           "merge: head_dim 0 refused", &failures);
+    md.head_dim = 300; /* 300 halfs > 512 bytes */
+    expect(flashcl_attention_merge(ctx, &md, q, l, q, l, o, NULL, NULL) == FLASHCL_ERROR_OUT_OF_BOUNDS,
+           "merge: tensors overrunning their buffers refused", &failures);
+    clReleaseMemObject(q), clReleaseMemObject(o), clReleaseMemObject(l), clReleaseMemObject(kv);
+    flashcl_kv_cache_destroy(c);
+    flashcl_kv_cache_destroy(NULL);
+
+    flashcl_context *host = NULL;
+    flashcl_context_create(&host, "host");
+    flashcl_kv_cache *hc = NULL;
+    expect(flashcl_kv_cache_create(host, &cd, &hc) == FLASHCL_ERROR_UNSUPPORTED && !hc,
+           "host context: KV cache unsupported (clear error)", &failures);
+    flashcl_context_destroy(host);
+}
+
+int main(int argc, char **argv) {
+    const char *only = argc > 1 ? argv[1] : "all";
+    flashcl_context *ctx = test_context();
+    test_seed();
+    int all = !strcmp(only, "all");
+    if (all || !strcmp(only, "merge")) {
+        merge_random(ctx, FLASHCL_FLOAT16, 0, 1);
+        merge_random(ctx, FLASHCL_BFLOAT16, 1, 0);
+        merge_random(ctx, FLASHCL_FLOAT32, 0, 0);
+        merge_equals_full(ctx, "merge of two key halves equals full attention");
+        flashcl_context *host = NULL;
+        if (flashcl_context_create(&host, "host") == FLASHCL_SUCCESS)
+            merge_equals_full(host, "the same on the host path");
+        flashcl_context_destroy(host);
+    }
+    if (all || !strcmp(only, "paged")) {
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "f16 D64 page 16");
+        paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 40, 1, 70, "bf16 D40 page 1");
+        paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "f32 D96 page 256");
+        fork_suite(ctx);
+        exhaustion_suite(ctx);
+    }
+    if (all || !strcmp(only, "varlen")) {
+        varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "varlen causal equals each sequence alone");
+        varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "varlen non-causal, 2 splits");
+    }
+    if (all || !strcmp(only, "errors"))
+        errors_suite(ctx);
+    printf("%s\n", failures ? "FAILED" : "all passed");
+    flashcl_context_destroy(ctx);
+    return failures ? 1 : 0;
+}
