@@ -54,6 +54,9 @@ const char usage_tune[] =
     "                         plus nv-mma where it applies)\n"
     "  --budget SECONDS       stop starting candidates after this long (default 300)\n"
     "  --iters N, --warmup N  timed and untimed runs (default 10 and 2; 3 and 1 on a CPU)\n"
+    "  --confirm N            rounds that re-time the three fastest and the current\n"
+    "                         parameters, interleaved, so that load that changed during\n"
+    "                         the search cannot pick the winner (default 3; 0: off)\n"
     "  --output FILE          tuning file to write (default: the one above)\n"
     "  --no-write             do not write the winner\n"
     "  --dry-run              list the candidates (and what is pruned) without running\n";
@@ -85,6 +88,7 @@ typedef struct candidate {
     char status[200];     /* "ok", or why not */
     int ok, ran;
     double median_ms, min_ms;
+    double confirmed_ms; /* median over the confirmation rounds (0: not confirmed) */
 } candidate;
 
 /* ---- Ctrl-C ------------------------------------------------------------------------------------ */
@@ -207,11 +211,57 @@ static void fail_status(candidate *c, flashcl_context *ctx, const char *what, fl
             *s = ' ';
 }
 
+/* Warm-up, then t->iters profiling-event times of c's parameters (already
+ * validated); 0 with the median and min, else -1 with c->status set. */
+static int time_candidate(flashcl_context *ctx, tune_problem *t, candidate *c, double *median, double *min) {
+    flashcl_status st = flashcl_set_params(ctx, &t->desc, &c->p);
+    double *times = malloc((size_t)t->iters * sizeof *times);
+    int n = 0;
+    if (st != FLASHCL_SUCCESS || !times) {
+        if (st != FLASHCL_SUCCESS)
+            fail_status(c, ctx, "refused", st);
+        else
+            snprintf(c->status, sizeof c->status, "out of memory");
+        free(times);
+        return -1;
+    }
+    for (int it = 0; it < t->warmup + t->iters && !interrupted; it++) {
+        cl_ulong start = 0, end = 0;
+        cl_event ev = NULL;
+        st = flashcl_attention_forward(ctx, &t->desc, t->bufs[0], t->bufs[1], t->bufs[2], t->bufs[3],
+                                       t->bufs[4], 0, &ev);
+        if (st == FLASHCL_SUCCESS && ev)
+            st = clWaitForEvents(1, &ev);
+        if (st == FLASHCL_SUCCESS && ev && it >= t->warmup) {
+            st = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof start, &start, NULL);
+            if (st == CL_SUCCESS)
+                st = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof end, &end, NULL);
+            times[n++] = (double)(end - start) * 1e-6;
+        }
+        if (ev)
+            clReleaseEvent(ev);
+        if (st != FLASHCL_SUCCESS) {
+            fail_status(c, ctx, "timing failed", st);
+            free(times);
+            return -1;
+        }
+    }
+    if (n < t->iters) {
+        snprintf(c->status, sizeof c->status, "interrupted");
+        free(times);
+        return -1;
+    }
+    qsort(times, (size_t)n, sizeof *times, cmp_double);
+    *min = times[0];
+    *median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
+    free(times);
+    return 0;
+}
+
 static void run_candidate(flashcl_context *ctx, tune_problem *t, candidate *c) {
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
     flashcl_status st;
     flashcl_ref_report report;
-    double *times = NULL;
     c->ran = 1;
     if ((st = flashcl_set_params(ctx, &t->desc, &c->p)) != FLASHCL_SUCCESS) {
         fail_status(c, ctx, "refused", st);
@@ -250,48 +300,15 @@ static void run_candidate(flashcl_context *ctx, tune_problem *t, candidate *c) {
         return;
     }
     /* 3. warm-up, then profiling-event times */
-    times = malloc((size_t)t->iters * sizeof *times);
-    if (!times) {
-        snprintf(c->status, sizeof c->status, "out of memory");
-        return;
+    if (time_candidate(ctx, t, c, &c->median_ms, &c->min_ms) == 0) {
+        c->ok = 1;
+        snprintf(c->status, sizeof c->status, "ok");
     }
-    int n = 0;
-    for (int it = 0; it < t->warmup + t->iters && !interrupted; it++) {
-        cl_ulong start = 0, end = 0;
-        ev = NULL;
-        st = flashcl_attention_forward(ctx, &t->desc, t->bufs[0], t->bufs[1], t->bufs[2], t->bufs[3],
-                                       t->bufs[4], 0, &ev);
-        if (st == FLASHCL_SUCCESS && ev)
-            st = clWaitForEvents(1, &ev);
-        if (st == FLASHCL_SUCCESS && ev && it >= t->warmup) {
-            st = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_START, sizeof start, &start, NULL);
-            if (st == CL_SUCCESS)
-                st = clGetEventProfilingInfo(ev, CL_PROFILING_COMMAND_END, sizeof end, &end, NULL);
-            times[n++] = (double)(end - start) * 1e-6;
-        }
-        if (ev)
-            clReleaseEvent(ev);
-        if (st != FLASHCL_SUCCESS) {
-            fail_status(c, ctx, "timing failed", st);
-            free(times);
-            return;
-        }
-    }
-    if (n < t->iters) {
-        snprintf(c->status, sizeof c->status, "interrupted");
-        free(times);
-        return;
-    }
-    qsort(times, (size_t)n, sizeof *times, cmp_double);
-    c->min_ms = times[0];
-    c->median_ms = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
-    c->ok = 1;
-    snprintf(c->status, sizeof c->status, "ok");
-    free(times);
 }
 
 /* The integer options: 1 + the index of the one argv[*i] is, 0 if none, -1 if its value is missing. */
-static const char *const int_options[] = {"--head-dim", "--seqlen", "--batch", "--heads", "--iters", "--warmup"};
+static const char *const int_options[] = {"--head-dim", "--seqlen", "--batch", "--heads",
+                                          "--iters",    "--warmup", "--confirm"};
 
 static int int_option(int argc, char **argv, int *i, const char **value) {
     for (int k = 0; k < (int)(sizeof int_options / sizeof int_options[0]); k++) {
@@ -430,7 +447,7 @@ static void free_problem(tune_problem *t) {
 int cmd_tune(int argc, char **argv) {
     const char *device = NULL, *value, *variants = NULL, *output = NULL;
     flashcl_dtype dtype = FLASHCL_FLOAT16;
-    long head_dim = 64, seqlen = 0, batch = 1, heads = 8, iters = 0, warmup = -1, number;
+    long head_dim = 64, seqlen = 0, batch = 1, heads = 8, iters = 0, warmup = -1, confirm = 3, number;
     double budget = 300;
     int causal = 0, dry_run = 0, no_write = 0, rc = CLI_EXIT_FAIL;
     candidate *list = NULL;
@@ -454,8 +471,9 @@ int cmd_tune(int argc, char **argv) {
             if (r < 0 || tune_parse_dtype(value, &dtype) != 0)
                 return r < 0 ? CLI_EXIT_USAGE : (cli_errorf("--dtype wants f16, bf16 or f32"), CLI_EXIT_USAGE);
         } else if ((k = int_option(argc, argv, &i, &value)) != 0) {
-            static const long lo[] = {1, 1, 1, 1, 1, 0}, hi[] = {256, 1 << 24, 1 << 16, 1 << 16, 1 << 20, 1 << 20};
-            long *dst[] = {&head_dim, &seqlen, &batch, &heads, &iters, &warmup};
+            static const long lo[] = {1, 1, 1, 1, 1, 0, 0};
+            static const long hi[] = {256, 1 << 24, 1 << 16, 1 << 16, 1 << 20, 1 << 20, 100};
+            long *dst[] = {&head_dim, &seqlen, &batch, &heads, &iters, &warmup, &confirm};
             if (k < 0)
                 return CLI_EXIT_USAGE;
             if (cli_parse_long(value, lo[k - 1], hi[k - 1], &number) != 0) {
@@ -640,24 +658,72 @@ int cmd_tune(int argc, char **argv) {
     }
     if (tty && done_count && !(count > 0 && list[count - 1].ran))
         fputc('\n', stderr);
+    /* Confirmation: the three fastest and the current parameters again,
+     * round-robin, so each sees the same machine; the median of the rounds
+     * decides. */
+    int finalists[4], nfin = 0;
+    if (list[0].ok)
+        finalists[nfin++] = 0;
+    for (int k = 0; k < 3; k++) {
+        int pick = -1;
+        for (int i = 1; i < count; i++) {
+            int taken = 0;
+            for (int f = 0; f < nfin; f++)
+                taken |= finalists[f] == i;
+            if (list[i].ok && !taken && (pick < 0 || list[i].median_ms < list[pick].median_ms))
+                pick = i;
+        }
+        if (pick >= 0)
+            finalists[nfin++] = pick;
+    }
+    if (confirm > 0 && nfin > 1 && !interrupted) {
+        double rounds[4][100];
+        int complete = 1;
+        fprintf(stderr, "tune: confirming %d finalists, %ld interleaved rounds\n", nfin, confirm);
+        for (int r = 0; r < confirm && complete; r++)
+            for (int f = 0; f < nfin && complete; f++) {
+                double mn;
+                complete = time_candidate(ctx, &t, &list[finalists[f]], &rounds[f][r], &mn) == 0;
+            }
+        if (complete) {
+            best = -1;
+            for (int f = 0; f < nfin; f++) {
+                candidate *c = &list[finalists[f]];
+                qsort(rounds[f], (size_t)confirm, sizeof(double), cmp_double);
+                c->confirmed_ms = confirm % 2 ? rounds[f][confirm / 2]
+                                              : 0.5 * (rounds[f][confirm / 2 - 1] + rounds[f][confirm / 2]);
+                if (best < 0 || c->confirmed_ms < list[best].confirmed_ms)
+                    best = finalists[f];
+            }
+        } else {
+            for (int f = 0; f < nfin; f++)
+                snprintf(list[finalists[f]].status, sizeof list[finalists[f]].status, "ok");
+            printf("confirmation interrupted: the search's times decide\n");
+        }
+    }
     flashcl_set_params(ctx, d, NULL);
     signal(SIGINT, SIG_DFL);
 
     /* The table. */
     double flops = 4.0 * d->batch * d->heads_q * (double)d->seqlen_q * d->seqlen_k * d->head_dim *
                    (causal ? 0.5 : 1.0);
-    printf("\n%3s  %-28s %10s %10s %9s %8s  %s\n", "#", "candidate", "median_ms", "min_ms", "TFLOP/s",
-           "vs now", "status");
+    printf("\n%3s  %-28s %10s %10s %9s %8s %12s  %s\n", "#", "candidate", "median_ms", "min_ms", "TFLOP/s",
+           "vs now", "confirmed_ms", "status");
     for (int i = 0; i < count; i++) {
         candidate *c = &list[i];
         char text[64];
         describe(&c->p, text, sizeof text);
         printf("%3d%c %-28s ", i, i == best ? '*' : ' ', text);
+        char conf[32] = "-";
+        if (c->confirmed_ms > 0)
+            snprintf(conf, sizeof conf, "%.3f", c->confirmed_ms);
         if (c->ok)
-            printf("%10.3f %10.3f %9.3g %7.2fx  %s%s\n", c->median_ms, c->min_ms, flops / (c->median_ms * 1e9),
-                   list[0].ok ? list[0].median_ms / c->median_ms : 0.0, c->status, c->baseline ? " (now)" : "");
+            printf("%10.3f %10.3f %9.3g %7.2fx %12s  %s%s\n", c->median_ms, c->min_ms,
+                   flops / (c->median_ms * 1e9), list[0].ok ? list[0].median_ms / c->median_ms : 0.0, conf,
+                   c->status, c->baseline ? " (now)" : "");
         else
-            printf("%10s %10s %9s %8s  %s%s\n", "-", "-", "-", "-", c->status, c->baseline ? " (now)" : "");
+            printf("%10s %10s %9s %8s %12s  %s%s\n", "-", "-", "-", "-", "-", c->status,
+                   c->baseline ? " (now)" : "");
     }
     if (best < 0) {
         cli_errorf("no candidate validated%s: nothing written", interrupted ? " before the interrupt" : "");
@@ -665,7 +731,11 @@ int cmd_tune(int argc, char **argv) {
     }
     char best_text[64], comment[512];
     describe(&list[best].p, best_text, sizeof best_text);
-    if (list[0].ok)
+    if (list[0].ok && list[best].confirmed_ms > 0 && list[0].confirmed_ms > 0)
+        printf("\nwinner: %s  %.3f ms vs %.3f ms now (%s), medians of %ld interleaved rounds: %.2fx\n",
+               best_text, list[best].confirmed_ms, list[0].confirmed_ms, base_source, confirm,
+               list[0].confirmed_ms / list[best].confirmed_ms);
+    else if (list[0].ok)
         printf("\nwinner: %s  %.3f ms vs %.3f ms now (%s): %.2fx\n", best_text, list[best].median_ms,
                list[0].median_ms, base_source, list[0].median_ms / list[best].median_ms);
     else
@@ -678,9 +748,13 @@ int cmd_tune(int argc, char **argv) {
         goto done;
     }
     snprintf(comment, sizeof comment,
-             "flashcl tune: B=%ld H=%ld N=%ld D=%ld %s%s: %.4g ms; before (%s) %s%.4g ms; %d of %d candidates run",
-             batch, heads, seqlen, head_dim, dtype_name(dtype), causal ? " causal" : "", list[best].median_ms,
-             base_source, list[0].ok ? "" : "failed, ", list[0].ok ? list[0].median_ms : 0.0, done_count, count);
+             "flashcl tune: B=%ld H=%ld N=%ld D=%ld %s%s: %.4g ms; before (%s) %s%.4g ms; %d of %d candidates "
+             "run%s",
+             batch, heads, seqlen, head_dim, dtype_name(dtype), causal ? " causal" : "",
+             list[best].confirmed_ms > 0 ? list[best].confirmed_ms : list[best].median_ms, base_source,
+             list[0].ok ? "" : "failed, ",
+             list[0].confirmed_ms > 0 ? list[0].confirmed_ms : list[0].ok ? list[0].median_ms : 0.0,
+             done_count, count, list[best].confirmed_ms > 0 ? ", confirmed in interleaved rounds" : "");
     st = flashcl_tuning_file_save(ctx, path, d, &list[best].p, comment);
     if (st != FLASHCL_SUCCESS) {
         cli_errorf("writing %s: %s", path, flashcl_last_error(ctx));
