@@ -16,6 +16,7 @@
 #include "flashcl_ref.h"
 #include "npy.h"
 #include "serving_cli.h"
+#include "svg_plot.h"
 #include "tune.h"
 
 /* CL_PLATFORM_NOT_FOUND_KHR (cl_khr_icd): what the ICD loader returns when
@@ -106,8 +107,15 @@ static const char usage_bench[] =
     "\n"
     "options:\n"
     "  --shape B,H,N,D        a shape (repeatable); also B,Hq,Hk,Nq,Nk,D\n"
-    "  --dtype f16|bf16|f32   storage type (default f16)\n"
+    "  --dtype LIST           storage types, f16,bf16,f32 (default f16)\n"
     "  --causal               causal only (default: both)\n"
+    "  --no-causal            non-causal only\n"
+    "  --seqlen LIST          sweep: seqlen_q = seqlen_k values, e.g. 512,1024,2048\n"
+    "  --head-dim LIST        sweep: head dims (default 64 when sweeping)\n"
+    "  --batch LIST           sweep: batch sizes (default 1 when sweeping)\n"
+    "  --heads LIST           sweep: heads, heads_q = heads_k (default 8 when sweeping)\n"
+    "                         (the sweep is every combination, added to --shape rows;\n"
+    "                         default seqlens 512..4096, 256..1024 on a CPU)\n"
     "  --iters N              timed runs (default 20; 5 on a CPU)\n"
     "  --warmup N             untimed runs before timing (default 3; 1 on a CPU)\n"
     "  --long                 add longer default shapes\n"
@@ -115,6 +123,10 @@ static const char usage_bench[] =
     "                         bytes of q,k,v,out,lse, and the B*H*Nq*Nk*4 bytes a naive\n"
     "                         score matrix would take (fewer runs by default)\n"
     "  --json                 print one JSON object instead of the table\n"
+    "  --csv                  print CSV (one header line, one line per row) instead\n"
+    "  --plot FILE.svg        also draw TFLOP/s against seqlen, one line per\n"
+    "                         configuration (dtype, B, H, D, mask)\n"
+    "GB/s counts the bytes of q, k, v, out and lse once (the minimum traffic).\n"
     "  --decode               decode throughput over a paged KV cache instead\n"
     "                         (its own options: flashcl bench --decode --help)\n"
     "  --device SPEC\n";
@@ -298,27 +310,42 @@ static void format_device_type(cl_device_type type, char *buf, size_t size) {
 
 /* The parameters flashcl picks for representative float16 problems. */
 static void print_params(flashcl_context *ctx, const char *indent) {
-    static const struct { int head_dim, causal; } reps[] = {{64, 0}, {64, 1}, {128, 0}, {128, 1}};
-    printf("%s%-5s %-4s %-7s %7s %7s %11s  %-16s %s\n", indent, "dtype", "D", "mask", "block_m",
-           "block_n", "threads/row", "variant", "source");
+    /* Prefill rows of each head_dim class, then the classes that differ:
+     * float32 (no tensor cores) and decode (seqlen_q = 1). */
+    static const struct {
+        flashcl_dtype dtype;
+        int head_dim, causal, seqlen_q;
+    } reps[] = {{FLASHCL_FLOAT16, 64, 0, 1024},  {FLASHCL_FLOAT16, 64, 1, 1024},
+                {FLASHCL_FLOAT16, 128, 0, 1024}, {FLASHCL_FLOAT16, 128, 1, 1024},
+                {FLASHCL_FLOAT16, 256, 0, 1024}, {FLASHCL_FLOAT32, 64, 0, 1024},
+                {FLASHCL_FLOAT16, 128, 0, 1}};
+    const char *problem = NULL, *tuning = flashcl_tuning_file(ctx, &problem);
+    if (tuning != NULL)
+        printf("%stuning file: %s (%s)\n", indent, tuning,
+               problem != NULL                  ? problem
+               : access(tuning, F_OK) == 0      ? "read"
+                                                : "none yet: 'flashcl tune' writes it");
+    printf("%s%-5s %-4s %-7s %-5s %7s %7s %11s %4s  %-9s %s\n", indent, "dtype", "D", "mask", "Nq",
+           "block_m", "block_n", "threads/row", "wg", "variant", "source");
     for (size_t i = 0; i < sizeof reps / sizeof reps[0]; i++) {
         flashcl_attention_desc desc =
-            make_desc(FLASHCL_FLOAT16, 1, 8, 8, 1024, 1024, reps[i].head_dim);
+            make_desc(reps[i].dtype, 1, 8, 8, reps[i].seqlen_q, 1024, reps[i].head_dim);
         flashcl_params params;
         flashcl_status status;
         desc.causal = reps[i].causal;
         memset(&params, 0, sizeof params);
         status = flashcl_attention_params(ctx, &desc, &params);
-        printf("%s%-5s %-4d %-7s ", indent, "f16", reps[i].head_dim,
-               reps[i].causal ? "causal" : "none");
+        printf("%s%-5s %-4d %-7s %-5d ", indent, dtype_short(reps[i].dtype), reps[i].head_dim,
+               reps[i].causal ? "causal" : "none", reps[i].seqlen_q);
         if (status != FLASHCL_SUCCESS) {
             const char *detail = flashcl_last_error(ctx);
             printf("error: %s (%d)%s%s\n", flashcl_status_string(status), status,
                    detail && *detail ? ": " : "", detail ? detail : "");
             continue;
         }
-        printf("%7d %7d %11d  %-16s %s\n", params.block_m, params.block_n, params.threads_per_row,
-               params.variant ? params.variant : "?", params.source ? params.source : "?");
+        printf("%7d %7d %11d %4d  %-9s %s\n", params.block_m, params.block_n, params.threads_per_row,
+               params.work_group_size, params.variant ? params.variant : "?",
+               params.source ? params.source : "?");
     }
 }
 
@@ -952,6 +979,8 @@ typedef struct bench_row {
 typedef struct bench_options {
     flashcl_dtype dtype;
     int iters, warmup, memory, json;
+    int csv;          /* CSV instead of the table */
+    const char *plot; /* SVG path, or NULL */
 } bench_options;
 
 static void row_error(bench_row *row, const flashcl_context *ctx, const char *what,
@@ -1223,9 +1252,14 @@ static double mib(size_t bytes) {
     return (double)bytes / (1024.0 * 1024.0);
 }
 
+/* Bytes of q, k, v, out and lse over the median time: the minimum traffic. */
+static double bench_gbps(const bench_row *row) {
+    return row->median_ms > 0 ? (double)row->device_bytes / (row->median_ms * 1e-3) / 1e9 : -1.0;
+}
+
 static void print_bench_header(const bench_options *opt) {
-    printf("%-5s %3s %4s %4s %7s %7s %4s  %-7s %-5s %10s %10s %8s %10s %8s", "dtype", "B", "Hq",
-           "Hk", "Nq", "Nk", "D", "mask", "check", "median_ms", "min_ms", "TFLOP/s", "ref_ms",
+    printf("%-5s %3s %4s %4s %7s %7s %4s  %-7s %-5s %10s %10s %8s %8s %10s %8s", "dtype", "B", "Hq",
+           "Hk", "Nq", "Nk", "D", "mask", "check", "median_ms", "min_ms", "TFLOP/s", "GB/s", "ref_ms",
            "speedup");
     if (opt->memory)
         printf(" %12s %11s %12s", "peak_rss_MiB", "device_MiB", "naive_S_MiB");
@@ -1241,9 +1275,10 @@ static void print_bench_row(const bench_options *opt, const bench_row *row) {
            : row->validated == 0 ? "FAIL"
                                  : "-");
     if (row->median_ms >= 0)
-        printf("%10.3f %10.3f %8.3g ", row->median_ms, row->min_ms, row->tflops);
+        printf("%10.3f %10.3f %8.3g %8.3g ", row->median_ms, row->min_ms, row->tflops,
+               bench_gbps(row));
     else
-        printf("%10s %10s %8s ", "-", "-", "-");
+        printf("%10s %10s %8s %8s ", "-", "-", "-", "-");
     if (row->ref_ms >= 0 && row->median_ms > 0) {
         double speedup = row->ref_ms / row->median_ms;
         printf("%10.1f %7.*fx", row->ref_ms, speedup < 10 ? 2 : 0, speedup);
@@ -1295,6 +1330,8 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
         json_number(stdout, r->min_ms, r->median_ms >= 0);
         printf(", \"tflops\": ");
         json_number(stdout, r->tflops, r->tflops >= 0);
+        printf(", \"gbps\": ");
+        json_number(stdout, bench_gbps(r), r->median_ms > 0);
         printf(", \"ref_ms\": ");
         json_number(stdout, r->ref_ms, r->ref_ms >= 0);
         printf(", \"speedup\": ");
@@ -1312,7 +1349,112 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
     printf("\n]}\n");
 }
 
+/* CSV: the JSON row keys as columns; empty cells where JSON has null. */
+static void print_bench_csv(const bench_row *rows, int count) {
+    printf("dtype,batch,heads_q,heads_k,seqlen_q,seqlen_k,head_dim,causal,validated,max_err,"
+           "tolerance,iters,median_ms,min_ms,tflops,gbps,ref_ms,error\n");
+    for (int i = 0; i < count; i++) {
+        const bench_row *r = &rows[i];
+        const bench_shape *s = &r->s;
+        printf("%s,%d,%d,%d,%d,%d,%d,%d,%s,", dtype_short(r->dtype), s->batch, s->heads_q, s->heads_k,
+               s->seqlen_q, s->seqlen_k, s->head_dim, r->causal,
+               r->validated > 0 ? "pass" : r->validated == 0 ? "fail" : "skipped");
+        if (r->validated >= 0)
+            printf("%.6g,%.6g,", r->max_err, r->tolerance);
+        else
+            printf(",,");
+        printf("%d,", r->median_ms >= 0 ? r->iters : 0);
+        if (r->median_ms >= 0)
+            printf("%.6g,%.6g,%.6g,%.6g,", r->median_ms, r->min_ms, r->tflops, bench_gbps(r));
+        else
+            printf(",,,,");
+        if (r->ref_ms >= 0)
+            printf("%.6g", r->ref_ms);
+        putchar(',');
+        if (r->error[0]) { /* quoted, with quotes doubled */
+            putchar('"');
+            for (const char *c = r->error; *c; c++) {
+                if (*c == '"')
+                    putchar('"');
+                putchar(*c == '\n' ? ' ' : *c);
+            }
+            putchar('"');
+        }
+        putchar('\n');
+    }
+}
+
+/* TFLOP/s against seqlen_q, one line per configuration (all but the seqlen). */
+static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_row *rows, int count) {
+    svg_series *series = calloc((size_t)count, sizeof *series);
+    double *xs = calloc((size_t)count, sizeof *xs), *ys = calloc((size_t)count, sizeof *ys);
+    char(*labels)[96] = calloc((size_t)count, sizeof *labels);
+    int *owner = calloc((size_t)count, sizeof *owner), num = 0, used = 0, rc = -1;
+    char err[300], title[400];
+    if (!series || !xs || !ys || !labels || !owner) {
+        cli_errorf("out of memory for the plot");
+        goto done;
+    }
+    for (int i = 0; i < count; i++) { /* the configuration of each row */
+        const bench_row *r = &rows[i];
+        owner[i] = -1;
+        for (int j = 0; j < i && owner[i] < 0; j++) {
+            const bench_row *o = &rows[j];
+            if (o->dtype == r->dtype && o->s.batch == r->s.batch && o->s.heads_q == r->s.heads_q &&
+                o->s.heads_k == r->s.heads_k && o->s.head_dim == r->s.head_dim && o->causal == r->causal)
+                owner[i] = owner[j];
+        }
+        if (owner[i] < 0) {
+            owner[i] = num;
+            if (r->s.heads_q == r->s.heads_k)
+                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d D=%d%s", dtype_short(r->dtype),
+                         r->s.batch, r->s.heads_q, r->s.head_dim, r->causal ? " causal" : "");
+            else
+                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d:%d D=%d%s", dtype_short(r->dtype),
+                         r->s.batch, r->s.heads_q, r->s.heads_k, r->s.head_dim, r->causal ? " causal" : "");
+            num++;
+        }
+    }
+    for (int k = 0; k < num; k++) { /* each line's points, in order of seqlen */
+        series[k].label = labels[k];
+        series[k].x = xs + used;
+        series[k].y = ys + used;
+        for (int i = 0; i < count; i++) {
+            if (owner[i] != k)
+                continue;
+            int at = series[k].n++;
+            while (at > 0 && xs[used + at - 1] > rows[i].s.seqlen_q) {
+                xs[used + at] = xs[used + at - 1];
+                ys[used + at] = ys[used + at - 1];
+                at--;
+            }
+            xs[used + at] = rows[i].s.seqlen_q;
+            ys[used + at] = rows[i].tflops;
+        }
+        used += series[k].n;
+    }
+    {
+        const char *name = flashcl_context_device_name(ctx), *paren = strstr(name, " (");
+        snprintf(title, sizeof title, "flashcl forward, %.*s", paren ? (int)(paren - name) : (int)strlen(name),
+                 name);
+    }
+    if (svg_plot_write(path, title, "sequence length (seqlen_q = seqlen_k)", "TFLOP/s (median)", series, num, 1,
+                       err, sizeof err) != 0) {
+        cli_errorf("--plot: %s", err);
+        goto done;
+    }
+    rc = 0;
+done:
+    free(series);
+    free(xs);
+    free(ys);
+    free(labels);
+    free(owner);
+    return rc;
+}
+
 #define BENCH_MAX_SHAPES 64
+#define BENCH_MAX_LIST 16
 
 /* "B,H,N,D" or "B,Hq,Hk,Nq,Nk,D"; returns NULL or what is wrong with it. */
 static const char *parse_shape(const char *text, bench_shape *s) {
@@ -1331,6 +1473,30 @@ static const char *parse_shape(const char *text, bench_shape *s) {
     if (s->head_dim > 256)
         return "has head_dim over flashcl's limit of 256";
     return NULL;
+}
+
+/* --seqlen, --head-dim, --batch, --heads: a list of integers each; returns 1
+ * when argv[*i] was one, 0 when not, -1 after a message. */
+static const char *const sweep_names[4] = {"--seqlen", "--head-dim", "--batch", "--heads"};
+
+static int sweep_option(int argc, char **argv, int *i, long lists[4][BENCH_MAX_LIST], int counts[4]) {
+    static const long hi[4] = {1 << 24, 256, 1 << 16, 1 << 16};
+    const char *value;
+    for (int k = 0; k < 4; k++) {
+        int r = cli_take_value(argc, argv, i, sweep_names[k], &value);
+        if (r < 0)
+            return -1;
+        if (r == 0)
+            continue;
+        if (cli_parse_long_list(value, 1, hi[k], lists[k], BENCH_MAX_LIST, &counts[k]) != 0 ||
+            counts[k] < 1) {
+            usage_error(usage_bench, "%s wants up to %d integers in 1..%ld separated by commas, not '%s'",
+                        sweep_names[k], BENCH_MAX_LIST, hi[k], value);
+            return -1;
+        }
+        return 1;
+    }
+    return 0;
 }
 
 static int cmd_bench(int argc, char **argv) {
@@ -1358,6 +1524,10 @@ static int cmd_bench(int argc, char **argv) {
     int is_cpu, num_rows = 0, failures = 0;
     long number;
     flashcl_context *ctx;
+    flashcl_dtype dtypes[3] = {FLASHCL_FLOAT16};
+    int num_dtypes = 1, no_causal = 0;
+    long sweep[4][BENCH_MAX_LIST]; /* seqlen, head_dim, batch, heads */
+    int sweep_count[4] = {0, 0, 0, 0};
 
     memset(&opt, 0, sizeof opt);
     opt.dtype = FLASHCL_FLOAT16;
@@ -1374,8 +1544,18 @@ static int cmd_bench(int argc, char **argv) {
         } else if ((r = cli_take_value(argc, argv, &i, "--dtype", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (parse_dtype(value, &opt.dtype) != 0)
-                return usage_error(usage_bench, "--dtype wants f16, bf16 or f32, not '%s'", value);
+            char list[64], *tok, *save = NULL;
+            snprintf(list, sizeof list, "%s", value);
+            num_dtypes = 0;
+            for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+                if (num_dtypes == 3 || parse_dtype(tok, &dtypes[num_dtypes]) != 0)
+                    return usage_error(usage_bench, "--dtype wants f16, bf16 or f32 (a list of up to 3), not '%s'",
+                                       value);
+                num_dtypes++;
+            }
+            if (num_dtypes == 0)
+                return usage_error(usage_bench, "--dtype needs a value");
+            opt.dtype = dtypes[0];
         } else if ((r = cli_take_value(argc, argv, &i, "--shape", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
@@ -1405,6 +1585,17 @@ static int cmd_bench(int argc, char **argv) {
             want_long = 1;
         } else if (strcmp(arg, "--memory") == 0) {
             opt.memory = 1;
+        } else if ((r = sweep_option(argc, argv, &i, sweep, sweep_count)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+        } else if (strcmp(arg, "--no-causal") == 0) {
+            no_causal = 1;
+        } else if (strcmp(arg, "--csv") == 0) {
+            opt.csv = 1;
+        } else if ((r = cli_take_value(argc, argv, &i, "--plot", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            opt.plot = value;
         } else if (strcmp(arg, "--json") == 0) {
             opt.json = 1;
         } else {
@@ -1426,6 +1617,40 @@ static int cmd_bench(int argc, char **argv) {
         opt.iters = opt.memory ? (is_cpu ? 1 : 5) : (is_cpu ? 5 : 20);
     if (!warmup_set)
         opt.warmup = opt.memory && is_cpu ? 0 : (is_cpu ? 1 : 3);
+    if (causal_only && no_causal) {
+        flashcl_context_destroy(ctx);
+        return usage_error(usage_bench, "--causal and --no-causal leave nothing to run");
+    }
+    if (sweep_count[0] || sweep_count[1] || sweep_count[2] || sweep_count[3]) {
+        /* Every combination; unset lists take one default value. */
+        static const long cpu_seqlens[] = {256, 512, 1024}, gpu_seqlens[] = {512, 1024, 2048, 4096};
+        static const long one_d[] = {64}, one_b[] = {1}, one_h[] = {8};
+        const long *lists[4] = {sweep[0], sweep[1], sweep[2], sweep[3]};
+        int counts[4] = {sweep_count[0], sweep_count[1], sweep_count[2], sweep_count[3]};
+        if (!counts[0]) {
+            lists[0] = is_cpu ? cpu_seqlens : gpu_seqlens;
+            counts[0] = is_cpu ? 3 : 4;
+        }
+        if (!counts[1])
+            lists[1] = one_d, counts[1] = 1;
+        if (!counts[2])
+            lists[2] = one_b, counts[2] = 1;
+        if (!counts[3])
+            lists[3] = one_h, counts[3] = 1;
+        for (int b = 0; b < counts[2]; b++)
+            for (int h = 0; h < counts[3]; h++)
+                for (int d = 0; d < counts[1]; d++)
+                    for (int n = 0; n < counts[0]; n++) {
+                        bench_shape sh = {(int)lists[2][b], (int)lists[3][h], (int)lists[3][h],
+                                          (int)lists[0][n], (int)lists[0][n], (int)lists[1][d]};
+                        if (num_shapes >= BENCH_MAX_SHAPES) {
+                            flashcl_context_destroy(ctx);
+                            return usage_error(usage_bench, "the sweep has more than %d shapes",
+                                               BENCH_MAX_SHAPES);
+                        }
+                        shapes[num_shapes++] = sh;
+                    }
+    }
     if (num_shapes == 0) {
         const bench_shape *base = is_cpu ? cpu_shapes : gpu_shapes;
         const bench_shape *more = is_cpu ? cpu_long : gpu_long;
@@ -1438,33 +1663,42 @@ static int cmd_bench(int argc, char **argv) {
         for (int i = 0; want_long && i < nmore; i++)
             shapes[num_shapes++] = more[i];
     }
-    rows = calloc((size_t)num_shapes * 2, sizeof *rows);
+    rows = calloc((size_t)num_shapes * 2 * (size_t)num_dtypes, sizeof *rows);
     if (rows == NULL) {
         cli_errorf("out of memory");
         flashcl_context_destroy(ctx);
         return CLI_EXIT_FAIL;
     }
 
-    if (!opt.json) {
-        printf("flashcl bench: %s%s; %s, %d warm-up + %d timed runs (%s)\n",
+    if (!opt.json && !opt.csv) {
+        printf("flashcl bench: %s%s; %s%s%s%s%s, %d warm-up + %d timed runs (%s)\n",
                flashcl_context_device_name(ctx), flashcl_context_is_host(ctx) ? " [host path]" : "",
-               dtype_short(opt.dtype), opt.warmup, opt.iters,
+               dtype_short(dtypes[0]), num_dtypes > 1 ? "," : "", num_dtypes > 1 ? dtype_short(dtypes[1]) : "",
+               num_dtypes > 2 ? "," : "", num_dtypes > 2 ? dtype_short(dtypes[2]) : "", opt.warmup, opt.iters,
                flashcl_context_is_host(ctx) ? "wall clock" : "OpenCL profiling events");
         print_bench_header(&opt);
     }
+    for (int t = 0; t < num_dtypes; t++)
     for (int i = 0; i < num_shapes; i++) {
-        for (int causal = causal_only; causal <= 1; causal++) {
+        for (int causal = causal_only; causal <= (no_causal ? 0 : 1); causal++) {
             bench_row *row = &rows[num_rows++];
+            opt.dtype = dtypes[t];
             row->s = shapes[i];
             row->causal = causal;
             run_bench_row(ctx, &opt, row);
             if (row->error[0])
                 failures++;
-            if (!opt.json)
+            if (!opt.json && !opt.csv)
                 print_bench_row(&opt, row);
         }
     }
-    if (opt.json)
+    if (opt.plot && write_bench_plot(ctx, opt.plot, rows, num_rows) != 0)
+        failures++;
+    else if (opt.plot && !opt.json && !opt.csv)
+        printf("wrote %s\n", opt.plot);
+    if (opt.csv)
+        print_bench_csv(rows, num_rows);
+    else if (opt.json)
         print_bench_json(ctx, &opt, rows, num_rows);
     else if (opt.memory)
         printf("peak_rss: the process's peak resident memory so far; device: q,k,v,out,lse; "
