@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""compare_decode.py: flashcl's paged decode next to PyTorch SDPA (flash backend) with one query, same card, same run.
+
+Issue 6's bar: float16 KV, 32 query heads over 8 KV heads, D=128, batch 1..64,
+contexts 4k..128k. flashcl is timed by its own CLI (`flashcl bench --decode`:
+paged cache with shuffled pages, one query per sequence, profiling events from
+a marker before the call to the end of its last kernel, median of --iters);
+PyTorch by CUDA events around scaled_dot_product_attention over a contiguous
+cache ([B, 8, ctx, 128] K and V, q [B, 32, 1, 128], enable_gqa=True,
+is_causal=False: one query sees every key). The card's copy bandwidth is
+measured in the same run (a 1 GiB device-to-device copy, read + write bytes /
+time), so "% copy" says how close the K/V read gets to what the memory
+system delivers. K+V bytes = B * ctx * 8 * 128 * 2 * 2.
+
+    python3 bench/compare_decode.py --flashcl build-gpu/flashcl [--json out.json]
+"""
+import argparse
+import json
+import subprocess
+import sys
+
+BATCHES = [1, 4, 16, 64]
+CONTEXTS = [4096, 16384, 65536, 131072]
+HQ, HK, D = 32, 8, 128
+
+
+def flashcl_rows(exe, device, batches, contexts, iters, extra):
+    """{(batch, context): (median_us, min_us, splits)} from `flashcl bench --decode`."""
+    cmd = [exe, "bench", "--decode", "--device", device, "--dtype", "f16", "--heads", f"{HQ},{HK}",
+           "--head-dim", str(D), "--batch", ",".join(map(str, batches)),
+           "--context", ",".join(map(str, contexts)), "--iters", str(iters)] + extra
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    sys.stderr.write(out.stderr)
+    rows = {}
+    for line in out.stdout.splitlines():
+        f = line.split()
+        if len(f) >= 6 and all(x.replace(".", "", 1).isdigit() for x in f[:6]):
+            rows[(int(f[0]), int(f[1]))] = (float(f[3]), float(f[4]), int(f[2]))
+    if not rows:
+        sys.stderr.write("flashcl bench --decode printed no rows:\n" + out.stdout)
+    return rows
+
+
+def torch_us(batch, context, iters):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    q = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.float16)
+    k = torch.randn(batch, HK, context, D, device="cuda", dtype=torch.float16)
+    v = torch.randn(batch, HK, context, D, device="cuda", dtype=torch.float16)
+    try:
+        with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+            f = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=True)
+            for _ in range(3):
+                f()
+            times = []
+            for _ in range(iters):
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                f()
+                e.record()
+                torch.cuda.synchronize()
+                times.append(s.elapsed_time(e) * 1e3)
+    except RuntimeError as err:
+        sys.stderr.write(f"torch B{batch} ctx {context}: {err}\n")
+        return None
+    finally:
+        del q, k, v
+        torch.cuda.empty_cache()
+    times.sort()
+    return times[len(times) // 2]
+
+
+def copy_gbps(iters=20):
+    import torch
+    a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    times = []
+    for _ in range(iters):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        b.copy_(a)
+        e.record()
+        torch.cuda.synchronize()
+        times.append(s.elapsed_time(e) * 1e-3)
+    times.sort()
+    return 2 * a.numel() / times[len(times) // 2] / 1e9  # read + write
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--flashcl", required=True)
+    ap.add_argument("--device", default="nvidia")
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--batch", default=",".join(map(str, BATCHES)))
+    ap.add_argument("--context", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--json")
+    ap.add_argument("extra", nargs="*", help="more options for flashcl bench --decode (after --)")
+    args = ap.parse_args()
+    batches = [int(x) for x in args.batch.split(",")]
+    contexts = [int(x) for x in args.context.split(",")]
+    fl = flashcl_rows(args.flashcl, args.device, batches, contexts, args.iters, args.extra)
+    copy = copy_gbps()
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+    print(f"{'batch':>5} {'context':>7} {'KV_MB':>7} {'splits':>6} {'flashcl_us':>10} {'torch_us':>9} "
+          f"{'speedup':>7} {'GB/s':>7} {'%copy':>6}  verdict")
+    rows = []
+    for b in batches:
+        for c in contexts:
+            kv = b * c * HK * D * 2 * 2
+            t = torch_us(b, c, args.iters)
+            f = fl.get((b, c))
+            fu = f[0] if f else None
+            gbps = kv / (fu * 1e-6) / 1e9 if fu else None
+            pct = 100 * gbps / copy if gbps else None
+            ok = fu is not None and t is not None and fu <= t and (kv < 256e6 or pct >= 80)
+            rows.append(dict(batch=b, context=c, kv_bytes=kv, splits=f[2] if f else None, flashcl_us=fu,
+                             torch_us=t, gbps=gbps, pct_copy=pct, meets_bar=ok))
+            fmt = lambda x, p: "-" if x is None else f"{x:.{p}f}"
+            print(f"{b:>5} {c:>7} {kv / 1e6:>7.0f} {fmt(f[2] if f else None, 0):>6} {fmt(fu, 1):>10} "
+                  f"{fmt(t, 1):>9} {fmt(t / fu if fu and t else None, 2):>7} {fmt(gbps, 0):>7} "
+                  f"{fmt(pct, 0):>6}  {'ok' if ok else 'BELOW BAR'}")
+            sys.stdout.flush()
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(dict(copy_gbps=copy, rows=rows), fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
