@@ -56,7 +56,8 @@ else bad "broken tuning file: $(tail -3 out.txt)"; fi
 
 # Ctrl-C after the first candidate: still writes the best so far.
 rm -f int.json
-"$BIN" tune "${SMALL[@]}" --budget 600 --output int.json >out.txt 2>err.txt &
+# (A longer problem and many timed runs, so that the run is still going when the signal comes.)
+"$BIN" tune "${SMALL[@]}" --seqlen 256 --iters 200 --budget 600 --output int.json >out.txt 2>err.txt &
 pid=$!
 for _ in $(seq 1 600); do grep -q '\[1/' err.txt 2>/dev/null && break; sleep 0.1; done
 kill -INT "$pid"

@@ -47,6 +47,7 @@ const char usage_tune[] =
     "  --dtype f16|bf16|f32   storage type (default f16)\n"
     "  --head-dim D           head dimension (default 64)\n"
     "  --causal               tune the causal class (default: non-causal)\n"
+    "  --decode               tune the decode class: seqlen_q = 1, seqlen_k = --seqlen\n"
     "  --seqlen N             timed problem's seqlen_q = seqlen_k (default 4096; 1024 on a CPU)\n"
     "  --batch B, --heads H   timed problem's batch and heads (default 1, 8)\n"
     "  --variant LIST         variants to search: cpu,portable,nv-mma (default:\n"
@@ -449,7 +450,7 @@ int cmd_tune(int argc, char **argv) {
     flashcl_dtype dtype = FLASHCL_FLOAT16;
     long head_dim = 64, seqlen = 0, batch = 1, heads = 8, iters = 0, warmup = -1, confirm = 3, number;
     double budget = 300;
-    int causal = 0, dry_run = 0, no_write = 0, rc = CLI_EXIT_FAIL;
+    int causal = 0, decode = 0, dry_run = 0, no_write = 0, rc = CLI_EXIT_FAIL;
     candidate *list = NULL;
     int count = 0, cap = 0, pruned = 0;
     tune_problem t;
@@ -499,6 +500,8 @@ int cmd_tune(int argc, char **argv) {
             output = value;
         } else if (!strcmp(arg, "--causal")) {
             causal = 1;
+        } else if (!strcmp(arg, "--decode")) {
+            decode = 1;
         } else if (!strcmp(arg, "--dry-run")) {
             dry_run = 1;
         } else if (!strcmp(arg, "--no-write")) {
@@ -552,16 +555,16 @@ int cmd_tune(int argc, char **argv) {
     d->dtype = dtype;
     d->batch = (int)batch;
     d->heads_q = d->heads_k = (int)heads;
-    d->seqlen_q = d->seqlen_k = (int)seqlen;
+    d->seqlen_q = decode ? 1 : (int)seqlen;
+    d->seqlen_k = (int)seqlen;
     d->head_dim = (int)head_dim;
     d->causal = causal;
     *v = *d;
     v->batch = 1;
     v->heads_q = 2;
     v->heads_k = 1;
-    v->seqlen_q = v->seqlen_k = seqlen == 1 ? 1 : 131;
-    if (seqlen == 1)
-        v->seqlen_k = 131;
+    v->seqlen_q = d->seqlen_q == 1 ? 1 : 131; /* the same phase as the timed problem */
+    v->seqlen_k = 131;
 
     const char *problem = NULL, *path = output ? output : flashcl_tuning_file(ctx, &problem);
     flashcl_params base;
@@ -575,8 +578,8 @@ int cmd_tune(int argc, char **argv) {
     describe(&base, base_text, sizeof base_text);
     snprintf(base_source, sizeof base_source, "%s", base.source);
     printf("flashcl tune: %s\n", flashcl_context_device_name(ctx));
-    printf("class: %s, head_dim %ld, %s, %s; timed on B=%ld H=%ld N=%ld; validated on 1x2:1x131\n",
-           dtype_name(dtype), head_dim, causal ? "causal" : "non-causal", seqlen == 1 ? "decode" : "prefill",
+    printf("class: %s, head_dim %ld, %s, %s; timed on B=%ld H=%ld N=%ld; validated on B=1 H=2:1 N=131\n",
+           dtype_name(dtype), head_dim, causal ? "causal" : "non-causal", d->seqlen_q == 1 ? "decode" : "prefill",
            batch, heads, seqlen);
     printf("now: %s (%s)\n", base_text, base_source);
     if (!no_write && !dry_run) {
@@ -650,7 +653,7 @@ int cmd_tune(int argc, char **argv) {
             best = i;
             best_ms = c->median_ms;
         }
-        char line[160];
+        char line[400]; /* text (<= 160) + status (<= 200): no truncation */
         snprintf(line, sizeof line, "%s: %s", text, c->ok ? "ok" : c->status);
         if (c->ok)
             snprintf(line, sizeof line, "%s: %.3f ms", text, c->median_ms);
