@@ -285,6 +285,36 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
     return FLASHCL_SUCCESS;
 }
 
+/* The kernel `name` of a built program, created once and kept with it. */
+static flashcl_status program_kernel(flashcl_context *ctx, flashcl_program *e, const char *name,
+                                     cl_kernel *kernel) {
+    for (flashcl_kernel_entry *k = e->kernels; k; k = k->next)
+        if (!strcmp(k->name, name)) {
+            *kernel = k->kernel;
+            return FLASHCL_SUCCESS;
+        }
+    flashcl_kernel_entry *k = calloc(1, sizeof *k);
+    char *copy = flashcl_strdup(name);
+    if (!k || !copy) {
+        free(k);
+        free(copy);
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    cl_int err;
+    k->kernel = clCreateKernel(e->program, name, &err);
+    if (!k->kernel) {
+        free(k);
+        free(copy);
+        return flashcl_fail(ctx, err, "clCreateKernel(%s) in %s: %s", name, e->file,
+                            flashcl_status_string(err));
+    }
+    k->name = copy;
+    k->next = e->kernels;
+    e->kernels = k;
+    *kernel = k->kernel;
+    return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
                                   const char *options, cl_kernel *kernel) {
     flashcl_program *e;
@@ -306,13 +336,7 @@ flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const 
         e->next = ctx->programs;
         ctx->programs = e;
         flashcl_status st = build_entry(ctx, e);
-        if (st == FLASHCL_SUCCESS) {
-            cl_int err;
-            e->kernel = clCreateKernel(e->program, kernel_name, &err);
-            if (!e->kernel)
-                return flashcl_fail(ctx, err, "clCreateKernel(%s): %s", kernel_name,
-                                    flashcl_status_string(err));
-        } else if (!e->build_log) {
+        if (st != FLASHCL_SUCCESS && !e->build_log) {
             /* Not a compiler failure (no source, no memory): do not remember it. */
             ctx->programs = e->next;
             free(e->file);
@@ -323,23 +347,26 @@ flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const 
                        : flashcl_fail(ctx, st, "building %s: %s", file, flashcl_status_string(st));
         }
     }
-    if (!e->kernel) {
+    if (!e->program) {
         /* A remembered failure: report it again without rebuilding. */
         flashcl_fail(ctx, FLASHCL_ERROR_BUILD_FAILED, "building %s with '%s' failed:\n", e->file,
                      e->options);
         flashcl_append_error(ctx, e->build_log ? e->build_log : "(no build log)");
         return FLASHCL_ERROR_BUILD_FAILED;
     }
-    *kernel = e->kernel;
-    return FLASHCL_SUCCESS;
+    return program_kernel(ctx, e, kernel_name, kernel);
 }
 
 void flashcl_release_programs(flashcl_context *ctx) {
     flashcl_program *e = ctx->programs;
     while (e) {
         flashcl_program *next = e->next;
-        if (e->kernel)
-            clReleaseKernel(e->kernel);
+        for (flashcl_kernel_entry *k = e->kernels, *kn; k; k = kn) {
+            kn = k->next;
+            clReleaseKernel(k->kernel);
+            free(k->name);
+            free(k);
+        }
         if (e->program)
             clReleaseProgram(e->program);
         free(e->file);

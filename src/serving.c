@@ -114,7 +114,7 @@ flashcl_status flashcl_attention_merge(flashcl_context *ctx, const flashcl_merge
     char options[64];
     /* flashcl_get_kernel keeps one kernel per (file, options): merge.cl's two
      * kernels differ by a -D naming the kernel, which the source ignores. */
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFLASHCL_KERNEL_attn_merge", (int)r.dtype);
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r.dtype);
     cl_kernel kernel;
     if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_merge", options, &kernel)))
         return st;
@@ -474,7 +474,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     if ((st = flashcl_get_kernel(ctx, "paged_attention.cl", "paged_attention", options, &kernel)))
         return st;
     if (c->splits > 1) {
-        snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFLASHCL_KERNEL_attn_combine", (int)r->dtype);
+        snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r->dtype);
         if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_combine", options, &combine)))
             return st;
     }
