@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all]      (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final]   (results also under $OUT when set)
+# final: the suite with the default variants (forward, serving, backward),
+#        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -13,6 +15,33 @@ cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning'
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 ./build-gpu/flashcl devices | tee "$out/devices.txt"
+if [ "$what" = final ]; then
+  echo "== tests on the GPU, default variants"
+  for t in "test_forward quick" test_errors test_cache test_serving "test_backward quick"; do
+    bin=${t%% *}
+    [ -x build-gpu/tests/$bin ] || continue
+    FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/$t > "$out/$bin.log" 2>&1
+    echo "$t: exit $? $(tail -1 "$out/$bin.log")"
+    grep -m3 FAILED "$out/$bin.log"
+  done
+  ./build-gpu/flashcl check --device nvidia --cases 40 > "$out/check.log" 2>&1
+  echo "flashcl check --cases 40: exit $? $(tail -1 "$out/check.log")"
+  PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes f16,bf16 \
+    --json "$out/compare.json" --label "(default variants)" 2>/dev/null | tee "$out/compare.txt"
+  PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
+    --json "$out/decode.json" 2>/dev/null | tee "$out/decode.txt"
+  export FLASHCL_TUNING_FILE=$out/tuning.json
+  for args in "--head-dim 128" "--head-dim 64" "--head-dim 128 --causal"; do
+    timeout 100 ./build-gpu/flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch 4 --heads 32 \
+      --budget 60 --confirm 2 $args > "$out/tune-${args// /_}.txt" 2>&1
+    echo "tune $args: exit $?"; tail -4 "$out/tune-${args// /_}.txt"
+  done
+  unset FLASHCL_TUNING_FILE
+  ./build-gpu/flashcl bench --device nvidia --dtype f16 --batch 4 --heads 32 --head-dim 64,128 \
+    --seqlen 512,1024,2048,4096,8192,16384 --iters 10 --plot "$out/h200-forward.svg" > "$out/plot-bench.txt" 2>&1
+  echo "plot: exit $?"
+  exit 0
+fi
 if [ "$what" != bench ]; then
   for variant in default portable; do
     [ $variant = portable ] && export FLASHCL_VARIANT=portable || unset FLASHCL_VARIANT
