@@ -132,6 +132,39 @@ int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, con
 void flashcl_ref_kv_gather(const void *pool, flashcl_dtype dtype, int page_size, int heads_k, int head_dim,
                            const int *pages, int length, void *dense);
 
+/* ---- backward (ref_backward.c) ---------------------------------------------
+ * The exact gradients of the forward above, in double, recomputing O and LSE
+ * itself: desc as for flashcl_ref_attention_forward; dout in dout_layout's
+ * strides (NULL or all-zero strides: packed) and desc's dtype.
+ *   dq: double [batch][seqlen_q][heads_q][head_dim] packed
+ *   dk, dv: double [batch][seqlen_k][heads_k][head_dim] packed
+ * On an allocation failure every output is NaN. */
+void flashcl_ref_attention_backward(const flashcl_attention_desc *desc, const void *q, const void *k,
+                                    const void *v, const void *dout, const flashcl_layout *dout_layout,
+                                    double *dq, double *dk, double *dv);
+/* The naive backward in the storage precision (float arithmetic, P, out,
+ * dS and the gradients rounded to the dtype): the tolerance baseline. */
+void flashcl_ref_attention_backward_plain(const flashcl_attention_desc *desc, const void *q,
+                                          const void *k, const void *v, const void *dout,
+                                          const flashcl_layout *dout_layout, double *dq, double *dk,
+                                          double *dv);
+
+/* Checks dq, dk, dv (storage dtype, in opts' layouts; opts NULL: packed)
+ * with flash-attn's gradient rule, per tensor t:
+ *   max|got - ref| <= 3 * max|plain - ref| + eps(dtype) * max(1, max|ref|)
+ *                     + 4 * 2^-24 * scale * max|q| * max|k| * max|ref|
+ * (|q|, |k| row norms; the last term is what float scores cost any kernel).
+ * NaN or inf anywhere fails. Index 0, 1, 2 = dq, dk, dv. */
+typedef struct flashcl_ref_grad_report {
+    double max_err[3], plain_err[3], tolerance[3];
+    size_t mismatches; /* (size_t)-1 if the reference could not run */
+    int passed;
+} flashcl_ref_grad_report;
+int flashcl_ref_check_backward(const flashcl_attention_desc *desc, const flashcl_backward_options *opts,
+                               const void *q, const void *k, const void *v, const void *dout,
+                               const void *dq, const void *dk, const void *dv, int verbose,
+                               flashcl_ref_grad_report *report);
+
 #ifdef __cplusplus
 }
 #endif

@@ -414,6 +414,77 @@ FLASHCL_API flashcl_status flashcl_serving_params(flashcl_context *ctx, const fl
                                                 const flashcl_kv_cache *cache, const int *seq_ids,
                                                 flashcl_params *params, int *splits);
 
+/* ------------------------------------------------------------------------
+ * Backward pass
+ *
+ * Gradients of the forward above (flash-attn 2's algorithm): given the same
+ * desc (dtype, shape, masks, soft-cap, scale, strides) and the forward's q,
+ * k, v, out and lse, and dout = dL/dout, computes dq, dk, dv = dL/dq,
+ * dL/dk, dL/dv in the storage dtype, accumulated in float32. Memory is
+ * linear in the sequence lengths: P and dS exist one tile at a time on chip.
+ * GQA/MQA: dk and dv of a key/value head are the sums over the query heads
+ * sharing it. A row that sees no key (LSE -inf) gets dq 0 and contributes
+ * nothing to dk, dv; keys no row sees get dk = dv = 0.
+ * ---------------------------------------------------------------------- */
+typedef struct flashcl_backward_options {
+    /* Layouts of the gradient tensors; all-zero strides mean packed, as in
+     * flashcl_attention_desc. Zero-initialise for packed everywhere.
+     *   dout, dq: [batch][seqlen_q][heads_q][head_dim]
+     *   dk, dv:   [batch][seqlen_k][heads_k][head_dim]                      */
+    flashcl_layout dout, dq, dk, dv;
+    /* Nonzero: results are bitwise identical from run to run (dq is summed
+     * by a second pass over query blocks in a fixed order). Zero (default):
+     * dq is summed into float32 scratch with atomic compare-and-swap adds in
+     * the one pass that makes dk and dv, which saves recomputing P and dS;
+     * dq's last bits may then differ between runs. dk and dv are always
+     * deterministic. The host path is always deterministic.               */
+    int deterministic;
+} flashcl_backward_options;
+
+/* Bytes of scratch flashcl_attention_backward needs for desc and opts (opts
+ * may be NULL: packed layouts, default mode) on this context:
+ *   4 * batch * heads_q * seqlen_q            (D_i = rowsum(dout * out))
+ *   + 4 * batch * heads_q * seqlen_q * head_dim  unless deterministic
+ *                                             (the float32 dq accumulator)
+ * A host context answers 0. */
+FLASHCL_API flashcl_status flashcl_attention_backward_scratch_size(flashcl_context *ctx,
+                                                                   const flashcl_attention_desc *desc,
+                                                                   const flashcl_backward_options *opts,
+                                                                   size_t *bytes);
+
+/* The backward on caller-owned device buffers, enqueued on the context's
+ * queue (the kernels are chained by events, so an out-of-order queue works):
+ *   q, k, v, out: the forward's tensors, in desc's layouts and dtype
+ *   dout:         in opts->dout's layout, desc's dtype
+ *   lse:          float32 [batch][heads_q][seqlen_q] from element lse_offset,
+ *                 as the forward wrote it
+ *   dq, dk, dv:   outputs in opts' layouts and desc's dtype; every element
+ *                 of their shapes is written, elements their strides skip are
+ *                 not. They must not overlap each other or any input.
+ *   scratch:      at least flashcl_attention_backward_scratch_size bytes,
+ *                 contents ignored; busy until the returned event completes
+ * Every buffer is checked against its CL_MEM_SIZE and every kernel is built
+ * before the first launch: on error nothing is enqueued. `event` (may be
+ * NULL) receives the last kernel's event; the caller releases it. */
+FLASHCL_API flashcl_status flashcl_attention_backward(flashcl_context *ctx,
+                                                      const flashcl_attention_desc *desc,
+                                                      const flashcl_backward_options *opts,
+                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,
+                                                      cl_mem dout, cl_mem lse, size_t lse_offset,
+                                                      cl_mem dq, cl_mem dk, cl_mem dv,
+                                                      cl_mem scratch, cl_event *event);
+
+/* The same on host memory (lse from element 0), blocking: copies to the
+ * device and back with its own scratch; on a host context it runs the
+ * multi-threaded C path. On error no output is touched. */
+FLASHCL_API flashcl_status flashcl_attention_backward_host(flashcl_context *ctx,
+                                                           const flashcl_attention_desc *desc,
+                                                           const flashcl_backward_options *opts,
+                                                           const void *q, const void *k,
+                                                           const void *v, const void *out,
+                                                           const void *dout, const float *lse,
+                                                           void *dq, void *dk, void *dv);
+
 #ifdef __cplusplus
 }
 #endif

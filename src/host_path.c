@@ -181,3 +181,12 @@ flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attentio
         pthread_join(threads[t], NULL);
     return FLASHCL_SUCCESS;
 }
+
+/* The conversions above, for the host backward (src/host_backward.c). */
+float flashcl_host_load(const void *base, flashcl_dtype dtype, size_t i) {
+    return load(base, dtype, i);
+}
+
+void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value) {
+    store(base, dtype, i, value);
+}

@@ -633,3 +633,49 @@ void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k
         splits = FLASHCL_MAX_SPLITS;
     c->splits = splits < 1 ? 1 : (int)splits;
 }
+
+/* ==== Backward kernels: tiles and the dQ reduction (cl/flash_bwd.cl) =======================
+ * Everything the backward pass launches with is chosen here, in
+ * flashcl_backward_params, so a tuning database can take it over as one entry.
+ *   GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
+ *     D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
+ *     8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured.
+ *   CPU: see the entry below; measured on PoCL.
+ *   dQ: float atomics (one dkdv pass, dQ summed in a float scratch) unless the
+ *     caller asks for determinism, which adds a dQ pass recomputing P and dS.
+ * Then the tiles are halved until they fit the device's __local memory with
+ * 1 KB to spare, and the work-group is clamped to the device's maximum.
+ */
+size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
+    size_t m = (size_t)block_m, n = (size_t)block_n, row = (size_t)head_dim + 1;
+    /* K, V, Q, dO tiles; P and dS tiles; per row: LSE, D (float), lo, hi (long) */
+    return (2 * n * row + 2 * m * row + 2 * m * (n + 1) + 2 * m) * sizeof(float) + 2 * m * sizeof(cl_long);
+}
+
+void flashcl_backward_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
+                             int deterministic, flashcl_backward_choice *c) {
+    memset(c, 0, sizeof *c);
+    const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    if (cpu) {
+        c->block_m = 32;
+        c->block_n = 32;
+        c->work_group_size = 64;
+        c->source = "built-in: backward CPU default";
+    } else if (desc->head_dim <= 128) {
+        c->block_m = c->block_n = 16;
+        c->work_group_size = 128;
+        c->source = "built-in: backward GPU default";
+    } else {
+        c->block_m = c->block_n = 8;
+        c->work_group_size = 64;
+        c->source = "built-in: backward GPU default";
+    }
+    c->deterministic = deterministic != 0;
+    size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+    while (c->block_n > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, desc->head_dim) > budget)
+        c->block_n /= 2;
+    while (c->block_m > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, desc->head_dim) > budget)
+        c->block_m /= 2;
+    if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
+        c->work_group_size = (int)ctx->info.max_wg;
+}

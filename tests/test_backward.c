@@ -1,0 +1,525 @@
+/* test_backward.c: the backward pass against host_ref's double gradients, its determinism and its errors.
+ *
+ * `test_backward quick`: a finite-difference check of the double reference
+ * itself on tiny shapes; a small set of cases covering every dtype, odd head
+ * dims, Nq != Nk both ways, causal, windows, soft-cap, GQA/MQA, strided
+ * layouts, fully masked rows, both dQ modes; deterministic mode giving
+ * identical bits over 50 runs; one test per invalid argument (status and
+ * untouched outputs). `test_backward sweep` (label long) crosses head dims,
+ * shapes, dtypes and masks. On a host context (FLASHCL_TEST_DEVICE=host) the
+ * same cases run through flashcl_attention_backward_host.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+#define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
+
+static int failures, cases;
+
+/* ---- the finite-difference check of the reference -------------------------------- */
+
+/* L = sum(dout * out) in double, out from the double forward (packed). */
+static double loss(const flashcl_attention_desc *d, const float *q, const float *k, const float *v,
+                   const float *dout, double *out) {
+    flashcl_ref_attention_forward(d, q, k, v, out, NULL, NULL, NULL);
+    size_t n = (size_t)d->batch * d->seqlen_q * d->heads_q * d->head_dim;
+    double l = 0.0;
+    for (size_t i = 0; i < n; ++i)
+        l += (double)dout[i] * out[i];
+    return l;
+}
+
+/* Central differences of L over every input element against the reference
+ * gradient. The inputs are float32, so x +- h is rounded: the quotient uses
+ * the stored difference. Truncation error is O(h^2) ~ 1e-6. */
+static int fd_case(const char *name, flashcl_attention_desc d, uint64_t seed) {
+    const size_t nq = (size_t)d.batch * d.seqlen_q * d.heads_q * d.head_dim;
+    const size_t nk = (size_t)d.batch * d.seqlen_k * d.heads_k * d.head_dim;
+    float *x[4] = {malloc(nq * 4), malloc(nk * 4), malloc(nk * 4), malloc(nq * 4)}; /* q k v dout */
+    double *g[3] = {malloc(nq * 8), malloc(nk * 8), malloc(nk * 8)};
+    double *out = malloc(nq * 8);
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    for (int t = 0; t < 4; ++t)
+        flashcl_ref_fill_normal(&rng, x[t], FLASHCL_FLOAT32, t == 0 || t == 3 ? nq : nk, 1.0);
+    flashcl_ref_attention_backward(&d, x[0], x[1], x[2], x[3], NULL, g[0], g[1], g[2]);
+    double worst = 0.0;
+    int ok = 1;
+    for (int t = 0; t < 3; ++t) {
+        size_t n = t == 0 ? nq : nk;
+        for (size_t i = 0; i < n; ++i) {
+            const float x0 = x[t][i], h = 1e-3f;
+            x[t][i] = x0 + h;
+            const float up = x[t][i];
+            double lu = loss(&d, x[0], x[1], x[2], x[3], out);
+            x[t][i] = x0 - h;
+            const float down = x[t][i];
+            double ld = loss(&d, x[0], x[1], x[2], x[3], out);
+            x[t][i] = x0;
+            double fd = (lu - ld) / ((double)up - (double)down);
+            double e = fabs(fd - g[t][i]);
+            worst = fmax(worst, e);
+            if (!(e <= 1e-5 + 1e-4 * fabs(g[t][i]))) {
+                if (ok)
+                    printf("  %s: d%s[%zu]: finite difference %.9g, reference %.9g\n", name,
+                           t == 0 ? "q" : t == 1 ? "k" : "v", i, fd, g[t][i]);
+                ok = 0;
+            }
+        }
+    }
+    char what[120];
+    snprintf(what, sizeof what, "reference vs finite differences: %s (max err %.2g)", name, worst);
+    expect(ok, what, &failures);
+    for (int t = 0; t < 4; ++t)
+        free(x[t]);
+    for (int t = 0; t < 3; ++t)
+        free(g[t]);
+    free(out);
+    return ok;
+}
+
+static void fd_checks(uint64_t seed) {
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT32;
+    d.batch = 1;
+    d.heads_q = d.heads_k = 1;
+    d.seqlen_q = 3;
+    d.seqlen_k = 4;
+    d.head_dim = 3;
+    fd_case("1x3x4 D3", d, seed);
+    d.causal = 1;
+    d.seqlen_q = 5; /* Nq > Nk: the first row sees no key */
+    fd_case("causal 5x4 D3", d, seed + 1);
+    d.causal = 0;
+    d.softcap = 2.0f;
+    d.scale = 0.9f;
+    d.seqlen_q = 2;
+    fd_case("softcap 2x4 D3", d, seed + 2);
+    d.softcap = 0.0f;
+    d.scale = 0.0f;
+    d.heads_q = 4;
+    d.heads_k = 2;
+    d.windowed = 1;
+    d.window_left = 1;
+    d.window_right = 0;
+    d.seqlen_q = 4;
+    d.seqlen_k = 3;
+    d.head_dim = 2;
+    fd_case("GQA 4:2 window(1,0) 4x3 D2", d, seed + 3);
+}
+
+/* ---- device (or host-path) runs ---------------------------------------------------------- */
+
+typedef struct run_buffers {
+    flashcl_attention_desc d;  /* as the case lays it out (unresolved) */
+    flashcl_backward_options o;
+    size_t elems[4], lse_count;
+    void *host[4], *dout, *grad[3];
+    float *lse;
+} run_buffers;
+
+static const size_t lse_pad = 5; /* the device runs put LSE at a nonzero offset */
+
+static int setup(run_buffers *rb, const test_case *tc, uint64_t seed) {
+    memset(rb, 0, sizeof *rb);
+    case_desc(tc, &rb->d, rb->elems);
+    rb->o.dout = rb->d.out;
+    rb->o.dq = rb->d.q;
+    rb->o.dk = rb->d.k;
+    rb->o.dv = rb->d.v;
+    const size_t es = flashcl_dtype_size(tc->dtype);
+    rb->lse_count = (size_t)tc->batch * tc->heads_q * tc->seqlen_q;
+    for (int i = 0; i < 4; ++i)
+        rb->host[i] = malloc(rb->elems[i] * es);
+    rb->dout = malloc(rb->elems[3] * es);
+    for (int i = 0; i < 3; ++i)
+        rb->grad[i] = malloc(rb->elems[i] * es);
+    rb->lse = malloc((rb->lse_count + lse_pad) * sizeof(float));
+    if (!rb->host[0] || !rb->host[1] || !rb->host[2] || !rb->host[3] || !rb->dout || !rb->grad[0] ||
+        !rb->grad[1] || !rb->grad[2] || !rb->lse)
+        return 0;
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    double sd = tc->input_scale > 0 ? tc->input_scale : 1.0;
+    for (int i = 0; i < 3; ++i)
+        flashcl_ref_fill_normal(&rng, rb->host[i], tc->dtype, rb->elems[i], i < 2 ? sd : 1.0);
+    flashcl_ref_fill_normal(&rng, rb->dout, tc->dtype, rb->elems[3], 1.0);
+    return 1;
+}
+
+static void teardown(run_buffers *rb) {
+    for (int i = 0; i < 4; ++i)
+        free(rb->host[i]);
+    free(rb->dout);
+    for (int i = 0; i < 3; ++i)
+        free(rb->grad[i]);
+    free(rb->lse);
+}
+
+static void poison_grads(run_buffers *rb, flashcl_dtype dt) {
+    for (int i = 0; i < 3; ++i)
+        flashcl_ref_poison(rb->grad[i], dt, rb->elems[i]);
+}
+
+static cl_mem make_buffer(flashcl_context *ctx, size_t bytes, void *init) {
+    cl_int err;
+    return clCreateBuffer(flashcl_context_cl_context(ctx),
+                          CL_MEM_READ_WRITE | (init ? CL_MEM_COPY_HOST_PTR : 0), bytes, init, &err);
+}
+
+/* Forward (for out and LSE), then backward into rb->grad. On a host context
+ * both go through the *_host functions. */
+static flashcl_status run_backward(flashcl_context *ctx, run_buffers *rb, int deterministic) {
+    const size_t es = flashcl_dtype_size(rb->d.dtype);
+    rb->o.deterministic = deterministic;
+    if (flashcl_context_is_host(ctx)) {
+        flashcl_status st =
+            flashcl_attention_forward_host(ctx, &rb->d, rb->host[0], rb->host[1], rb->host[2], rb->host[3], rb->lse);
+        return st ? st
+                  : flashcl_attention_backward_host(ctx, &rb->d, &rb->o, rb->host[0], rb->host[1], rb->host[2],
+                                                    rb->host[3], rb->dout, rb->lse, rb->grad[0], rb->grad[1],
+                                                    rb->grad[2]);
+    }
+    cl_command_queue queue = flashcl_context_cl_queue(ctx);
+    size_t scratch_bytes = 0;
+    flashcl_status st = flashcl_attention_backward_scratch_size(ctx, &rb->d, &rb->o, &scratch_bytes);
+    if (st)
+        return st;
+    cl_mem b[10] = {0};
+    for (int i = 0; i < 4; ++i)
+        b[i] = make_buffer(ctx, rb->elems[i] * es, rb->host[i]);
+    b[4] = make_buffer(ctx, rb->elems[3] * es, rb->dout);
+    for (int i = 0; i < 3; ++i)
+        b[5 + i] = make_buffer(ctx, rb->elems[i] * es, rb->grad[i]);
+    b[8] = make_buffer(ctx, (rb->lse_count + lse_pad) * sizeof(float), NULL);
+    b[9] = make_buffer(ctx, scratch_bytes, NULL);
+    st = FLASHCL_SUCCESS;
+    for (int i = 0; i < 10; ++i)
+        if (!b[i])
+            st = CL_OUT_OF_RESOURCES;
+    if (!st)
+        st = flashcl_attention_forward(ctx, &rb->d, b[0], b[1], b[2], b[3], b[8], lse_pad, NULL);
+    cl_event ev = NULL;
+    if (!st)
+        st = flashcl_attention_backward(ctx, &rb->d, &rb->o, b[0], b[1], b[2], b[3], b[4], b[8], lse_pad,
+                                        b[5], b[6], b[7], b[9], &ev);
+    if (!st) {
+        clWaitForEvents(1, &ev);
+        clReleaseEvent(ev);
+        for (int i = 0; i < 3; ++i)
+            clEnqueueReadBuffer(queue, b[5 + i], CL_TRUE, 0, rb->elems[i] * es, rb->grad[i], 0, NULL, NULL);
+        clEnqueueReadBuffer(queue, b[3], CL_TRUE, 0, rb->elems[3] * es, rb->host[3], 0, NULL, NULL);
+    }
+    for (int i = 0; i < 10; ++i)
+        if (b[i])
+            clReleaseMemObject(b[i]);
+    return st;
+}
+
+static void describe(const test_case *tc, int deterministic, char *buf, size_t cap) {
+    static const char *dtypes[] = {"f32", "f16", "bf16"};
+    snprintf(buf, cap, "%s B%d Hq%d Hk%d Nq%d Nk%d D%d%s win(%d,%d)%s%s%s", dtypes[tc->dtype], tc->batch,
+             tc->heads_q, tc->heads_k, tc->seqlen_q, tc->seqlen_k, tc->head_dim, tc->causal ? " causal" : "",
+             tc->window_left, tc->window_right, tc->softcap > 0 ? " softcap" : "",
+             tc->layout == LAYOUT_BHSD ? " bhsd" : tc->layout == LAYOUT_PADDED ? " padded" : "",
+             deterministic ? " det" : "");
+}
+
+static void run(flashcl_context *ctx, test_case tc, int deterministic) {
+    ++cases;
+    char name[200];
+    describe(&tc, deterministic, name, sizeof name);
+    run_buffers rb;
+    int ok = 0;
+    if (!setup(&rb, &tc, test_seed() + (uint64_t)cases * 7919u)) {
+        printf("%s: out of host memory\n", name);
+    } else {
+        poison_grads(&rb, tc.dtype);
+        flashcl_status st = run_backward(ctx, &rb, deterministic);
+        if (st) {
+            printf("%s: FAILED: %s: %s\n", name, flashcl_status_string(st), flashcl_last_error(ctx));
+        } else {
+            flashcl_attention_desc_resolve(&rb.d);
+            flashcl_ref_grad_report rep;
+            ok = flashcl_ref_check_backward(&rb.d, &rb.o, rb.host[0], rb.host[1], rb.host[2], rb.dout,
+                                            rb.grad[0], rb.grad[1], rb.grad[2], 1, &rep);
+            printf("%-62s err/tol dq %.2g/%.2g dk %.2g/%.2g dv %.2g/%.2g %s\n", name, rep.max_err[0],
+                   rep.tolerance[0], rep.max_err[1], rep.tolerance[1], rep.max_err[2], rep.tolerance[2],
+                   ok ? "ok" : "FAILED");
+        }
+    }
+    teardown(&rb);
+    if (!ok)
+        ++failures;
+}
+
+static test_case base(flashcl_dtype dtype, int nq, int nk, int d) {
+    test_case tc;
+    memset(&tc, 0, sizeof tc);
+    tc.dtype = dtype;
+    tc.batch = 1;
+    tc.heads_q = tc.heads_k = 1;
+    tc.seqlen_q = nq;
+    tc.seqlen_k = nk;
+    tc.head_dim = d;
+    tc.window_left = tc.window_right = -1;
+    return tc;
+}
+
+/* Kernel builds dominate on PoCL: the quick set uses three (dtype, head_dim)
+ * pairs, f32/16, f16/59 and bf16/59, plus D=1. */
+static void quick(flashcl_context *ctx) {
+    test_case tc = base(FLASHCL_FLOAT32, 37, 53, 16);
+    run(ctx, tc, 0);
+    run(ctx, tc, 1);
+    tc.softcap = 30.0f; /* large scores, where the cap bends: its derivative matters */
+    tc.input_scale = 4.0;
+    tc.seqlen_q = 64;
+    tc.seqlen_k = 96;
+    run(ctx, tc, 0);
+    tc = base(FLASHCL_FLOAT32, 45, 45, 16); /* MQA through strides */
+    tc.heads_q = 4;
+    tc.causal = 1;
+    tc.layout = LAYOUT_BHSD;
+    run(ctx, tc, 1);
+
+    tc = base(FLASHCL_FLOAT16, 77, 131, 59); /* GQA, odd head dim, Nq < Nk */
+    tc.batch = 2;
+    tc.heads_q = 6;
+    tc.heads_k = 2;
+    tc.causal = 1;
+    run(ctx, tc, 0);
+    tc.causal = 0;
+    tc.window_left = 17;
+    tc.window_right = 5;
+    run(ctx, tc, 1);
+    tc = base(FLASHCL_FLOAT16, 50, 40, 59);
+    tc.layout = LAYOUT_PADDED;
+    tc.scale = 0.3f;
+    run(ctx, tc, 1);
+
+    tc = base(FLASHCL_BFLOAT16, 131, 77, 59); /* Nq > Nk causal: 54 rows see no key */
+    tc.heads_q = 3;
+    tc.causal = 1;
+    run(ctx, tc, 0);
+    tc.causal = 0;
+    tc.window_left = 0; /* diagonal only, fully masked rows too */
+    tc.window_right = 0;
+    run(ctx, tc, 0);
+
+    tc = base(FLASHCL_FLOAT32, 1, 1, 1);
+    run(ctx, tc, 0);
+}
+
+static const int head_dims[] = {1, 8, 32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256};
+static const int seqlens[][2] = {{1, 239}, {3, 799}, {113, 203}, {128, 217}, {108, 256},
+                                 {256, 512}, {512, 256}, {1023, 1024}};
+
+static void sweep(flashcl_context *ctx) {
+    for (int i = 0; i < COUNT(head_dims); ++i)
+        for (int s = 0; s < COUNT(seqlens); ++s)
+            for (int causal = 0; causal < 2; ++causal) {
+                test_case tc = base((flashcl_dtype)((i + s) % 3), seqlens[s][0], seqlens[s][1], head_dims[i]);
+                tc.causal = causal;
+                tc.batch = 1 + (s & 1);
+                tc.heads_q = 2 + 2 * (i & 1);
+                tc.heads_k = (i & 2) ? 1 : tc.heads_q;
+                if (s == 2) {
+                    tc.window_left = 31;
+                    tc.window_right = 7;
+                }
+                if (s == 4)
+                    tc.softcap = 20.0f;
+                run(ctx, tc, (i + s + causal) & 1);
+            }
+}
+
+/* ---- determinism ------------------------------------------------------------------------ */
+
+static void determinism(flashcl_context *ctx) {
+    test_case tc = base(FLASHCL_FLOAT16, 77, 131, 59);
+    tc.batch = 2;
+    tc.heads_q = 6;
+    tc.heads_k = 2;
+    tc.causal = 1;
+    run_buffers rb;
+    int ok = setup(&rb, &tc, test_seed() + 99991u);
+    void *first[3] = {NULL, NULL, NULL};
+    const size_t es = flashcl_dtype_size(tc.dtype);
+    for (int i = 0; ok && i < 3; ++i)
+        ok = (first[i] = malloc(rb.elems[i] * es)) != NULL;
+    int runs = 0;
+    for (; ok && runs < 50; ++runs) {
+        poison_grads(&rb, tc.dtype);
+        if (run_backward(ctx, &rb, 1) != FLASHCL_SUCCESS) {
+            printf("  run %d: %s\n", runs, flashcl_last_error(ctx));
+            ok = 0;
+            break;
+        }
+        for (int i = 0; i < 3; ++i) {
+            if (runs == 0)
+                memcpy(first[i], rb.grad[i], rb.elems[i] * es);
+            else if (memcmp(first[i], rb.grad[i], rb.elems[i] * es) != 0) {
+                printf("  run %d: d%c differs from run 0\n", runs, "qkv"[i]);
+                ok = 0;
+            }
+        }
+    }
+    /* The identical bits must also be right. */
+    if (ok) {
+        flashcl_attention_desc_resolve(&rb.d);
+        ok = flashcl_ref_check_backward(&rb.d, &rb.o, rb.host[0], rb.host[1], rb.host[2], rb.dout, first[0],
+                                        first[1], first[2], 1, NULL);
+    }
+    char what[100];
+    snprintf(what, sizeof what, "deterministic mode: identical bits over %d runs", runs);
+    expect(ok && runs == 50, what, &failures);
+    for (int i = 0; i < 3; ++i)
+        free(first[i]);
+    teardown(&rb);
+}
+
+/* ---- invalid arguments: an error status, and no output touched ------------------------- */
+
+static void errors(flashcl_context *ctx) {
+    test_case tc = base(FLASHCL_FLOAT32, 37, 53, 16);
+    run_buffers rb;
+    if (!setup(&rb, &tc, test_seed() + 5u)) {
+        expect(0, "errors: setup", &failures);
+        return;
+    }
+    flashcl_attention_desc d = rb.d;
+    const size_t es = 4;
+    size_t scratch_bytes = 0;
+    expect(flashcl_attention_backward_scratch_size(ctx, &d, NULL, &scratch_bytes) == FLASHCL_SUCCESS,
+           "scratch size query", &failures);
+    expect(flashcl_attention_backward_scratch_size(ctx, &d, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "scratch size: NULL bytes", &failures);
+    flashcl_attention_desc bad = d;
+    bad.heads_q = 3;
+    bad.heads_k = 2;
+    expect(flashcl_attention_backward_scratch_size(ctx, &bad, NULL, &scratch_bytes) == FLASHCL_ERROR_INVALID_SHAPE,
+           "scratch size: heads_q % heads_k", &failures);
+
+    if (flashcl_context_is_host(ctx)) {
+        expect(flashcl_attention_backward(ctx, &d, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, NULL, NULL,
+                                          NULL, NULL, NULL) == FLASHCL_ERROR_UNSUPPORTED,
+               "host context: cl_mem entry point unsupported", &failures);
+    } else {
+        flashcl_attention_backward_scratch_size(ctx, &d, NULL, &scratch_bytes);
+        cl_mem b[10];
+        for (int i = 0; i < 4; ++i)
+            b[i] = make_buffer(ctx, rb.elems[i] * es, rb.host[i]);
+        b[4] = make_buffer(ctx, rb.elems[3] * es, rb.dout);
+        poison_grads(&rb, tc.dtype);
+        for (int i = 0; i < 3; ++i)
+            b[5 + i] = make_buffer(ctx, rb.elems[i] * es, rb.grad[i]);
+        b[8] = make_buffer(ctx, rb.lse_count * 4, NULL);
+        b[9] = make_buffer(ctx, scratch_bytes, NULL);
+        cl_mem small = make_buffer(ctx, 64, NULL);
+        flashcl_attention_forward(ctx, &d, b[0], b[1], b[2], b[3], b[8], 0, NULL);
+        clFinish(flashcl_context_cl_queue(ctx));
+        struct {
+            const char *what;
+            flashcl_status want;
+            int replace; /* which buffer to replace: -1 none */
+            cl_mem with;
+            flashcl_attention_desc *desc;
+            size_t lse_offset;
+        } tests[] = {
+            {"NULL dq buffer", FLASHCL_ERROR_INVALID_ARGUMENT, 5, NULL, &d, 0},
+            {"NULL dout buffer", FLASHCL_ERROR_INVALID_ARGUMENT, 4, NULL, &d, 0},
+            {"dk buffer too small", FLASHCL_ERROR_OUT_OF_BOUNDS, 6, small, &d, 0},
+            {"scratch too small", FLASHCL_ERROR_OUT_OF_BOUNDS, 9, small, &d, 0},
+            {"NULL scratch", FLASHCL_ERROR_INVALID_ARGUMENT, 9, NULL, &d, 0},
+            {"lse offset past the buffer", FLASHCL_ERROR_OUT_OF_BOUNDS, -1, NULL, &d, 1},
+            {"dq is the q buffer", FLASHCL_ERROR_INVALID_ARGUMENT, 5, b[0], &d, 0},
+            {"heads_q not a multiple of heads_k", FLASHCL_ERROR_INVALID_SHAPE, -1, NULL, &bad, 0},
+        };
+        for (int t = 0; t < COUNT(tests); ++t) {
+            cl_mem x[10];
+            memcpy(x, b, sizeof x);
+            if (tests[t].replace >= 0)
+                x[tests[t].replace] = tests[t].with;
+            flashcl_status st = flashcl_attention_backward(ctx, tests[t].desc, NULL, x[0], x[1], x[2], x[3], x[4],
+                                                           x[8], tests[t].lse_offset, x[5], x[6], x[7], x[9], NULL);
+            char what[120];
+            snprintf(what, sizeof what, "error: %s -> %d (%s)", tests[t].what, st, flashcl_status_string(st));
+            expect(st == tests[t].want && flashcl_last_error(ctx)[0], what, &failures);
+        }
+        /* A malformed parameter override is reported, not ignored. */
+        setenv("FLASHCL_BWD_PARAMS", "BLOCK_M=16,BOGUS=2", 1);
+        flashcl_status st = flashcl_attention_backward(ctx, &d, NULL, b[0], b[1], b[2], b[3], b[4], b[8], 0,
+                                                       b[5], b[6], b[7], b[9], NULL);
+        unsetenv("FLASHCL_BWD_PARAMS");
+        expect(st == FLASHCL_ERROR_INVALID_PARAMS, "error: malformed FLASHCL_BWD_PARAMS", &failures);
+        clFinish(flashcl_context_cl_queue(ctx));
+        /* Nothing above may have written a gradient. */
+        int untouched = 1;
+        void *check = malloc(rb.elems[0] * es > rb.elems[1] * es ? rb.elems[0] * es : rb.elems[1] * es);
+        for (int i = 0; check && i < 3; ++i) {
+            clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b[5 + i], CL_TRUE, 0, rb.elems[i] * es, check, 0,
+                                NULL, NULL);
+            untouched &= memcmp(check, rb.grad[i], rb.elems[i] * es) == 0;
+        }
+        expect(check && untouched, "errors leave dq, dk, dv untouched", &failures);
+        free(check);
+        for (int i = 0; i < 10; ++i)
+            clReleaseMemObject(b[i]);
+        clReleaseMemObject(small);
+    }
+    /* The host-pointer layer: NULL pointers and bad shapes, outputs untouched. */
+    poison_grads(&rb, tc.dtype);
+    flashcl_attention_forward_host(ctx, &d, rb.host[0], rb.host[1], rb.host[2], rb.host[3], rb.lse);
+    void *saved = malloc(rb.elems[0] * es);
+    memcpy(saved, rb.grad[0], rb.elems[0] * es);
+    expect(flashcl_attention_backward_host(ctx, &d, NULL, rb.host[0], rb.host[1], rb.host[2], rb.host[3],
+                                           rb.dout, NULL, rb.grad[0], rb.grad[1], rb.grad[2]) ==
+               FLASHCL_ERROR_INVALID_ARGUMENT,
+           "host layer: NULL lse", &failures);
+    bad = d;
+    bad.head_dim = 300;
+    expect(flashcl_attention_backward_host(ctx, &bad, NULL, rb.host[0], rb.host[1], rb.host[2], rb.host[3],
+                                           rb.dout, rb.lse, rb.grad[0], rb.grad[1], rb.grad[2]) ==
+               FLASHCL_ERROR_INVALID_SHAPE,
+           "host layer: head_dim 300", &failures);
+    bad = d;
+    bad.dtype = (flashcl_dtype)7;
+    expect(flashcl_attention_backward_host(ctx, &bad, NULL, rb.host[0], rb.host[1], rb.host[2], rb.host[3],
+                                           rb.dout, rb.lse, rb.grad[0], rb.grad[1], rb.grad[2]) ==
+               FLASHCL_ERROR_INVALID_ARGUMENT,
+           "host layer: unknown dtype", &failures);
+    expect(memcmp(saved, rb.grad[0], rb.elems[0] * es) == 0, "host layer errors leave dq untouched", &failures);
+    /* And it works: the same gradients through host pointers. */
+    flashcl_status st = flashcl_attention_backward_host(ctx, &d, NULL, rb.host[0], rb.host[1], rb.host[2],
+                                                        rb.host[3], rb.dout, rb.lse, rb.grad[0], rb.grad[1], rb.grad[2]);
+    flashcl_attention_desc r = d;
+    flashcl_attention_desc_resolve(&r);
+    expect(st == FLASHCL_SUCCESS && flashcl_ref_check_backward(&r, NULL, rb.host[0], rb.host[1], rb.host[2],
+                                                               rb.dout, rb.grad[0], rb.grad[1], rb.grad[2], 1, NULL),
+           "host layer: flashcl_attention_backward_host matches the reference", &failures);
+    free(saved);
+    teardown(&rb);
+}
+
+int main(int argc, char **argv) {
+    flashcl_context *ctx = test_context();
+    uint64_t seed = test_seed();
+    if (argc > 1 && !strcmp(argv[1], "sweep")) {
+        sweep(ctx);
+    } else {
+        fd_checks(seed);
+        quick(ctx);
+        determinism(ctx);
+        errors(ctx);
+    }
+    printf("%d of %d cases passed, %d failures\n", cases - (failures > cases ? cases : failures), cases, failures);
+    flashcl_context_destroy(ctx);
+    return failures ? 1 : 0;
+}
