@@ -156,6 +156,10 @@ void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k
 /* __local bytes cl/paged_attention.cl needs with these tiles. */
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_dim);
 
+/* ---- the pure-C host path (host_path.c) ---- */
+flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                    const void *q, const void *k, const void *v, void *out,
+                                    float *lse);
 
 /* ---- small utilities (util.c) ---- */
 uint64_t flashcl_fnv1a(uint64_t hash, const void *data, size_t size);
