@@ -156,10 +156,34 @@ void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k
 /* __local bytes cl/paged_attention.cl needs with these tiles. */
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_dim);
 
+/* ---- backward kernels' parameters (params.c, flashcl_backward_params) ---- */
+/* Tiles of cl/flash_bwd.cl and how dQ is reduced. */
+typedef struct flashcl_backward_choice {
+    int block_m;         /* query rows per streamed tile                    */
+    int block_n;         /* keys per dkdv work-group / per streamed dq tile */
+    int work_group_size; /* work-items per work-group                       */
+    int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
+    const char *source;  /* where the numbers came from                     */
+} flashcl_backward_choice;
+/* deterministic: the caller's flashcl_backward_options.deterministic. */
+void flashcl_backward_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
+                             int deterministic, flashcl_backward_choice *choice);
+/* __local bytes cl/flash_bwd.cl needs with these tiles. */
+size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim);
+
 /* ---- the pure-C host path (host_path.c) ---- */
 flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                     const void *q, const void *k, const void *v, void *out,
                                     float *lse);
+/* The backward on host memory (src/host_backward.c): desc resolved, opts
+ * with resolved layouts, lse float [batch][heads_q][seqlen_q]. */
+flashcl_status flashcl_host_backward(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                     const flashcl_backward_options *opts, const void *q,
+                                     const void *k, const void *v, const void *out, const void *dout,
+                                     const float *lse, void *dq, void *dk, void *dv);
+/* host_path.c's storage conversions: element i of an array of dtype. */
+float flashcl_host_load(const void *base, flashcl_dtype dtype, size_t i);
+void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value);
 
 /* ---- small utilities (util.c) ---- */
 uint64_t flashcl_fnv1a(uint64_t hash, const void *data, size_t size);
