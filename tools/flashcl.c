@@ -16,6 +16,7 @@
 #include "flashcl_ref.h"
 #include "npy.h"
 #include "serving_cli.h"
+#include "backward_cli.h"
 #include "svg_plot.h"
 #include "tune.h"
 
@@ -79,7 +80,9 @@ static const char usage_attention[] =
     "  --paged P       store K/V in a paged KV cache of P-token pages (1..256) handed\n"
     "                  out in shuffled order and attend through the page tables\n"
     "                  (flashcl_paged_attention); the output equals the dense one\n"
-    "  --device SPEC   see 'flashcl --help'\n";
+    "  --device SPEC   see 'flashcl --help'\n"
+    "  --backward      gradients dq, dk, dv instead (its own options:\n"
+    "                  flashcl attention --backward --help)\n";
 
 static const char usage_check[] =
     "usage: flashcl check [--device SPEC] [--seed N] [--cases N]\n"
@@ -129,6 +132,8 @@ static const char usage_bench[] =
     "GB/s counts the bytes of q, k, v, out and lse once (the minimum traffic).\n"
     "  --decode               decode throughput over a paged KV cache instead\n"
     "                         (its own options: flashcl bench --decode --help)\n"
+    "  --backward             time the backward pass instead\n"
+    "                         (its own options: flashcl bench --backward --help)\n"
     "  --device SPEC\n";
 
 /* ======================================================================
@@ -564,6 +569,9 @@ static int cmd_attention(int argc, char **argv) {
     size_t lse_shape[3], lse_count;
     int rc = CLI_EXIT_FAIL;
 
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--backward") == 0) /* gradients: tools/backward_cli.c */
+            return cli_attention_backward(argc, argv);
     memset(&q, 0, sizeof q);
     memset(&k, 0, sizeof k);
     memset(&v, 0, sizeof v);
@@ -1503,6 +1511,9 @@ static int cmd_bench(int argc, char **argv) {
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--decode") == 0) /* decode throughput: tools/serving_cli.c */
             return cli_bench_decode(argc, argv);
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--backward") == 0) /* backward pass: tools/backward_cli.c */
+            return cli_bench_backward(argc, argv);
     static const bench_shape gpu_shapes[] = {{1, 8, 8, 1024, 1024, 64},
                                              {1, 8, 8, 2048, 2048, 64},
                                              {1, 8, 8, 4096, 4096, 64},

@@ -1,0 +1,107 @@
+#!/usr/bin/env bash
+# test_backward_cli.sh: `flashcl attention --backward` and `flashcl bench --backward` end to end.
+#
+# usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR
+#
+# Constant inputs make the gradients known: with every q and k element 0.5,
+# all visible scores are equal and P is uniform, 1/n_i over row i's n_i keys;
+# with dout constant, dP_j = dout . v_j is the same for every key and equals
+# D_i = dout . out_i, so dS = 0: dq = dk = 0 (up to float rounding), and
+# dv_j = sum over the rows i that see key j of dout / n_i.
+set -u
+BIN=${1:?usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR}
+TMP=${2:?usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR}
+mkdir -p "$TMP" || exit 1
+W=$(mktemp -d "$TMP/test_backward_cli.XXXXXX") || exit 1
+cd "$W" || exit 1
+failures=0
+ok() { printf 'ok    %s\n' "$1"; }
+bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
+
+# npy_header FILE DESCR SHAPE: numpy's version 1.0 layout (as in test_cli.sh).
+npy_header() {
+    local dict="{'descr': '$2', 'fortran_order': False, 'shape': ($3), }"
+    local total=$((10 + ${#dict} + 1))
+    local pad=$(((64 - total % 64) % 64))
+    local hlen=$((${#dict} + pad + 1))
+    printf '\x93NUMPY\x01\x00' >"$1"
+    # shellcheck disable=SC2059
+    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))" >>"$1"
+    printf '%s%*s\n' "$dict" "$pad" '' >>"$1"
+}
+# const_npy FILE SHAPE COUNT BYTES: float32, COUNT copies of BYTES.
+const_npy() {
+    local i
+    npy_header "$1" '<f4' "$2"
+    # shellcheck disable=SC2059
+    for ((i = 0; i < $3; i++)); do printf "$4"; done >>"$1"
+}
+# values FILE: the float32 data, one per line.
+values() {
+    od -An -v -tf4 -j $((10 + $(od -An -tu2 -j8 -N2 "$1" | tr -d ' '))) "$1" | tr -s ' ' '\n' | grep -v '^$'
+}
+
+HALF='\x00\x00\x00\x3f'                                                  # 0.5
+VROW='\x00\x00\x80\x3f\x00\x00\x00\x40\x00\x00\x00\xbf\x00\x00\x80\x3e' # 1 2 -0.5 0.25
+# (batch 1, seqlen 3, heads 1, head_dim 4)
+const_npy q.npy '1, 3, 1, 4' 12 "$HALF"
+const_npy k.npy '1, 3, 1, 4' 12 "$HALF"
+const_npy v.npy '1, 3, 1, 4' 3 "$VROW"
+const_npy do.npy '1, 3, 1, 4' 12 "$HALF"
+
+# expect_grads NAME DV0 DV1 DV2: dq, dk ~ 0 and dv row j ~ DVj (every column).
+expect_grads() {
+    local name=$1
+    if values dq.npy | awk '{ if ($1 > 1e-5 || $1 < -1e-5) bad = 1 } END { exit bad || NR != 12 }' &&
+        values dk.npy | awk '{ if ($1 > 1e-5 || $1 < -1e-5) bad = 1 } END { exit bad || NR != 12 }' &&
+        values dv.npy | awk -v a="$2" -v b="$3" -v c="$4" \
+            'BEGIN { w[0] = a; w[1] = b; w[2] = c } { e = $1 - w[int((NR - 1) / 4)]; if (e > 1e-5 || e < -1e-5) bad = 1 }
+             END { exit bad || NR != 12 }'; then
+        ok "$name"
+    else
+        bad "$name"
+    fi
+}
+
+if "$BIN" attention --backward --q q.npy --k k.npy --v v.npy --dout do.npy --dq dq.npy --dk dk.npy --dv dv.npy >/dev/null; then
+    expect_grads "full: dq = dk = 0, dv = 3 * 0.5/3" 0.5 0.5 0.5
+else
+    bad "full: attention --backward ran"
+fi
+if "$BIN" attention --backward --causal --q q.npy --k k.npy --v v.npy --dout do.npy --dq dq.npy --dk dk.npy --dv dv.npy >/dev/null; then
+    expect_grads "causal: dv_j = 0.5 * sum_{i>=j} 1/(i+1)" 0.9166667 0.4166667 0.1666667
+else
+    bad "causal: attention --backward ran"
+fi
+
+# The forward's out and lse from files give the same bits as running it inside
+# (deterministic mode, so dq cannot differ by summation order).
+"$BIN" attention --q q.npy --k k.npy --v v.npy --out o.npy --lse lse.npy --causal >/dev/null &&
+    "$BIN" attention --backward --deterministic --causal --q q.npy --k k.npy --v v.npy --dout do.npy \
+        --dq dq1.npy --dk dk1.npy --dv dv1.npy >/dev/null &&
+    "$BIN" attention --backward --deterministic --causal --q q.npy --k k.npy --v v.npy --dout do.npy \
+        --o o.npy --lse lse.npy --dq dq2.npy --dk dk2.npy --dv dv2.npy >/dev/null &&
+    cmp -s dq1.npy dq2.npy && cmp -s dk1.npy dk2.npy && cmp -s dv1.npy dv2.npy &&
+    ok "--o/--lse from files equal the forward run inside" || bad "--o/--lse from files equal the forward run inside"
+
+# Usage errors, and no output left behind.
+rm -f dq.npy dk.npy dv.npy
+"$BIN" attention --backward --q q.npy --k k.npy --v v.npy --dout do.npy --dq dq.npy --dk dk.npy 2>/dev/null
+[ $? -eq 2 ] && ok "missing --dv is a usage error" || bad "missing --dv is a usage error"
+"$BIN" attention --backward --q q.npy --k k.npy --v v.npy --dout do.npy --o o.npy --dq dq.npy --dk dk.npy --dv dv.npy 2>/dev/null
+[ $? -eq 2 ] && ok "--o without --lse is a usage error" || bad "--o without --lse is a usage error"
+const_npy short.npy '1, 2, 1, 4' 8 "$HALF"
+"$BIN" attention --backward --q q.npy --k k.npy --v v.npy --dout short.npy --dq dq.npy --dk dk.npy --dv dv.npy 2>/dev/null
+rc=$?
+[ $rc -eq 1 ] && [ ! -e dq.npy ] && [ ! -e dk.npy ] && [ ! -e dv.npy ] &&
+    ok "dout of the wrong shape fails, writes nothing" || bad "dout of the wrong shape fails, writes nothing (rc $rc)"
+
+# bench --backward validates its first run.
+if "$BIN" bench --backward --shape 1,2,1,40,33,16 --iters 1 --warmup 0 --dtype f32 | grep -q ' valid'; then
+    ok "bench --backward validates"
+else
+    bad "bench --backward validates"
+fi
+
+[ "$failures" -eq 0 ] && rm -rf "$W"
+exit $((failures > 0))

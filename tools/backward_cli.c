@@ -1,0 +1,499 @@
+/* backward_cli.c: the CLI's backward pieces: `flashcl attention --backward` and `flashcl bench --backward`. */
+#define _POSIX_C_SOURCE 200809L
+#include "backward_cli.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli_util.h"
+#include "flashcl_ref.h"
+#include "npy.h"
+
+const char cli_usage_attention_backward[] =
+    "usage: flashcl attention --backward --q Q.npy --k K.npy --v V.npy --dout DO.npy\n"
+    "                         --dq DQ.npy --dk DK.npy --dv DV.npy [options]\n"
+    "\n"
+    "Gradients of attention: given q, k, v and dout = dL/dout (float32 or float16\n"
+    ".npy, shapes as for 'flashcl attention', dout like q), writes dq (like q) and\n"
+    "dk, dv (like k). The forward runs first for out and its LSE, unless both come\n"
+    "from files. The three outputs appear only together and only once complete.\n"
+    "\n"
+    "options:\n"
+    "  --o O.npy --lse LSE.npy   the forward's out and lse (both or neither)\n"
+    "  --deterministic   bitwise reproducible dq (a separate dq pass, no atomics)\n"
+    "  --causal, --window L,R, --softcap C, --scale S, --device SPEC: as for the\n"
+    "                    forward (they must match the forward that made --o/--lse)\n";
+
+const char cli_usage_bench_backward[] =
+    "usage: flashcl bench --backward [options]\n"
+    "\n"
+    "Times flashcl_attention_backward (all its kernels: D_i pre-pass, dK/dV, dQ)\n"
+    "after a forward for out and LSE: validates against the double reference when\n"
+    "B*Hq*Nq*Nk*D <= 2^27, warms up, then times with OpenCL profiling events\n"
+    "(from a marker before the first kernel to the end of the last; wall clock on\n"
+    "the host path). TFLOP/s counts 2.5x the forward's 4*B*Hq*Nq*Nk*D (halved\n"
+    "when causal), as flash-attn does.\n"
+    "\n"
+    "options:\n"
+    "  --shape B,H,N,D        a shape (repeatable); also B,Hq,Hk,Nq,Nk,D\n"
+    "                         (default 1,8,512,64 and 1,8,1024,64 on a CPU,\n"
+    "                         1,8,2048,64 and 1,8,4096,64 elsewhere)\n"
+    "  --dtype f16|bf16|f32   storage type (default f16)\n"
+    "  --causal / --no-causal only one of the two (default: both)\n"
+    "  --deterministic        the deterministic mode\n"
+    "  --iters N, --warmup N  timed and untimed runs (default 5 and 1)\n"
+    "  --memory               also report peak host memory (ru_maxrss), the device\n"
+    "                         bytes of all tensors and scratch, and the bytes of one\n"
+    "                         B*H*Nq*Nk float score matrix\n"
+    "  --device SPEC\n";
+
+/* ---- attention --backward ------------------------------------------------------------- */
+
+static int read_npy(const char *path, npy_array *a, int ndim) {
+    char err[512];
+    if (npy_read(path, a, err, sizeof err) != 0) {
+        cli_errorf("%s: %s", path, err);
+        return -1;
+    }
+    if (a->ndim != ndim) {
+        cli_errorf("%s: %d dimensions, expected %d", path, a->ndim, ndim);
+        return -1;
+    }
+    for (int i = 0; i < ndim; ++i)
+        if (a->shape[i] == 0 || a->shape[i] > INT_MAX) {
+            cli_errorf("%s: dimension %d is %zu", path, i, a->shape[i]);
+            return -1;
+        }
+    return 0;
+}
+
+static int same_shape(const npy_array *a, const npy_array *b, const char *path, const char *what) {
+    if (a->dtype != b->dtype || a->ndim != b->ndim || memcmp(a->shape, b->shape, (size_t)a->ndim * sizeof a->shape[0])) {
+        char sa[128], sb[128];
+        npy_format_shape(a->shape, a->ndim, sa, sizeof sa);
+        npy_format_shape(b->shape, b->ndim, sb, sizeof sb);
+        cli_errorf("%s: %s %s does not match %s's %s %s", path, npy_dtype_name(a->dtype), sa, what,
+                   npy_dtype_name(b->dtype), sb);
+        return -1;
+    }
+    return 0;
+}
+
+int cli_attention_backward(int argc, char **argv) {
+    const char *path[10] = {0}; /* q k v dout dq dk dv o lse, device */
+    static const char *const names[9] = {"--q", "--k", "--v", "--dout", "--dq", "--dk", "--dv", "--o", "--lse"};
+    int causal = 0, wl = -1, wr = -1, deterministic = 0, rc = CLI_EXIT_FAIL;
+    double softcap = 0.0, scale = 0.0;
+    const char *value;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        int r = 0, matched = 0;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            fputs(cli_usage_attention_backward, stdout);
+            return CLI_EXIT_OK;
+        }
+        for (int n = 0; n < 9 && !matched; ++n)
+            if ((r = cli_take_value(argc, argv, &i, names[n], &value)) != 0) {
+                if (r < 0)
+                    return CLI_EXIT_USAGE;
+                path[n] = value;
+                matched = 1;
+            }
+        if (matched)
+            continue;
+        if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            path[9] = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--window", &value)) != 0) {
+            long w[2];
+            int n = 0;
+            if (r < 0 || cli_parse_long_list(value, -(long)INT_MAX, INT_MAX, w, 2, &n) != 0 || n != 2) {
+                cli_errorf("--window wants L,R (integers)");
+                return CLI_EXIT_USAGE;
+            }
+            wl = w[0] < 0 ? -1 : (int)w[0];
+            wr = w[1] < 0 ? -1 : (int)w[1];
+        } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
+            if (r < 0 || cli_parse_double(value, &softcap) != 0 || softcap < 0) {
+                cli_errorf("--softcap wants a number >= 0");
+                return CLI_EXIT_USAGE;
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
+            if (r < 0 || cli_parse_double(value, &scale) != 0) {
+                cli_errorf("--scale wants a finite number");
+                return CLI_EXIT_USAGE;
+            }
+        } else if (!strcmp(arg, "--causal")) {
+            causal = 1;
+        } else if (!strcmp(arg, "--deterministic")) {
+            deterministic = 1;
+        } else if (strcmp(arg, "--backward") != 0) {
+            cli_errorf("unknown option '%s' for 'flashcl attention --backward'", arg);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    for (int n = 0; n < 7; ++n)
+        if (!path[n]) {
+            cli_errorf("attention --backward needs --q, --k, --v, --dout, --dq, --dk and --dv");
+            return CLI_EXIT_USAGE;
+        }
+    if (!path[7] != !path[8]) {
+        cli_errorf("--o and --lse come together (the forward's out and lse), or neither");
+        return CLI_EXIT_USAGE;
+    }
+    for (int a = 4; a < 7; ++a)
+        for (int b = 0; b < 9; ++b)
+            if (b != a && path[b] && !strcmp(path[a], path[b])) {
+                cli_errorf("%s and %s name the same file '%s'", names[a], names[b], path[a]);
+                return CLI_EXIT_USAGE;
+            }
+
+    npy_array in[6]; /* q k v dout o lse */
+    memset(in, 0, sizeof in);
+    flashcl_context *ctx = NULL;
+    void *grad[3] = {NULL, NULL, NULL}, *out = NULL;
+    float *lse = NULL;
+    char *tmp[3] = {NULL, NULL, NULL};
+    int renamed = 0;
+    if (read_npy(path[0], &in[0], 4) || read_npy(path[1], &in[1], 4) || read_npy(path[2], &in[2], 4) ||
+        read_npy(path[3], &in[3], 4) || same_shape(&in[3], &in[0], path[3], "q") ||
+        same_shape(&in[2], &in[1], path[2], "k"))
+        goto done;
+    if (in[1].dtype != in[0].dtype || in[1].shape[0] != in[0].shape[0] || in[1].shape[3] != in[0].shape[3] ||
+        in[0].shape[2] % in[1].shape[2] != 0) {
+        cli_errorf("%s: dtype, batch or head_dim differ from q's, or heads_k does not divide heads_q", path[1]);
+        goto done;
+    }
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = in[0].dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32;
+    d.batch = (int)in[0].shape[0];
+    d.seqlen_q = (int)in[0].shape[1];
+    d.heads_q = (int)in[0].shape[2];
+    d.head_dim = (int)in[0].shape[3];
+    d.seqlen_k = (int)in[1].shape[1];
+    d.heads_k = (int)in[1].shape[2];
+    d.causal = causal;
+    d.windowed = wl >= 0 || wr >= 0;
+    d.window_left = wl;
+    d.window_right = wr;
+    d.softcap = (float)softcap;
+    d.scale = (float)scale;
+    flashcl_status st = flashcl_attention_desc_resolve(&d);
+    if (st != FLASHCL_SUCCESS) {
+        cli_errorf("invalid attention problem: %s", flashcl_status_string(st));
+        goto done;
+    }
+    const size_t rows = (size_t)d.batch * d.heads_q * d.seqlen_q, es = flashcl_dtype_size(d.dtype);
+    if (path[7]) {
+        if (read_npy(path[7], &in[4], 4) || same_shape(&in[4], &in[0], path[7], "q") ||
+            read_npy(path[8], &in[5], 3))
+            goto done;
+        if (in[5].dtype != NPY_FLOAT32 || in[5].shape[0] != (size_t)d.batch || in[5].shape[1] != (size_t)d.heads_q ||
+            in[5].shape[2] != (size_t)d.seqlen_q) {
+            cli_errorf("%s: expected float32 (batch, heads_q, seqlen_q) = (%d,%d,%d)", path[8], d.batch, d.heads_q,
+                       d.seqlen_q);
+            goto done;
+        }
+    }
+    for (int t = 0; t < 3; ++t)
+        grad[t] = malloc(in[t].count * es);
+    out = path[7] ? in[4].data : malloc(in[0].count * es);
+    lse = path[7] ? in[5].data : malloc(rows * sizeof(float));
+    if (!grad[0] || !grad[1] || !grad[2] || !out || !lse) {
+        cli_errorf("out of memory");
+        goto done;
+    }
+    st = flashcl_context_create(&ctx, path[9]);
+    if (st != FLASHCL_SUCCESS) {
+        cli_errorf("cannot open a device: %s: %s", flashcl_status_string(st), flashcl_last_error(ctx));
+        goto done;
+    }
+    double t0 = cli_now();
+    if (!path[7] &&
+        (st = flashcl_attention_forward_host(ctx, &d, in[0].data, in[1].data, in[2].data, out, lse)) != FLASHCL_SUCCESS) {
+        cli_errorf("forward failed: %s: %s", flashcl_status_string(st), flashcl_last_error(ctx));
+        goto done;
+    }
+    double t1 = cli_now();
+    flashcl_backward_options o;
+    memset(&o, 0, sizeof o);
+    o.deterministic = deterministic;
+    st = flashcl_attention_backward_host(ctx, &d, &o, in[0].data, in[1].data, in[2].data, out, in[3].data, lse,
+                                         grad[0], grad[1], grad[2]);
+    double t2 = cli_now();
+    if (st != FLASHCL_SUCCESS) {
+        cli_errorf("backward failed: %s: %s", flashcl_status_string(st), flashcl_last_error(ctx));
+        goto done;
+    }
+    /* All three to temporary files, then renamed; a failure removes any
+     * already renamed, so the outputs appear together or not at all. */
+    for (int t = 0; t < 3; ++t) {
+        char err[512];
+        if (npy_write_temp(path[4 + t], in[0].dtype, in[t].shape, 4, grad[t], &tmp[t], err, sizeof err) != 0) {
+            cli_errorf("%s: %s", path[4 + t], err);
+            goto done;
+        }
+    }
+    for (; renamed < 3; ++renamed)
+        if (rename(tmp[renamed], path[4 + renamed]) != 0) {
+            cli_errorf("%s: cannot move the finished file into place: %s", path[4 + renamed], strerror(errno));
+            goto done;
+        }
+    printf("%s %s %s: forward %.1f ms%s, backward %.1f ms on %s\n", path[4], path[5], path[6], (t1 - t0) * 1e3,
+           path[7] ? " (from files)" : "", (t2 - t1) * 1e3, flashcl_context_device_name(ctx));
+    rc = CLI_EXIT_OK;
+done:
+    for (int t = 0; t < 3; ++t) {
+        if (tmp[t] && t >= renamed)
+            unlink(tmp[t]);
+        if (t < renamed && rc != CLI_EXIT_OK)
+            unlink(path[4 + t]);
+        free(tmp[t]);
+        free(grad[t]);
+    }
+    if (!path[7]) {
+        free(out);
+        free(lse);
+    }
+    for (int t = 0; t < 6; ++t)
+        npy_free(&in[t]);
+    flashcl_context_destroy(ctx);
+    return rc;
+}
+
+/* ---- bench --backward ----------------------------------------------------------------- */
+
+typedef struct bshape {
+    long b, hq, hk, nq, nk, d;
+} bshape;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* One row: returns 0, or 1 when validation or a call failed. */
+static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, int causal, int deterministic,
+                     int iters, int warmup, int memory) {
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = dt;
+    d.batch = (int)s->b, d.heads_q = (int)s->hq, d.heads_k = (int)s->hk;
+    d.seqlen_q = (int)s->nq, d.seqlen_k = (int)s->nk, d.head_dim = (int)s->d;
+    d.causal = causal;
+    const size_t es = flashcl_dtype_size(dt);
+    const size_t nq = (size_t)s->b * s->nq * s->hq * s->d, nk = (size_t)s->b * s->nk * s->hk * s->d;
+    const size_t rows = (size_t)s->b * s->hq * s->nq;
+    const double macs = (double)s->b * s->hq * s->nq * s->nk * s->d;
+    const double flops = 2.5 * 4.0 * macs * (causal ? 0.5 : 1.0);
+    flashcl_backward_options o;
+    memset(&o, 0, sizeof o);
+    o.deterministic = deterministic;
+    const int host = flashcl_context_is_host(ctx);
+    size_t scratch = 0;
+    flashcl_status st = flashcl_attention_backward_scratch_size(ctx, &d, &o, &scratch);
+    void *h[5] = {malloc(nq * es), malloc(nk * es), malloc(nk * es), malloc(nq * es), malloc(nq * es)}; /* q k v out dout */
+    void *g[3] = {malloc(nq * es), malloc(nk * es), malloc(nk * es)};
+    float *lse = malloc(rows * sizeof(float));
+    double *times = malloc((size_t)iters * sizeof(double));
+    cl_mem b[10] = {0}; /* q k v out dout lse dq dk dv scratch */
+    int failed = 0, validated = -1;
+    char label[96];
+    snprintf(label, sizeof label, "%ld,%ld,%ld,%ld,%ld,%ld %s%s", s->b, s->hq, s->hk, s->nq, s->nk, s->d,
+             causal ? "causal" : "full", deterministic ? " det" : "");
+    for (int i = 0; i < 5; ++i)
+        failed |= !h[i];
+    failed |= !g[0] || !g[1] || !g[2] || !lse || !times || st != FLASHCL_SUCCESS;
+    if (failed) {
+        printf("%-40s error: %s\n", label, st ? flashcl_last_error(ctx) : "out of host memory");
+        goto done;
+    }
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, 12345);
+    for (int i = 0; i < 5; ++i)
+        if (i != 3)
+            flashcl_ref_fill_normal(&rng, h[i], dt, i == 1 || i == 2 ? nk : nq, 1.0);
+    if (host) {
+        st = flashcl_attention_forward_host(ctx, &d, h[0], h[1], h[2], h[3], lse);
+    } else {
+        cl_context cl = flashcl_context_cl_context(ctx);
+        const size_t sizes[10] = {nq * es, nk * es, nk * es, nq * es, nq * es, rows * 4, nq * es, nk * es, nk * es, scratch};
+        cl_int err = CL_SUCCESS;
+        for (int i = 0; i < 10 && err == CL_SUCCESS; ++i)
+            b[i] = clCreateBuffer(cl, CL_MEM_READ_WRITE | (i < 5 && i != 3 ? CL_MEM_COPY_HOST_PTR : 0), sizes[i],
+                                  i < 5 && i != 3 ? h[i] : NULL, &err);
+        st = err != CL_SUCCESS ? err : flashcl_attention_forward(ctx, &d, b[0], b[1], b[2], b[3], b[5], 0, NULL);
+        if (st == FLASHCL_SUCCESS)
+            st = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b[3], CL_TRUE, 0, nq * es, h[3], 0, NULL, NULL);
+    }
+    if (st != FLASHCL_SUCCESS) {
+        printf("%-40s forward error: %s %s\n", label, flashcl_status_string(st), flashcl_last_error(ctx));
+        failed = 1;
+        goto done;
+    }
+    for (int it = -warmup - 1; it < iters; ++it) {
+        double t0 = cli_now(), ms;
+        if (host) {
+            st = flashcl_attention_backward_host(ctx, &d, &o, h[0], h[1], h[2], h[3], h[4], lse, g[0], g[1], g[2]);
+            ms = (cli_now() - t0) * 1e3;
+        } else {
+            cl_command_queue queue = flashcl_context_cl_queue(ctx);
+            cl_event start = NULL, end = NULL;
+            clEnqueueMarkerWithWaitList(queue, 0, NULL, &start);
+            st = flashcl_attention_backward(ctx, &d, &o, b[0], b[1], b[2], b[3], b[4], b[5], 0, b[6], b[7], b[8],
+                                            b[9], &end);
+            clFinish(queue);
+            ms = (cli_now() - t0) * 1e3;
+            cl_ulong t_start = 0, t_end = 0;
+            if (st == FLASHCL_SUCCESS &&
+                clGetEventProfilingInfo(start, CL_PROFILING_COMMAND_END, sizeof t_start, &t_start, NULL) == CL_SUCCESS &&
+                clGetEventProfilingInfo(end, CL_PROFILING_COMMAND_END, sizeof t_end, &t_end, NULL) == CL_SUCCESS &&
+                t_end > t_start)
+                ms = (double)(t_end - t_start) * 1e-6;
+            if (start)
+                clReleaseEvent(start);
+            if (end)
+                clReleaseEvent(end);
+        }
+        if (st != FLASHCL_SUCCESS) {
+            printf("%-40s backward error: %s %s\n", label, flashcl_status_string(st), flashcl_last_error(ctx));
+            failed = 1;
+            goto done;
+        }
+        if (it == -warmup - 1) { /* the first run is validated, not timed */
+            if (!host)
+                for (int t = 0; t < 3; ++t)
+                    clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b[6 + t], CL_TRUE, 0, t ? nk * es : nq * es,
+                                        g[t], 0, NULL, NULL);
+            if (macs <= (double)(1 << 27)) {
+                flashcl_attention_desc r = d;
+                flashcl_attention_desc_resolve(&r);
+                validated = flashcl_ref_check_backward(&r, NULL, h[0], h[1], h[2], h[4], g[0], g[1], g[2], 1, NULL);
+                failed |= !validated;
+            }
+        } else if (it >= 0) {
+            times[it] = ms;
+        }
+    }
+    qsort(times, (size_t)iters, sizeof *times, cmp_double);
+    double med = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
+    printf("%-40s %10.2f %10.2f %9.4f  %s", label, med, times[0], flops / (med * 1e-3) / 1e12,
+           validated < 0 ? "not validated" : validated ? "valid" : "INVALID");
+    if (memory) {
+        /* q, out, dout, dq and k, v, dk, dv; lse; scratch */
+        double dev = (double)(4 * nq + 4 * nk) * es + (double)rows * 4 + (double)scratch;
+        printf("  peak RSS %.1f MiB, tensors+scratch %.1f MiB (scratch %.1f), one score matrix %.1f MiB",
+               (double)cli_peak_rss_bytes() / 1048576.0, dev / 1048576.0, (double)scratch / 1048576.0,
+               (double)s->b * s->hq * s->nq * s->nk * 4.0 / 1048576.0);
+    }
+    printf("\n");
+done:
+    for (int i = 0; i < 10; ++i)
+        if (b[i])
+            clReleaseMemObject(b[i]);
+    for (int i = 0; i < 5; ++i)
+        free(h[i]);
+    for (int i = 0; i < 3; ++i)
+        free(g[i]);
+    free(lse);
+    free(times);
+    return failed;
+}
+
+int cli_bench_backward(int argc, char **argv) {
+    bshape shapes[32];
+    int nshapes = 0, causal_mask = 3, deterministic = 0, memory = 0;
+    long iters = 5, warmup = 1;
+    flashcl_dtype dt = FLASHCL_FLOAT16;
+    const char *device = NULL, *value;
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        int r;
+        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+            fputs(cli_usage_bench_backward, stdout);
+            return CLI_EXIT_OK;
+        } else if ((r = cli_take_value(argc, argv, &i, "--shape", &value)) != 0) {
+            long v[6];
+            int n = 0;
+            if (r < 0 || nshapes == 32 || cli_parse_long_list(value, 1, INT_MAX, v, 6, &n) != 0 || (n != 4 && n != 6)) {
+                cli_errorf("--shape wants B,H,N,D or B,Hq,Hk,Nq,Nk,D (at most 32 shapes)");
+                return CLI_EXIT_USAGE;
+            }
+            shapes[nshapes++] = n == 4 ? (bshape){v[0], v[1], v[1], v[2], v[2], v[3]}
+                                       : (bshape){v[0], v[1], v[2], v[3], v[4], v[5]};
+        } else if ((r = cli_take_value(argc, argv, &i, "--dtype", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (!strcmp(value, "f16"))
+                dt = FLASHCL_FLOAT16;
+            else if (!strcmp(value, "bf16"))
+                dt = FLASHCL_BFLOAT16;
+            else if (!strcmp(value, "f32"))
+                dt = FLASHCL_FLOAT32;
+            else {
+                cli_errorf("--dtype wants f16, bf16 or f32, not '%s'", value);
+                return CLI_EXIT_USAGE;
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--iters", &value)) != 0) {
+            if (r < 0 || cli_parse_long(value, 1, 100000, &iters) != 0) {
+                cli_errorf("--iters wants an integer >= 1");
+                return CLI_EXIT_USAGE;
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--warmup", &value)) != 0) {
+            if (r < 0 || cli_parse_long(value, 0, 100000, &warmup) != 0) {
+                cli_errorf("--warmup wants an integer >= 0");
+                return CLI_EXIT_USAGE;
+            }
+        } else if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            device = value;
+        } else if (!strcmp(arg, "--causal")) {
+            causal_mask &= 2;
+        } else if (!strcmp(arg, "--no-causal")) {
+            causal_mask &= 1;
+        } else if (!strcmp(arg, "--deterministic")) {
+            deterministic = 1;
+        } else if (!strcmp(arg, "--memory")) {
+            memory = 1;
+        } else if (strcmp(arg, "--backward") != 0) {
+            cli_errorf("unknown option '%s' for 'flashcl bench --backward'", arg);
+            return CLI_EXIT_USAGE;
+        }
+    }
+    if (!causal_mask) {
+        cli_errorf("--causal and --no-causal leave nothing to run");
+        return CLI_EXIT_USAGE;
+    }
+    flashcl_context *ctx = NULL;
+    flashcl_status st = flashcl_context_create(&ctx, device);
+    if (st != FLASHCL_SUCCESS) {
+        cli_errorf("cannot open a device: %s: %s", flashcl_status_string(st), flashcl_last_error(ctx));
+        return CLI_EXIT_FAIL;
+    }
+    if (!nshapes) {
+        cl_device_id dev = flashcl_context_cl_device(ctx);
+        cl_device_type type = CL_DEVICE_TYPE_CPU;
+        if (dev)
+            clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof type, &type, NULL);
+        const long n0 = (type & CL_DEVICE_TYPE_CPU) ? 512 : 2048;
+        shapes[nshapes++] = (bshape){1, 8, 8, n0, n0, 64};
+        shapes[nshapes++] = (bshape){1, 8, 8, 2 * n0, 2 * n0, 64};
+    }
+    printf("device: %s\n", flashcl_context_device_name(ctx));
+    printf("%-40s %10s %10s %9s  %s\n", "shape B,Hq,Hk,Nq,Nk,D mask", "median ms", "min ms", "TFLOP/s", "check");
+    int failed = 0;
+    for (int s = 0; s < nshapes; ++s)
+        for (int c = 0; c < 2; ++c)
+            if (causal_mask & (1 << c))
+                failed |= bench_row(ctx, &shapes[s], dt, c, deterministic, (int)iters, (int)warmup, memory);
+    flashcl_context_destroy(ctx);
+    return failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
+}
