@@ -640,7 +640,11 @@ void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k
  *   GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
  *     D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
  *     8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured.
- *   CPU: see the entry below; measured on PoCL.
+ *   CPU: 32 x 32 tiles, 64 work-items: hand-chosen. A sweep on PoCL (2-core
+ *     Xeon, `flashcl bench --backward --shape 1,4,512,64 --no-causal`) under
+ *     a load average of ~4.5 from other jobs gave 380..670 ms for every
+ *     setting tried (32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64), the
+ *     same setting varying by 25% between runs: no winner to record yet.
  *   dQ: float atomics (one dkdv pass, dQ summed in a float scratch) unless the
  *     caller asks for determinism, which adds a dQ pass recomputing P and dS.
  * Then the tiles are halved until they fit the device's __local memory with
