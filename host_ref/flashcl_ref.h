@@ -165,6 +165,18 @@ int flashcl_ref_check_backward(const flashcl_attention_desc *desc, const flashcl
                                const void *dq, const void *dk, const void *dv, int verbose,
                                flashcl_ref_grad_report *report);
 
+/* ---- speculative decoding (ref_spec.c) --------------------------------------
+ * The specification of flashcl_spec_verify (rules in ref_spec.c's header):
+ * same arguments, same outputs, bit for bit. q may be NULL when greedy. */
+void flashcl_ref_spec_verify(const flashcl_spec_desc *desc, const int *draft, const float *q, const float *p,
+                             int *accepted, int *tokens);
+/* Philox4x32-10 (Random123): out = the block of counter ctr under key. */
+void flashcl_ref_philox4x32_10(const uint32_t ctr[4], const uint32_t key[2], uint32_t out[4]);
+/* floor(a * b / 2^64). */
+uint64_t flashcl_ref_mulhi64(uint64_t a, uint64_t b);
+/* The fixed-operation exp2 of the logits path: 0 below -40. */
+float flashcl_ref_spec_exp2(float x);
+
 #ifdef __cplusplus
 }
 #endif

@@ -53,6 +53,7 @@ enum {
     FLASHCL_ERROR_INVALID_PARAMS = -2008,   /* kernel parameters that do not fit  */
     FLASHCL_ERROR_OUT_OF_PAGES = -2009,     /* the KV cache pool has too few free pages */
     FLASHCL_ERROR_TUNING_FILE = -2020,      /* the tuning file cannot be read or written */
+    FLASHCL_ERROR_INVALID_PROBS = -2060,    /* spec verify: bad probabilities or logits */
 };
 
 /* A static English description of any status, OpenCL's codes included. */
@@ -484,6 +485,99 @@ FLASHCL_API flashcl_status flashcl_attention_backward_host(flashcl_context *ctx,
                                                            const void *v, const void *out,
                                                            const void *dout, const float *lse,
                                                            void *dq, void *dk, void *dv);
+
+/* ------------------------------------------------------------------------
+ * Speculative decoding: verification of draft tokens
+ *
+ * For each of `batch` sequences a draft model proposed k tokens d_0..d_{k-1}
+ * with distributions q_0..q_{k-1}, and the target model scored k+1 positions
+ * with distributions p_0..p_k. Verification (Leviathan et al. 2023) keeps
+ * the output distribution exactly the target's:
+ *   for i = 0 .. k-1: accept d_i with probability min(1, p_i(d_i)/q_i(d_i));
+ *     at the first rejection emit a token drawn from
+ *     norm(max(0, p_i - q_i)) and stop;
+ *   if all k are accepted, emit a bonus token drawn from p_k.
+ * Greedy verification (desc.greedy) accepts d_i iff it is argmax p_i (ties:
+ * the smallest index), emits argmax p_i at the first mismatch, else argmax
+ * p_k; q is not read and no random numbers are used.
+ *
+ * Randomness is counter-based, so any device and host_ref emit the same
+ * tokens for the same inputs, seed and offset: position i of sequence b uses
+ * Philox4x32-10 with key (seed low, seed high 32 bits) and counter (b, i,
+ * offset low, offset high); its word 0 gives the acceptance uniform
+ * u = (w0 >> 8) * 2^-24 and words 2, 3 a 64-bit draw r for sampling. Sampling
+ * is exact integer arithmetic: weights become fixed point, w -> trunc(w *
+ * 2^39), the integer total S is order-independent, and the token is the
+ * first whose inclusive prefix sum exceeds mulhi64(r, S). The full rules
+ * (fixed-point scales, the logits path's exp2, fallbacks) are written out in
+ * host_ref/ref_spec.c, the specification.
+ *
+ * Logits input (desc.logits): rows are logits, the distributions are
+ * softmax(x / temperature), computed inside with a fixed polynomial exp2 that
+ * host_ref evaluates with the same float operations; probabilities below
+ * 2^-40 of the row's largest count as 0. Advancing `offset` per call (for
+ * example by the step number) gives fresh randomness with one seed.
+ *
+ * Invalid input: in probability mode every value must be finite and >= 0
+ * and every row's sum within `tolerance` of 1 (default 1e-3; the sum is the
+ * exact fixed-point sum above, so every implementation agrees on it); logits
+ * must not be NaN or +inf and a row must not be all -inf; draft tokens must
+ * lie in [0, vocab). A sequence with invalid input gets accepted[b] = one of
+ * the FLASHCL_SPEC_BAD_* codes and tokens -1; flashcl_spec_verify_host turns
+ * that into FLASHCL_ERROR_INVALID_PROBS with a message.
+ * ---------------------------------------------------------------------- */
+#define FLASHCL_SPEC_MAX_DRAFT 64        /* k at most                       */
+#define FLASHCL_SPEC_MAX_VOCAB (1 << 20) /* vocab at most                   */
+enum {
+    FLASHCL_SPEC_BAD_VALUE = -1,    /* NaN or infinity (logits: NaN or +inf) */
+    FLASHCL_SPEC_BAD_NEGATIVE = -2, /* a negative probability               */
+    FLASHCL_SPEC_BAD_SUM = -3,      /* a row's sum is not within tolerance of 1 */
+    FLASHCL_SPEC_BAD_TOKEN = -4,    /* a draft token outside [0, vocab)     */
+    FLASHCL_SPEC_BAD_ROW = -5,      /* a logits row that is all -inf        */
+};
+
+typedef struct flashcl_spec_desc {
+    int batch;            /* sequences, >= 1                                   */
+    int num_draft;        /* k, 1 .. FLASHCL_SPEC_MAX_DRAFT                    */
+    int vocab;            /* 1 .. FLASHCL_SPEC_MAX_VOCAB                       */
+    int logits;           /* nonzero: q and p hold logits, not probabilities   */
+    float temperature;    /* logits, sampling: > 0                             */
+    int greedy;           /* nonzero: argmax verification (q unused, may be NULL) */
+    float tolerance;      /* probabilities: |row sum - 1| allowed; 0: 1e-3     */
+    unsigned long long seed, offset; /* the Philox key and counter offset      */
+    /* Where each tensor starts in its buffer, in elements; all packed:
+     *   draft:    int32 [batch][k]
+     *   q:        float32 [batch][k][vocab]
+     *   p:        float32 [batch][k + 1][vocab]
+     *   accepted: int32 [batch]          accepted drafts (0..k) or a BAD code
+     *   tokens:   int32 [batch][k + 1]   the accepted drafts, then the
+     *             correction or bonus token; -1 after them            */
+    size_t draft_offset, q_offset, p_offset, accepted_offset, tokens_offset;
+} flashcl_spec_desc;
+
+/* Verification on caller-owned device buffers (see above), one kernel on the
+ * context's queue; `event` (may be NULL) receives it. Argument and buffer-
+ * size errors return a status and enqueue nothing; invalid probabilities
+ * are reported per sequence in `accepted`. Needs an OpenCL device. */
+FLASHCL_API flashcl_status flashcl_spec_verify(flashcl_context *ctx, const flashcl_spec_desc *desc,
+                                               cl_mem draft, cl_mem q, cl_mem p, cl_mem accepted,
+                                               cl_mem tokens, cl_event *event);
+
+/* The same on host memory, blocking (on a host context it runs in C, with
+ * the same results). The *_offset fields apply to the host arrays. When any
+ * sequence's input is invalid it returns FLASHCL_ERROR_INVALID_PROBS, says
+ * which sequence and why in flashcl_last_error, and leaves accepted and
+ * tokens untouched. */
+FLASHCL_API flashcl_status flashcl_spec_verify_host(flashcl_context *ctx, const flashcl_spec_desc *desc,
+                                                    const int *draft, const float *q, const float *p,
+                                                    int *accepted, int *tokens);
+
+/* Expected tokens emitted per verification (per target-model call) when
+ * every draft token is accepted independently with probability alpha:
+ *   E = sum_{i=0..k} alpha^i = (1 - alpha^(k+1)) / (1 - alpha),  k + 1 at alpha = 1.
+ * alpha = sum_x min(p(x), q(x)) for a draft q and target p. NaN when alpha
+ * is outside [0, 1] or k < 0. */
+FLASHCL_API double flashcl_spec_expected_tokens(double alpha, int k);
 
 #ifdef __cplusplus
 }
