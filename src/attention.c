@@ -9,14 +9,6 @@
 
 /* ---- descriptors -------------------------------------------------------------------- */
 
-static void default_layout(flashcl_layout *l, int seqlen, int heads, int head_dim) {
-    if (l->stride_batch || l->stride_seq || l->stride_head)
-        return;
-    l->stride_head = (size_t)head_dim;
-    l->stride_seq = (size_t)heads * (size_t)head_dim;
-    l->stride_batch = (size_t)seqlen * l->stride_seq;
-}
-
 flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
     if (!d)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
@@ -40,25 +32,11 @@ flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
         d->window_left = -1;
     if (d->window_right < 0)
         d->window_right = -1;
-    default_layout(&d->q, d->seqlen_q, d->heads_q, d->head_dim);
-    default_layout(&d->out, d->seqlen_q, d->heads_q, d->head_dim);
-    default_layout(&d->k, d->seqlen_k, d->heads_k, d->head_dim);
-    default_layout(&d->v, d->seqlen_k, d->heads_k, d->head_dim);
+    flashcl_default_layout(&d->q, d->seqlen_q, d->heads_q, d->head_dim);
+    flashcl_default_layout(&d->out, d->seqlen_q, d->heads_q, d->head_dim);
+    flashcl_default_layout(&d->k, d->seqlen_k, d->heads_k, d->head_dim);
+    flashcl_default_layout(&d->v, d->seqlen_k, d->heads_k, d->head_dim);
     return FLASHCL_SUCCESS;
-}
-
-/* One past the last element a layout touches, or 0 on overflow. */
-static size_t layout_extent(const flashcl_layout *l, int batch, int seqlen, int heads, int head_dim) {
-    size_t end = l->offset + (size_t)head_dim, t;
-    if (end < l->offset)
-        return 0;
-    if (!flashcl_mul_add((size_t)(batch - 1), l->stride_batch, end, &t))
-        return 0;
-    if (!flashcl_mul_add((size_t)(seqlen - 1), l->stride_seq, t, &t))
-        return 0;
-    if (!flashcl_mul_add((size_t)(heads - 1), l->stride_head, t, &t))
-        return 0;
-    return t;
 }
 
 /* Resolves *d into *r and checks it; the error message names the problem. */
@@ -82,19 +60,6 @@ static flashcl_status check_desc(flashcl_context *ctx, const flashcl_attention_d
                         (double)d->softcap);
 }
 
-static flashcl_status check_buffer(flashcl_context *ctx, const char *name, cl_mem buf, size_t need_bytes) {
-    if (!buf)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", name);
-    size_t size = 0;
-    cl_int err = clGetMemObjectInfo(buf, CL_MEM_SIZE, sizeof size, &size, NULL);
-    if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "%s: not a valid cl_mem (%s)", name, flashcl_status_string(err));
-    if (need_bytes == 0 || need_bytes > size)
-        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS,
-                            "%s: layout reaches byte %zu but the buffer holds %zu", name, need_bytes, size);
-    return FLASHCL_SUCCESS;
-}
-
 /* Bytes each tensor's layout spans (0 on overflow). */
 typedef struct extents {
     size_t q, k, v, out, lse;
@@ -103,16 +68,12 @@ typedef struct extents {
 static int tensor_extents(const flashcl_attention_desc *r, size_t lse_offset, extents *e) {
     size_t es = flashcl_dtype_size(r->dtype);
     size_t lse_count = (size_t)r->batch * (size_t)r->heads_q * (size_t)r->seqlen_q;
-    e->q = layout_extent(&r->q, r->batch, r->seqlen_q, r->heads_q, r->head_dim);
-    e->out = layout_extent(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim);
-    e->k = layout_extent(&r->k, r->batch, r->seqlen_k, r->heads_k, r->head_dim);
-    e->v = layout_extent(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim);
-    int ok = e->q && e->out && e->k && e->v &&
-             flashcl_mul_add(e->q, es, 0, &e->q) && flashcl_mul_add(e->out, es, 0, &e->out) &&
-             flashcl_mul_add(e->k, es, 0, &e->k) && flashcl_mul_add(e->v, es, 0, &e->v) &&
-             flashcl_mul_add(lse_offset + lse_count, sizeof(float), 0, &e->lse) &&
-             lse_offset + lse_count >= lse_offset;
-    return ok;
+    e->q = flashcl_layout_bytes(&r->q, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es);
+    e->out = flashcl_layout_bytes(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es);
+    e->k = flashcl_layout_bytes(&r->k, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
+    e->v = flashcl_layout_bytes(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
+    return e->q && e->out && e->k && e->v && lse_offset + lse_count >= lse_offset &&
+           flashcl_mul_add(lse_offset + lse_count, sizeof(float), 0, &e->lse);
 }
 
 /* ---- parameters ---------------------------------------------------------------------- */
@@ -326,9 +287,9 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     extents e;
     if (!tensor_extents(&r, lse_offset, &e))
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
-    if ((st = check_buffer(ctx, "q", q, e.q)) || (st = check_buffer(ctx, "k", k, e.k)) ||
-        (st = check_buffer(ctx, "v", v, e.v)) || (st = check_buffer(ctx, "out", out, e.out)) ||
-        (lse && (st = check_buffer(ctx, "lse", lse, e.lse))))
+    if ((st = flashcl_check_buffer(ctx, "q", q, e.q)) || (st = flashcl_check_buffer(ctx, "k", k, e.k)) ||
+        (st = flashcl_check_buffer(ctx, "v", v, e.v)) || (st = flashcl_check_buffer(ctx, "out", out, e.out)) ||
+        (lse && (st = flashcl_check_buffer(ctx, "lse", lse, e.lse))))
         return st;
 
     cl_kernel kernel;

@@ -20,14 +20,6 @@
 
 /* ---- descriptors and buffers ------------------------------------------------------- */
 
-static void default_layout(flashcl_layout *l, int seqlen, int heads, int head_dim) {
-    if (l->stride_batch || l->stride_seq || l->stride_head)
-        return;
-    l->stride_head = (size_t)head_dim;
-    l->stride_seq = (size_t)heads * (size_t)head_dim;
-    l->stride_batch = (size_t)seqlen * l->stride_seq;
-}
-
 /* Resolves desc into *r and opts (NULL: defaults) into *o, with messages. */
 static flashcl_status resolve(flashcl_context *ctx, const flashcl_attention_desc *desc,
                               const flashcl_backward_options *opts, flashcl_attention_desc *r,
@@ -50,22 +42,11 @@ static flashcl_status resolve(flashcl_context *ctx, const flashcl_attention_desc
         *o = *opts;
     else
         memset(o, 0, sizeof *o);
-    default_layout(&o->dout, r->seqlen_q, r->heads_q, r->head_dim);
-    default_layout(&o->dq, r->seqlen_q, r->heads_q, r->head_dim);
-    default_layout(&o->dk, r->seqlen_k, r->heads_k, r->head_dim);
-    default_layout(&o->dv, r->seqlen_k, r->heads_k, r->head_dim);
+    flashcl_default_layout(&o->dout, r->seqlen_q, r->heads_q, r->head_dim);
+    flashcl_default_layout(&o->dq, r->seqlen_q, r->heads_q, r->head_dim);
+    flashcl_default_layout(&o->dk, r->seqlen_k, r->heads_k, r->head_dim);
+    flashcl_default_layout(&o->dv, r->seqlen_k, r->heads_k, r->head_dim);
     return FLASHCL_SUCCESS;
-}
-
-/* Bytes up to the end of the last element a layout touches, or 0 on overflow. */
-static size_t layout_bytes(const flashcl_layout *l, int batch, int seqlen, int heads, int head_dim,
-                           size_t elem) {
-    size_t t = l->offset + (size_t)head_dim;
-    if (t < l->offset || !flashcl_mul_add((size_t)(batch - 1), l->stride_batch, t, &t) ||
-        !flashcl_mul_add((size_t)(seqlen - 1), l->stride_seq, t, &t) ||
-        !flashcl_mul_add((size_t)(heads - 1), l->stride_head, t, &t) || !flashcl_mul_add(t, elem, 0, &t))
-        return 0;
-    return t;
 }
 
 enum { T_Q, T_K, T_V, T_OUT, T_DOUT, T_DQ, T_DK, T_DV, T_LSE, T_COUNT };
@@ -77,14 +58,14 @@ static int tensor_bytes(const flashcl_attention_desc *r, const flashcl_backward_
     const size_t es = flashcl_dtype_size(r->dtype);
     const int B = r->batch, Nq = r->seqlen_q, Nk = r->seqlen_k, Hq = r->heads_q, Hk = r->heads_k,
               D = r->head_dim;
-    bytes[T_Q] = layout_bytes(&r->q, B, Nq, Hq, D, es);
-    bytes[T_K] = layout_bytes(&r->k, B, Nk, Hk, D, es);
-    bytes[T_V] = layout_bytes(&r->v, B, Nk, Hk, D, es);
-    bytes[T_OUT] = layout_bytes(&r->out, B, Nq, Hq, D, es);
-    bytes[T_DOUT] = layout_bytes(&o->dout, B, Nq, Hq, D, es);
-    bytes[T_DQ] = layout_bytes(&o->dq, B, Nq, Hq, D, es);
-    bytes[T_DK] = layout_bytes(&o->dk, B, Nk, Hk, D, es);
-    bytes[T_DV] = layout_bytes(&o->dv, B, Nk, Hk, D, es);
+    bytes[T_Q] = flashcl_layout_bytes(&r->q, B, Nq, Hq, D, es);
+    bytes[T_K] = flashcl_layout_bytes(&r->k, B, Nk, Hk, D, es);
+    bytes[T_V] = flashcl_layout_bytes(&r->v, B, Nk, Hk, D, es);
+    bytes[T_OUT] = flashcl_layout_bytes(&r->out, B, Nq, Hq, D, es);
+    bytes[T_DOUT] = flashcl_layout_bytes(&o->dout, B, Nq, Hq, D, es);
+    bytes[T_DQ] = flashcl_layout_bytes(&o->dq, B, Nq, Hq, D, es);
+    bytes[T_DK] = flashcl_layout_bytes(&o->dk, B, Nk, Hk, D, es);
+    bytes[T_DV] = flashcl_layout_bytes(&o->dv, B, Nk, Hk, D, es);
     size_t rows = (size_t)B * (size_t)Hq * (size_t)Nq;
     if (lse_offset + rows < lse_offset || !flashcl_mul_add(lse_offset + rows, sizeof(float), 0, &bytes[T_LSE]))
         bytes[T_LSE] = 0;
@@ -92,19 +73,6 @@ static int tensor_bytes(const flashcl_attention_desc *r, const flashcl_backward_
         if (!bytes[i])
             return 0;
     return 1;
-}
-
-static flashcl_status check_buffer(flashcl_context *ctx, const char *name, cl_mem buf, size_t need) {
-    if (!buf)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", name);
-    size_t size = 0;
-    cl_int err = clGetMemObjectInfo(buf, CL_MEM_SIZE, sizeof size, &size, NULL);
-    if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "%s: not a valid cl_mem (%s)", name, flashcl_status_string(err));
-    if (need > size)
-        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS,
-                            "%s: layout reaches byte %zu but the buffer holds %zu", name, need, size);
-    return FLASHCL_SUCCESS;
 }
 
 /* Scratch bytes for a resolved desc under a choice; 0 on overflow. */
@@ -265,7 +233,7 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
     cl_mem bufs[T_COUNT] = {q, k, v, out, dout, dq, dk, dv, lse};
     for (int i = 0; i < T_COUNT; ++i)
-        if ((st = check_buffer(ctx, tensor_names[i], bufs[i], bytes[i])) != FLASHCL_SUCCESS)
+        if ((st = flashcl_check_buffer(ctx, tensor_names[i], bufs[i], bytes[i])) != FLASHCL_SUCCESS)
             return st;
     for (int i = T_DQ; i <= T_DV; ++i)
         for (int j = 0; j < T_COUNT; ++j)
@@ -279,7 +247,7 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
     const size_t need = scratch_bytes(&r, c.deterministic);
     if (!need)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "scratch size overflows size_t");
-    if ((st = check_buffer(ctx, "scratch", scratch, need)) != FLASHCL_SUCCESS)
+    if ((st = flashcl_check_buffer(ctx, "scratch", scratch, need)) != FLASHCL_SUCCESS)
         return st;
     for (int i = 0; i < T_COUNT; ++i)
         if (bufs[i] == scratch)

@@ -185,6 +185,16 @@ flashcl_status flashcl_host_backward(flashcl_context *ctx, const flashcl_attenti
 float flashcl_host_load(const void *base, flashcl_dtype dtype, size_t i);
 void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value);
 
+/* ---- layouts and buffer checks (layout.c) ---- */
+/* All-zero strides become the packed [batch][seqlen][heads][head_dim]. */
+void flashcl_default_layout(flashcl_layout *l, int seqlen, int heads, int head_dim);
+/* Bytes up to the end of the last element a layout touches; 0 on overflow. */
+size_t flashcl_layout_bytes(const flashcl_layout *l, int batch, int seqlen, int heads, int head_dim,
+                            size_t elem_size);
+/* A non-NULL cl_mem of at least `need` bytes (need 0 means an overflowed
+ * size), or an error naming the tensor. */
+flashcl_status flashcl_check_buffer(flashcl_context *ctx, const char *name, cl_mem buf, size_t need);
+
 /* ---- small utilities (util.c) ---- */
 uint64_t flashcl_fnv1a(uint64_t hash, const void *data, size_t size);
 char *flashcl_strdup(const char *s);

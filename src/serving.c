@@ -22,37 +22,6 @@
 
 /* ---- shared checks -------------------------------------------------------------------- */
 
-static flashcl_status check_buffer(flashcl_context *ctx, const char *name, cl_mem buf, size_t need) {
-    if (!buf)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s buffer is NULL", name);
-    size_t size = 0;
-    cl_int err = clGetMemObjectInfo(buf, CL_MEM_SIZE, sizeof size, &size, NULL);
-    if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "%s: not a valid cl_mem (%s)", name, flashcl_status_string(err));
-    if (need == 0 || need > size)
-        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS,
-                            "%s: layout reaches byte %zu but the buffer holds %zu", name, need, size);
-    return FLASHCL_SUCCESS;
-}
-
-/* Bytes up to the end of a [batch][seq][heads][d] tensor (0 on overflow). */
-static size_t extent_bytes(const flashcl_layout *l, int batch, int seq, int heads, int d, size_t es) {
-    size_t t;
-    if (!flashcl_mul_add((size_t)(batch - 1), l->stride_batch, l->offset + (size_t)d, &t) ||
-        !flashcl_mul_add((size_t)(seq - 1), l->stride_seq, t, &t) ||
-        !flashcl_mul_add((size_t)(heads - 1), l->stride_head, t, &t) || !flashcl_mul_add(t, es, 0, &t))
-        return 0;
-    return t;
-}
-
-static void packed_layout(flashcl_layout *l, int seq, int heads, int d) {
-    if (l->stride_batch || l->stride_seq || l->stride_head)
-        return;
-    l->stride_head = (size_t)d;
-    l->stride_seq = (size_t)heads * (size_t)d;
-    l->stride_batch = (size_t)seq * l->stride_seq;
-}
-
 /* ---- merge ----------------------------------------------------------------------------- */
 
 typedef struct merge_extents {
@@ -72,13 +41,13 @@ static flashcl_status resolve_merge(flashcl_context *ctx, const flashcl_merge_de
                             "invalid merge shape: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
                             d->batch, d->seqlen, d->heads, d->head_dim);
     *r = *d;
-    packed_layout(&r->o1, r->seqlen, r->heads, r->head_dim);
-    packed_layout(&r->o2, r->seqlen, r->heads, r->head_dim);
-    packed_layout(&r->out, r->seqlen, r->heads, r->head_dim);
+    flashcl_default_layout(&r->o1, r->seqlen, r->heads, r->head_dim);
+    flashcl_default_layout(&r->o2, r->seqlen, r->heads, r->head_dim);
+    flashcl_default_layout(&r->out, r->seqlen, r->heads, r->head_dim);
     size_t rows = (size_t)r->batch * (size_t)r->heads * (size_t)r->seqlen;
-    e->o1 = extent_bytes(&r->o1, r->batch, r->seqlen, r->heads, r->head_dim, es);
-    e->o2 = extent_bytes(&r->o2, r->batch, r->seqlen, r->heads, r->head_dim, es);
-    e->out = extent_bytes(&r->out, r->batch, r->seqlen, r->heads, r->head_dim, es);
+    e->o1 = flashcl_layout_bytes(&r->o1, r->batch, r->seqlen, r->heads, r->head_dim, es);
+    e->o2 = flashcl_layout_bytes(&r->o2, r->batch, r->seqlen, r->heads, r->head_dim, es);
+    e->out = flashcl_layout_bytes(&r->out, r->batch, r->seqlen, r->heads, r->head_dim, es);
     int ok = e->o1 && e->o2 && e->out && flashcl_mul_add(r->lse1_offset + rows, 4, 0, &e->lse1) &&
              flashcl_mul_add(r->lse2_offset + rows, 4, 0, &e->lse2) &&
              flashcl_mul_add(r->lse_out_offset + rows, 4, 0, &e->lse_out);
@@ -101,10 +70,10 @@ flashcl_status flashcl_attention_merge(flashcl_context *ctx, const flashcl_merge
     flashcl_status st = resolve_merge(ctx, desc, &r, &e);
     if (st)
         return st;
-    if ((st = check_buffer(ctx, "o1", o1, e.o1)) || (st = check_buffer(ctx, "lse1", lse1, e.lse1)) ||
-        (st = check_buffer(ctx, "o2", o2, e.o2)) || (st = check_buffer(ctx, "lse2", lse2, e.lse2)) ||
-        (st = check_buffer(ctx, "out", out, e.out)) ||
-        (lse_out && (st = check_buffer(ctx, "lse_out", lse_out, e.lse_out))))
+    if ((st = flashcl_check_buffer(ctx, "o1", o1, e.o1)) || (st = flashcl_check_buffer(ctx, "lse1", lse1, e.lse1)) ||
+        (st = flashcl_check_buffer(ctx, "o2", o2, e.o2)) || (st = flashcl_check_buffer(ctx, "lse2", lse2, e.lse2)) ||
+        (st = flashcl_check_buffer(ctx, "out", out, e.out)) ||
+        (lse_out && (st = flashcl_check_buffer(ctx, "lse_out", lse_out, e.lse_out))))
         return st;
     if (lse_out && (lse_out == lse1 || lse_out == lse2))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "lse_out must not be lse1 or lse2");
@@ -445,19 +414,19 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     size_t lse_need;
     if (!flashcl_mul_add(lse_offset + (size_t)p->total_q * (size_t)r->heads_q, 4, 0, &lse_need))
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "lse_offset overflows");
-    if ((st = check_buffer(ctx, "q", q, extent_bytes(&r->q, 1, p->total_q, r->heads_q, r->head_dim, es))) ||
-        (st = check_buffer(ctx, "out", out, extent_bytes(&r->out, 1, p->total_q, r->heads_q, r->head_dim, es))) ||
-        (lse && (st = check_buffer(ctx, "lse", lse, lse_need))))
+    if ((st = flashcl_check_buffer(ctx, "q", q, flashcl_layout_bytes(&r->q, 1, p->total_q, r->heads_q, r->head_dim, es))) ||
+        (st = flashcl_check_buffer(ctx, "out", out, flashcl_layout_bytes(&r->out, 1, p->total_q, r->heads_q, r->head_dim, es))) ||
+        (lse && (st = flashcl_check_buffer(ctx, "lse", lse, lse_need))))
         return st;
     if (!page_size && p->total_k > 0 &&
-        ((st = check_buffer(ctx, "k", k, extent_bytes(&r->k, 1, p->total_k, r->heads_k, r->head_dim, es))) ||
-         (st = check_buffer(ctx, "v", v, extent_bytes(&r->v, 1, p->total_k, r->heads_k, r->head_dim, es)))))
+        ((st = flashcl_check_buffer(ctx, "k", k, flashcl_layout_bytes(&r->k, 1, p->total_k, r->heads_k, r->head_dim, es))) ||
+         (st = flashcl_check_buffer(ctx, "v", v, flashcl_layout_bytes(&r->v, 1, p->total_k, r->heads_k, r->head_dim, es)))))
         return st;
     if (!page_size && p->total_k == 0) { /* no key anywhere: any valid buffer serves */
         if (!k || !v)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "k or v buffer is NULL");
     }
-    if (c->splits > 1 && (st = check_buffer(ctx, "scratch", scratch, p->scratch_bytes)))
+    if (c->splits > 1 && (st = flashcl_check_buffer(ctx, "scratch", scratch, p->scratch_bytes)))
         return st;
     if (flashcl_decode_local_bytes(c, r->head_dim) > ctx->info.local_mem ||
         (size_t)c->work_group_size > ctx->info.max_wg)

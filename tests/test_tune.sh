@@ -59,7 +59,9 @@ rm -f int.json
 # (A longer problem and many timed runs, so that the run is still going when the signal comes.)
 "$BIN" tune "${SMALL[@]}" --seqlen 256 --iters 200 --budget 600 --output int.json >out.txt 2>err.txt &
 pid=$!
-for _ in $(seq 1 600); do grep -q '\[1/' err.txt 2>/dev/null && break; sleep 0.1; done
+# Wait until the second candidate starts, so the first (the current
+# parameters) has finished and there is a best to keep.
+for _ in $(seq 1 600); do grep -q '\[2/' err.txt 2>/dev/null && break; sleep 0.1; done
 kill -INT "$pid"
 wait "$pid"
 status=$?
