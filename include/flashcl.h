@@ -579,6 +579,104 @@ FLASHCL_API flashcl_status flashcl_spec_verify_host(flashcl_context *ctx, const 
  * is outside [0, 1] or k < 0. */
 FLASHCL_API double flashcl_spec_expected_tokens(double alpha, int k);
 
+/* ------------------------------------------------------------------------
+ * Continuous batching: an iteration-level scheduler over the paged KV cache
+ *
+ * Requests (a prompt of P tokens, then up to max_new generated tokens) wait
+ * in FIFO order; each step the scheduler picks the work of one model
+ * iteration, the caller runs it (appending each scheduled sequence's new
+ * K/V with flashcl_kv_cache_append, attending, sampling) and reports what
+ * each sequence produced. Continuous mode (Orca, vLLM): finished sequences
+ * leave and waiting requests join at every step as soon as the cache's free
+ * pages allow; at most `token_budget` tokens are scheduled per step, decodes
+ * first, so a long prompt is cut into chunks (chunked prefill) instead of
+ * stalling the decodes. When a step's decodes need more pages than are
+ * free, the youngest running sequence is preempted: its cache sequence is
+ * freed and it goes back to the front of the queue, to be recomputed (its
+ * prompt plus the tokens generated so far become its prefill). Static mode:
+ * a batch is formed only when the previous one has completely finished and
+ * runs until its longest request ends (slots of finished requests stay idle),
+ * with pages for each request's whole length reserved on admission.
+ *
+ * A sequence's per-step token count: a prefill chunk of its remaining
+ * prompt, or in decode 1 + spec_tokens (the last generated token and the
+ * draft tokens to verify). After the step, flashcl_scheduler_complete takes
+ * how many tokens each produced (prefill: 1 when the chunk ends the prompt,
+ * else 0; decode: 1 .. 1 + spec_tokens, the accepted drafts plus one); the
+ * KV of rejected drafts is dropped by truncating the cache sequence.
+ * Requests are never lost or duplicated: each one finishes exactly once.
+ * ---------------------------------------------------------------------- */
+typedef struct flashcl_scheduler flashcl_scheduler;
+
+typedef enum flashcl_schedule_mode {
+    FLASHCL_SCHEDULE_CONTINUOUS = 0,
+    FLASHCL_SCHEDULE_STATIC = 1,
+} flashcl_schedule_mode;
+
+typedef struct flashcl_scheduler_desc {
+    flashcl_schedule_mode mode;
+    int max_batch;    /* batch slots: running sequences at most, >= 1       */
+    int token_budget; /* tokens per step, >= max_batch * (1 + spec_tokens)  */
+    int spec_tokens;  /* draft tokens verified per decode step, 0 .. 64     */
+} flashcl_scheduler_desc;
+
+/* One step's work: num_seqs distinct sequences of the cache. Arrays owned by
+ * the scheduler, valid until its next call. */
+typedef struct flashcl_schedule {
+    int num_seqs;
+    const int *seq_ids;     /* cache sequence ids                          */
+    const int *request_ids; /* the caller's ids of their requests          */
+    const int *num_tokens;  /* new tokens to append and attend, >= 1       */
+    const int *context;     /* tokens in the cache before this step        */
+    const int *is_prefill;  /* 1: a prompt chunk; 0: a decode              */
+    int total_tokens;       /* sum of num_tokens, <= token_budget           */
+    int num_preempted;      /* sequences preempted while planning this step */
+} flashcl_schedule;
+
+typedef struct flashcl_scheduler_stats {
+    int waiting, running;   /* requests in each queue now                  */
+    int finished;           /* requests finished so far                    */
+    long preemptions;       /* preemptions so far                          */
+    long steps;             /* steps planned so far                        */
+} flashcl_scheduler_stats;
+
+/* Creates a scheduler that allocates and frees sequences of `cache` (which
+ * it does not own and which must outlive it; other sequences of the cache
+ * are left alone but their pages count as used). */
+FLASHCL_API flashcl_status flashcl_scheduler_create(flashcl_kv_cache *cache, const flashcl_scheduler_desc *desc,
+                                                    flashcl_scheduler **out);
+/* Frees the scheduler and the cache sequences it still holds. NULL is a no-op. */
+FLASHCL_API void flashcl_scheduler_destroy(flashcl_scheduler *sched);
+
+/* Queues a request: `request_id` is the caller's (any int, unique among
+ * unfinished requests), prompt_len >= 1, max_new >= 1. A request that could
+ * never fit the cache alone (prompt_len + max_new + spec_tokens tokens)
+ * returns FLASHCL_ERROR_OUT_OF_PAGES and is not queued. */
+FLASHCL_API flashcl_status flashcl_scheduler_add(flashcl_scheduler *sched, int request_id, int prompt_len,
+                                                 int max_new);
+
+/* Plans the next step into *out (num_seqs 0 when nothing can run: no
+ * requests, or static mode with nothing left). Must be followed by
+ * flashcl_scheduler_complete before the next plan. */
+FLASHCL_API flashcl_status flashcl_scheduler_step(flashcl_scheduler *sched, flashcl_schedule *out);
+
+/* Ends the planned step: produced[i] tokens for sequence i of the schedule
+ * (see above; clamped to what the request still wants). The caller must have
+ * appended num_tokens[i] tokens to each sequence. Requests that are now
+ * complete leave: their ids go to finished_ids[0 .. *num_finished) (room for
+ * num_seqs entries; finished_ids and num_finished may be NULL) and their
+ * cache sequences are freed. */
+FLASHCL_API flashcl_status flashcl_scheduler_complete(flashcl_scheduler *sched, const int *produced,
+                                                      int *finished_ids, int *num_finished);
+
+FLASHCL_API void flashcl_scheduler_get_stats(const flashcl_scheduler *sched, flashcl_scheduler_stats *stats);
+
+/* Drops tokens past `length` from a cache sequence (0 <= length <= its
+ * length), returning pages no longer needed to the free list; what rolling
+ * back rejected draft tokens needs. A later append overwrites the dropped
+ * rows (copying the page first if it is shared). */
+FLASHCL_API flashcl_status flashcl_kv_cache_truncate(flashcl_kv_cache *cache, int seq, int length);
+
 #ifdef __cplusplus
 }
 #endif
