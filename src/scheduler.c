@@ -3,9 +3,10 @@
  * A request moves WAITING -> RUNNING -> FINISHED, and RUNNING -> WAITING
  * (front of the queue) when preempted. Its state is three numbers: prompt P,
  * generated g, and computed c (tokens whose K/V are in its cache sequence).
- *   prefill:  c < P + g. After a preemption the cache sequence is gone
- *             (c = 0) and the prompt plus the tokens generated so far are
- *             recomputed; the chunk that completes P + g yields one token.
+ *   prefill:  from admission until c = P + g (g as it was at admission).
+ *             After a preemption the cache sequence is gone (c = 0) and the
+ *             prompt plus the tokens generated so far are recomputed; the
+ *             chunk that completes them yields one token.
  *   decode:   c = P + g - 1 (the newest token has no K/V yet). A step
  *             appends it plus up to spec_tokens drafts (n tokens) and yields
  *             a in 1..n tokens; the K/V of the n - a rejected drafts are
@@ -35,6 +36,8 @@ enum { WAITING = 0, RUNNING = 1, FINISHED = 2 };
 typedef struct request {
     int id, prompt, max_new;
     int generated, computed;
+    int prefilling; /* 1 from admission until `target` tokens are computed */
+    int target;     /* P + g at admission: the tokens its prefill computes */
     int seq;        /* cache sequence, -1 when none */
     long admitted;  /* admission counter value: larger is younger */
     int state;
@@ -193,7 +196,7 @@ flashcl_status flashcl_scheduler_add(flashcl_scheduler *s, int request_id, int p
         if (s->reqs[i].id == request_id && s->reqs[i].state != FINISHED)
             return flashcl_fail(s->cache->ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
                                 "scheduler: request id %d is already queued or running", request_id);
-    request r = {request_id, prompt_len, max_new, 0, 0, -1, 0, WAITING};
+    request r = {request_id, prompt_len, max_new, 0, 0, 0, 0, -1, 0, WAITING};
     if (full_pages(s, &r) > s->cache->desc.num_pages)
         return flashcl_fail(s->cache->ctx, FLASHCL_ERROR_OUT_OF_PAGES,
                             "scheduler: request %d needs %d pages alone but the cache has %d", request_id,
@@ -274,7 +277,7 @@ static int plan_once(flashcl_scheduler *s, int *budget_left) {
     int need = 0;
     for (int i = 0; i < s->num_running; ++i) {
         const request *r = &s->reqs[s->running[i]];
-        if (r->computed < r->prompt + r->generated)
+        if (r->prefilling)
             continue;
         need += new_pages(s, r, decode_tokens(s, r));
     }
@@ -282,7 +285,7 @@ static int plan_once(flashcl_scheduler *s, int *budget_left) {
         return -1;
     for (int i = 0; i < s->num_running; ++i) {
         const request *r = &s->reqs[s->running[i]];
-        if (r->computed < r->prompt + r->generated)
+        if (r->prefilling)
             continue;
         int n = decode_tokens(s, r);
         schedule(s, s->running[i], n, 0);
@@ -292,8 +295,8 @@ static int plan_once(flashcl_scheduler *s, int *budget_left) {
     /* 2. prefill chunks of running requests, oldest first */
     for (int i = 0; i < s->num_running && budget > 0; ++i) {
         const request *r = &s->reqs[s->running[i]];
-        const int left = r->prompt + r->generated - r->computed;
-        if (left <= 0)
+        const int left = r->target - r->computed;
+        if (!r->prefilling || left <= 0)
             continue;
         int n = left < budget ? left : budget;
         /* as many tokens as the free pages hold (the partly filled last page first) */
@@ -320,6 +323,8 @@ static flashcl_status admit_front(flashcl_scheduler *s) {
     pop_front(s);
     r->state = RUNNING;
     r->computed = 0;
+    r->prefilling = 1;
+    r->target = r->prompt + r->generated;
     r->admitted = ++s->admissions;
     s->running[s->num_running++] = ri;
     if (s->desc.mode == FLASHCL_SCHEDULE_STATIC)
@@ -367,9 +372,8 @@ flashcl_status flashcl_scheduler_step(flashcl_scheduler *s, flashcl_schedule *ou
                 for (int j = 0; j < s->n_sched; ++j)
                     if (s->s_req[j] == s->running[i])
                         planned = s->s_tokens[j];
-                if (r->computed + planned < r->prompt + r->generated)
-                    free_pages -= pages_for((long)r->prompt + r->generated, ps) -
-                                  pages_for((long)r->computed + planned, ps);
+                if (r->prefilling && r->computed + planned < r->target)
+                    free_pages -= pages_for(r->target, ps) - pages_for((long)r->computed + planned, ps);
             }
             /* no admissions in a step that had to preempt, unless that emptied the batch */
             while ((s->preemptions == preempted_before || s->num_running == 0) && s->wait_count > 0 &&
@@ -437,8 +441,10 @@ flashcl_status flashcl_scheduler_complete(flashcl_scheduler *s, const int *produ
         request *r = &s->reqs[s->s_req[i]];
         if (s->s_prefill[i]) {
             r->computed += s->s_tokens[i];
-            if (r->computed == r->prompt + r->generated)
-                r->generated += 1; /* the chunk that ends the prompt yields a token */
+            if (r->computed == r->target) { /* the chunk that ends the prefill yields a token */
+                r->generated += 1;
+                r->prefilling = 0;
+            }
         } else {
             int a = produced[i];
             if (a > r->max_new - r->generated)

@@ -21,6 +21,7 @@ typedef struct trace_req {
 
 typedef struct run_result {
     long steps, slot_steps, busy_slot_steps, preemptions, tokens;
+    long decodes, max_decode_tokens; /* decode entries planned, and the most tokens one had */
     int ok;
 } run_result;
 
@@ -113,8 +114,16 @@ static run_result run_trace(flashcl_context *ctx, flashcl_schedule_mode mode, tr
         int busy = 0;
         for (int i = 0; i < s.num_seqs; ++i) {
             produced[i] = s.is_prefill[i] ? 1 : 1 + (int)(flashcl_ref_rng_next(&rng) % (uint64_t)s.num_tokens[i]);
-            if (!s.is_prefill[i])
+            if (!s.is_prefill[i]) {
                 busy++;
+                res.decodes++;
+                if (s.num_tokens[i] > res.max_decode_tokens)
+                    res.max_decode_tokens = s.num_tokens[i];
+                if (s.num_tokens[i] > 1 + spec) {
+                    printf("  step %ld: a decode of %d tokens with spec %d\n", step, s.num_tokens[i], spec);
+                    res.ok = 0;
+                }
+            }
             res.tokens += s.num_tokens[i];
         }
         int nf = 0;
@@ -198,6 +207,9 @@ static void test_random_traces(flashcl_context *ctx) {
                  "preemptions",
                  t, ps, pages, mb, spec, r.preemptions);
         expect(r.ok && r.preemptions > 0, what, &failures);
+        snprintf(what, sizeof what, "trace %d: %ld decode steps planned, up to %ld tokens each (1 + spec %d)", t,
+                 r.decodes, r.max_decode_tokens, spec);
+        expect(r.decodes > 0 && r.max_decode_tokens == 1 + spec, what, &failures);
         run_result s = run_trace(ctx, FLASHCL_SCHEDULE_STATIC, reqs, n, mb, mb * (1 + spec) + 7, spec, ps, pages,
                                  seed + t, 1);
         snprintf(what, sizeof what, "static, trace %d: every request once, pages back, no preemption", t);
