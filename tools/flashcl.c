@@ -18,6 +18,7 @@
 #include "serving_cli.h"
 #include "backward_cli.h"
 #include "svg_plot.h"
+#include "serve_sim.h"
 #include "tune.h"
 
 /* CL_PLATFORM_NOT_FOUND_KHR (cl_khr_icd): what the ICD loader returns when
@@ -42,6 +43,8 @@ static const char usage_main[] =
     "  check       compare random problems against the reference implementation\n"
     "  bench       validate, then time the forward kernel\n"
     "  tune        search kernel parameters for a device and save the fastest\n"
+    "  serve-sim   replay a request trace: static vs continuous batching on real kernels\n"
+    "  spec-sim    check speculative-decoding verification on .npy distributions\n"
     "  help CMD    show the options of a command\n"
     "\n"
     "  --help      show this text\n"
@@ -1739,6 +1742,8 @@ static const command commands[] = {
     {"check", usage_check, cmd_check},
     {"bench", usage_bench, cmd_bench},
     {"tune", usage_tune, cmd_tune},
+    {"serve-sim", usage_serve_sim, cmd_serve_sim},
+    {"spec-sim", usage_spec_sim, cmd_spec_sim},
 };
 
 static const command *find_command(const char *name) {

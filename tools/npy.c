@@ -59,11 +59,11 @@ static void swap_bytes(void *data, size_t count, size_t elem_size) {
 }
 
 size_t npy_dtype_size(npy_dtype dtype) {
-    return dtype == NPY_FLOAT16 ? 2 : 4;
+    return dtype == NPY_FLOAT64 ? 8 : dtype == NPY_FLOAT16 ? 2 : 4;
 }
 
 const char *npy_dtype_name(npy_dtype dtype) {
-    return dtype == NPY_FLOAT16 ? "float16" : "float32";
+    return dtype == NPY_FLOAT64 ? "float64" : dtype == NPY_FLOAT16 ? "float16" : "float32";
 }
 
 /* Appends with snprintf semantics, never running past size. */
@@ -275,10 +275,12 @@ static int parse_header(hdr_parser *p, char *descr, size_t descr_size, int *fort
 }
 
 /* Maps a descr to a dtype; *swap says whether the bytes need reversing. */
-static int parse_descr(const char *descr, npy_dtype *dtype, int *swap, char *err, size_t err_size) {
+static int parse_descr(const char *descr, npy_dtype *dtype, int *swap, int allow_f64, char *err,
+                       size_t err_size) {
     char order = descr[0];
     int little;
-    if (strlen(descr) == 3 && descr[1] == 'f' && (descr[2] == '4' || descr[2] == '2')) {
+    if (strlen(descr) == 3 && descr[1] == 'f' &&
+        (descr[2] == '4' || descr[2] == '2' || (allow_f64 && descr[2] == '8'))) {
         if (order == '>') {
             set_err(err, err_size,
                     "big-endian dtype '%s' not supported: save with arr.astype('<f%c')", descr,
@@ -288,7 +290,7 @@ static int parse_descr(const char *descr, npy_dtype *dtype, int *swap, char *err
         if (order == '<' || order == '|' || order == '=') {
             /* '|' and '=' mean the writer's native order; like numpy, take them as ours. */
             little = order == '<' ? 1 : host_is_little_endian();
-            *dtype = descr[2] == '4' ? NPY_FLOAT32 : NPY_FLOAT16;
+            *dtype = descr[2] == '8' ? NPY_FLOAT64 : descr[2] == '4' ? NPY_FLOAT32 : NPY_FLOAT16;
             *swap = little != host_is_little_endian();
             return 0;
         }
@@ -298,7 +300,17 @@ static int parse_descr(const char *descr, npy_dtype *dtype, int *swap, char *err
     return -1;
 }
 
+static int read_impl(const char *path, npy_array *array, int allow_f64, char *err, size_t err_size);
+
 int npy_read(const char *path, npy_array *array, char *err, size_t err_size) {
+    return read_impl(path, array, 0, err, err_size);
+}
+
+int npy_read_any(const char *path, npy_array *array, char *err, size_t err_size) {
+    return read_impl(path, array, 1, err, err_size);
+}
+
+static int read_impl(const char *path, npy_array *array, int allow_f64, char *err, size_t err_size) {
     unsigned char pre[12];
     char descr[32], shape_text[256];
     size_t got, prelen, hlen, count = 1, bytes, elem_size;
@@ -382,7 +394,7 @@ int npy_read(const char *path, npy_array *array, char *err, size_t err_size) {
     parser.err_size = err_size;
     if (parse_header(&parser, descr, sizeof descr, &fortran, array->shape, &array->ndim) != 0)
         goto fail;
-    if (parse_descr(descr, &dtype, &swap, err, err_size) != 0)
+    if (parse_descr(descr, &dtype, &swap, allow_f64, err, err_size) != 0)
         goto fail;
     npy_format_shape(array->shape, array->ndim, shape_text, sizeof shape_text);
     if (fortran) {
@@ -495,7 +507,7 @@ int npy_write_temp(const char *path, npy_dtype dtype, const size_t *shape, int n
     /* numpy's own layout: the dict, spaces, '\n', so that the data starts
      * on a 64-byte boundary. */
     append(header, sizeof header, &used, "{'descr': '<f%c', 'fortran_order': False, 'shape': (",
-           dtype == NPY_FLOAT16 ? '2' : '4');
+           dtype == NPY_FLOAT64 ? '8' : dtype == NPY_FLOAT16 ? '2' : '4');
     for (int i = 0; i < ndim; i++)
         append(header, sizeof header, &used, "%s%zu", i ? ", " : "", shape[i]);
     append(header, sizeof header, &used, "%s), }", ndim == 1 ? "," : "");

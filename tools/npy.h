@@ -1,4 +1,4 @@
-/* npy.h: reading and writing NumPy .npy files (float32 and float16, C order, little-endian). */
+/* npy.h: reading and writing NumPy .npy files (float32, float16, and float64 where asked; C order, little-endian). */
 #ifndef FLASHCL_TOOLS_NPY_H
 #define FLASHCL_TOOLS_NPY_H
 
@@ -9,7 +9,8 @@
 
 typedef enum npy_dtype {
     NPY_FLOAT32 = 0, /* descr '<f4' */
-    NPY_FLOAT16 = 1  /* descr '<f2' */
+    NPY_FLOAT16 = 1, /* descr '<f2' */
+    NPY_FLOAT64 = 2  /* descr '<f8': written by npy_write_temp, read by npy_read_any only */
 } npy_dtype;
 
 /* An array read from or about to be written to a file. data holds `count`
@@ -35,6 +36,9 @@ void npy_format_shape(const size_t *shape, int ndim, char *buf, size_t size);
  * returns -1, leaves *array empty and writes a one-line reason without the
  * file name into err (e.g. "bad magic: not a .npy file"). */
 int npy_read(const char *path, npy_array *array, char *err, size_t err_size);
+
+/* npy_read that also accepts float64 ('<f8'), for callers that handle it. */
+int npy_read_any(const char *path, npy_array *array, char *err, size_t err_size);
 
 /* Frees array->data and empties the array. Safe on an empty array. */
 void npy_free(npy_array *array);
