@@ -994,9 +994,14 @@ int cmd_spec_sim(int argc, char **argv) {
             printf(" %.4f", alpha[i]);
             amean += alpha[i] / K;
         }
-        printf("\nmean accepted drafts %.4f, tokens per verification %.4f (formula at alpha = %.4f: %.4f, exact "
-               "when every alpha_i is equal)\n",
-               mean, mean + 1.0, amean, flashcl_spec_expected_tokens(amean, K));
+        /* positions accept independently: E[tokens] = 1 + a_0 + a_0 a_1 + ... (the
+         * library's formula when every a_i is equal) */
+        double expect_tokens = 1.0, prod = 1.0;
+        for (int i = 0; i < K; ++i)
+            expect_tokens += (prod *= alpha[i]);
+        printf("\nmean accepted drafts %.4f, tokens per verification %.4f; expected 1 + a_0 + a_0 a_1 + ... = %.4f "
+               "(flashcl_spec_expected_tokens(mean alpha %.4f, %d) = %.4f)\n",
+               mean, mean + 1.0, expect_tokens, amean, K, flashcl_spec_expected_tokens(amean, K));
         /* the first token against p_0: chi-square statistic */
         double chi = 0.0, maxdev = 0.0;
         int df = -1;
