@@ -40,6 +40,8 @@ if [ "$what" = final ]; then
   ./build-gpu/flashcl bench --device nvidia --dtype f16 --batch 4 --heads 32 --head-dim 64,128 \
     --seqlen 512,1024,2048,4096,8192,16384 --iters 10 --plot "$out/h200-forward.svg" > "$out/plot-bench.txt" 2>&1
   echo "plot: exit $?"
+  timeout 120 ./build-gpu/flashcl serve-sim --device nvidia --heads 32 --kv-heads 8 --head-dim 128 \
+    --max-batch 32 --requests 96 --output 10,2000 --plot "$out/serve-h200.svg" 2>/dev/null | tee "$out/serve-h200.txt"
   exit 0
 fi
 if [ "$what" != bench ]; then
