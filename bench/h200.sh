@@ -32,8 +32,8 @@ if [ "$what" = final ]; then
     --json "$out/decode.json" 2>/dev/null | tee "$out/decode.txt"
   export FLASHCL_TUNING_FILE=$out/tuning.json
   for args in "--head-dim 128" "--head-dim 64"; do
-    timeout 80 ./build-gpu/flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch 4 --heads 32 \
-      --budget 45 --confirm 2 $args > "$out/tune-${args// /_}.txt" 2>&1
+    timeout 70 ./build-gpu/flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch 4 --heads 32 \
+      --budget 35 --confirm 2 $args > "$out/tune-${args// /_}.txt" 2>&1
     echo "tune $args: exit $?"; tail -4 "$out/tune-${args// /_}.txt"
   done
   unset FLASHCL_TUNING_FILE
