@@ -10,7 +10,8 @@ what=${1:-all}
 out=${OUT:-/tmp/flashcl-out}
 mkdir -p "$out" /etc/OpenCL/vendors
 echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release -DFLASHCL_WERROR=ON >/dev/null
+# No -Werror here: this machine's gcc 13 warns where CI's gcc 12 (which runs -Werror) does not.
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning' 
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader

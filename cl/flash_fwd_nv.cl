@@ -10,20 +10,27 @@
  * key loop, its O rows as f32 accumulator fragments, and one S tile.
  *
  *                   __local (one ushort array, 16-byte aligned)
- *   +-------------------------------+-------------------------------+
- *   | K tile: BLOCK_N rows x PITCH  | V tile: BLOCK_N rows x PITCH  |
- *   +-------------------------------+-------------------------------+
- *   | Q block (BLOCK_M x PITCH): only before the loop, same bytes   |
- *   +---------------------------------------------------------------+
+ *   +-------------+-------------+-------------+-------------+
+ *   | K, stage 0  | V, stage 0  | K, stage 1  | V, stage 1  |  each BLOCK_N rows
+ *   +-------------+-------------+-------------+-------------+  x PITCH halves;
+ *   | Q block (BLOCK_M x PITCH): before the loop only       |  stage 1 only when
+ *   +-------------------------------------------------------+  KV_STAGES == 2
  *   PITCH = HEAD_DIM_PAD + KV_PAD halves; columns HEAD_DIM..HEAD_DIM_PAD-1
  *   are zero (the mma k-steps and n8 blocks need multiples of 16).
  *
- * Per key tile (software pipeline with one K and one V buffer, as in FA2):
+ * Per key tile, KV_STAGES == 2 (when 2 x (K+V) fit in ~47 KB):
+ *
+ *     wait tile n0, barrier ---> issue copy K, V (n0+BN) into the other stage
+ *     S = Q K^T (mma), mask, online softmax, O += P V      (n0+BN lands meanwhile)
+ *
+ * KV_STAGES == 1 (one K and one V buffer, FA2's scheme):
  *
  *     wait K(n0), barrier ---> issue copy V(n0) ---+  (V lands while S runs)
  *     S = Q K^T (mma), mask, online softmax        |
  *     wait V(n0), barrier ---> issue copy K(n0+BN) |  (K lands while PV runs)
- *     O += P V (mma; P straight from the S registers)
+ *     O += P V
+ *
+ * In both, P goes from the S registers straight into the P V mma.
  *
  * Copies use cp.async (16-byte chunks, zero-filled past HEAD_DIM and past nk)
  * when every row start is 16-byte aligned, else plain 2-byte loads that
@@ -53,7 +60,7 @@
  *   ldmatrix .x4: lanes 8i..8i+7 give the row addresses of matrix i, and
  *     matrix i lands in result register i. The lane -> address maps are
  *     chosen so that the results come out in the a0..a3 / b0,b1 order above
- *     (see the *_lane_off computations in the kernel).
+ *     (q_lane, k_lane and v_lane in the kernel).
  *   Each lane therefore holds two query rows per 16-row fragment: g and g+8.
  *   A row's max and sum are reduced over the 4 lanes of its quad (xor 1, 2).
  *
@@ -74,20 +81,41 @@
 #ifndef WARPS
 #define WARPS 4 // warps per work-group; the work-group is WARPS*32 work-items
 #endif
+/* Query rows per work-group, 16*M_FRAGS per warp. Two 16-row fragments per
+ * warp make every K/V fragment read from __local feed two mma: at D=64 on
+ * the H200, 281 TFLOP/s against 215 with one. Above D=64 the extra O and Q
+ * registers spill (D=96: no gain; D=128: 228 against 250). */
 #ifndef BLOCK_M
-#define BLOCK_M (16 * WARPS) // query rows per work-group: 16 or 32 per warp
+#if HEAD_DIM <= 64
+#define BLOCK_M (32 * WARPS)
+#else
+#define BLOCK_M (16 * WARPS)
 #endif
+#endif
+/* Keys per tile. 64 up to D=128 (34 KB of K+V there; 16 or 32 measured
+ * slower), 32 above (D=256: 187 TFLOP/s against 175 with 16). */
 #ifndef BLOCK_N
 #if HEAD_DIM > 128
-#define BLOCK_N 32 // keys per tile: K+V tiles stay near 34 KB at D=256
+#define BLOCK_N 32
 #else
-#define BLOCK_N 64 // keys per tile: K+V tiles 34 KB at D=128
+#define BLOCK_N 64
 #endif
 #endif
 #ifndef KV_PAD
-#define KV_PAD 8 // halves of padding per __local row: the row pitch becomes an odd
-                 // multiple of 16 bytes, so ldmatrix's 8 row reads hit 8 distinct
-                 // bank groups (no conflicts); must be a multiple of 8
+/* halves of padding per __local row (a multiple of 8): the row pitch becomes
+ * an odd multiple of 16 bytes, so ldmatrix's 8 row reads hit 8 distinct bank
+ * groups (no conflicts) */
+#define KV_PAD 8
+#endif
+#ifndef KV_STAGES
+#if 4 * BLOCK_N * (((HEAD_DIM) + 15) / 16 * 16 + KV_PAD) * 2 <= 48000
+/* K/V tile buffers: 2 when two K+V pairs fit in ~47 KB (the next tile loads
+ * during the whole current one, one barrier per tile; D=64: 215 TFLOP/s
+ * against 191 with 1), else 1 */
+#define KV_STAGES 2
+#else
+#define KV_STAGES 1
+#endif
 #endif
 #ifndef USE_CP_ASYNC
 #define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
@@ -95,23 +123,27 @@
 
 #define WG_SIZE (WARPS * 32)
 #define ROWS_PER_WARP (BLOCK_M / WARPS)
-#define M_FRAGS (ROWS_PER_WARP / 16)           // 16-row A fragments per warp
+#define M_FRAGS (ROWS_PER_WARP / 16)               // 16-row A fragments per warp
 #define HEAD_DIM_PAD (((HEAD_DIM) + 15) / 16 * 16) // head dims seen by the mma
-#define PITCH (HEAD_DIM_PAD + KV_PAD)          // __local row pitch, halves
-#define D_CHUNKS (HEAD_DIM_PAD / 8)            // 16-byte chunks per row
-#define K_STEPS (HEAD_DIM_PAD / 16)            // k16 steps of S = Q K^T
-#define S_FRAGS (BLOCK_N / 8)                  // n8 blocks of S per 16 rows
-#define P_STEPS (BLOCK_N / 16)                 // k16 steps of O = P V
-#define O_FRAGS (HEAD_DIM_PAD / 8)             // n8 blocks of O per 16 rows
+#define PITCH (HEAD_DIM_PAD + KV_PAD)              // __local row pitch, halves
+#define D_CHUNKS (HEAD_DIM_PAD / 8)                // 16-byte chunks per row
+#define K_STEPS (HEAD_DIM_PAD / 16)                // k16 steps of S = Q K^T
+#define S_FRAGS (BLOCK_N / 8)                      // n8 blocks of S per 16 rows
+#define P_STEPS (BLOCK_N / 16)                     // k16 steps of O = P V
+#define O_FRAGS (HEAD_DIM_PAD / 8)                 // n8 blocks of O per 16 rows
 #define TILE_HALFS (BLOCK_N * PITCH)
 #define Q_HALFS (BLOCK_M * PITCH)
-#define SMEM_HALFS (Q_HALFS > 2 * TILE_HALFS ? Q_HALFS : 2 * TILE_HALFS)
+#define KV_HALFS (2 * KV_STAGES * TILE_HALFS) // stage s: K at 2s*TILE, V at (2s+1)*TILE
+#define SMEM_HALFS (Q_HALFS > KV_HALFS ? Q_HALFS : KV_HALFS)
 
 #if BLOCK_M % (16 * WARPS) != 0 || M_FRAGS < 1
 #error "BLOCK_M must be a multiple of 16*WARPS"
 #endif
 #if BLOCK_N % 16 != 0
 #error "BLOCK_N must be a multiple of 16"
+#endif
+#if KV_STAGES != 1 && KV_STAGES != 2
+#error "KV_STAGES must be 1 or 2"
 #endif
 #if KV_PAD % 8 != 0
 #error "KV_PAD must be a multiple of 8 (16-byte rows for cp.async and ldmatrix)"
@@ -136,31 +168,31 @@
 inline uint shared_addr(__local const void *p) {
     uint a;
     __asm__("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
-                 "isspacep.shared ps, %1;\n\t"
-                 "@ps cvta.to.shared.u64 t, %1;\n\t"
-                 "@!ps mov.u64 t, %1;\n\t"
-                 "cvt.u32.u64 %0, t;\n\t}"
-                 : "=r"(a)
-                 : "l"((ulong)p));
+            "isspacep.shared ps, %1;\n\t"
+            "@ps cvta.to.shared.u64 t, %1;\n\t"
+            "@!ps mov.u64 t, %1;\n\t"
+            "cvt.u32.u64 %0, t;\n\t}"
+            : "=r"(a)
+            : "l"((ulong)p));
     return a;
 }
 
 /* D += A B for one 16x8x16 block; c[0..3] are the accumulators. */
-#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                    \
-    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                  \
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                 \
-        : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                                \
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                       \
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                 \
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                \
+            : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 
 /* Four 8x8 16-bit matrices from __local; volatile keeps them after the barriers. */
-#define LDMATRIX_X4(r, addr)                                                                    \
-    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"               \
-                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
-                 : "r"(addr))
-#define LDMATRIX_X4_TRANS(r, addr)                                                              \
-    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"         \
-                 : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                       \
-                 : "r"(addr))
+#define LDMATRIX_X4(r, addr)                                                                       \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+#define LDMATRIX_X4_TRANS(r, addr)                                                                 \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
 
 /* Two floats rounded to nearest even into one register, lo in the low half
  * (cvt puts its first source in the high half). */
@@ -181,16 +213,16 @@ inline float ex2(float x) {
 inline float shfl_xor(float x, int mask) {
     uint y;
     __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
-                 : "=r"(y)
-                 : "r"(as_uint(x)), "r"(mask));
+                         : "=r"(y)
+                         : "r"(as_uint(x)), "r"(mask));
     return as_float(y);
 }
 
 /* ---- global -> __local tile copies ---------------------------------------------------- */
 
-/* Copies rows [0, rows) of a [*][HEAD_DIM] 16-bit matrix (row r at
- * src + r*stride) into __local rows of PITCH halves starting at shared address
- * dst, for NROWS rows; rows >= rows and columns >= HEAD_DIM become zero, so
+/* Fills nrows __local rows of PITCH halves, starting dst_off halves into smem
+ * (shared address s_base), from a [*][HEAD_DIM] 16-bit matrix whose row r is
+ * at src + r*stride. Rows >= rows and columns >= HEAD_DIM become zero, so
  * padded keys contribute 0 * 0 rather than 0 * garbage (which may be NaN).
  *
  * vec != 0 (uniform): src and stride are 16-byte aligned, so each 16-byte
@@ -202,10 +234,9 @@ inline float shfl_xor(float x, int mask) {
 inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
                       ulong stride, int rows, int nrows, int vec, int tid) {
     const int total = nrows * D_CHUNKS;
-    const int iters = (total + WG_SIZE - 1) / WG_SIZE; /* compile-time after inlining */
+    const int iters = (total + WG_SIZE - 1) / WG_SIZE; /* constant once inlined */
 #if USE_CP_ASYNC
     if (vec) {
-#pragma unroll
         for (int it = 0; it < iters; ++it) {
             const int i = tid + it * WG_SIZE;
             if (i < total) {
@@ -215,16 +246,15 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global 
                 __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
                 const uint dst = s_base + (dst_off + (uint)(r * PITCH + 8 * c)) * 2u;
                 __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                             :
-                             : "r"(dst), "l"((ulong)p), "r"(bytes)
-                             : "memory");
+                                     :
+                                     : "r"(dst), "l"((ulong)p), "r"(bytes)
+                                     : "memory");
             }
         }
         __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
         return;
     }
 #endif
-#pragma unroll
     for (int it = 0; it < iters; ++it) {
         const int i = tid + it * WG_SIZE;
         if (i < total) {
@@ -238,7 +268,8 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global 
                 const uint hi = r < rows && d + 1 < HEAD_DIM ? p[d + 1] : 0u;
                 w[e] = lo | hi << 16;
             }
-            *(__local uint4 *)(smem + dst_off + r * PITCH + 8 * c) = (uint4)(w[0], w[1], w[2], w[3]);
+            *(__local uint4 *)(smem + dst_off + r * PITCH + 8 * c) =
+                (uint4)(w[0], w[1], w[2], w[3]);
         }
     }
 }
@@ -259,17 +290,19 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
              /* element offsets and strides (batch, seq, head) of each tensor */
              ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh, ulong k_off, ulong k_sb, ulong k_ss,
              ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, ulong o_off, ulong o_sb,
-             ulong o_ss, ulong o_sh, ulong lse_off, int has_lse,
-             int nq, int nk, int group, /* group = heads_q / heads_k */
-             float q_mul,              /* scale*log2e, or scale/softcap   */
-             float softcap_log2,       /* softcap*log2e, 0 when off       */
+             ulong o_ss, ulong o_sh, ulong lse_off, int has_lse, int nq, int nk,
+             int group,          /* group = heads_q / heads_k */
+             float q_mul,        /* scale*log2e, or scale/softcap   */
+             float softcap_log2, /* softcap*log2e, 0 when off       */
              int win_left, int win_right) {
     __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
-    const int m0 = (int)get_group_id(0) * BLOCK_M;
+    /* Query blocks run last-first: under a causal mask the last blocks see the
+     * most keys, and starting them first shortens the tail of the launch. */
+    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
     const int hq = (int)get_global_id(1);
     const int b = (int)get_global_id(2);
     const int hk = hq / group;
@@ -285,7 +318,6 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
     const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 8 == 0);
 
     const uint s_base = shared_addr(smem);
-    const uint k_tile = s_base, v_tile = s_base + TILE_HALFS * 2u;
 
     /* Q block -> __local -> A fragments, once. Rows past nq are zero. */
     copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
@@ -296,8 +328,8 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
         /* lanes 0-15 address rows 0-15 at dims 0-7, lanes 16-31 the same rows
          * at dims 8-15: matrices come out as a0 (rows 0-7, dims 0-7), a1
          * (rows 8-15, dims 0-7), a2 (rows 0-7, dims 8-15), a3. */
-        const uint q_lane = s_base + (uint)((warp * ROWS_PER_WARP + lane % 16) * PITCH +
-                                            (lane / 16) * 8) * 2u;
+        const uint q_lane =
+            s_base + (uint)((warp * ROWS_PER_WARP + lane % 16) * PITCH + (lane / 16) * 8) * 2u;
 #pragma unroll
         for (int mf = 0; mf < M_FRAGS; ++mf)
 #pragma unroll
@@ -360,16 +392,39 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
 
     const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
     const int n_end = (int)blk_hi; /* last key any row of the block sees */
-    if (n_start <= n_end)
-        copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N,
-                  k_vec, tid);
+    if (n_start <= n_end) {
+        copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
+                  BLOCK_N, k_vec, tid);
+#if KV_STAGES == 2
+        copy_tile(smem, s_base, TILE_HALFS, vb + (ulong)n_start * v_ss, v_ss,
+                  min(BLOCK_N, nk - n_start), BLOCK_N, v_vec, tid);
+#endif
+    }
 
+    int stage = 0; /* buffer pair of the current tile (always 0 with one stage) */
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        const int n_next = n0 + BLOCK_N;
+        const uint k_tile = s_base + (uint)(stage * 2 * TILE_HALFS) * 2u;
+        const uint v_tile = k_tile + TILE_HALFS * 2u;
+#if KV_STAGES == 2
+        /* Tile n0 has landed for everyone, and every warp is done with tile
+         * n0-BN, whose buffers now receive tile n0+BN. */
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end) {
+            const uint next = (uint)((stage ^ 1) * 2 * TILE_HALFS);
+            copy_tile(smem, s_base, next, kb + (ulong)n_next * k_ss, k_ss,
+                      min(BLOCK_N, nk - n_next), BLOCK_N, k_vec, tid);
+            copy_tile(smem, s_base, next + TILE_HALFS, vb + (ulong)n_next * v_ss, v_ss,
+                      min(BLOCK_N, nk - n_next), BLOCK_N, v_vec, tid);
+        }
+#else
         /* K(n0) has landed for everyone, and every warp is done with V(n0-BN). */
         cp_wait();
         barrier(CLK_LOCAL_MEM_FENCE);
-        copy_tile(smem, s_base, TILE_HALFS, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0), BLOCK_N,
-                  v_vec, tid);
+        copy_tile(smem, s_base, TILE_HALFS, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0),
+                  BLOCK_N, v_vec, tid);
+#endif
 
         /* Warp-uniform: a warp none of whose rows sees this tile skips its math
          * (p would be 0 everywhere and m unchanged), but not the barriers. */
@@ -393,8 +448,8 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
                     for (int mf = 0; mf < M_FRAGS; ++mf) {
                         MMA_16816(s[mf][2 * np], qf[mf][kk][0], qf[mf][kk][1], qf[mf][kk][2],
                                   qf[mf][kk][3], kf[0], kf[1]);
-                        MMA_16816(s[mf][2 * np + 1], qf[mf][kk][0], qf[mf][kk][1],
-                                  qf[mf][kk][2], qf[mf][kk][3], kf[2], kf[3]);
+                        MMA_16816(s[mf][2 * np + 1], qf[mf][kk][0], qf[mf][kk][1], qf[mf][kk][2],
+                                  qf[mf][kk][3], kf[2], kf[3]);
                     }
                 }
 
@@ -437,10 +492,12 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
                     mx = fmax(mx, shfl_xor(mx, 2));
                     const float m_new = fmax(m_run[mf][h], mx);
                     /* While the row has seen nothing, m_new is -inf: subtract 0
-                     * instead, so p = 2^-inf = 0 and alpha = 2^-inf = 0 (acc
-                     * and l are still 0) without forming -inf - -inf. */
+                     * instead (p = 2^-inf = 0) and keep alpha = 1, never
+                     * forming -inf - -inf. m_run - m_new is exact for close
+                     * maxima, so alpha matches the portable kernel's. */
                     const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
-                    const float alpha = ex2(m_run[mf][h] * sc - ms);
+                    const float alpha =
+                        m_new == -INFINITY ? 1.0f : ex2((m_run[mf][h] - m_new) * sc);
                     m_run[mf][h] = m_new;
                     float psum = 0.0f;
 #pragma unroll
@@ -462,12 +519,14 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
                 }
         }
 
+#if KV_STAGES == 1
         /* V(n0) has landed, and every warp is done reading K(n0). */
         cp_wait();
         barrier(CLK_LOCAL_MEM_FENCE);
-        if (n0 + BLOCK_N <= n_end)
-            copy_tile(smem, s_base, 0, kb + (ulong)(n0 + BLOCK_N) * k_ss, k_ss,
-                      min(BLOCK_N, nk - (n0 + BLOCK_N)), BLOCK_N, k_vec, tid);
+        if (n_next <= n_end)
+            copy_tile(smem, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next),
+                      BLOCK_N, k_vec, tid);
+#endif
 
         if (active) {
             /* ---- O += P V, P packed from the S registers ---- */
@@ -489,12 +548,13 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
                     for (int mf = 0; mf < M_FRAGS; ++mf) {
                         MMA_16816(acc[mf][2 * dp], pf[mf][0], pf[mf][1], pf[mf][2], pf[mf][3],
                                   vf[0], vf[1]);
-                        MMA_16816(acc[mf][2 * dp + 1], pf[mf][0], pf[mf][1], pf[mf][2],
-                                  pf[mf][3], vf[2], vf[3]);
+                        MMA_16816(acc[mf][2 * dp + 1], pf[mf][0], pf[mf][1], pf[mf][2], pf[mf][3],
+                                  vf[2], vf[3]);
                     }
                 }
             }
         }
+        stage ^= KV_STAGES - 1;
     }
 
     /* ---- epilogue: O / l and LSE ---- */

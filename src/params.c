@@ -48,10 +48,14 @@ static const flashcl_param_entry builtin_device[] = {
 
 /* Level 4, architectures. */
 static const flashcl_param_entry builtin_arch[] = {
-    /* Tensor cores (cl/flash_fwd_nv.cl): 4 warps of 16 query rows each;
-     * 64-key tiles, 32 above D=128, keep double-buffered K and V in ~46 KB. */
-    {"sm_80+", NULL, "nv-mma", ANY, 1, 128, PHASE_ANY, ANY, 64, 64, 0, 4,
-     "hand-chosen: FA2's tile for sm_80"},
+    /* Tensor cores (cl/flash_fwd_nv.cl), 4 warps. Measured on the H200
+     * (f16, 4,32,4096,D, TFLOP/s no mask / causal): D=64 BM128 2-stage
+     * 281/256 vs BM64 215/201; D=128 BM64 BN64 250/235 vs BN32 201, BM128
+     * spills. Above D=128, 32-key tiles keep K+V within 48 KB. */
+    {"sm_80+", NULL, "nv-mma", ANY, 1, 64, PHASE_ANY, ANY, 128, 64, 0, 4,
+     "measured on the H200: 32 rows per warp, two K/V stages"},
+    {"sm_80+", NULL, "nv-mma", ANY, 65, 128, PHASE_ANY, ANY, 64, 64, 0, 4,
+     "measured on the H200: BM128 spills at D=128"},
     {"sm_80+", NULL, "nv-mma", ANY, 129, 256, PHASE_ANY, ANY, 64, 32, 0, 4,
      "hand-chosen: K+V tiles in ~34 KB at D=256"},
 };
@@ -162,8 +166,10 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         floats = m * d + m * dpad + n * d + n * dpad + m * n;
     } else if (!strcmp(p->variant, "portable")) { /* q, K/V, S, reductions (+1 padding per row) */
         floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)p->threads_per_row;
-    } else if (!strcmp(p->variant, "nv-mma")) { /* halves: max(Q block, K + V tiles), see SMEM_HALFS */
-        size_t pitch = (d + 15) / 16 * 16 + 8, qh = m * pitch, kv = 2 * n * pitch;
+    } else if (!strcmp(p->variant, "nv-mma")) { /* halves: max(Q block, K + V stages), see SMEM_HALFS */
+        size_t pitch = (d + 15) / 16 * 16 + 8, qh = m * pitch;
+        size_t stages = 4 * n * pitch * 2 <= 48000 ? 2 : 1; /* the kernel double-buffers when it fits */
+        size_t kv = 2 * stages * n * pitch;
         return (qh > kv ? qh : kv) * 2;
     } else {
         return 0;

@@ -700,7 +700,7 @@ static int add_str(jval *obj, const char *key, const char *s) {
 /* 1 when an existing entry object has the same key as e (so e replaces it). */
 static int same_key(const jval *obj, const flashcl_param_entry *e) {
     flashcl_param_entry old;
-    char err[8];
+    char err[256]; /* unused here, but sized like every other caller's */
     int r = read_entry(obj, 0, &old, err, sizeof err);
     if (r < 0)
         return 0;
