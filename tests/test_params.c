@@ -384,7 +384,8 @@ static void test_overrides(void) {
 /* ---- the levels, on a pretend device ------------------------------------------------------ */
 
 static void pretend_h200(flashcl_context *ctx) {
-    snprintf(ctx->info.name, sizeof ctx->info.name, "NVIDIA H200");
+    /* Not a name with built-in device entries: this tests the arch level. */
+    snprintf(ctx->info.name, sizeof ctx->info.name, "Pretend NVIDIA sm_90 GPU");
     snprintf(ctx->info.vendor, sizeof ctx->info.vendor, "NVIDIA Corporation");
     snprintf(ctx->info.driver, sizeof ctx->info.driver, "550.0");
     ctx->info.type = CL_DEVICE_TYPE_GPU;
@@ -409,6 +410,12 @@ static void test_levels(void) {
     expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-mma") && p.block_n == 64 &&
                p.work_group_size == 128,
            "sm_90, f16: the arch entry (nv-mma 64x64, 4 warps)", &failures);
+    snprintf(ctx->info.name, sizeof ctx->info.name, "NVIDIA H200");
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.source, "built-in device: NVIDIA H200") && !strcmp(p.variant, "nv-mma") &&
+               p.block_m == 64 && p.block_n == 64,
+           "the H200 by name: its exact-device entry (the tuner's winner)", &failures);
+    snprintf(ctx->info.name, sizeof ctx->info.name, "Pretend NVIDIA sm_90 GPU");
     flashcl_attention_params(ctx, &d32, &p);
     expect(!strcmp(p.source, "default: GPU") && !strcmp(p.variant, "portable"),
            "sm_90, f32: nv-mma does not apply, the GPU default", &failures);
@@ -425,7 +432,7 @@ static void test_levels(void) {
 
     /* A tuned entry beats the arch entry, and may pick another variant. */
     snprintf(text, sizeof text,
-             "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"NVIDIA H200\", \"variant\": "
+             "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"variant\": "
              "\"portable\", \"dtype\": \"f16\", \"head_dim_min\": 65, \"head_dim_max\": 128, \"phase\": "
              "\"prefill\", \"block_m\": 32, \"block_n\": 32, \"threads_per_row\": 4}]}");
     write_file(path, text);
