@@ -9,26 +9,14 @@
 # D_i = dout . out_i, so dS = 0: dq = dk = 0 (up to float rounding), and
 # dv_j = sum over the rows i that see key j of dout / n_i.
 set -u
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 BIN=${1:?usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR}
 TMP=${2:?usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR}
 mkdir -p "$TMP" || exit 1
 W=$(mktemp -d "$TMP/test_backward_cli.XXXXXX") || exit 1
 cd "$W" || exit 1
-failures=0
-ok() { printf 'ok    %s\n' "$1"; }
-bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
 
-# npy_header FILE DESCR SHAPE: numpy's version 1.0 layout (as in test_cli.sh).
-npy_header() {
-    local dict="{'descr': '$2', 'fortran_order': False, 'shape': ($3), }"
-    local total=$((10 + ${#dict} + 1))
-    local pad=$(((64 - total % 64) % 64))
-    local hlen=$((${#dict} + pad + 1))
-    printf '\x93NUMPY\x01\x00' >"$1"
-    # shellcheck disable=SC2059
-    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))" >>"$1"
-    printf '%s%*s\n' "$dict" "$pad" '' >>"$1"
-}
 # const_npy FILE SHAPE COUNT BYTES: float32, COUNT copies of BYTES.
 const_npy() {
     local i

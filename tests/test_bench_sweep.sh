@@ -3,14 +3,13 @@
 #
 # usage: test_bench_sweep.sh FLASHCL_BINARY TMPDIR
 set -u
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 BIN=${1:?usage: test_bench_sweep.sh FLASHCL_BINARY TMPDIR}
 TMP=${2:?usage: test_bench_sweep.sh FLASHCL_BINARY TMPDIR}
 mkdir -p "$TMP" || exit 1
 W=$(mktemp -d "$TMP/test_bench.XXXXXX") || exit 1
 cd "$W" || exit 1
-failures=0
-ok() { printf 'ok    %s\n' "$1"; }
-bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
 FAST=(--iters 1 --warmup 0 --heads 2 --head-dim 16)
 
 # CSV: a header and one line per (seqlen, mask), every row validated.
@@ -53,8 +52,4 @@ done
 [ ! -e plot.svg.tmp.* ] 2>/dev/null || bad "a temporary SVG was left behind"
 
 cd / && rm -rf "$W"
-if [ "$failures" -ne 0 ]; then
-    echo "$failures test(s) failed"
-    exit 1
-fi
-echo "all tests passed"
+finish

@@ -8,6 +8,8 @@
 # uniform, and each output row equals the (shared) v row; the log-sum-exp is
 # score + ln(number of visible keys). Rows that see no key must give 0 and -inf.
 set -u
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 
 BIN=${1:?usage: test_cli.sh FLASHCL_BINARY TMPDIR}
 TMP=${2:?usage: test_cli.sh FLASHCL_BINARY TMPDIR}
@@ -15,23 +17,8 @@ mkdir -p "$TMP" || exit 1
 W=$(mktemp -d "$TMP/test_cli.XXXXXX") || exit 1
 cd "$W" || exit 1
 
-failures=0
-ok() { printf 'ok    %s\n' "$1"; }
-bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
 
 # ---- building .npy files ------------------------------------------------------
-# npy_header FILE DESCR SHAPE: numpy's version 1.0 layout, the dict padded with
-# spaces and a '\n' so that the data starts on a 64-byte boundary.
-npy_header() {
-    local dict="{'descr': '$2', 'fortran_order': False, 'shape': ($3), }"
-    local total=$((10 + ${#dict} + 1))
-    local pad=$(((64 - total % 64) % 64))
-    local hlen=$((${#dict} + pad + 1))
-    printf '\x93NUMPY\x01\x00' >"$1"
-    # shellcheck disable=SC2059 # the format is built to hold the two length bytes
-    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))" >>"$1"
-    printf '%s%*s\n' "$dict" "$pad" '' >>"$1"
-}
 
 # repeat FILE COUNT BYTES: appends COUNT copies of a printf escape string.
 repeat() {
@@ -300,8 +287,4 @@ if head -c 1 out.txt | grep -q '{' && grep -q '"validated": "pass"' out.txt; the
 else bad "bench --json output: $(head -c 300 out.txt)"; fi
 
 cd / && rm -rf "$W"
-if [ "$failures" -ne 0 ]; then
-    echo "$failures test(s) failed"
-    exit 1
-fi
-echo "all tests passed"
+finish

@@ -3,14 +3,13 @@
 #
 # usage: test_sim_cli.sh FLASHCL_BINARY TMPDIR
 set -u
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 BIN=${1:?usage: test_sim_cli.sh FLASHCL_BINARY TMPDIR}
 TMP=${2:?usage: test_sim_cli.sh FLASHCL_BINARY TMPDIR}
 mkdir -p "$TMP" || exit 1
 W=$(mktemp -d "$TMP/test_sim_cli.XXXXXX") || exit 1
 cd "$W" || exit 1
-failures=0
-ok() { printf 'ok    %s\n' "$1"; }
-bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
 
 # ---- serve-sim --trace ------------------------------------------------------------
 # Three requests with 10 + 20 + 5 output tokens: both modes must emit exactly 35.
@@ -39,14 +38,7 @@ printf '1,16,10\n0,16,10\n' >order.csv
 npy_f32() {
     local file=$1 rows=$2 cols=$3
     shift 3
-    local dict="{'descr': '<f4', 'fortran_order': False, 'shape': ($rows, $cols), }"
-    local total=$((10 + ${#dict} + 1)) pad hlen
-    pad=$(((64 - total % 64) % 64))
-    hlen=$((${#dict} + pad + 1))
-    printf '\x93NUMPY\x01\x00' >"$file"
-    # shellcheck disable=SC2059 # the format holds the two length bytes
-    printf "\\x$(printf %02x $((hlen & 255)))\\x$(printf %02x $((hlen >> 8)))" >>"$file"
-    printf '%s%*s\n' "$dict" "$pad" '' >>"$file"
+    npy_header "$file" '<f4' "$rows, $cols"
     for v in "$@"; do
         # shellcheck disable=SC2059 # little-endian bytes of a 32-bit pattern
         printf "\\x${v:6:2}\\x${v:4:2}\\x${v:2:2}\\x${v:0:2}" >>"$file"
@@ -78,8 +70,4 @@ if [ $? -ne 0 ] && [ ! -e hbad.npy ] && [ -s err.txt ]; then
 else bad "spec-sim bad row: $(cat out.txt err.txt)"; fi
 
 cd / && rm -rf "$W"
-if [ "$failures" -ne 0 ]; then
-    echo "$failures test(s) failed"
-    exit 1
-fi
-echo "all tests passed"
+finish

@@ -3,14 +3,13 @@
 #
 # usage: test_tune.sh FLASHCL_BINARY TMPDIR
 set -u
+# shellcheck source=tests/cli_lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
 BIN=${1:?usage: test_tune.sh FLASHCL_BINARY TMPDIR}
 TMP=${2:?usage: test_tune.sh FLASHCL_BINARY TMPDIR}
 mkdir -p "$TMP" || exit 1
 W=$(mktemp -d "$TMP/test_tune.XXXXXX") || exit 1
 cd "$W" || exit 1
-failures=0
-ok() { printf 'ok    %s\n' "$1"; }
-bad() { printf 'FAIL  %s\n' "$1"; failures=$((failures + 1)); }
 # The class `flashcl devices` shows first: f16, D=64, non-causal prefill.
 SMALL=(--dtype f16 --head-dim 64 --seqlen 64 --heads 2 --iters 2 --warmup 0)
 
@@ -70,8 +69,4 @@ if [ $status -eq 0 ] && grep -q 'interrupted' out.txt && grep -q '"block_m"' int
 else bad "after SIGINT: status $status, $(tail -3 out.txt) $(tail -2 err.txt)"; fi
 
 cd / && rm -rf "$W"
-if [ "$failures" -ne 0 ]; then
-    echo "$failures test(s) failed"
-    exit 1
-fi
-echo "all tests passed"
+finish
