@@ -56,17 +56,21 @@ else bad "broken tuning file: $(tail -3 out.txt)"; fi
 # Ctrl-C after the first candidate: still writes the best so far.
 rm -f int.json
 # (A longer problem and many timed runs, so that the run is still going when the signal comes.)
-"$BIN" tune "${SMALL[@]}" --seqlen 256 --iters 200 --budget 600 --output int.json >out.txt 2>err.txt &
+# A fresh progress file: an old one's "[1/" lines would send the signal
+# before the tuner has installed its handler (and a background job ignores
+# SIGINT until then).
+rm -f int_err.txt
+"$BIN" tune "${SMALL[@]}" --seqlen 256 --iters 200 --budget 600 --output int.json >out.txt 2>int_err.txt &
 pid=$!
-# Wait until the second candidate starts, so the first (the current
-# parameters) has finished and there is a best to keep.
-for _ in $(seq 1 600); do grep -q '\[2/' err.txt 2>/dev/null && break; sleep 0.1; done
+# Progress lines are printed as each candidate finishes: after "[1/" the
+# current parameters have been measured and there is a best to keep.
+for _ in $(seq 1 600); do grep -q '\[1/' int_err.txt 2>/dev/null && break; sleep 0.1; done
 kill -INT "$pid"
 wait "$pid"
 status=$?
 if [ $status -eq 0 ] && grep -q 'interrupted' out.txt && grep -q '"block_m"' int.json; then
     ok "Ctrl-C keeps the best so far and writes it"
-else bad "after SIGINT: status $status, $(tail -3 out.txt) $(tail -2 err.txt)"; fi
+else bad "after SIGINT: status $status, $(tail -3 out.txt) $(tail -2 int_err.txt)"; fi
 
 cd / && rm -rf "$W"
 finish
