@@ -42,6 +42,19 @@ uint64_t test_seed(void) {
     return seed;
 }
 
+test_case test_case_basic(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim) {
+    test_case tc;
+    memset(&tc, 0, sizeof tc);
+    tc.dtype = dtype;
+    tc.batch = 1;
+    tc.heads_q = tc.heads_k = 1;
+    tc.seqlen_q = seqlen_q;
+    tc.seqlen_k = seqlen_k;
+    tc.head_dim = head_dim;
+    tc.window_left = tc.window_right = -1;
+    return tc;
+}
+
 void expect(int ok, const char *what, int *failures) {
     printf("%-60s %s\n", what, ok ? "ok" : "FAILED");
     if (!ok)

@@ -23,6 +23,9 @@ typedef struct test_case {
     double input_scale; /* stddev of random q and k (1 if 0); v is always N(0,1) */
 } test_case;
 
+/* One batch, one head, no mask, packed layout: the shape cases start from. */
+test_case test_case_basic(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim);
+
 /* The context the tests run on: FLASHCL_TEST_DEVICE, else the default
  * device. Exits with a message when none can be created. */
 flashcl_context *test_context(void);

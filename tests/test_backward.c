@@ -259,23 +259,10 @@ static void run(flashcl_context *ctx, test_case tc, int deterministic) {
         ++failures;
 }
 
-static test_case base(flashcl_dtype dtype, int nq, int nk, int d) {
-    test_case tc;
-    memset(&tc, 0, sizeof tc);
-    tc.dtype = dtype;
-    tc.batch = 1;
-    tc.heads_q = tc.heads_k = 1;
-    tc.seqlen_q = nq;
-    tc.seqlen_k = nk;
-    tc.head_dim = d;
-    tc.window_left = tc.window_right = -1;
-    return tc;
-}
-
 /* Kernel builds dominate on PoCL: the quick set uses three (dtype, head_dim)
  * pairs, f32/16, f16/59 and bf16/59, plus D=1. */
 static void quick(flashcl_context *ctx) {
-    test_case tc = base(FLASHCL_FLOAT32, 37, 53, 16);
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
     run(ctx, tc, 0);
     run(ctx, tc, 1);
     tc.softcap = 30.0f; /* large scores, where the cap bends: its derivative matters */
@@ -283,13 +270,13 @@ static void quick(flashcl_context *ctx) {
     tc.seqlen_q = 64;
     tc.seqlen_k = 96;
     run(ctx, tc, 0);
-    tc = base(FLASHCL_FLOAT32, 45, 45, 16); /* MQA through strides */
+    tc = test_case_basic(FLASHCL_FLOAT32, 45, 45, 16); /* MQA through strides */
     tc.heads_q = 4;
     tc.causal = 1;
     tc.layout = LAYOUT_BHSD;
     run(ctx, tc, 1);
 
-    tc = base(FLASHCL_FLOAT16, 77, 131, 59); /* GQA, odd head dim, Nq < Nk */
+    tc = test_case_basic(FLASHCL_FLOAT16, 77, 131, 59); /* GQA, odd head dim, Nq < Nk */
     tc.batch = 2;
     tc.heads_q = 6;
     tc.heads_k = 2;
@@ -299,12 +286,12 @@ static void quick(flashcl_context *ctx) {
     tc.window_left = 17;
     tc.window_right = 5;
     run(ctx, tc, 1);
-    tc = base(FLASHCL_FLOAT16, 50, 40, 59);
+    tc = test_case_basic(FLASHCL_FLOAT16, 50, 40, 59);
     tc.layout = LAYOUT_PADDED;
     tc.scale = 0.3f;
     run(ctx, tc, 1);
 
-    tc = base(FLASHCL_BFLOAT16, 131, 77, 59); /* Nq > Nk causal: 54 rows see no key */
+    tc = test_case_basic(FLASHCL_BFLOAT16, 131, 77, 59); /* Nq > Nk causal: 54 rows see no key */
     tc.heads_q = 3;
     tc.causal = 1;
     run(ctx, tc, 0);
@@ -313,7 +300,7 @@ static void quick(flashcl_context *ctx) {
     tc.window_right = 0;
     run(ctx, tc, 0);
 
-    tc = base(FLASHCL_FLOAT32, 1, 1, 1);
+    tc = test_case_basic(FLASHCL_FLOAT32, 1, 1, 1);
     run(ctx, tc, 0);
 }
 
@@ -325,7 +312,7 @@ static void sweep(flashcl_context *ctx) {
     for (int i = 0; i < COUNT(head_dims); ++i)
         for (int s = 0; s < COUNT(seqlens); ++s)
             for (int causal = 0; causal < 2; ++causal) {
-                test_case tc = base((flashcl_dtype)((i + s) % 3), seqlens[s][0], seqlens[s][1], head_dims[i]);
+                test_case tc = test_case_basic((flashcl_dtype)((i + s) % 3), seqlens[s][0], seqlens[s][1], head_dims[i]);
                 tc.causal = causal;
                 tc.batch = 1 + (s & 1);
                 tc.heads_q = 2 + 2 * (i & 1);
@@ -343,7 +330,7 @@ static void sweep(flashcl_context *ctx) {
 /* ---- determinism ------------------------------------------------------------------------ */
 
 static void determinism(flashcl_context *ctx) {
-    test_case tc = base(FLASHCL_FLOAT16, 77, 131, 59);
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 77, 131, 59);
     tc.batch = 2;
     tc.heads_q = 6;
     tc.heads_k = 2;
@@ -388,7 +375,7 @@ static void determinism(flashcl_context *ctx) {
 /* ---- invalid arguments: an error status, and no output touched ------------------------- */
 
 static void errors(flashcl_context *ctx) {
-    test_case tc = base(FLASHCL_FLOAT32, 37, 53, 16);
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
     run_buffers rb;
     if (!setup(&rb, &tc, test_seed() + 5u)) {
         expect(0, "errors: setup", &failures);

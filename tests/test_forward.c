@@ -22,24 +22,11 @@ static void run(flashcl_context *ctx, test_case tc) {
         ++failures;
 }
 
-static test_case base(flashcl_dtype dtype, int nq, int nk, int d) {
-    test_case tc;
-    memset(&tc, 0, sizeof tc);
-    tc.dtype = dtype;
-    tc.batch = 1;
-    tc.heads_q = tc.heads_k = 1;
-    tc.seqlen_q = nq;
-    tc.seqlen_k = nk;
-    tc.head_dim = d;
-    tc.window_left = tc.window_right = -1;
-    return tc;
-}
-
 static void quick(flashcl_context *ctx) {
     /* Every head dim, rotating dtype, shape and causality. */
     for (int i = 0; i < COUNT(head_dims); ++i) {
         const int *s = seqlens[i % COUNT(seqlens)];
-        test_case tc = base((flashcl_dtype)(i % 3), s[0] > 512 ? 200 : s[0], s[1] > 512 ? 300 : s[1],
+        test_case tc = test_case_basic((flashcl_dtype)(i % 3), s[0] > 512 ? 200 : s[0], s[1] > 512 ? 300 : s[1],
                             head_dims[i]);
         tc.causal = i & 1;
         run(ctx, tc);
@@ -47,13 +34,13 @@ static void quick(flashcl_context *ctx) {
     /* Every (Nq, Nk) pair, causal both ways round. */
     for (int i = 0; i < COUNT(seqlens); ++i)
         for (int causal = 0; causal < 2; ++causal) {
-            test_case tc = base(FLASHCL_FLOAT16, seqlens[i][0], seqlens[i][1], 64);
+            test_case tc = test_case_basic(FLASHCL_FLOAT16, seqlens[i][0], seqlens[i][1], 64);
             tc.causal = causal;
             run(ctx, tc);
         }
     /* Every dtype on a batched GQA shape; windows; soft-cap. */
     for (int dt = 0; dt < 3; ++dt) {
-        test_case tc = base((flashcl_dtype)dt, 77, 131, 59);
+        test_case tc = test_case_basic((flashcl_dtype)dt, 77, 131, 59);
         tc.batch = 2;
         tc.heads_q = 6;
         tc.heads_k = 2;
@@ -64,13 +51,13 @@ static void quick(flashcl_context *ctx) {
         tc.window_right = -1;
         tc.causal = 1;
         run(ctx, tc);
-        tc = base((flashcl_dtype)dt, 64, 96, 128);
+        tc = test_case_basic((flashcl_dtype)dt, 64, 96, 128);
         tc.softcap = 30.0f;
         tc.input_scale = 4.0;
         run(ctx, tc);
     }
     /* MQA and MHA, layouts, explicit scale. */
-    test_case tc = base(FLASHCL_FLOAT32, 45, 45, 96);
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 45, 45, 96);
     tc.heads_q = 8;
     tc.heads_k = 1;
     tc.causal = 1;
@@ -91,7 +78,7 @@ static void quick(flashcl_context *ctx) {
     run(ctx, tc);
     /* Fully masked rows: Nq > Nk with causal leaves the first Nq - Nk rows
      * without keys; a left window of 0 and right of 0 with Nq > Nk too. */
-    tc = base(FLASHCL_FLOAT16, 200, 37, 64);
+    tc = test_case_basic(FLASHCL_FLOAT16, 200, 37, 64);
     tc.causal = 1;
     run(ctx, tc);
     tc.dtype = FLASHCL_FLOAT32;
@@ -99,14 +86,14 @@ static void quick(flashcl_context *ctx) {
     run(ctx, tc);
     /* Large-magnitude scores: exp must not overflow. */
     for (int dt = 0; dt < 3; ++dt) {
-        tc = base((flashcl_dtype)dt, 33, 257, 64);
+        tc = test_case_basic((flashcl_dtype)dt, 33, 257, 64);
         tc.input_scale = 20.0;
         run(ctx, tc);
     }
     /* Tiny shapes: one query, one key, head_dim 1. */
-    tc = base(FLASHCL_FLOAT32, 1, 1, 1);
+    tc = test_case_basic(FLASHCL_FLOAT32, 1, 1, 1);
     run(ctx, tc);
-    tc = base(FLASHCL_FLOAT16, 5, 3, 7);
+    tc = test_case_basic(FLASHCL_FLOAT16, 5, 3, 7);
     tc.causal = 1;
     run(ctx, tc);
 }
@@ -116,7 +103,7 @@ static void sweep(flashcl_context *ctx) {
         for (int i = 0; i < COUNT(head_dims); ++i)
             for (int s = 0; s < COUNT(seqlens); ++s)
                 for (int causal = 0; causal < 2; ++causal) {
-                    test_case tc = base((flashcl_dtype)dt, seqlens[s][0], seqlens[s][1], head_dims[i]);
+                    test_case tc = test_case_basic((flashcl_dtype)dt, seqlens[s][0], seqlens[s][1], head_dims[i]);
                     tc.causal = causal;
                     tc.batch = 1 + (s & 1);
                     tc.heads_q = 2 + 2 * (i & 1);
