@@ -1,6 +1,7 @@
 /* backward.c: checking backward-pass arguments and launching cl/flash_bwd.cl's kernels.
  *
- * One call enqueues three kernels, chained by events:
+ * One call enqueues three kernels, chained by events (flashcl_backward_enqueue,
+ * which src/varlen_backward.c runs once per sequence):
  *   flash_bwd_pre   D_i = rowsum(dO * O) into scratch (and clears the float
  *                   dQ accumulator in atomic mode)
  *   flash_bwd_dkdv  dK, dV (and, in atomic mode, dQ into the accumulator)
@@ -16,7 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h"
+#include "backward.h"
 
 /* ---- descriptors and buffers ------------------------------------------------------- */
 
@@ -49,39 +50,66 @@ static flashcl_status resolve(flashcl_context *ctx, const flashcl_attention_desc
     return FLASHCL_SUCCESS;
 }
 
-enum { T_Q, T_K, T_V, T_OUT, T_DOUT, T_DQ, T_DK, T_DV, T_LSE, T_COUNT };
-static const char *const tensor_names[T_COUNT] = {"q", "k", "v", "out", "dout", "dq", "dk", "dv", "lse"};
+static const char *const tensor_names[FLASHCL_BWD_TENSORS] = {"q",    "k",  "v",  "out", "dout",
+                                                              "dq",   "dk", "dv", "lse"};
 
-/* Bytes every tensor spans; 0 when some size overflows size_t. */
+/* Bytes every tensor spans; 0 when some size overflows size_t. seqlen_k 0
+ * (a varlen batch without keys) asks 1 byte of k, v, dk, dv: any buffer. */
 static int tensor_bytes(const flashcl_attention_desc *r, const flashcl_backward_options *o,
-                        size_t lse_offset, size_t bytes[T_COUNT]) {
+                        size_t lse_offset, size_t bytes[FLASHCL_BWD_TENSORS]) {
     const size_t es = flashcl_dtype_size(r->dtype);
     const int B = r->batch, Nq = r->seqlen_q, Nk = r->seqlen_k, Hq = r->heads_q, Hk = r->heads_k,
               D = r->head_dim;
-    bytes[T_Q] = flashcl_layout_bytes(&r->q, B, Nq, Hq, D, es);
-    bytes[T_K] = flashcl_layout_bytes(&r->k, B, Nk, Hk, D, es);
-    bytes[T_V] = flashcl_layout_bytes(&r->v, B, Nk, Hk, D, es);
-    bytes[T_OUT] = flashcl_layout_bytes(&r->out, B, Nq, Hq, D, es);
-    bytes[T_DOUT] = flashcl_layout_bytes(&o->dout, B, Nq, Hq, D, es);
-    bytes[T_DQ] = flashcl_layout_bytes(&o->dq, B, Nq, Hq, D, es);
-    bytes[T_DK] = flashcl_layout_bytes(&o->dk, B, Nk, Hk, D, es);
-    bytes[T_DV] = flashcl_layout_bytes(&o->dv, B, Nk, Hk, D, es);
+    bytes[FLASHCL_BWD_Q] = flashcl_layout_bytes(&r->q, B, Nq, Hq, D, es);
+    bytes[FLASHCL_BWD_K] = Nk ? flashcl_layout_bytes(&r->k, B, Nk, Hk, D, es) : 1;
+    bytes[FLASHCL_BWD_V] = Nk ? flashcl_layout_bytes(&r->v, B, Nk, Hk, D, es) : 1;
+    bytes[FLASHCL_BWD_OUT] = flashcl_layout_bytes(&r->out, B, Nq, Hq, D, es);
+    bytes[FLASHCL_BWD_DOUT] = flashcl_layout_bytes(&o->dout, B, Nq, Hq, D, es);
+    bytes[FLASHCL_BWD_DQ] = flashcl_layout_bytes(&o->dq, B, Nq, Hq, D, es);
+    bytes[FLASHCL_BWD_DK] = Nk ? flashcl_layout_bytes(&o->dk, B, Nk, Hk, D, es) : 1;
+    bytes[FLASHCL_BWD_DV] = Nk ? flashcl_layout_bytes(&o->dv, B, Nk, Hk, D, es) : 1;
     size_t rows = (size_t)B * (size_t)Hq * (size_t)Nq;
-    if (lse_offset + rows < lse_offset || !flashcl_mul_add(lse_offset + rows, sizeof(float), 0, &bytes[T_LSE]))
-        bytes[T_LSE] = 0;
-    for (int i = 0; i < T_COUNT; ++i)
+    if (lse_offset + rows < lse_offset ||
+        !flashcl_mul_add(lse_offset + rows, sizeof(float), 0, &bytes[FLASHCL_BWD_LSE]))
+        bytes[FLASHCL_BWD_LSE] = 0;
+    for (int i = 0; i < FLASHCL_BWD_TENSORS; ++i)
         if (!bytes[i])
             return 0;
     return 1;
 }
 
-/* Scratch bytes for a resolved desc under a choice; 0 on overflow. */
-static size_t scratch_bytes(const flashcl_attention_desc *r, int deterministic) {
+size_t flashcl_backward_scratch_bytes(const flashcl_attention_desc *r, int deterministic) {
     size_t rows = (size_t)r->batch * (size_t)r->heads_q * (size_t)r->seqlen_q, n;
     if (!flashcl_mul_add(rows, deterministic ? 1 : (size_t)r->head_dim + 1, 0, &n) ||
         !flashcl_mul_add(n, sizeof(float), 0, &n))
         return 0;
     return n;
+}
+
+flashcl_status flashcl_backward_check_buffers(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                              const flashcl_backward_options *o, size_t lse_offset,
+                                              const cl_mem bufs[FLASHCL_BWD_TENSORS], cl_mem scratch,
+                                              size_t scratch_need) {
+    size_t bytes[FLASHCL_BWD_TENSORS];
+    if (!tensor_bytes(r, o, lse_offset, bytes) || !scratch_need)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides, offsets or scratch overflow size_t");
+    flashcl_status st;
+    for (int i = 0; i < FLASHCL_BWD_TENSORS; ++i)
+        if ((st = flashcl_check_buffer(ctx, tensor_names[i], bufs[i], bytes[i])) != FLASHCL_SUCCESS)
+            return st;
+    for (int i = FLASHCL_BWD_DQ; i <= FLASHCL_BWD_DV; ++i)
+        for (int j = 0; j < FLASHCL_BWD_TENSORS; ++j)
+            if (j != i && bufs[j] == bufs[i])
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                    "%s and %s are the same buffer: gradients must not overlap "
+                                    "each other or an input", tensor_names[i], tensor_names[j]);
+    if ((st = flashcl_check_buffer(ctx, "scratch", scratch, scratch_need)) != FLASHCL_SUCCESS)
+        return st;
+    for (int i = 0; i < FLASHCL_BWD_TENSORS; ++i)
+        if (bufs[i] == scratch)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "scratch is the %s buffer",
+                                tensor_names[i]);
+    return FLASHCL_SUCCESS;
 }
 
 /* ---- parameters -------------------------------------------------------------------- */
@@ -139,10 +167,13 @@ static flashcl_status choose(flashcl_context *ctx, const flashcl_attention_desc 
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
-enum { K_PRE, K_MAIN, K_DQ, K_COUNT }; /* K_DQ: flash_bwd_dq or flash_bwd_dq_store */
-
-static flashcl_status build(flashcl_context *ctx, const flashcl_attention_desc *r,
-                            const flashcl_backward_choice *c, cl_kernel kernels[K_COUNT]) {
+flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                        int deterministic, int with_store, flashcl_backward_kernels *k) {
+    memset(k, 0, sizeof *k);
+    const flashcl_backward_choice *c = &k->choice;
+    flashcl_status st = choose(ctx, r, deterministic, &k->choice);
+    if (st != FLASHCL_SUCCESS)
+        return st;
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
     char tiles[160], options[512];
     snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d", r->head_dim,
@@ -150,27 +181,29 @@ static flashcl_status build(flashcl_context *ctx, const flashcl_attention_desc *
     /* BWD_KERNEL picks the kernel a build holds (flashcl_get_kernel keeps one
      * kernel per file and options); pre and store take head_dim at run time
      * so they build once per dtype. */
-    static const struct {
+    const struct {
         const char *name;
-        int id, tiled;
-    } which[4] = {{"flash_bwd_pre", 1, 0}, {"flash_bwd_dkdv", 2, 1}, {"flash_bwd_dq", 3, 1},
-                  {"flash_bwd_dq_store", 4, 0}};
-    const int pick[K_COUNT] = {0, 1, c->deterministic ? 2 : 3};
-    for (int i = 0; i < K_COUNT; ++i) {
+        int id, tiled, wanted;
+        cl_kernel *slot;
+    } which[4] = {{"flash_bwd_pre", 1, 0, 1, &k->pre},
+                  {"flash_bwd_dkdv", 2, 1, 1, &k->dkdv},
+                  {"flash_bwd_dq", 3, 1, c->deterministic, &k->dq},
+                  {"flash_bwd_dq_store", 4, 0, !c->deterministic || with_store, &k->store}};
+    for (int i = 0; i < 4; ++i) {
+        if (!which[i].wanted)
+            continue;
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
-                 (int)r->dtype, which[pick[i]].id, which[pick[i]].tiled ? tiles : "", extra ? " " : "",
-                 extra ? extra : "");
-        flashcl_status st = flashcl_get_kernel(ctx, "flash_bwd.cl", which[pick[i]].name, options, &kernels[i]);
-        if (st != FLASHCL_SUCCESS)
+                 (int)r->dtype, which[i].id, which[i].tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
+        if ((st = flashcl_get_kernel(ctx, "flash_bwd.cl", which[i].name, options, which[i].slot)) != FLASHCL_SUCCESS)
             return st;
-        if (which[pick[i]].tiled) {
+        if (which[i].tiled) {
             size_t kernel_wg = 0;
-            clGetKernelWorkGroupInfo(kernels[i], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
+            clGetKernelWorkGroupInfo(*which[i].slot, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
                                      &kernel_wg, NULL);
             if (kernel_wg && (size_t)c->work_group_size > kernel_wg)
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "%s: work-group of %d exceeds the built kernel's limit of %zu",
-                                    which[pick[i]].name, c->work_group_size, kernel_wg);
+                                    which[i].name, c->work_group_size, kernel_wg);
         }
     }
     return FLASHCL_SUCCESS;
@@ -183,6 +216,150 @@ static cl_int set_layout_args(cl_kernel kernel, cl_uint *a, const flashcl_layout
     for (int i = 0; i < 4; ++i)
         err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_ulong), &u[i]);
     return err;
+}
+
+/* Hands the last event of a launch to the caller, or releases it. */
+static void hand_over(cl_event e, cl_event *event) {
+    if (event)
+        *event = e;
+    else
+        clReleaseEvent(e);
+}
+
+flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, cl_kernel store, cl_mem scratch,
+                                              size_t acc_offset, cl_mem dst, const flashcl_layout *l,
+                                              int batch, int seqlen, int heads, int head_dim, cl_uint num_wait,
+                                              const cl_event *wait, cl_event *event) {
+    /* flash_bwd_dq_store(scratch, dq, dq:4, dq_acc_off, nq, head_dim) */
+    const cl_ulong acc_off = acc_offset;
+    const cl_int n = seqlen, D = head_dim;
+    cl_uint a = 0;
+    cl_int err = clSetKernelArg(store, a++, sizeof(cl_mem), &scratch);
+    err |= clSetKernelArg(store, a++, sizeof(cl_mem), &dst);
+    err |= set_layout_args(store, &a, l);
+    err |= clSetKernelArg(store, a++, sizeof(cl_ulong), &acc_off);
+    err |= clSetKernelArg(store, a++, sizeof(cl_int), &n);
+    err |= clSetKernelArg(store, a++, sizeof(cl_int), &D);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for flash_bwd_dq_store");
+    const size_t global[3] = {(size_t)seqlen, (size_t)heads, (size_t)batch};
+    cl_event e = NULL;
+    err = clEnqueueNDRangeKernel(ctx->queue, store, 3, NULL, global, NULL, num_wait, num_wait ? wait : NULL, &e);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "launching flash_bwd_dq_store: %s", flashcl_status_string(err));
+    hand_over(e, event);
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_attention_desc *r,
+                                        const flashcl_backward_options *o, const flashcl_backward_kernels *k,
+                                        const cl_mem bufs[FLASHCL_BWD_TENSORS], size_t lse_offset,
+                                        cl_mem scratch, size_t scratch_offset, cl_uint num_wait,
+                                        const cl_event *wait, cl_event *event) {
+    const flashcl_backward_choice *c = &k->choice;
+    const cl_mem q = bufs[FLASHCL_BWD_Q], kk = bufs[FLASHCL_BWD_K], v = bufs[FLASHCL_BWD_V];
+    const cl_mem out = bufs[FLASHCL_BWD_OUT], dout = bufs[FLASHCL_BWD_DOUT], lse = bufs[FLASHCL_BWD_LSE];
+    const cl_mem dq = bufs[FLASHCL_BWD_DQ], dk = bufs[FLASHCL_BWD_DK], dv = bufs[FLASHCL_BWD_DV];
+    const cl_ulong rows = (cl_ulong)r->batch * (cl_ulong)r->heads_q * (cl_ulong)r->seqlen_q;
+    const cl_ulong di_off = scratch_offset, dq_acc_off = scratch_offset + rows, lse_off = lse_offset;
+    const cl_int nq = r->seqlen_q, nk = r->seqlen_k, group = r->heads_q / r->heads_k, D = r->head_dim;
+    const cl_int atomics = !c->deterministic, wl = r->window_left, wr = r->window_right;
+    const cl_float scale = r->scale, softcap = r->softcap;
+    cl_int err = CL_SUCCESS;
+    cl_uint a = 0;
+
+    /* flash_bwd_pre(o, dout, scratch, o:4, dout:4, di_off, dq_acc_off, zero_dq, nq, head_dim) */
+    cl_kernel kp = k->pre;
+    err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &out);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &dout);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &scratch);
+    err |= set_layout_args(kp, &a, &r->out);
+    err |= set_layout_args(kp, &a, &o->dout);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_ulong), &di_off);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_ulong), &dq_acc_off);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_int), &atomics);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_int), &nq);
+    err |= clSetKernelArg(kp, a++, sizeof(cl_int), &D);
+
+    /* flash_bwd_dkdv(q, k, v, dout, lse, scratch, dk, dv, six layouts, lse_off, di_off,
+     *                dq_acc_off, use_atomics, nq, nk, group, scale, softcap, wl, wr) */
+    cl_kernel km = k->dkdv;
+    a = 0;
+    const cl_mem main_bufs[8] = {q, kk, v, dout, lse, scratch, dk, dv};
+    for (int i = 0; i < 8; ++i)
+        err |= clSetKernelArg(km, a++, sizeof(cl_mem), &main_bufs[i]);
+    const flashcl_layout *main_layouts[6] = {&r->q, &r->k, &r->v, &o->dout, &o->dk, &o->dv};
+    for (int i = 0; i < 6; ++i)
+        err |= set_layout_args(km, &a, main_layouts[i]);
+    err |= clSetKernelArg(km, a++, sizeof(cl_ulong), &lse_off);
+    err |= clSetKernelArg(km, a++, sizeof(cl_ulong), &di_off);
+    err |= clSetKernelArg(km, a++, sizeof(cl_ulong), &dq_acc_off);
+    err |= clSetKernelArg(km, a++, sizeof(cl_int), &atomics);
+    err |= clSetKernelArg(km, a++, sizeof(cl_int), &nq);
+    err |= clSetKernelArg(km, a++, sizeof(cl_int), &nk);
+    err |= clSetKernelArg(km, a++, sizeof(cl_int), &group);
+    err |= clSetKernelArg(km, a++, sizeof(cl_float), &scale);
+    err |= clSetKernelArg(km, a++, sizeof(cl_float), &softcap);
+    err |= clSetKernelArg(km, a++, sizeof(cl_int), &wl);
+    err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
+
+    if (c->deterministic) {
+        /* flash_bwd_dq(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
+         *              nq, nk, group, scale, softcap, wl, wr) */
+        cl_kernel kd = k->dq;
+        a = 0;
+        const cl_mem dq_bufs[7] = {q, kk, v, dout, lse, scratch, dq};
+        for (int i = 0; i < 7; ++i)
+            err |= clSetKernelArg(kd, a++, sizeof(cl_mem), &dq_bufs[i]);
+        const flashcl_layout *dq_layouts[5] = {&r->q, &r->k, &r->v, &o->dout, &o->dq};
+        for (int i = 0; i < 5; ++i)
+            err |= set_layout_args(kd, &a, dq_layouts[i]);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_ulong), &lse_off);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_ulong), &di_off);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &nq);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &nk);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &group);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_float), &scale);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_float), &softcap);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wl);
+        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wr);
+    }
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
+
+    const size_t wg = (size_t)c->work_group_size;
+    const size_t rows_global[3] = {(size_t)nq, (size_t)r->heads_q, (size_t)r->batch};
+    const size_t main_global[3] = {(size_t)((nk + c->block_n - 1) / c->block_n) * wg, (size_t)r->heads_k,
+                                   (size_t)r->batch};
+    const size_t dq_global[3] = {(size_t)((nq + c->block_m - 1) / c->block_m) * wg, (size_t)r->heads_q,
+                                 (size_t)r->batch};
+    const size_t local[3] = {wg, 1, 1};
+    cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
+    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, NULL, num_wait, num_wait ? wait : NULL,
+                                 &e_pre);
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
+    if (err == CL_SUCCESS && c->deterministic)
+        err = clEnqueueNDRangeKernel(ctx->queue, k->dq, 3, NULL, dq_global, local, 1, &e_main, &e_last);
+    if (e_pre)
+        clReleaseEvent(e_pre);
+    if (err != CL_SUCCESS) {
+        if (e_main)
+            clReleaseEvent(e_main);
+        if (e_last)
+            clReleaseEvent(e_last);
+        return flashcl_fail(ctx, err, "launching the backward kernels: %s", flashcl_status_string(err));
+    }
+    if (c->deterministic) {
+        clReleaseEvent(e_main);
+        hand_over(e_last, event);
+        return FLASHCL_SUCCESS;
+    }
+    /* Atomic mode: the accumulator rounded into dQ. */
+    flashcl_status st = flashcl_backward_enqueue_store(ctx, k->store, scratch, dq_acc_off, dq, &o->dq, r->batch,
+                                                       nq, r->heads_q, D, 1, &e_main, event);
+    clReleaseEvent(e_main);
+    return st;
 }
 
 /* ---- public entry points -------------------------------------------------------------- */
@@ -203,9 +380,7 @@ flashcl_status flashcl_attention_backward_scratch_size(flashcl_context *ctx, con
         *bytes = 0;
         return FLASHCL_SUCCESS;
     }
-    flashcl_backward_choice c;
-    flashcl_backward_params(ctx, &r, o.deterministic, &c);
-    size_t n = scratch_bytes(&r, c.deterministic);
+    size_t n = flashcl_backward_scratch_bytes(&r, o.deterministic != 0);
     if (!n)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "scratch size overflows size_t");
     *bytes = n;
@@ -228,140 +403,13 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
     flashcl_status st = resolve(ctx, desc, opts, &r, &o);
     if (st != FLASHCL_SUCCESS)
         return st;
-    size_t bytes[T_COUNT];
-    if (!tensor_bytes(&r, &o, lse_offset, bytes))
-        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
-    cl_mem bufs[T_COUNT] = {q, k, v, out, dout, dq, dk, dv, lse};
-    for (int i = 0; i < T_COUNT; ++i)
-        if ((st = flashcl_check_buffer(ctx, tensor_names[i], bufs[i], bytes[i])) != FLASHCL_SUCCESS)
-            return st;
-    for (int i = T_DQ; i <= T_DV; ++i)
-        for (int j = 0; j < T_COUNT; ++j)
-            if (j != i && bufs[j] == bufs[i])
-                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                                    "%s and %s are the same buffer: gradients must not overlap "
-                                    "each other or an input", tensor_names[i], tensor_names[j]);
-    flashcl_backward_choice c;
-    if ((st = choose(ctx, &r, o.deterministic, &c)) != FLASHCL_SUCCESS)
+    const cl_mem bufs[FLASHCL_BWD_TENSORS] = {q, k, v, out, dout, dq, dk, dv, lse};
+    const size_t need = flashcl_backward_scratch_bytes(&r, o.deterministic != 0);
+    flashcl_backward_kernels kern;
+    if ((st = flashcl_backward_check_buffers(ctx, &r, &o, lse_offset, bufs, scratch, need)) != FLASHCL_SUCCESS ||
+        (st = flashcl_backward_prepare(ctx, &r, o.deterministic, 0, &kern)) != FLASHCL_SUCCESS)
         return st;
-    const size_t need = scratch_bytes(&r, c.deterministic);
-    if (!need)
-        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "scratch size overflows size_t");
-    if ((st = flashcl_check_buffer(ctx, "scratch", scratch, need)) != FLASHCL_SUCCESS)
-        return st;
-    for (int i = 0; i < T_COUNT; ++i)
-        if (bufs[i] == scratch)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "scratch is the %s buffer",
-                                tensor_names[i]);
-
-    cl_kernel kern[K_COUNT];
-    if ((st = build(ctx, &r, &c, kern)) != FLASHCL_SUCCESS)
-        return st;
-
-    const cl_ulong rows = (cl_ulong)r.batch * (cl_ulong)r.heads_q * (cl_ulong)r.seqlen_q;
-    const cl_ulong di_off = 0, dq_acc_off = rows, lse_off = lse_offset;
-    const cl_int nq = r.seqlen_q, nk = r.seqlen_k, group = r.heads_q / r.heads_k, D = r.head_dim;
-    const cl_int atomics = !c.deterministic, wl = r.window_left, wr = r.window_right;
-    const cl_float scale = r.scale, softcap = r.softcap;
-    cl_int err = CL_SUCCESS;
-    cl_uint a = 0;
-
-    /* flash_bwd_pre(o, dout, scratch, o:4, dout:4, di_off, dq_acc_off, zero_dq, nq, head_dim) */
-    cl_kernel kp = kern[K_PRE];
-    err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &out);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &dout);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &scratch);
-    err |= set_layout_args(kp, &a, &r.out);
-    err |= set_layout_args(kp, &a, &o.dout);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_ulong), &di_off);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_ulong), &dq_acc_off);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_int), &atomics);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_int), &nq);
-    err |= clSetKernelArg(kp, a++, sizeof(cl_int), &D);
-
-    /* flash_bwd_dkdv(q, k, v, dout, lse, scratch, dk, dv, six layouts, lse_off, di_off,
-     *                dq_acc_off, use_atomics, nq, nk, group, scale, softcap, wl, wr) */
-    cl_kernel km = kern[K_MAIN];
-    a = 0;
-    cl_mem main_bufs[8] = {q, k, v, dout, lse, scratch, dk, dv};
-    for (int i = 0; i < 8; ++i)
-        err |= clSetKernelArg(km, a++, sizeof(cl_mem), &main_bufs[i]);
-    const flashcl_layout *main_layouts[6] = {&r.q, &r.k, &r.v, &o.dout, &o.dk, &o.dv};
-    for (int i = 0; i < 6; ++i)
-        err |= set_layout_args(km, &a, main_layouts[i]);
-    err |= clSetKernelArg(km, a++, sizeof(cl_ulong), &lse_off);
-    err |= clSetKernelArg(km, a++, sizeof(cl_ulong), &di_off);
-    err |= clSetKernelArg(km, a++, sizeof(cl_ulong), &dq_acc_off);
-    err |= clSetKernelArg(km, a++, sizeof(cl_int), &atomics);
-    err |= clSetKernelArg(km, a++, sizeof(cl_int), &nq);
-    err |= clSetKernelArg(km, a++, sizeof(cl_int), &nk);
-    err |= clSetKernelArg(km, a++, sizeof(cl_int), &group);
-    err |= clSetKernelArg(km, a++, sizeof(cl_float), &scale);
-    err |= clSetKernelArg(km, a++, sizeof(cl_float), &softcap);
-    err |= clSetKernelArg(km, a++, sizeof(cl_int), &wl);
-    err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
-
-    cl_kernel kd = kern[K_DQ];
-    a = 0;
-    if (c.deterministic) {
-        /* flash_bwd_dq(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
-         *              nq, nk, group, scale, softcap, wl, wr) */
-        cl_mem dq_bufs[7] = {q, k, v, dout, lse, scratch, dq};
-        for (int i = 0; i < 7; ++i)
-            err |= clSetKernelArg(kd, a++, sizeof(cl_mem), &dq_bufs[i]);
-        const flashcl_layout *dq_layouts[5] = {&r.q, &r.k, &r.v, &o.dout, &o.dq};
-        for (int i = 0; i < 5; ++i)
-            err |= set_layout_args(kd, &a, dq_layouts[i]);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_ulong), &lse_off);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_ulong), &di_off);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &nq);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &nk);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &group);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_float), &scale);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_float), &softcap);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wl);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wr);
-    } else {
-        /* flash_bwd_dq_store(scratch, dq, dq:4, dq_acc_off, nq, head_dim) */
-        err |= clSetKernelArg(kd, a++, sizeof(cl_mem), &scratch);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_mem), &dq);
-        err |= set_layout_args(kd, &a, &o.dq);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_ulong), &dq_acc_off);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &nq);
-        err |= clSetKernelArg(kd, a++, sizeof(cl_int), &D);
-    }
-    if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
-
-    const size_t wg = (size_t)c.work_group_size;
-    const size_t rows_global[3] = {(size_t)nq, (size_t)r.heads_q, (size_t)r.batch};
-    const size_t main_global[3] = {(size_t)((nk + c.block_n - 1) / c.block_n) * wg, (size_t)r.heads_k,
-                                   (size_t)r.batch};
-    const size_t dq_global[3] = {(size_t)((nq + c.block_m - 1) / c.block_m) * wg, (size_t)r.heads_q,
-                                 (size_t)r.batch};
-    const size_t local[3] = {wg, 1, 1};
-    cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
-    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, NULL, 0, NULL, &e_pre);
-    if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
-    if (err == CL_SUCCESS)
-        err = c.deterministic
-                  ? clEnqueueNDRangeKernel(ctx->queue, kd, 3, NULL, dq_global, local, 1, &e_main, &e_last)
-                  : clEnqueueNDRangeKernel(ctx->queue, kd, 3, NULL, rows_global, NULL, 1, &e_main, &e_last);
-    if (e_pre)
-        clReleaseEvent(e_pre);
-    if (e_main)
-        clReleaseEvent(e_main);
-    if (err != CL_SUCCESS) {
-        if (e_last)
-            clReleaseEvent(e_last);
-        return flashcl_fail(ctx, err, "launching the backward kernels: %s", flashcl_status_string(err));
-    }
-    if (event)
-        *event = e_last;
-    else
-        clReleaseEvent(e_last);
-    return FLASHCL_SUCCESS;
+    return flashcl_backward_enqueue(ctx, &r, &o, &kern, bufs, lse_offset, scratch, 0, 0, NULL, event);
 }
 
 /* ---- host memory convenience layer ------------------------------------------------------ */
@@ -379,11 +427,11 @@ flashcl_status flashcl_attention_backward_host(flashcl_context *ctx, const flash
     flashcl_status st = resolve(ctx, desc, opts, &r, &o);
     if (st != FLASHCL_SUCCESS)
         return st;
-    const void *ptrs[T_COUNT] = {q, k, v, out, dout, dq, dk, dv, lse};
-    for (int i = 0; i < T_COUNT; ++i)
+    const void *ptrs[FLASHCL_BWD_TENSORS] = {q, k, v, out, dout, dq, dk, dv, lse};
+    for (int i = 0; i < FLASHCL_BWD_TENSORS; ++i)
         if (!ptrs[i])
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s is NULL", tensor_names[i]);
-    size_t bytes[T_COUNT];
+    size_t bytes[FLASHCL_BWD_TENSORS];
     if (!tensor_bytes(&r, &o, 0, bytes))
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
     if (ctx->is_host)
@@ -394,39 +442,43 @@ flashcl_status flashcl_attention_backward_host(flashcl_context *ctx, const flash
         return st;
     /* Inputs are copied whole; the gradients too, so the elements their
      * strides skip come back unchanged. */
-    cl_mem b[T_COUNT + 1] = {0};
+    cl_mem b[FLASHCL_BWD_TENSORS + 1] = {0};
     cl_int err = CL_SUCCESS;
-    for (int i = 0; i < T_COUNT && err == CL_SUCCESS; ++i) {
-        cl_mem_flags f = (i >= T_DQ && i <= T_DV ? CL_MEM_READ_WRITE : CL_MEM_READ_ONLY) | CL_MEM_COPY_HOST_PTR;
+    for (int i = 0; i < FLASHCL_BWD_TENSORS && err == CL_SUCCESS; ++i) {
+        const int grad = i >= FLASHCL_BWD_DQ && i <= FLASHCL_BWD_DV;
+        cl_mem_flags f = (grad ? CL_MEM_READ_WRITE : CL_MEM_READ_ONLY) | CL_MEM_COPY_HOST_PTR;
         b[i] = clCreateBuffer(ctx->cl_ctx, f, bytes[i], (void *)ptrs[i], &err);
     }
     if (err == CL_SUCCESS)
-        b[T_COUNT] = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, scratch_size, NULL, &err);
+        b[FLASHCL_BWD_TENSORS] = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, scratch_size, NULL, &err);
     void *staging[3] = {NULL, NULL, NULL};
     if (err != CL_SUCCESS) {
         st = flashcl_fail(ctx, err, "allocating device buffers: %s", flashcl_status_string(err));
     } else {
-        st = flashcl_attention_backward(ctx, &r, &o, b[T_Q], b[T_K], b[T_V], b[T_OUT], b[T_DOUT],
-                                        b[T_LSE], 0, b[T_DQ], b[T_DK], b[T_DV], b[T_COUNT], NULL);
+        st = flashcl_attention_backward(ctx, &r, &o, b[FLASHCL_BWD_Q], b[FLASHCL_BWD_K], b[FLASHCL_BWD_V],
+                                        b[FLASHCL_BWD_OUT], b[FLASHCL_BWD_DOUT], b[FLASHCL_BWD_LSE], 0,
+                                        b[FLASHCL_BWD_DQ], b[FLASHCL_BWD_DK], b[FLASHCL_BWD_DV],
+                                        b[FLASHCL_BWD_TENSORS], NULL);
         /* Read all three into staging first, so a failed read cannot leave
          * the outputs half-written. */
         for (int i = 0; i < 3 && st == FLASHCL_SUCCESS; ++i) {
-            staging[i] = malloc(bytes[T_DQ + i]);
-            err = staging[i] ? clEnqueueReadBuffer(ctx->queue, b[T_DQ + i], CL_TRUE, 0, bytes[T_DQ + i],
+            const size_t n = bytes[FLASHCL_BWD_DQ + i];
+            staging[i] = malloc(n);
+            err = staging[i] ? clEnqueueReadBuffer(ctx->queue, b[FLASHCL_BWD_DQ + i], CL_TRUE, 0, n,
                                                    staging[i], 0, NULL, NULL)
                              : CL_OUT_OF_HOST_MEMORY;
             if (err != CL_SUCCESS)
                 st = flashcl_fail(ctx, err, "reading results: %s", flashcl_status_string(err));
         }
         if (st == FLASHCL_SUCCESS) {
-            memcpy(dq, staging[0], bytes[T_DQ]);
-            memcpy(dk, staging[1], bytes[T_DK]);
-            memcpy(dv, staging[2], bytes[T_DV]);
+            memcpy(dq, staging[0], bytes[FLASHCL_BWD_DQ]);
+            memcpy(dk, staging[1], bytes[FLASHCL_BWD_DK]);
+            memcpy(dv, staging[2], bytes[FLASHCL_BWD_DV]);
         }
     }
     for (int i = 0; i < 3; ++i)
         free(staging[i]);
-    for (int i = 0; i <= T_COUNT; ++i)
+    for (int i = 0; i <= FLASHCL_BWD_TENSORS; ++i)
         if (b[i])
             clReleaseMemObject(b[i]);
     return st;
