@@ -398,6 +398,45 @@ FLASHCL_API flashcl_status flashcl_varlen_forward(flashcl_context *ctx, const fl
                                                   cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
                                                   size_t lse_offset, cl_mem scratch, cl_event *event);
 
+/* The gradient of flashcl_varlen_forward, per sequence exactly the dense
+ * backward's ("Backward pass" below; conventions of
+ * flashcl_attention_backward): from the forward's desc, q, k, v, out and
+ * lse, and dout = dL/dout, computes dq, dk, dv in desc's dtype, accumulated
+ * in float32.
+ *   dout, dq: [total_q][heads_q][head_dim]; dk, dv: [total_k][heads_k]
+ *             [head_dim]; in opts' layouts (offset + t * stride_seq +
+ *             h * stride_head, stride_batch unused; all-zero strides or opts
+ *             NULL: packed). opts->deterministic as in the dense backward.
+ *   lse:      float [heads_q][total_q] from element lse_offset, as
+ *             flashcl_varlen_forward wrote it.
+ *   scratch:  at least flashcl_varlen_backward_scratch_size bytes (never 0:
+ *             the longest sequence's dense scratch, its LSE restaged as
+ *             [heads_q][nq], zeros for empty sequences); contents ignored;
+ *             busy until the returned event completes.
+ * Masks (causal bottom-right per sequence), soft-cap and scale as in the
+ * forward; num_splits is not read. GQA/MQA: dk, dv of a kv head are sums
+ * over its query heads. A sequence with no key gets dq = 0; keys no query
+ * sees (all keys of a sequence with no query) get dk = dv = 0. In
+ * deterministic mode a sequence's gradients are bitwise those of
+ * flashcl_attention_backward on that sequence alone. The gradients must not
+ * share a buffer with each other or an input. Every buffer is checked
+ * against its CL_MEM_SIZE and every kernel built before the first launch:
+ * on error nothing is enqueued and no output is touched. `event` (may be
+ * NULL) receives the last command's event; commands are chained by events,
+ * so an out-of-order queue works too.
+ * Cost: one backward launch set (3 kernels, plus an LSE copy when heads_q >
+ * 1) per sequence, the sequences one after another: a batch of many short
+ * sequences is bound by launch overhead. */
+struct flashcl_backward_options; /* defined under "Backward pass" */
+FLASHCL_API flashcl_status flashcl_varlen_backward_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                                const struct flashcl_backward_options *opts,
+                                                                size_t *bytes);
+FLASHCL_API flashcl_status flashcl_varlen_backward(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                                   const struct flashcl_backward_options *opts, cl_mem q,
+                                                   cl_mem k, cl_mem v, cl_mem out, cl_mem dout, cl_mem lse,
+                                                   size_t lse_offset, cl_mem dq, cl_mem dk, cl_mem dv,
+                                                   cl_mem scratch, cl_event *event);
+
 /* The same with keys and values read through the cache's page tables
  * (seq_ids: num_seqs distinct live sequences; append the new tokens' K/V
  * before attending, so a decode step's query sees its own key). */

@@ -269,6 +269,10 @@ static flashcl_status check_cu(flashcl_context *ctx, const char *name, const int
     return FLASHCL_SUCCESS;
 }
 
+flashcl_status flashcl_check_cu_seqlens(flashcl_context *ctx, const char *name, const int *cu, int n, int *total) {
+    return check_cu(ctx, name, cu, n, total);
+}
+
 /* Checks desc (against the cache when paged) and builds meta and the choice. */
 static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc *d,
                                 const flashcl_kv_cache *cache, const int *seq_ids, serving_plan *p) {

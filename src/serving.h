@@ -1,4 +1,4 @@
-/* serving.h: the paged KV cache's structure, shared by kv_cache.c and serving.c. */
+/* serving.h: the paged KV cache's structure, shared by kv_cache.c and serving.c, and serving.c's varlen checks. */
 #ifndef FLASHCL_SERVING_H
 #define FLASHCL_SERVING_H
 
@@ -27,5 +27,9 @@ struct flashcl_kv_cache {
 
 /* The live sequence `id`, or NULL. */
 const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *cache, int id);
+
+/* Checks a cu_seqlens array of n sequences (non-NULL, [0] = 0, nondecreasing)
+ * with a message naming it; *total = cu[n]. (serving.c) */
+flashcl_status flashcl_check_cu_seqlens(flashcl_context *ctx, const char *name, const int *cu, int n, int *total);
 
 #endif
