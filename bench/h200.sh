@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode]   (results also under $OUT when set)
+# decode: the serving tests on the GPU, the decode kernel's registers, decode
+#         vs PyTorch, and a sweep of FLASHCL_DECODE_PARAMS values.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -16,6 +18,32 @@ cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning'
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 ./build-gpu/flashcl devices | tee "$out/devices.txt"
+if [ "$what" = decode ]; then
+  for t in test_serving "test_serving decode" test_varlen_backward "test_forward quick"; do
+    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
+    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
+    grep -m5 FAILED "$out/${t// /_}.log"
+  done
+  echo "== ptxas report of the decode kernel (f16, D=128, 4 rows)"
+  FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --decode \
+    --device nvidia --batch 1 --context 4096 --iters 2 2>&1 | grep -E "registers|spill|stack" | head -6
+  PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
+    --json "$out/decode.json" 2>&1 | tee "$out/decode.txt"
+  echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
+  for p in "" STAGES=3 UNROLL=4,STAGES=2 UNROLL=4,STAGES=3,WG=64 WG=64 WG=64,STAGES=6 WG=64,UNROLL=4 \
+           WG=64,WGS_PER_CU=8 WG=64,WGS_PER_CU=16 WG=64,WGS_PER_CU=32 WGS_PER_CU=8 WGS_PER_CU=16; do
+    echo "-- ${p:-defaults}"
+    FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
+      --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
+  done
+  echo "== the floor: tiny contexts"
+  ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16,256,1024 --iters 50 2>&1 | grep -E '^ +[0-9]'
+  FLASHCL_DECODE_PARAMS=KERNEL=tiled ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16 --splits 1 \
+    --iters 50 2>&1 | grep -E '^ +[0-9]'
+  ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16 --splits 1 --iters 50 2>&1 | grep -E '^ +[0-9]'
+  ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16 --splits 2 --iters 50 2>&1 | grep -E '^ +[0-9]' 
+  exit 0
+fi
 if [ "$what" = final ]; then
   echo "== tests on the GPU, default variants"
   for t in "test_forward quick" test_errors test_cache test_serving "test_backward quick"; do

@@ -46,6 +46,43 @@ inline ushort float_to_bf16(float x) {
 #error "DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16)"
 #endif
 
+/* PTX helpers for kernels built with -DFLASHCL_NV_PTX (NVIDIA devices only). */
+#ifdef FLASHCL_NV_PTX
+/* 32-bit shared-window address of a __local pointer, as PTX's shared-memory
+ * instructions (ldmatrix, cp.async) take it. NVIDIA's OpenCL may hand the
+ * asm either a generic address or a shared-window one; isspacep tells them
+ * apart, so cvta is applied only where it is meaningful. (A direct cast to a
+ * 32-bit integer is rejected by ptxas.) */
+inline uint shared_addr(__local const void *p) {
+    uint a;
+    __asm__("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
+            "isspacep.shared ps, %1;\n\t"
+            "@ps cvta.to.shared.u64 t, %1;\n\t"
+            "@!ps mov.u64 t, %1;\n\t"
+            "cvt.u32.u64 %0, t;\n\t}"
+            : "=r"(a)
+            : "l"((ulong)p));
+    return a;
+}
+
+/* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
+inline float ex2(float x) {
+    float y;
+    __asm__("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Butterfly exchange inside a warp: OpenCL 1.2 on NVIDIA has no sub-groups,
+ * but inline PTX shfl.sync works on every architecture since sm_30. */
+inline float shfl_xor(float x, int mask) {
+    uint y;
+    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                         : "=r"(y)
+                         : "r"(as_uint(x)), "r"(mask));
+    return as_float(y);
+}
+#endif
+
 /* Keys visible to query row i under a bottom-right aligned window:
  * [i + shift - left, i + shift + right] clipped to [0, nk), where
  * shift = nk - nq and a negative side is unbounded. Causal is right = 0.

@@ -148,6 +148,9 @@
 #if KV_PAD % 8 != 0
 #error "KV_PAD must be a multiple of 8 (16-byte rows for cp.async and ldmatrix)"
 #endif
+#ifndef FLASHCL_NV_PTX
+#error "flash_fwd_nv is built with -DFLASHCL_NV_PTX (shfl_xor in common.cl)"
+#endif
 #if SMEM_HALFS * 2 > 48000
 #error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
 #endif
@@ -160,22 +163,6 @@
 #endif
 
 /* ---- PTX wrappers --------------------------------------------------------------------- */
-
-/* 32-bit shared-window address of a __local pointer. NVIDIA's OpenCL may hand
- * the asm either a generic address or a shared-window one; isspacep tells
- * them apart, so cvta is applied only where it is meaningful. (A direct
- * cast to a 32-bit integer is rejected by ptxas.) */
-inline uint shared_addr(__local const void *p) {
-    uint a;
-    __asm__("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
-            "isspacep.shared ps, %1;\n\t"
-            "@ps cvta.to.shared.u64 t, %1;\n\t"
-            "@!ps mov.u64 t, %1;\n\t"
-            "cvt.u32.u64 %0, t;\n\t}"
-            : "=r"(a)
-            : "l"((ulong)p));
-    return a;
-}
 
 /* D += A B for one 16x8x16 block; c[0..3] are the accumulators. */
 #define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                       \
@@ -200,22 +187,6 @@ inline uint pack2(float lo, float hi) {
     uint r;
     __asm__("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
     return r;
-}
-
-/* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
-inline float ex2(float x) {
-    float y;
-    __asm__("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-    return y;
-}
-
-/* Butterfly exchange inside a warp (OpenCL 1.2 on NVIDIA has no sub-groups). */
-inline float shfl_xor(float x, int mask) {
-    uint y;
-    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
-                         : "=r"(y)
-                         : "r"(as_uint(x)), "r"(mask));
-    return as_float(y);
 }
 
 /* ---- global -> __local tile copies ---------------------------------------------------- */

@@ -208,9 +208,9 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s",
-             (int)r->dtype, r->head_dim, p->block_m, p->block_n, define, extra ? " " : "",
-             extra ? extra : "");
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s",
+             (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
+             !strcmp(v->name, "nv-mma") ? " -DFLASHCL_NV_PTX" : "", extra ? " " : "", extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 

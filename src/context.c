@@ -333,6 +333,10 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         return;
     flashcl_release_programs(ctx);
     flashcl_param_db_free(ctx->params_db);
+    if (ctx->serving_meta_reader)
+        clReleaseEvent(ctx->serving_meta_reader);
+    if (ctx->serving_meta)
+        clReleaseMemObject(ctx->serving_meta);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

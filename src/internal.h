@@ -52,6 +52,11 @@ struct flashcl_context {
     flashcl_program *programs;
     int host_threads; /* threads of the host path                        */
     struct flashcl_param_db *params_db; /* params.c: tuning file, overrides; lazy */
+    /* serving.c: the batch description of paged/varlen attention, reused
+     * across calls, and the event of the last kernel that reads it. */
+    cl_mem serving_meta;
+    size_t serving_meta_bytes;
+    cl_event serving_meta_reader;
 };
 
 /* ---- errors and logging (context.c) ---- */
@@ -137,23 +142,40 @@ int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const c
                          char *err, size_t n);
 
 /* ---- serving kernels' parameters (params.c, flashcl_decode_params) ---- */
-/* Tiles of cl/paged_attention.cl and the split-KV count of one launch. */
+/* The two serving kernels: cl/paged_attention.cl (__local tiles, any shape,
+ * any alignment) and cl/paged_decode.cl (few rows per sequence, 16-byte
+ * register loads, no __local tiles: the memory-bound decode kernel). */
+enum { FLASHCL_SERVING_TILED = 0, FLASHCL_SERVING_DECODE = 1 };
+typedef struct flashcl_decode_problem {
+    flashcl_dtype dtype;
+    int head_dim, heads_k, num_seqs;
+    const int *rows_per_seq; /* query tokens of sequence i * (heads_q / heads_k) */
+    long max_keys;           /* the longest sequence's keys                     */
+    int requested_splits;    /* > 0 forces the split count                      */
+    int vec_aligned;         /* K/V rows start on 16 bytes (offsets, strides)    */
+} flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
+    int kernel;          /* FLASHCL_SERVING_TILED or FLASHCL_SERVING_DECODE       */
     int block_m;         /* rows (token x query head of one kv head) per work-group */
-    int block_n;         /* keys per __local tile                           */
-    int tpr;             /* work-items per row                              */
-    int work_group_size; /* block_m * tpr                                   */
-    int splits;          /* key slices per (block, kv head); 1 = no combine */
-    const char *source;  /* where the numbers came from                     */
+    int block_n;         /* tiled: keys per __local tile                      */
+    int tpr;             /* tiled: work-items per row                         */
+    int lanes;           /* decode: work-items per key (16-byte loads each)   */
+    int unroll;          /* decode: keys per key slot per step                */
+    int stages;          /* decode: steps of K/V in the __local pipeline      */
+    int vec;             /* decode: elements per 16-byte chunk                */
+    int work_group_size;
+    int wgs_per_cu;      /* split-KV: work-groups wanted per compute unit     */
+    int min_split_keys;  /* split-KV: no slice shorter than this              */
+    int splits;          /* key slices per (block, kv head); 1 = no combine   */
+    const char *source;  /* where the numbers came from                       */
 } flashcl_decode_choice;
-/* rows_per_seq[i] = query tokens of sequence i * (heads_q / heads_k);
- * max_keys: the longest sequence's keys; requested_splits > 0 forces the
- * split count (clamped to 1..FLASHCL_MAX_SPLITS). */
 #define FLASHCL_MAX_SPLITS 64
-void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k, int num_seqs,
-                           const int *rows_per_seq, long max_keys, int requested_splits,
-                           flashcl_decode_choice *choice);
-/* __local bytes cl/paged_attention.cl needs with these tiles. */
+/* Fills *choice for the problem: database entry, FLASHCL_DECODE_PARAMS, then
+ * the split count. Fails only on a malformed FLASHCL_DECODE_PARAMS or an
+ * explicit choice that does not fit the device. */
+flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_problem *problem,
+                                     flashcl_decode_choice *choice);
+/* __local bytes the chosen kernel needs. */
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_dim);
 
 /* ---- backward kernels' parameters (params.c, flashcl_backward_params) ---- */

@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "internal.h"
 
@@ -577,75 +578,279 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
     return FLASHCL_SUCCESS;
 }
 
-/* ==== Serving kernels: tiles and the split-KV heuristic ===================================
- * Everything cl/paged_attention.cl (paged attention, decoding, varlen) needs is
- * chosen here, in flashcl_decode_params, so a tuning database can take it
- * over as one entry point.
- *   Rows: a work-group holds block_m (token, query head) rows of one kv head,
- *     the smallest power of two >= the longest sequence's rows, at most 16:
- *     decode with a GQA group of 4 gets 4 rows, so every K/V element loaded
- *     serves the 4 heads that share it and no lanes idle on padding rows.
- *   GPU: 128 work-items per group (tpr = 128 / block_m, at most 32 per row so
- *     a row stays within a warp's worth of lanes); 32-key tiles, 16 above
- *     D=128, then halved until the tiles fit __local with 1 KB to spare.
- *   CPU: one work-item per row (no reductions), 32-key tiles.
- *   Splits (flash-decoding): without splitting there are blocks * heads_k
- *     work-groups; when that is below the device's target (2 per compute
- *     unit on GPUs, 1 per core on CPUs) the keys are cut into enough slices
- *     to reach it, but never below 256 keys per slice (under that the
- *     combine pass and the per-split Q load cost more than they save), and
- *     at most FLASHCL_MAX_SPLITS. Hand-chosen from flash-decoding's rule
- *     (fill the SMs); not yet measured.
+/* ==== Serving kernels: the kernel, its tiles, the split-KV heuristic ========================
+ * Everything flashcl_paged_attention and flashcl_varlen_forward launch with is
+ * chosen here. The database has its own small tables, walked with the same
+ * level keys as the forward's (exact device, architecture, vendor, device
+ * type, global; the tuning file holds forward entries only), then
+ * FLASHCL_DECODE_PARAMS may replace single values ("KERNEL=decode,UNROLL=2",
+ * keys below; malformed is an error, as FLASHCL_PARAMS). An entry gives:
+ *   kernel    decode (cl/paged_decode.cl) when every block has at most
+ *             max_rows rows and K/V rows are 16-byte aligned; otherwise, and
+ *             for tiled entries, cl/paged_attention.cl.
+ *   wg, unroll, stages the decode kernel's work-group, keys per slot per step
+ *                      and pipeline depth (steps of K/V in __local; fewer
+ *                      when they do not fit).
+ *   wgs_per_cu, min_split_keys   split-KV: when blocks * heads_k work-groups
+ *             cannot give each compute unit wgs_per_cu of them, the keys are
+ *             cut into enough slices to, never shorter than min_split_keys
+ *             (below that the combine pass and the per-slice q load cost more
+ *             than the parallelism gains), at most FLASHCL_MAX_SPLITS.
+ * Derived, not stored: rows per block (the smallest power of two >= the
+ * longest sequence's rows, so decode with a GQA group of 4 gets 4 rows and
+ * every K/V element loaded serves the 4 heads that share it), the decode
+ * kernel's lanes per key (one 16-byte chunk each, up to 32), and the tiled
+ * kernel's tiles: 128 work-items on GPUs (tpr = 128 / rows, at most 32),
+ * one per row on CPUs (no reductions); 32-key tiles, 16 above D=128, halved
+ * until they fit __local with 1 KB to spare.
  */
+typedef struct decode_entry {
+    const char *match; /* level key, as the forward tables' */
+    int kernel, max_rows, work_group_size, unroll, stages, wgs_per_cu, min_split_keys;
+    const char *why;
+} decode_entry;
+
+#define TILED FLASHCL_SERVING_TILED
+#define DECODE_K FLASHCL_SERVING_DECODE
+static const decode_entry decode_device[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+static const decode_entry decode_arch[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+static const decode_entry decode_vendor[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+static const decode_entry decode_type[] = {
+    /* PoCL runs a work-group as a loop over work-items: the tiled kernel
+     * with one work-item per row has no reductions; the decode kernel's
+     * shuffles would become __local round trips. One group per core. */
+    {"CPU", TILED, 0, 1, 1, 2, 1, 256, "hand-chosen: no cross-work-item reductions on a CPU"},
+    {"GPU", DECODE_K, 8, 128, 2, 4, 4, 128, "hand-chosen: 24 KB of loads in flight per work-group"},
+};
+static const decode_entry decode_global[] = {
+    {"*", TILED, 0, 128, 1, 2, 2, 256, "as the GPU tiled kernel"},
+};
+#undef TILED
+#undef DECODE_K
+
+static int next_pow2(int x) {
+    int p = 1;
+    while (p < x)
+        p *= 2;
+    return p;
+}
+
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
+    if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
+        size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
+        size_t chunks = (d / (size_t)c->vec + (size_t)c->lanes - 1) / (size_t)c->lanes; /* per lane */
+        size_t stages = (size_t)c->stages * (size_t)c->unroll * 2 * chunks * wg * 16;
+        return (2 * slots * m + slots * d + m * wg) * sizeof(float) + stages;
+    }
     size_t floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)c->tpr;
     return floats * sizeof(float) + n * sizeof(cl_long); /* + the key-row table */
 }
 
-void flashcl_decode_params(const flashcl_context *ctx, int head_dim, int heads_k, int num_seqs,
-                           const int *rows_per_seq, long max_keys, int requested_splits,
-                           flashcl_decode_choice *c) {
+/* The first entry matching this device, most specific level first. */
+static const decode_entry *decode_lookup(const flashcl_context *ctx, const char **source) {
+    static const struct {
+        int level;
+        const decode_entry *table;
+        size_t count;
+    } levels[] = {
+        {LVL_DEVICE, decode_device, COUNT(decode_device)}, {LVL_ARCH, decode_arch, COUNT(decode_arch)},
+        {LVL_VENDOR, decode_vendor, COUNT(decode_vendor)}, {LVL_TYPE, decode_type, COUNT(decode_type)},
+        {LVL_GLOBAL, decode_global, COUNT(decode_global)},
+    };
+    char arch[64];
+    flashcl_device_arch(ctx, arch, sizeof arch);
+    for (size_t l = 0; l < COUNT(levels); ++l)
+        for (size_t i = 0; i < levels[l].count; ++i) {
+            const decode_entry *d = &levels[l].table[i];
+            flashcl_param_entry key;
+            memset(&key, 0, sizeof key);
+            key.match = d->match;
+            if (d->match && level_key_match(ctx, levels[l].level, &key, arch)) {
+                *source = intern(ctx, "%s (%s)", level_source(ctx, levels[l].level, &key), d->why);
+                return d;
+            }
+        }
+    *source = "default: global";
+    return &decode_global[0];
+}
+
+/* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode and integer KEY=VALUE pairs. */
+static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c, int *forced_kernel) {
+    static const char *const keys[] = {"BLOCK_M", "BLOCK_N", "TPR",        "LANES",         "WG",
+                                       "UNROLL",  "STAGES",  "WGS_PER_CU", "MIN_SPLIT_KEYS"};
+    int *fields[] = {&c->block_m, &c->block_n, &c->tpr,        &c->lanes,         &c->work_group_size,
+                     &c->unroll,  &c->stages,  &c->wgs_per_cu, &c->min_split_keys};
+    const char *env = getenv("FLASHCL_DECODE_PARAMS");
+    *forced_kernel = -1;
+    if (!env || !env[0])
+        return FLASHCL_SUCCESS;
+    for (const char *s = env; *s;) {
+        size_t n = strcspn(s, "=,");
+        const char *val = s + n + 1, *next;
+        if (s[n] != '=')
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: expected KEY=VALUE at '%s'", s);
+        size_t vn = strcspn(val, ",");
+        next = val[vn] == ',' ? val + vn + 1 : val + vn;
+        if (val[vn] == ',' && !*next)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: trailing ',' in '%s'", env);
+        if (n == 6 && !strncasecmp(s, "KERNEL", 6)) {
+            if (vn == 5 && !strncasecmp(val, "tiled", 5))
+                *forced_kernel = FLASHCL_SERVING_TILED;
+            else if (vn == 6 && !strncasecmp(val, "decode", 6))
+                *forced_kernel = FLASHCL_SERVING_DECODE;
+            else
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_DECODE_PARAMS: KERNEL must be tiled or decode at '%s'", s);
+        } else {
+            size_t k = 0;
+            while (k < COUNT(keys) && !(strlen(keys[k]) == n && !strncasecmp(s, keys[k], n)))
+                ++k;
+            char *end = NULL;
+            long x = strtol(val, &end, 10);
+            if (k == COUNT(keys))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
+                                    "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS)",
+                                    s);
+            if (end == val || end != val + vn || x < 1 || x > 1 << 20)
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_DECODE_PARAMS: %s needs an integer 1..1048576 at '%s'", keys[k], s);
+            *fields[k] = (int)x;
+        }
+        c->source = "FLASHCL_DECODE_PARAMS";
+        s = next;
+    }
+    return FLASHCL_SUCCESS;
+}
+
+/* Checks an explicit decode-kernel choice; "" when it fits. */
+static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem *pb,
+                       const flashcl_decode_choice *c, char *why, size_t n) {
+    const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
+    why[0] = '\0';
+    if (c->kernel == FLASHCL_SERVING_DECODE) {
+        if (pb->head_dim % vec || !pb->vec_aligned)
+            snprintf(why, n, "the decode kernel needs 16-byte aligned K/V rows (head_dim and strides multiples of %d)", vec);
+        else if (c->lanes > 32 || (c->lanes & (c->lanes - 1)) || c->work_group_size % c->lanes)
+            snprintf(why, n, "LANES %d must be a power of two <= 32 dividing WG %d", c->lanes, c->work_group_size);
+        else if (c->block_m > 16 || c->unroll > 16)
+            snprintf(why, n, "BLOCK_M %d and UNROLL %d must be <= 16", c->block_m, c->unroll);
+        else if (c->stages < 2 || c->stages > 8)
+            snprintf(why, n, "STAGES %d must be 2..8", c->stages);
+    } else if (c->block_n % c->tpr) {
+        snprintf(why, n, "BLOCK_N %d is not a multiple of TPR %d", c->block_n, c->tpr);
+    }
+    if (!why[0] && (size_t)c->work_group_size > ctx->info.max_wg)
+        snprintf(why, n, "work-group of %d exceeds the device's %zu", c->work_group_size, ctx->info.max_wg);
+    else if (!why[0] && flashcl_decode_local_bytes(c, pb->head_dim) > ctx->info.local_mem)
+        snprintf(why, n, "%zu bytes of local memory needed, the device has %llu",
+                 flashcl_decode_local_bytes(c, pb->head_dim), (unsigned long long)ctx->info.local_mem);
+}
+
+flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_problem *pb,
+                                     flashcl_decode_choice *c) {
     memset(c, 0, sizeof *c);
     int max_rows = 1;
-    for (int i = 0; i < num_seqs; ++i)
-        if (rows_per_seq[i] > max_rows)
-            max_rows = rows_per_seq[i];
-    c->block_m = 1;
-    while (c->block_m < max_rows && c->block_m < 16)
-        c->block_m *= 2;
+    for (int i = 0; i < pb->num_seqs; ++i)
+        if (pb->rows_per_seq[i] > max_rows)
+            max_rows = pb->rows_per_seq[i];
     const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
-    c->block_n = cpu || head_dim <= 128 ? 32 : 16;
-    c->tpr = cpu ? 1 : 128 / c->block_m;
-    if (c->tpr > 32)
-        c->tpr = 32;
-    if (c->tpr > c->block_n)
-        c->tpr = c->block_n;
-    size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
-    while (c->block_n > c->tpr && flashcl_decode_local_bytes(c, head_dim) > budget)
-        c->block_n /= 2;
-    while (c->block_m > 1 && ((size_t)c->block_m * (size_t)c->tpr > ctx->info.max_wg ||
-                              flashcl_decode_local_bytes(c, head_dim) > budget))
-        c->block_m /= 2;
-    c->work_group_size = c->block_m * c->tpr;
-    c->source = cpu ? "built-in: serving CPU default" : "built-in: serving GPU default";
+    const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
+    const decode_entry *e = decode_lookup(ctx, &c->source);
+    c->wgs_per_cu = e->wgs_per_cu;
+    c->min_split_keys = e->min_split_keys;
+    c->kernel = e->kernel == FLASHCL_SERVING_DECODE && max_rows <= e->max_rows && pb->head_dim % vec == 0 &&
+                        pb->vec_aligned
+                    ? FLASHCL_SERVING_DECODE
+                    : FLASHCL_SERVING_TILED;
+    flashcl_decode_choice env;
+    memset(&env, 0, sizeof env);
+    int forced_kernel;
+    flashcl_status st = decode_env(ctx, &env, &forced_kernel);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    if (forced_kernel >= 0)
+        c->kernel = forced_kernel;
 
-    if (requested_splits > 0) {
-        c->splits = requested_splits < FLASHCL_MAX_SPLITS ? requested_splits : FLASHCL_MAX_SPLITS;
-        return;
+    c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
+    if (c->kernel == FLASHCL_SERVING_DECODE) {
+        if (c->block_m > 8) /* q and the accumulators of 8 rows already take 128 registers */
+            c->block_m = 8;
+        int chunks = pb->head_dim / vec;
+        c->lanes = next_pow2(chunks < 32 ? chunks : 32);
+        c->work_group_size = e->kernel == FLASHCL_SERVING_DECODE ? e->work_group_size : 128;
+        if (c->work_group_size < c->lanes)
+            c->work_group_size = c->lanes;
+        c->unroll = e->kernel == FLASHCL_SERVING_DECODE ? e->unroll : 2;
+        c->stages = e->kernel == FLASHCL_SERVING_DECODE ? e->stages : 4;
+        c->vec = vec;
+        /* Fewer stages until the pipeline fits __local with 1 KB to spare. */
+        size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+        while (c->stages > 2 && flashcl_decode_local_bytes(c, pb->head_dim) > budget)
+            --c->stages;
+    } else {
+        c->block_n = cpu || pb->head_dim <= 128 ? 32 : 16;
+        c->tpr = cpu ? 1 : 128 / c->block_m;
+        if (c->tpr > 32)
+            c->tpr = 32;
+        if (c->tpr > c->block_n)
+            c->tpr = c->block_n;
+        size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+        while (c->block_n > c->tpr && flashcl_decode_local_bytes(c, pb->head_dim) > budget)
+            c->block_n /= 2;
+        while (c->block_m > 1 && ((size_t)c->block_m * (size_t)c->tpr > ctx->info.max_wg ||
+                                  flashcl_decode_local_bytes(c, pb->head_dim) > budget))
+            c->block_m /= 2;
+        c->work_group_size = c->block_m * c->tpr;
+    }
+
+    /* Explicit values replace the derived ones and must fit as given. */
+    if (env.source) {
+        if (env.block_m)
+            c->block_m = env.block_m;
+        if (env.block_n)
+            c->block_n = env.block_n;
+        if (env.tpr)
+            c->tpr = env.tpr;
+        if (env.lanes)
+            c->lanes = env.lanes;
+        if (env.unroll)
+            c->unroll = env.unroll;
+        if (env.stages)
+            c->stages = env.stages;
+        if (env.wgs_per_cu)
+            c->wgs_per_cu = env.wgs_per_cu;
+        if (env.min_split_keys)
+            c->min_split_keys = env.min_split_keys;
+        if (c->kernel == FLASHCL_SERVING_TILED)
+            c->work_group_size = c->block_m * c->tpr;
+        else if (env.work_group_size)
+            c->work_group_size = env.work_group_size;
+        c->source = env.source;
+        char why[200];
+        decode_fit(ctx, pb, c, why, sizeof why);
+        if (why[0])
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s", why);
+    }
+
+    if (pb->requested_splits > 0) {
+        c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
+        return FLASHCL_SUCCESS;
     }
     long groups = 0;
-    for (int i = 0; i < num_seqs; ++i)
-        groups += (rows_per_seq[i] + c->block_m - 1) / c->block_m;
-    groups *= heads_k;
-    long target = (long)ctx->info.compute_units * (cpu ? 1 : 2);
+    for (int i = 0; i < pb->num_seqs; ++i)
+        groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
+    groups *= pb->heads_k;
+    long target = (long)ctx->info.compute_units * c->wgs_per_cu;
     long splits = groups > 0 && groups < target ? (target + groups - 1) / groups : 1;
-    long by_keys = (max_keys + 255) / 256;
+    long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
     if (splits > by_keys)
         splits = by_keys;
     if (splits > FLASHCL_MAX_SPLITS)
         splits = FLASHCL_MAX_SPLITS;
     c->splits = splits < 1 ? 1 : (int)splits;
+    return FLASHCL_SUCCESS;
 }
 
 /* ==== Backward kernels: tiles and the dQ reduction (cl/flash_bwd.cl) =======================

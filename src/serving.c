@@ -1,17 +1,21 @@
 /* serving.c: merging partial results, and attention over varlen batches and the paged KV cache with split-KV.
  *
  * One launcher serves flashcl_varlen_forward and flashcl_paged_attention: both
- * become cl/paged_attention.cl over a list of work blocks, differing only in
- * how a key's row is found (cu_seqlens_k offsets or page tables). A call:
+ * become one kernel over a list of work blocks, differing only in how a
+ * key's row is found (cu_seqlens_k offsets or page tables). The kernel is
+ * cl/paged_decode.cl (few rows per sequence: memory-bound decoding) or
+ * cl/paged_attention.cl (anything else); both take the same arguments. A call:
  *   1. checks the descriptor and builds `meta` on the host: per sequence
  *      {q_start, nq, k_base, nk}, the block list, and the page tables;
- *   2. asks flashcl_decode_params (params.c) for tiles and the split count;
+ *   2. asks flashcl_decode_params (params.c) for the kernel, its tiles and
+ *      the split count;
  *   3. enqueues the attention kernel, then with splits > 1 the combine
  *      kernel of cl/merge.cl over the caller's scratch.
- * meta (a few ints per sequence and page) goes in a buffer created with
- * CL_MEM_COPY_HOST_PTR per call: the copy is taken at creation, so the call
- * never waits on the queue. Partial results, which scale with the problem,
- * go in the caller's scratch (flashcl_*_scratch_size).
+ * meta (a few ints per sequence and page) is uploaded without blocking into
+ * a device buffer the context keeps (upload_meta), so the call never waits
+ * on the queue. Partial results, which scale with the problem, go in the
+ * caller's scratch (flashcl_*_scratch_size). The kernels are chained by
+ * events, so an out-of-order queue works.
  */
 #include <math.h>
 #include <stdio.h>
@@ -362,10 +366,18 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
         long nr = (long)(r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i]) * p->group;
         rows[i] = nr > 0x7fffffffL ? 0x7fffffff : (int)nr;
     }
-    flashcl_decode_params(ctx, r->head_dim, r->heads_k, n, rows, p->max_keys, r->num_splits, &p->choice);
-    for (int i = 0; i < n; ++i)
+    /* The decode kernel reads K/V rows as 16-byte chunks. */
+    const size_t vec = 16 / flashcl_dtype_size(r->dtype);
+    flashcl_decode_problem pb = {r->dtype, r->head_dim, r->heads_k, n, rows, p->max_keys, r->num_splits, 1};
+    for (int i = 2; i < 4; ++i)
+        if (ls[i]->offset % vec || ls[i]->stride_seq % vec || ls[i]->stride_head % vec)
+            pb.vec_aligned = 0;
+    st = flashcl_decode_params(ctx, &pb, &p->choice);
+    for (int i = 0; !st && i < n; ++i)
         blocks += (rows[i] + p->choice.block_m - 1) / p->choice.block_m;
     free(rows);
+    if (st)
+        return st;
     if ((long)p->total_q * r->heads_q > 0x7fffffffL || blocks > 0x3fffffffL ||
         4L * n + 2 * blocks + table_ints > 0x7fffffffL)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
@@ -408,6 +420,50 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
 
 /* ---- varlen and paged attention: the launch -------------------------------------------------- */
 
+static void CL_CALLBACK free_when_written(cl_event e, cl_int status, void *host) {
+    (void)e, (void)status;
+    free(host);
+}
+
+/* Uploads p->meta into the context's description buffer and takes ownership
+ * of it. Allocating device memory per call costs more than a decode step at
+ * short contexts, so the buffer is kept and grown by doubling. The write is
+ * non-blocking: it waits for the previous call's kernel (the last reader of
+ * the old contents; this also orders out-of-order queues), and the host copy
+ * is freed by a callback once the write has completed. */
+static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_event *written) {
+    size_t bytes = p->meta_count * sizeof(int);
+    cl_int err = CL_SUCCESS;
+    if (bytes > ctx->serving_meta_bytes) {
+        size_t cap = ctx->serving_meta_bytes ? ctx->serving_meta_bytes : 4096;
+        while (cap < bytes)
+            cap *= 2;
+        /* Release is deferred by OpenCL until queued kernels no longer use it. */
+        if (ctx->serving_meta)
+            clReleaseMemObject(ctx->serving_meta);
+        ctx->serving_meta_bytes = 0;
+        ctx->serving_meta = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY, cap, NULL, &err);
+        if (!ctx->serving_meta)
+            return flashcl_fail(ctx, err, "allocating the batch description (%zu bytes): %s", cap,
+                                flashcl_status_string(err));
+        ctx->serving_meta_bytes = cap;
+        if (ctx->serving_meta_reader) /* a new buffer has no reader */
+            clReleaseEvent(ctx->serving_meta_reader);
+        ctx->serving_meta_reader = NULL;
+    }
+    cl_event *after = ctx->serving_meta_reader ? &ctx->serving_meta_reader : NULL;
+    err = clEnqueueWriteBuffer(ctx->queue, ctx->serving_meta, CL_FALSE, 0, bytes, p->meta, after ? 1 : 0, after,
+                               written);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "uploading the batch description: %s", flashcl_status_string(err));
+    if (clSetEventCallback(*written, CL_COMPLETE, free_when_written, p->meta) != CL_SUCCESS) {
+        clWaitForEvents(1, written); /* no callback: wait here, then the caller frees */
+        return FLASHCL_SUCCESS;
+    }
+    p->meta = NULL; /* the callback owns it now */
+    return FLASHCL_SUCCESS;
+}
+
 static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl_mem k, cl_mem v,
                              int page_size, cl_mem out, cl_mem lse, size_t lse_offset, cl_mem scratch,
                              cl_event *event) {
@@ -435,27 +491,34 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     if (flashcl_decode_local_bytes(c, r->head_dim) > ctx->info.local_mem ||
         (size_t)c->work_group_size > ctx->info.max_wg)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "serving tiles (%d rows, %d keys, %d per row) do not fit the device",
-                            c->block_m, c->block_n, c->tpr);
+                            "serving kernel (%d rows, %d work-items) does not fit the device", c->block_m,
+                            c->work_group_size);
 
-    char options[256];
+    char options[320], tiles[96];
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DTPR=%d%s%s",
-             (int)r->dtype, r->head_dim, c->block_m, c->block_n, c->tpr, extra ? " " : "", extra ? extra : "");
+    const int decode = c->kernel == FLASHCL_SERVING_DECODE;
+    if (decode) /* shuffles through PTX on NVIDIA, through __local elsewhere */
+        snprintf(tiles, sizeof tiles, "-DLANES=%d -DWG_SIZE=%d -DUNROLL=%d -DSTAGES=%d -DPAGE_SIZE=%d%s",
+                 c->lanes, c->work_group_size, c->unroll, c->stages, page_size,
+                 ctx->info.is_nvidia ? " -DFLASHCL_NV_PTX" : "");
+    else
+        snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s",
+             (int)r->dtype, r->head_dim, c->block_m, tiles, extra ? " " : "", extra ? extra : "");
     cl_kernel kernel, combine = NULL;
-    if ((st = flashcl_get_kernel(ctx, "paged_attention.cl", "paged_attention", options, &kernel)))
+    if ((st = flashcl_get_kernel(ctx, decode ? "paged_decode.cl" : "paged_attention.cl",
+                                 decode ? "paged_decode" : "paged_attention", options, &kernel)))
         return st;
     if (c->splits > 1) {
         snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r->dtype);
         if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_combine", options, &combine)))
             return st;
     }
+    cl_event written = NULL, attended = NULL;
+    if ((st = upload_meta(ctx, p, &written)))
+        return st;
+    cl_mem meta = ctx->serving_meta;
     cl_int err;
-    cl_mem meta = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                 p->meta_count * sizeof(int), p->meta, &err);
-    if (!meta)
-        return flashcl_fail(ctx, err, "allocating the batch description: %s", flashcl_status_string(err));
 
     const float log2e = 1.4426950408889634f;
     cl_float q_mul = r->softcap > 0.0f ? r->scale / r->softcap : r->scale * log2e;
@@ -485,13 +548,22 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     size_t local[3] = {(size_t)c->work_group_size, 1, 1};
     size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL,
-                                     c->splits > 1 ? NULL : event);
-    clReleaseMemObject(meta);
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 1, &written, &attended);
+    clReleaseEvent(written);
     if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "launching paged_attention: %s", flashcl_status_string(err));
-    if (c->splits == 1)
+        return flashcl_fail(ctx, err, "launching %s: %s", decode ? "paged_decode" : "paged_attention",
+                            flashcl_status_string(err));
+    /* The next upload into the description buffer waits for this reader. */
+    if (ctx->serving_meta_reader)
+        clReleaseEvent(ctx->serving_meta_reader);
+    ctx->serving_meta_reader = attended;
+    if (c->splits == 1) {
+        if (event) {
+            clRetainEvent(attended);
+            *event = attended;
+        }
         return FLASHCL_SUCCESS;
+    }
 
     cl_ulong cu[5] = {p->part_lse_off, r->out.offset, r->out.stride_seq, r->out.stride_head, lse_offset};
     cl_int ci[5] = {lse != NULL, c->splits, p->total_q, r->heads_q, r->head_dim};
@@ -505,7 +577,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         err |= clSetKernelArg(combine, a++, sizeof(cl_int), &ci[i]);
     size_t cglobal[3] = {(size_t)r->head_dim, (size_t)r->heads_q, (size_t)p->total_q};
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, combine, 3, NULL, cglobal, NULL, 0, NULL, event);
+        err = clEnqueueNDRangeKernel(ctx->queue, combine, 3, NULL, cglobal, NULL, 1, &attended, event);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching attn_combine: %s", flashcl_status_string(err));
     return FLASHCL_SUCCESS;
@@ -600,9 +672,9 @@ flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen
     memset(params, 0, sizeof *params);
     params->block_m = p.choice.block_m;
     params->block_n = p.choice.block_n;
-    params->threads_per_row = p.choice.tpr;
+    params->threads_per_row = p.choice.kernel == FLASHCL_SERVING_DECODE ? p.choice.lanes : p.choice.tpr;
     params->work_group_size = p.choice.work_group_size;
-    params->variant = "paged";
+    params->variant = p.choice.kernel == FLASHCL_SERVING_DECODE ? "decode" : "paged";
     params->source = p.choice.source;
     if (splits)
         *splits = p.choice.splits;

@@ -6,6 +6,7 @@
  * appended. Shapes are few on purpose: each (dtype, head dim, tile) is one
  * PoCL compile. FLASHCL_TEST_SEED replays a run.
  */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -672,6 +673,52 @@ static void errors_suite(flashcl_context *ctx) {
     flashcl_context_destroy(host);
 }
 
+/* FLASHCL_DECODE_PARAMS is strict, and an explicit choice that cannot run is
+ * refused before anything is enqueued. */
+static void decode_params_suite(flashcl_context *ctx) {
+    mirror m;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 36, 4, 8); /* 36 halves: not whole 16-byte chunks */
+    int slot = 0, len = 5, one = 1;
+    flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
+    mirror_append(ctx, &m, 1, &slot, &len);
+    int cu[2] = {0, 1};
+    flashcl_varlen_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT16;
+    d.num_seqs = 1;
+    d.heads_q = 2;
+    d.heads_k = 1;
+    d.head_dim = 36;
+    d.cu_seqlens_q = cu;
+    static const struct {
+        const char *env, *why;
+    } bad[] = {
+        {"KERNEL=decode", "the decode kernel on unaligned rows"},
+        {"KERNEL=fast", "an unknown kernel"},
+        {"UNROLL=0", "a zero value"},
+        {"KERNEL=tiled,BLOCK_N=1048576", "tiles larger than __local memory"},
+        {"WG=64,", "a trailing comma"},
+        {"SPLITS=2", "an unknown key"},
+        {"KERNEL=tiled,BLOCK_N=24,TPR=16", "BLOCK_N not a multiple of TPR"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        setenv("FLASHCL_DECODE_PARAMS", bad[i].env, 1);
+        flashcl_params p;
+        flashcl_status st = flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL);
+        char what[160];
+        snprintf(what, sizeof what, "FLASHCL_DECODE_PARAMS=%s refused: %s", bad[i].env, bad[i].why);
+        expect(st == FLASHCL_ERROR_INVALID_PARAMS, what, &failures);
+    }
+    setenv("FLASHCL_DECODE_PARAMS", "KERNEL=tiled", 1);
+    flashcl_params p;
+    expect(flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS &&
+               !strcmp(p.variant, "paged") && !strcmp(p.source, "FLASHCL_DECODE_PARAMS"),
+           "FLASHCL_DECODE_PARAMS=KERNEL=tiled is used and named as the source", &failures);
+    (void)one;
+    mirror_free(&m);
+    setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : "all";
     flashcl_context *ctx = test_context();
@@ -700,6 +747,20 @@ int main(int argc, char **argv) {
     }
     if (all || !strcmp(only, "errors"))
         errors_suite(ctx);
+    if (!strcmp(only, "decode")) {
+        /* The memory-bound decode kernel (cl/paged_decode.cl), forced where
+         * the database would pick the tiled one (CPUs): the same suites, so
+         * both kernels answer every paged and varlen case. Its shapes need
+         * 16-byte rows: D=40 halves and D=96 floats leave lanes idle. */
+        setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "decode kernel: f16 D64 page 16");
+        paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 40, 1, 70, "decode kernel: bf16 D40 page 1");
+        paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "decode kernel: f32 D96 page 256");
+        varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "decode kernel: varlen causal equals each sequence alone");
+        varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "decode kernel: varlen non-causal, 2 splits");
+        decode_params_suite(ctx);
+        unsetenv("FLASHCL_DECODE_PARAMS");
+    }
     printf("%s\n", failures ? "FAILED" : "all passed");
     flashcl_context_destroy(ctx);
     return failures ? 1 : 0;
