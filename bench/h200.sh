@@ -30,12 +30,14 @@ if [ "$what" = decode ]; then
   PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
     --json "$out/decode.json" 2>&1 | tee "$out/decode.txt"
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
-  for p in "" STAGES=3 UNROLL=4,STAGES=2 UNROLL=4,STAGES=3,WG=64 WG=64 WG=64,STAGES=6 WG=64,UNROLL=4 \
-           WG=64,WGS_PER_CU=8 WG=64,WGS_PER_CU=16 WG=64,WGS_PER_CU=32 WGS_PER_CU=8 WGS_PER_CU=16; do
+  for p in "" WGS_PER_CU=8 WGS_PER_CU=32 WGS_PER_CU=64 MIN_SPLIT_KEYS=128 MIN_SPLIT_KEYS=512 UNROLL=2,STAGES=3 \
+           LANES=8,UNROLL=2; do
     echo "-- ${p:-defaults}"
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
       --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
   done
+  echo "== launch costs of the OpenCL implementation (bench/launch_floor.c)"
+  gcc -O2 -std=c11 bench/launch_floor.c -o build-gpu/launch_floor -lOpenCL && ./build-gpu/launch_floor nvidia
   echo "== the floor: tiny contexts"
   ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16,256,1024 --iters 50 2>&1 | grep -E '^ +[0-9]'
   FLASHCL_DECODE_PARAMS=KERNEL=tiled ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16 --splits 1 \

@@ -1,12 +1,14 @@
 /* paged_decode.cl: decoding (a few query rows per sequence) over paged or packed K/V, memory-bound.
  *
  * Same arguments, `meta` and grid as paged_attention.cl (which documents
- * them): grid (block, kv head, split), a block being BLOCK_M rows of one
- * sequence, row r = (token r / group, query head hk * group + r % group), and
- * split s taking keys [s * chunk, (s + 1) * chunk) into the float scratch
- * that attn_combine (merge.cl) merges. This kernel computes the same thing
- * for the case that matters in serving, a handful of rows against a long
- * context, where the work is reading K and V once at the card's bandwidth:
+ * them), plus counters_off: grid (block, kv head, split), a block being
+ * BLOCK_M rows of one sequence, row r = (token r / group, query head
+ * hk * group + r % group), and split s taking keys [s * chunk, (s + 1) *
+ * chunk) into the float scratch; the last split to finish merges them (step
+ * 6), so no combine kernel runs. This kernel computes the same thing as
+ * paged_attention.cl for the case that matters in serving, a handful of rows
+ * against a long context, where the work is reading K and V once at the
+ * card's bandwidth:
  *
  *   - A key's row is read by LANES work-items, each one 16-byte load per
  *     CHUNKS (uint4 of 8 halves, or float4): consecutive lanes read
@@ -57,6 +59,7 @@
 #ifndef STAGES
 #define STAGES 4 /* steps of K/V in __local: STAGES - 1 in flight */
 #endif
+#define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
 #ifndef PAGE_SIZE
 #define PAGE_SIZE 0 /* tokens per page; 0: packed K/V (varlen). A constant, so
                      * the per-key page lookup divides by multiply and shift. */
@@ -130,12 +133,60 @@ inline void unpack_chunk(chunk_t c, float *f) {
 
 /* x[g] becomes the sum of x[g] over the LANES work-items sharing this key. */
 #ifdef FLASHCL_NV_PTX
+inline float shfl_idx(float x, int src) {
+    uint y;
+    __asm__ __volatile__("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                         : "=r"(y)
+                         : "r"(as_uint(x)), "r"(src));
+    return as_float(y);
+}
+/* Reduce-scatter, then gather: while more than one row is left, each lane
+ * keeps half the rows and trades the other half with its partner (BLOCK_M-1
+ * shuffles in all, instead of BLOCK_M per level); once a lane holds one row,
+ * plain butterflies finish its sum, and BLOCK_M indexed shuffles hand every
+ * row's total to every lane. 4 rows over 16 lanes: 9 shuffles, not 16. */
+#define RS_LEVELS (BLOCK_M < LANES ? BLOCK_M : LANES) /* rows split across lanes */
 inline void lane_sums(float *x, __local float *xch) {
+    const int lane = (int)get_local_id(0) % LANES;
+    int rows = BLOCK_M, mask = LANES / 2, row_base = 0;
 #pragma unroll
-    for (int g = 0; g < BLOCK_M; ++g)
+    for (int level = 1; level < RS_LEVELS; level *= 2) { /* halve the rows held */
+        const int upper = (lane & mask) != 0;
+        rows /= 2;
 #pragma unroll
-        for (int mask = LANES / 2; mask > 0; mask >>= 1)
-            x[g] += shfl_xor(x[g], mask);
+        for (int i = 0; i < BLOCK_M / 2; ++i) {
+            if (i < rows) {
+                const float send = upper ? x[i] : x[i + rows];
+                const float keep = upper ? x[i + rows] : x[i];
+                x[i] = keep + shfl_xor(send, mask);
+            }
+        }
+        row_base += upper ? rows : 0;
+        mask /= 2;
+    }
+    /* rows is now BLOCK_M / RS_LEVELS rows per lane (1 unless BLOCK_M > LANES). */
+#pragma unroll
+    for (; mask > 0; mask /= 2)
+#pragma unroll
+        for (int i = 0; i < BLOCK_M / RS_LEVELS; ++i)
+            x[i] += shfl_xor(x[i], mask);
+    /* Lane L holds rows row_base(L) .. +rows; row g lives on the lanes whose
+     * top bits spell g / rows. Gather from the first such lane of the group. */
+    const int group_first = (int)get_local_id(0) % 32 - lane;
+    float held[BLOCK_M / RS_LEVELS];
+#pragma unroll
+    for (int i = 0; i < BLOCK_M / RS_LEVELS; ++i)
+        held[i] = x[i];
+#pragma unroll
+    for (int g = 0; g < BLOCK_M; ++g) {
+        const int owner = g / (BLOCK_M / RS_LEVELS); /* its top-bit pattern, msb first */
+        int src = 0;
+#pragma unroll
+        for (int bit = LANES / 2, rem = RS_LEVELS / 2; rem > 0; rem /= 2, bit /= 2)
+            src |= (owner & rem) ? bit : 0;
+        x[g] = shfl_idx(held[g % (BLOCK_M / RS_LEVELS)], group_first + src);
+    }
+    (void)xch, (void)row_base;
 }
 #else
 /* Through __local in one round (two barriers, whatever LANES and BLOCK_M:
@@ -184,7 +235,7 @@ inline void lane_sums(float *x, __local float *xch) {
  * + slot) into stage j % STAGES. k_head, v_head: element offsets of the kv
  * head in row 0. Keys past s_hi and chunks past HEAD_DIM become zeros. */
 inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo, int s_hi,
-                       __global const int *restrict meta, int k_base,
+                       __global const int *meta, int k_base,
                        __global const elem_t *restrict k, ulong k_head, ulong k_ss,
                        __global const elem_t *restrict v, ulong v_head, ulong v_ss) {
     const int lid = (int)get_local_id(0), slot = lid / LANES, lane = lid % LANES;
@@ -214,11 +265,12 @@ inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo,
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict k,
              __global const elem_t *restrict v, __global elem_t *restrict o,
-             __global float *restrict lse, __global float *restrict part, __global const int *restrict meta,
+             __global float *restrict lse, __global float *part, __global int *meta,
              ulong q_off, ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off,
              ulong v_ss, ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off,
              ulong part_lse_off, int has_lse, int blocks_off, int total_q, int heads_q, int group,
-             int page_size, int causal, float q_mul, float softcap_log2) {
+             int page_size, int causal, float q_mul, float softcap_log2,
+             int counters_off) { /* meta[counters_off + block * heads_k + hk]: finished splits */
     /* The end-of-group merge: per slot and row, m and l; one row's D-wide
      * partial outputs of every slot at a time. */
     __local float red_m[SLOTS * BLOCK_M], red_l[SLOTS * BLOCK_M];
@@ -422,5 +474,78 @@ paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict 
             }
         }
         barrier(CLK_LOCAL_MEM_FENCE);
+    }
+    if (splits == 1)
+        return;
+
+    /* 6. Split-KV: the last split of this (block, kv head) to finish merges
+     *    them all, which saves the combine launch (the fixed cost of a launch
+     *    is a large part of a short decode step). The counter, zeroed by the
+     *    host's upload of meta, is bumped once the group's partial results
+     *    are globally visible (every writer fences, as CUDA's threadfence
+     *    reduction does); the merger then reads them past any cache. */
+    __local int is_last;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (lid == 0)
+        is_last = atomic_inc(&meta[counters_off + blk * (int)get_global_size(1) + hk]) == splits - 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!is_last)
+        return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    volatile __global const float *vpart = part;
+    const int nrows = min(BLOCK_M, rows - m0);
+    /* merge.cl's rule: weights exp(L_s - max L) / sum, a part with L = -inf
+     * (no key in its slice) weighs 0; no key at all gives O = 0, LSE -inf.
+     * First every part's LSE into __local, then each
+     * row's max and sum, then the weights in place. */
+    __local float wts[BLOCK_M * MAX_SPLITS]; /* [row][split] */
+    __local float *row_lse = red_m;
+    for (int e = lid; e < nrows * splits; e += WG_SIZE) {
+        const int g = e / splits, t = e % splits, row = m0 + g;
+        const ulong token = (ulong)(q_start + row / group);
+        wts[e] = vpart[part_lse_off + ((ulong)t * total_q + token) * heads_q + hk * group + row % group];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < nrows) {
+        float mx = -INFINITY, wsum = 0.0f;
+        for (int t = 0; t < splits; ++t)
+            mx = fmax(mx, wts[lid * splits + t]);
+        for (int t = 0; t < splits && mx != -INFINITY; ++t)
+            wsum += exp(wts[lid * splits + t] - mx); /* -inf -> 0 */
+        row_lse[lid] = mx == -INFINITY ? -INFINITY : mx + log(wsum);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = lid; e < nrows * splits; e += WG_SIZE) {
+        const float l = row_lse[e / splits];
+        wts[e] = l == -INFINITY ? 0.0f : exp(wts[e] - l);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* Then the outputs: one element per work-item per pass, the splits'
+     * loads issued eight at a time so they overlap. */
+    for (int e = lid; e < nrows * HEAD_DIM; e += WG_SIZE) {
+        const int g = e / HEAD_DIM, d = e % HEAD_DIM, row = m0 + g;
+        const ulong token = (ulong)(q_start + row / group);
+        const int hq = hk * group + row % group;
+        const ulong stride = (ulong)total_q * heads_q * HEAD_DIM; /* one split's part_o */
+        volatile __global const float *src = vpart + (token * heads_q + hq) * HEAD_DIM + d;
+        float x = 0.0f;
+        int t = 0;
+        for (; t + 8 <= splits; t += 8) {
+            float y[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                y[i] = src[(ulong)(t + i) * stride];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                x = fma(wts[g * splits + t + i], y[i], x);
+        }
+        for (; t < splits; ++t)
+            x = fma(wts[g * splits + t], src[(ulong)t * stride], x);
+        STORE_ELEM(o, o_off + token * o_ss + (ulong)hq * o_sh + d, x);
+    }
+    if (lid < nrows && has_lse) {
+        const int row = m0 + lid;
+        lse[lse_off + (ulong)(hk * group + row % group) * total_q + (ulong)(q_start + row / group)] = row_lse[lid];
     }
 }

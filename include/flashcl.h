@@ -387,7 +387,7 @@ typedef struct flashcl_varlen_desc {
     float scale;              /* 0 means 1/sqrt(head_dim)                  */
     int causal;               /* nonzero: causal, bottom-right per sequence */
     float softcap;            /* > 0: scores become softcap*tanh(s/softcap) */
-    int num_splits;           /* 0: heuristic; 1 .. 64: forced             */
+    int num_splits;           /* 0: heuristic; 1 .. 128: forced            */
     flashcl_layout q, k, v, out; /* k, v: varlen only                      */
 } flashcl_varlen_desc;
 

@@ -169,7 +169,7 @@ typedef struct flashcl_decode_choice {
     int splits;          /* key slices per (block, kv head); 1 = no combine   */
     const char *source;  /* where the numbers came from                       */
 } flashcl_decode_choice;
-#define FLASHCL_MAX_SPLITS 64
+#define FLASHCL_MAX_SPLITS 128
 /* Fills *choice for the problem: database entry, FLASHCL_DECODE_PARAMS, then
  * the split count. Fails only on a malformed FLASHCL_DECODE_PARAMS or an
  * explicit choice that does not fit the device. */

@@ -593,7 +593,8 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  *                      when they do not fit).
  *   wgs_per_cu, min_split_keys   split-KV: when blocks * heads_k work-groups
  *             cannot give each compute unit wgs_per_cu of them, the keys are
- *             cut into enough slices to, never shorter than min_split_keys
+ *             cut into as many slices as fit that (rounded down), never
+ *             shorter than min_split_keys
  *             (below that the combine pass and the per-slice q load cost more
  *             than the parallelism gains), at most FLASHCL_MAX_SPLITS.
  * Derived, not stored: rows per block (the smallest power of two >= the
@@ -620,7 +621,7 @@ static const decode_entry decode_type[] = {
      * with one work-item per row has no reductions; the decode kernel's
      * shuffles would become __local round trips. One group per core. */
     {"CPU", TILED, 0, 1, 1, 2, 1, 256, "hand-chosen: no cross-work-item reductions on a CPU"},
-    {"GPU", DECODE_K, 8, 128, 2, 4, 4, 128, "hand-chosen: 24 KB of loads in flight per work-group"},
+    {"GPU", DECODE_K, 8, 128, 4, 2, 16, 256, "measured on the H200, see the comment above"},
 };
 static const decode_entry decode_global[] = {
     {"*", TILED, 0, 128, 1, 2, 2, 256, "as the GPU tiled kernel"},
@@ -641,7 +642,7 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
         size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
         size_t chunks = (d / (size_t)c->vec + (size_t)c->lanes - 1) / (size_t)c->lanes; /* per lane */
         size_t stages = (size_t)c->stages * (size_t)c->unroll * 2 * chunks * wg * 16;
-        return (2 * slots * m + slots * d + m * wg) * sizeof(float) + stages;
+        return (2 * slots * m + slots * d + m * wg + m * FLASHCL_MAX_SPLITS) * sizeof(float) + stages;
     }
     size_t floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)c->tpr;
     return floats * sizeof(float) + n * sizeof(cl_long); /* + the key-row table */
@@ -842,8 +843,11 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     for (int i = 0; i < pb->num_seqs; ++i)
         groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
     groups *= pb->heads_k;
+    /* Rounded down: work-groups run in waves of equal length (every slice
+     * has the same keys), and one more than a whole number of waves adds a
+     * nearly empty last wave. */
     long target = (long)ctx->info.compute_units * c->wgs_per_cu;
-    long splits = groups > 0 && groups < target ? (target + groups - 1) / groups : 1;
+    long splits = groups > 0 && groups < target ? target / groups : 1;
     long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
     if (splits > by_keys)
         splits = by_keys;

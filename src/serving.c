@@ -256,7 +256,7 @@ typedef struct serving_plan {
     long max_keys;
     flashcl_decode_choice choice;
     int *meta;                         /* per sequence, blocks, page tables */
-    size_t meta_count, blocks_off;
+    size_t meta_count, blocks_off, counters_off;
     size_t scratch_bytes, part_lse_off; /* part_lse_off in floats         */
 } serving_plan;
 
@@ -386,7 +386,14 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     /* meta: {q_start, nq, k_base, nk} per sequence, blocks, then page tables. */
     p->blocks_off = 4 * (size_t)n;
     p->meta_count = p->blocks_off + 2 * (size_t)blocks + (size_t)table_ints;
-    p->meta = malloc(p->meta_count * sizeof(int));
+    /* The decode kernel merges its splits itself: one zeroed counter per
+     * (block, kv head) after the tables. */
+    p->counters_off = p->meta_count;
+    if (p->choice.kernel == FLASHCL_SERVING_DECODE && p->choice.splits > 1)
+        p->meta_count += (size_t)blocks * (size_t)r->heads_k;
+    if (p->meta_count > 0x7fffffffu)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
+    p->meta = calloc(p->meta_count, sizeof(int));
     if (!p->meta)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
     size_t tables = p->blocks_off + 2 * (size_t)blocks, b = 0;
@@ -442,7 +449,7 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
         if (ctx->serving_meta)
             clReleaseMemObject(ctx->serving_meta);
         ctx->serving_meta_bytes = 0;
-        ctx->serving_meta = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY, cap, NULL, &err);
+        ctx->serving_meta = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, cap, NULL, &err);
         if (!ctx->serving_meta)
             return flashcl_fail(ctx, err, "allocating the batch description (%zu bytes): %s", cap,
                                 flashcl_status_string(err));
@@ -509,7 +516,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     if ((st = flashcl_get_kernel(ctx, decode ? "paged_decode.cl" : "paged_attention.cl",
                                  decode ? "paged_decode" : "paged_attention", options, &kernel)))
         return st;
-    if (c->splits > 1) {
+    if (c->splits > 1 && !decode) {
         snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r->dtype);
         if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_combine", options, &combine)))
             return st;
@@ -545,6 +552,10 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &ints[i]);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &q_mul);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
+    if (decode) {
+        cl_int counters_off = (cl_int)p->counters_off;
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &counters_off);
+    }
     size_t local[3] = {(size_t)c->work_group_size, 1, 1};
     size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
     if (err == CL_SUCCESS)
@@ -557,7 +568,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     if (ctx->serving_meta_reader)
         clReleaseEvent(ctx->serving_meta_reader);
     ctx->serving_meta_reader = attended;
-    if (c->splits == 1) {
+    if (c->splits == 1 || decode) {
         if (event) {
             clRetainEvent(attended);
             *event = attended;

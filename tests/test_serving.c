@@ -622,9 +622,9 @@ static void errors_suite(flashcl_context *ctx) {
     expect(flashcl_paged_attention(ctx, &e, c, two, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
            "paged: decreasing cu_seqlens_q refused", &failures);
     e = d;
-    e.num_splits = 65;
+    e.num_splits = 129;
     expect(flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
-           "paged: num_splits 65 refused", &failures);
+           "paged: num_splits 129 refused", &failures);
     e = d;
     e.num_splits = 2;
     size_t need = 0;

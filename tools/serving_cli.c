@@ -337,7 +337,7 @@ int cli_bench_decode(int argc, char **argv) {
         LIST("--heads", heads, nh, 1, 1024)
         ONE("--head-dim", dim, 1, 256)
         ONE("--page-size", page, 1, 256)
-        ONE("--splits", splits, 0, 64)
+        ONE("--splits", splits, 0, 128)
         ONE("--iters", iters, 1, 100000)
         ONE("--warmup", warmup, 0, 100000)
 #undef LIST
