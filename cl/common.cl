@@ -72,6 +72,15 @@ inline float ex2(float x) {
     return y;
 }
 
+/* x from lane src of this warp. */
+inline float shfl_idx(float x, int src) {
+    uint y;
+    __asm__ __volatile__("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                         : "=r"(y)
+                         : "r"(as_uint(x)), "r"(src));
+    return as_float(y);
+}
+
 /* Butterfly exchange inside a warp: OpenCL 1.2 on NVIDIA has no sub-groups,
  * but inline PTX shfl.sync works on every architecture since sm_30. */
 inline float shfl_xor(float x, int mask) {
@@ -93,4 +102,18 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
     long lo = left < 0 ? 0 : max(diag - left, 0L);
     long hi = right < 0 ? (long)nk - 1 : min(diag + right, (long)nk - 1);
     return (long2)(lo, hi);
+}
+
+/* The serving kernels' batch description (src/serving.c builds it): per
+ * sequence {q_start, nq, k_base, nk} from meta[0], and from blocks_off one
+ * {sequence, first row} pair per work block. */
+typedef struct serving_block {
+    int m0, q_start, nq, k_base, nk;
+} serving_block;
+
+inline serving_block serving_block_at(__global const int *meta, int blocks_off, int blk) {
+    const int seq = meta[blocks_off + 2 * blk];
+    serving_block b = {meta[blocks_off + 2 * blk + 1], meta[4 * seq], meta[4 * seq + 1], meta[4 * seq + 2],
+                       meta[4 * seq + 3]};
+    return b;
 }

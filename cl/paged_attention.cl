@@ -90,9 +90,8 @@ paged_attention(__global const elem_t *restrict q, __global const elem_t *restri
     const int blk = (int)get_group_id(0);
     const int hk = (int)get_global_id(1);
     const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
-    const int seq = meta[blocks_off + 2 * blk], m0 = meta[blocks_off + 2 * blk + 1];
-    const int q_start = meta[4 * seq], nq = meta[4 * seq + 1];
-    const int k_base = meta[4 * seq + 2], nk = meta[4 * seq + 3];
+    const serving_block b = serving_block_at(meta, blocks_off, blk);
+    const int m0 = b.m0, q_start = b.q_start, nq = b.nq, k_base = b.k_base, nk = b.nk;
     const int rows = nq * group;
     const int row = m0 + r;
     const int row_valid = row < rows;

@@ -133,13 +133,6 @@ inline void unpack_chunk(chunk_t c, float *f) {
 
 /* x[g] becomes the sum of x[g] over the LANES work-items sharing this key. */
 #ifdef FLASHCL_NV_PTX
-inline float shfl_idx(float x, int src) {
-    uint y;
-    __asm__ __volatile__("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;"
-                         : "=r"(y)
-                         : "r"(as_uint(x)), "r"(src));
-    return as_float(y);
-}
 /* Reduce-scatter, then gather: while more than one row is left, each lane
  * keeps half the rows and trades the other half with its partner (BLOCK_M-1
  * shuffles in all, instead of BLOCK_M per level); once a lane holds one row,
@@ -231,6 +224,14 @@ inline void lane_sums(float *x, __local float *xch) {
  * work-items use consecutive 16 bytes, so a warp's accesses never conflict. */
 #define STAGE_IDX(st, u, kv, c, lid) (((((st) * UNROLL + (u)) * 2 + (kv)) * CHUNKS + (c)) * WG_SIZE + (lid))
 
+/* This work-item's D-slice of key u's K (kv 0) or V (kv 1) row in stage st, in float. */
+inline void stage_row(__local const chunk_t *stage, int st, int u, int kv, float *f) {
+    const int lid = (int)get_local_id(0);
+#pragma unroll
+    for (int c = 0; c < CHUNKS; ++c)
+        unpack_chunk(stage[STAGE_IDX(st, u, kv, c, lid)], f + c * VEC);
+}
+
 /* Issues this work-item's loads of step j (keys s_lo + j * STEP + u * SLOTS
  * + slot) into stage j % STAGES. k_head, v_head: element offsets of the kv
  * head in row 0. Keys past s_hi and chunks past HEAD_DIM become zeros. */
@@ -292,9 +293,8 @@ paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict 
     const int blk = (int)get_group_id(0);
     const int hk = (int)get_global_id(1);
     const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
-    const int seq = meta[blocks_off + 2 * blk], m0 = meta[blocks_off + 2 * blk + 1];
-    const int q_start = meta[4 * seq], nq = meta[4 * seq + 1];
-    const int k_base = meta[4 * seq + 2], nk = meta[4 * seq + 3];
+    const serving_block b = serving_block_at(meta, blocks_off, blk);
+    const int m0 = b.m0, q_start = b.q_start, nq = b.nq, k_base = b.k_base, nk = b.nk;
     const int rows = nq * group;
 
     /* q of every row, this lane's D-slice, in float. Padding rows (past the
@@ -364,9 +364,7 @@ paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict 
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             float kf[DL];
-#pragma unroll
-            for (int c = 0; c < CHUNKS; ++c)
-                unpack_chunk(stage[STAGE_IDX(st, u, 0, c, lid)], kf + c * VEC);
+            stage_row(stage, st, u, 0, kf);
             float dot[BLOCK_M];
 #pragma unroll
             for (int g = 0; g < BLOCK_M; ++g) {
@@ -407,9 +405,7 @@ paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict 
 #pragma unroll
         for (int u = 0; u < UNROLL; ++u) {
             float vf[DL];
-#pragma unroll
-            for (int c = 0; c < CHUNKS; ++c)
-                unpack_chunk(stage[STAGE_IDX(st, u, 1, c, lid)], vf + c * VEC);
+            stage_row(stage, st, u, 1, vf);
 #pragma unroll
             for (int g = 0; g < BLOCK_M; ++g) {
                 if (m[g] == -INFINITY)
