@@ -117,3 +117,86 @@ inline serving_block serving_block_at(__global const int *meta, int blocks_off, 
                        meta[4 * seq + 3]};
     return b;
 }
+
+/* ---- split-KV: the last split merges (the decode kernels) -------------------------------- */
+
+/* Where a block's rows go: output and LSE layouts, the float split scratch
+ * (part_o [split][token][heads_q][head_dim], then part_lse from element
+ * part_lse_off), and which rows (m0 .. m0 + nrows - 1 of kv head hk). */
+typedef struct split_rows {
+    ulong o_off, o_ss, o_sh, lse_off, part_lse_off;
+    int has_lse, total_q, heads_q, group, hk, q_start, m0, nrows;
+} split_rows;
+
+/* Called by every work-item of a group after it wrote its split's partial
+ * results. The group bumps the (block, kv head) counter, zeroed by the host's
+ * upload of the batch description, once its results are globally visible
+ * (every writer fences, as CUDA's threadfence reduction does); the group that
+ * finishes last merges all splits with merge.cl's rule (weights exp(L_s -
+ * max L) / sum; a part with L = -inf, no key in its slice, weighs 0; no key
+ * at all gives O = 0 and LSE -inf), reading the parts past any cache.
+ * wts: nrows * splits floats of __local; row_lse: nrows; flag: one int. */
+inline void merge_if_last_split(__global int *counter, int splits, __global const float *part,
+                                __global elem_t *o, __global float *lse, split_rows r, int head_dim,
+                                __local float *wts, __local float *row_lse, __local int *flag) {
+    const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (lid == 0)
+        *flag = atomic_inc(counter) == splits - 1;
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (!*flag)
+        return;
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    volatile __global const float *vpart = part;
+    /* Every part's LSE into __local, each row's max and log-sum, the weights. */
+    for (int e = lid; e < r.nrows * splits; e += wg) {
+        const int row = r.m0 + e / splits, t = e % splits;
+        const ulong token = (ulong)(r.q_start + row / r.group);
+        wts[e] = vpart[r.part_lse_off + ((ulong)t * r.total_q + token) * r.heads_q + r.hk * r.group +
+                       row % r.group];
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (lid < r.nrows) {
+        float mx = -INFINITY, wsum = 0.0f;
+        for (int t = 0; t < splits; ++t)
+            mx = fmax(mx, wts[lid * splits + t]);
+        for (int t = 0; t < splits && mx != -INFINITY; ++t)
+            wsum += exp(wts[lid * splits + t] - mx); /* -inf -> 0 */
+        row_lse[lid] = mx == -INFINITY ? -INFINITY : mx + log(wsum);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = lid; e < r.nrows * splits; e += wg) {
+        const float l = row_lse[e / splits];
+        wts[e] = l == -INFINITY ? 0.0f : exp(wts[e] - l);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* The outputs: one element per work-item per pass, the splits' loads
+     * issued eight at a time so they overlap. */
+    const ulong stride = (ulong)r.total_q * r.heads_q * head_dim; /* one split's part_o */
+    for (int e = lid; e < r.nrows * head_dim; e += wg) {
+        const int g = e / head_dim, d = e % head_dim, row = r.m0 + g;
+        const ulong token = (ulong)(r.q_start + row / r.group);
+        const int hq = r.hk * r.group + row % r.group;
+        volatile __global const float *src = vpart + (token * r.heads_q + hq) * head_dim + d;
+        float x = 0.0f;
+        int t = 0;
+        for (; t + 8 <= splits; t += 8) {
+            float y[8];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                y[i] = src[(ulong)(t + i) * stride];
+#pragma unroll
+            for (int i = 0; i < 8; ++i)
+                x = fma(wts[g * splits + t + i], y[i], x);
+        }
+        for (; t < splits; ++t)
+            x = fma(wts[g * splits + t], src[(ulong)t * stride], x);
+        STORE_ELEM(o, r.o_off + token * r.o_ss + (ulong)hq * r.o_sh + d, x);
+    }
+    if (lid < r.nrows && r.has_lse) {
+        const int row = r.m0 + lid;
+        lse[r.lse_off + (ulong)(r.hk * r.group + row % r.group) * r.total_q + (ulong)(r.q_start + row / r.group)] =
+            row_lse[lid];
+    }
+}

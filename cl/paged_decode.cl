@@ -475,73 +475,11 @@ paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict 
         return;
 
     /* 6. Split-KV: the last split of this (block, kv head) to finish merges
-     *    them all, which saves the combine launch (the fixed cost of a launch
-     *    is a large part of a short decode step). The counter, zeroed by the
-     *    host's upload of meta, is bumped once the group's partial results
-     *    are globally visible (every writer fences, as CUDA's threadfence
-     *    reduction does); the merger then reads them past any cache. */
-    __local int is_last;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (lid == 0)
-        is_last = atomic_inc(&meta[counters_off + blk * (int)get_global_size(1) + hk]) == splits - 1;
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (!is_last)
-        return;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    volatile __global const float *vpart = part;
-    const int nrows = min(BLOCK_M, rows - m0);
-    /* merge.cl's rule: weights exp(L_s - max L) / sum, a part with L = -inf
-     * (no key in its slice) weighs 0; no key at all gives O = 0, LSE -inf.
-     * First every part's LSE into __local, then each
-     * row's max and sum, then the weights in place. */
+     *    them all (common.cl), which saves the combine launch. */
     __local float wts[BLOCK_M * MAX_SPLITS]; /* [row][split] */
-    __local float *row_lse = red_m;
-    for (int e = lid; e < nrows * splits; e += WG_SIZE) {
-        const int g = e / splits, t = e % splits, row = m0 + g;
-        const ulong token = (ulong)(q_start + row / group);
-        wts[e] = vpart[part_lse_off + ((ulong)t * total_q + token) * heads_q + hk * group + row % group];
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (lid < nrows) {
-        float mx = -INFINITY, wsum = 0.0f;
-        for (int t = 0; t < splits; ++t)
-            mx = fmax(mx, wts[lid * splits + t]);
-        for (int t = 0; t < splits && mx != -INFINITY; ++t)
-            wsum += exp(wts[lid * splits + t] - mx); /* -inf -> 0 */
-        row_lse[lid] = mx == -INFINITY ? -INFINITY : mx + log(wsum);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    for (int e = lid; e < nrows * splits; e += WG_SIZE) {
-        const float l = row_lse[e / splits];
-        wts[e] = l == -INFINITY ? 0.0f : exp(wts[e] - l);
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    /* Then the outputs: one element per work-item per pass, the splits'
-     * loads issued eight at a time so they overlap. */
-    for (int e = lid; e < nrows * HEAD_DIM; e += WG_SIZE) {
-        const int g = e / HEAD_DIM, d = e % HEAD_DIM, row = m0 + g;
-        const ulong token = (ulong)(q_start + row / group);
-        const int hq = hk * group + row % group;
-        const ulong stride = (ulong)total_q * heads_q * HEAD_DIM; /* one split's part_o */
-        volatile __global const float *src = vpart + (token * heads_q + hq) * HEAD_DIM + d;
-        float x = 0.0f;
-        int t = 0;
-        for (; t + 8 <= splits; t += 8) {
-            float y[8];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                y[i] = src[(ulong)(t + i) * stride];
-#pragma unroll
-            for (int i = 0; i < 8; ++i)
-                x = fma(wts[g * splits + t + i], y[i], x);
-        }
-        for (; t < splits; ++t)
-            x = fma(wts[g * splits + t], src[(ulong)t * stride], x);
-        STORE_ELEM(o, o_off + token * o_ss + (ulong)hq * o_sh + d, x);
-    }
-    if (lid < nrows && has_lse) {
-        const int row = m0 + lid;
-        lse[lse_off + (ulong)(hk * group + row % group) * total_q + (ulong)(q_start + row / group)] = row_lse[lid];
-    }
+    __local int is_last;
+    const split_rows sr = {o_off, o_ss, o_sh, lse_off, part_lse_off, has_lse, total_q, heads_q, group, hk,
+                           q_start, m0, min(BLOCK_M, rows - m0)};
+    merge_if_last_split(&meta[counters_off + blk * (int)get_global_size(1) + hk], splits, part, o, lse, sr,
+                        HEAD_DIM, wts, red_m, &is_last);
 }
