@@ -1,5 +1,4 @@
 /* attention.c: checking attention arguments and launching the forward kernel. */
-#include <ctype.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -112,41 +111,33 @@ static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) 
     if (!env || !env[0])
         return FLASHCL_SUCCESS;
     const forward_variant *v = find_variant(p->variant);
-    const char *s = env;
-    while (*s) {
-        char key[32];
-        size_t n = 0;
-        while (s[n] && s[n] != '=' && s[n] != ',' && n + 1 < sizeof key) {
-            key[n] = (char)toupper((unsigned char)s[n]);
-            ++n;
-        }
-        key[n] = '\0';
-        if (s[n] != '=')
+    flashcl_kv kv;
+    int item, value;
+    for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
+        if (item == FLASHCL_KV_NO_EQUALS)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_PARAMS: expected KEY=VALUE at '%s'", s);
-        char *end;
-        long value = strtol(s + n + 1, &end, 10);
-        if (end == s + n + 1 || (*end && *end != ',') || value < 1 || value > 4096)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_PARAMS: bad value for %s in '%s'", key, env);
-        if (!strcmp(key, "BLOCK_M"))
-            p->block_m = (int)value;
-        else if (!strcmp(key, "BLOCK_N"))
-            p->block_n = (int)value;
-        else if (v && v->extra && !strcmp(key, "TPR") && !strcmp(v->extra, "TPR"))
-            p->threads_per_row = (int)value;
-        else if (v && v->extra && !strcmp(key, "WARPS") && !strcmp(v->extra, "WARPS"))
-            p->work_group_size = 32 * (int)value;
-        else
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_PARAMS: unknown parameter '%s' for the %s kernel "
-                                "(BLOCK_M, BLOCK_N%s%s)",
-                                key, p->variant, v && v->extra ? ", " : "", v && v->extra ? v->extra : "");
-        p->source = "FLASHCL_PARAMS";
-        if (*end == ',' && end[1] == '\0')
+                                "FLASHCL_PARAMS: expected KEY=VALUE at '%s'", kv.at);
+        if (item == FLASHCL_KV_TRAILING_COMMA)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_PARAMS: trailing comma in '%s'", env);
-        s = *end ? end + 1 : end;
+        if (!flashcl_kv_int(&kv, 1, 4096, &value))
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: bad value for %.*s in '%s'", (int)kv.key_len, kv.key, env);
+        if (flashcl_kv_key(&kv, "BLOCK_M"))
+            p->block_m = value;
+        else if (flashcl_kv_key(&kv, "BLOCK_N"))
+            p->block_n = value;
+        else if (v && v->extra && flashcl_kv_key(&kv, "TPR") && !strcmp(v->extra, "TPR"))
+            p->threads_per_row = value;
+        else if (v && v->extra && flashcl_kv_key(&kv, "WARPS") && !strcmp(v->extra, "WARPS"))
+            p->work_group_size = 32 * value;
+        else
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: unknown parameter '%.*s' for the %s kernel "
+                                "(BLOCK_M, BLOCK_N%s%s)",
+                                (int)kv.key_len, kv.key, p->variant, v && v->extra ? ", " : "",
+                                v && v->extra ? v->extra : "");
+        p->source = "FLASHCL_PARAMS";
     }
     if (p->threads_per_row)
         p->work_group_size = p->block_m * p->threads_per_row;

@@ -223,4 +223,27 @@ char *flashcl_strdup(const char *s);
 /* a * b + c without overflow; returns 0 on overflow. */
 int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out);
 
+/* The strict KEY=VALUE[,KEY=VALUE...] lists of FLASHCL_PARAMS,
+ * FLASHCL_BWD_PARAMS and FLASHCL_DECODE_PARAMS. Each caller names its keys
+ * and writes its own messages; the syntax is checked here, once. */
+typedef struct flashcl_kv {
+    const char *at;    /* the item and the rest of the list, for messages */
+    const char *key;   /* key_len characters, not terminated              */
+    const char *value; /* value_len characters up to the next ',' or end  */
+    size_t key_len, value_len;
+} flashcl_kv;
+enum {
+    FLASHCL_KV_TRAILING_COMMA = -2, /* "A=1,": a ',' with nothing after it   */
+    FLASHCL_KV_NO_EQUALS = -1,      /* an item without '=' (also "" in ",,") */
+    FLASHCL_KV_END = 0,
+    FLASHCL_KV_ITEM = 1
+};
+/* Reads the item at *s into *kv and moves *s past it and its ','; returns
+ * one of the FLASHCL_KV_ codes (*s unmoved on an error). */
+int flashcl_kv_next(const char **s, flashcl_kv *kv);
+/* 1 when kv's key is name, ignoring case. */
+int flashcl_kv_key(const flashcl_kv *kv, const char *name);
+/* 1 with *value when kv's whole value is a decimal integer in lo..hi, else 0. */
+int flashcl_kv_int(const flashcl_kv *kv, long lo, long hi, int *value);
+
 #endif

@@ -683,44 +683,38 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
     int *fields[] = {&c->block_m, &c->block_n, &c->tpr,        &c->lanes,         &c->work_group_size,
                      &c->unroll,  &c->stages,  &c->wgs_per_cu, &c->min_split_keys};
     const char *env = getenv("FLASHCL_DECODE_PARAMS");
+    flashcl_kv kv;
+    int item;
     *forced_kernel = -1;
     if (!env || !env[0])
         return FLASHCL_SUCCESS;
-    for (const char *s = env; *s;) {
-        size_t n = strcspn(s, "=,");
-        const char *val = s + n + 1, *next;
-        if (s[n] != '=')
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: expected KEY=VALUE at '%s'", s);
-        size_t vn = strcspn(val, ",");
-        next = val[vn] == ',' ? val + vn + 1 : val + vn;
-        if (val[vn] == ',' && !*next)
+    for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
+        if (item == FLASHCL_KV_NO_EQUALS)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: expected KEY=VALUE at '%s'", kv.at);
+        if (item == FLASHCL_KV_TRAILING_COMMA)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: trailing ',' in '%s'", env);
-        if (n == 6 && !strncasecmp(s, "KERNEL", 6)) {
-            if (vn == 5 && !strncasecmp(val, "tiled", 5))
+        if (flashcl_kv_key(&kv, "KERNEL")) {
+            if (kv.value_len == 5 && !strncasecmp(kv.value, "tiled", 5))
                 *forced_kernel = FLASHCL_SERVING_TILED;
-            else if (vn == 6 && !strncasecmp(val, "decode", 6))
+            else if (kv.value_len == 6 && !strncasecmp(kv.value, "decode", 6))
                 *forced_kernel = FLASHCL_SERVING_DECODE;
             else
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_DECODE_PARAMS: KERNEL must be tiled or decode at '%s'", s);
+                                    "FLASHCL_DECODE_PARAMS: KERNEL must be tiled or decode at '%s'", kv.at);
         } else {
             size_t k = 0;
-            while (k < COUNT(keys) && !(strlen(keys[k]) == n && !strncasecmp(s, keys[k], n)))
+            while (k < COUNT(keys) && !flashcl_kv_key(&kv, keys[k]))
                 ++k;
-            char *end = NULL;
-            long x = strtol(val, &end, 10);
             if (k == COUNT(keys))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS)",
-                                    s);
-            if (end == val || end != val + vn || x < 1 || x > 1 << 20)
+                                    kv.at);
+            if (!flashcl_kv_int(&kv, 1, 1 << 20, fields[k]))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_DECODE_PARAMS: %s needs an integer 1..1048576 at '%s'", keys[k], s);
-            *fields[k] = (int)x;
+                                    "FLASHCL_DECODE_PARAMS: %s needs an integer 1..1048576 at '%s'", keys[k], kv.at);
         }
         c->source = "FLASHCL_DECODE_PARAMS";
-        s = next;
     }
     return FLASHCL_SUCCESS;
 }

@@ -1,4 +1,5 @@
 /* util.c: version, status strings and small helpers shared by the runtime. */
+#include <ctype.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -92,5 +93,38 @@ int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out) {
     if (a != 0 && b > (SIZE_MAX - c) / a)
         return 0;
     *out = a * b + c;
+    return 1;
+}
+
+int flashcl_kv_next(const char **s, flashcl_kv *kv) {
+    const char *p = *s;
+    if (!*p)
+        return FLASHCL_KV_END;
+    kv->at = kv->key = p;
+    kv->key_len = strcspn(p, "=,");
+    if (p[kv->key_len] != '=')
+        return FLASHCL_KV_NO_EQUALS;
+    kv->value = p + kv->key_len + 1;
+    kv->value_len = strcspn(kv->value, ",");
+    p = kv->value + kv->value_len;
+    if (*p == ',' && !*++p)
+        return FLASHCL_KV_TRAILING_COMMA;
+    *s = p;
+    return FLASHCL_KV_ITEM;
+}
+
+int flashcl_kv_key(const flashcl_kv *kv, const char *name) {
+    size_t i = 0;
+    while (i < kv->key_len && name[i] && toupper((unsigned char)kv->key[i]) == toupper((unsigned char)name[i]))
+        ++i;
+    return i == kv->key_len && !name[i];
+}
+
+int flashcl_kv_int(const flashcl_kv *kv, long lo, long hi, int *value) {
+    char *end = NULL;
+    long x = strtol(kv->value, &end, 10);
+    if (end == kv->value || end != kv->value + kv->value_len || x < lo || x > hi)
+        return 0;
+    *value = (int)x;
     return 1;
 }

@@ -241,10 +241,20 @@ static void test_file(void) {
     params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0);
     expect(!strcmp(source, "FLASHCL_PARAMS") && p.block_m == 8 && p.block_n == 32,
            "FLASHCL_PARAMS overrides single values of the tuned entry", &failures);
-    setenv("FLASHCL_PARAMS", "BLOCK_N=oops", 1);
-    expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) ==
-               FLASHCL_ERROR_INVALID_PARAMS,
-           "malformed FLASHCL_PARAMS is still an error", &failures);
+    /* Malformed lists, whatever the variant (the strict parser is shared with
+     * FLASHCL_BWD_PARAMS and FLASHCL_DECODE_PARAMS). */
+    static const char *const bad_env[] = {"BLOCK_N=oops", "BLOCK_M", "BLOCK_M=", "BLOCK_M=16,", ",BLOCK_M=16",
+                                          "BLOCK_M=16,,BLOCK_N=16", "FOO=3", "BLOCK_M=0", "BLOCK_M=4097"};
+    for (size_t i = 0; i < sizeof bad_env / sizeof bad_env[0]; ++i) {
+        char what[120];
+        setenv("FLASHCL_PARAMS", bad_env[i], 1);
+        snprintf(what, sizeof what, "malformed FLASHCL_PARAMS=\"%s\" is still an error", bad_env[i]);
+        expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) == FLASHCL_ERROR_INVALID_PARAMS,
+               what, &failures);
+    }
+    setenv("FLASHCL_PARAMS", "block_n=16", 1);
+    params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0);
+    expect(!strcmp(source, "FLASHCL_PARAMS") && p.block_n == 16, "FLASHCL_PARAMS keys in any case", &failures);
     unsetenv("FLASHCL_PARAMS");
 
     /* The tuned entry computes correctly. */
