@@ -12,7 +12,6 @@
  * Every kernel is built before the first launch, so a build failure leaves
  * the outputs untouched.
  */
-#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -112,66 +111,13 @@ flashcl_status flashcl_backward_check_buffers(flashcl_context *ctx, const flashc
     return FLASHCL_SUCCESS;
 }
 
-/* ---- parameters -------------------------------------------------------------------- */
-
-/* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64": strict, like FLASHCL_PARAMS. */
-static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_backward_choice *c) {
-    const char *env = getenv("FLASHCL_BWD_PARAMS");
-    if (!env || !env[0])
-        return FLASHCL_SUCCESS;
-    for (const char *s = env; *s;) {
-        char key[16];
-        size_t n = 0;
-        while (s[n] && s[n] != '=' && s[n] != ',' && n + 1 < sizeof key) {
-            key[n] = (char)toupper((unsigned char)s[n]);
-            ++n;
-        }
-        key[n] = '\0';
-        char *end = NULL;
-        long value = s[n] == '=' ? strtol(s + n + 1, &end, 10) : 0;
-        if (s[n] != '=' || end == s + n + 1 || (*end && *end != ',') || value < 1 || value > 1024 ||
-            (*end == ',' && !end[1]))
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", s);
-        if (!strcmp(key, "BLOCK_M"))
-            c->block_m = (int)value;
-        else if (!strcmp(key, "BLOCK_N"))
-            c->block_n = (int)value;
-        else if (!strcmp(key, "WG"))
-            c->work_group_size = (int)value;
-        else
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_BWD_PARAMS: unknown parameter '%s' (BLOCK_M, BLOCK_N, WG)", key);
-        c->source = "FLASHCL_BWD_PARAMS";
-        s = *end ? end + 1 : end;
-    }
-    return FLASHCL_SUCCESS;
-}
-
-static flashcl_status choose(flashcl_context *ctx, const flashcl_attention_desc *r, int deterministic,
-                             flashcl_backward_choice *c) {
-    flashcl_backward_params(ctx, r, deterministic, c);
-    flashcl_status st = apply_env_params(ctx, c);
-    if (st != FLASHCL_SUCCESS)
-        return st;
-    size_t local = flashcl_backward_local_bytes(c->block_m, c->block_n, r->head_dim);
-    if (local > ctx->info.local_mem)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "backward tiles %dx%d need %zu bytes of local memory, the device has %llu",
-                            c->block_m, c->block_n, local, (unsigned long long)ctx->info.local_mem);
-    if ((size_t)c->work_group_size > ctx->info.max_wg)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "work-group of %d exceeds the device's %zu",
-                            c->work_group_size, ctx->info.max_wg);
-    return FLASHCL_SUCCESS;
-}
-
 /* ---- kernels ------------------------------------------------------------------------- */
 
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
                                         int deterministic, int with_store, flashcl_backward_kernels *k) {
     memset(k, 0, sizeof *k);
     const flashcl_backward_choice *c = &k->choice;
-    flashcl_status st = choose(ctx, r, deterministic, &k->choice);
+    flashcl_status st = flashcl_backward_params(ctx, r, deterministic, &k->choice);
     if (st != FLASHCL_SUCCESS)
         return st;
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");

@@ -187,9 +187,12 @@ typedef struct flashcl_backward_choice {
     int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;
-/* deterministic: the caller's flashcl_backward_options.deterministic. */
-void flashcl_backward_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
-                             int deterministic, flashcl_backward_choice *choice);
+/* Fills *choice for a resolved desc: database entry (shrunk to fit when it
+ * is a default), then FLASHCL_BWD_PARAMS; deterministic: the caller's
+ * flashcl_backward_options.deterministic. Fails only on a malformed
+ * FLASHCL_BWD_PARAMS or tiles or a work-group that do not fit the device. */
+flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                       int deterministic, flashcl_backward_choice *choice);
 /* __local bytes cl/flash_bwd.cl needs with these tiles. */
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim);
 

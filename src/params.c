@@ -347,6 +347,39 @@ static const char *level_source(const flashcl_context *ctx, int level, const fla
     }
 }
 
+/* The serving and backward tables: one array per level, walked with the
+ * forward's level keys. Their entry types differ but open with the key. */
+typedef struct level_table {
+    int level;
+    const void *entries; /* count entries of size bytes, each opening with `const char *match` */
+    size_t count, size;
+} level_table;
+#define LEVEL_TABLE(level, a) {level, a, COUNT(a), sizeof((a)[0])}
+
+/* The first entry, most specific level first, whose key matches this device
+ * and that applies (applies NULL: every entry); *level and *source name its
+ * level. NULL, with both untouched, when none does. */
+static const void *walk_levels(const flashcl_context *ctx, const level_table *levels, size_t num_levels,
+                               int (*applies)(const flashcl_context *ctx, int level, const void *entry, int arg),
+                               int arg, int *level, const char **source) {
+    char arch[64];
+    flashcl_device_arch(ctx, arch, sizeof arch);
+    for (size_t l = 0; l < num_levels; ++l)
+        for (size_t i = 0; i < levels[l].count; ++i) {
+            const void *entry = (const char *)levels[l].entries + i * levels[l].size;
+            flashcl_param_entry key;
+            memset(&key, 0, sizeof key);
+            key.match = *(const char *const *)entry;
+            if (key.match && level_key_match(ctx, levels[l].level, &key, arch) &&
+                (!applies || applies(ctx, levels[l].level, entry, arg))) {
+                *level = levels[l].level;
+                *source = level_source(ctx, levels[l].level, &key);
+                return entry;
+            }
+        }
+    return NULL;
+}
+
 /* Shrinks a default to the device: keys per tile first, then rows. 1 KB is
  * left for the driver (NVIDIA refuses launches at the reported limit). */
 static int shrink_to_fit(const flashcl_context *ctx, int head_dim, flashcl_params *p) {
@@ -650,30 +683,19 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
 
 /* The first entry matching this device, most specific level first. */
 static const decode_entry *decode_lookup(const flashcl_context *ctx, const char **source) {
-    static const struct {
-        int level;
-        const decode_entry *table;
-        size_t count;
-    } levels[] = {
-        {LVL_DEVICE, decode_device, COUNT(decode_device)}, {LVL_ARCH, decode_arch, COUNT(decode_arch)},
-        {LVL_VENDOR, decode_vendor, COUNT(decode_vendor)}, {LVL_TYPE, decode_type, COUNT(decode_type)},
-        {LVL_GLOBAL, decode_global, COUNT(decode_global)},
+    static const level_table levels[] = {
+        LEVEL_TABLE(LVL_DEVICE, decode_device), LEVEL_TABLE(LVL_ARCH, decode_arch),
+        LEVEL_TABLE(LVL_VENDOR, decode_vendor), LEVEL_TABLE(LVL_TYPE, decode_type),
+        LEVEL_TABLE(LVL_GLOBAL, decode_global),
     };
-    char arch[64];
-    flashcl_device_arch(ctx, arch, sizeof arch);
-    for (size_t l = 0; l < COUNT(levels); ++l)
-        for (size_t i = 0; i < levels[l].count; ++i) {
-            const decode_entry *d = &levels[l].table[i];
-            flashcl_param_entry key;
-            memset(&key, 0, sizeof key);
-            key.match = d->match;
-            if (d->match && level_key_match(ctx, levels[l].level, &key, arch)) {
-                *source = intern(ctx, "%s (%s)", level_source(ctx, levels[l].level, &key), d->why);
-                return d;
-            }
-        }
-    *source = "default: global";
-    return &decode_global[0];
+    int level;
+    const decode_entry *d = walk_levels(ctx, levels, COUNT(levels), NULL, 0, &level, source);
+    if (!d) {
+        *source = "default: global";
+        return &decode_global[0];
+    }
+    *source = intern(ctx, "%s (%s)", *source, d->why);
+    return d;
 }
 
 /* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode and integer KEY=VALUE pairs. */
@@ -853,50 +875,145 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
 
 /* ==== Backward kernels: tiles and the dQ reduction (cl/flash_bwd.cl) =======================
  * Everything the backward pass launches with is chosen here, in
- * flashcl_backward_params, so a tuning database can take it over as one entry.
- *   GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
- *     D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
- *     8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured.
- *   CPU: 32 x 32 tiles, 64 work-items: hand-chosen. A sweep on PoCL (2-core
- *     Xeon, `flashcl bench --backward --shape 1,4,512,64 --no-causal`) under
- *     a load average of ~4.5 from other jobs gave 380..670 ms for every
- *     setting tried (32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64), the
- *     same setting varying by 25% between runs: no winner to record yet.
+ * flashcl_backward_params. The database has its own small tables, keyed by
+ * head_dim range and walked with the forward's level keys (exact device,
+ * architecture, vendor, device type, global; the tuning file holds forward
+ * entries only); then FLASHCL_BWD_PARAMS may replace single values
+ * ("BLOCK_M=16,BLOCK_N=16,WG=128"; malformed is an error, as FLASHCL_PARAMS).
+ * An entry above the device-type level that does not fit the device is passed
+ * over with a log line; the device-type and global defaults are shrunk to
+ * fit: tiles halved (keys first, then rows) until they fit __local with 1 KB
+ * to spare, the work-group clamped to the device's maximum. Explicit values
+ * that do not fit are refused with FLASHCL_ERROR_INVALID_PARAMS.
  *   dQ: float atomics (one dkdv pass, dQ summed in a float scratch) unless the
  *     caller asks for determinism, which adds a dQ pass recomputing P and dS.
- * Then the tiles are halved until they fit the device's __local memory with
- * 1 KB to spare, and the work-group is clamped to the device's maximum.
  */
+typedef struct backward_entry {
+    const char *match; /* level key, as the forward tables' */
+    int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
+    const char *why;
+} backward_entry;
+
+/* Levels 3-5: nothing measured per device, architecture or vendor yet. */
+static const backward_entry backward_device[] = {{NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_arch[] = {{NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_vendor[] = {{NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_type[] = {
+    /* CPU: 32 x 32 tiles, 64 work-items: hand-chosen. A sweep on PoCL (2-core
+     * Xeon, `flashcl bench --backward --shape 1,4,512,64 --no-causal`) under
+     * a load average of ~4.5 from other jobs gave 380..670 ms for every
+     * setting tried (32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64), the
+     * same setting varying by 25% between runs: no winner to record yet. */
+    {"CPU", 1, 256, 32, 32, 64, "hand-chosen: a PoCL sweep found no winner"},
+    /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
+     * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
+     * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
+    {"GPU", 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB"},
+    {"GPU", 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256"},
+};
+static const backward_entry backward_global[] = {
+    {"*", 1, 128, 16, 16, 128, "as the GPU default"},
+    {"*", 129, 256, 8, 8, 64, "as the GPU default"},
+};
+
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
     size_t m = (size_t)block_m, n = (size_t)block_n, row = (size_t)head_dim + 1;
     /* K, V, Q, dO tiles; P and dS tiles; per row: LSE, D (float), lo, hi (long) */
     return (2 * n * row + 2 * m * row + 2 * m * (n + 1) + 2 * m) * sizeof(float) + 2 * m * sizeof(cl_long);
 }
 
-void flashcl_backward_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
-                             int deterministic, flashcl_backward_choice *c) {
-    memset(c, 0, sizeof *c);
-    const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
-    if (cpu) {
-        c->block_m = 32;
-        c->block_n = 32;
-        c->work_group_size = 64;
-        c->source = "built-in: backward CPU default";
-    } else if (desc->head_dim <= 128) {
-        c->block_m = c->block_n = 16;
-        c->work_group_size = 128;
-        c->source = "built-in: backward GPU default";
-    } else {
-        c->block_m = c->block_n = 8;
-        c->work_group_size = 64;
-        c->source = "built-in: backward GPU default";
+/* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
+static int backward_fit(const flashcl_context *ctx, int head_dim, int block_m, int block_n, int work_group_size,
+                        char *why, size_t n) {
+    size_t local = flashcl_backward_local_bytes(block_m, block_n, head_dim);
+    why[0] = '\0';
+    if (local > ctx->info.local_mem)
+        snprintf(why, n, "backward tiles %dx%d need %zu bytes of local memory, the device has %llu", block_m,
+                 block_n, local, (unsigned long long)ctx->info.local_mem);
+    else if ((size_t)work_group_size > ctx->info.max_wg)
+        snprintf(why, n, "work-group of %d exceeds the device's %zu", work_group_size, ctx->info.max_wg);
+    return why[0] == '\0';
+}
+
+/* An entry for this head_dim; above the device-type level, only one that fits. */
+static int backward_applies(const flashcl_context *ctx, int level, const void *entry, int head_dim) {
+    const backward_entry *e = entry;
+    char why[200];
+    if (head_dim < e->head_dim_min || head_dim > e->head_dim_max)
+        return 0;
+    if (level >= LVL_TYPE || backward_fit(ctx, head_dim, e->block_m, e->block_n, e->work_group_size, why, sizeof why))
+        return 1;
+    flashcl_param_entry key;
+    memset(&key, 0, sizeof key);
+    key.match = e->match;
+    flashcl_log("backward parameters from %s passed over: %s", level_source(ctx, level, &key), why);
+    return 0;
+}
+
+/* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64": values replace c's. */
+static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice *c) {
+    const char *env = getenv("FLASHCL_BWD_PARAMS");
+    flashcl_kv kv;
+    int item, value;
+    if (!env || !env[0])
+        return FLASHCL_SUCCESS;
+    for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
+        if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value))
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", kv.at);
+        if (flashcl_kv_key(&kv, "BLOCK_M"))
+            c->block_m = value;
+        else if (flashcl_kv_key(&kv, "BLOCK_N"))
+            c->block_n = value;
+        else if (flashcl_kv_key(&kv, "WG"))
+            c->work_group_size = value;
+        else
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG)",
+                                (int)kv.key_len, kv.key);
+        c->source = "FLASHCL_BWD_PARAMS";
     }
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
+                                       int deterministic, flashcl_backward_choice *c) {
+    static const level_table levels[] = {
+        LEVEL_TABLE(LVL_DEVICE, backward_device), LEVEL_TABLE(LVL_ARCH, backward_arch),
+        LEVEL_TABLE(LVL_VENDOR, backward_vendor), LEVEL_TABLE(LVL_TYPE, backward_type),
+        LEVEL_TABLE(LVL_GLOBAL, backward_global),
+    };
+    const int head_dim = desc->head_dim;
+    const char *source = "default: global";
+    int level = LVL_GLOBAL;
+    memset(c, 0, sizeof *c);
+    const backward_entry *e = walk_levels(ctx, levels, COUNT(levels), backward_applies, head_dim, &level, &source);
+    if (e)
+        source = intern(ctx, "%s (%s)", source, e->why);
+    else /* a head_dim past every entry: the resolved desc keeps it <= 256 */
+        e = &backward_global[head_dim > 128];
+    c->block_m = e->block_m;
+    c->block_n = e->block_n;
+    c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
-    size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
-    while (c->block_n > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, desc->head_dim) > budget)
-        c->block_n /= 2;
-    while (c->block_m > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, desc->head_dim) > budget)
-        c->block_m /= 2;
-    if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
-        c->work_group_size = (int)ctx->info.max_wg;
+    c->source = source;
+    if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
+        size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+        int shrunk = 0;
+        while (c->block_n > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, head_dim) > budget)
+            c->block_n /= 2, shrunk = 1;
+        while (c->block_m > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, head_dim) > budget)
+            c->block_m /= 2, shrunk = 1;
+        if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
+            c->work_group_size = (int)ctx->info.max_wg, shrunk = 1;
+        if (shrunk)
+            c->source = intern(ctx, "%s (shrunk to fit %s)", c->source, ctx->info.name);
+    }
+    flashcl_status st = backward_env(ctx, c);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    char why[200];
+    if (!backward_fit(ctx, head_dim, c->block_m, c->block_n, c->work_group_size, why, sizeof why))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
+    return FLASHCL_SUCCESS;
 }

@@ -265,6 +265,12 @@ static void quick(flashcl_context *ctx) {
     test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
     run(ctx, tc, 0);
     run(ctx, tc, 1);
+    if (!flashcl_context_is_host(ctx)) { /* tiles from FLASHCL_BWD_PARAMS, not the table's */
+        printf("FLASHCL_BWD_PARAMS=BLOCK_M=8,BLOCK_N=4,WG=32:\n");
+        setenv("FLASHCL_BWD_PARAMS", "BLOCK_M=8,BLOCK_N=4,WG=32", 1);
+        run(ctx, tc, 1);
+        unsetenv("FLASHCL_BWD_PARAMS");
+    }
     tc.softcap = 30.0f; /* large scores, where the cap bends: its derivative matters */
     tc.input_scale = 4.0;
     tc.seqlen_q = 64;

@@ -1,4 +1,4 @@
-/* test_params.c: the parameter database: lookup order, the tuning file (good, bad, huge, fuzzed), overrides. */
+/* test_params.c: the parameter databases: forward lookup order, the tuning file (good, bad, huge, fuzzed), overrides; the backward table. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -493,6 +493,72 @@ static void test_levels(void) {
     unlink(path);
 }
 
+/* ---- the backward kernels' table (flashcl_backward_params) -------------------------------- */
+
+/* flashcl_backward_params for a resolved desc of head_dim d under FLASHCL_BWD_PARAMS=env (NULL: unset). */
+static flashcl_status backward_choice(flashcl_context *ctx, int d, const char *env, flashcl_backward_choice *c) {
+    flashcl_attention_desc r = desc_of(FLASHCL_FLOAT32, 100, d, 0);
+    flashcl_attention_desc_resolve(&r);
+    if (env)
+        setenv("FLASHCL_BWD_PARAMS", env, 1);
+    else
+        unsetenv("FLASHCL_BWD_PARAMS");
+    flashcl_status st = flashcl_backward_params(ctx, &r, 0, c);
+    unsetenv("FLASHCL_BWD_PARAMS");
+    return st;
+}
+
+static void test_backward_levels(void) {
+    flashcl_backward_choice c;
+    flashcl_context *ctx = test_context();
+    /* A CPU with room for every tile: the CPU default as the table has it. */
+    ctx->info.type = CL_DEVICE_TYPE_CPU;
+    ctx->info.local_mem = 1 << 20;
+    ctx->info.max_wg = 4096;
+    expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 32 && c.block_n == 32 &&
+               c.work_group_size == 64 && !strncmp(c.source, "default: CPU (hand-chosen", 25),
+           "backward, CPU: 32x32 tiles, 64 work-items, source names the level", &failures);
+    /* A GPU: 16x16/128 up to D=128, 8x8/64 above. */
+    pretend_h200(ctx);
+    expect(backward_choice(ctx, 128, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 16 && c.block_n == 16 &&
+               c.work_group_size == 128 && !strncmp(c.source, "default: GPU (hand-chosen", 25),
+           "backward, GPU D=128: 16x16 tiles, 128 work-items", &failures);
+    expect(backward_choice(ctx, 129, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 8 && c.block_n == 8 &&
+               c.work_group_size == 64 && !strncmp(c.source, "default: GPU (", 14),
+           "backward, GPU D=129: 8x8 tiles, 64 work-items", &failures);
+    /* The default shrinks to a small device, and says so. */
+    ctx->info.local_mem = 16 * 1024;
+    ctx->info.max_wg = 64;
+    expect(backward_choice(ctx, 128, NULL, &c) == FLASHCL_SUCCESS &&
+               flashcl_backward_local_bytes(c.block_m, c.block_n, 128) <= 15 * 1024 && c.work_group_size == 64 &&
+               strstr(c.source, "default: GPU") && strstr(c.source, "shrunk to fit"),
+           "backward default shrinks to fit 16 KB and 64 work-items", &failures);
+    pretend_h200(ctx);
+    /* FLASHCL_BWD_PARAMS replaces single values (any case) and is named. */
+    expect(backward_choice(ctx, 128, "block_m=8,WG=32", &c) == FLASHCL_SUCCESS && c.block_m == 8 &&
+               c.block_n == 16 && c.work_group_size == 32 && !strcmp(c.source, "FLASHCL_BWD_PARAMS"),
+           "FLASHCL_BWD_PARAMS override is used and named as the source", &failures);
+    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
+                                      "BLOCK_M=0", "BLOCK_M=1025", ",BLOCK_M=16", "BLOCK_M=16,,WG=32",
+                                      "BLOCK_M=16x"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
+        char what[120];
+        snprintf(what, sizeof what, "FLASHCL_BWD_PARAMS=\"%s\" is refused", bad[i]);
+        expect(backward_choice(ctx, 128, bad[i], &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+                   strstr(flashcl_last_error(ctx), "FLASHCL_BWD_PARAMS"),
+               what, &failures);
+    }
+    /* Explicit values are refused when they do not fit, never shrunk. */
+    expect(backward_choice(ctx, 128, "BLOCK_M=64,BLOCK_N=64", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "local memory"),
+           "FLASHCL_BWD_PARAMS tiles over the device's local memory are refused", &failures);
+    ctx->info.max_wg = 256;
+    expect(backward_choice(ctx, 128, "WG=512", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "work-group"),
+           "FLASHCL_BWD_PARAMS work-group over the device's maximum is refused", &failures);
+    flashcl_context_destroy(ctx);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/flashcl-test-params.%ld", (long)getpid());
     if (mkdir(dir, 0755) != 0) {
@@ -509,6 +575,7 @@ int main(void) {
         test_file();
         test_overrides();
         test_levels();
+        test_backward_levels();
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
