@@ -19,19 +19,21 @@ export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 ./build-gpu/flashcl devices | tee "$out/devices.txt"
 if [ "$what" = decode ]; then
-  for t in test_serving "test_serving decode" test_varlen_backward "test_forward quick"; do
+  for t in test_serving "test_serving decode" "test_serving mma" test_varlen_backward "test_forward quick"; do
     FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
     echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
     grep -m5 FAILED "$out/${t// /_}.log"
   done
-  echo "== ptxas report of the decode kernel (f16, D=128, 4 rows)"
-  FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --decode \
-    --device nvidia --batch 1 --context 4096 --iters 2 2>&1 | grep -E "registers|spill|stack" | head -6
+  for kern in decode mma; do
+    echo "== ptxas report of the $kern kernel (f16, D=128, 4 rows)"
+    FLASHCL_DECODE_PARAMS=KERNEL=$kern FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
+      ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 4096 --iters 2 2>&1 |
+      grep -E "registers|spill|stack" | head -6
+  done
   PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
     --json "$out/decode.json" 2>&1 | tee "$out/decode.txt"
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
-  for p in "" WGS_PER_CU=8 WGS_PER_CU=32 WGS_PER_CU=64 MIN_SPLIT_KEYS=128 MIN_SPLIT_KEYS=512 UNROLL=2,STAGES=3 \
-           LANES=8,UNROLL=2; do
+  for p in "" KERNEL=decode KERNEL=tiled WGS_PER_CU=8 WGS_PER_CU=24 MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024; do
     echo "-- ${p:-defaults}"
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
       --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'

@@ -335,6 +335,13 @@ void flashcl_context_destroy(flashcl_context *ctx) {
     flashcl_param_db_free(ctx->params_db);
     if (ctx->serving_meta_reader)
         clReleaseEvent(ctx->serving_meta_reader);
+    for (int i = 0; i < FLASHCL_STAGING_SLOTS; ++i) {
+        if (ctx->serving_staging[i].written) { /* the write reads the host copy freed below */
+            clWaitForEvents(1, &ctx->serving_staging[i].written);
+            clReleaseEvent(ctx->serving_staging[i].written);
+        }
+        free(ctx->serving_staging[i].host);
+    }
     if (ctx->serving_meta)
         clReleaseMemObject(ctx->serving_meta);
     if (ctx->queue)

@@ -39,6 +39,14 @@ typedef struct flashcl_program {
     struct flashcl_program *next;
 } flashcl_program;
 
+/* A host buffer a non-blocking upload reads from, busy until `written`. */
+#define FLASHCL_STAGING_SLOTS 4
+typedef struct flashcl_staging {
+    void *host;
+    size_t bytes;
+    cl_event written; /* NULL when free */
+} flashcl_staging;
+
 struct flashcl_context {
     int is_host;
     cl_platform_id platform;
@@ -53,10 +61,13 @@ struct flashcl_context {
     int host_threads; /* threads of the host path                        */
     struct flashcl_param_db *params_db; /* params.c: tuning file, overrides; lazy */
     /* serving.c: the batch description of paged/varlen attention, reused
-     * across calls, and the event of the last kernel that reads it. */
+     * across calls, the event of the last kernel that reads it, and the host
+     * copies its non-blocking uploads read from. */
     cl_mem serving_meta;
     size_t serving_meta_bytes;
     cl_event serving_meta_reader;
+    flashcl_staging serving_staging[FLASHCL_STAGING_SLOTS];
+    int serving_staging_next;
 };
 
 /* ---- errors and logging (context.c) ---- */
@@ -142,10 +153,11 @@ int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const c
                          char *err, size_t n);
 
 /* ---- serving kernels' parameters (params.c, flashcl_decode_params) ---- */
-/* The two serving kernels: cl/paged_attention.cl (__local tiles, any shape,
- * any alignment) and cl/paged_decode.cl (few rows per sequence, 16-byte
- * register loads, no __local tiles: the memory-bound decode kernel). */
-enum { FLASHCL_SERVING_TILED = 0, FLASHCL_SERVING_DECODE = 1 };
+/* The three serving kernels: cl/paged_attention.cl (__local tiles, any
+ * shape, any alignment), cl/paged_decode.cl (few rows per sequence, 16-byte
+ * loads, SIMT: the memory-bound decode kernel for any GPU) and
+ * cl/paged_decode_nv.cl (the same on NVIDIA tensor cores, f16/bf16). */
+enum { FLASHCL_SERVING_TILED = 0, FLASHCL_SERVING_DECODE = 1, FLASHCL_SERVING_DECODE_MMA = 2 };
 typedef struct flashcl_decode_problem {
     flashcl_dtype dtype;
     int head_dim, heads_k, num_seqs;
@@ -155,13 +167,13 @@ typedef struct flashcl_decode_problem {
     int vec_aligned;         /* K/V rows start on 16 bytes (offsets, strides)    */
 } flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
-    int kernel;          /* FLASHCL_SERVING_TILED or FLASHCL_SERVING_DECODE       */
+    int kernel;          /* FLASHCL_SERVING_TILED, _DECODE or _DECODE_MMA      */
     int block_m;         /* rows (token x query head of one kv head) per work-group */
-    int block_n;         /* tiled: keys per __local tile                      */
+    int block_n;         /* tiled, decode-mma: keys per __local tile          */
     int tpr;             /* tiled: work-items per row                         */
     int lanes;           /* decode: work-items per key (16-byte loads each)   */
     int unroll;          /* decode: keys per key slot per step                */
-    int stages;          /* decode: steps of K/V in the __local pipeline      */
+    int stages;          /* decode kernels: steps of K/V in the __local pipeline */
     int vec;             /* decode: elements per 16-byte chunk                */
     int work_group_size;
     int wgs_per_cu;      /* split-KV: work-groups wanted per compute unit     */

@@ -646,8 +646,18 @@ typedef struct decode_entry {
 
 #define TILED FLASHCL_SERVING_TILED
 #define DECODE_K FLASHCL_SERVING_DECODE
+#define DECODE_MMA FLASHCL_SERVING_DECODE_MMA
 static const decode_entry decode_device[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
-static const decode_entry decode_arch[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+static const decode_entry decode_arch[] = {
+    /* Tensor cores (cl/paged_decode_nv.cl) for f16/bf16 with D a multiple
+     * of 16; other problems fall to the SIMT decode kernel, then the tiled
+     * one. 2 warps, 16-key tiles, 2 stages: 39 KB of __local at D=128 (1
+     * warp above D=128). H200, `bench/h200.sh decode`, µs at batch 1/8/64 x
+     * context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
+     * slower everywhere; slices of at least 512 keys beat 256 at 6 of 9
+     * shapes ((1, 32768) 88 against 110 µs; (1, 4096) 56 against 52). */
+    {"sm_80+", DECODE_MMA, 16, 64, 0, 2, 16, 512, "measured on the H200, see BENCHMARKS.md"},
+};
 static const decode_entry decode_vendor[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
 static const decode_entry decode_type[] = {
     /* PoCL runs a work-group as a loop over work-items: the tiled kernel
@@ -661,6 +671,7 @@ static const decode_entry decode_global[] = {
 };
 #undef TILED
 #undef DECODE_K
+#undef DECODE_MMA
 
 static int next_pow2(int x) {
     int p = 1;
@@ -671,6 +682,9 @@ static int next_pow2(int x) {
 
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA) /* halves: Q + per warp stages x (K, V); merge floats */
+        return (16 * (d + 8) + (size_t)(c->work_group_size / 32) * (size_t)c->stages * 2 * n * (d + 8)) * 2 +
+               ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
         size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
         size_t chunks = (d / (size_t)c->vec + (size_t)c->lanes - 1) / (size_t)c->lanes; /* per lane */
@@ -698,7 +712,7 @@ static const decode_entry *decode_lookup(const flashcl_context *ctx, const char 
     return d;
 }
 
-/* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode and integer KEY=VALUE pairs. */
+/* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode|mma and integer KEY=VALUE pairs. */
 static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c, int *forced_kernel) {
     static const char *const keys[] = {"BLOCK_M", "BLOCK_N", "TPR",        "LANES",         "WG",
                                        "UNROLL",  "STAGES",  "WGS_PER_CU", "MIN_SPLIT_KEYS"};
@@ -720,9 +734,11 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                 *forced_kernel = FLASHCL_SERVING_TILED;
             else if (kv.value_len == 6 && !strncasecmp(kv.value, "decode", 6))
                 *forced_kernel = FLASHCL_SERVING_DECODE;
+            else if (kv.value_len == 3 && !strncasecmp(kv.value, "mma", 3))
+                *forced_kernel = FLASHCL_SERVING_DECODE_MMA;
             else
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_DECODE_PARAMS: KERNEL must be tiled or decode at '%s'", kv.at);
+                                    "FLASHCL_DECODE_PARAMS: KERNEL must be tiled, decode or mma at '%s'", kv.at);
         } else {
             size_t k = 0;
             while (k < COUNT(keys) && !flashcl_kv_key(&kv, keys[k]))
@@ -741,6 +757,13 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
     return FLASHCL_SUCCESS;
 }
 
+/* The tensor-core decode kernel's own conditions (its entry's max_rows aside). */
+static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_problem *pb) {
+    const char *force = getenv("FLASHCL_VARIANT");
+    return ctx->info.nv_cc_major >= 8 && !(force && !strcmp(force, "portable")) &&
+           pb->dtype != FLASHCL_FLOAT32 && pb->head_dim % 16 == 0 && pb->vec_aligned;
+}
+
 /* Checks an explicit decode-kernel choice; "" when it fits. */
 static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                        const flashcl_decode_choice *c, char *why, size_t n) {
@@ -755,6 +778,17 @@ static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem 
             snprintf(why, n, "BLOCK_M %d and UNROLL %d must be <= 16", c->block_m, c->unroll);
         else if (c->stages < 2 || c->stages > 8)
             snprintf(why, n, "STAGES %d must be 2..8", c->stages);
+    } else if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
+        if (!decode_mma_applies(ctx, pb))
+            snprintf(why, n, "the mma decode kernel needs NVIDIA sm_80+, f16/bf16, head_dim a multiple of 16 "
+                             "and 16-byte aligned K/V rows");
+        else if (c->block_n % 16 || c->work_group_size % 32 || c->block_m > 16 || c->stages < 2 || c->stages > 8)
+            snprintf(why, n, "mma decode: BLOCK_N %d (multiple of 16), WG %d (of 32), BLOCK_M %d (<= 16), "
+                             "STAGES %d (2..8)",
+                     c->block_n, c->work_group_size, c->block_m, c->stages);
+        else if (flashcl_decode_local_bytes(c, pb->head_dim) > 48000)
+            snprintf(why, n, "mma decode: %zu bytes of __local, over NVIDIA's ~47 KB",
+                     flashcl_decode_local_bytes(c, pb->head_dim));
     } else if (c->block_n % c->tpr) {
         snprintf(why, n, "BLOCK_N %d is not a multiple of TPR %d", c->block_n, c->tpr);
     }
@@ -777,10 +811,14 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     const decode_entry *e = decode_lookup(ctx, &c->source);
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
-    c->kernel = e->kernel == FLASHCL_SERVING_DECODE && max_rows <= e->max_rows && pb->head_dim % vec == 0 &&
-                        pb->vec_aligned
-                    ? FLASHCL_SERVING_DECODE
-                    : FLASHCL_SERVING_TILED;
+    /* The entry's kernel where it applies, else the next simpler one. */
+    const int simt_ok = pb->head_dim % vec == 0 && pb->vec_aligned && !cpu;
+    if (e->kernel == FLASHCL_SERVING_DECODE_MMA && max_rows <= e->max_rows && decode_mma_applies(ctx, pb))
+        c->kernel = FLASHCL_SERVING_DECODE_MMA;
+    else if (e->kernel != FLASHCL_SERVING_TILED && max_rows <= 8 && simt_ok)
+        c->kernel = FLASHCL_SERVING_DECODE;
+    else
+        c->kernel = FLASHCL_SERVING_TILED;
     flashcl_decode_choice env;
     memset(&env, 0, sizeof env);
     int forced_kernel;
@@ -791,16 +829,22 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         c->kernel = forced_kernel;
 
     c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
-    if (c->kernel == FLASHCL_SERVING_DECODE) {
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
+        c->block_n = 16;
+        c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
+        c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
+    } else if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (c->block_m > 8) /* q and the accumulators of 8 rows already take 128 registers */
             c->block_m = 8;
         int chunks = pb->head_dim / vec;
         c->lanes = next_pow2(chunks < 32 ? chunks : 32);
         c->work_group_size = e->kernel == FLASHCL_SERVING_DECODE ? e->work_group_size : 128;
+        if (c->block_m > 8)
+            c->block_m = 8;
         if (c->work_group_size < c->lanes)
             c->work_group_size = c->lanes;
-        c->unroll = e->kernel == FLASHCL_SERVING_DECODE ? e->unroll : 2;
-        c->stages = e->kernel == FLASHCL_SERVING_DECODE ? e->stages : 4;
+        c->unroll = e->kernel == FLASHCL_SERVING_DECODE ? e->unroll : 4;
+        c->stages = e->kernel == FLASHCL_SERVING_DECODE ? e->stages : 2;
         c->vec = vec;
         /* Fewer stages until the pipeline fits __local with 1 KB to spare. */
         size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;

@@ -3,13 +3,16 @@
  * One launcher serves flashcl_varlen_forward and flashcl_paged_attention: both
  * become one kernel over a list of work blocks, differing only in how a
  * key's row is found (cu_seqlens_k offsets or page tables). The kernel is
- * cl/paged_decode.cl (few rows per sequence: memory-bound decoding) or
- * cl/paged_attention.cl (anything else); both take the same arguments. A call:
+ * one of three with the same arguments (the decode kernels take one more):
+ * cl/paged_decode_nv.cl (few rows per sequence on NVIDIA tensor cores),
+ * cl/paged_decode.cl (few rows per sequence, any GPU: memory-bound SIMT) or
+ * cl/paged_attention.cl (anything else). A call:
  *   1. checks the descriptor and builds `meta` on the host: per sequence
  *      {q_start, nq, k_base, nk}, the block list, and the page tables;
  *   2. asks flashcl_decode_params (params.c) for the kernel, its tiles and
  *      the split count;
- *   3. enqueues the attention kernel, then with splits > 1 the combine
+ *   3. enqueues the attention kernel, then for the tiled kernel with
+ *      splits > 1 the combine
  *      kernel of cl/merge.cl over the caller's scratch.
  * meta (a few ints per sequence and page) is uploaded without blocking into
  * a device buffer the context keeps (upload_meta), so the call never waits
@@ -389,7 +392,7 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     /* The decode kernel merges its splits itself: one zeroed counter per
      * (block, kv head) after the tables. */
     p->counters_off = p->meta_count;
-    if (p->choice.kernel == FLASHCL_SERVING_DECODE && p->choice.splits > 1)
+    if (p->choice.kernel != FLASHCL_SERVING_TILED && p->choice.splits > 1)
         p->meta_count += (size_t)blocks * (size_t)r->heads_k;
     if (p->meta_count > 0x7fffffffu)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
@@ -427,17 +430,14 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
 
 /* ---- varlen and paged attention: the launch -------------------------------------------------- */
 
-static void CL_CALLBACK free_when_written(cl_event e, cl_int status, void *host) {
-    (void)e, (void)status;
-    free(host);
-}
-
-/* Uploads p->meta into the context's description buffer and takes ownership
- * of it. Allocating device memory per call costs more than a decode step at
- * short contexts, so the buffer is kept and grown by doubling. The write is
- * non-blocking: it waits for the previous call's kernel (the last reader of
- * the old contents; this also orders out-of-order queues), and the host copy
- * is freed by a callback once the write has completed. */
+/* Uploads p->meta into the context's description buffer. Allocating device
+ * memory per call costs more than a decode step at short contexts, so the
+ * buffer is kept and grown by doubling. The write is non-blocking: it waits
+ * for the previous call's kernel (the last reader of the old contents; this
+ * also orders out-of-order queues). Its source is one of a few host staging
+ * copies the context keeps, each reused once its last write has completed:
+ * usually long since done, so the check costs nothing, and no completion
+ * callback is needed (on NVIDIA one adds 5 us to every call). */
 static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_event *written) {
     size_t bytes = p->meta_count * sizeof(int);
     cl_int err = CL_SUCCESS;
@@ -458,16 +458,28 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
             clReleaseEvent(ctx->serving_meta_reader);
         ctx->serving_meta_reader = NULL;
     }
+    flashcl_staging *slot = &ctx->serving_staging[ctx->serving_staging_next];
+    if (slot->written) { /* its previous upload must have read it */
+        clWaitForEvents(1, &slot->written);
+        clReleaseEvent(slot->written);
+        slot->written = NULL;
+    }
+    if (slot->bytes < bytes) {
+        void *grown = realloc(slot->host, bytes);
+        if (!grown)
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        slot->host = grown;
+        slot->bytes = bytes;
+    }
+    memcpy(slot->host, p->meta, bytes);
     cl_event *after = ctx->serving_meta_reader ? &ctx->serving_meta_reader : NULL;
-    err = clEnqueueWriteBuffer(ctx->queue, ctx->serving_meta, CL_FALSE, 0, bytes, p->meta, after ? 1 : 0, after,
+    err = clEnqueueWriteBuffer(ctx->queue, ctx->serving_meta, CL_FALSE, 0, bytes, slot->host, after ? 1 : 0, after,
                                written);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "uploading the batch description: %s", flashcl_status_string(err));
-    if (clSetEventCallback(*written, CL_COMPLETE, free_when_written, p->meta) != CL_SUCCESS) {
-        clWaitForEvents(1, written); /* no callback: wait here, then the caller frees */
-        return FLASHCL_SUCCESS;
-    }
-    p->meta = NULL; /* the callback owns it now */
+    clRetainEvent(*written);
+    slot->written = *written;
+    ctx->serving_staging_next = (ctx->serving_staging_next + 1) % FLASHCL_STAGING_SLOTS;
     return FLASHCL_SUCCESS;
 }
 
@@ -503,18 +515,23 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
 
     char options[320], tiles[96];
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    const int decode = c->kernel == FLASHCL_SERVING_DECODE;
-    if (decode) /* shuffles through PTX on NVIDIA, through __local elsewhere */
+    /* The decode kernels merge their own splits (one more argument). */
+    const int decode = c->kernel != FLASHCL_SERVING_TILED;
+    static const char *const files[] = {"paged_attention.cl", "paged_decode.cl", "paged_decode_nv.cl"};
+    static const char *const names[] = {"paged_attention", "paged_decode", "paged_decode_nv"};
+    if (c->kernel == FLASHCL_SERVING_DECODE) /* shuffles through PTX on NVIDIA, through __local elsewhere */
         snprintf(tiles, sizeof tiles, "-DLANES=%d -DWG_SIZE=%d -DUNROLL=%d -DSTAGES=%d -DPAGE_SIZE=%d%s",
                  c->lanes, c->work_group_size, c->unroll, c->stages, page_size,
                  ctx->info.is_nvidia ? " -DFLASHCL_NV_PTX" : "");
+    else if (c->kernel == FLASHCL_SERVING_DECODE_MMA)
+        snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DWARPS=%d -DSTAGES=%d -DPAGE_SIZE=%d -DFLASHCL_NV_PTX",
+                 c->block_n, c->work_group_size / 32, c->stages, page_size);
     else
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
     snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s",
              (int)r->dtype, r->head_dim, c->block_m, tiles, extra ? " " : "", extra ? extra : "");
     cl_kernel kernel, combine = NULL;
-    if ((st = flashcl_get_kernel(ctx, decode ? "paged_decode.cl" : "paged_attention.cl",
-                                 decode ? "paged_decode" : "paged_attention", options, &kernel)))
+    if ((st = flashcl_get_kernel(ctx, files[c->kernel], names[c->kernel], options, &kernel)))
         return st;
     if (c->splits > 1 && !decode) {
         snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r->dtype);
@@ -562,8 +579,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 1, &written, &attended);
     clReleaseEvent(written);
     if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "launching %s: %s", decode ? "paged_decode" : "paged_attention",
-                            flashcl_status_string(err));
+        return flashcl_fail(ctx, err, "launching %s: %s", names[c->kernel], flashcl_status_string(err));
     /* The next upload into the description buffer waits for this reader. */
     if (ctx->serving_meta_reader)
         clReleaseEvent(ctx->serving_meta_reader);
@@ -683,9 +699,12 @@ flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen
     memset(params, 0, sizeof *params);
     params->block_m = p.choice.block_m;
     params->block_n = p.choice.block_n;
-    params->threads_per_row = p.choice.kernel == FLASHCL_SERVING_DECODE ? p.choice.lanes : p.choice.tpr;
+    static const char *const variants[] = {"paged", "decode", "decode-mma"};
+    params->threads_per_row = p.choice.kernel == FLASHCL_SERVING_DECODE ? p.choice.lanes
+                              : p.choice.kernel == FLASHCL_SERVING_TILED ? p.choice.tpr
+                                                                          : 0;
     params->work_group_size = p.choice.work_group_size;
-    params->variant = p.choice.kernel == FLASHCL_SERVING_DECODE ? "decode" : "paged";
+    params->variant = variants[p.choice.kernel];
     params->source = p.choice.source;
     if (splits)
         *splits = p.choice.splits;

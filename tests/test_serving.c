@@ -719,6 +719,28 @@ static void decode_params_suite(flashcl_context *ctx) {
     setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
 }
 
+/* Whether FLASHCL_DECODE_PARAMS=KERNEL=mma is accepted here (f16, D=64). */
+static int mma_available(flashcl_context *ctx) {
+    mirror m;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 64, 16, 4);
+    int slot = 0, len = 3, cu[2] = {0, 1};
+    flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
+    mirror_append(ctx, &m, 1, &slot, &len);
+    flashcl_varlen_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT16;
+    d.num_seqs = 1;
+    d.heads_q = 1;
+    d.heads_k = 1;
+    d.head_dim = 64;
+    d.cu_seqlens_q = cu;
+    flashcl_params p;
+    int ok = flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS &&
+             !strcmp(p.variant, "decode-mma");
+    mirror_free(&m);
+    return ok;
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : "all";
     flashcl_context *ctx = test_context();
@@ -759,6 +781,24 @@ int main(int argc, char **argv) {
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "decode kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "decode kernel: varlen non-causal, 2 splits");
         decode_params_suite(ctx);
+        unsetenv("FLASHCL_DECODE_PARAMS");
+    }
+    if (!strcmp(only, "mma")) {
+        /* The tensor-core decode kernel (cl/paged_decode_nv.cl), forced, on
+         * NVIDIA sm_80+ only (bench/h200.sh runs this): head dims 64, 128 and
+         * 256, one and several 16-row blocks, splits, varlen. */
+        setenv("FLASHCL_DECODE_PARAMS", "KERNEL=mma", 1);
+        if (!mma_available(ctx)) {
+            printf("skipped: the device has no tensor-core decode kernel\n");
+            flashcl_context_destroy(ctx);
+            return 0;
+        }
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "mma kernel: f16 D64 page 16");
+        paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 128, 1, 70, "mma kernel: bf16 D128 page 1");
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 1, 256, 256, 600, "mma kernel: f16 D256 page 256");
+        paged_suite(ctx, FLASHCL_BFLOAT16, 2, 8, 96, 7, 1000, "mma kernel: bf16 D96 page 7, GQA 8");
+        varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "mma kernel: varlen causal equals each sequence alone");
+        varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "mma kernel: varlen non-causal, 2 splits");
         unsetenv("FLASHCL_DECODE_PARAMS");
     }
     printf("%s\n", failures ? "FAILED" : "all passed");

@@ -1,0 +1,381 @@
+/* paged_decode_nv.cl: decoding over paged or packed K/V on NVIDIA tensor cores (inline PTX mma.sync).
+ *
+ * Same arguments, meta, grid and results as paged_decode.cl: grid (block,
+ * kv head, split), a block being BLOCK_M <= 16 rows of one sequence (row r =
+ * token r / group, query head hk * group + r % group), split s taking a slice
+ * of the keys, the last split merging (merge_if_last_split, common.cl). Only
+ * for float16/bfloat16, HEAD_DIM a multiple of 16, 16-byte aligned K/V rows.
+ *
+ * Why tensor cores for a memory-bound kernel: reading K and V at the card's
+ * bandwidth leaves only a few instructions per element, and the SIMT kernel
+ * spends them on fp16 conversions, lane sums and two FMAs per element per
+ * row. Here the block's rows are one 16-row mma fragment (the GQA group of a
+ * token, padded with zero rows, as FA2's decode pads its query block): per
+ * 16 keys a warp issues HEAD_DIM/16 ldmatrix + HEAD_DIM/8 mma for S = Q K^T
+ * and the same for O += P V, whatever the number of rows.
+ *
+ * Work: each of the WARPS warps takes every WARPS-th tile of BLOCK_N keys of
+ * the slice and keeps its own online softmax over them (m, l, O fragments);
+ * the warps merge once at the end through __local. A warp streams its tiles
+ * through STAGES private __local buffers with cp.async (page lookups per key,
+ * zero-fill past the slice), so the loop needs no work-group barrier, only
+ * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
+ * what other lanes copied.
+ *
+ *   __local: Q (16 x PITCH halves)  |  warp 0: STAGES x (K tile, V tile)  |  warp 1: ...
+ *   after the loop the tile area holds the warps' O rows for their merge,
+ *   then the split weights for the last split's merge.
+ *
+ * Fragment layouts, the P-from-S register trick and the base-2 softmax with
+ * the scale folded in are flash_fwd_nv.cl's (documented there); the running
+ * max is kept in raw score units and multiplied by sc at exp time.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 4 /* rows per block (<= 16, one mma fragment) */
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 16 /* keys per tile, a multiple of 16 */
+#endif
+#ifndef WARPS
+#define WARPS 2
+#endif
+#ifndef STAGES
+#define STAGES 2 /* tiles per warp in flight + 1 */
+#endif
+#ifndef PAGE_SIZE
+#define PAGE_SIZE 0 /* as in paged_decode.cl */
+#endif
+#define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
+
+#define WG_SIZE (WARPS * 32)
+#define PITCH (HEAD_DIM + 8)         /* halves: an odd multiple of 16 bytes, no ldmatrix conflicts */
+#define D_CHUNKS (HEAD_DIM / 8)      /* 16-byte chunks per row */
+#define K_STEPS (HEAD_DIM / 16)      /* k16 steps of S = Q K^T */
+#define S_FRAGS (BLOCK_N / 8)        /* n8 blocks of S */
+#define P_STEPS (BLOCK_N / 16)       /* k16 steps of O = P V */
+#define O_FRAGS (HEAD_DIM / 8)       /* n8 blocks of O */
+#define TILE_HALFS (BLOCK_N * PITCH)
+#define WARP_HALFS (STAGES * 2 * TILE_HALFS)
+#define Q_HALFS (16 * PITCH)
+#define SMEM_HALFS (Q_HALFS + WARPS * WARP_HALFS)
+
+#ifndef FLASHCL_NV_PTX
+#error "paged_decode_nv is built with -DFLASHCL_NV_PTX"
+#endif
+#if DTYPE == 1
+#define MMA_TYPE "f16"
+#elif DTYPE == 2
+#define MMA_TYPE "bf16"
+#else
+#error "paged_decode_nv needs DTYPE 1 (float16) or 2 (bfloat16)"
+#endif
+#if HEAD_DIM % 16 != 0 || BLOCK_N % 16 != 0 || BLOCK_M > 16
+#error "HEAD_DIM and BLOCK_N must be multiples of 16, BLOCK_M at most 16"
+#endif
+#if WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 || WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
+#error "the tile area must hold the warps' O rows and the split weights for the final merges"
+#endif
+#if SMEM_HALFS * 2 > 48000
+#error "Q and the warps' K/V stages exceed NVIDIA's ~47 KB of __local memory"
+#endif
+
+#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                       \
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                 \
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                \
+            : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+#define LDMATRIX_X4(r, addr)                                                                       \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+#define LDMATRIX_X4_TRANS(r, addr)                                                                 \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+#define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
+
+/* Two floats rounded to nearest even into one register, lo in the low half. */
+inline uint pack2(float lo, float hi) {
+    uint r;
+    __asm__("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile * BLOCK_N ..)
+ * into the warp's buffer `buf` (shared address of its K tile; V follows),
+ * then commits the group. Keys past s_hi are zero-filled: their V rows then
+ * contribute 0 * 0 and their scores are masked. */
+inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const int *meta, int k_base,
+                       __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
+    const int lane = (int)get_local_id(0) % 32;
+#pragma unroll
+    for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
+        const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
+        const int key = s_lo + tile * BLOCK_N + r;
+        const int live = key <= s_hi;
+        const int n = live ? key : s_lo;
+#if PAGE_SIZE
+        const uint kr = (uint)meta[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
+#else
+        const uint kr = (uint)(k_base + n);
+#endif
+        const uint dst = buf + (uint)(r * PITCH + 8 * c) * 2u;
+        const int bytes = live ? 16 : 0;
+        __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+                             "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
+                             : "memory");
+        __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + TILE_HALFS * 2u),
+                             "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
+                             : "memory");
+    }
+    __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+paged_decode_nv(__global const elem_t *restrict q, __global const elem_t *restrict k,
+                __global const elem_t *restrict v, __global elem_t *restrict o,
+                __global float *restrict lse, __global float *part, __global int *meta,
+                ulong q_off, ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off,
+                ulong v_ss, ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off,
+                ulong part_lse_off, int has_lse, int blocks_off, int total_q, int heads_q, int group,
+                int page_size, int causal, float q_mul, float softcap_log2, int counters_off) {
+    __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
+    __local float red_m[WARPS * 16], red_l[WARPS * 16];
+    __local float row_inv[16], row_lse[16];
+    __local int is_last;
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int blk = (int)get_group_id(0);
+    const int hk = (int)get_global_id(1);
+    const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
+    const serving_block b = serving_block_at(meta, blocks_off, blk);
+    const int m0 = b.m0, rows = b.nq * group;
+    const int nrows = min(BLOCK_M, rows - m0);
+    const uint s_base = shared_addr(smem);
+
+    /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
+    for (int i = tid; i < 16 * HEAD_DIM; i += WG_SIZE) {
+        const int r = i / HEAD_DIM, d = i % HEAD_DIM, row = m0 + r;
+        ushort x = 0;
+        if (r < nrows)
+            x = ((__global const ushort *)q)[q_off + (ulong)(b.q_start + row / group) * q_ss +
+                                             (ulong)(hk * group + row % group) * q_sh + d];
+        smem[r * PITCH + d] = x;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[K_STEPS][4];
+    {
+        const uint q_lane = s_base + (uint)((lane % 16) * PITCH + (lane / 16) * 8) * 2u;
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk)
+            LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
+    }
+    const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
+    const uint v_lane = (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
+
+    /* Last visible key of this lane's rows g and g + 8 (-1: padding row). */
+    const int shift = causal ? b.nk - b.nq : b.nk;
+    int row_hi[2];
+    int blk_hi = -1;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        row_hi[h] = r < nrows ? (causal ? min(shift + (m0 + r) / group, b.nk - 1) : b.nk - 1) : -1;
+    }
+    for (int r = 0; r < nrows; ++r)
+        blk_hi = max(blk_hi, causal ? min(shift + (m0 + r) / group, b.nk - 1) : b.nk - 1);
+    /* This split's slice, cut as the other decode kernel cuts it. */
+    const long chunk_keys = (((long)b.nk + splits - 1) / splits + 31) / 32 * 32;
+    const int s_lo = (int)min((long)split * chunk_keys, (long)b.nk);
+    const int s_hi = (int)min(s_lo + chunk_keys - 1, (long)blk_hi);
+    const int tiles = s_hi >= s_lo ? (s_hi - s_lo) / BLOCK_N + 1 : 0;
+    const int my_tiles = tiles > warp ? (tiles - warp + WARPS - 1) / WARPS : 0; /* warp-uniform */
+
+    const int softcap = softcap_log2 > 0.0f;
+    const float sc = softcap ? 1.0f : q_mul;
+    __global const ushort *kb = (__global const ushort *)k + k_off + (ulong)hk * k_sh;
+    __global const ushort *vb = (__global const ushort *)v + v_off + (ulong)hk * v_sh;
+    const uint warp_buf = s_base + (uint)(Q_HALFS + warp * WARP_HALFS) * 2u;
+
+    float acc[O_FRAGS][4];
+#pragma unroll
+    for (int j = 0; j < O_FRAGS; ++j)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES. */
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < my_tiles)
+            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u, s_lo, s_hi, meta, b.k_base,
+                       kb, k_ss, vb, v_ss);
+        else
+            __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+    }
+    for (int i = 0; i < my_tiles; ++i) {
+        const int ahead = i + STAGES - 1;
+        if (ahead < my_tiles)
+            issue_tile(warp + ahead * WARPS, warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, s_lo,
+                       s_hi, meta, b.k_base, kb, k_ss, vb, v_ss);
+        else
+            __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+        __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
+        WARP_SYNC(); /* every lane's part of tile i has landed */
+        const uint k_tile = warp_buf + (uint)((i % STAGES) * 2 * TILE_HALFS) * 2u;
+        const uint v_tile = k_tile + TILE_HALFS * 2u;
+        const int n0 = s_lo + (warp + i * WARPS) * BLOCK_N;
+
+        /* ---- S = Q K^T ---- */
+        float s[S_FRAGS][4];
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk)
+#pragma unroll
+            for (int np = 0; np < S_FRAGS / 2; ++np) {
+                uint kf[4];
+                LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
+                MMA_16816(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[0], kf[1]);
+                MMA_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[2], kf[3]);
+            }
+        if (softcap) {
+#pragma unroll
+            for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[j][e] = softcap_log2 * tanh(q_mul * s[j][e]);
+        }
+        /* ---- mask: keys past a row's last visible key or past the slice ---- */
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int key = n0 + 8 * j + 2 * t + (e & 1);
+                if (key > min(row_hi[e >> 1], s_hi))
+                    s[j][e] = -INFINITY;
+            }
+        /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            float mx = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < S_FRAGS; ++j)
+                mx = fmax(mx, fmax(s[j][2 * h], s[j][2 * h + 1]));
+            mx = fmax(mx, shfl_xor(mx, 1));
+            mx = fmax(mx, shfl_xor(mx, 2));
+            const float m_new = fmax(m_run[h], mx);
+            const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
+            const float alpha = m_new == -INFINITY ? 1.0f : ex2((m_run[h] - m_new) * sc);
+            m_run[h] = m_new;
+            float psum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                    const float p = ex2(fma(s[j][e], sc, -ms));
+                    s[j][e] = p;
+                    psum += p;
+                }
+            l_run[h] = l_run[h] * alpha + psum;
+#pragma unroll
+            for (int j = 0; j < O_FRAGS; ++j) {
+                acc[j][2 * h] *= alpha;
+                acc[j][2 * h + 1] *= alpha;
+            }
+        }
+        /* ---- O += P V ---- */
+#pragma unroll
+        for (int kk = 0; kk < P_STEPS; ++kk) {
+            const uint p0 = pack2(s[2 * kk][0], s[2 * kk][1]), p1 = pack2(s[2 * kk][2], s[2 * kk][3]);
+            const uint p2 = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            const uint p3 = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int dp = 0; dp < O_FRAGS / 2; ++dp) {
+                uint vf[4];
+                LDMATRIX_X4_TRANS(vf, v_tile + v_lane + (uint)(kk * 16 * PITCH + dp * 16) * 2u);
+                MMA_16816(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
+                MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
+            }
+        }
+        WARP_SYNC(); /* done reading this buffer before a later issue refills it */
+    }
+    __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
+
+    /* ---- merge the warps: per row the max, the sum, then O ---- */
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        l_run[h] += shfl_xor(l_run[h], 1);
+        l_run[h] += shfl_xor(l_run[h], 2);
+        if (t == 0) {
+            red_m[warp * 16 + g + 8 * h] = m_run[h];
+            red_l[warp * 16 + g + 8 * h] = l_run[h];
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* also: every warp is past its tiles */
+    __local float *red_o = (__local float *)(smem + Q_HALFS); /* [warp][16][HEAD_DIM] */
+    float row_m[2], row_l[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int r = g + 8 * h;
+        float mx = -INFINITY, sum = 0.0f;
+        for (int w = 0; w < WARPS; ++w)
+            mx = fmax(mx, red_m[w * 16 + r]);
+        for (int w = 0; w < WARPS; ++w)
+            if (red_m[w * 16 + r] != -INFINITY)
+                sum += red_l[w * 16 + r] * ex2((red_m[w * 16 + r] - mx) * sc);
+        row_m[h] = mx, row_l[h] = sum;
+        const float wgt = m_run[h] == -INFINITY ? 0.0f : ex2((m_run[h] - mx) * sc);
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j) {
+            red_o[(warp * 16 + r) * HEAD_DIM + 8 * j + 2 * t] = acc[j][2 * h] * wgt;
+            red_o[(warp * 16 + r) * HEAD_DIM + 8 * j + 2 * t + 1] = acc[j][2 * h + 1] * wgt;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    /* Row r's LSE and 1 / l, from the lanes that hold it (t == 0 of group g). */
+    if (warp == 0 && t == 0) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+            const int r = g + 8 * h;
+            row_inv[r] = row_l[h] > 0.0f ? 1.0f / row_l[h] : 0.0f;
+            row_lse[r] = row_l[h] > 0.0f ? (row_m[h] * sc + log2(row_l[h])) * LN2 : -INFINITY;
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    for (int e = tid; e < nrows * HEAD_DIM; e += WG_SIZE) {
+        const int r = e / HEAD_DIM, d = e % HEAD_DIM, row = m0 + r;
+        float x = 0.0f;
+        for (int w = 0; w < WARPS; ++w)
+            x += red_o[(w * 16 + r) * HEAD_DIM + d];
+        x *= row_inv[r];
+        const ulong token = (ulong)(b.q_start + row / group);
+        const int hq = hk * group + row % group;
+        if (splits == 1)
+            STORE_ELEM(o, o_off + token * o_ss + (ulong)hq * o_sh + d, x);
+        else /* partial results stay in float: merged, then rounded once */
+            part[(((ulong)split * total_q + token) * heads_q + hq) * HEAD_DIM + d] = x;
+    }
+    if (tid < nrows) {
+        const int row = m0 + tid;
+        const ulong token = (ulong)(b.q_start + row / group);
+        const int hq = hk * group + row % group;
+        if (splits > 1)
+            part[part_lse_off + ((ulong)split * total_q + token) * heads_q + hq] = row_lse[tid];
+        else if (has_lse)
+            lse[lse_off + (ulong)hq * total_q + token] = row_lse[tid];
+    }
+    if (splits == 1)
+        return;
+    const split_rows sr = {o_off, o_ss, o_sh, lse_off, part_lse_off, has_lse, total_q, heads_q, group, hk,
+                           b.q_start, m0, nrows};
+    /* The split weights reuse the tile area (red_o is read before its first barrier). */
+    merge_if_last_split(&meta[counters_off + blk * (int)get_global_size(1) + hk], splits, part, o, lse, sr,
+                        HEAD_DIM, red_o, red_m, &is_last);
+}
