@@ -33,7 +33,7 @@ if [ "$what" = decode ]; then
   PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
     --json "$out/decode.json" 2>&1 | tee "$out/decode.txt"
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
-  for p in "" KERNEL=decode KERNEL=tiled WGS_PER_CU=8 WGS_PER_CU=24 MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024; do
+  for p in "" KERNEL=decode MIN_SPLIT_KEYS=128 MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8; do
     echo "-- ${p:-defaults}"
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
       --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'

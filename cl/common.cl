@@ -134,7 +134,7 @@ typedef struct split_rows {
  * (every writer fences, as CUDA's threadfence reduction does); the group that
  * finishes last merges all splits with merge.cl's rule (weights exp(L_s -
  * max L) / sum; a part with L = -inf, no key in its slice, weighs 0; no key
- * at all gives O = 0 and LSE -inf), reading the parts past any cache.
+ * at all gives O = 0 and LSE -inf).
  * wts: nrows * splits floats of __local; row_lse: nrows; flag: one int. */
 inline void merge_if_last_split(__global int *counter, int splits, __global const float *part,
                                 __global elem_t *o, __global float *lse, split_rows r, int head_dim,
@@ -171,28 +171,53 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
         wts[e] = l == -INFINITY ? 0.0f : exp(wts[e] - l);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
-    /* The outputs: one element per work-item per pass, the splits' loads
-     * issued eight at a time so they overlap. */
+    /* The outputs: four elements per work-item per pass, the splits' loads
+     * issued 4 x 8 at a time. This tail is a chain of round trips to L2
+     * that the whole launch waits on, so it is written for loads in flight.
+     * Plain loads: no work-item of this device read these lines before the
+     * fence (each part row is read only here). */
     const ulong stride = (ulong)r.total_q * r.heads_q * head_dim; /* one split's part_o */
-    for (int e = lid; e < r.nrows * head_dim; e += wg) {
-        const int g = e / head_dim, d = e % head_dim, row = r.m0 + g;
-        const ulong token = (ulong)(r.q_start + row / r.group);
-        const int hq = r.hk * r.group + row % r.group;
-        volatile __global const float *src = vpart + (token * r.heads_q + hq) * head_dim + d;
-        float x = 0.0f;
+    const int total = r.nrows * head_dim;
+    for (int e0 = lid; e0 < total; e0 += 4 * wg) {
+        ulong src[4];
+        float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        int g[4];
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int e = min(e0 + j * wg, total - 1); /* past the end: a duplicate, not stored */
+            const int row = r.m0 + e / head_dim;
+            g[j] = e / head_dim;
+            src[j] = ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) * head_dim +
+                     e % head_dim;
+        }
         int t = 0;
         for (; t + 8 <= splits; t += 8) {
-            float y[8];
+            float y[4][8];
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-                y[i] = src[(ulong)(t + i) * stride];
+            for (int j = 0; j < 4; ++j)
 #pragma unroll
-            for (int i = 0; i < 8; ++i)
-                x = fma(wts[g * splits + t + i], y[i], x);
+                for (int i = 0; i < 8; ++i)
+                    y[j][i] = part[src[j] + (ulong)(t + i) * stride];
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+#pragma unroll
+                for (int i = 0; i < 8; ++i)
+                    x[j] = fma(wts[g[j] * splits + t + i], y[j][i], x[j]);
         }
         for (; t < splits; ++t)
-            x = fma(wts[g * splits + t], src[(ulong)t * stride], x);
-        STORE_ELEM(o, r.o_off + token * r.o_ss + (ulong)hq * r.o_sh + d, x);
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                x[j] = fma(wts[g[j] * splits + t], part[src[j] + (ulong)t * stride], x[j]);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int e = e0 + j * wg;
+            if (e < total) {
+                const int row = r.m0 + e / head_dim;
+                STORE_ELEM(o, r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss +
+                                  (ulong)(r.hk * r.group + row % r.group) * r.o_sh + e % head_dim,
+                           x[j]);
+            }
+        }
     }
     if (lid < r.nrows && r.has_lse) {
         const int row = r.m0 + lid;
