@@ -286,5 +286,18 @@ if head -c 1 out.txt | grep -q '{' && grep -q '"validated": "pass"' out.txt; the
     ok "bench --json prints a validated JSON object"
 else bad "bench --json output: $(head -c 300 out.txt)"; fi
 
+# bench --decode: a row per shape naming the serving kernel; FLASHCL_DECODE_PARAMS
+# picks it, and a malformed one stops the run with a message.
+expect_status 0 "bench --decode" bench --decode --batch 1 --context 64 --head-dim 64 --iters 1 --warmup 0
+grep -Eq '^ +1 +64 +[0-9]+ .* paged' out.txt && ok "bench --decode: a row from the tiled kernel" ||
+    bad "bench --decode output: $(cat out.txt)"
+FLASHCL_DECODE_PARAMS=KERNEL=decode expect_status 0 "bench --decode, the decode kernel" \
+    bench --decode --batch 1 --context 64 --head-dim 64 --iters 1 --warmup 0
+grep -Eq '^ +1 +64 +[0-9]+ .* decode' out.txt && ok "FLASHCL_DECODE_PARAMS=KERNEL=decode is used" ||
+    bad "bench --decode with KERNEL=decode: $(cat out.txt)"
+FLASHCL_DECODE_PARAMS=KERNEL=fast expect_status 1 "bench --decode, KERNEL=fast refused" \
+    bench --decode --batch 1 --context 64 --head-dim 64 --iters 1 --warmup 0
+grep -q 'KERNEL must be' err.txt && ok "the refusal names the key" || bad "KERNEL=fast: $(cat err.txt)"
+
 cd / && rm -rf "$W"
 finish

@@ -276,7 +276,8 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     }
     qsort(times, (size_t)iters, sizeof(double), cmp_double);
     double median = times[iters / 2], kv_bytes = (double)batch * context * (double)row * 2.0 * (double)es;
-    printf("%6d %8d %7d %10.1f %10.1f %9.1f%s\n", batch, context, splits, median, times[0], kv_bytes / median * 1e-3,
+    printf("%6d %8d %7d %10.1f %10.1f %9.1f  %-10s%s\n", batch, context, splits, median, times[0],
+           kv_bytes / median * 1e-3, params.variant,
            wall ? "  (wall clock)" : "");
     fflush(stdout);
     rc = 0;
@@ -399,7 +400,8 @@ int cli_bench_decode(int argc, char **argv) {
     static const char *names[] = {"f32", "f16", "bf16"};
     printf("decode on %s: %s, heads %ld/%ld, head_dim %ld, page %ld, causal, one query per sequence\n",
            flashcl_context_device_name(ctx), names[dt], heads[0], heads[1], dim, page);
-    printf("%6s %8s %7s %10s %10s %9s\n", "batch", "context", "splits", "median_us", "min_us", "KV_GB/s");
+    printf("%6s %8s %7s %10s %10s %9s  %-10s\n", "batch", "context", "splits", "median_us", "min_us", "KV_GB/s",
+           "kernel");
     int failed = 0;
     for (int b = 0; b < nb; ++b)
         for (int c = 0; c < nc; ++c)
