@@ -131,13 +131,33 @@ typedef struct flashcl_param_entry {
     const char *why;     /* built-in entries: where the numbers came from             */
 } flashcl_param_entry;
 
+/* A serving-kernel entry (params.c's tables, the tuning file's "serving"):
+ * the kernel (FLASHCL_SERVING_*) and what it is launched with. */
+typedef struct flashcl_serving_entry {
+    const char *match;  /* the level key, as flashcl_param_entry's           */
+    const char *driver; /* device entries: exact driver version, or NULL     */
+    int kernel, max_rows, work_group_size, unroll, stages, wgs_per_cu, min_split_keys;
+    const char *why;    /* where the numbers came from (the file: its comment) */
+} flashcl_serving_entry;
+
+/* A backward-kernel entry (params.c's table, the tuning file's "backward"). */
+typedef struct flashcl_backward_entry {
+    const char *match, *driver; /* as flashcl_serving_entry's */
+    int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
+    const char *why;
+} flashcl_backward_entry;
+
 /* ---- the user tuning file (tuning_file.c) ---- */
 #define FLASHCL_TUNING_MAX_BYTES (1 << 20) /* a larger file is ignored whole */
 typedef struct flashcl_tuning_data {
     char *path;
     char *problem; /* NULL, or why the whole file is ignored */
-    flashcl_param_entry *entries;
+    flashcl_param_entry *entries; /* "entries": the forward kernels' */
     size_t count;
+    flashcl_serving_entry *serving; /* "serving" */
+    size_t num_serving;
+    flashcl_backward_entry *backward; /* "backward" */
+    size_t num_backward;
 } flashcl_tuning_data;
 /* FLASHCL_TUNING_FILE, else $XDG_CONFIG_HOME/flashcl/tuning.json, else
  * ~/.config/flashcl/tuning.json; 0 when none can be formed. */

@@ -16,7 +16,32 @@
  *       "threads_per_row": 8,             required for "portable"
  *       "warps": 4,                       required for "nv-mma"
  *       "comment": "..."}                 anything else is kept but not read
+ *    ],
+ *    "serving": [                         optional: the paged/varlen kernels (params.c's
+ *      {"device": "NVIDIA H200",          decode_entry, flashcl_decode_params); device and
+ *       "driver": "550.54.15",            driver as above
+ *       "kernel": "mma",                  "tiled", "decode" or "mma" (required)
+ *       "max_rows": 16,                   decode kernels: the most rows per block they take
+ *                                         (optional: mma 1..16, default 16; decode 1..8, default 8)
+ *       "work_group_size": 128,           decode: 1..1024 (required for "decode")
+ *       "unroll": 4,                      decode: keys per slot per step, 1..16 (required for "decode")
+ *       "stages": 2,                      decode, mma: K/V pipeline depth, 2..8 (required for both)
+ *       "wgs_per_cu": 16,                 split-KV target, 1..1024 (required)
+ *       "min_split_keys": 512,            shortest key slice, 1..1048576 (required)
+ *       "comment": "..."}                 optional string, shown in the source
+ *    ],
+ *    "backward": [                        optional: cl/flash_bwd.cl (params.c's backward table)
+ *      {"device": "NVIDIA H200", "driver": "550.54.15",    as above
+ *       "head_dim_min": 1, "head_dim_max": 128,   the head_dim range (optional: 1..256)
+ *       "block_m": 16, "block_n": 16,     required, 1..1024
+ *       "work_group_size": 128,           required, 1..1024
+ *       "comment": "..."}                 optional string, shown in the source
  *    ]}
+ *
+ * A value a kernel does not read (unroll on a tiled entry) is still checked
+ * when present. Values that pass these checks but do not fit the device
+ * (local memory, work-group size, the kernel's rules) pass the entry over at
+ * lookup, with a log line (src/params.c); they are not errors here.
  *
  * Error policy (documented in the header too): the file is used whole or not
  * at all. A file over FLASHCL_TUNING_MAX_BYTES, one that is not valid JSON
@@ -25,8 +50,11 @@
  * the library ignore the whole file: one log line, and flashcl_tuning_file()
  * returns the reason with line and column. Two things are forward-compatible
  * and skip only what they concern: unknown keys are ignored, and an entry
- * naming a variant this build does not know is skipped. The writer refuses to
- * replace a file it cannot read, so a hand-edited file is never lost.
+ * naming a variant this build does not know is skipped (an unknown serving
+ * "kernel" is an error: the three are all the serving path chooses from).
+ * The writer refuses to replace a file it cannot read, so a hand-edited file
+ * is never lost, and it rewrites the whole document it read, so "serving",
+ * "backward" and unknown keys survive a stored forward entry.
  */
 #define _POSIX_C_SOURCE 200809L
 
@@ -404,117 +432,204 @@ static jval *jget(const jval *obj, const char *key) {
 /* ---- entries from the DOM ------------------------------------------------------------- */
 
 static const char *const known_variants[] = {"portable", "cpu", "nv-mma"};
+static const char *const dtype_names[] = {"f32", "f16", "bf16"};         /* flashcl_dtype's order   */
+static const char *const phase_names[] = {"any", "prefill", "decode"};   /* FLASHCL_PHASE_* order   */
+static const char *const kernel_names[] = {"tiled", "decode", "mma"};    /* FLASHCL_SERVING_* order */
+#define NAMES(a) (a), (int)(sizeof(a) / sizeof((a)[0]))
+_Static_assert(FLASHCL_FLOAT32 == 0 && FLASHCL_BFLOAT16 == 2 && FLASHCL_PHASE_DECODE == 2 &&
+                   FLASHCL_SERVING_TILED == 0 && FLASHCL_SERVING_DECODE_MMA == 2,
+               "the name tables follow the enums");
 
-static int entry_fail(char *err, size_t n, size_t index, const jval *at, const char *what) {
-    snprintf(err, n, "line %d, column %d: entry %zu: %s", at->line, at->col, index, what);
+/* The index of s in names[0..count), or -1. */
+static int name_index(const char *s, const char *const names[], int count) {
+    for (int i = 0; i < count; ++i)
+        if (!strcmp(s, names[i]))
+            return i;
+    return -1;
+}
+
+/* An entry being read, for messages: "entry 3", "serving entry 0". */
+typedef struct entry_at {
+    const jval *e;
+    const char *label;
+    size_t index;
+    char *err;
+    size_t n;
+} entry_at;
+
+static int entry_fail(const entry_at *a, const jval *at, const char *what) {
+    snprintf(a->err, a->n, "line %d, column %d: %s %zu: %s", at->line, at->col, a->label, a->index, what);
     return -1;
 }
 
 /* An integer field in [lo, hi]; absent gives `dflt` (or an error if dflt < 0). */
-static int int_field(const jval *e, const char *key, int lo, int hi, int dflt, int *out, char *err,
-                     size_t n, size_t index) {
-    const jval *v = jget(e, key);
+static int int_field(const entry_at *a, const char *key, int lo, int hi, int dflt, int *out) {
+    const jval *v = jget(a->e, key);
     char what[96];
     if (!v) {
         if (dflt < 0) {
             snprintf(what, sizeof what, "missing \"%s\"", key);
-            return entry_fail(err, n, index, e, what);
+            return entry_fail(a, a->e, what);
         }
         *out = dflt;
         return 0;
     }
     if (v->type != J_NUM || v->num != floor(v->num) || v->num < lo || v->num > hi) {
         snprintf(what, sizeof what, "\"%s\" must be an integer in %d..%d", key, lo, hi);
-        return entry_fail(err, n, index, v, what);
+        return entry_fail(a, v, what);
     }
     *out = (int)v->num;
     return 0;
 }
 
-static int str_field(const jval *e, const char *key, int required, const char **out, char *err,
-                     size_t n, size_t index) {
-    const jval *v = jget(e, key);
+static int str_field(const entry_at *a, const char *key, int required, const char **out) {
+    const jval *v = jget(a->e, key);
     char what[96];
     *out = NULL;
     if (!v && !required)
         return 0;
     if (!v || v->type != J_STR) {
         snprintf(what, sizeof what, "\"%s\" must be a string", key);
-        return entry_fail(err, n, index, v ? v : e, what);
+        return entry_fail(a, v ? v : a->e, what);
     }
     *out = v->str;
     return 0;
 }
 
+/* Heap copies of an entry's device, driver and comment (both may be NULL); 0, or -1 with *err. */
+static int copy_strings(const entry_at *a, const char *device, const char *driver, const char *comment,
+                        const char **match_out, const char **driver_out, const char **why_out) {
+    char *m = flashcl_strdup(device), *d = driver ? flashcl_strdup(driver) : NULL;
+    char *w = comment ? flashcl_strdup(comment) : NULL;
+    if (!m || (driver && !d) || (comment && !w)) {
+        free(m);
+        free(d);
+        free(w);
+        snprintf(a->err, a->n, "out of memory");
+        return -1;
+    }
+    *match_out = m;
+    *driver_out = d;
+    if (why_out)
+        *why_out = w;
+    return 0;
+}
+
 /* Reads entry `index`. Returns 1 (filled), 0 (skipped: unknown variant), -1 (error). */
 static int read_entry(const jval *e, size_t index, flashcl_param_entry *out, char *err, size_t n) {
+    const entry_at a = {e, "entry", index, err, n};
     const char *device, *driver, *variant, *dtype, *phase;
     memset(out, 0, sizeof *out);
     if (e->type != J_OBJ)
-        return entry_fail(err, n, index, e, "not an object");
-    if (str_field(e, "device", 1, &device, err, n, index) ||
-        str_field(e, "driver", 0, &driver, err, n, index) ||
-        str_field(e, "variant", 1, &variant, err, n, index) ||
-        str_field(e, "dtype", 1, &dtype, err, n, index) ||
-        str_field(e, "phase", 0, &phase, err, n, index))
+        return entry_fail(&a, e, "not an object");
+    if (str_field(&a, "device", 1, &device) || str_field(&a, "driver", 0, &driver) ||
+        str_field(&a, "variant", 1, &variant) || str_field(&a, "dtype", 1, &dtype) ||
+        str_field(&a, "phase", 0, &phase))
         return -1;
-    if (!strcmp(dtype, "f32"))
-        out->dtype = FLASHCL_FLOAT32;
-    else if (!strcmp(dtype, "f16"))
-        out->dtype = FLASHCL_FLOAT16;
-    else if (!strcmp(dtype, "bf16"))
-        out->dtype = FLASHCL_BFLOAT16;
-    else if (!strcmp(dtype, "any"))
-        out->dtype = -1;
-    else
-        return entry_fail(err, n, index, jget(e, "dtype"), "\"dtype\" must be f32, f16, bf16 or any");
-    if (!phase || !strcmp(phase, "any"))
-        out->phase = FLASHCL_PHASE_ANY;
-    else if (!strcmp(phase, "prefill"))
-        out->phase = FLASHCL_PHASE_PREFILL;
-    else if (!strcmp(phase, "decode"))
-        out->phase = FLASHCL_PHASE_DECODE;
-    else
-        return entry_fail(err, n, index, jget(e, "phase"), "\"phase\" must be prefill, decode or any");
+    out->dtype = !strcmp(dtype, "any") ? -1 : name_index(dtype, NAMES(dtype_names));
+    if (out->dtype < 0 && strcmp(dtype, "any"))
+        return entry_fail(&a, jget(e, "dtype"), "\"dtype\" must be f32, f16, bf16 or any");
+    out->phase = phase ? name_index(phase, NAMES(phase_names)) : FLASHCL_PHASE_ANY;
+    if (out->phase < 0)
+        return entry_fail(&a, jget(e, "phase"), "\"phase\" must be prefill, decode or any");
     const jval *causal = jget(e, "causal");
     if (!causal || causal->type == J_NULL)
         out->causal = -1;
     else if (causal->type == J_BOOL)
         out->causal = (int)causal->num;
     else
-        return entry_fail(err, n, index, causal, "\"causal\" must be true, false or null");
-    if (int_field(e, "head_dim_min", 1, 256, 1, &out->head_dim_min, err, n, index) ||
-        int_field(e, "head_dim_max", 1, 256, 256, &out->head_dim_max, err, n, index) ||
-        int_field(e, "block_m", 1, 4096, -1, &out->block_m, err, n, index) ||
-        int_field(e, "block_n", 1, 4096, -1, &out->block_n, err, n, index))
+        return entry_fail(&a, causal, "\"causal\" must be true, false or null");
+    if (int_field(&a, "head_dim_min", 1, 256, 1, &out->head_dim_min) ||
+        int_field(&a, "head_dim_max", 1, 256, 256, &out->head_dim_max) ||
+        int_field(&a, "block_m", 1, 4096, -1, &out->block_m) ||
+        int_field(&a, "block_n", 1, 4096, -1, &out->block_n))
         return -1;
     if (out->head_dim_min > out->head_dim_max)
-        return entry_fail(err, n, index, e, "head_dim_min is above head_dim_max");
-    out->variant = NULL;
-    for (size_t i = 0; i < sizeof known_variants / sizeof known_variants[0]; ++i)
-        if (!strcmp(variant, known_variants[i]))
-            out->variant = known_variants[i];
-    if (!out->variant)
+        return entry_fail(&a, e, "head_dim_min is above head_dim_max");
+    int v = name_index(variant, NAMES(known_variants));
+    if (v < 0)
         return 0; /* a newer library's variant: skip this entry only */
-    if (!strcmp(out->variant, "portable") &&
-        int_field(e, "threads_per_row", 1, 1024, -1, &out->threads_per_row, err, n, index))
+    out->variant = known_variants[v];
+    if (!strcmp(out->variant, "portable") && int_field(&a, "threads_per_row", 1, 1024, -1, &out->threads_per_row))
         return -1;
-    if (!strcmp(out->variant, "nv-mma") && int_field(e, "warps", 1, 32, -1, &out->warps, err, n, index))
+    if (!strcmp(out->variant, "nv-mma") && int_field(&a, "warps", 1, 32, -1, &out->warps))
         return -1;
-    out->match = flashcl_strdup(device);
-    out->driver = driver ? flashcl_strdup(driver) : NULL;
-    if (!out->match || (driver && !out->driver)) {
-        free((char *)out->match);
-        free((char *)out->driver);
-        snprintf(err, n, "out of memory");
+    return copy_strings(&a, device, driver, NULL, &out->match, &out->driver, NULL) ? -1 : 1;
+}
+
+/* Reads serving entry `index`; 0, or -1 with *err. Kernel names are not
+ * skipped when unknown, unlike forward variants: the three kernels are the
+ * whole set the serving path chooses from, so another name is a typo. */
+static int read_serving(const jval *e, size_t index, flashcl_serving_entry *out, char *err, size_t n) {
+    const entry_at a = {e, "serving entry", index, err, n};
+    const char *device, *driver, *kernel, *comment;
+    memset(out, 0, sizeof *out);
+    if (e->type != J_OBJ)
+        return entry_fail(&a, e, "not an object");
+    if (str_field(&a, "device", 1, &device) || str_field(&a, "driver", 0, &driver) ||
+        str_field(&a, "kernel", 1, &kernel) || str_field(&a, "comment", 0, &comment))
         return -1;
+    if ((out->kernel = name_index(kernel, NAMES(kernel_names))) < 0)
+        return entry_fail(&a, jget(e, "kernel"), "\"kernel\" must be tiled, decode or mma");
+    /* Required where the kernel reads them (see params.c); checked when present. */
+    const int decode = out->kernel == FLASHCL_SERVING_DECODE, tiled = out->kernel == FLASHCL_SERVING_TILED;
+    if (int_field(&a, "max_rows", 1, decode ? 8 : 16, decode ? 8 : 16, &out->max_rows) ||
+        int_field(&a, "work_group_size", 1, 1024, decode ? -1 : 0, &out->work_group_size) ||
+        int_field(&a, "unroll", 1, 16, decode ? -1 : 0, &out->unroll) ||
+        int_field(&a, "stages", 2, 8, tiled ? 2 : -1, &out->stages) ||
+        int_field(&a, "wgs_per_cu", 1, 1024, -1, &out->wgs_per_cu) ||
+        int_field(&a, "min_split_keys", 1, 1 << 20, -1, &out->min_split_keys))
+        return -1;
+    return copy_strings(&a, device, driver, comment, &out->match, &out->driver, &out->why);
+}
+
+/* Reads backward entry `index`; 0, or -1 with *err. */
+static int read_backward(const jval *e, size_t index, flashcl_backward_entry *out, char *err, size_t n) {
+    const entry_at a = {e, "backward entry", index, err, n};
+    const char *device, *driver, *comment;
+    memset(out, 0, sizeof *out);
+    if (e->type != J_OBJ)
+        return entry_fail(&a, e, "not an object");
+    if (str_field(&a, "device", 1, &device) || str_field(&a, "driver", 0, &driver) ||
+        str_field(&a, "comment", 0, &comment) || int_field(&a, "head_dim_min", 1, 256, 1, &out->head_dim_min) ||
+        int_field(&a, "head_dim_max", 1, 256, 256, &out->head_dim_max) ||
+        int_field(&a, "block_m", 1, 1024, -1, &out->block_m) || int_field(&a, "block_n", 1, 1024, -1, &out->block_n) ||
+        int_field(&a, "work_group_size", 1, 1024, -1, &out->work_group_size))
+        return -1;
+    if (out->head_dim_min > out->head_dim_max)
+        return entry_fail(&a, e, "head_dim_min is above head_dim_max");
+    return copy_strings(&a, device, driver, comment, &out->match, &out->driver, &out->why);
+}
+
+/* Frees what read_document filled (the strings of every entry, the arrays). */
+static void free_entries(flashcl_tuning_data *tf) {
+    for (size_t i = 0; i < tf->count; ++i) {
+        free((char *)tf->entries[i].match);
+        free((char *)tf->entries[i].driver);
     }
-    return 1;
+    for (size_t i = 0; i < tf->num_serving; ++i) {
+        free((char *)tf->serving[i].match);
+        free((char *)tf->serving[i].driver);
+        free((char *)tf->serving[i].why);
+    }
+    for (size_t i = 0; i < tf->num_backward; ++i) {
+        free((char *)tf->backward[i].match);
+        free((char *)tf->backward[i].driver);
+        free((char *)tf->backward[i].why);
+    }
+    free(tf->entries);
+    free(tf->serving);
+    free(tf->backward);
+    tf->entries = NULL;
+    tf->serving = NULL;
+    tf->backward = NULL;
+    tf->count = tf->num_serving = tf->num_backward = 0;
 }
 
 /* Checks the top level and reads every entry; 0 on success. */
 static int read_document(const jval *root, flashcl_tuning_data *tf, char *err, size_t n) {
     const jval *version = jget(root, "flashcl_tuning"), *entries = jget(root, "entries");
+    const jval *serving = jget(root, "serving"), *backward = jget(root, "backward");
     if (root->type != J_OBJ) {
         snprintf(err, n, "the top level is not an object");
         return -1;
@@ -527,10 +642,19 @@ static int read_document(const jval *root, flashcl_tuning_data *tf, char *err, s
         snprintf(err, n, "\"entries\" must be an array");
         return -1;
     }
+    if ((serving && serving->type != J_ARR) || (backward && backward->type != J_ARR)) {
+        const jval *at = serving && serving->type != J_ARR ? serving : backward;
+        snprintf(err, n, "line %d, column %d: \"%s\" must be an array", at->line, at->col,
+                 at == serving ? "serving" : "backward");
+        return -1;
+    }
     if (!tf)
         return 0;
+    size_t num_serving = serving ? serving->n : 0, num_backward = backward ? backward->n : 0;
     tf->entries = entries->n ? calloc(entries->n, sizeof *tf->entries) : NULL;
-    if (entries->n && !tf->entries) {
+    tf->serving = num_serving ? calloc(num_serving, sizeof *tf->serving) : NULL;
+    tf->backward = num_backward ? calloc(num_backward, sizeof *tf->backward) : NULL;
+    if ((entries->n && !tf->entries) || (num_serving && !tf->serving) || (num_backward && !tf->backward)) {
         snprintf(err, n, "out of memory");
         return -1;
     }
@@ -540,6 +664,13 @@ static int read_document(const jval *root, flashcl_tuning_data *tf, char *err, s
             return -1;
         tf->count += (size_t)r;
     }
+    for (; tf->num_serving < num_serving; ++tf->num_serving)
+        if (read_serving(&serving->kid[tf->num_serving], tf->num_serving, &tf->serving[tf->num_serving], err, n))
+            return -1;
+    for (; tf->num_backward < num_backward; ++tf->num_backward)
+        if (read_backward(&backward->kid[tf->num_backward], tf->num_backward, &tf->backward[tf->num_backward],
+                          err, n))
+            return -1;
     return 0;
 }
 
@@ -573,11 +704,7 @@ static int read_text(const char *path, size_t limit, char **text, size_t *len, c
 }
 
 void flashcl_tuning_free(flashcl_tuning_data *tf) {
-    for (size_t i = 0; i < tf->count; ++i) {
-        free((char *)tf->entries[i].match);
-        free((char *)tf->entries[i].driver);
-    }
-    free(tf->entries);
+    free_entries(tf);
     free(tf->path);
     free(tf->problem);
     memset(tf, 0, sizeof *tf);
@@ -593,15 +720,8 @@ int flashcl_tuning_parse(const char *text, size_t len, flashcl_tuning_data *tf, 
         return -1;
     int r = read_document(&root, tf, err, n);
     jfree_kids(&root);
-    if (r != 0 && tf) { /* whole or nothing */
-        for (size_t i = 0; i < tf->count; ++i) {
-            free((char *)tf->entries[i].match);
-            free((char *)tf->entries[i].driver);
-        }
-        free(tf->entries);
-        tf->entries = NULL;
-        tf->count = 0;
-    }
+    if (r != 0 && tf) /* whole or nothing */
+        free_entries(tf);
     return r;
 }
 
@@ -622,7 +742,8 @@ void flashcl_tuning_load(const char *path, flashcl_tuning_data *tf) {
             snprintf(tf->problem, need, "%s: %s; the whole file is ignored", path, err);
         flashcl_log("tuning file %s", tf->problem ? tf->problem : path);
     } else if (r > 0) {
-        flashcl_log("tuning file %s: %zu entr%s", path, tf->count, tf->count == 1 ? "y" : "ies");
+        flashcl_log("tuning file %s: entries: %zu forward, %zu serving, %zu backward", path, tf->count,
+                    tf->num_serving, tf->num_backward);
     }
 }
 
@@ -738,8 +859,6 @@ static int mkdirs_for(const char *path) {
 
 int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const char *comment,
                          char *err, size_t n) {
-    static const char *const dtypes[] = {"f32", "f16", "bf16"};
-    static const char *const phases[] = {"any", "prefill", "decode"};
     jval root, entry;
     char *text = NULL;
     size_t len = 0;
@@ -787,10 +906,10 @@ int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const c
     entry.type = J_OBJ;
     int ok = add_str(&entry, "device", e->match) && (!e->driver || add_str(&entry, "driver", e->driver)) &&
              add_str(&entry, "variant", e->variant) &&
-             add_str(&entry, "dtype", e->dtype >= 0 && e->dtype <= 2 ? dtypes[e->dtype] : "any") &&
+             add_str(&entry, "dtype", e->dtype >= 0 && e->dtype <= 2 ? dtype_names[e->dtype] : "any") &&
              add_num(&entry, "head_dim_min", e->head_dim_min) &&
              add_num(&entry, "head_dim_max", e->head_dim_max) &&
-             add_str(&entry, "phase", phases[e->phase]);
+             add_str(&entry, "phase", phase_names[e->phase]);
     if (ok && e->causal >= 0) {
         jval b = {.type = J_BOOL, .num = e->causal};
         jparser p = {0};

@@ -1,4 +1,5 @@
-/* test_params.c: the parameter databases: forward lookup order, the tuning file (good, bad, huge, fuzzed), overrides; the backward table. */
+/* test_params.c: the parameter databases: forward lookup order, the tuning file (good, bad, huge, fuzzed; its
+ * serving and backward entries), overrides; the backward table. */
 #define _POSIX_C_SOURCE 200809L
 #include <stdio.h>
 #include <stdlib.h>
@@ -79,23 +80,39 @@ static const char good_doc[] =
     " \"block_n\": 1},\n"
     "  {\"device\": \"dev\", \"driver\": \"9\", \"variant\": \"portable\", \"dtype\": \"any\","
     " \"causal\": null, \"block_m\": 8, \"block_n\": 16, \"threads_per_row\": 4}\n"
+    "], \"serving\": [\n"
+    "  {\"device\": \"dev\", \"kernel\": \"decode\", \"max_rows\": 4, \"work_group_size\": 128,"
+    " \"unroll\": 2, \"stages\": 3, \"wgs_per_cu\": 8, \"min_split_keys\": 256, \"comment\": \"c\"},\n"
+    "  {\"device\": \"dev\", \"driver\": \"9\", \"kernel\": \"tiled\", \"wgs_per_cu\": 2,"
+    " \"min_split_keys\": 64, \"future\": [1]}\n"
+    "], \"backward\": [\n"
+    "  {\"device\": \"dev\", \"head_dim_max\": 128, \"block_m\": 16, \"block_n\": 16,"
+    " \"work_group_size\": 128}\n"
     "]}\n";
 
-static int parses(const char *text, size_t len, size_t *count, char *err, size_t n) {
+/* 1 when text parses; *count: forward entries, *other (may be NULL): serving + backward. */
+static int parses2(const char *text, size_t len, size_t *count, size_t *other, char *err, size_t n) {
     flashcl_tuning_data tf;
     memset(&tf, 0, sizeof tf);
     int r = flashcl_tuning_parse(text, len, &tf, err, n);
     if (count)
         *count = tf.count;
+    if (other)
+        *other = tf.num_serving + tf.num_backward;
     flashcl_tuning_free(&tf);
     return r == 0;
 }
 
+static int parses(const char *text, size_t len, size_t *count, char *err, size_t n) {
+    return parses2(text, len, count, NULL, err, n);
+}
+
 static void test_parser(void) {
     char err[256];
-    size_t count = 0;
-    expect(parses(good_doc, strlen(good_doc), &count, err, sizeof err) && count == 2,
-           "valid file: 2 entries read, unknown variant skipped, unknown keys ignored", &failures);
+    size_t count = 0, other = 0;
+    expect(parses2(good_doc, strlen(good_doc), &count, &other, err, sizeof err) && count == 2 && other == 3,
+           "valid file: 2 entries read, unknown variant skipped, unknown keys ignored; 2 serving, 1 backward",
+           &failures);
 
     static const struct {
         const char *text, *what;
@@ -136,6 +153,39 @@ static void test_parser(void) {
         {"{\"flashcl_tuning\": 1, \"entries\": [],}", "trailing comma"},
         {"{'flashcl_tuning': 1, 'entries': []}", "single quotes"},
         {"{\"flashcl_tuning\": 1, \"entries\": [\"\t\"]}", "raw tab in a string"},
+        /* The serving and backward arrays: as strict as the forward entries. */
+#define SRV(fields) "{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": [{\"device\": \"d\", " fields "}]}"
+#define BWD(fields) "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": \"d\", " fields "}]}"
+        {"{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": {}}", "serving not an array"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": null}", "backward not an array"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": [7]}", "serving entry not an object"},
+        {SRV("\"kernel\": \"fast\", \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "unknown serving kernel"},
+        {SRV("\"kernel\": 1, \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "serving kernel a number"},
+        {SRV("\"wgs_per_cu\": 2, \"min_split_keys\": 64"), "serving entry without a kernel"},
+        {"{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": [{\"kernel\": \"tiled\", \"wgs_per_cu\": 2, "
+         "\"min_split_keys\": 64}]}", "serving entry without a device"},
+        {SRV("\"kernel\": \"tiled\", \"min_split_keys\": 64"), "serving entry without wgs_per_cu"},
+        {SRV("\"kernel\": \"tiled\", \"wgs_per_cu\": \"2\", \"min_split_keys\": 64"), "wgs_per_cu a string"},
+        {SRV("\"kernel\": \"tiled\", \"wgs_per_cu\": 0, \"min_split_keys\": 64"), "wgs_per_cu 0"},
+        {SRV("\"kernel\": \"tiled\", \"wgs_per_cu\": 2, \"min_split_keys\": 2097152"), "min_split_keys 2^21"},
+        {SRV("\"kernel\": \"decode\", \"work_group_size\": 128, \"stages\": 2, \"wgs_per_cu\": 2, "
+             "\"min_split_keys\": 64"), "decode entry without unroll"},
+        {SRV("\"kernel\": \"decode\", \"work_group_size\": 128, \"unroll\": 2, \"stages\": 2, \"max_rows\": 16, "
+             "\"wgs_per_cu\": 2, \"min_split_keys\": 64"), "decode entry with max_rows 16"},
+        {SRV("\"kernel\": \"mma\", \"stages\": 1, \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "mma stages 1"},
+        {SRV("\"kernel\": \"tiled\", \"unroll\": 99, \"wgs_per_cu\": 2, \"min_split_keys\": 64"),
+         "tiled entry with an unroll out of range"},
+        {SRV("\"kernel\": \"tiled\", \"wgs_per_cu\": 2, \"min_split_keys\": 64, \"comment\": 5"),
+         "serving comment not a string"},
+        {BWD("\"block_m\": \"16\", \"block_n\": 16, \"work_group_size\": 128"), "backward block_m a string"},
+        {BWD("\"block_m\": 2048, \"block_n\": 16, \"work_group_size\": 128"), "backward block_m 2048"},
+        {BWD("\"block_m\": 16, \"block_n\": 16"), "backward entry without work_group_size"},
+        {BWD("\"head_dim_min\": 129, \"head_dim_max\": 128, \"block_m\": 16, \"block_n\": 16, "
+             "\"work_group_size\": 128"), "backward head_dim range empty"},
+        {BWD("\"driver\": false, \"block_m\": 16, \"block_n\": 16, \"work_group_size\": 128"),
+         "backward driver not a string"},
+#undef SRV
+#undef BWD
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         char what[120];
@@ -183,12 +233,20 @@ static void test_parser(void) {
         }
         flashcl_tuning_data tf;
         memset(&tf, 0, sizeof tf);
-        if (flashcl_tuning_parse(buf, len, &tf, err, sizeof err) == 0)
+        if (flashcl_tuning_parse(buf, len, &tf, err, sizeof err) == 0) {
             for (size_t i = 0; i < tf.count; ++i)
                 sane &= tf.entries[i].block_m >= 1 && tf.entries[i].block_m <= 4096 &&
                         tf.entries[i].head_dim_min <= tf.entries[i].head_dim_max && tf.entries[i].match;
-        else
+            for (size_t i = 0; i < tf.num_serving; ++i)
+                sane &= tf.serving[i].match && tf.serving[i].kernel >= FLASHCL_SERVING_TILED &&
+                        tf.serving[i].kernel <= FLASHCL_SERVING_DECODE_MMA && tf.serving[i].stages >= 2 &&
+                        tf.serving[i].stages <= 8 && tf.serving[i].wgs_per_cu >= 1 && tf.serving[i].min_split_keys >= 1;
+            for (size_t i = 0; i < tf.num_backward; ++i)
+                sane &= tf.backward[i].match && tf.backward[i].block_m >= 1 && tf.backward[i].block_m <= 1024 &&
+                        tf.backward[i].head_dim_min <= tf.backward[i].head_dim_max;
+        } else {
             sane &= err[0] != '\0';
+        }
         flashcl_tuning_free(&tf);
     }
     expect(sane, "4000 fuzzed files: no crash, sane entries or a message", &failures);
