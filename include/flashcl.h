@@ -238,8 +238,10 @@ FLASHCL_API flashcl_status flashcl_set_params(flashcl_context *ctx,
  * (may be NULL) is set to why, with line and column; otherwise *problem is
  * NULL (also when the file does not exist). Unknown keys are ignored, and an
  * entry naming an unknown variant is skipped alone (forward compatibility).
- * The file is read once per context, on first use. Strings are owned by the
- * context. */
+ * Besides the forward entries, the file may hold entries for the serving
+ * (paged/varlen) and backward kernels, which those kernels' lookups try
+ * first in the same way. The file is read once per context, on first use.
+ * Strings are owned by the context. */
 FLASHCL_API const char *flashcl_tuning_file(flashcl_context *ctx, const char **problem);
 
 /* Adds `params` to the tuning file at `path` (NULL: the path above) for this

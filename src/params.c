@@ -21,6 +21,7 @@
  * FLASHCL_PARAMS) are refused with FLASHCL_ERROR_INVALID_PARAMS instead.
  * The device-type and global defaults are shrunk to fit, never skipped.
  */
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,21 +348,32 @@ static const char *level_source(const flashcl_context *ctx, int level, const fla
     }
 }
 
-/* The serving and backward tables: one array per level, walked with the
- * forward's level keys. Their entry types differ but open with the key. */
+/* The serving and backward tables: one array per level (the tuning file's
+ * entries, then the built-in tables), walked with the forward's level keys.
+ * Their entry types differ but open with the key: `const char *match, *driver`. */
 typedef struct level_table {
     int level;
-    const void *entries; /* count entries of size bytes, each opening with `const char *match` */
+    const void *entries; /* count entries of size bytes */
     size_t count, size;
 } level_table;
 #define LEVEL_TABLE(level, a) {level, a, COUNT(a), sizeof((a)[0])}
+/* The tuning file's entries (count of them), then the built-in tables
+ * <name>_device, _arch, _vendor, _type and _global. */
+#define FILE_AND_BUILTIN_LEVELS(entries, count, name)                                                   \
+    {LVL_FILE, entries, count, sizeof((name##_global)[0])}, LEVEL_TABLE(LVL_DEVICE, name##_device),       \
+        LEVEL_TABLE(LVL_ARCH, name##_arch), LEVEL_TABLE(LVL_VENDOR, name##_vendor),                     \
+        LEVEL_TABLE(LVL_TYPE, name##_type), LEVEL_TABLE(LVL_GLOBAL, name##_global)
+_Static_assert(offsetof(flashcl_serving_entry, driver) == sizeof(const char *) &&
+                   offsetof(flashcl_backward_entry, driver) == sizeof(const char *),
+               "level table entries open with match, driver");
 
 /* The first entry, most specific level first, whose key matches this device
  * and that applies (applies NULL: every entry); *level and *source name its
  * level. NULL, with both untouched, when none does. */
 static const void *walk_levels(const flashcl_context *ctx, const level_table *levels, size_t num_levels,
-                               int (*applies)(const flashcl_context *ctx, int level, const void *entry, int arg),
-                               int arg, int *level, const char **source) {
+                               int (*applies)(const flashcl_context *ctx, int level, const void *entry,
+                                              const void *arg),
+                               const void *arg, int *level, const char **source) {
     char arch[64];
     flashcl_device_arch(ctx, arch, sizeof arch);
     for (size_t l = 0; l < num_levels; ++l)
@@ -369,7 +381,8 @@ static const void *walk_levels(const flashcl_context *ctx, const level_table *le
             const void *entry = (const char *)levels[l].entries + i * levels[l].size;
             flashcl_param_entry key;
             memset(&key, 0, sizeof key);
-            key.match = *(const char *const *)entry;
+            memcpy(&key.match, entry, sizeof key.match);
+            memcpy(&key.driver, (const char *)entry + sizeof key.match, sizeof key.driver);
             if (key.match && level_key_match(ctx, levels[l].level, &key, arch) &&
                 (!applies || applies(ctx, levels[l].level, entry, arg))) {
                 *level = levels[l].level;
@@ -614,13 +627,19 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
 /* ==== Serving kernels: the kernel, its tiles, the split-KV heuristic ========================
  * Everything flashcl_paged_attention and flashcl_varlen_forward launch with is
  * chosen here. The database has its own small tables, walked with the same
- * level keys as the forward's (exact device, architecture, vendor, device
- * type, global; the tuning file holds forward entries only), then
- * FLASHCL_DECODE_PARAMS may replace single values ("KERNEL=decode,UNROLL=2",
- * keys below; malformed is an error, as FLASHCL_PARAMS). An entry gives:
- *   kernel    decode (cl/paged_decode.cl) when every block has at most
- *             max_rows rows and K/V rows are 16-byte aligned; otherwise, and
- *             for tiled entries, cl/paged_attention.cl.
+ * level keys as the forward's (the tuning file's "serving" entries, "tuned:
+ * <path>", then exact device, architecture, vendor, device type, global),
+ * then FLASHCL_DECODE_PARAMS may replace single values
+ * ("KERNEL=decode,UNROLL=2", keys below; malformed is an error, as
+ * FLASHCL_PARAMS). A tuning-file entry whose choice for the problem does not
+ * fit the device (decode_fit: work-group, __local, the kernel's rules) is
+ * passed over with a log line; built-in entries are trusted, the choices
+ * derived from them adapt. An entry gives:
+ *   kernel    mma (cl/paged_decode_nv.cl) or decode (cl/paged_decode.cl)
+ *             when every block has at most max_rows rows (8 for the decode
+ *             kernel under an mma entry) and the kernel applies (NVIDIA sm_80+
+ *             f16/bf16; 16-byte aligned K/V rows); otherwise, and for tiled
+ *             entries, cl/paged_attention.cl.
  *   wg, unroll, stages the decode kernel's work-group, keys per slot per step
  *                      and pipeline depth (steps of K/V in __local; fewer
  *                      when they do not fit).
@@ -638,16 +657,14 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  * one per row on CPUs (no reductions); 32-key tiles, 16 above D=128, halved
  * until they fit __local with 1 KB to spare.
  */
-typedef struct decode_entry {
-    const char *match; /* level key, as the forward tables' */
-    int kernel, max_rows, work_group_size, unroll, stages, wgs_per_cu, min_split_keys;
-    const char *why;
-} decode_entry;
+/* {match, driver, kernel, max_rows, work_group_size, unroll, stages, wgs_per_cu,
+ *  min_split_keys, why}: declared in internal.h, the tuning file holds them too. */
+typedef flashcl_serving_entry decode_entry;
 
 #define TILED FLASHCL_SERVING_TILED
 #define DECODE_K FLASHCL_SERVING_DECODE
 #define DECODE_MMA FLASHCL_SERVING_DECODE_MMA
-static const decode_entry decode_device[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+static const decode_entry decode_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
 static const decode_entry decode_arch[] = {
     /* Tensor cores (cl/paged_decode_nv.cl) for f16/bf16 with D a multiple
      * of 16; other problems fall to the SIMT decode kernel, then the tiled
@@ -656,18 +673,18 @@ static const decode_entry decode_arch[] = {
      * context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
      * slower everywhere; slices of at least 512 keys beat 256 at 6 of 9
      * shapes ((1, 32768) 88 against 110 µs; (1, 4096) 56 against 52). */
-    {"sm_80+", DECODE_MMA, 16, 64, 0, 2, 16, 512, "measured on the H200, see BENCHMARKS.md"},
+    {"sm_80+", NULL, DECODE_MMA, 16, 64, 0, 2, 16, 512, "measured on the H200, see BENCHMARKS.md"},
 };
-static const decode_entry decode_vendor[] = {{NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
+static const decode_entry decode_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
 static const decode_entry decode_type[] = {
     /* PoCL runs a work-group as a loop over work-items: the tiled kernel
      * with one work-item per row has no reductions; the decode kernel's
      * shuffles would become __local round trips. One group per core. */
-    {"CPU", TILED, 0, 1, 1, 2, 1, 256, "hand-chosen: no cross-work-item reductions on a CPU"},
-    {"GPU", DECODE_K, 8, 128, 4, 2, 16, 256, "measured on the H200, see the comment above"},
+    {"CPU", NULL, TILED, 0, 1, 1, 2, 1, 256, "hand-chosen: no cross-work-item reductions on a CPU"},
+    {"GPU", NULL, DECODE_K, 8, 128, 4, 2, 16, 256, "measured on the H200, see the comment above"},
 };
 static const decode_entry decode_global[] = {
-    {"*", TILED, 0, 128, 1, 2, 2, 256, "as the GPU tiled kernel"},
+    {"*", NULL, TILED, 0, 128, 1, 2, 2, 256, "as the GPU tiled kernel"},
 };
 #undef TILED
 #undef DECODE_K
@@ -693,23 +710,6 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     }
     size_t floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)c->tpr;
     return floats * sizeof(float) + n * sizeof(cl_long); /* + the key-row table */
-}
-
-/* The first entry matching this device, most specific level first. */
-static const decode_entry *decode_lookup(const flashcl_context *ctx, const char **source) {
-    static const level_table levels[] = {
-        LEVEL_TABLE(LVL_DEVICE, decode_device), LEVEL_TABLE(LVL_ARCH, decode_arch),
-        LEVEL_TABLE(LVL_VENDOR, decode_vendor), LEVEL_TABLE(LVL_TYPE, decode_type),
-        LEVEL_TABLE(LVL_GLOBAL, decode_global),
-    };
-    int level;
-    const decode_entry *d = walk_levels(ctx, levels, COUNT(levels), NULL, 0, &level, source);
-    if (!d) {
-        *source = "default: global";
-        return &decode_global[0];
-    }
-    *source = intern(ctx, "%s (%s)", *source, d->why);
-    return d;
 }
 
 /* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode|mma and integer KEY=VALUE pairs. */
@@ -799,8 +799,11 @@ static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem 
                  flashcl_decode_local_bytes(c, pb->head_dim), (unsigned long long)ctx->info.local_mem);
 }
 
-flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_problem *pb,
-                                     flashcl_decode_choice *c) {
+/* The kernel and tiles entry e gives for the problem, with the kernel
+ * replaced by forced_kernel when that is >= 0 (FLASHCL_DECODE_PARAMS); the
+ * split count is left to the caller. */
+static void decode_derive(const flashcl_context *ctx, const flashcl_decode_problem *pb, const decode_entry *e,
+                          int forced_kernel, flashcl_decode_choice *c) {
     memset(c, 0, sizeof *c);
     int max_rows = 1;
     for (int i = 0; i < pb->num_seqs; ++i)
@@ -808,23 +811,17 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
             max_rows = pb->rows_per_seq[i];
     const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
     const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
-    const decode_entry *e = decode_lookup(ctx, &c->source);
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
     /* The entry's kernel where it applies, else the next simpler one. */
     const int simt_ok = pb->head_dim % vec == 0 && pb->vec_aligned && !cpu;
     if (e->kernel == FLASHCL_SERVING_DECODE_MMA && max_rows <= e->max_rows && decode_mma_applies(ctx, pb))
         c->kernel = FLASHCL_SERVING_DECODE_MMA;
-    else if (e->kernel != FLASHCL_SERVING_TILED && max_rows <= 8 && simt_ok)
+    else if (e->kernel != FLASHCL_SERVING_TILED &&
+             max_rows <= (e->kernel == FLASHCL_SERVING_DECODE ? e->max_rows : 8) && simt_ok)
         c->kernel = FLASHCL_SERVING_DECODE;
     else
         c->kernel = FLASHCL_SERVING_TILED;
-    flashcl_decode_choice env;
-    memset(&env, 0, sizeof env);
-    int forced_kernel;
-    flashcl_status st = decode_env(ctx, &env, &forced_kernel);
-    if (st != FLASHCL_SUCCESS)
-        return st;
     if (forced_kernel >= 0)
         c->kernel = forced_kernel;
 
@@ -865,6 +862,54 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
             c->block_m /= 2;
         c->work_group_size = c->block_m * c->tpr;
     }
+}
+
+/* Tuning-file entries only: the choice for this problem must fit the device
+ * (the built-in entries' choices adapt to it, see above). */
+static int decode_applies(const flashcl_context *ctx, int level, const void *entry, const void *arg) {
+    flashcl_decode_choice c;
+    char why[200];
+    if (level != LVL_FILE)
+        return 1;
+    decode_derive(ctx, arg, entry, -1, &c);
+    decode_fit(ctx, arg, &c, why, sizeof why);
+    if (!why[0])
+        return 1;
+    flashcl_log("serving parameters from %s passed over: %s", level_source(ctx, level, NULL), why);
+    return 0;
+}
+
+/* The first entry for this device and problem, most specific level first. */
+static const decode_entry *decode_lookup(const flashcl_context *ctx, const flashcl_decode_problem *pb,
+                                         const char **source) {
+    const struct flashcl_param_db *db = get_db(ctx);
+    const level_table levels[] = {
+        FILE_AND_BUILTIN_LEVELS(db ? db->file.serving : NULL, db ? db->file.num_serving : 0, decode),
+    };
+    int level;
+    const decode_entry *d = walk_levels(ctx, levels, COUNT(levels), decode_applies, pb, &level, source);
+    if (!d) {
+        *source = "default: global";
+        return &decode_global[0];
+    }
+    if (d->why) /* a tuning-file entry without a comment has none */
+        *source = intern(ctx, "%s (%s)", *source, d->why);
+    return d;
+}
+
+flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_problem *pb,
+                                     flashcl_decode_choice *c) {
+    flashcl_decode_choice env;
+    memset(c, 0, sizeof *c);
+    memset(&env, 0, sizeof env);
+    int forced_kernel;
+    flashcl_status st = decode_env(ctx, &env, &forced_kernel);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    const char *source;
+    const decode_entry *e = decode_lookup(ctx, pb, &source);
+    decode_derive(ctx, pb, e, forced_kernel, c);
+    c->source = source;
 
     /* Explicit values replace the derived ones and must fit as given. */
     if (env.source) {
@@ -920,9 +965,9 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
 /* ==== Backward kernels: tiles and the dQ reduction (cl/flash_bwd.cl) =======================
  * Everything the backward pass launches with is chosen here, in
  * flashcl_backward_params. The database has its own small tables, keyed by
- * head_dim range and walked with the forward's level keys (exact device,
- * architecture, vendor, device type, global; the tuning file holds forward
- * entries only); then FLASHCL_BWD_PARAMS may replace single values
+ * head_dim range and walked with the forward's level keys (the tuning file's
+ * "backward" entries, "tuned: <path>", then exact device, architecture,
+ * vendor, device type, global); then FLASHCL_BWD_PARAMS may replace single values
  * ("BLOCK_M=16,BLOCK_N=16,WG=128"; malformed is an error, as FLASHCL_PARAMS).
  * An entry above the device-type level that does not fit the device is passed
  * over with a log line; the device-type and global defaults are shrunk to
@@ -932,32 +977,30 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *   dQ: float atomics (one dkdv pass, dQ summed in a float scratch) unless the
  *     caller asks for determinism, which adds a dQ pass recomputing P and dS.
  */
-typedef struct backward_entry {
-    const char *match; /* level key, as the forward tables' */
-    int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
-    const char *why;
-} backward_entry;
+/* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why}:
+ * declared in internal.h, the tuning file holds them too. */
+typedef flashcl_backward_entry backward_entry;
 
 /* Levels 3-5: nothing measured per device, architecture or vendor yet. */
-static const backward_entry backward_device[] = {{NULL, 0, 0, 0, 0, 0, NULL}};
-static const backward_entry backward_arch[] = {{NULL, 0, 0, 0, 0, 0, NULL}};
-static const backward_entry backward_vendor[] = {{NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_arch[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL}};
 static const backward_entry backward_type[] = {
     /* CPU: 32 x 32 tiles, 64 work-items: hand-chosen. A sweep on PoCL (2-core
      * Xeon, `flashcl bench --backward --shape 1,4,512,64 --no-causal`) under
      * a load average of ~4.5 from other jobs gave 380..670 ms for every
      * setting tried (32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64), the
      * same setting varying by 25% between runs: no winner to record yet. */
-    {"CPU", 1, 256, 32, 32, 64, "hand-chosen: a PoCL sweep found no winner"},
+    {"CPU", NULL, 1, 256, 32, 32, 64, "hand-chosen: a PoCL sweep found no winner"},
     /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
      * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
      * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
-    {"GPU", 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB"},
-    {"GPU", 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256"},
+    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB"},
+    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256"},
 };
 static const backward_entry backward_global[] = {
-    {"*", 1, 128, 16, 16, 128, "as the GPU default"},
-    {"*", 129, 256, 8, 8, 64, "as the GPU default"},
+    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default"},
+    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default"},
 };
 
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
@@ -980,8 +1023,9 @@ static int backward_fit(const flashcl_context *ctx, int head_dim, int block_m, i
 }
 
 /* An entry for this head_dim; above the device-type level, only one that fits. */
-static int backward_applies(const flashcl_context *ctx, int level, const void *entry, int head_dim) {
+static int backward_applies(const flashcl_context *ctx, int level, const void *entry, const void *arg) {
     const backward_entry *e = entry;
+    const int head_dim = *(const int *)arg;
     char why[200];
     if (head_dim < e->head_dim_min || head_dim > e->head_dim_max)
         return 0;
@@ -1022,19 +1066,18 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
 
 flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                        int deterministic, flashcl_backward_choice *c) {
-    static const level_table levels[] = {
-        LEVEL_TABLE(LVL_DEVICE, backward_device), LEVEL_TABLE(LVL_ARCH, backward_arch),
-        LEVEL_TABLE(LVL_VENDOR, backward_vendor), LEVEL_TABLE(LVL_TYPE, backward_type),
-        LEVEL_TABLE(LVL_GLOBAL, backward_global),
+    const struct flashcl_param_db *db = get_db(ctx);
+    const level_table levels[] = {
+        FILE_AND_BUILTIN_LEVELS(db ? db->file.backward : NULL, db ? db->file.num_backward : 0, backward),
     };
     const int head_dim = desc->head_dim;
     const char *source = "default: global";
     int level = LVL_GLOBAL;
     memset(c, 0, sizeof *c);
-    const backward_entry *e = walk_levels(ctx, levels, COUNT(levels), backward_applies, head_dim, &level, &source);
-    if (e)
+    const backward_entry *e = walk_levels(ctx, levels, COUNT(levels), backward_applies, &head_dim, &level, &source);
+    if (e && e->why) /* a tuning-file entry without a comment has none */
         source = intern(ctx, "%s (%s)", source, e->why);
-    else /* a head_dim past every entry: the resolved desc keeps it <= 256 */
+    else if (!e) /* a head_dim past every entry: the resolved desc keeps it <= 256 */
         e = &backward_global[head_dim > 128];
     c->block_m = e->block_m;
     c->block_n = e->block_n;

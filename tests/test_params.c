@@ -617,6 +617,177 @@ static void test_backward_levels(void) {
     flashcl_context_destroy(ctx);
 }
 
+/* ---- the tuning file's serving and backward entries ----------------------------------------- */
+
+/* flashcl_decode_params on ctx for one f-dtype sequence of `rows` rows, head_dim d, 4096 keys. */
+static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, int d, int rows,
+                                     flashcl_decode_choice *c) {
+    static int rows_per_seq[1];
+    flashcl_decode_problem pb;
+    memset(&pb, 0, sizeof pb);
+    rows_per_seq[0] = rows;
+    pb.dtype = dtype;
+    pb.head_dim = d;
+    pb.heads_k = 1;
+    pb.num_seqs = 1;
+    pb.rows_per_seq = rows_per_seq;
+    pb.max_keys = 4096;
+    pb.vec_aligned = 1;
+    return flashcl_decode_params(ctx, &pb, c);
+}
+
+static void test_serving_backward_file(void) {
+    char path[300], text[4096], want[400], bad_path[320], def_serving[600], def_backward[600];
+    const char *name = device_name(), *pr;
+    flashcl_decode_choice dc;
+    flashcl_backward_choice bc;
+    snprintf(path, sizeof path, "%s/serving.json", dir);
+
+    /* The built-in choices, for comparison. */
+    unlink(path);
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    flashcl_context *ctx = test_context();
+    serving_choice(ctx, FLASHCL_FLOAT16, 64, 1, &dc);
+    backward_choice(ctx, 64, NULL, &bc);
+    snprintf(def_serving, sizeof def_serving, "%s", dc.source); /* the context owns the strings */
+    snprintf(def_backward, sizeof def_backward, "%s", bc.source);
+    flashcl_context_destroy(ctx);
+
+    /* Entries for this device (the first for another driver) are used and named. */
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [],\n"
+             " \"serving\": [\n"
+             "  {\"device\": \"%s\", \"driver\": \"not-this-driver\", \"kernel\": \"tiled\", \"wgs_per_cu\": 5,"
+             " \"min_split_keys\": 99},\n"
+             "  {\"device\": \"%s\", \"kernel\": \"tiled\", \"wgs_per_cu\": 3, \"min_split_keys\": 77,"
+             " \"comment\": \"hand-written\"}],\n"
+             " \"backward\": [\n"
+             "  {\"device\": \"%s\", \"head_dim_max\": 128, \"block_m\": 4, \"block_n\": 8,"
+             " \"work_group_size\": 16}]}\n",
+             name, name, name);
+    write_file(path, text);
+    ctx = test_context();
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 1, &dc) == FLASHCL_SUCCESS && dc.wgs_per_cu == 3 &&
+               dc.min_split_keys == 77 && dc.kernel == FLASHCL_SERVING_TILED,
+           "serving: the tuning file's entry for this device is used (not the other driver's)", &failures);
+    snprintf(want, sizeof want, "tuned: %s (hand-written)", path);
+    expect(!strcmp(dc.source, want), "serving: source names the file and the entry's comment", &failures);
+    if (strcmp(dc.source, want) || getenv("VERBOSE"))
+        printf("    source: %s\n", dc.source);
+    snprintf(want, sizeof want, "tuned: %s", path);
+    expect(backward_choice(ctx, 64, NULL, &bc) == FLASHCL_SUCCESS && bc.block_m == 4 && bc.block_n == 8 &&
+               bc.work_group_size == 16 && !strcmp(bc.source, want),
+           "backward: the tuning file's entry is used and named", &failures);
+    expect(backward_choice(ctx, 200, NULL, &bc) == FLASHCL_SUCCESS && strncmp(bc.source, "tuned: ", 7) != 0,
+           "backward: the entry's head_dim range is kept (D=200 gets the built-in)", &failures);
+    expect(backward_choice(ctx, 64, "BLOCK_N=4", &bc) == FLASHCL_SUCCESS && bc.block_m == 4 && bc.block_n == 4 &&
+               !strcmp(bc.source, "FLASHCL_BWD_PARAMS"),
+           "backward: FLASHCL_BWD_PARAMS still applies on top of the tuned entry", &failures);
+    flashcl_params fp;
+    flashcl_attention_desc d = desc_of(FLASHCL_FLOAT16, 100, 64, 0);
+    flashcl_attention_params(ctx, &d, &fp);
+    expect(strncmp(fp.source, "tuned: ", 7) != 0, "forward lookups do not read serving/backward entries",
+           &failures);
+    flashcl_context_destroy(ctx);
+
+    /* Malformed serving or backward entries: the whole file is ignored, with a reason. */
+    static const char *const broken[] = {
+        "\"serving\": [{\"device\": \"%s\", \"kernel\": \"turbo\", \"wgs_per_cu\": 3, \"min_split_keys\": 77}]",
+        "\"serving\": [{\"device\": \"%s\", \"kernel\": \"tiled\", \"wgs_per_cu\": \"3\", \"min_split_keys\": 77}]",
+        "\"serving\": [{\"device\": \"%s\", \"kernel\": \"tiled\", \"wgs_per_cu\": 3, \"min_split_keys\": 0}]",
+        "\"backward\": [{\"device\": \"%s\", \"block_m\": 4, \"block_n\": 8, \"work_group_size\": 4096}]",
+    };
+    for (size_t i = 0; i < sizeof broken / sizeof broken[0]; ++i) {
+        char body[600], what[120];
+        snprintf(body, sizeof body, broken[i], name);
+        snprintf(text, sizeof text,
+                 "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"%s\", \"variant\": \"cpu\", \"dtype\": \"any\","
+                 " \"block_m\": 4, \"block_n\": 8}],\n %s}\n",
+                 name, body);
+        snprintf(bad_path, sizeof bad_path, "%s/bad-serving%zu.json", dir, i);
+        write_file(bad_path, text);
+        setenv("FLASHCL_TUNING_FILE", bad_path, 1);
+        ctx = test_context();
+        flashcl_tuning_file(ctx, &pr);
+        serving_choice(ctx, FLASHCL_FLOAT16, 64, 1, &dc);
+        backward_choice(ctx, 64, NULL, &bc);
+        flashcl_attention_params(ctx, &d, &fp);
+        snprintf(what, sizeof what, "malformed %s entry %zu: the whole file ignored with a reason",
+                 i < 3 ? "serving" : "backward", i);
+        expect(pr && strstr(pr, "line") && strstr(pr, i < 3 ? "serving entry 0" : "backward entry 0") &&
+                   strstr(pr, "ignored") && !strcmp(dc.source, def_serving) && !strcmp(bc.source, def_backward) &&
+                   strncmp(fp.source, "tuned: ", 7) != 0,
+               what, &failures);
+        if (!pr || getenv("VERBOSE"))
+            printf("    problem: %s\n", pr ? pr : "(none)");
+        flashcl_context_destroy(ctx);
+    }
+
+    /* Entries that do not fit the device: passed over, the built-in used. */
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [],\n"
+             " \"serving\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"kernel\": \"decode\","
+             " \"work_group_size\": 1024, \"unroll\": 2, \"stages\": 2, \"wgs_per_cu\": 3, \"min_split_keys\": 77}],\n"
+             " \"backward\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"block_m\": 1024, \"block_n\": 1024,"
+             " \"work_group_size\": 128}]}\n");
+    write_file(path, text);
+    ctx = test_context();
+    pretend_h200(ctx);
+    ctx->info.max_wg = 256; /* the decode entry's 1024 work-items do not fit */
+    expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 1, &dc) == FLASHCL_SUCCESS &&
+               !strncmp(dc.source, "built-in arch: sm_80+", 21) && dc.work_group_size <= 256,
+           "serving: a tuned entry that does not fit is passed over for the built-in", &failures);
+    expect(backward_choice(ctx, 64, NULL, &bc) == FLASHCL_SUCCESS && !strncmp(bc.source, "default: GPU", 12) &&
+               bc.block_m == 16,
+           "backward: tuned tiles that do not fit are passed over for the default", &failures);
+    flashcl_context_destroy(ctx);
+    /* ... and one that fits on the same pretend GPU picks the decode kernel with its values. */
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [],\n"
+             " \"serving\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"kernel\": \"decode\","
+             " \"work_group_size\": 256, \"unroll\": 1, \"stages\": 3, \"wgs_per_cu\": 3, \"min_split_keys\": 77}]}\n");
+    write_file(path, text);
+    ctx = test_context();
+    pretend_h200(ctx);
+    ctx->info.max_wg = 256;
+    snprintf(want, sizeof want, "tuned: %s", path);
+    expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 1, &dc) == FLASHCL_SUCCESS && !strcmp(dc.source, want) &&
+               dc.kernel == FLASHCL_SERVING_DECODE && dc.work_group_size == 256 && dc.unroll == 1 &&
+               dc.stages == 3 && dc.wgs_per_cu == 3,
+           "serving: a fitting tuned decode entry beats the arch entry on the pretend GPU", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 16, &dc) == FLASHCL_SUCCESS &&
+               dc.kernel == FLASHCL_SERVING_TILED && !strcmp(dc.source, want),
+           "serving: more rows than the entry's max_rows (8) take the tiled kernel", &failures);
+    flashcl_context_destroy(ctx);
+
+    /* The writer keeps the serving and backward arrays when it stores a forward entry. */
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [],\n"
+             " \"serving\": [{\"device\": \"%s\", \"kernel\": \"tiled\", \"wgs_per_cu\": 3, \"min_split_keys\": 77}],\n"
+             " \"backward\": [{\"device\": \"%s\", \"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16}],\n"
+             " \"mine\": {\"keep\": true}}\n",
+             name, name);
+    write_file(path, text);
+    ctx = test_context();
+    flashcl_attention_params(ctx, &d, &fp);
+    expect(flashcl_tuning_file_save(ctx, path, &d, &fp, "saved") == FLASHCL_SUCCESS,
+           "saving a forward entry into a file with serving/backward entries", &failures);
+    flashcl_context_destroy(ctx);
+    char *saved = read_all(path), err[200];
+    size_t count = 0, other = 0;
+    expect(parses2(saved, strlen(saved), &count, &other, err, sizeof err) && count == 1 && other == 2 &&
+               strstr(saved, "\"mine\""),
+           "... keeps them (and unknown keys) beside the new forward entry", &failures);
+    ctx = test_context();
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 1, &dc) == FLASHCL_SUCCESS && !strcmp(dc.source, want) &&
+               dc.wgs_per_cu == 3 && backward_choice(ctx, 64, NULL, &bc) == FLASHCL_SUCCESS &&
+               !strcmp(bc.source, want),
+           "... and a new context still uses them", &failures);
+    flashcl_context_destroy(ctx);
+    unlink(path);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/flashcl-test-params.%ld", (long)getpid());
     if (mkdir(dir, 0755) != 0) {
@@ -634,6 +805,7 @@ int main(void) {
         test_overrides();
         test_levels();
         test_backward_levels();
+        test_serving_backward_file();
     }
     char cmd[300];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
