@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve]   (results also under $OUT when set)
 # decode: the serving tests on the GPU, the decode kernel's registers, decode
 #         vs PyTorch, and a sweep of FLASHCL_DECODE_PARAMS values.
+# serve: the serving tests on the GPU, one decode row, and serve-sim.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -18,6 +19,17 @@ cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning'
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 ./build-gpu/flashcl devices | tee "$out/devices.txt"
+if [ "$what" = serve ]; then
+  for t in test_serving "test_serving mma" test_params; do
+    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
+    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
+    grep -m5 FAILED "$out/${t// /_}.log"
+  done
+  ./build-gpu/flashcl bench --decode --device nvidia --batch 8 --context 32768 --iters 10 | tail -n 2
+  timeout 150 ./build-gpu/flashcl serve-sim --device nvidia --heads 32 --kv-heads 8 --head-dim 128 \
+    --max-batch 32 --requests 96 --output 10,2000 --plot "$out/serve-h200.svg" 2>/dev/null | tee "$out/serve-h200.txt"
+  exit 0
+fi
 if [ "$what" = decode ]; then
   for t in test_serving "test_serving decode" "test_serving mma" test_varlen_backward "test_forward quick"; do
     FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
