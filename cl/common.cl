@@ -65,6 +65,40 @@ inline uint shared_addr(__local const void *p) {
     return a;
 }
 
+/* Tensor cores (mma.sync, sm_80+), for the 16-bit storage types. */
+#if DTYPE == 1 || DTYPE == 2
+#if DTYPE == 1
+#define MMA_TYPE "f16"
+#else
+#define MMA_TYPE "bf16"
+#endif
+/* D += A B for one 16x8x16 block; c[0..3] are the accumulators. */
+#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                       \
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                 \
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                \
+            : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+/* Four 8x8 16-bit matrices from __local; volatile keeps them after the barriers. */
+#define LDMATRIX_X4(r, addr)                                                                       \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+#define LDMATRIX_X4_TRANS(r, addr)                                                                 \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+
+/* Two floats rounded to nearest even into one register, lo in the low half
+ * (cvt puts its first source in the high half). */
+inline uint pack2(float lo, float hi) {
+    uint r;
+    __asm__("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+#endif
+
 /* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
 inline float ex2(float x) {
     float y;

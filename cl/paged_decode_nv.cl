@@ -66,11 +66,7 @@
 #ifndef FLASHCL_NV_PTX
 #error "paged_decode_nv is built with -DFLASHCL_NV_PTX"
 #endif
-#if DTYPE == 1
-#define MMA_TYPE "f16"
-#elif DTYPE == 2
-#define MMA_TYPE "bf16"
-#else
+#if DTYPE != 1 && DTYPE != 2
 #error "paged_decode_nv needs DTYPE 1 (float16) or 2 (bfloat16)"
 #endif
 #if HEAD_DIM % 16 != 0 || BLOCK_N % 16 != 0 || BLOCK_M > 16
@@ -83,27 +79,7 @@
 #error "Q and the warps' K/V stages exceed NVIDIA's ~47 KB of __local memory"
 #endif
 
-#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                       \
-    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                 \
-            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                \
-            : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
-            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
-#define LDMATRIX_X4(r, addr)                                                                       \
-    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
-                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
-                         : "r"(addr))
-#define LDMATRIX_X4_TRANS(r, addr)                                                                 \
-    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
-                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
-                         : "r"(addr))
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
-
-/* Two floats rounded to nearest even into one register, lo in the low half. */
-inline uint pack2(float lo, float hi) {
-    uint r;
-    __asm__("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
-    return r;
-}
 
 /* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile * BLOCK_N ..)
  * into the warp's buffer `buf` (shared address of its K tile; V follows),

@@ -713,11 +713,24 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
 }
 
 /* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode|mma and integer KEY=VALUE pairs. */
+/* The integer keys of FLASHCL_DECODE_PARAMS and the choice fields they set. */
+static const struct {
+    const char *key;
+    size_t offset;
+} decode_keys[] = {
+    {"BLOCK_M", offsetof(flashcl_decode_choice, block_m)},
+    {"BLOCK_N", offsetof(flashcl_decode_choice, block_n)},
+    {"TPR", offsetof(flashcl_decode_choice, tpr)},
+    {"LANES", offsetof(flashcl_decode_choice, lanes)},
+    {"WG", offsetof(flashcl_decode_choice, work_group_size)},
+    {"UNROLL", offsetof(flashcl_decode_choice, unroll)},
+    {"STAGES", offsetof(flashcl_decode_choice, stages)},
+    {"WGS_PER_CU", offsetof(flashcl_decode_choice, wgs_per_cu)},
+    {"MIN_SPLIT_KEYS", offsetof(flashcl_decode_choice, min_split_keys)},
+};
+#define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
+
 static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c, int *forced_kernel) {
-    static const char *const keys[] = {"BLOCK_M", "BLOCK_N", "TPR",        "LANES",         "WG",
-                                       "UNROLL",  "STAGES",  "WGS_PER_CU", "MIN_SPLIT_KEYS"};
-    int *fields[] = {&c->block_m, &c->block_n, &c->tpr,        &c->lanes,         &c->work_group_size,
-                     &c->unroll,  &c->stages,  &c->wgs_per_cu, &c->min_split_keys};
     const char *env = getenv("FLASHCL_DECODE_PARAMS");
     flashcl_kv kv;
     int item;
@@ -741,16 +754,16 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                                     "FLASHCL_DECODE_PARAMS: KERNEL must be tiled, decode or mma at '%s'", kv.at);
         } else {
             size_t k = 0;
-            while (k < COUNT(keys) && !flashcl_kv_key(&kv, keys[k]))
+            while (k < COUNT(decode_keys) && !flashcl_kv_key(&kv, decode_keys[k].key))
                 ++k;
-            if (k == COUNT(keys))
+            if (k == COUNT(decode_keys))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS)",
                                     kv.at);
-            if (!flashcl_kv_int(&kv, 1, 1 << 20, fields[k]))
+            if (!flashcl_kv_int(&kv, 1, 1 << 20, DECODE_FIELD(c, k)))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_DECODE_PARAMS: %s needs an integer 1..1048576 at '%s'", keys[k], kv.at);
+                                    "FLASHCL_DECODE_PARAMS: %s needs an integer 1..1048576 at '%s'", decode_keys[k].key, kv.at);
         }
         c->source = "FLASHCL_DECODE_PARAMS";
     }
@@ -913,22 +926,9 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
 
     /* Explicit values replace the derived ones and must fit as given. */
     if (env.source) {
-        if (env.block_m)
-            c->block_m = env.block_m;
-        if (env.block_n)
-            c->block_n = env.block_n;
-        if (env.tpr)
-            c->tpr = env.tpr;
-        if (env.lanes)
-            c->lanes = env.lanes;
-        if (env.unroll)
-            c->unroll = env.unroll;
-        if (env.stages)
-            c->stages = env.stages;
-        if (env.wgs_per_cu)
-            c->wgs_per_cu = env.wgs_per_cu;
-        if (env.min_split_keys)
-            c->min_split_keys = env.min_split_keys;
+        for (size_t i = 0; i < COUNT(decode_keys); ++i)
+            if (*DECODE_FIELD(&env, i) && decode_keys[i].offset != offsetof(flashcl_decode_choice, work_group_size))
+                *DECODE_FIELD(c, i) = *DECODE_FIELD(&env, i);
         if (c->kernel == FLASHCL_SERVING_TILED)
             c->work_group_size = c->block_m * c->tpr;
         else if (env.work_group_size)

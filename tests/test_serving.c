@@ -673,23 +673,30 @@ static void errors_suite(flashcl_context *ctx) {
     flashcl_context_destroy(host);
 }
 
+/* One sequence of `len` tokens in a fresh mirror, and the desc of a
+ * one-token step over it (heads_q query heads). */
+static void one_sequence(flashcl_context *ctx, mirror *m, flashcl_varlen_desc *d, const int *cu, flashcl_dtype dt,
+                         int head_dim, int heads_q, int len) {
+    int slot = 0;
+    mirror_init(m, ctx, dt, 1, head_dim, 4, 8);
+    flashcl_kv_cache_add_sequence(m->cache, &m->ids[0]);
+    mirror_append(ctx, m, 1, &slot, &len);
+    memset(d, 0, sizeof *d);
+    d->dtype = dt;
+    d->num_seqs = 1;
+    d->heads_q = heads_q;
+    d->heads_k = 1;
+    d->head_dim = head_dim;
+    d->cu_seqlens_q = cu;
+}
+
 /* FLASHCL_DECODE_PARAMS is strict, and an explicit choice that cannot run is
  * refused before anything is enqueued. */
 static void decode_params_suite(flashcl_context *ctx) {
     mirror m;
-    mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 36, 4, 8); /* 36 halves: not whole 16-byte chunks */
-    int slot = 0, len = 5, one = 1;
-    flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
-    mirror_append(ctx, &m, 1, &slot, &len);
-    int cu[2] = {0, 1};
     flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = FLASHCL_FLOAT16;
-    d.num_seqs = 1;
-    d.heads_q = 2;
-    d.heads_k = 1;
-    d.head_dim = 36;
-    d.cu_seqlens_q = cu;
+    const int cu[2] = {0, 1};
+    one_sequence(ctx, &m, &d, cu, FLASHCL_FLOAT16, 36, 2, 5); /* 36 halves: not whole 16-byte chunks */
     static const struct {
         const char *env, *why;
     } bad[] = {
@@ -714,7 +721,6 @@ static void decode_params_suite(flashcl_context *ctx) {
     expect(flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS &&
                !strcmp(p.variant, "paged") && !strcmp(p.source, "FLASHCL_DECODE_PARAMS"),
            "FLASHCL_DECODE_PARAMS=KERNEL=tiled is used and named as the source", &failures);
-    (void)one;
     mirror_free(&m);
     setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
 }
@@ -722,18 +728,9 @@ static void decode_params_suite(flashcl_context *ctx) {
 /* Whether FLASHCL_DECODE_PARAMS=KERNEL=mma is accepted here (f16, D=64). */
 static int mma_available(flashcl_context *ctx) {
     mirror m;
-    mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 64, 16, 4);
-    int slot = 0, len = 3, cu[2] = {0, 1};
-    flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
-    mirror_append(ctx, &m, 1, &slot, &len);
     flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = FLASHCL_FLOAT16;
-    d.num_seqs = 1;
-    d.heads_q = 1;
-    d.heads_k = 1;
-    d.head_dim = 64;
-    d.cu_seqlens_q = cu;
+    const int cu[2] = {0, 1};
+    one_sequence(ctx, &m, &d, cu, FLASHCL_FLOAT16, 64, 1, 3);
     flashcl_params p;
     int ok = flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS &&
              !strcmp(p.variant, "decode-mma");
