@@ -375,10 +375,17 @@ FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *cache, int 
  * LSE -inf. GQA maps query head h to kv head h / (heads_q / heads_k).
  * Split-KV: the keys of each sequence may be cut into slices computed by
  * different work-groups and merged exactly (as flashcl_attention_merge);
- * num_splits = 0 lets flashcl choose from the device and the lengths, 1..64
+ * num_splits = 0 lets flashcl choose from the device and the lengths, 1..128
  * forces a count. Partial results live in a caller-owned scratch buffer
  * whose size the *_scratch_size functions return (0: none needed, scratch
- * may be NULL). The cu_seqlens arrays are host memory, read during the call. */
+ * may be NULL). The cu_seqlens arrays are host memory, read during the call.
+ * Kernels (flashcl_serving_params names the one a call gets): decoding, a
+ * few query rows per sequence and kv head, runs a memory-bound split-KV
+ * kernel (on tensor cores on NVIDIA sm_80+ for f16/bf16), whose last split
+ * merges the others; prompts, CPUs and unaligned layouts run a tiled kernel
+ * with a separate combine pass. Calls on one context are ordered with each
+ * other by events (they share its upload buffer), also on an out-of-order
+ * queue. FLASHCL_DECODE_PARAMS overrides the choice (README). */
 typedef struct flashcl_varlen_desc {
     flashcl_dtype dtype;      /* paged: must equal the cache's             */
     int num_seqs;             /* >= 1                                      */
