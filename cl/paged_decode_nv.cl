@@ -22,7 +22,7 @@
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
  * what other lanes copied.
  *
- *   __local: Q (16 x PITCH halves)  |  warp 0: STAGES x (K tile, V tile)  |  warp 1: ...
+ *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first)
  *   after the loop the tile area holds the warps' O rows for their merge,
  *   then the split weights for the last split's merge.
  *
@@ -61,7 +61,8 @@
 #define TILE_HALFS (BLOCK_N * PITCH)
 #define WARP_HALFS (STAGES * 2 * TILE_HALFS)
 #define Q_HALFS (16 * PITCH)
-#define SMEM_HALFS (Q_HALFS + WARPS * WARP_HALFS)
+/* Q uses the tile area before the first copy is issued. */
+#define SMEM_HALFS (Q_HALFS > WARPS * WARP_HALFS ? Q_HALFS : WARPS * WARP_HALFS)
 
 #ifndef FLASHCL_NV_PTX
 #error "paged_decode_nv is built with -DFLASHCL_NV_PTX"
@@ -152,6 +153,7 @@ paged_decode_nv(__global const elem_t *restrict q, __global const elem_t *restri
         for (int kk = 0; kk < K_STEPS; ++kk)
             LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
     }
+    barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
     const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
     const uint v_lane = (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
 
@@ -177,7 +179,7 @@ paged_decode_nv(__global const elem_t *restrict q, __global const elem_t *restri
     const float sc = softcap ? 1.0f : q_mul;
     __global const ushort *kb = (__global const ushort *)k + k_off + (ulong)hk * k_sh;
     __global const ushort *vb = (__global const ushort *)v + v_off + (ulong)hk * v_sh;
-    const uint warp_buf = s_base + (uint)(Q_HALFS + warp * WARP_HALFS) * 2u;
+    const uint warp_buf = s_base + (uint)(warp * WARP_HALFS) * 2u;
 
     float acc[O_FRAGS][4];
 #pragma unroll
@@ -295,7 +297,7 @@ paged_decode_nv(__global const elem_t *restrict q, __global const elem_t *restri
         }
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* also: every warp is past its tiles */
-    __local float *red_o = (__local float *)(smem + Q_HALFS); /* [warp][16][HEAD_DIM] */
+    __local float *red_o = (__local float *)smem; /* [warp][16][HEAD_DIM] */
     float row_m[2], row_l[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {

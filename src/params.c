@@ -699,9 +699,10 @@ static int next_pow2(int x) {
 
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
-    if (c->kernel == FLASHCL_SERVING_DECODE_MMA) /* halves: Q + per warp stages x (K, V); merge floats */
-        return (16 * (d + 8) + (size_t)(c->work_group_size / 32) * (size_t)c->stages * 2 * n * (d + 8)) * 2 +
-               ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp stages x (K, V); merge floats */
+        size_t q = 16 * (d + 8), tiles = (size_t)(c->work_group_size / 32) * (size_t)c->stages * 2 * n * (d + 8);
+        return (q > tiles ? q : tiles) * 2 + ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
+    }
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
         size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
         size_t chunks = (d / (size_t)c->vec + (size_t)c->lanes - 1) / (size_t)c->lanes; /* per lane */
