@@ -138,6 +138,47 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
     return (long2)(lo, hi);
 }
 
+/* The CPU-shaped kernels' vector layout (cl/flash_fwd_cpu.cl, cl/flash_bwd_cpu.cl);
+ * macros of their HEAD_DIM and BLOCK_N, expanded only where used. Explicit
+ * float8 vectors: PoCL's loop vectoriser leaves these loops scalar (measured:
+ * scalar vfmadd..ss only), while vector types map straight onto AVX/AVX-512
+ * registers, and exp2 on float8 uses the vectorised math library. The head
+ * dim is zero-padded to a multiple of CPU_CHUNK vectors so the loops over it
+ * keep CPU_CHUNK accumulators in registers. */
+#define CPU_VEC 8
+#define CPU_NV (BLOCK_N / CPU_VEC) /* key vectors per tile row */
+#define CPU_CHUNK 4
+#define CPU_DV (((HEAD_DIM + CPU_VEC * CPU_CHUNK - 1) / (CPU_VEC * CPU_CHUNK)) * CPU_CHUNK)
+#define CPU_D_PAD (CPU_DV * CPU_VEC)
+
+/* Strides of one tensor: offset, batch, seq, head (elements), as kernel
+ * arguments, and the element offset of row n of head h of batch b. */
+#define TENSOR_ARGS(x) ulong x##_off, ulong x##_sb, ulong x##_ss, ulong x##_sh
+#define ROW_AT(x, b, n, h) (x##_off + (ulong)(b) * x##_sb + (ulong)(n) * x##_ss + (ulong)(h) * x##_sh)
+
+/* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl)
+ * and flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl): one list, so src/backward.c
+ * sets them once for either. */
+#define BWD_DKDV_ARGS                                                                              \
+    __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
+        __global const elem_t *restrict v, __global const elem_t *restrict dout,                   \
+        __global const float *restrict lse, __global float *scratch, __global elem_t *restrict dk, \
+        __global elem_t *restrict dv, TENSOR_ARGS(q), TENSOR_ARGS(k), TENSOR_ARGS(v),              \
+        TENSOR_ARGS(dout), TENSOR_ARGS(dk), TENSOR_ARGS(dv), ulong lse_off, ulong di_off,          \
+        ulong dq_acc_off, int use_atomics, int nq, int nk, int group, float scale, float softcap,  \
+        int win_left, int win_right
+
+/* *p += x on a float in global memory, as a compare-and-swap loop on its
+ * bits: the only float accumulation OpenCL 1.2 offers. The order of the adds
+ * depends on scheduling, hence the backward's deterministic mode. */
+inline void atomic_add_float(volatile __global float *p, float x) {
+    uint seen = as_uint(*p), want;
+    do {
+        want = seen;
+        seen = atomic_cmpxchg((volatile __global uint *)p, want, as_uint(as_float(want) + x));
+    } while (seen != want);
+}
+
 /* The serving kernels' batch description (src/serving.c builds it): per
  * sequence {q_start, nq, k_base, nk} from meta[0], and from blocks_off one
  * {sequence, first row} pair per work block. */

@@ -61,21 +61,6 @@
 #define KV_PER ((BLOCK_N * HEAD_DIM + WG - 1) / WG) /* dK/dV elements per work-item */
 #define Q_PER ((BLOCK_M * HEAD_DIM + WG - 1) / WG)  /* dQ elements per work-item    */
 
-/* Strides of one tensor: offset, batch, seq, head (elements). */
-#define TENSOR_ARGS(x) ulong x##_off, ulong x##_sb, ulong x##_ss, ulong x##_sh
-#define ROW_AT(x, b, n, h) (x##_off + (ulong)(b) * x##_sb + (ulong)(n) * x##_ss + (ulong)(h) * x##_sh)
-
-/* *p += x on a float in global memory, as a compare-and-swap loop on its
- * bits: the only float accumulation OpenCL 1.2 offers. The order of the adds
- * depends on scheduling, hence the deterministic mode. */
-inline void atomic_add_float(volatile __global float *p, float x) {
-    uint seen = as_uint(*p), want;
-    do {
-        want = seen;
-        seen = atomic_cmpxchg((volatile __global uint *)p, want, as_uint(as_float(want) + x));
-    } while (seen != want);
-}
-
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 1
 /* D_i = sum_d dO[i][d] * O[i][d] in float, into di[(b*Hq + h)*Nq + i]; with
  * zero_dq, the float dQ accumulator row (head_dim floats at dq_acc +
@@ -178,13 +163,7 @@ inline void score_tile(__local const float *q_tile, __local const float *do_tile
 
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 2
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-flash_bwd_dkdv(__global const elem_t *restrict q, __global const elem_t *restrict k,
-               __global const elem_t *restrict v, __global const elem_t *restrict dout,
-               __global const float *restrict lse, __global float *scratch,
-               __global elem_t *restrict dk, __global elem_t *restrict dv, TENSOR_ARGS(q),
-               TENSOR_ARGS(k), TENSOR_ARGS(v), TENSOR_ARGS(dout), TENSOR_ARGS(dk), TENSOR_ARGS(dv),
-               ulong lse_off, ulong di_off, ulong dq_acc_off, int use_atomics, int nq, int nk,
-               int group, float scale, float softcap, int win_left, int win_right) {
+flash_bwd_dkdv(BWD_DKDV_ARGS) {
     __local float k_tile[BLOCK_N * ROW], v_tile[BLOCK_N * ROW];
     __local float q_tile[BLOCK_M * ROW], do_tile[BLOCK_M * ROW];
     __local float p_tile[BLOCK_M * PS], ds_tile[BLOCK_M * PS];

@@ -36,18 +36,8 @@
 #define BLOCK_N 64 // keys per tile: the SIMD dimension of the score loop
 #endif
 
-/* Explicit float8 vectors: PoCL's loop vectoriser leaves these loops scalar
- * (measured: scalar vfmadd..ss only), while vector types map straight onto
- * AVX/AVX-512 registers, and exp2 on float8 uses the vectorised math library. */
-#define VEC 8
-#define NV (BLOCK_N / VEC)                   /* key vectors per tile row */
-/* Head-dim vectors, zero-padded to a multiple of CHUNK so the P.V loop can
- * keep CHUNK accumulators in registers. */
-#define CHUNK 4
-#define DV (((HEAD_DIM + VEC * CHUNK - 1) / (VEC * CHUNK)) * CHUNK)
-#define D_PAD (DV * VEC)
-
-#if BLOCK_N % VEC != 0
+/* CPU_VEC, CPU_NV, CPU_CHUNK, CPU_DV, CPU_D_PAD: the float8 layout, in common.cl. */
+#if BLOCK_N % 8 != 0
 #error "BLOCK_N must be a multiple of 8"
 #endif
 
@@ -60,10 +50,10 @@ flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict
               int has_lse, int nq, int nk, int group, float q_mul, float softcap_log2,
               int win_left, int win_right) {
     __local float q_tile[BLOCK_M][HEAD_DIM];
-    __local float8 kt_tile[HEAD_DIM][NV]; /* K transposed: keys along the vector */
-    __local float8 v_tile[BLOCK_N][DV];   /* V: head dim along the vector       */
+    __local float8 kt_tile[HEAD_DIM][CPU_NV]; /* K transposed: keys along the vector */
+    __local float8 v_tile[BLOCK_N][CPU_DV];   /* V: head dim along the vector       */
     __local float s_tile[BLOCK_M][BLOCK_N];
-    __local float8 acc[BLOCK_M][DV];
+    __local float8 acc[BLOCK_M][CPU_DV];
     float m_run[BLOCK_M], l_run[BLOCK_M];
     long lo[BLOCK_M], hi[BLOCK_M];
 
@@ -83,7 +73,7 @@ flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict
     for (int r = 0; r < BLOCK_M; ++r) {
         for (int d = 0; d < HEAD_DIM; ++d)
             q_tile[r][d] = r < rows ? LOAD_ELEM(q, q_base + (ulong)r * q_ss + d) : 0.0f;
-        for (int j = 0; j < DV; ++j)
+        for (int j = 0; j < CPU_DV; ++j)
             acc[r][j] = 0.0f;
         long2 range = visible_keys(m0 + r, nq, nk, win_left, win_right);
         lo[r] = r < rows ? range.x : 1;
@@ -107,9 +97,9 @@ flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict
         for (int c = 0; c < BLOCK_N; ++c) {
             const ulong kr = k_base + (ulong)(n0 + c) * k_ss, vr = v_base + (ulong)(n0 + c) * v_ss;
             int d = 0;
-            for (; d + VEC <= HEAD_DIM; d += VEC) {
+            for (; d + CPU_VEC <= HEAD_DIM; d += CPU_VEC) {
                 const float8 kx = c < n ? LOAD_ELEM8(k, kr + d) : (float8)0.0f;
-                v_tile[c][d / VEC] = c < n ? LOAD_ELEM8(v, vr + d) : (float8)0.0f;
+                v_tile[c][d / CPU_VEC] = c < n ? LOAD_ELEM8(v, vr + d) : (float8)0.0f;
                 kt[(d + 0) * BLOCK_N + c] = kx.s0;
                 kt[(d + 1) * BLOCK_N + c] = kx.s1;
                 kt[(d + 2) * BLOCK_N + c] = kx.s2;
@@ -119,34 +109,34 @@ flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict
                 kt[(d + 6) * BLOCK_N + c] = kx.s6;
                 kt[(d + 7) * BLOCK_N + c] = kx.s7;
             }
-            for (; d < D_PAD; ++d) {
+            for (; d < CPU_D_PAD; ++d) {
                 const int in = c < n && d < HEAD_DIM;
                 if (d < HEAD_DIM)
                     kt[d * BLOCK_N + c] = in ? LOAD_ELEM(k, kr + d) : 0.0f;
-                vt[c * D_PAD + d] = in ? LOAD_ELEM(v, vr + d) : 0.0f;
+                vt[c * CPU_D_PAD + d] = in ? LOAD_ELEM(v, vr + d) : 0.0f;
             }
         }
         for (int r = 0; r < BLOCK_M; ++r) {
             /* 2. Raw scores of row r, one vector of 8 keys at a time. */
-            /* The unrolled j loops keep sv[] in registers: NV independent
+            /* The unrolled j loops keep sv[] in registers: CPU_NV independent
              * fma chains. Left rolled, sv[] lived on the stack and every fma
              * waited on a store-to-load round trip (measured with perf). */
-            float8 sv[NV];
+            float8 sv[CPU_NV];
 #pragma unroll
-            for (int j = 0; j < NV; ++j)
+            for (int j = 0; j < CPU_NV; ++j)
                 sv[j] = 0.0f;
             for (int d = 0; d < HEAD_DIM; ++d) {
                 const float8 qd = (float8)(q_tile[r][d]);
 #pragma unroll
-                for (int j = 0; j < NV; ++j)
+                for (int j = 0; j < CPU_NV; ++j)
                     sv[j] = fma(qd, kt_tile[d][j], sv[j]);
             }
             /* 3. Mask, soft-cap and the online softmax update of row r. */
             const float8 lo_v = (float8)((float)(lo[r] - n0)), hi_v = (float8)((float)(hi[r] - n0));
             float8 vmax = (float8)(-INFINITY);
-            for (int j = 0; j < NV; ++j) {
+            for (int j = 0; j < CPU_NV; ++j) {
                 /* Key offsets within a tile are < 2^24: exact in float. */
-                const float8 key = lane + (float8)((float)(j * VEC));
+                const float8 key = lane + (float8)((float)(j * CPU_VEC));
                 float8 x = capped ? (float8)softcap_log2 * tanh(sv[j] * (float8)q_mul) : sv[j];
                 x = select(x, (float8)(-INFINITY), isless(key, lo_v) || isgreater(key, hi_v));
                 sv[j] = x;
@@ -159,7 +149,7 @@ flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict
             const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run[r] - m_new) * to_log2);
             const float8 m_scaled = (float8)(m_new * to_log2);
             float8 psum = 0.0f;
-            for (int j = 0; j < NV; ++j) {
+            for (int j = 0; j < CPU_NV; ++j) {
                 float8 p = exp2(fma(sv[j], (float8)to_log2, -m_scaled));
                 p = select(p, (float8)0.0f, isequal(sv[j], (float8)(-INFINITY)));
                 vstore8(p, j, &s_tile[r][0]);
@@ -170,19 +160,19 @@ flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict
             l_run[r] = l_run[r] * alpha + psum.s0 + psum.s1;
             m_run[r] = m_new;
             /* 4. acc = alpha * acc + P V, one vector of 8 head dims at a time. */
-            for (int j0 = 0; j0 < DV; j0 += CHUNK) {
-                float8 a[CHUNK];
+            for (int j0 = 0; j0 < CPU_DV; j0 += CPU_CHUNK) {
+                float8 a[CPU_CHUNK];
 #pragma unroll
-                for (int u = 0; u < CHUNK; ++u)
+                for (int u = 0; u < CPU_CHUNK; ++u)
                     a[u] = acc[r][j0 + u] * alpha;
                 for (int c = 0; c < n; ++c) {
                     const float8 p = (float8)(s_tile[r][c]);
 #pragma unroll
-                    for (int u = 0; u < CHUNK; ++u)
+                    for (int u = 0; u < CPU_CHUNK; ++u)
                         a[u] = fma(p, v_tile[c][j0 + u], a[u]);
                 }
 #pragma unroll
-                for (int u = 0; u < CHUNK; ++u)
+                for (int u = 0; u < CPU_CHUNK; ++u)
                     acc[r][j0 + u] = a[u];
             }
         }

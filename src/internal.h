@@ -145,6 +145,7 @@ typedef struct flashcl_backward_entry {
     const char *match, *driver; /* as flashcl_serving_entry's */
     int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
     const char *why;
+    const char *variant; /* "cpu": cl/flash_bwd_cpu.cl's dkdv kernel; NULL or "portable": cl/flash_bwd.cl's */
 } flashcl_backward_entry;
 
 /* ---- the user tuning file (tuning_file.c) ---- */
@@ -217,6 +218,9 @@ typedef struct flashcl_backward_choice {
     int block_n;         /* keys per dkdv work-group / per streamed dq tile */
     int work_group_size; /* work-items per work-group                       */
     int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
+    int cpu;             /* 1: dK, dV from cl/flash_bwd_cpu.cl (one work-item
+                          * per BLOCK_N keys); the other kernels and the
+                          * work-group of the dQ pass stay flash_bwd.cl's   */
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;
 /* Fills *choice for a resolved desc: database entry (shrunk to fit when it
@@ -227,6 +231,8 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
                                        int deterministic, flashcl_backward_choice *choice);
 /* __local bytes cl/flash_bwd.cl needs with these tiles. */
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim);
+/* __local bytes cl/flash_bwd_cpu.cl's kernel needs with these tiles. */
+size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim);
 
 /* ---- the pure-C host path (host_path.c) ---- */
 flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,

@@ -977,31 +977,34 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  * that do not fit are refused with FLASHCL_ERROR_INVALID_PARAMS.
  *   dQ: float atomics (one dkdv pass, dQ summed in a float scratch) unless the
  *     caller asks for determinism, which adds a dQ pass recomputing P and dS.
+ *   variant: "cpu" takes dK, dV (and atomic dQ) from cl/flash_bwd_cpu.cl, one
+ *     work-item per BLOCK_N keys (a multiple of 8); WG is then the dQ pass's
+ *     alone. FLASHCL_BWD_PARAMS's VARIANT=portable|cpu picks either.
  */
-/* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why}:
+/* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant}:
  * declared in internal.h, the tuning file holds them too. */
 typedef flashcl_backward_entry backward_entry;
 
 /* Levels 3-5: nothing measured per device, architecture or vendor yet. */
-static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL}};
-static const backward_entry backward_arch[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL}};
-static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL}};
+static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
+static const backward_entry backward_arch[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
+static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
 static const backward_entry backward_type[] = {
-    /* CPU: 32 x 32 tiles, 64 work-items: hand-chosen. A sweep on PoCL (2-core
-     * Xeon, `flashcl bench --backward --shape 1,4,512,64 --no-causal`) under
-     * a load average of ~4.5 from other jobs gave 380..670 ms for every
-     * setting tried (32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64), the
-     * same setting varying by 25% between runs: no winner to record yet. */
-    {"CPU", NULL, 1, 256, 32, 32, 64, "hand-chosen: a PoCL sweep found no winner"},
+    /* CPU: cl/flash_bwd_cpu.cl, 32 query rows x 32 keys per work-item (the
+     * forward's CPU shape); the deterministic dQ pass is flash_bwd.cl's with
+     * the same tiles and 64 work-items. The portable kernel with these tiles
+     * varied 380..670 ms on PoCL at (1,4,512,64) under load with no winner
+     * among 32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64. */
+    {"CPU", NULL, 1, 256, 32, 32, 64, "hand-chosen: the CPU-shaped kernel", "cpu"},
     /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
      * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
      * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
-    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB"},
-    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256"},
+    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB", NULL},
+    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256", NULL},
 };
 static const backward_entry backward_global[] = {
-    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default"},
-    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default"},
+    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default", NULL},
+    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default", NULL},
 };
 
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
@@ -1010,17 +1013,37 @@ size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
     return (2 * n * row + 2 * m * row + 2 * m * (n + 1) + 2 * m) * sizeof(float) + 2 * m * sizeof(cl_long);
 }
 
+size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim) {
+    size_t m = (size_t)block_m, n = (size_t)block_n, d = (size_t)head_dim;
+    size_t d_pad = (d + 31) / 32 * 32; /* the kernel's D_PAD: head dim in whole CHUNKs of float8 */
+    /* K^T, V^T; K, dK, dV; Q, dO; P, dS */
+    return (2 * d * n + 3 * n * d_pad + 2 * m * d_pad + 2 * m * n) * sizeof(float);
+}
+
+/* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */
+static size_t backward_bytes(int cpu, int block_m, int block_n, int head_dim) {
+    size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
+    size_t own = cpu ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
+    return own > portable ? own : portable;
+}
+
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
-static int backward_fit(const flashcl_context *ctx, int head_dim, int block_m, int block_n, int work_group_size,
-                        char *why, size_t n) {
-    size_t local = flashcl_backward_local_bytes(block_m, block_n, head_dim);
+static int backward_fit(const flashcl_context *ctx, int cpu, int head_dim, int block_m, int block_n,
+                        int work_group_size, char *why, size_t n) {
+    size_t local = backward_bytes(cpu, block_m, block_n, head_dim);
     why[0] = '\0';
-    if (local > ctx->info.local_mem)
+    if (cpu && block_n % 8)
+        snprintf(why, n, "the cpu backward kernel needs BLOCK_N a multiple of 8, not %d", block_n);
+    else if (local > ctx->info.local_mem)
         snprintf(why, n, "backward tiles %dx%d need %zu bytes of local memory, the device has %llu", block_m,
                  block_n, local, (unsigned long long)ctx->info.local_mem);
     else if ((size_t)work_group_size > ctx->info.max_wg)
         snprintf(why, n, "work-group of %d exceeds the device's %zu", work_group_size, ctx->info.max_wg);
     return why[0] == '\0';
+}
+
+static int is_cpu_variant(const char *variant) {
+    return variant && !strcmp(variant, "cpu");
 }
 
 /* An entry for this head_dim; above the device-type level, only one that fits. */
@@ -1030,7 +1053,8 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     char why[200];
     if (head_dim < e->head_dim_min || head_dim > e->head_dim_max)
         return 0;
-    if (level >= LVL_TYPE || backward_fit(ctx, head_dim, e->block_m, e->block_n, e->work_group_size, why, sizeof why))
+    if (level >= LVL_TYPE || backward_fit(ctx, is_cpu_variant(e->variant), head_dim, e->block_m, e->block_n,
+                                          e->work_group_size, why, sizeof why))
         return 1;
     flashcl_param_entry key;
     memset(&key, 0, sizeof key);
@@ -1039,7 +1063,7 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     return 0;
 }
 
-/* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64": values replace c's. */
+/* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64,VARIANT=cpu": values replace c's. */
 static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice *c) {
     const char *env = getenv("FLASHCL_BWD_PARAMS");
     flashcl_kv kv;
@@ -1047,6 +1071,15 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
     if (!env || !env[0])
         return FLASHCL_SUCCESS;
     for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
+        if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
+            const int cpu = kv.value_len == 3 && !strncmp(kv.value, "cpu", 3);
+            if (!cpu && !(kv.value_len == 8 && !strncmp(kv.value, "portable", 8)))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_BWD_PARAMS: VARIANT is portable or cpu at '%s'", kv.at);
+            c->cpu = cpu;
+            c->source = "FLASHCL_BWD_PARAMS";
+            continue;
+        }
         if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value))
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", kv.at);
@@ -1058,7 +1091,7 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
             c->work_group_size = value;
         else
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG)",
+                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT)",
                                 (int)kv.key_len, kv.key);
         c->source = "FLASHCL_BWD_PARAMS";
     }
@@ -1084,13 +1117,15 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->block_n = e->block_n;
     c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
+    c->cpu = is_cpu_variant(e->variant);
     c->source = source;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
+        const int min_n = c->cpu ? 8 : 1; /* the cpu kernel's key vectors */
         int shrunk = 0;
-        while (c->block_n > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, head_dim) > budget)
+        while (c->block_n > min_n && backward_bytes(c->cpu, c->block_m, c->block_n, head_dim) > budget)
             c->block_n /= 2, shrunk = 1;
-        while (c->block_m > 1 && flashcl_backward_local_bytes(c->block_m, c->block_n, head_dim) > budget)
+        while (c->block_m > 1 && backward_bytes(c->cpu, c->block_m, c->block_n, head_dim) > budget)
             c->block_m /= 2, shrunk = 1;
         if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
             c->work_group_size = (int)ctx->info.max_wg, shrunk = 1;
@@ -1101,7 +1136,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     if (st != FLASHCL_SUCCESS)
         return st;
     char why[200];
-    if (!backward_fit(ctx, head_dim, c->block_m, c->block_n, c->work_group_size, why, sizeof why))
+    if (!backward_fit(ctx, c->cpu, head_dim, c->block_m, c->block_n, c->work_group_size, why, sizeof why))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     return FLASHCL_SUCCESS;
 }

@@ -35,6 +35,8 @@
  *       "head_dim_min": 1, "head_dim_max": 128,   the head_dim range (optional: 1..256)
  *       "block_m": 16, "block_n": 16,     required, 1..1024
  *       "work_group_size": 128,           required, 1..1024
+ *       "variant": "cpu",                 optional: "portable" (default) or "cpu"
+ *                                         (cl/flash_bwd_cpu.cl's dK/dV kernel)
  *       "comment": "..."}                 optional string, shown in the source
  *    ]}
  *
@@ -586,18 +588,22 @@ static int read_serving(const jval *e, size_t index, flashcl_serving_entry *out,
 /* Reads backward entry `index`; 0, or -1 with *err. */
 static int read_backward(const jval *e, size_t index, flashcl_backward_entry *out, char *err, size_t n) {
     const entry_at a = {e, "backward entry", index, err, n};
-    const char *device, *driver, *comment;
+    const char *device, *driver, *comment, *variant;
     memset(out, 0, sizeof *out);
     if (e->type != J_OBJ)
         return entry_fail(&a, e, "not an object");
     if (str_field(&a, "device", 1, &device) || str_field(&a, "driver", 0, &driver) ||
-        str_field(&a, "comment", 0, &comment) || int_field(&a, "head_dim_min", 1, 256, 1, &out->head_dim_min) ||
+        str_field(&a, "comment", 0, &comment) || str_field(&a, "variant", 0, &variant) ||
+        int_field(&a, "head_dim_min", 1, 256, 1, &out->head_dim_min) ||
         int_field(&a, "head_dim_max", 1, 256, 256, &out->head_dim_max) ||
         int_field(&a, "block_m", 1, 1024, -1, &out->block_m) || int_field(&a, "block_n", 1, 1024, -1, &out->block_n) ||
         int_field(&a, "work_group_size", 1, 1024, -1, &out->work_group_size))
         return -1;
     if (out->head_dim_min > out->head_dim_max)
         return entry_fail(&a, e, "head_dim_min is above head_dim_max");
+    if (variant && strcmp(variant, "portable") && strcmp(variant, "cpu"))
+        return entry_fail(&a, e, "\"variant\" must be \"portable\" or \"cpu\"");
+    out->variant = variant && !strcmp(variant, "cpu") ? "cpu" : NULL; /* a literal: nothing to free */
     return copy_strings(&a, device, driver, comment, &out->match, &out->driver, &out->why);
 }
 

@@ -259,18 +259,27 @@ static void run(flashcl_context *ctx, test_case tc, int deterministic) {
         ++failures;
 }
 
+/* Runs tc under FLASHCL_BWD_PARAMS=env (device contexts only). */
+static void run_with(flashcl_context *ctx, const test_case *tc, int deterministic, const char *env) {
+    if (flashcl_context_is_host(ctx))
+        return;
+    printf("FLASHCL_BWD_PARAMS=%s:\n", env);
+    setenv("FLASHCL_BWD_PARAMS", env, 1);
+    run(ctx, *tc, deterministic);
+    unsetenv("FLASHCL_BWD_PARAMS");
+}
+
 /* Kernel builds dominate on PoCL: the quick set uses three (dtype, head_dim)
- * pairs, f32/16, f16/59 and bf16/59, plus D=1. */
+ * pairs, f32/16, f16/59 and bf16/59, plus D=1. The table's kernel variant
+ * runs every case; VARIANT= runs a few on the other one too (cl/flash_bwd.cl
+ * and cl/flash_bwd_cpu.cl, whichever the device's default is not), with
+ * tiles of their own so both see several key and query blocks. */
 static void quick(flashcl_context *ctx) {
     test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
     run(ctx, tc, 0);
     run(ctx, tc, 1);
-    if (!flashcl_context_is_host(ctx)) { /* tiles from FLASHCL_BWD_PARAMS, not the table's */
-        printf("FLASHCL_BWD_PARAMS=BLOCK_M=8,BLOCK_N=4,WG=32:\n");
-        setenv("FLASHCL_BWD_PARAMS", "BLOCK_M=8,BLOCK_N=4,WG=32", 1);
-        run(ctx, tc, 1);
-        unsetenv("FLASHCL_BWD_PARAMS");
-    }
+    run_with(ctx, &tc, 1, "VARIANT=portable,BLOCK_M=8,BLOCK_N=4,WG=32");
+    run_with(ctx, &tc, 0, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=8");
     tc.softcap = 30.0f; /* large scores, where the cap bends: its derivative matters */
     tc.input_scale = 4.0;
     tc.seqlen_q = 64;
@@ -288,6 +297,8 @@ static void quick(flashcl_context *ctx) {
     tc.heads_k = 2;
     tc.causal = 1;
     run(ctx, tc, 0);
+    run_with(ctx, &tc, 0, "VARIANT=portable");
+    run_with(ctx, &tc, 0, "VARIANT=cpu");
     tc.causal = 0;
     tc.window_left = 17;
     tc.window_right = 5;

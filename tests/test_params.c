@@ -585,12 +585,23 @@ static void test_backward_levels(void) {
     ctx->info.local_mem = 1 << 20;
     ctx->info.max_wg = 4096;
     expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 32 && c.block_n == 32 &&
-               c.work_group_size == 64 && !strncmp(c.source, "default: CPU (hand-chosen", 25),
-           "backward, CPU: 32x32 tiles, 64 work-items, source names the level", &failures);
+               c.work_group_size == 64 && c.cpu && !strncmp(c.source, "default: CPU (hand-chosen", 25),
+           "backward, CPU: the cpu kernel, 32x32 tiles, 64 work-items, source names the level", &failures);
+    expect(backward_choice(ctx, 64, "VARIANT=portable", &c) == FLASHCL_SUCCESS && !c.cpu && c.block_n == 32,
+           "FLASHCL_BWD_PARAMS=VARIANT=portable picks the portable kernel", &failures);
+    expect(backward_choice(ctx, 64, "VARIANT=cpu,BLOCK_N=12", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "multiple of 8"),
+           "the cpu kernel refuses BLOCK_N not a multiple of 8", &failures);
+    /* A small CPU: the cpu default shrinks, its keys staying a multiple of 8. */
+    ctx->info.local_mem = 48 * 1024;
+    expect(backward_choice(ctx, 256, NULL, &c) == FLASHCL_SUCCESS && c.cpu && c.block_n % 8 == 0 &&
+               flashcl_backward_cpu_local_bytes(c.block_m, c.block_n, 256) <= 47 * 1024,
+           "backward, CPU: the cpu default shrinks to fit 48 KB", &failures);
+    ctx->info.local_mem = 1 << 20;
     /* A GPU: 16x16/128 up to D=128, 8x8/64 above. */
     pretend_h200(ctx);
     expect(backward_choice(ctx, 128, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 16 && c.block_n == 16 &&
-               c.work_group_size == 128 && !strncmp(c.source, "default: GPU (hand-chosen", 25),
+               c.work_group_size == 128 && !c.cpu && !strncmp(c.source, "default: GPU (hand-chosen", 25),
            "backward, GPU D=128: 16x16 tiles, 128 work-items", &failures);
     expect(backward_choice(ctx, 129, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 8 && c.block_n == 8 &&
                c.work_group_size == 64 && !strncmp(c.source, "default: GPU (", 14),
@@ -607,7 +618,7 @@ static void test_backward_levels(void) {
     expect(backward_choice(ctx, 128, "block_m=8,WG=32", &c) == FLASHCL_SUCCESS && c.block_m == 8 &&
                c.block_n == 16 && c.work_group_size == 32 && !strcmp(c.source, "FLASHCL_BWD_PARAMS"),
            "FLASHCL_BWD_PARAMS override is used and named as the source", &failures);
-    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
+    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
                                       "BLOCK_M=0", "BLOCK_M=1025", ",BLOCK_M=16", "BLOCK_M=16,,WG=32",
                                       "BLOCK_M=16x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
@@ -707,6 +718,8 @@ static void test_serving_backward_file(void) {
         "\"serving\": [{\"device\": \"%s\", \"kernel\": \"tiled\", \"wgs_per_cu\": \"3\", \"min_split_keys\": 77}]",
         "\"serving\": [{\"device\": \"%s\", \"kernel\": \"tiled\", \"wgs_per_cu\": 3, \"min_split_keys\": 0}]",
         "\"backward\": [{\"device\": \"%s\", \"block_m\": 4, \"block_n\": 8, \"work_group_size\": 4096}]",
+        "\"backward\": [{\"device\": \"%s\", \"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16,"
+        " \"variant\": \"gpu\"}]",
     };
     for (size_t i = 0; i < sizeof broken / sizeof broken[0]; ++i) {
         char body[600], what[120];
