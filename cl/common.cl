@@ -168,6 +168,15 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         ulong dq_acc_off, int use_atomics, int nq, int nk, int group, float scale, float softcap,  \
         int win_left, int win_right
 
+/* ... and of the deterministic dQ passes, flash_bwd_dq and flash_bwd_dq_cpu. */
+#define BWD_DQ_ARGS                                                                                \
+    __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
+        __global const elem_t *restrict v, __global const elem_t *restrict dout,                   \
+        __global const float *restrict lse, __global const float *restrict scratch,                \
+        __global elem_t *restrict dq, TENSOR_ARGS(q), TENSOR_ARGS(k), TENSOR_ARGS(v),              \
+        TENSOR_ARGS(dout), TENSOR_ARGS(dq), ulong lse_off, ulong di_off, int nq, int nk, int group, \
+        float scale, float softcap, int win_left, int win_right
+
 /* *p += x on a float in global memory, as a compare-and-swap loop on its
  * bits: the only float accumulation OpenCL 1.2 offers. The order of the adds
  * depends on scheduling, hence the backward's deterministic mode. */

@@ -248,12 +248,7 @@ flash_bwd_dkdv(BWD_DKDV_ARGS) {
 
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 3
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void
-flash_bwd_dq(__global const elem_t *restrict q, __global const elem_t *restrict k,
-             __global const elem_t *restrict v, __global const elem_t *restrict dout,
-             __global const float *restrict lse, __global const float *restrict scratch,
-             __global elem_t *restrict dq, TENSOR_ARGS(q), TENSOR_ARGS(k), TENSOR_ARGS(v),
-             TENSOR_ARGS(dout), TENSOR_ARGS(dq), ulong lse_off, ulong di_off, int nq, int nk,
-             int group, float scale, float softcap, int win_left, int win_right) {
+flash_bwd_dq(BWD_DQ_ARGS) {
     __local float k_tile[BLOCK_N * ROW], v_tile[BLOCK_N * ROW];
     __local float q_tile[BLOCK_M * ROW], do_tile[BLOCK_M * ROW];
     __local float p_tile[BLOCK_M * PS], ds_tile[BLOCK_M * PS];

@@ -4,10 +4,10 @@
  * which src/varlen_backward.c runs once per sequence):
  *   flash_bwd_pre   D_i = rowsum(dO * O) into scratch (and clears the float
  *                   dQ accumulator in atomic mode)
- *   flash_bwd_dkdv  dK, dV (and, in atomic mode, dQ into the accumulator);
- *                   on the "cpu" variant flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl,
- *                   same arguments, one work-item per work-group)
+ *   flash_bwd_dkdv  dK, dV (and, in atomic mode, dQ into the accumulator)
  *   flash_bwd_dq    deterministic mode: dQ by a pass over query blocks
+ *   (the "cpu" variant: flash_bwd_dkdv_cpu and flash_bwd_dq_cpu from
+ *   cl/flash_bwd_cpu.cl, same arguments, one work-item per work-group)
  *   or flash_bwd_dq_store   atomic mode: the accumulator rounded into dQ
  * Scratch (caller-owned): [rows] floats of D_i, then, in atomic mode,
  * [rows][head_dim] floats of dQ, rows = batch * heads_q * seqlen_q.
@@ -115,26 +115,6 @@ flashcl_status flashcl_backward_check_buffers(flashcl_context *ctx, const flashc
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
-/* Builds flash_bwd_dkdv_cpu into k->dkdv. A build failure falls back to the
- * portable flash_bwd_dkdv (same tiles, which the fit check covered), with a
- * log line: a slower answer, never a wrong one. */
-static flashcl_status build_cpu_dkdv(flashcl_context *ctx, const flashcl_attention_desc *r, const char *tiles,
-                                     const char *extra, flashcl_backward_kernels *k) {
-    char options[512];
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s%s%s", (int)r->dtype, tiles,
-             extra ? " " : "", extra ? extra : "");
-    flashcl_status st = flashcl_get_kernel(ctx, "flash_bwd_cpu.cl", "flash_bwd_dkdv_cpu", options, &k->dkdv);
-    if (st == FLASHCL_ERROR_BUILD_FAILED) {
-        flashcl_log("the cpu backward kernel did not build, using the portable kernel: %.300s",
-                    flashcl_last_error(ctx));
-        flashcl_clear_error(ctx);
-        k->choice.cpu = 0;
-        k->dkdv = NULL;
-        return FLASHCL_SUCCESS;
-    }
-    return st;
-}
-
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
                                         int deterministic, int with_store, flashcl_backward_kernels *k) {
     memset(k, 0, sizeof *k);
@@ -146,27 +126,41 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
     char tiles[160], options[512];
     snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d", r->head_dim,
              c->block_m, c->block_n, c->work_group_size);
-    if (c->cpu && (st = build_cpu_dkdv(ctx, r, tiles, extra, k)) != FLASHCL_SUCCESS)
-        return st;
     /* BWD_KERNEL picks the kernel a build holds (flashcl_get_kernel keeps one
      * kernel per file and options); pre and store take head_dim at run time
-     * so they build once per dtype. */
+     * so they build once per dtype. The cpu variant takes dK/dV and the
+     * deterministic dQ pass from cl/flash_bwd_cpu.cl. */
     const struct {
-        const char *name;
+        const char *name, *cpu_name;
         int id, tiled, wanted;
         cl_kernel *slot;
-    } which[4] = {{"flash_bwd_pre", 1, 0, 1, &k->pre},
-                  {"flash_bwd_dkdv", 2, 1, !c->cpu, &k->dkdv},
-                  {"flash_bwd_dq", 3, 1, c->deterministic, &k->dq},
-                  {"flash_bwd_dq_store", 4, 0, !c->deterministic || with_store, &k->store}};
+    } which[4] = {{"flash_bwd_pre", NULL, 1, 0, 1, &k->pre},
+                  {"flash_bwd_dkdv", "flash_bwd_dkdv_cpu", 2, 1, 1, &k->dkdv},
+                  {"flash_bwd_dq", "flash_bwd_dq_cpu", 3, 1, c->deterministic, &k->dq},
+                  {"flash_bwd_dq_store", NULL, 4, 0, !c->deterministic || with_store, &k->store}};
     for (int i = 0; i < 4; ++i) {
         if (!which[i].wanted)
             continue;
+        const int cpu = c->cpu && which[i].cpu_name;
+        const char *name = cpu ? which[i].cpu_name : which[i].name;
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
                  (int)r->dtype, which[i].id, which[i].tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
-        if ((st = flashcl_get_kernel(ctx, "flash_bwd.cl", which[i].name, options, which[i].slot)) != FLASHCL_SUCCESS)
+        st = flashcl_get_kernel(ctx, cpu ? "flash_bwd_cpu.cl" : "flash_bwd.cl", name, options, which[i].slot);
+        if (st == FLASHCL_ERROR_BUILD_FAILED && cpu) {
+            /* The portable kernels with the same tiles (the fit check covered
+             * them too): slower, never wrong. Start over so every kernel is
+             * of one variant; the failure is remembered, so this is once. */
+            flashcl_log("the cpu backward kernel %s did not build, using the portable kernels: %.300s", name,
+                        flashcl_last_error(ctx));
+            flashcl_clear_error(ctx);
+            k->choice.cpu = 0;
+            k->dkdv = k->dq = NULL;
+            i = -1;
+            continue;
+        }
+        if (st != FLASHCL_SUCCESS)
             return st;
-        if (which[i].tiled) {
+        if (which[i].tiled && !cpu) {
             size_t kernel_wg = 0;
             clGetKernelWorkGroupInfo(*which[i].slot, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
                                      &kernel_wg, NULL);
@@ -274,7 +268,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
 
     if (c->deterministic) {
-        /* flash_bwd_dq(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
+        /* flash_bwd_dq or flash_bwd_dq_cpu(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
          *              nq, nk, group, scale, softcap, wl, wr) */
         cl_kernel kd = k->dq;
         a = 0;
@@ -297,18 +291,18 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
 
-    const size_t wg = (size_t)c->work_group_size, main_wg = c->cpu ? 1 : wg;
+    const size_t wg = c->cpu ? 1 : (size_t)c->work_group_size; /* the cpu kernels: one work-item */
     const size_t rows_global[3] = {(size_t)nq, (size_t)r->heads_q, (size_t)r->batch};
-    const size_t main_global[3] = {(size_t)((nk + c->block_n - 1) / c->block_n) * main_wg, (size_t)r->heads_k,
+    const size_t main_global[3] = {(size_t)((nk + c->block_n - 1) / c->block_n) * wg, (size_t)r->heads_k,
                                    (size_t)r->batch};
     const size_t dq_global[3] = {(size_t)((nq + c->block_m - 1) / c->block_m) * wg, (size_t)r->heads_q,
                                  (size_t)r->batch};
-    const size_t local[3] = {wg, 1, 1}, main_local[3] = {main_wg, 1, 1};
+    const size_t local[3] = {wg, 1, 1};
     cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
     err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, NULL, num_wait, num_wait ? wait : NULL,
                                  &e_pre);
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, main_local, 1, &e_pre, &e_main);
+        err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && c->deterministic)
         err = clEnqueueNDRangeKernel(ctx->queue, k->dq, 3, NULL, dq_global, local, 1, &e_main, &e_last);
     if (e_pre)

@@ -218,9 +218,10 @@ typedef struct flashcl_backward_choice {
     int block_n;         /* keys per dkdv work-group / per streamed dq tile */
     int work_group_size; /* work-items per work-group                       */
     int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
-    int cpu;             /* 1: dK, dV from cl/flash_bwd_cpu.cl (one work-item
-                          * per BLOCK_N keys); the other kernels and the
-                          * work-group of the dQ pass stay flash_bwd.cl's   */
+    int cpu;             /* 1: dK, dV and the deterministic dQ pass from
+                          * cl/flash_bwd_cpu.cl (one work-item per block,
+                          * work_group_size unused); pre and store stay
+                          * flash_bwd.cl's                                   */
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;
 /* Fills *choice for a resolved desc: database entry (shrunk to fit when it

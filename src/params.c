@@ -977,9 +977,11 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  * that do not fit are refused with FLASHCL_ERROR_INVALID_PARAMS.
  *   dQ: float atomics (one dkdv pass, dQ summed in a float scratch) unless the
  *     caller asks for determinism, which adds a dQ pass recomputing P and dS.
- *   variant: "cpu" takes dK, dV (and atomic dQ) from cl/flash_bwd_cpu.cl, one
- *     work-item per BLOCK_N keys (a multiple of 8); WG is then the dQ pass's
- *     alone. FLASHCL_BWD_PARAMS's VARIANT=portable|cpu picks either.
+ *   variant: "cpu" takes dK, dV (and atomic dQ) and the deterministic dQ pass
+ *     from cl/flash_bwd_cpu.cl, one work-item per BLOCK_N keys (a multiple of
+ *     8) or BLOCK_M rows; WG is then unused, kept (and checked) for the
+ *     portable kernels a build failure falls back to. FLASHCL_BWD_PARAMS's
+ *     VARIANT=portable|cpu picks either.
  */
 /* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant}:
  * declared in internal.h, the tuning file holds them too. */
@@ -990,12 +992,13 @@ static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NUL
 static const backward_entry backward_arch[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
 static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
 static const backward_entry backward_type[] = {
-    /* CPU: cl/flash_bwd_cpu.cl, 32 query rows x 32 keys per work-item (the
-     * forward's CPU shape); the deterministic dQ pass is flash_bwd.cl's with
-     * the same tiles and 64 work-items. The portable kernel with these tiles
-     * varied 380..670 ms on PoCL at (1,4,512,64) under load with no winner
-     * among 32x32/64, 64x32/32, 64x16/16, 128x16/16, 16x64/64. */
-    {"CPU", NULL, 1, 256, 32, 32, 64, "hand-chosen: the CPU-shaped kernel", "cpu"},
+    /* CPU: cl/flash_bwd_cpu.cl, 64 keys per work-item, 64-row query tiles
+     * (64 work-items only for the portable fallback). Measured on PoCL (2-core AVX-512 Xeon, load ~1, `flashcl
+     * bench --backward --device cpu`, f16, median ms full/causal): 64x64 gave
+     * 14.1/7.7 at (1,4,512,64), 25.9/15.9 at (1,2,512,256); 32x32 22.8/9.2
+     * and 34.5/18.1; 32x64, 64x32, 64x128, 16x32, 32x16 no better. (The
+     * portable kernel, 32x32/64: 163/69 at (1,4,512,64).) */
+    {"CPU", NULL, 1, 256, 64, 64, 64, "measured on PoCL: 64x64 of 7 tiles tried", "cpu"},
     /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
      * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
      * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
@@ -1016,8 +1019,8 @@ size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
 size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim) {
     size_t m = (size_t)block_m, n = (size_t)block_n, d = (size_t)head_dim;
     size_t d_pad = (d + 31) / 32 * 32; /* the kernel's D_PAD: head dim in whole CHUNKs of float8 */
-    /* K^T, V^T; K, dK, dV; Q, dO; P, dS */
-    return (2 * d * n + 3 * n * d_pad + 2 * m * d_pad + 2 * m * n) * sizeof(float);
+    /* K^T, V^T; K, dK, dV (K, V staging in the dQ pass); Q, dO (+ dQ in the dQ pass); P, dS */
+    return (2 * d * n + 3 * n * d_pad + 3 * m * d_pad + 2 * m * n) * sizeof(float);
 }
 
 /* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */

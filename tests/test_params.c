@@ -584,10 +584,10 @@ static void test_backward_levels(void) {
     ctx->info.type = CL_DEVICE_TYPE_CPU;
     ctx->info.local_mem = 1 << 20;
     ctx->info.max_wg = 4096;
-    expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 32 && c.block_n == 32 &&
-               c.work_group_size == 64 && c.cpu && !strncmp(c.source, "default: CPU (hand-chosen", 25),
-           "backward, CPU: the cpu kernel, 32x32 tiles, 64 work-items, source names the level", &failures);
-    expect(backward_choice(ctx, 64, "VARIANT=portable", &c) == FLASHCL_SUCCESS && !c.cpu && c.block_n == 32,
+    expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 64 && c.block_n == 64 &&
+               c.work_group_size == 64 && c.cpu && !strncmp(c.source, "default: CPU (measured", 22),
+           "backward, CPU: the cpu kernel, 64x64 tiles, 64 work-items, source names the level", &failures);
+    expect(backward_choice(ctx, 64, "VARIANT=portable", &c) == FLASHCL_SUCCESS && !c.cpu && c.block_n == 64,
            "FLASHCL_BWD_PARAMS=VARIANT=portable picks the portable kernel", &failures);
     expect(backward_choice(ctx, 64, "VARIANT=cpu,BLOCK_N=12", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "multiple of 8"),
