@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "harness.h"
 
@@ -269,6 +270,50 @@ static void run_with(flashcl_context *ctx, const test_case *tc, int deterministi
     unsetenv("FLASHCL_BWD_PARAMS");
 }
 
+#ifdef FLASHCL_SOURCE_CL_DIR
+/* Copies cl/<name> into dir; 0 on any failure. */
+static int copy_source(const char *dir, const char *name) {
+    char from[4096], to[4096], buf[4096];
+    snprintf(from, sizeof from, "%s/%s", FLASHCL_SOURCE_CL_DIR, name);
+    snprintf(to, sizeof to, "%s/%s", dir, name);
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    int ok = in && out;
+    for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out))
+        ok = 0;
+    return ok;
+}
+
+/* The cpu variant's source missing (FLASHCL_KERNEL_DIR holding only
+ * common.cl and flash_bwd.cl): its build fails, and the backward falls back
+ * to the portable kernels, still right. Tiles of its own, so no kernel built
+ * earlier in this process answers from the in-memory cache. */
+static void cpu_build_failure(flashcl_context *ctx) {
+    char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX";
+    if (flashcl_context_is_host(ctx))
+        return;
+    if (!mkdtemp(dir) || !copy_source(dir, "common.cl") || !copy_source(dir, "flash_bwd.cl")) {
+        expect(0, "cpu build failure: setting up the source directory", &failures);
+        return;
+    }
+    printf("FLASHCL_KERNEL_DIR without flash_bwd_cpu.cl:\n");
+    setenv("FLASHCL_KERNEL_DIR", dir, 1);
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
+    tc.causal = 1;
+    run_with(ctx, &tc, 1, "VARIANT=cpu,BLOCK_M=16,BLOCK_N=24,WG=16");
+    unsetenv("FLASHCL_KERNEL_DIR");
+    char path[4096];
+    snprintf(path, sizeof path, "%s/common.cl", dir);
+    remove(path);
+    snprintf(path, sizeof path, "%s/flash_bwd.cl", dir);
+    remove(path);
+    rmdir(dir);
+}
+#endif
+
 /* Kernel builds dominate on PoCL: the quick set uses three (dtype, head_dim)
  * pairs, f32/16, f16/59 and bf16/59, plus D=1. The table's kernel variant
  * runs every case; VARIANT= runs a few on the other one too (cl/flash_bwd.cl
@@ -520,6 +565,9 @@ int main(int argc, char **argv) {
     } else {
         fd_checks(seed);
         quick(ctx);
+#ifdef FLASHCL_SOURCE_CL_DIR
+        cpu_build_failure(ctx);
+#endif
         determinism(ctx);
         errors(ctx);
     }
