@@ -1,4 +1,4 @@
-/* flash_bwd_cpu.cl: the backward's dK/dV (and atomic dQ) kernel shaped for CPU OpenCL drivers.
+/* flash_bwd_cpu.cl: the backward's dK/dV (with atomic dQ) and deterministic dQ kernels shaped for CPUs.
  *
  * The math is flash_bwd.cl's (see there): with s = scale * q.k (soft-capped
  * c * tanh(s / c)), P = exp(s - LSE), D_i = rowsum(dO_i * O_i),
@@ -19,12 +19,12 @@
  *
  *   __local (one work-item's scratch; PoCL gives CPUs megabytes):
  *     kt_tile, vt_tile [HEAD_DIM][BLOCK_N]   K, V transposed (fixed)
- *     k_tile           [BLOCK_N][D_PAD]      K as it comes (fixed, for dQ)
- *     dk_acc, dv_acc   [BLOCK_N][D_PAD]      the block's gradients
- *     q_tile, do_tile  [BLOCK_M][D_PAD]      one query tile (streamed)
+ *     k_tile           [BLOCK_N][CPU_D_PAD]  K as it comes (fixed, for dQ)
+ *     dk_acc, dv_acc   [BLOCK_N][CPU_D_PAD]  the block's gradients
+ *     q_tile, do_tile  [BLOCK_M][CPU_D_PAD]  one query tile (streamed)
  *     p_tile, ds_tile  [BLOCK_M][BLOCK_N]    its P and dS
  *   the dQ pass: the same K/V tiles (streamed), Q and dO (fixed), dq_acc
- *   [BLOCK_M][D_PAD] in place of dK and dV.
+ *   [BLOCK_M][CPU_D_PAD] in place of dK and dV.
  *
  * The dK/dV work-item loops over the `group` query heads sharing its kv head
  * and over the BLOCK_M-row query tiles that see any of its keys, so each
@@ -42,10 +42,10 @@
 #define HEAD_DIM 64 // exact head dimension
 #endif
 #ifndef BLOCK_M
-#define BLOCK_M 32 // query rows per streamed tile: each K/V element is reused this often
+#define BLOCK_M 64 // query rows per tile (dK/dV: streamed; dQ: per work-item)
 #endif
 #ifndef BLOCK_N
-#define BLOCK_N 32 // keys per work-item: the SIMD dimension of the score loops
+#define BLOCK_N 64 // keys per tile (dK/dV: per work-item; dQ: streamed), the score loops' SIMD dimension
 #endif
 
 #if BLOCK_N % 8 != 0 /* the vector layout: common.cl */
