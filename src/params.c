@@ -828,11 +828,16 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
     /* The entry's kernel where it applies, else the next simpler one. */
+    /* An entry's max_rows is what one block takes; a sequence may use up to
+     * DECODE_BLOCKS blocks (each re-reads its K/V), which is how a GQA group
+     * wider than a block (MQA with 32 query heads) still decodes here. */
+    enum { DECODE_BLOCKS = 4 };
     const int simt_ok = pb->head_dim % vec == 0 && pb->vec_aligned && !cpu;
-    if (e->kernel == FLASHCL_SERVING_DECODE_MMA && max_rows <= e->max_rows && decode_mma_applies(ctx, pb))
+    if (e->kernel == FLASHCL_SERVING_DECODE_MMA && max_rows <= DECODE_BLOCKS * e->max_rows &&
+        decode_mma_applies(ctx, pb))
         c->kernel = FLASHCL_SERVING_DECODE_MMA;
     else if (e->kernel != FLASHCL_SERVING_TILED &&
-             max_rows <= (e->kernel == FLASHCL_SERVING_DECODE ? e->max_rows : 8) && simt_ok)
+             max_rows <= DECODE_BLOCKS * (e->kernel == FLASHCL_SERVING_DECODE ? e->max_rows : 8) && simt_ok)
         c->kernel = FLASHCL_SERVING_DECODE;
     else
         c->kernel = FLASHCL_SERVING_TILED;

@@ -781,8 +781,11 @@ static void test_serving_backward_file(void) {
                dc.stages == 3 && dc.wgs_per_cu == 3,
            "serving: a fitting tuned decode entry beats the arch entry on the pretend GPU", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 16, &dc) == FLASHCL_SUCCESS &&
+               dc.kernel == FLASHCL_SERVING_DECODE && dc.block_m == 8 && !strcmp(dc.source, want),
+           "serving: 16 rows, twice the entry's max_rows (8), take two 8-row decode blocks", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 33, &dc) == FLASHCL_SUCCESS &&
                dc.kernel == FLASHCL_SERVING_TILED && !strcmp(dc.source, want),
-           "serving: more rows than the entry's max_rows (8) take the tiled kernel", &failures);
+           "serving: more than four blocks' rows (33 > 4 x 8) take the tiled kernel", &failures);
     flashcl_context_destroy(ctx);
 
     /* The writer keeps the serving and backward arrays when it stores a forward entry. */
