@@ -580,7 +580,9 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     clReleaseEvent(written);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching %s: %s", names[c->kernel], flashcl_status_string(err));
-    /* The next upload into the description buffer waits for this reader. */
+    /* The next call's upload waits for this call's last kernel: the reader of
+     * the description buffer, and of the caller's scratch, which the next
+     * call may reuse. So calls on one context run in order on any queue. */
     if (ctx->serving_meta_reader)
         clReleaseEvent(ctx->serving_meta_reader);
     ctx->serving_meta_reader = attended;
@@ -603,10 +605,17 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     for (int i = 0; i < 5; ++i)
         err |= clSetKernelArg(combine, a++, sizeof(cl_int), &ci[i]);
     size_t cglobal[3] = {(size_t)r->head_dim, (size_t)r->heads_q, (size_t)p->total_q};
+    cl_event combined = NULL;
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, combine, 3, NULL, cglobal, NULL, 1, &attended, event);
+        err = clEnqueueNDRangeKernel(ctx->queue, combine, 3, NULL, cglobal, NULL, 1, &attended, &combined);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching attn_combine: %s", flashcl_status_string(err));
+    clReleaseEvent(ctx->serving_meta_reader); /* attended: the combine comes after it */
+    ctx->serving_meta_reader = combined;
+    if (event) {
+        clRetainEvent(combined);
+        *event = combined;
+    }
     return FLASHCL_SUCCESS;
 }
 
