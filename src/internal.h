@@ -186,6 +186,8 @@ typedef struct flashcl_decode_problem {
     long max_keys;           /* the longest sequence's keys                     */
     int requested_splits;    /* > 0 forces the split count                      */
     int vec_aligned;         /* K/V rows start on 16 bytes (offsets, strides)    */
+    int force_tiled;         /* the tiled kernel whatever else applies (a decode
+                              * kernel failed to build)                         */
 } flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
     int kernel;          /* FLASHCL_SERVING_TILED, _DECODE or _DECODE_MMA      */

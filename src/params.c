@@ -927,7 +927,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         return st;
     const char *source;
     const decode_entry *e = decode_lookup(ctx, pb, &source);
-    decode_derive(ctx, pb, e, forced_kernel, c);
+    decode_derive(ctx, pb, e, pb->force_tiled ? FLASHCL_SERVING_TILED : forced_kernel, c);
     c->source = source;
 
     /* Explicit values replace the derived ones and must fit as given. */

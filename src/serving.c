@@ -282,7 +282,8 @@ flashcl_status flashcl_check_cu_seqlens(flashcl_context *ctx, const char *name, 
 
 /* Checks desc (against the cache when paged) and builds meta and the choice. */
 static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc *d,
-                                const flashcl_kv_cache *cache, const int *seq_ids, serving_plan *p) {
+                                const flashcl_kv_cache *cache, const int *seq_ids, int force_tiled, int splits,
+                                serving_plan *p) {
     memset(p, 0, sizeof *p);
     if (!d)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
@@ -371,7 +372,8 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     }
     /* The decode kernel reads K/V rows as 16-byte chunks. */
     const size_t vec = 16 / flashcl_dtype_size(r->dtype);
-    flashcl_decode_problem pb = {r->dtype, r->head_dim, r->heads_k, n, rows, p->max_keys, r->num_splits, 1};
+    flashcl_decode_problem pb = {r->dtype, r->head_dim, r->heads_k, n, rows, p->max_keys,
+                                 splits > 0 ? splits : r->num_splits, 1, force_tiled};
     for (int i = 2; i < 4; ++i)
         if (ls[i]->offset % vec || ls[i]->stride_seq % vec || ls[i]->stride_head % vec)
             pb.vec_aligned = 0;
@@ -636,9 +638,35 @@ flashcl_status flashcl_varlen_scratch_size(flashcl_context *ctx, const flashcl_v
     if (!bytes)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes is NULL");
     serving_plan p;
-    st = make_plan(ctx, desc, NULL, NULL, &p);
+    st = make_plan(ctx, desc, NULL, NULL, 0, 0, &p);
     if (st == FLASHCL_SUCCESS)
         *bytes = p.scratch_bytes;
+    free(p.meta);
+    return st;
+}
+
+/* Plans and launches. If a decode kernel does not build (an older driver,
+ * another compiler), the tiled kernel runs instead with the same split
+ * count, so the same scratch serves, and the log says why: never a failure
+ * the caller could not have avoided, never a wrong answer. */
+static flashcl_status plan_and_launch(flashcl_context *ctx, const flashcl_varlen_desc *desc,
+                                      const flashcl_kv_cache *cache, const int *seq_ids, cl_mem q, cl_mem k,
+                                      cl_mem v, int page_size, cl_mem out, cl_mem lse, size_t lse_offset,
+                                      cl_mem scratch, cl_event *event) {
+    serving_plan p;
+    flashcl_status st = make_plan(ctx, desc, cache, seq_ids, 0, 0, &p);
+    if (st == FLASHCL_SUCCESS)
+        st = launch(ctx, &p, q, k, v, page_size, out, lse, lse_offset, scratch, event);
+    if (st == FLASHCL_ERROR_BUILD_FAILED && p.choice.kernel != FLASHCL_SERVING_TILED) {
+        flashcl_log("serving: the decode kernel did not build, the tiled kernel runs instead: %s",
+                    flashcl_last_error(ctx));
+        const int splits = p.choice.splits;
+        free(p.meta);
+        flashcl_clear_error(ctx);
+        st = make_plan(ctx, desc, cache, seq_ids, 1, splits, &p);
+        if (st == FLASHCL_SUCCESS)
+            st = launch(ctx, &p, q, k, v, page_size, out, lse, lse_offset, scratch, event);
+    }
     free(p.meta);
     return st;
 }
@@ -649,12 +677,7 @@ flashcl_status flashcl_varlen_forward(flashcl_context *ctx, const flashcl_varlen
     flashcl_status st = begin(ctx, "varlen attention");
     if (st)
         return st;
-    serving_plan p;
-    st = make_plan(ctx, desc, NULL, NULL, &p);
-    if (st == FLASHCL_SUCCESS)
-        st = launch(ctx, &p, q, k, v, 0, out, lse, lse_offset, scratch, event);
-    free(p.meta);
-    return st;
+    return plan_and_launch(ctx, desc, NULL, NULL, q, k, v, 0, out, lse, lse_offset, scratch, event);
 }
 
 flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
@@ -665,7 +688,7 @@ flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_va
     if (!bytes || !cache)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "bytes or cache is NULL");
     serving_plan p;
-    st = make_plan(ctx, desc, cache, seq_ids, &p);
+    st = make_plan(ctx, desc, cache, seq_ids, 0, 0, &p);
     if (st == FLASHCL_SUCCESS)
         *bytes = p.scratch_bytes;
     free(p.meta);
@@ -683,13 +706,8 @@ flashcl_status flashcl_paged_attention(flashcl_context *ctx, const flashcl_varle
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "cache is NULL");
     if (cache->ctx != ctx)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the cache belongs to another context");
-    serving_plan p;
-    st = make_plan(ctx, desc, cache, seq_ids, &p);
-    if (st == FLASHCL_SUCCESS)
-        st = launch(ctx, &p, q, cache->k_pool, cache->v_pool, cache->desc.page_size, out, lse, lse_offset,
-                    scratch, event);
-    free(p.meta);
-    return st;
+    return plan_and_launch(ctx, desc, cache, seq_ids, q, cache->k_pool, cache->v_pool, cache->desc.page_size, out,
+                           lse, lse_offset, scratch, event);
 }
 
 flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen_desc *desc,
@@ -701,7 +719,7 @@ flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen
     if (!params)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "params is NULL");
     serving_plan p;
-    st = make_plan(ctx, desc, cache, seq_ids, &p);
+    st = make_plan(ctx, desc, cache, seq_ids, 0, 0, &p);
     free(p.meta);
     if (st)
         return st;

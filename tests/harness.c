@@ -187,3 +187,18 @@ done:
     free(lse);
     return ok;
 }
+
+int test_copy_file(const char *from_dir, const char *to_dir, const char *name) {
+    char from[4096], to[4096], buf[4096];
+    snprintf(from, sizeof from, "%s/%s", from_dir, name);
+    snprintf(to, sizeof to, "%s/%s", to_dir, name);
+    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
+    int ok = in && out;
+    for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;)
+        ok = fwrite(buf, 1, n, out) == n;
+    if (in)
+        fclose(in);
+    if (out && fclose(out))
+        ok = 0;
+    return ok;
+}

@@ -45,4 +45,8 @@ void case_desc(const test_case *tc, flashcl_attention_desc *desc, size_t elems[4
 /* Prints "name: ok" or "name: FAILED" and counts failures. */
 void expect(int ok, const char *what, int *failures);
 
+/* Copies from_dir/name to to_dir/name; 1 on success. (Tests that build a
+ * FLASHCL_KERNEL_DIR with a kernel source missing, to see a fallback.) */
+int test_copy_file(const char *from_dir, const char *to_dir, const char *name);
+
 #endif

@@ -272,21 +272,6 @@ static void run_with(flashcl_context *ctx, const test_case *tc, int deterministi
 
 #ifdef FLASHCL_SOURCE_CL_DIR
 /* Copies cl/<name> into dir; 0 on any failure. */
-static int copy_source(const char *dir, const char *name) {
-    char from[4096], to[4096], buf[4096];
-    snprintf(from, sizeof from, "%s/%s", FLASHCL_SOURCE_CL_DIR, name);
-    snprintf(to, sizeof to, "%s/%s", dir, name);
-    FILE *in = fopen(from, "rb"), *out = fopen(to, "wb");
-    int ok = in && out;
-    for (size_t n; ok && (n = fread(buf, 1, sizeof buf, in)) > 0;)
-        ok = fwrite(buf, 1, n, out) == n;
-    if (in)
-        fclose(in);
-    if (out && fclose(out))
-        ok = 0;
-    return ok;
-}
-
 /* The cpu variant's source missing (FLASHCL_KERNEL_DIR holding only
  * common.cl and flash_bwd.cl): its build fails, and the backward falls back
  * to the portable kernels, still right. Tiles of its own, so no kernel built
@@ -295,7 +280,8 @@ static void cpu_build_failure(flashcl_context *ctx) {
     char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX";
     if (flashcl_context_is_host(ctx))
         return;
-    if (!mkdtemp(dir) || !copy_source(dir, "common.cl") || !copy_source(dir, "flash_bwd.cl")) {
+    if (!mkdtemp(dir) || !test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, "common.cl") ||
+        !test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, "flash_bwd.cl")) {
         expect(0, "cpu build failure: setting up the source directory", &failures);
         return;
     }

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h> /* rmdir */
 
 #include "harness.h"
 
@@ -749,6 +750,38 @@ static void ooo_suite(flashcl_context *base, const char *name) {
     clReleaseCommandQueue(qq);
 }
 
+/* The decode kernel's source missing (FLASHCL_KERNEL_DIR without
+ * paged_decode.cl): its build fails and the call runs the tiled kernel with
+ * the same splits, still right. Head dim 48 so that no kernel built earlier
+ * in this process answers from the in-memory cache. */
+static void decode_build_failure(flashcl_context *ctx) {
+    static const char *const keep[] = {"common.cl", "paged_attention.cl", "merge.cl", "kv_cache.cl"};
+    char dir[] = "/tmp/flashcl-serving-fallback-XXXXXX", path[4096];
+    int ok = mkdtemp(dir) != NULL;
+    for (size_t i = 0; ok && i < sizeof keep / sizeof keep[0]; ++i)
+        ok = test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, keep[i]);
+    if (ok) {
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        mirror m;
+        mirror_init(&m, ctx, FLASHCL_FLOAT16, 2, 48, 16, 40);
+        int slots[2] = {0, 1}, lens[2] = {200, 9}, ones[2] = {1, 1};
+        flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
+        flashcl_kv_cache_add_sequence(m.cache, &m.ids[1]);
+        ok = mirror_append(ctx, &m, 2, slots, lens) == FLASHCL_SUCCESS &&
+             paged_check(ctx, &m, 2, slots, ones, 4, 1, 3, 0,
+                         "decode kernel source missing: the tiled kernel runs instead, right", NULL);
+        mirror_free(&m);
+        unsetenv("FLASHCL_KERNEL_DIR");
+    } else {
+        expect(0, "decode build failure: setting up the source directory", &failures);
+    }
+    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; ++i) {
+        snprintf(path, sizeof path, "%s/%s", dir, keep[i]);
+        remove(path);
+    }
+    rmdir(dir);
+}
+
 /* One sequence of `len` tokens in a fresh mirror, and the desc of a
  * one-token step over it (heads_q query heads). */
 static void one_sequence(flashcl_context *ctx, mirror *m, flashcl_varlen_desc *d, const int *cu, flashcl_dtype dt,
@@ -855,6 +888,7 @@ int main(int argc, char **argv) {
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "decode kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "decode kernel: varlen non-causal, 2 splits");
         ooo_suite(ctx, "decode kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
+        decode_build_failure(ctx);
         decode_params_suite(ctx);
         unsetenv("FLASHCL_DECODE_PARAMS");
     }
