@@ -26,6 +26,18 @@ double cli_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+int cli_parse_dtype(const char *text, flashcl_dtype *dtype) {
+    if (!strcmp(text, "f16") || !strcmp(text, "fp16") || !strcmp(text, "float16"))
+        *dtype = FLASHCL_FLOAT16;
+    else if (!strcmp(text, "bf16") || !strcmp(text, "bfloat16"))
+        *dtype = FLASHCL_BFLOAT16;
+    else if (!strcmp(text, "f32") || !strcmp(text, "fp32") || !strcmp(text, "float32"))
+        *dtype = FLASHCL_FLOAT32;
+    else
+        return -1;
+    return 0;
+}
+
 int cli_parse_long(const char *text, long min, long max, long *out) {
     char *end;
     long value;

@@ -5,6 +5,8 @@
 #include <stddef.h>
 #include <stdio.h>
 
+#include "flashcl.h"
+
 /* Exit statuses of the tool. */
 #define CLI_EXIT_OK 0
 #define CLI_EXIT_FAIL 1
@@ -26,6 +28,8 @@ double cli_now(void);
  * Return 0 on success, -1 otherwise (nothing printed). */
 int cli_parse_long(const char *text, long min, long max, long *out);
 int cli_parse_double(const char *text, double *out); /* finite values only */
+/* A storage type by name: f16/fp16/float16, bf16/bfloat16, f32/fp32/float32. */
+int cli_parse_dtype(const char *text, flashcl_dtype *dtype);
 /* "1,8,1024,64": up to max_count integers in [min, max]; *count gets how many. */
 int cli_parse_long_list(const char *text, long min, long max, long *values, int max_count,
                         int *count);

@@ -195,18 +195,6 @@ static const char *dtype_short(flashcl_dtype dtype) {
     return "?";
 }
 
-static int parse_dtype(const char *text, flashcl_dtype *dtype) {
-    if (!strcmp(text, "f16") || !strcmp(text, "fp16") || !strcmp(text, "float16"))
-        *dtype = FLASHCL_FLOAT16;
-    else if (!strcmp(text, "bf16") || !strcmp(text, "bfloat16"))
-        *dtype = FLASHCL_BFLOAT16;
-    else if (!strcmp(text, "f32") || !strcmp(text, "fp32") || !strcmp(text, "float32"))
-        *dtype = FLASHCL_FLOAT32;
-    else
-        return -1;
-    return 0;
-}
-
 /* a*b*c*d elements without overflowing size_t; -1 if it would. */
 static int count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
     size_t n = a;
@@ -1562,7 +1550,7 @@ static int cmd_bench(int argc, char **argv) {
             snprintf(list, sizeof list, "%s", value);
             num_dtypes = 0;
             for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                if (num_dtypes == 3 || parse_dtype(tok, &dtypes[num_dtypes]) != 0)
+                if (num_dtypes == 3 || cli_parse_dtype(tok, &dtypes[num_dtypes]) != 0)
                     return usage_error(usage_bench, "--dtype wants f16, bf16 or f32 (a list of up to 3), not '%s'",
                                        value);
                 num_dtypes++;

@@ -352,13 +352,7 @@ int cli_bench_decode(int argc, char **argv) {
         if ((r = cli_take_value(argc, argv, &i, "--dtype", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (!strcmp(value, "f16"))
-                dt = FLASHCL_FLOAT16;
-            else if (!strcmp(value, "bf16"))
-                dt = FLASHCL_BFLOAT16;
-            else if (!strcmp(value, "f32"))
-                dt = FLASHCL_FLOAT32;
-            else {
+            if (cli_parse_dtype(value, &dt) != 0) {
                 cli_errorf("--dtype wants f16, bf16 or f32, not '%s'", value);
                 return CLI_EXIT_USAGE;
             }

@@ -104,18 +104,6 @@ static void on_sigint(int sig) {
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static int tune_parse_dtype(const char *t, flashcl_dtype *d) {
-    if (!strcmp(t, "f16") || !strcmp(t, "float16"))
-        *d = FLASHCL_FLOAT16;
-    else if (!strcmp(t, "bf16") || !strcmp(t, "bfloat16"))
-        *d = FLASHCL_BFLOAT16;
-    else if (!strcmp(t, "f32") || !strcmp(t, "float32"))
-        *d = FLASHCL_FLOAT32;
-    else
-        return -1;
-    return 0;
-}
-
 static const char *dtype_name(flashcl_dtype d) {
     return d == FLASHCL_FLOAT32 ? "f32" : d == FLASHCL_BFLOAT16 ? "bf16" : "f16";
 }
@@ -469,7 +457,7 @@ int cmd_tune(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             device = value;
         } else if (TAKE("--dtype")) {
-            if (r < 0 || tune_parse_dtype(value, &dtype) != 0)
+            if (r < 0 || cli_parse_dtype(value, &dtype) != 0)
                 return r < 0 ? CLI_EXIT_USAGE : (cli_errorf("--dtype wants f16, bf16 or f32"), CLI_EXIT_USAGE);
         } else if ((k = int_option(argc, argv, &i, &value)) != 0) {
             static const long lo[] = {1, 1, 1, 1, 1, 0, 0};
