@@ -202,3 +202,26 @@ int test_copy_file(const char *from_dir, const char *to_dir, const char *name) {
         ok = 0;
     return ok;
 }
+
+static void die(const char *what, long code) {
+    fprintf(stderr, "%s failed (%ld)\n", what, code);
+    exit(1);
+}
+
+void *test_xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    return p ? p : (die("malloc", (long)n), NULL);
+}
+
+cl_mem test_upload(flashcl_context *ctx, const void *host, size_t bytes) {
+    cl_int err = CL_SUCCESS;
+    cl_mem b = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0),
+                              bytes ? bytes : 4, (void *)host, &err);
+    return b ? b : (die("clCreateBuffer", err), NULL);
+}
+
+void test_download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes) {
+    cl_int err = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
+    if (err != CL_SUCCESS)
+        die("clEnqueueReadBuffer", err);
+}

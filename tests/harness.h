@@ -45,6 +45,13 @@ void case_desc(const test_case *tc, flashcl_attention_desc *desc, size_t elems[4
 /* Prints "name: ok" or "name: FAILED" and counts failures. */
 void expect(int ok, const char *what, int *failures);
 
+/* Test plumbing that ends the test on failure (nothing after it could be
+ * checked): malloc (n = 0 allowed); a device buffer of `bytes` (4 if 0), a
+ * copy of `host` when given; a blocking read of `bytes` into `host`. */
+void *test_xmalloc(size_t n);
+cl_mem test_upload(flashcl_context *ctx, const void *host, size_t bytes);
+void test_download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes);
+
 /* Copies from_dir/name to to_dir/name; 1 on success. (Tests that build a
  * FLASHCL_KERNEL_DIR with a kernel source missing, to see a fallback.) */
 int test_copy_file(const char *from_dir, const char *to_dir, const char *name);

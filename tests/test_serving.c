@@ -22,34 +22,6 @@ static uint64_t next_seed(void) {
     return test_seed() + 7919u * ++seed_counter;
 }
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
-
-static cl_mem upload(flashcl_context *ctx, const void *host, size_t bytes) {
-    cl_int err;
-    cl_mem_flags flags = CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0);
-    cl_mem b = clCreateBuffer(flashcl_context_cl_context(ctx), flags, bytes ? bytes : 4, (void *)host, &err);
-    if (!b) {
-        fprintf(stderr, "clCreateBuffer(%zu): %d\n", bytes, err);
-        exit(1);
-    }
-    return b;
-}
-
-static void download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes) {
-    cl_int err = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
-    if (err != CL_SUCCESS) {
-        fprintf(stderr, "clEnqueueReadBuffer: %d\n", err);
-        exit(1);
-    }
-}
-
 /* ---- merge ------------------------------------------------------------------------------ */
 
 /* Random partial results with some -inf LSEs (one side, both sides); the O of
@@ -76,8 +48,8 @@ static void merge_random(flashcl_context *ctx, flashcl_dtype dt, int in_place, i
     }
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, next_seed());
-    void *o1 = xmalloc(packed * es), *o2 = xmalloc(n2 * es), *out = xmalloc(packed * es);
-    float *l1 = xmalloc(rows * 4), *l2 = xmalloc((rows + 9) * 4), *lo = xmalloc((rows + 4) * 4);
+    void *o1 = test_xmalloc(packed * es), *o2 = test_xmalloc(n2 * es), *out = test_xmalloc(packed * es);
+    float *l1 = test_xmalloc(rows * 4), *l2 = test_xmalloc((rows + 9) * 4), *lo = test_xmalloc((rows + 4) * 4);
     flashcl_ref_fill_normal(&rng, o1, dt, packed, 1.0);
     flashcl_ref_fill_normal(&rng, o2, dt, n2, 1.0);
     for (size_t r = 0; r < rows + 9; ++r)
@@ -100,13 +72,13 @@ static void merge_random(flashcl_context *ctx, flashcl_dtype dt, int in_place, i
     flashcl_ref_poison(out, dt, packed);
     flashcl_ref_poison(lo, FLASHCL_FLOAT32, rows + 4);
 
-    cl_mem b1 = upload(ctx, o1, packed * es), bl1 = upload(ctx, l1, rows * 4);
-    cl_mem b2 = upload(ctx, o2, n2 * es), bl2 = upload(ctx, l2, (rows + 9) * 4);
-    cl_mem bo = in_place ? b1 : upload(ctx, out, packed * es), blo = upload(ctx, lo, (rows + 4) * 4);
+    cl_mem b1 = test_upload(ctx, o1, packed * es), bl1 = test_upload(ctx, l1, rows * 4);
+    cl_mem b2 = test_upload(ctx, o2, n2 * es), bl2 = test_upload(ctx, l2, (rows + 9) * 4);
+    cl_mem bo = in_place ? b1 : test_upload(ctx, out, packed * es), blo = test_upload(ctx, lo, (rows + 4) * 4);
     flashcl_status st = flashcl_attention_merge(ctx, &d, b1, bl1, b2, bl2, bo, blo, NULL);
     if (st == FLASHCL_SUCCESS) {
-        download(ctx, bo, out, packed * es);
-        download(ctx, blo, lo, (rows + 4) * 4);
+        test_download(ctx, bo, out, packed * es);
+        test_download(ctx, blo, lo, (rows + 4) * 4);
     }
     flashcl_ref_report rep;
     int ok = st == FLASHCL_SUCCESS && flashcl_ref_check_merge(&d, o1, l1, o2, l2, out, lo, 1, &rep);
@@ -132,9 +104,9 @@ static void merge_equals_full(flashcl_context *ctx, const char *name) {
     size_t es = 2, nq_el = (size_t)B * Nq * Hq * D, nk_el = (size_t)B * Nk * Hk * D, rows = (size_t)B * Hq * Nq;
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, next_seed());
-    void *q = xmalloc(nq_el * es), *k = xmalloc(nk_el * es), *v = xmalloc(nk_el * es);
-    void *o1 = xmalloc(nq_el * es), *o2 = xmalloc(nq_el * es), *out = xmalloc(nq_el * es);
-    float *l1 = xmalloc(rows * 4), *l2 = xmalloc(rows * 4), *lo = xmalloc(rows * 4);
+    void *q = test_xmalloc(nq_el * es), *k = test_xmalloc(nk_el * es), *v = test_xmalloc(nk_el * es);
+    void *o1 = test_xmalloc(nq_el * es), *o2 = test_xmalloc(nq_el * es), *out = test_xmalloc(nq_el * es);
+    float *l1 = test_xmalloc(rows * 4), *l2 = test_xmalloc(rows * 4), *lo = test_xmalloc(rows * 4);
     flashcl_ref_fill_normal(&rng, q, dt, nq_el, 1.0);
     flashcl_ref_fill_normal(&rng, k, dt, nk_el, 1.0);
     flashcl_ref_fill_normal(&rng, v, dt, nk_el, 1.0);
@@ -211,8 +183,8 @@ static void mirror_init(mirror *m, flashcl_context *ctx, flashcl_dtype dt, int h
         exit(1);
     }
     for (int i = 0; i < 16; ++i) {
-        m->k[i] = xmalloc(MAX_TOKENS * m->row * 4);
-        m->v[i] = xmalloc(MAX_TOKENS * m->row * 4);
+        m->k[i] = test_xmalloc(MAX_TOKENS * m->row * 4);
+        m->v[i] = test_xmalloc(MAX_TOKENS * m->row * 4);
         m->ids[i] = -1;
     }
 }
@@ -230,12 +202,12 @@ static flashcl_status mirror_append(flashcl_context *ctx, mirror *m, int n, cons
     int total = 0, ids[16];
     for (int i = 0; i < n; ++i)
         total += counts[i], ids[i] = m->ids[slots[i]];
-    void *k = xmalloc((size_t)total * m->row * es), *v = xmalloc((size_t)total * m->row * es);
+    void *k = test_xmalloc((size_t)total * m->row * es), *v = test_xmalloc((size_t)total * m->row * es);
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, next_seed());
     flashcl_ref_fill_normal(&rng, k, m->desc.dtype, (size_t)total * m->row, 1.0);
     flashcl_ref_fill_normal(&rng, v, m->desc.dtype, (size_t)total * m->row, 1.0);
-    cl_mem bk = upload(ctx, k, (size_t)total * m->row * es), bv = upload(ctx, v, (size_t)total * m->row * es);
+    cl_mem bk = test_upload(ctx, k, (size_t)total * m->row * es), bv = test_upload(ctx, v, (size_t)total * m->row * es);
     flashcl_status st = flashcl_kv_cache_append(m->cache, n, ids, counts, bk, NULL, bv, NULL, NULL);
     if (st == FLASHCL_SUCCESS) {
         size_t t = 0;
@@ -261,9 +233,9 @@ static flashcl_status mirror_append(flashcl_context *ctx, mirror *m, int n, cons
 static int mirror_matches(flashcl_context *ctx, mirror *m) {
     size_t es = flashcl_dtype_size(m->desc.dtype);
     size_t pool = (size_t)m->desc.num_pages * m->desc.page_size * m->row * es;
-    void *kp = xmalloc(pool), *vp = xmalloc(pool), *dense = xmalloc(MAX_TOKENS * m->row * es);
-    download(ctx, flashcl_kv_cache_k_pool(m->cache), kp, pool);
-    download(ctx, flashcl_kv_cache_v_pool(m->cache), vp, pool);
+    void *kp = test_xmalloc(pool), *vp = test_xmalloc(pool), *dense = test_xmalloc(MAX_TOKENS * m->row * es);
+    test_download(ctx, flashcl_kv_cache_k_pool(m->cache), kp, pool);
+    test_download(ctx, flashcl_kv_cache_v_pool(m->cache), vp, pool);
     int ok = 1, pages[MAX_TOKENS], count;
     for (int s = 0; s < 16; ++s) {
         if (m->ids[s] < 0)
@@ -298,9 +270,9 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     }
     const int total_q = cu_q[n], total_k = cu_k[n];
     size_t q_el = (size_t)total_q * heads_q * D, lse_n = (size_t)total_q * heads_q;
-    void *q = xmalloc(q_el * es), *out = xmalloc(q_el * es);
-    void *k = xmalloc((size_t)total_k * Hk * D * es), *v = xmalloc((size_t)total_k * Hk * D * es);
-    float *lse = xmalloc(lse_n * 4);
+    void *q = test_xmalloc(q_el * es), *out = test_xmalloc(q_el * es);
+    void *k = test_xmalloc((size_t)total_k * Hk * D * es), *v = test_xmalloc((size_t)total_k * Hk * D * es);
+    float *lse = test_xmalloc(lse_n * 4);
     for (int i = 0; i < n; ++i) {
         memcpy((char *)k + (size_t)cu_k[i] * m->row * es, m->k[slots[i]], (size_t)m->len[slots[i]] * m->row * es);
         memcpy((char *)v + (size_t)cu_k[i] * m->row * es, m->v[slots[i]], (size_t)m->len[slots[i]] * m->row * es);
@@ -326,13 +298,13 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     flashcl_params params;
     if (!st)
         st = flashcl_serving_params(ctx, &d, m->cache, ids, &params, &used_splits);
-    cl_mem bq = upload(ctx, q, q_el * es), bo = upload(ctx, out, q_el * es), bl = upload(ctx, lse, lse_n * 4);
-    cl_mem scratch = scratch_bytes ? upload(ctx, NULL, scratch_bytes) : NULL;
+    cl_mem bq = test_upload(ctx, q, q_el * es), bo = test_upload(ctx, out, q_el * es), bl = test_upload(ctx, lse, lse_n * 4);
+    cl_mem scratch = scratch_bytes ? test_upload(ctx, NULL, scratch_bytes) : NULL;
     if (!st)
         st = flashcl_paged_attention(ctx, &d, m->cache, ids, bq, bo, bl, 0, scratch, NULL);
     if (!st) {
-        download(ctx, bo, out, q_el * es);
-        download(ctx, bl, lse, lse_n * 4);
+        test_download(ctx, bo, out, q_el * es);
+        test_download(ctx, bl, lse, lse_n * 4);
     } else {
         printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
     }
@@ -489,8 +461,8 @@ static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int 
     const size_t lse_n = (size_t)cu_q[n] * Hq;
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, next_seed());
-    void *q = xmalloc(q_el * es), *k = xmalloc(k_el * es), *v = xmalloc(k_el * es), *out = xmalloc(q_el * es);
-    float *lse = xmalloc(lse_n * 4);
+    void *q = test_xmalloc(q_el * es), *k = test_xmalloc(k_el * es), *v = test_xmalloc(k_el * es), *out = test_xmalloc(q_el * es);
+    float *lse = test_xmalloc(lse_n * 4);
     flashcl_ref_fill_normal(&rng, q, dt, q_el, 1.0);
     flashcl_ref_fill_normal(&rng, k, dt, k_el, 1.0);
     flashcl_ref_fill_normal(&rng, v, dt, k_el, 1.0);
@@ -509,14 +481,14 @@ static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int 
     d.num_splits = splits;
     size_t sb = 0;
     flashcl_status st = flashcl_varlen_scratch_size(ctx, &d, &sb);
-    cl_mem bq = upload(ctx, q, q_el * es), bk = upload(ctx, k, k_el * es), bv = upload(ctx, v, k_el * es);
-    cl_mem bo = upload(ctx, out, q_el * es), bl = upload(ctx, lse, lse_n * 4);
-    cl_mem scratch = sb ? upload(ctx, NULL, sb) : NULL;
+    cl_mem bq = test_upload(ctx, q, q_el * es), bk = test_upload(ctx, k, k_el * es), bv = test_upload(ctx, v, k_el * es);
+    cl_mem bo = test_upload(ctx, out, q_el * es), bl = test_upload(ctx, lse, lse_n * 4);
+    cl_mem scratch = sb ? test_upload(ctx, NULL, sb) : NULL;
     if (!st)
         st = flashcl_varlen_forward(ctx, &d, bq, bk, bv, bo, bl, 0, scratch, NULL);
     if (!st) {
-        download(ctx, bo, out, q_el * es);
-        download(ctx, bl, lse, lse_n * 4);
+        test_download(ctx, bo, out, q_el * es);
+        test_download(ctx, bl, lse, lse_n * 4);
     } else {
         printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
     }
@@ -539,7 +511,7 @@ static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int 
         a.head_dim = D;
         a.causal = causal;
         size_t el = (size_t)nq[i] * Hq * D;
-        void *alone = xmalloc(el * es);
+        void *alone = test_xmalloc(el * es);
         flashcl_status s2 = flashcl_attention_forward_host(ctx, &a, (char *)q + (size_t)cu_q[i] * Hq * D * es,
                                                            (char *)k + (size_t)cu_k[i] * Hk * D * es,
                                                            (char *)v + (size_t)cu_k[i] * Hk * D * es, alone, NULL);
@@ -577,7 +549,7 @@ static void errors_suite(flashcl_context *ctx) {
     int s, t;
     flashcl_kv_cache_add_sequence(c, &s);
     int ids[2] = {s, s}, counts[2] = {1, 1};
-    cl_mem kv = upload(ctx, NULL, 4 * 64 * 2 * 2);
+    cl_mem kv = test_upload(ctx, NULL, 4 * 64 * 2 * 2);
     expect(flashcl_kv_cache_append(c, 2, ids, counts, kv, NULL, kv, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
            "append: a sequence twice refused", &failures);
     ids[0] = 99;
@@ -607,7 +579,7 @@ static void errors_suite(flashcl_context *ctx) {
     d.cu_seqlens_k = cu;
     uint16_t poison[256];
     flashcl_ref_poison(poison, FLASHCL_FLOAT16, 256);
-    cl_mem q = upload(ctx, poison, 512), o = upload(ctx, poison, 512);
+    cl_mem q = test_upload(ctx, poison, 512), o = test_upload(ctx, poison, 512);
     flashcl_varlen_desc e = d;
     e.dtype = FLASHCL_BFLOAT16;
     expect(flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_DTYPE_MISMATCH,
@@ -645,7 +617,7 @@ static void errors_suite(flashcl_context *ctx) {
     expect(flashcl_varlen_forward(ctx, &e, q, kv, kv, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
            "varlen: missing cu_seqlens_k refused", &failures);
     uint16_t back[256];
-    download(ctx, o, back, 512);
+    test_download(ctx, o, back, 512);
     expect(!memcmp(back, poison, 512), "refused calls left the output untouched", &failures);
 
     flashcl_merge_desc md;
@@ -653,7 +625,7 @@ static void errors_suite(flashcl_context *ctx) {
     md.dtype = FLASHCL_FLOAT16;
     md.batch = md.seqlen = md.heads = 1;
     md.head_dim = 64;
-    cl_mem l = upload(ctx, poison, 64);
+    cl_mem l = test_upload(ctx, poison, 64);
     expect(flashcl_attention_merge(ctx, &md, q, l, q, l, o, l, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
            "merge: lse_out aliasing an input refused", &failures);
     md.head_dim = 0;
@@ -711,21 +683,21 @@ static void ooo_suite(flashcl_context *base, const char *name) {
     d.num_splits = 3;
     size_t sb = 0;
     flashcl_status st = flashcl_paged_scratch_size(ctx, &d, m.cache, m.ids, &sb);
-    cl_mem scratch = sb ? upload(ctx, NULL, sb) : NULL;
+    cl_mem scratch = sb ? test_upload(ctx, NULL, sb) : NULL;
     void *q[CALLS], *out[CALLS];
     cl_mem bq[CALLS], bo[CALLS];
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, next_seed());
     for (int i = 0; i < CALLS; ++i) {
-        q[i] = xmalloc(q_el * es), out[i] = xmalloc(q_el * es);
+        q[i] = test_xmalloc(q_el * es), out[i] = test_xmalloc(q_el * es);
         flashcl_ref_fill_normal(&rng, q[i], dt, q_el, 1.0);
         flashcl_ref_poison(out[i], dt, q_el);
-        bq[i] = upload(ctx, q[i], q_el * es), bo[i] = upload(ctx, out[i], q_el * es);
+        bq[i] = test_upload(ctx, q[i], q_el * es), bo[i] = test_upload(ctx, out[i], q_el * es);
     }
     for (int i = 0; !st && i < CALLS; ++i)
         st = flashcl_paged_attention(ctx, &d, m.cache, m.ids, bq[i], bo[i], NULL, 0, scratch, NULL);
     clFinish(qq);
-    void *k = xmalloc((size_t)cu_k[2] * m.row * es), *v = xmalloc((size_t)cu_k[2] * m.row * es);
+    void *k = test_xmalloc((size_t)cu_k[2] * m.row * es), *v = test_xmalloc((size_t)cu_k[2] * m.row * es);
     for (int i = 0; i < 2; ++i) {
         memcpy((char *)k + (size_t)cu_k[i] * m.row * es, m.k[i], (size_t)lens[i] * m.row * es);
         memcpy((char *)v + (size_t)cu_k[i] * m.row * es, m.v[i], (size_t)lens[i] * m.row * es);
@@ -734,7 +706,7 @@ static void ooo_suite(flashcl_context *base, const char *name) {
     int ok = !st;
     for (int i = 0; i < CALLS; ++i) {
         flashcl_ref_report rep;
-        download(ctx, bo[i], out[i], q_el * es);
+        test_download(ctx, bo[i], out[i], q_el * es);
         ok &= !st && flashcl_ref_check_varlen(&d, q[i], k, v, out[i], NULL, 1, &rep);
         clReleaseMemObject(bq[i]), clReleaseMemObject(bo[i]);
         free(q[i]), free(out[i]);

@@ -26,15 +26,6 @@
 
 static int failures;
 
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of host memory\n");
-        exit(1);
-    }
-    return p;
-}
-
 /* ---- chi-square: the regularized upper incomplete gamma Q(a, x) ------------------------------- */
 
 /* Q(a, x) = Gamma(a, x) / Gamma(a): the series of P for x < a + 1, else
@@ -174,7 +165,7 @@ typedef struct problem {
  * logits with some -inf. */
 static void random_row(flashcl_ref_rng *rng, float *row, int V, int logits, double spread) {
     double sum = 0.0;
-    double *tmp = xmalloc((size_t)V * sizeof *tmp);
+    double *tmp = test_xmalloc((size_t)V * sizeof *tmp);
     for (int y = 0; y < V; ++y) {
         double z = flashcl_ref_rng_normal(rng) * spread;
         int masked = V > 2 && flashcl_ref_rng_uniform(rng) < 0.1;
@@ -211,10 +202,10 @@ static problem make_problem(uint64_t seed, int B, int K, int V, int logits, int 
     pr.d.offset = seed % 1000;
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, seed);
-    pr.draft = xmalloc((size_t)B * K * sizeof(int));
-    pr.q = xmalloc((size_t)B * K * V * sizeof(float));
-    pr.p = xmalloc((size_t)B * (K + 1) * V * sizeof(float));
-    float *other = xmalloc((size_t)V * sizeof(float));
+    pr.draft = test_xmalloc((size_t)B * K * sizeof(int));
+    pr.q = test_xmalloc((size_t)B * K * V * sizeof(float));
+    pr.p = test_xmalloc((size_t)B * (K + 1) * V * sizeof(float));
+    float *other = test_xmalloc((size_t)V * sizeof(float));
     for (int b = 0; b < B; ++b) {
         for (int i = 0; i <= K; ++i) {
             float *prow = pr.p + ((size_t)b * (K + 1) + i) * V;
@@ -263,8 +254,8 @@ static void free_problem(problem *pr) {
 /* Runs pr through ctx and host_ref; 1 when accepted and tokens are identical. */
 static int same_as_ref(flashcl_context *ctx, const problem *pr, const char *what, int *n_accept_total) {
     const int B = pr->d.batch, K = pr->d.num_draft;
-    int *acc = xmalloc((size_t)B * sizeof(int)), *tok = xmalloc((size_t)B * (K + 1) * sizeof(int));
-    int *racc = xmalloc((size_t)B * sizeof(int)), *rtok = xmalloc((size_t)B * (K + 1) * sizeof(int));
+    int *acc = test_xmalloc((size_t)B * sizeof(int)), *tok = test_xmalloc((size_t)B * (K + 1) * sizeof(int));
+    int *racc = test_xmalloc((size_t)B * sizeof(int)), *rtok = test_xmalloc((size_t)B * (K + 1) * sizeof(int));
     for (int i = 0; i < B; ++i)
         acc[i] = 0x7eadbeef;
     for (int i = 0; i < B * (K + 1); ++i)
@@ -358,9 +349,9 @@ static problem lossless_problem(uint64_t seed, int trials, int K) {
     pr.d.vocab = LV;
     pr.d.seed = seed;
     pr.d.offset = 7;
-    pr.draft = xmalloc((size_t)trials * K * sizeof(int));
-    pr.q = xmalloc((size_t)trials * K * LV * sizeof(float));
-    pr.p = xmalloc((size_t)trials * (K + 1) * LV * sizeof(float));
+    pr.draft = test_xmalloc((size_t)trials * K * sizeof(int));
+    pr.q = test_xmalloc((size_t)trials * K * LV * sizeof(float));
+    pr.p = test_xmalloc((size_t)trials * (K + 1) * LV * sizeof(float));
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, seed ^ 0xabcdefull);
     for (int b = 0; b < trials; ++b) {
@@ -401,7 +392,7 @@ static int wrong_first_token(flashcl_ref_rng *rng, int x, int variant) {
 
 static double first_token_p_value(flashcl_context *ctx, uint64_t seed, int trials, int K) {
     problem pr = lossless_problem(seed, trials, K);
-    int *acc = xmalloc((size_t)trials * sizeof(int)), *tok = xmalloc((size_t)trials * (K + 1) * sizeof(int));
+    int *acc = test_xmalloc((size_t)trials * sizeof(int)), *tok = test_xmalloc((size_t)trials * (K + 1) * sizeof(int));
     flashcl_status st = flashcl_spec_verify_host(ctx, &pr.d, pr.draft, pr.q, pr.p, acc, tok);
     double pv = -1.0;
     if (st == FLASHCL_SUCCESS) {
@@ -473,9 +464,9 @@ static void test_expected_tokens(flashcl_context *ctx, const char *name) {
         pr.d.num_draft = K;
         pr.d.vocab = V;
         pr.d.seed = test_seed() + c;
-        pr.draft = xmalloc((size_t)N * K * sizeof(int));
-        pr.q = xmalloc((size_t)N * K * V * sizeof(float));
-        pr.p = xmalloc((size_t)N * (K + 1) * V * sizeof(float));
+        pr.draft = test_xmalloc((size_t)N * K * sizeof(int));
+        pr.q = test_xmalloc((size_t)N * K * V * sizeof(float));
+        pr.p = test_xmalloc((size_t)N * (K + 1) * V * sizeof(float));
         for (size_t i = 0; i < (size_t)N * K; ++i) {
             pr.draft[i] = 0;
             pr.q[i * V] = 1.0f;
@@ -486,7 +477,7 @@ static void test_expected_tokens(flashcl_context *ctx, const char *name) {
             pr.p[i * V + 1] = 1.0f - a;
             pr.p[i * V + 2] = 0.0f;
         }
-        int *acc = xmalloc((size_t)N * sizeof(int)), *tok = xmalloc((size_t)N * (K + 1) * sizeof(int));
+        int *acc = test_xmalloc((size_t)N * sizeof(int)), *tok = test_xmalloc((size_t)N * (K + 1) * sizeof(int));
         flashcl_status st = flashcl_spec_verify_host(ctx, &pr.d, pr.draft, pr.q, pr.p, acc, tok);
         double sum = 0.0, sum2 = 0.0;
         for (int b = 0; st == FLASHCL_SUCCESS && b < N; ++b) {

@@ -35,31 +35,6 @@ static uint64_t next_seed(void) {
     return test_seed() + 104729u * ++seed_counter;
 }
 
-/* Ends the test on a failed allocation or transfer: nothing after it could be checked. */
-static void die(const char *what, long code) {
-    fprintf(stderr, "%s failed (%ld)\n", what, code);
-    exit(1);
-}
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    return p ? p : (die("malloc", (long)n), NULL);
-}
-
-/* A device buffer of `bytes` (4 if 0), a copy of `host` when given. */
-static cl_mem upload(flashcl_context *ctx, const void *host, size_t bytes) {
-    cl_int err = CL_SUCCESS;
-    cl_mem b = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0),
-                              bytes ? bytes : 4, (void *)host, &err);
-    return b ? b : (die("clCreateBuffer", err), NULL);
-}
-
-static void download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes) {
-    cl_int err = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b, CL_TRUE, 0, bytes, host, 0, NULL, NULL);
-    if (err != CL_SUCCESS)
-        die("clEnqueueReadBuffer", err);
-}
-
 /* ---- one packed batch -------------------------------------------------------------- */
 
 typedef struct vcase {
@@ -141,12 +116,12 @@ static void batch_init(batch *b, const vcase *c, uint64_t seed) {
     b->o.dout = b->lay[DOUT], b->o.dq = b->lay[DQ], b->o.dk = b->lay[DK], b->o.dv = b->lay[DV];
     b->o.deterministic = c->deterministic;
     b->lse_count = lse_pad + (size_t)c->heads_q * b->cu_q[n];
-    b->lse = xmalloc(b->lse_count * sizeof(float));
+    b->lse = test_xmalloc(b->lse_count * sizeof(float));
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, seed);
     const double sd = c->input_scale > 0 ? c->input_scale : 1.0;
     for (int i = 0; i < NT; ++i) {
-        b->host[i] = xmalloc(b->elems[i] * b->es);
+        b->host[i] = test_xmalloc(b->elems[i] * b->es);
         if (i == OUT || i >= DQ)
             flashcl_ref_poison(b->host[i], c->dtype, b->elems[i]);
         else
@@ -190,13 +165,13 @@ static void dense_view(const batch *b, int s, flashcl_attention_desc *a, flashcl
  * read back. Every call is followed by clFinish (the queue may be out of order). */
 static flashcl_status run_varlen(flashcl_context *ctx, batch *b) {
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
-    cl_mem m[NT], lse = upload(ctx, b->lse, b->lse_count * 4), fs = NULL, bs = NULL;
+    cl_mem m[NT], lse = test_upload(ctx, b->lse, b->lse_count * 4), fs = NULL, bs = NULL;
     for (int i = 0; i < NT; ++i)
-        m[i] = upload(ctx, b->host[i], b->elems[i] * b->es);
+        m[i] = test_upload(ctx, b->host[i], b->elems[i] * b->es);
     size_t fbytes = 0, bbytes = 0;
     flashcl_status st = flashcl_varlen_scratch_size(ctx, &b->d, &fbytes);
     if (!st && fbytes)
-        fs = upload(ctx, NULL, fbytes);
+        fs = test_upload(ctx, NULL, fbytes);
     if (!st)
         st = flashcl_varlen_forward(ctx, &b->d, m[Q], m[K], m[V], m[OUT], lse, lse_pad, fs, NULL);
     clFinish(queue);
@@ -208,7 +183,7 @@ static flashcl_status run_varlen(flashcl_context *ctx, batch *b) {
     }
     cl_event ev = NULL;
     if (!st) {
-        bs = upload(ctx, NULL, bbytes); /* exactly the queried size */
+        bs = test_upload(ctx, NULL, bbytes); /* exactly the queried size */
         st = flashcl_varlen_backward(ctx, &b->d, &b->o, m[Q], m[K], m[V], m[OUT], m[DOUT], lse, lse_pad, m[DQ],
                                      m[DK], m[DV], bs, &ev);
     }
@@ -216,10 +191,10 @@ static flashcl_status run_varlen(flashcl_context *ctx, batch *b) {
         clWaitForEvents(1, &ev);
         clReleaseEvent(ev);
         clFinish(queue);
-        download(ctx, m[OUT], b->host[OUT], b->elems[OUT] * b->es);
-        download(ctx, lse, b->lse, b->lse_count * 4);
+        test_download(ctx, m[OUT], b->host[OUT], b->elems[OUT] * b->es);
+        test_download(ctx, lse, b->lse, b->lse_count * 4);
         for (int i = DQ; i <= DV; ++i)
-            download(ctx, m[i], b->host[i], b->elems[i] * b->es);
+            test_download(ctx, m[i], b->host[i], b->elems[i] * b->es);
     } else {
         printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
     }
@@ -239,7 +214,7 @@ static flashcl_status run_alone(flashcl_context *ctx, const batch *b, void *alon
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
     cl_mem m[NT];
     for (int i = 0; i < NT; ++i)
-        m[i] = upload(ctx, i >= DQ ? alone[i] : b->host[i], b->elems[i] * b->es);
+        m[i] = test_upload(ctx, i >= DQ ? alone[i] : b->host[i], b->elems[i] * b->es);
     flashcl_status st = FLASHCL_SUCCESS;
     for (int s = 0; s < b->c.num_seqs && !st; ++s) {
         const int nq = b->c.nq[s], Hq = b->c.heads_q;
@@ -248,13 +223,13 @@ static flashcl_status run_alone(flashcl_context *ctx, const batch *b, void *alon
         flashcl_attention_desc a;
         flashcl_backward_options o;
         dense_view(b, s, &a, &o);
-        float *lse = xmalloc((size_t)Hq * nq * sizeof(float)); /* [heads_q][nq] */
+        float *lse = test_xmalloc((size_t)Hq * nq * sizeof(float)); /* [heads_q][nq] */
         for (int h = 0; h < Hq; ++h)
             for (int t = 0; t < nq; ++t)
                 lse[(size_t)h * nq + t] = b->lse[lse_pad + (size_t)h * b->cu_q[b->c.num_seqs] + b->cu_q[s] + t];
         size_t sb = 0;
         st = flashcl_attention_backward_scratch_size(ctx, &a, &o, &sb);
-        cl_mem bl = upload(ctx, lse, (size_t)Hq * nq * 4), bs = upload(ctx, NULL, sb);
+        cl_mem bl = test_upload(ctx, lse, (size_t)Hq * nq * 4), bs = test_upload(ctx, NULL, sb);
         if (!st)
             st = flashcl_attention_backward(ctx, &a, &o, m[Q], m[K], m[V], m[OUT], m[DOUT], bl, 0, m[DQ], m[DK],
                                             m[DV], bs, NULL);
@@ -264,7 +239,7 @@ static flashcl_status run_alone(flashcl_context *ctx, const batch *b, void *alon
         free(lse);
     }
     for (int i = DQ; i <= DV && !st; ++i)
-        download(ctx, m[i], alone[i], b->elems[i] * b->es);
+        test_download(ctx, m[i], alone[i], b->elems[i] * b->es);
     for (int i = 0; i < NT; ++i)
         clReleaseMemObject(m[i]);
     if (st)
@@ -282,9 +257,9 @@ static int check_batch(flashcl_context *ctx, batch *b, const char *name) {
     void *alone[NT] = {0};
     unsigned char *covered[NT] = {0}; /* 1: the element belongs to the gradient's shape */
     for (int i = DQ; i <= DV; ++i) {
-        alone[i] = xmalloc(b->elems[i] * b->es);
+        alone[i] = test_xmalloc(b->elems[i] * b->es);
         flashcl_ref_poison(alone[i], dt, b->elems[i]);
-        covered[i] = xmalloc(b->elems[i]);
+        covered[i] = test_xmalloc(b->elems[i]);
         memset(covered[i], 0, b->elems[i]);
     }
     ok &= run_alone(ctx, b, alone) == FLASHCL_SUCCESS;
@@ -328,7 +303,7 @@ static int check_batch(flashcl_context *ctx, batch *b, const char *name) {
         }
     }
     /* Elements the layouts skip keep their poison. */
-    void *poison = xmalloc(b->es);
+    void *poison = test_xmalloc(b->es);
     flashcl_ref_poison(poison, dt, 1);
     for (int i = DQ; i <= DV; ++i)
         for (size_t e = 0; e < b->elems[i]; ++e)
@@ -394,9 +369,9 @@ static void errors(flashcl_context *ctx) {
     const vcase c = {"errors", FLASHCL_FLOAT32, 2, 1, 16, 1, 0, 0, 0, 0, 0, 0, 2, {3, 4}, {5, 2}};
     batch b;
     batch_init(&b, &c, next_seed());
-    cl_mem m[NT], lse = upload(ctx, b.lse, b.lse_count * 4);
+    cl_mem m[NT], lse = test_upload(ctx, b.lse, b.lse_count * 4);
     for (int i = 0; i < NT; ++i)
-        m[i] = upload(ctx, b.host[i], b.elems[i] * b.es);
+        m[i] = test_upload(ctx, b.host[i], b.elems[i] * b.es);
     flashcl_varlen_forward(ctx, &b.d, m[Q], m[K], m[V], m[OUT], lse, lse_pad, NULL, NULL);
     clFinish(flashcl_context_cl_queue(ctx));
     size_t need = 0;
@@ -406,7 +381,7 @@ static void errors(flashcl_context *ctx) {
            "scratch size: NULL bytes", &failures);
     expect(flashcl_varlen_backward_scratch_size(NULL, &b.d, &b.o, &need) == FLASHCL_ERROR_INVALID_ARGUMENT,
            "scratch size: NULL context", &failures);
-    cl_mem scratch = upload(ctx, NULL, need), short_scratch = upload(ctx, NULL, need - 4), small = upload(ctx, NULL, 64);
+    cl_mem scratch = test_upload(ctx, NULL, need), short_scratch = test_upload(ctx, NULL, need - 4), small = test_upload(ctx, NULL, 64);
 
     int cu_bad0[3] = {1, 3, 7}, cu_dec[3] = {0, 5, 4}, cu_empty[3] = {0, 0, 0};
     flashcl_varlen_desc bad[9];
@@ -479,8 +454,8 @@ static void errors(flashcl_context *ctx) {
     clFinish(flashcl_context_cl_queue(ctx));
     int untouched = 1;
     for (int i = DQ; i <= DV; ++i) {
-        void *back = xmalloc(b.elems[i] * b.es);
-        download(ctx, m[i], back, b.elems[i] * b.es);
+        void *back = test_xmalloc(b.elems[i] * b.es);
+        test_download(ctx, m[i], back, b.elems[i] * b.es);
         untouched &= !memcmp(back, b.host[i], b.elems[i] * b.es);
         free(back);
     }
