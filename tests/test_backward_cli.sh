@@ -91,5 +91,54 @@ else
     bad "bench --backward validates"
 fi
 
+# bench --backward --json: one JSON document on stdout (no table), a row per mask
+# with the fields bench/compare_backward.py reads. Checked with python3's json
+# module where there is one (CI need not have it), else key by key with grep.
+if "$BIN" bench --backward --json --shape 1,2,1,40,33,16 --iters 2 --warmup 0 --dtype f32 >bj.json 2>bj.err; then
+    ok "bench --backward --json ran"
+else
+    bad "bench --backward --json ran: $(cat bj.err)"
+fi
+keys_ok=1
+for key in '"device": "' '"rows": \[' '"batch": 1,' '"heads_q": 2,' '"heads_k": 1,' '"seqlen_q": 40,' \
+    '"seqlen_k": 33,' '"head_dim": 16,' '"dtype": "f32"' '"causal": false' '"causal": true' \
+    '"deterministic": false' '"validated": "valid"' '"median_ms": [0-9]' '"min_ms": [0-9]' '"tflops": [0-9]' \
+    '"error": null'; do
+    grep -q "$key" bj.json || { keys_ok=0; echo "missing: $key"; }
+done
+if [ "$keys_ok" = 1 ] && [ "$(head -c 1 bj.json)" = '{' ] && [ "$(grep -c '"validated": "valid"' bj.json)" = 2 ] &&
+    ! grep -q 'median ms' bj.json; then
+    ok "bench --backward --json: the expected keys, two valid rows, no table"
+else
+    bad "bench --backward --json output: $(head -c 600 bj.json)"
+fi
+if command -v python3 >/dev/null 2>&1; then
+    if python3 -c '
+import json, sys
+doc = json.load(open(sys.argv[1]))
+rows = doc["rows"]
+assert isinstance(doc["device"], str) and len(rows) == 2, doc
+for r, causal in zip(rows, (False, True)):
+    assert (r["batch"], r["heads_q"], r["heads_k"], r["seqlen_q"], r["seqlen_k"], r["head_dim"]) == (1, 2, 1, 40, 33, 16), r
+    assert r["dtype"] == "f32" and r["causal"] is causal and r["deterministic"] is False, r
+    assert r["validated"] == "valid" and r["error"] is None, r
+    assert 0 < r["min_ms"] <= r["median_ms"] and r["tflops"] > 0, r
+' bj.json; then
+        ok "bench --backward --json parses (python3 json) with the expected values"
+    else
+        bad "bench --backward --json does not parse as expected: $(head -c 600 bj.json)"
+    fi
+fi
+# A row that fails is a row with an error (and a message on stderr), still one document; exit 1.
+"$BIN" bench --backward --json --shape 1,2,8,300 --iters 1 --warmup 0 --causal >bj.json 2>bj.err
+rc=$?
+if [ $rc -eq 1 ] && [ "$(head -c 1 bj.json)" = '{' ] && grep -q '"error": "error: ' bj.json &&
+    grep -q '"median_ms": null' bj.json && grep -q '"validated": "not validated"' bj.json && [ -s bj.err ] &&
+    tail -n 1 bj.json | grep -q '^]}$'; then
+    ok "bench --backward --json: a failed row has error set, exit 1"
+else
+    bad "bench --backward --json failed row (rc $rc): $(head -c 600 bj.json)"
+fi
+
 [ "$failures" -eq 0 ] && rm -rf "$W"
 exit $((failures > 0))

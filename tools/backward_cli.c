@@ -50,6 +50,12 @@ const char cli_usage_bench_backward[] =
     "  --memory               also report peak host memory (ru_maxrss), the device\n"
     "                         bytes of all tensors and scratch, and the bytes of one\n"
     "                         B*H*Nq*Nk float score matrix\n"
+    "  --json                 print one JSON object instead of the table: device,\n"
+    "                         timing, and a row per shape and mask (batch, heads_q,\n"
+    "                         heads_k, seqlen_q, seqlen_k, head_dim, dtype, causal,\n"
+    "                         deterministic, validated, median_ms, min_ms, tflops,\n"
+    "                         error; the --memory figures in bytes); errors also\n"
+    "                         go to stderr\n"
     "  --device SPEC\n";
 
 /* ---- attention --backward ------------------------------------------------------------- */
@@ -274,16 +280,31 @@ typedef struct bshape {
     long b, hq, hk, nq, nk, d;
 } bshape;
 
+/* What one row measured, for the table or the JSON document. */
+typedef struct brow {
+    int validated;                    /* 1 valid, 0 INVALID, -1 not validated */
+    int timed;                        /* median_ms, min_ms and tflops are set  */
+    double median_ms, min_ms, tflops;
+    size_t peak_rss, device_bytes, scratch_bytes, naive_bytes;
+    char error[640];                  /* "forward error: ...", empty when the row ran */
+} brow;
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
 }
 
-/* One row: returns 0, or 1 when validation or a call failed. */
+static const char *validated_name(int validated) {
+    return validated < 0 ? "not validated" : validated ? "valid" : "INVALID";
+}
+
+/* One row: fills *row; returns 0, or 1 when validation or a call failed. */
 static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, int causal, int deterministic,
-                     int iters, int warmup, int memory) {
+                     int iters, int warmup, brow *row) {
     flashcl_attention_desc d;
     memset(&d, 0, sizeof d);
+    memset(row, 0, sizeof *row);
+    row->validated = -1;
     d.dtype = dt;
     d.batch = (int)s->b, d.heads_q = (int)s->hq, d.heads_k = (int)s->hk;
     d.seqlen_q = (int)s->nq, d.seqlen_k = (int)s->nk, d.head_dim = (int)s->d;
@@ -304,15 +325,12 @@ static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, in
     float *lse = malloc(rows * sizeof(float));
     double *times = malloc((size_t)iters * sizeof(double));
     cl_mem b[10] = {0}; /* q k v out dout lse dq dk dv scratch */
-    int failed = 0, validated = -1;
-    char label[96];
-    snprintf(label, sizeof label, "%ld,%ld,%ld,%ld,%ld,%ld %s%s", s->b, s->hq, s->hk, s->nq, s->nk, s->d,
-             causal ? "causal" : "full", deterministic ? " det" : "");
+    int failed = 0;
     for (int i = 0; i < 5; ++i)
         failed |= !h[i];
     failed |= !g[0] || !g[1] || !g[2] || !lse || !times || st != FLASHCL_SUCCESS;
     if (failed) {
-        printf("%-40s error: %s\n", label, st ? flashcl_last_error(ctx) : "out of host memory");
+        snprintf(row->error, sizeof row->error, "error: %s", st ? flashcl_last_error(ctx) : "out of host memory");
         goto done;
     }
     flashcl_ref_rng rng;
@@ -334,7 +352,8 @@ static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, in
             st = clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), b[3], CL_TRUE, 0, nq * es, h[3], 0, NULL, NULL);
     }
     if (st != FLASHCL_SUCCESS) {
-        printf("%-40s forward error: %s %s\n", label, flashcl_status_string(st), flashcl_last_error(ctx));
+        snprintf(row->error, sizeof row->error, "forward error: %s %s", flashcl_status_string(st),
+                 flashcl_last_error(ctx));
         failed = 1;
         goto done;
     }
@@ -363,7 +382,8 @@ static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, in
                 clReleaseEvent(end);
         }
         if (st != FLASHCL_SUCCESS) {
-            printf("%-40s backward error: %s %s\n", label, flashcl_status_string(st), flashcl_last_error(ctx));
+            snprintf(row->error, sizeof row->error, "backward error: %s %s", flashcl_status_string(st),
+                     flashcl_last_error(ctx));
             failed = 1;
             goto done;
         }
@@ -375,25 +395,23 @@ static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, in
             if (macs <= (double)(1 << 27)) {
                 flashcl_attention_desc r = d;
                 flashcl_attention_desc_resolve(&r);
-                validated = flashcl_ref_check_backward(&r, NULL, h[0], h[1], h[2], h[4], g[0], g[1], g[2], 1, NULL);
-                failed |= !validated;
+                row->validated = flashcl_ref_check_backward(&r, NULL, h[0], h[1], h[2], h[4], g[0], g[1], g[2], 1, NULL);
+                failed |= !row->validated;
             }
         } else if (it >= 0) {
             times[it] = ms;
         }
     }
     qsort(times, (size_t)iters, sizeof *times, cmp_double);
-    double med = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
-    printf("%-40s %10.2f %10.2f %9.4f  %s", label, med, times[0], flops / (med * 1e-3) / 1e12,
-           validated < 0 ? "not validated" : validated ? "valid" : "INVALID");
-    if (memory) {
-        /* q, out, dout, dq and k, v, dk, dv; lse; scratch */
-        double dev = (double)(4 * nq + 4 * nk) * es + (double)rows * 4 + (double)scratch;
-        printf("  peak RSS %.1f MiB, tensors+scratch %.1f MiB (scratch %.1f), one score matrix %.1f MiB",
-               (double)cli_peak_rss_bytes() / 1048576.0, dev / 1048576.0, (double)scratch / 1048576.0,
-               (double)s->b * s->hq * s->nq * s->nk * 4.0 / 1048576.0);
-    }
-    printf("\n");
+    row->timed = 1;
+    row->median_ms = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
+    row->min_ms = times[0];
+    row->tflops = flops / (row->median_ms * 1e-3) / 1e12;
+    /* q, out, dout, dq and k, v, dk, dv; lse; scratch */
+    row->peak_rss = cli_peak_rss_bytes();
+    row->scratch_bytes = scratch;
+    row->device_bytes = (4 * nq + 4 * nk) * es + rows * 4 + scratch;
+    row->naive_bytes = (size_t)s->b * s->hq * s->nq * s->nk * 4;
 done:
     for (int i = 0; i < 10; ++i)
         if (b[i])
@@ -407,9 +425,62 @@ done:
     return failed;
 }
 
+static void print_row_text(const brow *row, const bshape *s, int causal, int deterministic, int memory) {
+    char label[96];
+    snprintf(label, sizeof label, "%ld,%ld,%ld,%ld,%ld,%ld %s%s", s->b, s->hq, s->hk, s->nq, s->nk, s->d,
+             causal ? "causal" : "full", deterministic ? " det" : "");
+    if (row->error[0]) {
+        printf("%-40s %s\n", label, row->error);
+        return;
+    }
+    printf("%-40s %10.2f %10.2f %9.4f  %s", label, row->median_ms, row->min_ms, row->tflops,
+           validated_name(row->validated));
+    if (memory)
+        printf("  peak RSS %.1f MiB, tensors+scratch %.1f MiB (scratch %.1f), one score matrix %.1f MiB",
+               (double)row->peak_rss / 1048576.0, (double)row->device_bytes / 1048576.0,
+               (double)row->scratch_bytes / 1048576.0, (double)row->naive_bytes / 1048576.0);
+    printf("\n");
+}
+
+static void json_number(double value, int valid) {
+    if (valid && isfinite(value))
+        printf("%.6g", value);
+    else
+        fputs("null", stdout);
+}
+
+static const char *dtype_name(flashcl_dtype dt) {
+    return dt == FLASHCL_FLOAT16 ? "f16" : dt == FLASHCL_BFLOAT16 ? "bf16" : "f32";
+}
+
+/* One element of "rows", keys as `flashcl bench --json` names them where they mean the same. */
+static void print_row_json(const brow *row, const bshape *s, flashcl_dtype dt, int causal, int deterministic,
+                           int iters, int memory, int first) {
+    printf("%s\n  {\"dtype\": \"%s\", \"batch\": %ld, \"heads_q\": %ld, \"heads_k\": %ld, \"seqlen_q\": %ld, "
+           "\"seqlen_k\": %ld, \"head_dim\": %ld, \"causal\": %s, \"deterministic\": %s, \"validated\": \"%s\", "
+           "\"iters\": %d, \"median_ms\": ",
+           first ? "" : ",", dtype_name(dt), s->b, s->hq, s->hk, s->nq, s->nk, s->d, causal ? "true" : "false",
+           deterministic ? "true" : "false", validated_name(row->validated), row->timed ? iters : 0);
+    json_number(row->median_ms, row->timed);
+    printf(", \"min_ms\": ");
+    json_number(row->min_ms, row->timed);
+    printf(", \"tflops\": ");
+    json_number(row->tflops, row->timed);
+    if (memory)
+        printf(", \"peak_rss_bytes\": %zu, \"device_bytes\": %zu, \"scratch_bytes\": %zu, \"naive_scores_bytes\": %zu",
+               row->peak_rss, row->device_bytes, row->scratch_bytes, row->naive_bytes);
+    printf(", \"error\": ");
+    if (row->error[0])
+        cli_json_string(stdout, row->error);
+    else
+        fputs("null", stdout);
+    printf("}");
+    fflush(stdout);
+}
+
 int cli_bench_backward(int argc, char **argv) {
     bshape shapes[32];
-    int nshapes = 0, causal_mask = 3, deterministic = 0, memory = 0;
+    int nshapes = 0, causal_mask = 3, deterministic = 0, memory = 0, json = 0;
     long iters = 5, warmup = 1;
     flashcl_dtype dt = FLASHCL_FLOAT16;
     const char *device = NULL, *value;
@@ -457,6 +528,8 @@ int cli_bench_backward(int argc, char **argv) {
             deterministic = 1;
         } else if (!strcmp(arg, "--memory")) {
             memory = 1;
+        } else if (!strcmp(arg, "--json")) {
+            json = 1;
         } else if (strcmp(arg, "--backward") != 0) {
             cli_errorf("unknown option '%s' for 'flashcl bench --backward'", arg);
             return CLI_EXIT_USAGE;
@@ -481,13 +554,37 @@ int cli_bench_backward(int argc, char **argv) {
         shapes[nshapes++] = (bshape){1, 8, 8, n0, n0, 64};
         shapes[nshapes++] = (bshape){1, 8, 8, 2 * n0, 2 * n0, 64};
     }
-    printf("device: %s\n", flashcl_context_device_name(ctx));
-    printf("%-40s %10s %10s %9s  %s\n", "shape B,Hq,Hk,Nq,Nk,D mask", "median ms", "min ms", "TFLOP/s", "check");
-    int failed = 0;
+    const int host = flashcl_context_is_host(ctx);
+    if (json) {
+        printf("{\"tool\": \"flashcl bench --backward\", \"version\": ");
+        cli_json_string(stdout, flashcl_version());
+        printf(", \"device\": ");
+        cli_json_string(stdout, flashcl_context_device_name(ctx));
+        printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, \"warmup\": %ld,\n"
+               " \"rows\": [",
+               host ? "true" : "false", host ? "wall-clock" : "opencl-profiling", dtype_name(dt), iters, warmup);
+    } else {
+        printf("device: %s\n", flashcl_context_device_name(ctx));
+        printf("%-40s %10s %10s %9s  %s\n", "shape B,Hq,Hk,Nq,Nk,D mask", "median ms", "min ms", "TFLOP/s", "check");
+    }
+    int failed = 0, nrows = 0;
     for (int s = 0; s < nshapes; ++s)
         for (int c = 0; c < 2; ++c)
-            if (causal_mask & (1 << c))
-                failed |= bench_row(ctx, &shapes[s], dt, c, deterministic, (int)iters, (int)warmup, memory);
+            if (causal_mask & (1 << c)) {
+                brow row;
+                failed |= bench_row(ctx, &shapes[s], dt, c, deterministic, (int)iters, (int)warmup, &row);
+                if (!json) {
+                    print_row_text(&row, &shapes[s], c, deterministic, memory);
+                    continue;
+                }
+                if (row.error[0]) /* in the row too; stderr says it as it happens */
+                    cli_errorf("bench --backward %ld,%ld,%ld,%ld,%ld,%ld %s: %s", shapes[s].b, shapes[s].hq,
+                               shapes[s].hk, shapes[s].nq, shapes[s].nk, shapes[s].d, c ? "causal" : "full",
+                               row.error);
+                print_row_json(&row, &shapes[s], dt, c, deterministic, (int)iters, memory, nrows++ == 0);
+            }
+    if (json)
+        printf("\n]}\n");
     flashcl_context_destroy(ctx);
     return failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
