@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward]   (results also under $OUT when set)
+# backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
+#         registers, a FLASHCL_BWD_PARAMS sweep, and backward vs PyTorch.
 # decode: the serving tests on the GPU, the decode kernel's registers, decode
 #         vs PyTorch, and a sweep of FLASHCL_DECODE_PARAMS values.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
@@ -28,6 +30,35 @@ if [ "$what" = serve ]; then
   ./build-gpu/flashcl bench --decode --device nvidia --batch 8 --context 32768 --iters 10 | tail -n 2
   timeout 150 ./build-gpu/flashcl serve-sim --device nvidia --heads 32 --kv-heads 8 --head-dim 128 \
     --max-batch 32 --requests 96 --output 10,2000 --plot "$out/serve-h200.svg" 2>/dev/null | tee "$out/serve-h200.txt"
+  exit 0
+fi
+if [ "$what" = backward ]; then
+  for t in "test_backward mma" "test_backward quick" test_varlen_backward "test_forward quick"; do
+    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
+    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
+    grep -m5 FAILED "$out/${t// /_}.log"
+  done
+  for d in 64 128; do
+    echo "== ptxas report of the nv-mma backward kernels (f16, D=$d)"
+    FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --backward \
+      --device nvidia --shape 1,2,256,$d --iters 1 2>&1 | grep -E "Compiling|registers|spill" | head -8
+  done
+  echo "== FLASHCL_BWD_PARAMS sweep (flashcl bench --backward, f16)"
+  for p in "" WG=64,BLOCK_M=32 WG=64,BLOCK_M=64 WG=128,BLOCK_M=32 WG=256,BLOCK_M=16 BLOCK_N=32 BLOCK_N=16; do
+    echo "-- D=64 ${p:-defaults}"
+    FLASHCL_BWD_PARAMS=$p ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,64 --iters 5 2>&1 | tail -n 2
+  done
+  for p in "" WG=64,BLOCK_M=16 WG=64,BLOCK_M=32 WG=32,BLOCK_M=32 BLOCK_N=16 BLOCK_N=64; do
+    echo "-- D=128 ${p:-defaults}"
+    FLASHCL_BWD_PARAMS=$p ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,128 --iters 5 2>&1 | tail -n 2
+  done
+  FLASHCL_BWD_PARAMS=VARIANT=portable ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,64 \
+    --iters 2 2>&1 | tail -n 2
+  if [ -f bench/compare_backward.py ]; then
+    PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16,bf16 \
+      --json "$out/backward.json" 2>&1 | tee "$out/backward.txt"
+  fi
+  ./build-gpu/flashcl bench --device nvidia --shape 4,32,4096,64 --shape 4,32,4096,128 --dtype f16 --iters 10 | tail -n 5
   exit 0
 fi
 if [ "$what" = decode ]; then

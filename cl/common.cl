@@ -99,6 +99,76 @@ inline uint pack2(float lo, float hi) {
 
 #endif
 
+#ifndef USE_CP_ASYNC
+#define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
+#endif
+
+/* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl).
+ * Fills nrows __local rows of `pitch` halves, starting dst_off halves into
+ * smem (shared address s_base), from a [*][head_dim] 16-bit matrix whose row
+ * r is at src + r*stride; the nthreads work-items of the group share it.
+ * Rows >= rows and columns >= head_dim become zero, so padded keys
+ * contribute 0 * 0 rather than 0 * garbage (which may be NaN). head_dim,
+ * pitch and nthreads are compile-time constants at every call, so the loops
+ * fold once this is inlined.
+ *
+ * vec != 0 (uniform): src and stride are 16-byte aligned, so each 16-byte
+ * chunk is one cp.async whose src-size clips it at head_dim (the rest is
+ * zero-filled by the hardware). The copy is only issued: cp_wait() and a
+ * barrier must follow before the tile is read.
+ * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
+ * when this returns. */
+inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
+                         ulong stride, int rows, int nrows, int vec, int tid, int head_dim, int pitch,
+                         int nthreads) {
+    const int d_chunks = (head_dim + 15) / 16 * 2; /* 16-byte chunks of a padded row */
+    const int total = nrows * d_chunks;
+    const int iters = (total + nthreads - 1) / nthreads;
+#if USE_CP_ASYNC
+    if (vec) {
+        for (int it = 0; it < iters; ++it) {
+            const int i = tid + it * nthreads;
+            if (i < total) {
+                const int r = i / d_chunks, c = i % d_chunks;
+                const int bytes = r < rows ? clamp(2 * (head_dim - 8 * c), 0, 16) : 0;
+                /* A chunk that copies nothing still needs a valid address. */
+                __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
+                const uint dst = s_base + (dst_off + (uint)(r * pitch + 8 * c)) * 2u;
+                __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                                     :
+                                     : "r"(dst), "l"((ulong)p), "r"(bytes)
+                                     : "memory");
+            }
+        }
+        __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+        return;
+    }
+#endif
+    for (int it = 0; it < iters; ++it) {
+        const int i = tid + it * nthreads;
+        if (i < total) {
+            const int r = i / d_chunks, c = i % d_chunks;
+            __global const ushort *p = src + (ulong)r * stride;
+            uint w[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = 8 * c + 2 * e;
+                const uint lo = r < rows && d < head_dim ? p[d] : 0u;
+                const uint hi = r < rows && d + 1 < head_dim ? p[d + 1] : 0u;
+                w[e] = lo | hi << 16;
+            }
+            *(__local uint4 *)(smem + dst_off + r * pitch + 8 * c) = (uint4)(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+/* Waits for this work-item's outstanding cp.async groups (no-op otherwise). */
+inline void cp_wait(void) {
+#if USE_CP_ASYNC
+    __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
 /* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
 inline float ex2(float x) {
     float y;

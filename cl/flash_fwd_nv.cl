@@ -117,16 +117,11 @@
 #define KV_STAGES 1
 #endif
 #endif
-#ifndef USE_CP_ASYNC
-#define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
-#endif
-
 #define WG_SIZE (WARPS * 32)
 #define ROWS_PER_WARP (BLOCK_M / WARPS)
 #define M_FRAGS (ROWS_PER_WARP / 16)               // 16-row A fragments per warp
 #define HEAD_DIM_PAD (((HEAD_DIM) + 15) / 16 * 16) // head dims seen by the mma
 #define PITCH (HEAD_DIM_PAD + KV_PAD)              // __local row pitch, halves
-#define D_CHUNKS (HEAD_DIM_PAD / 8)                // 16-byte chunks per row
 #define K_STEPS (HEAD_DIM_PAD / 16)                // k16 steps of S = Q K^T
 #define S_FRAGS (BLOCK_N / 8)                      // n8 blocks of S per 16 rows
 #define P_STEPS (BLOCK_N / 16)                     // k16 steps of O = P V
@@ -158,67 +153,11 @@
 #error "flash_fwd_nv needs DTYPE 1 (float16) or 2 (bfloat16)"
 #endif
 
-/* ---- global -> __local tile copies ---------------------------------------------------- */
+/* ---- global -> __local tile copies (nv_copy_rows in common.cl) ----------------------- */
 
-/* Fills nrows __local rows of PITCH halves, starting dst_off halves into smem
- * (shared address s_base), from a [*][HEAD_DIM] 16-bit matrix whose row r is
- * at src + r*stride. Rows >= rows and columns >= HEAD_DIM become zero, so
- * padded keys contribute 0 * 0 rather than 0 * garbage (which may be NaN).
- *
- * vec != 0 (uniform): src and stride are 16-byte aligned, so each 16-byte
- * chunk is one cp.async whose src-size clips it at HEAD_DIM (the rest is
- * zero-filled by the hardware). The copy is only issued: cp_wait() and a
- * barrier must follow before the tile is read.
- * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
- * when this returns. */
 inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
                       ulong stride, int rows, int nrows, int vec, int tid) {
-    const int total = nrows * D_CHUNKS;
-    const int iters = (total + WG_SIZE - 1) / WG_SIZE; /* constant once inlined */
-#if USE_CP_ASYNC
-    if (vec) {
-        for (int it = 0; it < iters; ++it) {
-            const int i = tid + it * WG_SIZE;
-            if (i < total) {
-                const int r = i / D_CHUNKS, c = i % D_CHUNKS;
-                const int bytes = r < rows ? clamp(2 * (HEAD_DIM - 8 * c), 0, 16) : 0;
-                /* A chunk that copies nothing still needs a valid address. */
-                __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
-                const uint dst = s_base + (dst_off + (uint)(r * PITCH + 8 * c)) * 2u;
-                __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"
-                                     :
-                                     : "r"(dst), "l"((ulong)p), "r"(bytes)
-                                     : "memory");
-            }
-        }
-        __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
-        return;
-    }
-#endif
-    for (int it = 0; it < iters; ++it) {
-        const int i = tid + it * WG_SIZE;
-        if (i < total) {
-            const int r = i / D_CHUNKS, c = i % D_CHUNKS;
-            __global const ushort *p = src + (ulong)r * stride;
-            uint w[4];
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                const int d = 8 * c + 2 * e;
-                const uint lo = r < rows && d < HEAD_DIM ? p[d] : 0u;
-                const uint hi = r < rows && d + 1 < HEAD_DIM ? p[d + 1] : 0u;
-                w[e] = lo | hi << 16;
-            }
-            *(__local uint4 *)(smem + dst_off + r * PITCH + 8 * c) =
-                (uint4)(w[0], w[1], w[2], w[3]);
-        }
-    }
-}
-
-/* Waits for this work-item's outstanding cp.async groups (no-op otherwise). */
-inline void cp_wait(void) {
-#if USE_CP_ASYNC
-    __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
-#endif
+    nv_copy_rows(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, HEAD_DIM, PITCH, WG_SIZE);
 }
 
 /* ---- the kernel ----------------------------------------------------------------------- */

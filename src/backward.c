@@ -7,7 +7,9 @@
  *   flash_bwd_dkdv  dK, dV (and, in atomic mode, dQ into the accumulator)
  *   flash_bwd_dq    deterministic mode: dQ by a pass over query blocks
  *   (the "cpu" variant: flash_bwd_dkdv_cpu and flash_bwd_dq_cpu from
- *   cl/flash_bwd_cpu.cl, same arguments, one work-item per work-group)
+ *   cl/flash_bwd_cpu.cl, same arguments, one work-item per work-group; the
+ *   "nv-mma" variant: flash_bwd_dkdv_nv and flash_bwd_dq_nv from
+ *   cl/flash_bwd_nv.cl on tensor cores, the dQ pass in both modes)
  *   or flash_bwd_dq_store   atomic mode: the accumulator rounded into dQ
  * Scratch (caller-owned): [rows] floats of D_i, then, in atomic mode,
  * [rows][head_dim] floats of dQ, rows = batch * heads_q * seqlen_q.
@@ -119,55 +121,65 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                                         int deterministic, int with_store, flashcl_backward_kernels *k) {
     memset(k, 0, sizeof *k);
     const flashcl_backward_choice *c = &k->choice;
-    flashcl_status st = flashcl_backward_params(ctx, r, deterministic, &k->choice);
+    flashcl_status st = flashcl_backward_params(ctx, r, deterministic, 0, &k->choice);
     if (st != FLASHCL_SUCCESS)
         return st;
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char tiles[160], options[512];
-    snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d", r->head_dim,
-             c->block_m, c->block_n, c->work_group_size);
     /* BWD_KERNEL picks the kernel a build holds (flashcl_get_kernel keeps one
      * kernel per file and options); pre and store take head_dim at run time
-     * so they build once per dtype. The cpu variant takes dK/dV and the
-     * deterministic dQ pass from cl/flash_bwd_cpu.cl. */
-    const struct {
-        const char *name, *cpu_name;
-        int id, tiled, wanted;
-        cl_kernel *slot;
-    } which[4] = {{"flash_bwd_pre", NULL, 1, 0, 1, &k->pre},
-                  {"flash_bwd_dkdv", "flash_bwd_dkdv_cpu", 2, 1, 1, &k->dkdv},
-                  {"flash_bwd_dq", "flash_bwd_dq_cpu", 3, 1, c->deterministic, &k->dq},
-                  {"flash_bwd_dq_store", NULL, 4, 0, !c->deterministic || with_store, &k->store}};
+     * so they build once per dtype. The cpu and nv-mma variants take dK/dV
+     * and the dQ pass from their own files; nv-mma always runs the dQ pass. */
+    static const struct {
+        const char *file, *dkdv, *dq;
+    } files[] = {[FLASHCL_BWD_PORTABLE] = {"flash_bwd.cl", "flash_bwd_dkdv", "flash_bwd_dq"},
+                 [FLASHCL_BWD_CPU] = {"flash_bwd_cpu.cl", "flash_bwd_dkdv_cpu", "flash_bwd_dq_cpu"},
+                 [FLASHCL_BWD_NV_MMA] = {"flash_bwd_nv.cl", "flash_bwd_dkdv_nv", "flash_bwd_dq_nv"}};
     for (int i = 0; i < 4; ++i) {
-        if (!which[i].wanted)
+        const int nv = c->variant == FLASHCL_BWD_NV_MMA, tiled = i == 1 || i == 2;
+        const int wanted = i == 0 || i == 1 || (i == 2 && (c->deterministic || nv)) ||
+                           (i == 3 && ((!c->deterministic && !nv) || with_store));
+        cl_kernel *slot[4] = {&k->pre, &k->dkdv, &k->dq, &k->store};
+        if (!wanted)
             continue;
-        const int cpu = c->cpu && which[i].cpu_name;
-        const char *name = cpu ? which[i].cpu_name : which[i].name;
+        const char *file = tiled ? files[c->variant].file : "flash_bwd.cl";
+        const char *name = i == 0   ? "flash_bwd_pre"
+                           : i == 1 ? files[c->variant].dkdv
+                           : i == 2 ? files[c->variant].dq
+                                    : "flash_bwd_dq_store";
+        char tiles[160], options[512];
+        snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s", r->head_dim, c->block_m,
+                 c->block_n, c->work_group_size, nv ? " -DFLASHCL_NV_PTX" : "");
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
-                 (int)r->dtype, which[i].id, which[i].tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
-        st = flashcl_get_kernel(ctx, cpu ? "flash_bwd_cpu.cl" : "flash_bwd.cl", name, options, which[i].slot);
-        if (st == FLASHCL_ERROR_BUILD_FAILED && cpu) {
-            /* The portable kernels with the same tiles (the fit check covered
-             * them too): slower, never wrong. Start over so every kernel is
-             * of one variant; the failure is remembered, so this is once. */
-            flashcl_log("the cpu backward kernel %s did not build, using the portable kernels: %.300s", name,
-                        flashcl_last_error(ctx));
+                 (int)r->dtype, i + 1, tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
+        st = flashcl_get_kernel(ctx, file, name, options, slot[i]);
+        if (st == FLASHCL_ERROR_BUILD_FAILED && tiled &&
+            (c->variant == FLASHCL_BWD_CPU || (nv && strcmp(c->source, "FLASHCL_BWD_PARAMS") != 0))) {
+            /* Slower, never wrong: the cpu variant falls back to the portable
+             * kernels with the same tiles (the fit check covered them too);
+             * nv-mma, unless asked for by FLASHCL_BWD_PARAMS, re-picks its
+             * tiles without nv-mma entries. Start over
+             * so every kernel is of one variant; the failure is remembered,
+             * so this is once. */
+            flashcl_log("the %s backward kernel %s did not build, using the portable kernels: %.300s",
+                        nv ? "nv-mma" : "cpu", name, flashcl_last_error(ctx));
             flashcl_clear_error(ctx);
-            k->choice.cpu = 0;
-            k->dkdv = k->dq = NULL;
+            if (nv && (st = flashcl_backward_params(ctx, r, deterministic, 1, &k->choice)) != FLASHCL_SUCCESS)
+                return st;
+            k->choice.variant = FLASHCL_BWD_PORTABLE;
+            k->dkdv = k->dq = k->store = NULL;
             i = -1;
             continue;
         }
         if (st != FLASHCL_SUCCESS)
             return st;
-        if (which[i].tiled && !cpu) {
+        if (tiled && c->variant == FLASHCL_BWD_PORTABLE) {
             size_t kernel_wg = 0;
-            clGetKernelWorkGroupInfo(*which[i].slot, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
+            clGetKernelWorkGroupInfo(*slot[i], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
                                      &kernel_wg, NULL);
             if (kernel_wg && (size_t)c->work_group_size > kernel_wg)
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "%s: work-group of %d exceeds the built kernel's limit of %zu",
-                                    which[i].name, c->work_group_size, kernel_wg);
+                                    "%s: work-group of %d exceeds the built kernel's limit of %zu", name,
+                                    c->work_group_size, kernel_wg);
         }
     }
     return FLASHCL_SUCCESS;
@@ -227,7 +239,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     const cl_ulong rows = (cl_ulong)r->batch * (cl_ulong)r->heads_q * (cl_ulong)r->seqlen_q;
     const cl_ulong di_off = scratch_offset, dq_acc_off = scratch_offset + rows, lse_off = lse_offset;
     const cl_int nq = r->seqlen_q, nk = r->seqlen_k, group = r->heads_q / r->heads_k, D = r->head_dim;
-    const cl_int atomics = !c->deterministic, wl = r->window_left, wr = r->window_right;
+    const int dq_pass = c->deterministic || c->variant == FLASHCL_BWD_NV_MMA; /* else atomics */
+    const cl_int atomics = !dq_pass, wl = r->window_left, wr = r->window_right;
     const cl_float scale = r->scale, softcap = r->softcap;
     cl_int err = CL_SUCCESS;
     cl_uint a = 0;
@@ -245,7 +258,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(kp, a++, sizeof(cl_int), &nq);
     err |= clSetKernelArg(kp, a++, sizeof(cl_int), &D);
 
-    /* flash_bwd_dkdv or flash_bwd_dkdv_cpu(q, k, v, dout, lse, scratch, dk, dv, six layouts,
+    /* flash_bwd_dkdv, flash_bwd_dkdv_cpu or flash_bwd_dkdv_nv(q, k, v, dout, lse, scratch, dk, dv, six layouts,
      *                lse_off, di_off, dq_acc_off, use_atomics, nq, nk, group, scale, softcap, wl, wr) */
     cl_kernel km = k->dkdv;
     a = 0;
@@ -267,8 +280,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wl);
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
 
-    if (c->deterministic) {
-        /* flash_bwd_dq or flash_bwd_dq_cpu(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
+    if (dq_pass) {
+        /* flash_bwd_dq, flash_bwd_dq_cpu or flash_bwd_dq_nv(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
          *              nq, nk, group, scale, softcap, wl, wr) */
         cl_kernel kd = k->dq;
         a = 0;
@@ -291,11 +304,12 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
 
-    const size_t wg = c->cpu ? 1 : (size_t)c->work_group_size; /* the cpu kernels: one work-item */
+    /* the cpu kernels: one work-item per work-group */
+    const size_t wg = c->variant == FLASHCL_BWD_CPU ? 1 : (size_t)c->work_group_size;
+    const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
     const size_t rows_global[3] = {(size_t)nq, (size_t)r->heads_q, (size_t)r->batch};
-    const size_t main_global[3] = {(size_t)((nk + c->block_n - 1) / c->block_n) * wg, (size_t)r->heads_k,
-                                   (size_t)r->batch};
-    const size_t dq_global[3] = {(size_t)((nq + c->block_m - 1) / c->block_m) * wg, (size_t)r->heads_q,
+    const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
+    const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
                                  (size_t)r->batch};
     const size_t local[3] = {wg, 1, 1};
     cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
@@ -303,7 +317,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
                                  &e_pre);
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
-    if (err == CL_SUCCESS && c->deterministic)
+    if (err == CL_SUCCESS && dq_pass)
         err = clEnqueueNDRangeKernel(ctx->queue, k->dq, 3, NULL, dq_global, local, 1, &e_main, &e_last);
     if (e_pre)
         clReleaseEvent(e_pre);
@@ -314,7 +328,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
             clReleaseEvent(e_last);
         return flashcl_fail(ctx, err, "launching the backward kernels: %s", flashcl_status_string(err));
     }
-    if (c->deterministic) {
+    if (dq_pass) {
         clReleaseEvent(e_main);
         hand_over(e_last, event);
         return FLASHCL_SUCCESS;

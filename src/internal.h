@@ -145,7 +145,7 @@ typedef struct flashcl_backward_entry {
     const char *match, *driver; /* as flashcl_serving_entry's */
     int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
     const char *why;
-    const char *variant; /* "cpu": cl/flash_bwd_cpu.cl's dkdv kernel; NULL or "portable": cl/flash_bwd.cl's */
+    const char *variant; /* "cpu": cl/flash_bwd_cpu.cl, "nv-mma": cl/flash_bwd_nv.cl, NULL or "portable": cl/flash_bwd.cl */
 } flashcl_backward_entry;
 
 /* ---- the user tuning file (tuning_file.c) ---- */
@@ -215,27 +215,40 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_
 
 /* ---- backward kernels' parameters (params.c, flashcl_backward_params) ---- */
 /* Tiles of cl/flash_bwd.cl and how dQ is reduced. */
+/* The dK/dV and dQ kernels of a backward (pre and store are always cl/flash_bwd.cl's). */
+typedef enum flashcl_backward_variant {
+    FLASHCL_BWD_PORTABLE, /* cl/flash_bwd.cl: any device                                    */
+    FLASHCL_BWD_CPU,      /* cl/flash_bwd_cpu.cl: one work-item per block (work_group_size
+                           * unused, kept for the portable fallback)                         */
+    FLASHCL_BWD_NV_MMA    /* cl/flash_bwd_nv.cl: NVIDIA sm_80+ tensor cores, f16/bf16,
+                           * head_dim <= 128; WG/32 warps own 16 keys (dK/dV) or 16 rows
+                           * (dQ) each; block_m = dK/dV's streamed query rows, block_n =
+                           * dQ's streamed keys; dQ always by its own pass (deterministic) */
+} flashcl_backward_variant;
 typedef struct flashcl_backward_choice {
     int block_m;         /* query rows per streamed tile                    */
     int block_n;         /* keys per dkdv work-group / per streamed dq tile */
     int work_group_size; /* work-items per work-group                       */
     int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
-    int cpu;             /* 1: dK, dV and the deterministic dQ pass from
-                          * cl/flash_bwd_cpu.cl (one work-item per block,
-                          * work_group_size unused); pre and store stay
-                          * flash_bwd.cl's                                   */
+    flashcl_backward_variant variant;
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;
 /* Fills *choice for a resolved desc: database entry (shrunk to fit when it
  * is a default), then FLASHCL_BWD_PARAMS; deterministic: the caller's
- * flashcl_backward_options.deterministic. Fails only on a malformed
+ * flashcl_backward_options.deterministic; skip_nv: pass over nv-mma
+ * entries (after that kernel failed to build). Fails only on a malformed
  * FLASHCL_BWD_PARAMS or tiles or a work-group that do not fit the device. */
 flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                       int deterministic, flashcl_backward_choice *choice);
+                                       int deterministic, int skip_nv, flashcl_backward_choice *choice);
 /* __local bytes cl/flash_bwd.cl needs with these tiles. */
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim);
 /* __local bytes cl/flash_bwd_cpu.cl's kernel needs with these tiles. */
 size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim);
+/* __local bytes of cl/flash_bwd_nv.cl's larger kernel with these tiles. */
+size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_size, int head_dim);
+/* Rows of keys (dK/dV) and of queries (dQ) one work-group of the choice owns. */
+int flashcl_backward_keys_per_group(const flashcl_backward_choice *c);
+int flashcl_backward_rows_per_group(const flashcl_backward_choice *c);
 
 /* ---- the pure-C host path (host_path.c) ---- */
 flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,

@@ -985,8 +985,13 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *   variant: "cpu" takes dK, dV (and atomic dQ) and the deterministic dQ pass
  *     from cl/flash_bwd_cpu.cl, one work-item per BLOCK_N keys (a multiple of
  *     8) or BLOCK_M rows; WG is then unused, kept (and checked) for the
- *     portable kernels a build failure falls back to. FLASHCL_BWD_PARAMS's
- *     VARIANT=portable|cpu picks either.
+ *     portable kernels a build failure falls back to. "nv-mma" takes them from
+ *     cl/flash_bwd_nv.cl (tensor cores; NVIDIA sm_80+, f16/bf16, head_dim <=
+ *     128, else the entry does not apply): WG/32 warps of 16 keys or rows,
+ *     BLOCK_M = dK/dV's streamed query rows, BLOCK_N = dQ's streamed keys,
+ *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
+ *     without nv-mma entries. FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma
+ *     picks one.
  */
 /* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant}:
  * declared in internal.h, the tuning file holds them too. */
@@ -994,7 +999,17 @@ typedef flashcl_backward_entry backward_entry;
 
 /* Levels 3-5: nothing measured per device, architecture or vendor yet. */
 static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
-static const backward_entry backward_arch[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
+static const backward_entry backward_arch[] = {
+    /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
+     * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
+     * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
+     * against 104/98 with 64-row tiles and 107-113 with 2 or 8 warps or
+     * 16-32-key tiles. D <= 128, 2 warps, 32-row tiles, 32-key tiles:
+     * 134/127, against 120/115 with 4 warps and 16-row tiles, 49/46 with
+     * one warp, 110-115 with 16 or 64 keys. */
+    {"sm_80+", NULL, 1, 64, 32, 64, 128, "measured on the H200: 117/109 TFLOP/s at (4,32,4096,64)", "nv-mma"},
+    {"sm_80+", NULL, 65, 128, 32, 32, 64, "measured on the H200: 134/127 TFLOP/s at (4,32,4096,128)", "nv-mma"},
+    {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
 static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
 static const backward_entry backward_type[] = {
     /* CPU: cl/flash_bwd_cpu.cl, 64 keys per work-item, 64-row query tiles
@@ -1028,20 +1043,60 @@ size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim) 
     return (2 * d * n + 3 * n * d_pad + 3 * m * d_pad + 2 * m * n) * sizeof(float);
 }
 
+size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_size, int head_dim) {
+    /* halves per row: head_dim padded to 16, plus 8 (cl/flash_bwd_nv.cl's PITCH) */
+    const size_t row = ((size_t)head_dim + 15) / 16 * 16 + 8, own = 16 * (size_t)(work_group_size / 32);
+    const size_t m = (size_t)block_m, n = (size_t)block_n, limit = 48000;
+    /* dK/dV: K, V of the group's keys; Q, dO tiles (two stages when they fit) + LSE, D_i */
+    size_t dkdv = (2 * own * row + 4 * m * row) * 2 + 4 * m * sizeof(float);
+    if (dkdv > limit)
+        dkdv = (2 * own * row + 2 * m * row) * 2 + 2 * m * sizeof(float);
+    /* dQ: the Q, dO block, then K, V tiles (two stages when they fit) in the same bytes */
+    size_t kv = 4 * n * row * 2;
+    if (kv > limit)
+        kv /= 2;
+    const size_t dq = 2 * own * row * 2 > kv ? 2 * own * row * 2 : kv;
+    return dkdv > dq ? dkdv : dq;
+}
+
+int flashcl_backward_keys_per_group(const flashcl_backward_choice *c) {
+    return c->variant == FLASHCL_BWD_NV_MMA ? 16 * (c->work_group_size / 32) : c->block_n;
+}
+
+int flashcl_backward_rows_per_group(const flashcl_backward_choice *c) {
+    return c->variant == FLASHCL_BWD_NV_MMA ? 16 * (c->work_group_size / 32) : c->block_m;
+}
+
 /* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */
-static size_t backward_bytes(int cpu, int block_m, int block_n, int head_dim) {
+static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int block_n, int work_group_size,
+                             int head_dim) {
+    if (variant == FLASHCL_BWD_NV_MMA)
+        return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim);
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
-    size_t own = cpu ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
+    size_t own = variant == FLASHCL_BWD_CPU ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
     return own > portable ? own : portable;
 }
 
+/* 1 when the nv-mma kernels apply to the device and problem. */
+static int backward_nv_applies(const flashcl_context *ctx, const flashcl_attention_desc *d) {
+    return !ctx->is_host && ctx->info.nv_cc_major >= 8 && d->dtype != FLASHCL_FLOAT32 && d->head_dim <= 128;
+}
+
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
-static int backward_fit(const flashcl_context *ctx, int cpu, int head_dim, int block_m, int block_n,
-                        int work_group_size, char *why, size_t n) {
-    size_t local = backward_bytes(cpu, block_m, block_n, head_dim);
+static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc *d, flashcl_backward_variant variant,
+                        int block_m, int block_n, int work_group_size, char *why, size_t n) {
+    size_t local = backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim);
     why[0] = '\0';
-    if (cpu && block_n % 8)
+    if (variant == FLASHCL_BWD_CPU && block_n % 8)
         snprintf(why, n, "the cpu backward kernel needs BLOCK_N a multiple of 8, not %d", block_n);
+    else if (variant == FLASHCL_BWD_NV_MMA && !backward_nv_applies(ctx, d))
+        snprintf(why, n, "the nv-mma backward needs NVIDIA sm_80+, float16 or bfloat16 and head_dim <= 128");
+    else if (variant == FLASHCL_BWD_NV_MMA && (work_group_size % 32 || block_m % 16 || block_n % 16))
+        snprintf(why, n, "the nv-mma backward needs WG a multiple of 32 and BLOCK_M, BLOCK_N multiples of 16 "
+                 "(WG %d, BLOCK_M %d, BLOCK_N %d)", work_group_size, block_m, block_n);
+    else if (variant == FLASHCL_BWD_NV_MMA && local > 48000)
+        snprintf(why, n, "nv-mma backward tiles (WG %d, BLOCK_M %d, BLOCK_N %d) need %zu bytes of local memory, "
+                 "over NVIDIA's 48000", work_group_size, block_m, block_n, local);
     else if (local > ctx->info.local_mem)
         snprintf(why, n, "backward tiles %dx%d need %zu bytes of local memory, the device has %llu", block_m,
                  block_n, local, (unsigned long long)ctx->info.local_mem);
@@ -1050,19 +1105,31 @@ static int backward_fit(const flashcl_context *ctx, int cpu, int head_dim, int b
     return why[0] == '\0';
 }
 
-static int is_cpu_variant(const char *variant) {
-    return variant && !strcmp(variant, "cpu");
+static flashcl_backward_variant backward_variant_of(const char *variant) {
+    if (variant && !strcmp(variant, "cpu"))
+        return FLASHCL_BWD_CPU;
+    if (variant && !strcmp(variant, "nv-mma"))
+        return FLASHCL_BWD_NV_MMA;
+    return FLASHCL_BWD_PORTABLE;
 }
 
-/* An entry for this head_dim; above the device-type level, only one that fits. */
+typedef struct backward_walk {
+    const flashcl_attention_desc *desc;
+    int skip_nv;
+} backward_walk;
+
+/* An entry for this head_dim whose variant applies; above the device-type level, only one that fits. */
 static int backward_applies(const flashcl_context *ctx, int level, const void *entry, const void *arg) {
     const backward_entry *e = entry;
-    const int head_dim = *(const int *)arg;
+    const backward_walk *w = arg;
+    const flashcl_backward_variant variant = backward_variant_of(e->variant);
     char why[200];
-    if (head_dim < e->head_dim_min || head_dim > e->head_dim_max)
+    if (w->desc->head_dim < e->head_dim_min || w->desc->head_dim > e->head_dim_max)
         return 0;
-    if (level >= LVL_TYPE || backward_fit(ctx, is_cpu_variant(e->variant), head_dim, e->block_m, e->block_n,
-                                          e->work_group_size, why, sizeof why))
+    if (variant == FLASHCL_BWD_NV_MMA && (w->skip_nv || !backward_nv_applies(ctx, w->desc)))
+        return 0;
+    if (level >= LVL_TYPE ||
+        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, why, sizeof why))
         return 1;
     flashcl_param_entry key;
     memset(&key, 0, sizeof key);
@@ -1080,11 +1147,15 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
         return FLASHCL_SUCCESS;
     for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
-            const int cpu = kv.value_len == 3 && !strncmp(kv.value, "cpu", 3);
-            if (!cpu && !(kv.value_len == 8 && !strncmp(kv.value, "portable", 8)))
+            static const char *const names[] = {"portable", "cpu", "nv-mma"};
+            int found = -1;
+            for (int i = 0; i < 3; ++i)
+                if (kv.value_len == strlen(names[i]) && !strncmp(kv.value, names[i], kv.value_len))
+                    found = i;
+            if (found < 0)
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_BWD_PARAMS: VARIANT is portable or cpu at '%s'", kv.at);
-            c->cpu = cpu;
+                                    "FLASHCL_BWD_PARAMS: VARIANT is portable, cpu or nv-mma at '%s'", kv.at);
+            c->variant = backward_variant_of(names[found]);
             c->source = "FLASHCL_BWD_PARAMS";
             continue;
         }
@@ -1107,16 +1178,23 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
 }
 
 flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
-                                       int deterministic, flashcl_backward_choice *c) {
+                                       int deterministic, int skip_nv, flashcl_backward_choice *c) {
     const struct flashcl_param_db *db = get_db(ctx);
     const level_table levels[] = {
         FILE_AND_BUILTIN_LEVELS(db ? db->file.backward : NULL, db ? db->file.num_backward : 0, backward),
     };
     const int head_dim = desc->head_dim;
+    /* VARIANT=portable or cpu in FLASHCL_BWD_PARAMS: tiles from entries of the kernels asked for */
+    const char *env = getenv("FLASHCL_BWD_PARAMS");
+    flashcl_kv kv;
+    for (const char *p = env ? env : ""; flashcl_kv_next(&p, &kv) == FLASHCL_KV_ITEM;)
+        if (flashcl_kv_key(&kv, "VARIANT") && !(kv.value_len == 6 && !strncmp(kv.value, "nv-mma", 6)))
+            skip_nv = 1;
+    const backward_walk walk = {desc, skip_nv};
     const char *source = "default: global";
     int level = LVL_GLOBAL;
     memset(c, 0, sizeof *c);
-    const backward_entry *e = walk_levels(ctx, levels, COUNT(levels), backward_applies, &head_dim, &level, &source);
+    const backward_entry *e = walk_levels(ctx, levels, COUNT(levels), backward_applies, &walk, &level, &source);
     if (e && e->why) /* a tuning-file entry without a comment has none */
         source = intern(ctx, "%s (%s)", source, e->why);
     else if (!e) /* a head_dim past every entry: the resolved desc keeps it <= 256 */
@@ -1125,15 +1203,17 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->block_n = e->block_n;
     c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
-    c->cpu = is_cpu_variant(e->variant);
+    c->variant = backward_variant_of(e->variant);
     c->source = source;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
-        const int min_n = c->cpu ? 8 : 1; /* the cpu kernel's key vectors */
+        const int min_n = c->variant == FLASHCL_BWD_CPU ? 8 : 1; /* the cpu kernel's key vectors */
         int shrunk = 0;
-        while (c->block_n > min_n && backward_bytes(c->cpu, c->block_m, c->block_n, head_dim) > budget)
+        while (c->block_n > min_n &&
+               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim) > budget)
             c->block_n /= 2, shrunk = 1;
-        while (c->block_m > 1 && backward_bytes(c->cpu, c->block_m, c->block_n, head_dim) > budget)
+        while (c->block_m > 1 &&
+               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim) > budget)
             c->block_m /= 2, shrunk = 1;
         if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
             c->work_group_size = (int)ctx->info.max_wg, shrunk = 1;
@@ -1144,7 +1224,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     if (st != FLASHCL_SUCCESS)
         return st;
     char why[200];
-    if (!backward_fit(ctx, c->cpu, head_dim, c->block_m, c->block_n, c->work_group_size, why, sizeof why))
+    if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size, why, sizeof why))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     return FLASHCL_SUCCESS;
 }

@@ -272,31 +272,42 @@ static void run_with(flashcl_context *ctx, const test_case *tc, int deterministi
 
 #ifdef FLASHCL_SOURCE_CL_DIR
 /* Copies cl/<name> into dir; 0 on any failure. */
-/* The cpu variant's source missing (FLASHCL_KERNEL_DIR holding only
- * common.cl and flash_bwd.cl): its build fails, and the backward falls back
- * to the portable kernels, still right. Tiles of its own, so no kernel built
- * earlier in this process answers from the in-memory cache. */
-static void cpu_build_failure(flashcl_context *ctx) {
-    char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX";
+/* A variant's source missing (FLASHCL_KERNEL_DIR holding the forward's and
+ * backward's files but that one): its build fails, and the backward falls
+ * back to the portable kernels, still right. env: FLASHCL_BWD_PARAMS, with
+ * tiles of its own so no kernel built earlier in this process answers from
+ * the in-memory cache (NULL: the table's choice). */
+static void build_failure(flashcl_context *ctx, const char *missing, test_case tc, const char *env) {
+    static const char *const files[] = {"common.cl",       "flash_fwd.cl",     "flash_fwd_cpu.cl", "flash_fwd_nv.cl",
+                                        "flash_bwd.cl",    "flash_bwd_cpu.cl", "flash_bwd_nv.cl"};
+    char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX", path[4096];
     if (flashcl_context_is_host(ctx))
         return;
-    if (!mkdtemp(dir) || !test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, "common.cl") ||
-        !test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, "flash_bwd.cl")) {
-        expect(0, "cpu build failure: setting up the source directory", &failures);
-        return;
+    int ok = mkdtemp(dir) != NULL;
+    for (int i = 0; ok && i < COUNT(files); ++i)
+        ok = !strcmp(files[i], missing) || test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, files[i]);
+    if (ok) {
+        printf("FLASHCL_KERNEL_DIR without %s:\n", missing);
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        if (env)
+            run_with(ctx, &tc, 1, env);
+        else
+            run(ctx, tc, 0);
+        unsetenv("FLASHCL_KERNEL_DIR");
+    } else {
+        expect(0, "build failure: setting up the source directory", &failures);
     }
-    printf("FLASHCL_KERNEL_DIR without flash_bwd_cpu.cl:\n");
-    setenv("FLASHCL_KERNEL_DIR", dir, 1);
+    for (int i = 0; i < COUNT(files); ++i) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        remove(path);
+    }
+    rmdir(dir);
+}
+
+static void cpu_build_failure(flashcl_context *ctx) {
     test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
     tc.causal = 1;
-    run_with(ctx, &tc, 1, "VARIANT=cpu,BLOCK_M=16,BLOCK_N=24,WG=16");
-    unsetenv("FLASHCL_KERNEL_DIR");
-    char path[4096];
-    snprintf(path, sizeof path, "%s/common.cl", dir);
-    remove(path);
-    snprintf(path, sizeof path, "%s/flash_bwd.cl", dir);
-    remove(path);
-    rmdir(dir);
+    build_failure(ctx, "flash_bwd_cpu.cl", tc, "VARIANT=cpu,BLOCK_M=16,BLOCK_N=24,WG=16");
 }
 #endif
 
@@ -373,6 +384,82 @@ static void sweep(flashcl_context *ctx) {
                     tc.softcap = 20.0f;
                 run(ctx, tc, (i + s + causal) & 1);
             }
+}
+
+/* ---- the tensor-core kernels (NVIDIA sm_80+ only) --------------------------------------------- */
+
+/* Whether FLASHCL_BWD_PARAMS=VARIANT=nv-mma is accepted here: a tiny f16 run. */
+static int nv_mma_available(flashcl_context *ctx) {
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 3, 5, 16);
+    run_buffers rb;
+    if (flashcl_context_is_host(ctx))
+        return 0;
+    setenv("FLASHCL_BWD_PARAMS", "VARIANT=nv-mma", 1);
+    const int ok = setup(&rb, &tc, 1) && run_backward(ctx, &rb, 0) == FLASHCL_SUCCESS;
+    unsetenv("FLASHCL_BWD_PARAMS");
+    teardown(&rb);
+    return ok;
+}
+
+/* `test_backward mma`: cl/flash_bwd_nv.cl forced, over the head dims, tiles
+ * (both stage counts of each kernel), masks and layouts it handles; its
+ * build failure falling back. Skips (passing) where nv-mma does not apply. */
+static void mma(flashcl_context *ctx) {
+    if (!nv_mma_available(ctx)) {
+        printf("nv-mma backward does not apply to this device: skipped (%s)\n", flashcl_last_error(ctx));
+        return;
+    }
+    static const struct {
+        int d;
+        const char *env;
+    } configs[] = {
+        {64, "VARIANT=nv-mma"},                               /* the table's tiles: one Q/dO stage */
+        {64, "VARIANT=nv-mma,WG=64,BLOCK_M=32,BLOCK_N=16"},   /* two Q/dO stages, 32 keys per group */
+        {32, "VARIANT=nv-mma,WG=32,BLOCK_M=16,BLOCK_N=32"},   /* one warp */
+        {59, "VARIANT=nv-mma"},                               /* padded head dim */
+        {80, "VARIANT=nv-mma,WG=128,BLOCK_M=16,BLOCK_N=32"},
+        {96, "VARIANT=nv-mma,WG=64,BLOCK_M=32,BLOCK_N=32"},
+        {128, "VARIANT=nv-mma"},                              /* the table's tiles: two K/V stages */
+        {128, "VARIANT=nv-mma,WG=64,BLOCK_M=16,BLOCK_N=64"},  /* two Q/dO stages, one K/V stage */
+    };
+    for (int i = 0; i < COUNT(configs); ++i) {
+        const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
+        test_case tc = test_case_basic(dt, 200, 333, configs[i].d); /* Nq < Nk, GQA 2 */
+        tc.batch = 2;
+        tc.heads_q = 4;
+        tc.heads_k = 2;
+        tc.causal = 1;
+        run_with(ctx, &tc, i % 2, configs[i].env);
+        tc.causal = 0;
+        run_with(ctx, &tc, 0, configs[i].env);
+        tc = test_case_basic(dt, 150, 97, configs[i].d); /* Nq > Nk causal: 53 rows see no key; MQA */
+        tc.heads_q = 3;
+        tc.heads_k = 1;
+        tc.causal = 1;
+        tc.layout = i % 2 ? LAYOUT_BHSD : LAYOUT_PADDED;
+        run_with(ctx, &tc, 0, configs[i].env);
+    }
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 300, 300, 64);
+    tc.window_left = 40; /* windows: tiles masked on both edges, and skipped */
+    tc.window_right = 9;
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+    tc.window_left = 0;
+    tc.window_right = 0; /* the diagonal only */
+    run_with(ctx, &tc, 1, "VARIANT=nv-mma,WG=64,BLOCK_M=32,BLOCK_N=16");
+    tc = test_case_basic(FLASHCL_BFLOAT16, 64, 96, 128);
+    tc.softcap = 30.0f; /* the soft-cap's derivative */
+    tc.input_scale = 4.0;
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+    tc = test_case_basic(FLASHCL_FLOAT16, 1, 1000, 128); /* one query row */
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+    tc = test_case_basic(FLASHCL_FLOAT16, 1000, 1, 64); /* one key */
+    tc.causal = 1;
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+#ifdef FLASHCL_SOURCE_CL_DIR
+    tc = test_case_basic(FLASHCL_FLOAT16, 37, 53, 48); /* a head dim no case above built */
+    tc.causal = 1;
+    build_failure(ctx, "flash_bwd_nv.cl", tc, NULL);
+#endif
 }
 
 /* ---- determinism ------------------------------------------------------------------------ */
@@ -548,6 +635,8 @@ int main(int argc, char **argv) {
     uint64_t seed = test_seed();
     if (argc > 1 && !strcmp(argv[1], "sweep")) {
         sweep(ctx);
+    } else if (argc > 1 && !strcmp(argv[1], "mma")) {
+        mma(ctx);
     } else {
         fd_checks(seed);
         quick(ctx);

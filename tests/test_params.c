@@ -564,17 +564,24 @@ static void test_levels(void) {
 
 /* ---- the backward kernels' table (flashcl_backward_params) -------------------------------- */
 
-/* flashcl_backward_params for a resolved desc of head_dim d under FLASHCL_BWD_PARAMS=env (NULL: unset). */
-static flashcl_status backward_choice(flashcl_context *ctx, int d, const char *env, flashcl_backward_choice *c) {
-    flashcl_attention_desc r = desc_of(FLASHCL_FLOAT32, 100, d, 0);
+/* flashcl_backward_params for a resolved desc of dtype dt and head_dim d under FLASHCL_BWD_PARAMS=env
+ * (NULL: unset); skip_nv as the build-failure fallback passes it. */
+static flashcl_status backward_choice_of(flashcl_context *ctx, flashcl_dtype dt, int d, const char *env, int skip_nv,
+                                         flashcl_backward_choice *c) {
+    flashcl_attention_desc r = desc_of(dt, 100, d, 0);
     flashcl_attention_desc_resolve(&r);
     if (env)
         setenv("FLASHCL_BWD_PARAMS", env, 1);
     else
         unsetenv("FLASHCL_BWD_PARAMS");
-    flashcl_status st = flashcl_backward_params(ctx, &r, 0, c);
+    flashcl_status st = flashcl_backward_params(ctx, &r, 0, skip_nv, c);
     unsetenv("FLASHCL_BWD_PARAMS");
     return st;
+}
+
+/* ... for float32. */
+static flashcl_status backward_choice(flashcl_context *ctx, int d, const char *env, flashcl_backward_choice *c) {
+    return backward_choice_of(ctx, FLASHCL_FLOAT32, d, env, 0, c);
 }
 
 static void test_backward_levels(void) {
@@ -585,23 +592,25 @@ static void test_backward_levels(void) {
     ctx->info.local_mem = 1 << 20;
     ctx->info.max_wg = 4096;
     expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 64 && c.block_n == 64 &&
-               c.work_group_size == 64 && c.cpu && !strncmp(c.source, "default: CPU (measured", 22),
+               c.work_group_size == 64 && c.variant == FLASHCL_BWD_CPU && !strncmp(c.source, "default: CPU (measured", 22),
            "backward, CPU: the cpu kernel, 64x64 tiles, 64 work-items, source names the level", &failures);
-    expect(backward_choice(ctx, 64, "VARIANT=portable", &c) == FLASHCL_SUCCESS && !c.cpu && c.block_n == 64,
+    expect(backward_choice(ctx, 64, "VARIANT=portable", &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_PORTABLE &&
+               c.block_n == 64,
            "FLASHCL_BWD_PARAMS=VARIANT=portable picks the portable kernel", &failures);
     expect(backward_choice(ctx, 64, "VARIANT=cpu,BLOCK_N=12", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "multiple of 8"),
            "the cpu kernel refuses BLOCK_N not a multiple of 8", &failures);
     /* A small CPU: the cpu default shrinks, its keys staying a multiple of 8. */
     ctx->info.local_mem = 48 * 1024;
-    expect(backward_choice(ctx, 256, NULL, &c) == FLASHCL_SUCCESS && c.cpu && c.block_n % 8 == 0 &&
+    expect(backward_choice(ctx, 256, NULL, &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_CPU && c.block_n % 8 == 0 &&
                flashcl_backward_cpu_local_bytes(c.block_m, c.block_n, 256) <= 47 * 1024,
            "backward, CPU: the cpu default shrinks to fit 48 KB", &failures);
     ctx->info.local_mem = 1 << 20;
     /* A GPU: 16x16/128 up to D=128, 8x8/64 above. */
     pretend_h200(ctx);
     expect(backward_choice(ctx, 128, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 16 && c.block_n == 16 &&
-               c.work_group_size == 128 && !c.cpu && !strncmp(c.source, "default: GPU (hand-chosen", 25),
+               c.work_group_size == 128 && c.variant == FLASHCL_BWD_PORTABLE &&
+               !strncmp(c.source, "default: GPU (hand-chosen", 25),
            "backward, GPU D=128: 16x16 tiles, 128 work-items", &failures);
     expect(backward_choice(ctx, 129, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 8 && c.block_n == 8 &&
                c.work_group_size == 64 && !strncmp(c.source, "default: GPU (", 14),
@@ -636,6 +645,55 @@ static void test_backward_levels(void) {
     expect(backward_choice(ctx, 128, "WG=512", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "work-group"),
            "FLASHCL_BWD_PARAMS work-group over the device's maximum is refused", &failures);
+
+    /* NVIDIA sm_80+: the tensor-core kernels for 16-bit dtypes up to D=128. */
+    pretend_h200(ctx);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.block_n == 64 && c.work_group_size == 128 &&
+               flashcl_backward_keys_per_group(&c) == 64 && flashcl_backward_rows_per_group(&c) == 64 &&
+               !strncmp(c.source, "built-in arch: sm_80+", 21),
+           "backward, sm_90 f16 D=64: nv-mma, 4 warps of 16 keys or rows, named by its level", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.block_n == 32 && c.work_group_size == 64 &&
+               flashcl_backward_nv_local_bytes(c.block_m, c.block_n, c.work_group_size, 128) <= 48000,
+           "backward, sm_90 bf16 D=128: nv-mma within 48000 bytes", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT32, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE,
+           "backward, sm_90 f32: the portable kernels", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 160, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE,
+           "backward, sm_90 f16 D=160: the portable kernels", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 1, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE && c.block_m == 16,
+           "backward, sm_90 f16 after an nv-mma build failure: the portable kernels and their tiles", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=portable", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE,
+           "FLASHCL_BWD_PARAMS=VARIANT=portable passes over nv-mma", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=64,BLOCK_M=32", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_keys_per_group(&c) == 32 && c.block_m == 32,
+           "FLASHCL_BWD_PARAMS resizes the nv-mma kernels", &failures);
+    static const struct {
+        flashcl_dtype dt;
+        int d;
+        const char *env, *why;
+    } refused[] = {{FLASHCL_FLOAT16, 64, "BLOCK_M=24", "multiples of 16"},
+                   {FLASHCL_FLOAT16, 64, "WG=48", "multiple of 32"},
+                   {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
+                   {FLASHCL_FLOAT32, 64, "VARIANT=nv-mma", "float16 or bfloat16"},
+                   {FLASHCL_FLOAT16, 256, "VARIANT=nv-mma,BLOCK_M=16,BLOCK_N=16,WG=32", "head_dim <= 128"}};
+    for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i) {
+        char what[160];
+        snprintf(what, sizeof what, "nv-mma backward: FLASHCL_BWD_PARAMS=\"%s\" at D=%d is refused (%s)",
+                 refused[i].env, refused[i].d, refused[i].why);
+        expect(backward_choice_of(ctx, refused[i].dt, refused[i].d, refused[i].env, 0, &c) ==
+                       FLASHCL_ERROR_INVALID_PARAMS &&
+                   strstr(flashcl_last_error(ctx), refused[i].why),
+               what, &failures);
+    }
+    ctx->info.nv_cc_major = 7; /* Volta: no nv-mma */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE,
+           "backward, sm_70 f16: the portable kernels", &failures);
     flashcl_context_destroy(ctx);
 }
 

@@ -1,0 +1,532 @@
+/* flash_bwd_nv.cl: FlashAttention-2 backward on NVIDIA tensor cores (sm_80+, inline PTX mma.sync).
+ *
+ * The "nv-mma" backward variant, for float16/bfloat16 and head_dim <= 128.
+ * Same arguments and semantics as cl/flash_bwd.cl's flash_bwd_dkdv and
+ * flash_bwd_dq (common.cl's BWD_DKDV_ARGS, BWD_DQ_ARGS), with the same D_i
+ * pre-pass (flash_bwd_pre). dQ always comes from its own pass here, in a fixed
+ * order: this variant is deterministic in both modes, and needs no float
+ * atomics (use_atomics and dq_acc_off are ignored).
+ *
+ * With s = scale * q.k (soft-capped: c*tanh(s/c)), P = exp(s - LSE):
+ *   dV = P^T dO    dP = dO V^T    dS = P * (dP - D) * g * scale
+ *   dK = dS^T Q    dQ = dS K      (g = 1 - tanh^2(s/c) under soft-cap, else 1)
+ *
+ * Work decomposition (16 = one mma fragment of rows):
+ *   flash_bwd_dkdv_nv  a work-group of WARPS warps owns 16*WARPS keys of one
+ *                      (batch, kv head); warp w owns 16 of them and keeps
+ *                      their dK and dV as f32 accumulator fragments. The group
+ *                      streams BLOCK_M-row tiles of Q and dO (with their LSE
+ *                      and D_i) of every query head sharing the kv head, over
+ *                      the rows that see any of its keys. Per tile and warp:
+ *                        S^T  = K_w Q^T        dP^T = V_w dO^T       (16 x BLOCK_M)
+ *                        P^T, dS^T elementwise in the accumulators
+ *                        dV_w += P^T dO        dK_w += dS^T Q        (16 x D)
+ *                      computing the transposes keeps each key's sums in one
+ *                      warp's registers; P^T and dS^T go from accumulators to
+ *                      A fragments in registers (see flash_fwd_nv.cl), and Q, dO
+ *                      serve as B both plain (S^T, dP^T) and transposed
+ *                      (ldmatrix .trans: dV, dK).
+ *   flash_bwd_dq_nv    a work-group of WARPS warps owns 16*WARPS query rows of
+ *                      one (batch, query head), Q and dO as A fragments in
+ *                      registers for the whole loop (the forward's shape);
+ *                      K/V tiles of BLOCK_N keys stream through __local:
+ *                        S = Q K^T   dP = dO V^T   dS   dQ += dS K (K .trans)
+ *
+ *   __local, dkdv:                             __local, dq:
+ *   +-----------+-----------+                  +----------------+----------------+
+ *   | K (16W)   | V (16W)   |  loaded once     | Q (16W)        | dO (16W)       | before the loop
+ *   +-----------+-----------+                  +----------------+----------------+
+ *   | Q, dO (BLOCK_M) x Q_STAGES            |  | K, V (BLOCK_N) x KV_STAGES      | in the loop
+ *   +---------------------------------------+  +---------------------------------+
+ *   rows of PITCH halves: HEAD_DIM zero-padded to a multiple of 16, plus 8
+ *   halves so that ldmatrix's 8 row reads hit distinct bank groups.
+ *
+ * Masks are the forward's (bottom-right windows; causal = right side 0): key
+ * j is visible to row i iff shift - left <= j - i <= shift + right (a
+ * negative side unbounded), shift = nk - nq. Padding rows and rows whose LSE
+ * is -inf carry LSE +inf here, so P = 2^(s - inf) = 0 and dS = 0 without a
+ * -inf - -inf. Warps skip tiles none of whose pairs is visible and mask only
+ * tiles that cross a window edge or the end of the keys.
+ *
+ * Fragment layouts and the lane -> address maps of ldmatrix: flash_fwd_nv.cl.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64 // exact head dimension (compile-time: every fragment loop unrolls)
+#endif
+#ifndef WG
+#define WG 128 // work-items per work-group: WG/32 warps of 16 keys (dkdv) or 16 rows (dq)
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 64 // dkdv: query rows per streamed Q/dO tile (a multiple of 16)
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64 // dq: keys per streamed K/V tile (a multiple of 16)
+#endif
+
+#define WARPS (WG / 32)
+#define OWN (16 * WARPS)                           // keys (dkdv) or rows (dq) per work-group
+#define HEAD_DIM_PAD (((HEAD_DIM) + 15) / 16 * 16) // head dims seen by the mma
+#define PITCH (HEAD_DIM_PAD + 8)                   // __local row pitch, halves
+#define K_STEPS (HEAD_DIM_PAD / 16)                // k16 steps over the head dim
+#define D_FRAGS (HEAD_DIM_PAD / 8)                 // n8 blocks of a 16 x D result
+#define SMEM_LIMIT 48000                           // NVIDIA's OpenCL allows ~47 KB of __local
+
+#if WG % 32 != 0 || WARPS < 1
+#error "WG must be a multiple of 32"
+#endif
+#if BLOCK_M % 16 != 0 || BLOCK_N % 16 != 0
+#error "BLOCK_M and BLOCK_N must be multiples of 16"
+#endif
+#ifndef FLASHCL_NV_PTX
+#error "flash_bwd_nv is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#endif
+#if DTYPE != 1 && DTYPE != 2
+#error "flash_bwd_nv needs DTYPE 1 (float16) or 2 (bfloat16)"
+#endif
+#if HEAD_DIM > 128
+#error "flash_bwd_nv keeps 16 x HEAD_DIM dK and dV per warp in registers: HEAD_DIM <= 128"
+#endif
+
+/* ---- shared pieces ----------------------------------------------------------------------- */
+
+/* [lo_rel, hi_rel]: key j is visible to row i iff lo_rel <= j - i <= hi_rel
+ * (a side without a window is widened past any j - i). */
+inline long2 visible_rel(int nq, int nk, int win_left, int win_right) {
+    const long shift = (long)nk - (long)nq;
+    return (long2)(win_left < 0 ? -(1L << 40) : shift - win_left, win_right < 0 ? (1L << 40) : shift + win_right);
+}
+
+/* The raw score x of one (row, key) pair -> (P, dS) given the row's LSE in
+ * log2 units (+inf: the row contributes nothing), its D_i, and dP. */
+inline float2 p_and_ds(float x, float dp, float lse2, float di, float scale, float softcap) {
+    float p, g = 1.0f;
+    if (softcap > 0.0f) {
+        const float th = tanh(x * (scale / softcap));
+        p = ex2(fma(softcap * th, LOG2E, -lse2));
+        g = fma(-th, th, 1.0f); /* d/ds of c*tanh(s/c) */
+    } else {
+        p = ex2(fma(x, scale * LOG2E, -lse2));
+    }
+    return (float2)(p, p * (dp - di) * g * scale);
+}
+
+/* Two adjacent n8 accumulator blocks -> the A fragment of one k16 step (the
+ * forward's P trick, flash_fwd_nv.cl). */
+#define ACC_TO_A(a, lo, hi)                                                                        \
+    do {                                                                                           \
+        (a)[0] = pack2((lo)[0], (lo)[1]);                                                          \
+        (a)[1] = pack2((lo)[2], (lo)[3]);                                                          \
+        (a)[2] = pack2((hi)[0], (hi)[1]);                                                          \
+        (a)[3] = pack2((hi)[2], (hi)[3]);                                                          \
+    } while (0)
+
+/* Stores columns d, d+1 (d even, d < HEAD_DIM) of one row of 16-bit elements:
+ * one 32-bit store when pair (every row start 4-byte aligned). */
+inline void store_two(__global ushort *row, int d, float x0, float x1, int pair) {
+    if (pair) {
+        *(__global uint *)(row + d) = pack2(x0, x1);
+    } else {
+        STORE_ELEM((__global elem_t *)row, d, x0);
+        if (d + 1 < HEAD_DIM)
+            STORE_ELEM((__global elem_t *)row, d + 1, x1);
+    }
+}
+
+/* Stores one warp's 16 x HEAD_DIM f32 accumulators acc[D_FRAGS][4] (this
+ * lane's rows g and g + 8, at most `rows` of them) into a [*][HEAD_DIM]
+ * 16-bit matrix whose row r is at dst + r*stride. A macro: passed to a
+ * function, the accumulators would leave registers for the stack. */
+#define STORE_ACC(dst, stride, acc, rows)                                                          \
+    do {                                                                                           \
+        __global ushort *dst_ = (dst);                                                             \
+        const ulong stride_ = (stride);                                                            \
+        const int pair_ = (HEAD_DIM % 2 == 0) && ((ulong)dst_ % 4 == 0) && (stride_ % 2 == 0);     \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            if (g + 8 * h_ < (rows)) {                                                             \
+                _Pragma("unroll") for (int j_ = 0; j_ < D_FRAGS; ++j_) {                           \
+                    if (8 * j_ + 2 * t < HEAD_DIM)                                                 \
+                        store_two(dst_ + (ulong)(g + 8 * h_) * stride_, 8 * j_ + 2 * t,            \
+                                  (acc)[j_][2 * h_], (acc)[j_][2 * h_ + 1], pair_);                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* Lane offsets (bytes) of ldmatrix.x4 within a tile of PITCH-half rows:
+ *   A_LANE  16 rows x 16 columns as an A fragment (a0..a3)
+ *   B_LANE  16 rows x 16 columns as the B fragments of two n8 blocks, the
+ *           rows being n and the columns k (K rows in S = Q K^T)
+ *   BT_LANE (.trans) 16 rows x 16 columns as the B fragments of two n8
+ *           blocks, the rows being k and the columns n (V rows in P V) */
+#define A_LANE(lane) ((uint)(((lane) % 16) * PITCH + ((lane) / 16) * 8) * 2u)
+#define B_LANE(lane) ((uint)(((lane) % 8 + ((lane) / 16) * 8) * PITCH + (((lane) / 8) % 2) * 8) * 2u)
+#define BT_LANE(lane) ((uint)(((lane) % 8 + (((lane) / 8) % 2) * 8) * PITCH + ((lane) / 16) * 8) * 2u)
+
+#define TILE_BYTES(rows) ((rows) * PITCH * 2)
+
+/* ==== dK, dV ================================================================================ */
+#if !defined(BWD_KERNEL) || BWD_KERNEL == 2
+
+#ifndef Q_STAGES
+#if 2 * TILE_BYTES(OWN) + 4 * TILE_BYTES(BLOCK_M) + 4 * 4 * BLOCK_M <= SMEM_LIMIT
+#define Q_STAGES 2 // the next Q/dO tile lands during the current one
+#else
+#define Q_STAGES 1
+#endif
+#endif
+#define KV_HALFS (2 * OWN * PITCH)
+#define QT_HALFS (BLOCK_M * PITCH) /* one Q (or dO) tile */
+#define DKDV_HALFS (KV_HALFS + 2 * Q_STAGES * QT_HALFS)
+#if DKDV_HALFS * 2 + Q_STAGES * 2 * BLOCK_M * 4 > SMEM_LIMIT
+#error "K, V and the Q/dO tiles exceed NVIDIA's ~47 KB of __local memory: fewer warps or rows"
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(BWD_DKDV_ARGS) {
+    __local ushort smem[DKDV_HALFS] __attribute__((aligned(16)));
+    __local float stats[Q_STAGES][2][BLOCK_M]; /* per tile row: LSE in log2 units (+inf: none), D_i */
+    (void)scratch;
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    const int n0 = (int)get_group_id(0) * OWN;
+    const int hk = (int)get_global_id(1), b = (int)get_global_id(2);
+    const int heads_q = (int)get_global_size(1) * group;
+    const uint s_base = shared_addr(smem);
+
+    /* K and V of the group's keys, once. */
+    __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, n0, hk);
+    __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, n0, hk);
+    const int n_rows = min(OWN, nk - n0);
+    nv_copy_rows(smem, s_base, 0, kb, k_ss, n_rows, OWN, (ulong)kb % 16 == 0 && k_ss % 8 == 0, tid, HEAD_DIM,
+                 PITCH, WG);
+    nv_copy_rows(smem, s_base, OWN * PITCH, vb, v_ss, n_rows, OWN, (ulong)vb % 16 == 0 && v_ss % 8 == 0, tid,
+                 HEAD_DIM, PITCH, WG);
+
+    /* Rows that see any key of [n0, n_last], and the tiles over them, for
+     * each of the `group` query heads: T tiles in all, streamed in one loop. */
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);
+    const long n_last = min((long)n0 + OWN, (long)nk) - 1;
+    const long i_lo = max((long)n0 - rel.y, 0L), i_hi = min(n_last - rel.x, (long)nq - 1);
+    const int m_first = i_lo <= i_hi ? (int)(i_lo / BLOCK_M) * BLOCK_M : 0;
+    const int m_tiles = i_lo <= i_hi ? (int)((i_hi - m_first) / BLOCK_M) + 1 : 0;
+    const int tiles = m_tiles * group;
+    /* cp.async needs 16-byte aligned rows; uniform over the query heads when
+     * the head stride is a multiple of 8 elements, else plain loads. */
+    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) && (q_ss % 8 == 0) && (q_sh % 8 == 0);
+    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) && (dout_ss % 8 == 0) &&
+                       (dout_sh % 8 == 0);
+
+    /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
+     * plain loads; LSE and D_i by plain loads, visible after the barrier). */
+#define ISSUE_TILE(it, st)                                                                         \
+    do {                                                                                           \
+        const int hq_ = hk * group + (it) / m_tiles;                                               \
+        const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
+        const int rows_ = min(BLOCK_M, nq - m0_);                                                  \
+        const uint q_at = (uint)(KV_HALFS + (st) * 2 * QT_HALFS);                                  \
+        nv_copy_rows(smem, s_base, q_at, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_), q_ss, rows_, \
+                     BLOCK_M, q_vec, tid, HEAD_DIM, PITCH, WG);                                    \
+        nv_copy_rows(smem, s_base, q_at + QT_HALFS,                                                \
+                     (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_), dout_ss, rows_, BLOCK_M, \
+                     do_vec, tid, HEAD_DIM, PITCH, WG);                                            \
+        const ulong row0_ = ((ulong)b * heads_q + hq_) * (ulong)nq;                                \
+        for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
+            const int i_ = m0_ + r_;                                                               \
+            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
+            stats[st][0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                            \
+            stats[st][1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                      \
+        }                                                                                          \
+    } while (0)
+
+    float dk_acc[D_FRAGS][4], dv_acc[D_FRAGS][4];
+#pragma unroll
+    for (int j = 0; j < D_FRAGS; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dk_acc[j][e] = dv_acc[j][e] = 0.0f;
+
+    const int kw0 = n0 + 16 * warp; /* this warp's first key */
+    const uint k_frag = s_base + (uint)(warp * 16 * PITCH) * 2u + A_LANE(lane);
+    const uint v_frag = k_frag + (uint)(OWN * PITCH) * 2u;
+    const uint b_lane = B_LANE(lane), bt_lane = BT_LANE(lane);
+
+#if Q_STAGES == 2
+    if (tiles > 0)
+        ISSUE_TILE(0, 0);
+#endif
+    int stage = 0;
+    for (int it = 0; it < tiles; ++it) {
+#if Q_STAGES == 2
+        /* Tile it has landed for everyone, and every warp is done with tile
+         * it-1, whose buffers now receive tile it+1. */
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (it + 1 < tiles)
+            ISSUE_TILE(it + 1, stage ^ 1);
+#else
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with the previous tile */
+        ISSUE_TILE(it, 0);
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        const int m0 = m_first + (it % m_tiles) * BLOCK_M;
+        /* Warp-uniform: skip a tile none of whose (row, key) pairs is visible
+         * or whose keys all lie past nk; mask one that crosses an edge. */
+        const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
+        if (kw0 >= nk || rel_max < rel.x || rel_min > rel.y) {
+            stage ^= Q_STAGES - 1;
+            continue;
+        }
+        const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
+        const uint q_tile = s_base + (uint)(KV_HALFS + stage * 2 * QT_HALFS) * 2u;
+        const uint do_tile = q_tile + QT_HALFS * 2u;
+
+        /* ---- S^T = K_w Q^T and dP^T = V_w dO^T (16 keys x BLOCK_M rows) ---- */
+        float s[BLOCK_M / 8][4], dp[BLOCK_M / 8][4];
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 8; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+            uint ka[4], va[4];
+            LDMATRIX_X4(ka, k_frag + kk * 32u);
+            LDMATRIX_X4(va, v_frag + kk * 32u);
+#pragma unroll
+            for (int np = 0; np < BLOCK_M / 16; ++np) {
+                uint qb[4], ob[4];
+                const uint at = b_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u;
+                LDMATRIX_X4(qb, q_tile + at);
+                LDMATRIX_X4(ob, do_tile + at);
+                MMA_16816(s[2 * np], ka[0], ka[1], ka[2], ka[3], qb[0], qb[1]);
+                MMA_16816(s[2 * np + 1], ka[0], ka[1], ka[2], ka[3], qb[2], qb[3]);
+                MMA_16816(dp[2 * np], va[0], va[1], va[2], va[3], ob[0], ob[1]);
+                MMA_16816(dp[2 * np + 1], va[0], va[1], va[2], va[3], ob[2], ob[3]);
+            }
+        }
+
+        /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 8; ++j) {
+            const int r = 8 * j + 2 * t;
+            const float2 l2 = vload2(0, &stats[stage][0][r]), di = vload2(0, &stats[stage][1][r]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x, scale,
+                                     softcap);
+                if (masked) {
+                    const int key = kw0 + g + 8 * (e >> 1);
+                    const long d = (long)key - (m0 + r + (e & 1));
+                    if (key >= nk || d < rel.x || d > rel.y)
+                        pd = (float2)(0.0f, 0.0f);
+                }
+                s[j][e] = pd.x;
+                dp[j][e] = pd.y;
+            }
+        }
+
+        /* ---- dV_w += P^T dO and dK_w += dS^T Q, k = the tile's rows ---- */
+#pragma unroll
+        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+            uint pa[4], da[4];
+            ACC_TO_A(pa, s[2 * kk], s[2 * kk + 1]);
+            ACC_TO_A(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+            for (int dq2 = 0; dq2 < D_FRAGS / 2; ++dq2) {
+                uint ob[4], qb[4];
+                const uint at = bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u;
+                LDMATRIX_X4_TRANS(ob, do_tile + at);
+                LDMATRIX_X4_TRANS(qb, q_tile + at);
+                MMA_16816(dv_acc[2 * dq2], pa[0], pa[1], pa[2], pa[3], ob[0], ob[1]);
+                MMA_16816(dv_acc[2 * dq2 + 1], pa[0], pa[1], pa[2], pa[3], ob[2], ob[3]);
+                MMA_16816(dk_acc[2 * dq2], da[0], da[1], da[2], da[3], qb[0], qb[1]);
+                MMA_16816(dk_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], qb[2], qb[3]);
+            }
+        }
+        stage ^= Q_STAGES - 1;
+    }
+#undef ISSUE_TILE
+    cp_wait(); /* K and V when there was no tile */
+
+    if (kw0 < nk) {
+        const int rows = min(16, nk - kw0);
+        STORE_ACC((__global ushort *)dk + ROW_AT(dk, b, kw0, hk), dk_ss, dk_acc, rows);
+        STORE_ACC((__global ushort *)dv + ROW_AT(dv, b, kw0, hk), dv_ss, dv_acc, rows);
+    }
+}
+#endif
+
+/* ==== dQ ==================================================================================== */
+#if !defined(BWD_KERNEL) || BWD_KERNEL == 3
+
+#ifndef KV_STAGES
+#if 4 * TILE_BYTES(BLOCK_N) <= SMEM_LIMIT
+#define KV_STAGES 2 // the next K/V tile lands during the current one
+#else
+#define KV_STAGES 1
+#endif
+#endif
+#define KT_HALFS (BLOCK_N * PITCH)
+#define DQ_KV_HALFS (2 * KV_STAGES * KT_HALFS)
+#define DQ_QO_HALFS (2 * OWN * PITCH)
+#define DQ_HALFS (DQ_KV_HALFS > DQ_QO_HALFS ? DQ_KV_HALFS : DQ_QO_HALFS)
+#if DQ_HALFS * 2 > SMEM_LIMIT
+#error "the Q/dO block or the K/V tiles exceed NVIDIA's ~47 KB of __local memory"
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BWD_DQ_ARGS) {
+    __local ushort smem[DQ_HALFS] __attribute__((aligned(16)));
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    /* Last blocks first: under a causal mask they see the most keys. */
+    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * OWN;
+    const int hq = (int)get_global_id(1), b = (int)get_global_id(2);
+    const int hk = hq / group;
+    const int rows_q = min(OWN, nq - m0);
+    const uint s_base = shared_addr(smem);
+
+    __global const ushort *qb = (__global const ushort *)q + ROW_AT(q, b, m0, hq);
+    __global const ushort *ob = (__global const ushort *)dout + ROW_AT(dout, b, m0, hq);
+    __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, 0, hk);
+    __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, 0, hk);
+    const int k_vec = ((ulong)kb % 16 == 0) && (k_ss % 8 == 0);
+    const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 8 == 0);
+
+    /* Q and dO -> __local -> A fragments, once. */
+    nv_copy_rows(smem, s_base, 0, qb, q_ss, rows_q, OWN, (ulong)qb % 16 == 0 && q_ss % 8 == 0, tid, HEAD_DIM,
+                 PITCH, WG);
+    nv_copy_rows(smem, s_base, OWN * PITCH, ob, dout_ss, rows_q, OWN, (ulong)ob % 16 == 0 && dout_ss % 8 == 0,
+                 tid, HEAD_DIM, PITCH, WG);
+    cp_wait();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[K_STEPS][4], of[K_STEPS][4];
+    {
+        const uint at = s_base + (uint)(warp * 16 * PITCH) * 2u + A_LANE(lane);
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+            LDMATRIX_X4(qf[kk], at + kk * 32u);
+            LDMATRIX_X4(of[kk], at + (uint)(OWN * PITCH) * 2u + kk * 32u);
+        }
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its fragments before K/V overwrite them */
+
+    /* This lane's rows w0 + g and w0 + g + 8: LSE (log2 units, +inf for none) and D_i. */
+    const int w0 = m0 + 16 * warp;
+    const ulong row0 = ((ulong)b * get_global_size(1) + hq) * (ulong)nq;
+    float lse2[2], di[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = w0 + g + 8 * h;
+        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;
+        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;
+        di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;
+    }
+
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);
+    /* Keys any row of the block sees; the warp's own range decides skips. */
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
+    const int n_start = blk_first.x <= blk_last.y ? (int)(blk_first.x / BLOCK_N) * BLOCK_N : nk;
+    const int n_end = (int)blk_last.y;
+    const int w_rows = min(16, nq - w0); /* <= 0: a warp past nq, skips every tile */
+
+    float dq_acc[D_FRAGS][4];
+#pragma unroll
+    for (int j = 0; j < D_FRAGS; ++j)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+            dq_acc[j][e] = 0.0f;
+
+    const uint b_lane = B_LANE(lane), bt_lane = BT_LANE(lane);
+    /* Issues the copies of K and V tile n into the buffers at halves `at`. */
+#define ISSUE_KV(n, at)                                                                            \
+    do {                                                                                           \
+        nv_copy_rows(smem, s_base, (at), kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, k_vec, \
+                     tid, HEAD_DIM, PITCH, WG);                                                    \
+        nv_copy_rows(smem, s_base, (at) + KT_HALFS, vb + (ulong)(n) * v_ss, v_ss, min(BLOCK_N, nk - (n)),   \
+                     BLOCK_N, v_vec, tid, HEAD_DIM, PITCH, WG);                                    \
+    } while (0)
+#if KV_STAGES == 2
+    if (n_start <= n_end)
+        ISSUE_KV(n_start, 0u);
+#endif
+    int stage = 0;
+    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        const uint k_tile = s_base + (uint)(stage * 2 * KT_HALFS) * 2u;
+        const uint v_tile = k_tile + KT_HALFS * 2u;
+#if KV_STAGES == 2
+        /* Tile n0 has landed for everyone, and every warp is done with the
+         * previous tile, whose buffers now receive the next one. */
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n0 + BLOCK_N <= n_end)
+            ISSUE_KV(n0 + BLOCK_N, (uint)((stage ^ 1) * 2 * KT_HALFS));
+#else
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with the previous tile */
+        ISSUE_KV(n0, 0u);
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+
+        const long rel_max = (long)n0 + BLOCK_N - 1 - w0, rel_min = (long)n0 - (w0 + 15);
+        if (w_rows > 0 && rel_max >= rel.x && rel_min <= rel.y) {
+            const int masked = rel_min < rel.x || rel_max > rel.y || n0 + BLOCK_N > nk;
+            /* ---- S = Q K^T and dP = dO V^T (16 rows x BLOCK_N keys) ---- */
+            float s[BLOCK_N / 8][4], dp[BLOCK_N / 8][4];
+#pragma unroll
+            for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e)
+                    s[j][e] = dp[j][e] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk)
+#pragma unroll
+                for (int np = 0; np < BLOCK_N / 16; ++np) {
+                    uint kf[4], vf[4];
+                    const uint at = b_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u;
+                    LDMATRIX_X4(kf, k_tile + at);
+                    LDMATRIX_X4(vf, v_tile + at);
+                    MMA_16816(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[0], kf[1]);
+                    MMA_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[2], kf[3]);
+                    MMA_16816(dp[2 * np], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[0], vf[1]);
+                    MMA_16816(dp[2 * np + 1], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[2], vf[3]);
+                }
+            /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
+#pragma unroll
+            for (int j = 0; j < BLOCK_N / 8; ++j)
+#pragma unroll
+                for (int e = 0; e < 4; ++e) {
+                    float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
+                    if (masked) {
+                        const int key = n0 + 8 * j + 2 * t + (e & 1);
+                        const long d = (long)key - (w0 + g + 8 * (e >> 1));
+                        if (key >= nk || d < rel.x || d > rel.y)
+                            ds = 0.0f;
+                    }
+                    dp[j][e] = ds;
+                }
+            /* ---- dQ += dS K, k = the tile's keys ---- */
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
+                uint da[4];
+                ACC_TO_A(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int dq2 = 0; dq2 < D_FRAGS / 2; ++dq2) {
+                    uint kf[4];
+                    LDMATRIX_X4_TRANS(kf, k_tile + bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u);
+                    MMA_16816(dq_acc[2 * dq2], da[0], da[1], da[2], da[3], kf[0], kf[1]);
+                    MMA_16816(dq_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], kf[2], kf[3]);
+                }
+            }
+        }
+        stage ^= KV_STAGES - 1;
+    }
+#undef ISSUE_KV
+
+    if (w_rows > 0)
+        STORE_ACC((__global ushort *)dq + ROW_AT(dq, b, w0, hq), dq_ss, dq_acc, w_rows);
+}
+#endif
