@@ -3,7 +3,8 @@
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward]   (results also under $OUT when set)
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
-#         registers, a FLASHCL_BWD_PARAMS sweep, and backward vs PyTorch.
+#         registers, backward vs PyTorch, two forward rows (SWEEP=1: a
+#         FLASHCL_BWD_PARAMS sweep first).
 # decode: the serving tests on the GPU, the decode kernel's registers, decode
 #         vs PyTorch, and a sweep of FLASHCL_DECODE_PARAMS values.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
@@ -43,17 +44,19 @@ if [ "$what" = backward ]; then
     FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --backward \
       --device nvidia --shape 1,2,256,$d --iters 1 2>&1 | grep -E "Compiling|registers|spill" | head -8
   done
-  echo "== FLASHCL_BWD_PARAMS sweep (flashcl bench --backward, f16)"
-  for p in "" WG=64,BLOCK_M=32 WG=64,BLOCK_M=64 WG=128,BLOCK_M=32 WG=256,BLOCK_M=16 BLOCK_N=32 BLOCK_N=16; do
-    echo "-- D=64 ${p:-defaults}"
-    FLASHCL_BWD_PARAMS=$p ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,64 --iters 5 2>&1 | tail -n 2
-  done
-  for p in "" WG=64,BLOCK_M=16 WG=64,BLOCK_M=32 WG=32,BLOCK_M=32 BLOCK_N=16 BLOCK_N=64; do
-    echo "-- D=128 ${p:-defaults}"
-    FLASHCL_BWD_PARAMS=$p ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,128 --iters 5 2>&1 | tail -n 2
-  done
-  FLASHCL_BWD_PARAMS=VARIANT=portable ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,64 \
-    --iters 2 2>&1 | tail -n 2
+  if [ "${SWEEP:-0}" = 1 ]; then
+    echo "== FLASHCL_BWD_PARAMS sweep (flashcl bench --backward, f16)"
+    for p in "" WG=64,BLOCK_M=32 WG=64,BLOCK_M=64 WG=128,BLOCK_M=32 WG=256,BLOCK_M=16 BLOCK_N=32 BLOCK_N=16 DQ=atomic; do
+      echo "-- D=64 ${p:-defaults}"
+      FLASHCL_BWD_PARAMS=$p ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,64 --iters 5 2>&1 | tail -n 2
+    done
+    for p in "" WG=64,BLOCK_M=16 WG=128,BLOCK_M=16 WG=32,BLOCK_M=32 BLOCK_N=16 BLOCK_N=64 DQ=atomic; do
+      echo "-- D=128 ${p:-defaults}"
+      FLASHCL_BWD_PARAMS=$p ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,128 --iters 5 2>&1 | tail -n 2
+    done
+    FLASHCL_BWD_PARAMS=VARIANT=portable ./build-gpu/flashcl bench --backward --device nvidia \
+      --shape 4,32,4096,64 --iters 2 2>&1 | tail -n 2
+  fi
   if [ -f bench/compare_backward.py ]; then
     PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16,bf16 \
       --json "$out/backward.json" 2>&1 | tee "$out/backward.txt"

@@ -3,9 +3,10 @@
  * The "nv-mma" backward variant, for float16/bfloat16 and head_dim <= 128.
  * Same arguments and semantics as cl/flash_bwd.cl's flash_bwd_dkdv and
  * flash_bwd_dq (common.cl's BWD_DKDV_ARGS, BWD_DQ_ARGS), with the same D_i
- * pre-pass (flash_bwd_pre). dQ always comes from its own pass here, in a fixed
- * order: this variant is deterministic in both modes, and needs no float
- * atomics (use_atomics and dq_acc_off are ignored).
+ * pre-pass (flash_bwd_pre). dQ comes either from its own pass (flash_bwd_dq_nv,
+ * a fixed order: deterministic), or, built with DQ_ATOMIC=1, from the dK/dV
+ * kernel adding each tile's dS K into the float accumulator with red.add
+ * (flash_bwd_dq_store then rounds it); the host picks (FLASHCL_BWD_PARAMS DQ=).
  *
  * With s = scale * q.k (soft-capped: c*tanh(s/c)), P = exp(s - LSE):
  *   dV = P^T dO    dP = dO V^T    dS = P * (dP - D) * g * scale
@@ -25,7 +26,10 @@
  *                      warp's registers; P^T and dS^T go from accumulators to
  *                      A fragments in registers (see flash_fwd_nv.cl), and Q, dO
  *                      serve as B both plain (S^T, dP^T) and transposed
- *                      (ldmatrix .trans: dV, dK).
+ *                      (ldmatrix .trans: dV, dK). DQ_ATOMIC: the warps' dS^T
+ *                      meet in __local, and the tile's dQ = dS K (BLOCK_M x D)
+ *                      is split over the warps in 16 x 16 units, each added to
+ *                      the accumulator element by element.
  *   flash_bwd_dq_nv    a work-group of WARPS warps owns 16*WARPS query rows of
  *                      one (batch, query head), Q and dO as A fragments in
  *                      registers for the whole loop (the forward's shape);
@@ -38,6 +42,8 @@
  *   +-----------+-----------+                  +----------------+----------------+
  *   | Q, dO (BLOCK_M) x Q_STAGES            |  | K, V (BLOCK_N) x KV_STAGES      | in the loop
  *   +---------------------------------------+  +---------------------------------+
+ *   | dS^T (16W x BLOCK_M): DQ_ATOMIC only  |
+ *   +---------------------------------------+
  *   rows of PITCH halves: HEAD_DIM zero-padded to a multiple of 16, plus 8
  *   halves so that ldmatrix's 8 row reads hit distinct bank groups.
  *
@@ -94,7 +100,8 @@
  * (a side without a window is widened past any j - i). */
 inline long2 visible_rel(int nq, int nk, int win_left, int win_right) {
     const long shift = (long)nk - (long)nq;
-    return (long2)(win_left < 0 ? -(1L << 40) : shift - win_left, win_right < 0 ? (1L << 40) : shift + win_right);
+    return (long2)(win_left < 0 ? -(1L << 40) : shift - win_left,
+                   win_right < 0 ? (1L << 40) : shift + win_right);
 }
 
 /* The raw score x of one (row, key) pair -> (P, dS) given the row's LSE in
@@ -160,31 +167,46 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
  *   BT_LANE (.trans) 16 rows x 16 columns as the B fragments of two n8
  *           blocks, the rows being k and the columns n (V rows in P V) */
 #define A_LANE(lane) ((uint)(((lane) % 16) * PITCH + ((lane) / 16) * 8) * 2u)
-#define B_LANE(lane) ((uint)(((lane) % 8 + ((lane) / 16) * 8) * PITCH + (((lane) / 8) % 2) * 8) * 2u)
-#define BT_LANE(lane) ((uint)(((lane) % 8 + (((lane) / 8) % 2) * 8) * PITCH + ((lane) / 16) * 8) * 2u)
+#define B_LANE(lane)                                                                               \
+    ((uint)(((lane) % 8 + ((lane) / 16) * 8) * PITCH + (((lane) / 8) % 2) * 8) * 2u)
+#define BT_LANE(lane)                                                                              \
+    ((uint)(((lane) % 8 + (((lane) / 8) % 2) * 8) * PITCH + ((lane) / 16) * 8) * 2u)
 
-#define TILE_BYTES(rows) ((rows) * PITCH * 2)
+#define TILE_BYTES(rows) ((rows)*PITCH * 2)
 
 /* ==== dK, dV ================================================================================ */
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 2
 
+#ifndef DQ_ATOMIC
+/* 1: dQ += dS K into the float accumulator here (red.add); 0: flash_bwd_dq_nv does it */
+#define DQ_ATOMIC 0
+#endif
+#ifndef KV_REGS
+/* 1: each warp keeps its K and V rows as A fragments in registers (D <= 64:
+ * 32 registers), so the loop reads only Q and dO from __local */
+#define KV_REGS (HEAD_DIM <= 64)
+#endif
+#define DS_PITCH (BLOCK_M + 8) /* halves per dS^T row: 16-byte rows, conflict-free ldmatrix */
+#define DS_BYTES (DQ_ATOMIC * OWN * DS_PITCH * 2)
 #ifndef Q_STAGES
-#if 2 * TILE_BYTES(OWN) + 4 * TILE_BYTES(BLOCK_M) + 4 * 4 * BLOCK_M <= SMEM_LIMIT
+#if 2 * TILE_BYTES(OWN) + 4 * TILE_BYTES(BLOCK_M) + 4 * 4 * BLOCK_M + DS_BYTES <= SMEM_LIMIT
 #define Q_STAGES 2 // the next Q/dO tile lands during the current one
 #else
 #define Q_STAGES 1
 #endif
 #endif
 #define KV_HALFS (2 * OWN * PITCH)
-#define QT_HALFS (BLOCK_M * PITCH) /* one Q (or dO) tile */
-#define DKDV_HALFS (KV_HALFS + 2 * Q_STAGES * QT_HALFS)
+#define QT_HALFS (BLOCK_M * PITCH)                 /* one Q (or dO) tile */
+#define DS_AT (KV_HALFS + 2 * Q_STAGES * QT_HALFS) /* halves: dS^T, DQ_ATOMIC only */
+#define DKDV_HALFS (DS_AT + DS_BYTES / 2)
 #if DKDV_HALFS * 2 + Q_STAGES * 2 * BLOCK_M * 4 > SMEM_LIMIT
 #error "K, V and the Q/dO tiles exceed NVIDIA's ~47 KB of __local memory: fewer warps or rows"
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(BWD_DKDV_ARGS) {
     __local ushort smem[DKDV_HALFS] __attribute__((aligned(16)));
-    __local float stats[Q_STAGES][2][BLOCK_M]; /* per tile row: LSE in log2 units (+inf: none), D_i */
+    /* per tile row: LSE in log2 units (+inf: the row contributes nothing), D_i */
+    __local float stats[Q_STAGES][2][BLOCK_M];
     (void)scratch;
 
     const int tid = (int)get_local_id(0);
@@ -198,10 +220,10 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
     __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, n0, hk);
     __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, n0, hk);
     const int n_rows = min(OWN, nk - n0);
-    nv_copy_rows(smem, s_base, 0, kb, k_ss, n_rows, OWN, (ulong)kb % 16 == 0 && k_ss % 8 == 0, tid, HEAD_DIM,
-                 PITCH, WG);
-    nv_copy_rows(smem, s_base, OWN * PITCH, vb, v_ss, n_rows, OWN, (ulong)vb % 16 == 0 && v_ss % 8 == 0, tid,
+    nv_copy_rows(smem, s_base, 0, kb, k_ss, n_rows, OWN, (ulong)kb % 16 == 0 && k_ss % 8 == 0, tid,
                  HEAD_DIM, PITCH, WG);
+    nv_copy_rows(smem, s_base, OWN * PITCH, vb, v_ss, n_rows, OWN,
+                 (ulong)vb % 16 == 0 && v_ss % 8 == 0, tid, HEAD_DIM, PITCH, WG);
 
     /* Rows that see any key of [n0, n_last], and the tiles over them, for
      * each of the `group` query heads: T tiles in all, streamed in one loop. */
@@ -213,9 +235,10 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
     const int tiles = m_tiles * group;
     /* cp.async needs 16-byte aligned rows; uniform over the query heads when
      * the head stride is a multiple of 8 elements, else plain loads. */
-    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) && (q_ss % 8 == 0) && (q_sh % 8 == 0);
-    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) && (dout_ss % 8 == 0) &&
-                       (dout_sh % 8 == 0);
+    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&
+                      (q_ss % 8 == 0) && (q_sh % 8 == 0);
+    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&
+                       (dout_ss % 8 == 0) && (dout_sh % 8 == 0);
 
     /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
      * plain loads; LSE and D_i by plain loads, visible after the barrier). */
@@ -224,12 +247,12 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
         const int hq_ = hk * group + (it) / m_tiles;                                               \
         const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
         const int rows_ = min(BLOCK_M, nq - m0_);                                                  \
-        const uint q_at = (uint)(KV_HALFS + (st) * 2 * QT_HALFS);                                  \
-        nv_copy_rows(smem, s_base, q_at, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_), q_ss, rows_, \
-                     BLOCK_M, q_vec, tid, HEAD_DIM, PITCH, WG);                                    \
+        const uint q_at = (uint)(KV_HALFS + (st)*2 * QT_HALFS);                                    \
+        nv_copy_rows(smem, s_base, q_at, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_),      \
+                     q_ss, rows_, BLOCK_M, q_vec, tid, HEAD_DIM, PITCH, WG);                       \
         nv_copy_rows(smem, s_base, q_at + QT_HALFS,                                                \
-                     (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_), dout_ss, rows_, BLOCK_M, \
-                     do_vec, tid, HEAD_DIM, PITCH, WG);                                            \
+                     (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_), dout_ss, rows_,    \
+                     BLOCK_M, do_vec, tid, HEAD_DIM, PITCH, WG);                                   \
         const ulong row0_ = ((ulong)b * heads_q + hq_) * (ulong)nq;                                \
         for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
             const int i_ = m0_ + r_;                                                               \
@@ -250,10 +273,28 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
     const uint k_frag = s_base + (uint)(warp * 16 * PITCH) * 2u + A_LANE(lane);
     const uint v_frag = k_frag + (uint)(OWN * PITCH) * 2u;
     const uint b_lane = B_LANE(lane), bt_lane = BT_LANE(lane);
+#if DQ_ATOMIC
+    __global float *dq_acc = scratch + dq_acc_off;
+    const uint ds_tile = s_base + (uint)DS_AT * 2u;
+    /* dS^T [key][row] read as A = dS [row][key] by ldmatrix .trans: lane
+     * addresses as B_LANE's, over the dS^T rows. */
+    const uint ds_lane =
+        (uint)(((lane % 8 + (lane / 16) * 8) * DS_PITCH + ((lane / 8) % 2) * 8) * 2);
+#endif
 
 #if Q_STAGES == 2
     if (tiles > 0)
         ISSUE_TILE(0, 0);
+#endif
+#if KV_REGS
+    uint kreg[K_STEPS][4], vreg[K_STEPS][4];
+    cp_wait(); /* K and V (and tile 0) have landed */
+    barrier(CLK_LOCAL_MEM_FENCE);
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk) {
+        LDMATRIX_X4(kreg[kk], k_frag + kk * 32u);
+        LDMATRIX_X4(vreg[kk], v_frag + kk * 32u);
+    }
 #endif
     int stage = 0;
     for (int it = 0; it < tiles; ++it) {
@@ -271,13 +312,11 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
         const int m0 = m_first + (it % m_tiles) * BLOCK_M;
-        /* Warp-uniform: skip a tile none of whose (row, key) pairs is visible
-         * or whose keys all lie past nk; mask one that crosses an edge. */
+        /* Warp-uniform: skip the math of a tile none of whose (row, key)
+         * pairs is visible or whose keys all lie past nk (its dS^T is 0);
+         * mask one that crosses an edge. */
         const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
-        if (kw0 >= nk || rel_max < rel.x || rel_min > rel.y) {
-            stage ^= Q_STAGES - 1;
-            continue;
-        }
+        const int active = kw0 < nk && rel_max >= rel.x && rel_min <= rel.y;
         const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
         const uint q_tile = s_base + (uint)(KV_HALFS + stage * 2 * QT_HALFS) * 2u;
         const uint do_tile = q_tile + QT_HALFS * 2u;
@@ -289,62 +328,112 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 s[j][e] = dp[j][e] = 0.0f;
+        if (active) {
 #pragma unroll
-        for (int kk = 0; kk < K_STEPS; ++kk) {
-            uint ka[4], va[4];
-            LDMATRIX_X4(ka, k_frag + kk * 32u);
-            LDMATRIX_X4(va, v_frag + kk * 32u);
+            for (int kk = 0; kk < K_STEPS; ++kk) {
+#if KV_REGS
+#define ka kreg[kk]
+#define va vreg[kk]
+#else
+                uint ka[4], va[4];
+                LDMATRIX_X4(ka, k_frag + kk * 32u);
+                LDMATRIX_X4(va, v_frag + kk * 32u);
+#endif
 #pragma unroll
-            for (int np = 0; np < BLOCK_M / 16; ++np) {
-                uint qb[4], ob[4];
-                const uint at = b_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u;
-                LDMATRIX_X4(qb, q_tile + at);
-                LDMATRIX_X4(ob, do_tile + at);
-                MMA_16816(s[2 * np], ka[0], ka[1], ka[2], ka[3], qb[0], qb[1]);
-                MMA_16816(s[2 * np + 1], ka[0], ka[1], ka[2], ka[3], qb[2], qb[3]);
-                MMA_16816(dp[2 * np], va[0], va[1], va[2], va[3], ob[0], ob[1]);
-                MMA_16816(dp[2 * np + 1], va[0], va[1], va[2], va[3], ob[2], ob[3]);
-            }
-        }
-
-        /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
-#pragma unroll
-        for (int j = 0; j < BLOCK_M / 8; ++j) {
-            const int r = 8 * j + 2 * t;
-            const float2 l2 = vload2(0, &stats[stage][0][r]), di = vload2(0, &stats[stage][1][r]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x, scale,
-                                     softcap);
-                if (masked) {
-                    const int key = kw0 + g + 8 * (e >> 1);
-                    const long d = (long)key - (m0 + r + (e & 1));
-                    if (key >= nk || d < rel.x || d > rel.y)
-                        pd = (float2)(0.0f, 0.0f);
+                for (int np = 0; np < BLOCK_M / 16; ++np) {
+                    uint qb[4], ob[4];
+                    const uint at = b_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u;
+                    LDMATRIX_X4(qb, q_tile + at);
+                    LDMATRIX_X4(ob, do_tile + at);
+                    MMA_16816(s[2 * np], ka[0], ka[1], ka[2], ka[3], qb[0], qb[1]);
+                    MMA_16816(s[2 * np + 1], ka[0], ka[1], ka[2], ka[3], qb[2], qb[3]);
+                    MMA_16816(dp[2 * np], va[0], va[1], va[2], va[3], ob[0], ob[1]);
+                    MMA_16816(dp[2 * np + 1], va[0], va[1], va[2], va[3], ob[2], ob[3]);
                 }
-                s[j][e] = pd.x;
-                dp[j][e] = pd.y;
+#undef ka
+#undef va
             }
-        }
 
-        /* ---- dV_w += P^T dO and dK_w += dS^T Q, k = the tile's rows ---- */
+            /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
 #pragma unroll
-        for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
-            uint pa[4], da[4];
-            ACC_TO_A(pa, s[2 * kk], s[2 * kk + 1]);
-            ACC_TO_A(da, dp[2 * kk], dp[2 * kk + 1]);
+            for (int j = 0; j < BLOCK_M / 8; ++j) {
+                const int r = 8 * j + 2 * t;
+                const float2 l2 = vload2(0, &stats[stage][0][r]),
+                             di = vload2(0, &stats[stage][1][r]);
 #pragma unroll
-            for (int dq2 = 0; dq2 < D_FRAGS / 2; ++dq2) {
-                uint ob[4], qb[4];
-                const uint at = bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u;
-                LDMATRIX_X4_TRANS(ob, do_tile + at);
-                LDMATRIX_X4_TRANS(qb, q_tile + at);
-                MMA_16816(dv_acc[2 * dq2], pa[0], pa[1], pa[2], pa[3], ob[0], ob[1]);
-                MMA_16816(dv_acc[2 * dq2 + 1], pa[0], pa[1], pa[2], pa[3], ob[2], ob[3]);
-                MMA_16816(dk_acc[2 * dq2], da[0], da[1], da[2], da[3], qb[0], qb[1]);
-                MMA_16816(dk_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], qb[2], qb[3]);
+                for (int e = 0; e < 4; ++e) {
+                    float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x,
+                                         (e & 1) ? di.y : di.x, scale, softcap);
+                    if (masked) {
+                        const int key = kw0 + g + 8 * (e >> 1);
+                        const long d = (long)key - (m0 + r + (e & 1));
+                        if (key >= nk || d < rel.x || d > rel.y)
+                            pd = (float2)(0.0f, 0.0f);
+                    }
+                    s[j][e] = pd.x;
+                    dp[j][e] = pd.y;
+                }
+            }
+
+            /* ---- dV_w += P^T dO and dK_w += dS^T Q, k = the tile's rows ---- */
+#pragma unroll
+            for (int kk = 0; kk < BLOCK_M / 16; ++kk) {
+                uint pa[4], da[4];
+                ACC_TO_A(pa, s[2 * kk], s[2 * kk + 1]);
+                ACC_TO_A(da, dp[2 * kk], dp[2 * kk + 1]);
+#pragma unroll
+                for (int dq2 = 0; dq2 < D_FRAGS / 2; ++dq2) {
+                    uint ob[4], qb[4];
+                    const uint at = bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u;
+                    LDMATRIX_X4_TRANS(ob, do_tile + at);
+                    LDMATRIX_X4_TRANS(qb, q_tile + at);
+                    MMA_16816(dv_acc[2 * dq2], pa[0], pa[1], pa[2], pa[3], ob[0], ob[1]);
+                    MMA_16816(dv_acc[2 * dq2 + 1], pa[0], pa[1], pa[2], pa[3], ob[2], ob[3]);
+                    MMA_16816(dk_acc[2 * dq2], da[0], da[1], da[2], da[3], qb[0], qb[1]);
+                    MMA_16816(dk_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], qb[2], qb[3]);
+                }
+            }
+        } /* active */
+#if DQ_ATOMIC
+        /* ---- dQ += dS K: every warp's dS^T into __local (0 where inactive) ---- */
+#pragma unroll
+        for (int j = 0; j < BLOCK_M / 8; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+                *(__local uint *)(smem + DS_AT + (16 * warp + g + 8 * h) * DS_PITCH + 8 * j +
+                                  2 * t) = pack2(dp[j][2 * h], dp[j][2 * h + 1]);
+        barrier(CLK_LOCAL_MEM_FENCE);
+        {
+            const int hq = hk * group + it / m_tiles;
+            const ulong row0 = ((ulong)b * heads_q + hq) * (ulong)nq;
+            /* 16 rows x 16 dims per unit; the next tile's first barrier keeps
+             * dS^T until every warp is done with it. */
+            for (int u = warp; u < (BLOCK_M / 16) * (D_FRAGS / 2); u += WARPS) {
+                const int rf = u / (D_FRAGS / 2), dp2 = u % (D_FRAGS / 2);
+                float c[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+                for (int kk = 0; kk < OWN / 16; ++kk) {
+                    uint da[4], kf[4];
+                    LDMATRIX_X4_TRANS(da, ds_tile + ds_lane +
+                                              (uint)(kk * 16 * DS_PITCH + rf * 16) * 2u);
+                    LDMATRIX_X4_TRANS(kf,
+                                      s_base + bt_lane + (uint)(kk * 16 * PITCH + dp2 * 16) * 2u);
+                    MMA_16816(c[0], da[0], da[1], da[2], da[3], kf[0], kf[1]);
+                    MMA_16816(c[1], da[0], da[1], da[2], da[3], kf[2], kf[3]);
+                }
+#pragma unroll
+                for (int e = 0; e < 8; ++e) {
+                    const int row = m0 + rf * 16 + g + 8 * ((e >> 1) & 1);
+                    const int d = dp2 * 16 + 8 * (e >> 2) + 2 * t + (e & 1);
+                    if (row < nq && d < HEAD_DIM)
+                        __asm__ __volatile__("red.global.add.f32 [%0], %1;" ::"l"(
+                                                 dq_acc + ((row0 + row) * HEAD_DIM + d)),
+                                             "f"(c[e >> 2][e & 3])
+                                             : "memory");
+                }
             }
         }
+#endif
         stage ^= Q_STAGES - 1;
     }
 #undef ISSUE_TILE
@@ -396,10 +485,10 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
     const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 8 == 0);
 
     /* Q and dO -> __local -> A fragments, once. */
-    nv_copy_rows(smem, s_base, 0, qb, q_ss, rows_q, OWN, (ulong)qb % 16 == 0 && q_ss % 8 == 0, tid, HEAD_DIM,
-                 PITCH, WG);
-    nv_copy_rows(smem, s_base, OWN * PITCH, ob, dout_ss, rows_q, OWN, (ulong)ob % 16 == 0 && dout_ss % 8 == 0,
-                 tid, HEAD_DIM, PITCH, WG);
+    nv_copy_rows(smem, s_base, 0, qb, q_ss, rows_q, OWN, (ulong)qb % 16 == 0 && q_ss % 8 == 0, tid,
+                 HEAD_DIM, PITCH, WG);
+    nv_copy_rows(smem, s_base, OWN * PITCH, ob, dout_ss, rows_q, OWN,
+                 (ulong)ob % 16 == 0 && dout_ss % 8 == 0, tid, HEAD_DIM, PITCH, WG);
     cp_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[K_STEPS][4], of[K_STEPS][4];
@@ -444,10 +533,10 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
     /* Issues the copies of K and V tile n into the buffers at halves `at`. */
 #define ISSUE_KV(n, at)                                                                            \
     do {                                                                                           \
-        nv_copy_rows(smem, s_base, (at), kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, k_vec, \
-                     tid, HEAD_DIM, PITCH, WG);                                                    \
-        nv_copy_rows(smem, s_base, (at) + KT_HALFS, vb + (ulong)(n) * v_ss, v_ss, min(BLOCK_N, nk - (n)),   \
-                     BLOCK_N, v_vec, tid, HEAD_DIM, PITCH, WG);                                    \
+        nv_copy_rows(smem, s_base, (at), kb + (ulong)(n)*k_ss, k_ss, min(BLOCK_N, nk - (n)),       \
+                     BLOCK_N, k_vec, tid, HEAD_DIM, PITCH, WG);                                    \
+        nv_copy_rows(smem, s_base, (at) + KT_HALFS, vb + (ulong)(n)*v_ss, v_ss,                    \
+                     min(BLOCK_N, nk - (n)), BLOCK_N, v_vec, tid, HEAD_DIM, PITCH, WG);            \
     } while (0)
 #if KV_STAGES == 2
     if (n_start <= n_end)
@@ -490,16 +579,19 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
                     LDMATRIX_X4(kf, k_tile + at);
                     LDMATRIX_X4(vf, v_tile + at);
                     MMA_16816(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[0], kf[1]);
-                    MMA_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[2], kf[3]);
+                    MMA_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[2],
+                              kf[3]);
                     MMA_16816(dp[2 * np], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[0], vf[1]);
-                    MMA_16816(dp[2 * np + 1], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[2], vf[3]);
+                    MMA_16816(dp[2 * np + 1], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[2],
+                              vf[3]);
                 }
-            /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
+                /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
 #pragma unroll
             for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
                 for (int e = 0; e < 4; ++e) {
-                    float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
+                    float ds =
+                        p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
                     if (masked) {
                         const int key = n0 + 8 * j + 2 * t + (e & 1);
                         const long d = (long)key - (w0 + g + 8 * (e >> 1));
@@ -508,7 +600,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
                     }
                     dp[j][e] = ds;
                 }
-            /* ---- dQ += dS K, k = the tile's keys ---- */
+                /* ---- dQ += dS K, k = the tile's keys ---- */
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {
                 uint da[4];
@@ -516,7 +608,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
 #pragma unroll
                 for (int dq2 = 0; dq2 < D_FRAGS / 2; ++dq2) {
                     uint kf[4];
-                    LDMATRIX_X4_TRANS(kf, k_tile + bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u);
+                    LDMATRIX_X4_TRANS(kf,
+                                      k_tile + bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u);
                     MMA_16816(dq_acc[2 * dq2], da[0], da[1], da[2], da[3], kf[0], kf[1]);
                     MMA_16816(dq_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], kf[2], kf[3]);
                 }

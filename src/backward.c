@@ -136,8 +136,8 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                  [FLASHCL_BWD_NV_MMA] = {"flash_bwd_nv.cl", "flash_bwd_dkdv_nv", "flash_bwd_dq_nv"}};
     for (int i = 0; i < 4; ++i) {
         const int nv = c->variant == FLASHCL_BWD_NV_MMA, tiled = i == 1 || i == 2;
-        const int wanted = i == 0 || i == 1 || (i == 2 && (c->deterministic || nv)) ||
-                           (i == 3 && ((!c->deterministic && !nv) || with_store));
+        const int atomic = flashcl_backward_dq_atomic(c);
+        const int wanted = i == 0 || i == 1 || (i == 2 && !atomic) || (i == 3 && (atomic || with_store));
         cl_kernel *slot[4] = {&k->pre, &k->dkdv, &k->dq, &k->store};
         if (!wanted)
             continue;
@@ -148,7 +148,8 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                                     : "flash_bwd_dq_store";
         char tiles[160], options[512];
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s", r->head_dim, c->block_m,
-                 c->block_n, c->work_group_size, nv ? " -DFLASHCL_NV_PTX" : "");
+                 c->block_n, c->work_group_size,
+                 !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX");
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
                  (int)r->dtype, i + 1, tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
         st = flashcl_get_kernel(ctx, file, name, options, slot[i]);
@@ -239,7 +240,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     const cl_ulong rows = (cl_ulong)r->batch * (cl_ulong)r->heads_q * (cl_ulong)r->seqlen_q;
     const cl_ulong di_off = scratch_offset, dq_acc_off = scratch_offset + rows, lse_off = lse_offset;
     const cl_int nq = r->seqlen_q, nk = r->seqlen_k, group = r->heads_q / r->heads_k, D = r->head_dim;
-    const int dq_pass = c->deterministic || c->variant == FLASHCL_BWD_NV_MMA; /* else atomics */
+    const int dq_pass = !flashcl_backward_dq_atomic(c);
     const cl_int atomics = !dq_pass, wl = r->window_left, wr = r->window_right;
     const cl_float scale = r->scale, softcap = r->softcap;
     cl_int err = CL_SUCCESS;

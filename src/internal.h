@@ -230,6 +230,8 @@ typedef struct flashcl_backward_choice {
     int block_n;         /* keys per dkdv work-group / per streamed dq tile */
     int work_group_size; /* work-items per work-group                       */
     int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
+    int nv_dq_pass;      /* nv-mma: 1 runs the dQ pass in both modes, 0 adds
+                          * dQ with atomics unless deterministic             */
     flashcl_backward_variant variant;
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;
@@ -245,7 +247,10 @@ size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim);
 /* __local bytes cl/flash_bwd_cpu.cl's kernel needs with these tiles. */
 size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim);
 /* __local bytes of cl/flash_bwd_nv.cl's larger kernel with these tiles. */
-size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_size, int head_dim);
+size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_size, int head_dim,
+                                       int dq_atomic);
+/* 1 when the backward of choice c sums dQ with float atomics (else by its dQ pass). */
+int flashcl_backward_dq_atomic(const flashcl_backward_choice *c);
 /* Rows of keys (dK/dV) and of queries (dQ) one work-group of the choice owns. */
 int flashcl_backward_keys_per_group(const flashcl_backward_choice *c);
 int flashcl_backward_rows_per_group(const flashcl_backward_choice *c);

@@ -991,7 +991,8 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     BLOCK_M = dK/dV's streamed query rows, BLOCK_N = dQ's streamed keys,
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma
- *     picks one.
+ *     picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
+ *     mode: red.add from the dK/dV kernel, or its own pass (the default).
  */
 /* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant}:
  * declared in internal.h, the tuning file holds them too. */
@@ -1006,7 +1007,13 @@ static const backward_entry backward_arch[] = {
      * against 104/98 with 64-row tiles and 107-113 with 2 or 8 warps or
      * 16-32-key tiles. D <= 128, 2 warps, 32-row tiles, 32-key tiles:
      * 134/127, against 120/115 with 4 warps and 16-row tiles, 49/46 with
-     * one warp, 110-115 with 16 or 64 keys. */
+     * one warp, 110-115 with 16 or 64 keys. Summing dQ with red.add from
+     * the dK/dV kernel (DQ=atomic) instead of the dQ pass measured slower:
+     * 99/91 at D=64 (16- or 32-row tiles alike), 71/66 at D=128 (98/91
+     * with 4 warps and 16-row tiles): its dS^T tile costs __local the Q/dO
+     * stages need, and 64-key groups make two atomic adds per dQ element
+     * per 128 keys. The same measurement put K/V fragments in registers
+     * (KV_REGS, D <= 64) at 118.4 against 117.3 from __local. */
     {"sm_80+", NULL, 1, 64, 32, 64, 128, "measured on the H200: 117/109 TFLOP/s at (4,32,4096,64)", "nv-mma"},
     {"sm_80+", NULL, 65, 128, 32, 32, 64, "measured on the H200: 134/127 TFLOP/s at (4,32,4096,128)", "nv-mma"},
     {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
@@ -1043,20 +1050,27 @@ size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim) 
     return (2 * d * n + 3 * n * d_pad + 3 * m * d_pad + 2 * m * n) * sizeof(float);
 }
 
-size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_size, int head_dim) {
+size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_size, int head_dim,
+                                       int dq_atomic) {
     /* halves per row: head_dim padded to 16, plus 8 (cl/flash_bwd_nv.cl's PITCH) */
     const size_t row = ((size_t)head_dim + 15) / 16 * 16 + 8, own = 16 * (size_t)(work_group_size / 32);
     const size_t m = (size_t)block_m, n = (size_t)block_n, limit = 48000;
-    /* dK/dV: K, V of the group's keys; Q, dO tiles (two stages when they fit) + LSE, D_i */
-    size_t dkdv = (2 * own * row + 4 * m * row) * 2 + 4 * m * sizeof(float);
+    /* dK/dV: K, V of the group's keys; Q, dO tiles (two stages when they fit) + LSE, D_i;
+     * with atomic dQ, the dS^T tile (16-byte rows) */
+    const size_t ds = dq_atomic ? own * (m + 8) * 2 : 0;
+    size_t dkdv = (2 * own * row + 4 * m * row) * 2 + 4 * m * sizeof(float) + ds;
     if (dkdv > limit)
-        dkdv = (2 * own * row + 2 * m * row) * 2 + 2 * m * sizeof(float);
+        dkdv = (2 * own * row + 2 * m * row) * 2 + 2 * m * sizeof(float) + ds;
     /* dQ: the Q, dO block, then K, V tiles (two stages when they fit) in the same bytes */
     size_t kv = 4 * n * row * 2;
     if (kv > limit)
         kv /= 2;
     const size_t dq = 2 * own * row * 2 > kv ? 2 * own * row * 2 : kv;
     return dkdv > dq ? dkdv : dq;
+}
+
+int flashcl_backward_dq_atomic(const flashcl_backward_choice *c) {
+    return !c->deterministic && !(c->variant == FLASHCL_BWD_NV_MMA && c->nv_dq_pass);
 }
 
 int flashcl_backward_keys_per_group(const flashcl_backward_choice *c) {
@@ -1070,8 +1084,8 @@ int flashcl_backward_rows_per_group(const flashcl_backward_choice *c) {
 /* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */
 static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int block_n, int work_group_size,
                              int head_dim) {
-    if (variant == FLASHCL_BWD_NV_MMA)
-        return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim);
+    if (variant == FLASHCL_BWD_NV_MMA) /* the larger of both dQ modes: either may be asked for */
+        return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, 1);
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
     size_t own = variant == FLASHCL_BWD_CPU ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
     return own > portable ? own : portable;
@@ -1159,6 +1173,15 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
             c->source = "FLASHCL_BWD_PARAMS";
             continue;
         }
+        if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ")) {
+            const int pass = kv.value_len == 4 && !strncmp(kv.value, "pass", 4);
+            if (!pass && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_BWD_PARAMS: DQ is atomic or pass at '%s'", kv.at);
+            c->nv_dq_pass = pass;
+            c->source = "FLASHCL_BWD_PARAMS";
+            continue;
+        }
         if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value))
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", kv.at);
@@ -1170,7 +1193,7 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
             c->work_group_size = value;
         else
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT)",
+                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ)",
                                 (int)kv.key_len, kv.key);
         c->source = "FLASHCL_BWD_PARAMS";
     }
@@ -1203,6 +1226,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->block_n = e->block_n;
     c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
+    c->nv_dq_pass = 1; /* nv-mma: measured faster than atomics, see backward_arch */
     c->variant = backward_variant_of(e->variant);
     c->source = source;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */

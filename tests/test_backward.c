@@ -421,6 +421,10 @@ static void mma(flashcl_context *ctx) {
         {96, "VARIANT=nv-mma,WG=64,BLOCK_M=32,BLOCK_N=32"},
         {128, "VARIANT=nv-mma"},                              /* the table's tiles: two K/V stages */
         {128, "VARIANT=nv-mma,WG=64,BLOCK_M=16,BLOCK_N=64"},  /* two Q/dO stages, one K/V stage */
+        {64, "VARIANT=nv-mma,DQ=atomic"},                     /* dQ by red.add from the dK/dV kernel */
+        {59, "VARIANT=nv-mma,DQ=atomic,WG=64,BLOCK_M=16"},
+        {128, "VARIANT=nv-mma,DQ=atomic"},
+        {96, "VARIANT=nv-mma,DQ=atomic,WG=128,BLOCK_M=32"},
     };
     for (int i = 0; i < COUNT(configs); ++i) {
         const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
@@ -452,9 +456,15 @@ static void mma(flashcl_context *ctx) {
     run_with(ctx, &tc, 0, "VARIANT=nv-mma");
     tc = test_case_basic(FLASHCL_FLOAT16, 1, 1000, 128); /* one query row */
     run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma,DQ=atomic");
     tc = test_case_basic(FLASHCL_FLOAT16, 1000, 1, 64); /* one key */
     tc.causal = 1;
     run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma,DQ=atomic");
+    tc = test_case_basic(FLASHCL_FLOAT16, 300, 300, 64);
+    tc.window_left = 40;
+    tc.window_right = 9;
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma,DQ=atomic,WG=64,BLOCK_M=32");
 #ifdef FLASHCL_SOURCE_CL_DIR
     tc = test_case_basic(FLASHCL_FLOAT16, 37, 53, 48); /* a head dim no case above built */
     tc.causal = 1;

@@ -627,7 +627,7 @@ static void test_backward_levels(void) {
     expect(backward_choice(ctx, 128, "block_m=8,WG=32", &c) == FLASHCL_SUCCESS && c.block_m == 8 &&
                c.block_n == 16 && c.work_group_size == 32 && !strcmp(c.source, "FLASHCL_BWD_PARAMS"),
            "FLASHCL_BWD_PARAMS override is used and named as the source", &failures);
-    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
+    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "DQ=", "DQ=fast", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
                                       "BLOCK_M=0", "BLOCK_M=1025", ",BLOCK_M=16", "BLOCK_M=16,,WG=32",
                                       "BLOCK_M=16x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
@@ -655,8 +655,12 @@ static void test_backward_levels(void) {
            "backward, sm_90 f16 D=64: nv-mma, 4 warps of 16 keys or rows, named by its level", &failures);
     expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.block_n == 32 && c.work_group_size == 64 &&
-               flashcl_backward_nv_local_bytes(c.block_m, c.block_n, c.work_group_size, 128) <= 48000,
-           "backward, sm_90 bf16 D=128: nv-mma within 48000 bytes", &failures);
+               flashcl_backward_nv_local_bytes(c.block_m, c.block_n, c.work_group_size, 128, 1) <= 48000 &&
+               c.nv_dq_pass && !flashcl_backward_dq_atomic(&c),
+           "backward, sm_90 bf16 D=128: nv-mma within 48000 bytes, dQ by its pass", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_dq_atomic(&c),
+           "FLASHCL_BWD_PARAMS=DQ=atomic: nv-mma sums dQ with atomics", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT32, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
            "backward, sm_90 f32: the portable kernels", &failures);
