@@ -7,10 +7,10 @@
  * cl/paged_decode_nv.cl (few rows per sequence on NVIDIA tensor cores),
  * cl/paged_decode.cl (few rows per sequence, any GPU: memory-bound SIMT) or
  * cl/paged_attention.cl (anything else). A call:
- *   1. checks the descriptor and builds `meta` on the host: per sequence
- *      {q_start, nq, k_base, nk}, the block list, and the page tables;
- *   2. asks flashcl_decode_params (params.c) for the kernel, its tiles and
- *      the split count;
+ *   1. checks the descriptor (make_plan) and asks flashcl_decode_params
+ *      (params.c) for the kernel, its tiles and the split count;
+ *   2. writes `meta` on the host (fill_meta): per sequence {q_start, nq,
+ *      k_base, nk}, the block list, and the page tables;
  *   3. enqueues the attention kernel, then for the tiled kernel with
  *      splits > 1 the combine
  *      kernel of cl/merge.cl over the caller's scratch.
@@ -258,8 +258,9 @@ typedef struct serving_plan {
     int total_q, total_k, group, num_blocks;
     long max_keys;
     flashcl_decode_choice choice;
-    int *meta;                         /* per sequence, blocks, page tables */
-    size_t meta_count, blocks_off, counters_off;
+    const flashcl_kv_cache *cache; /* paged: the cache and the sequences' ids */
+    const int *seq_ids;
+    size_t meta_count, blocks_off, counters_off; /* meta: see fill_meta */
     size_t scratch_bytes, part_lse_off; /* part_lse_off in floats         */
 } serving_plan;
 
@@ -280,7 +281,7 @@ flashcl_status flashcl_check_cu_seqlens(flashcl_context *ctx, const char *name, 
     return check_cu(ctx, name, cu, n, total);
 }
 
-/* Checks desc (against the cache when paged) and builds meta and the choice. */
+/* Checks desc (against the cache when paged) and sizes the batch description and scratch for the choice. */
 static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc *d,
                                 const flashcl_kv_cache *cache, const int *seq_ids, int force_tiled, int splits,
                                 serving_plan *p) {
@@ -288,6 +289,8 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     if (!d)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
     p->r = *d;
+    p->cache = cache;
+    p->seq_ids = seq_ids;
     flashcl_varlen_desc *r = &p->r;
     if (!flashcl_dtype_size(r->dtype))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)r->dtype);
@@ -398,30 +401,6 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
         p->meta_count += (size_t)blocks * (size_t)r->heads_k;
     if (p->meta_count > 0x7fffffffu)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
-    p->meta = calloc(p->meta_count, sizeof(int));
-    if (!p->meta)
-        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
-    size_t tables = p->blocks_off + 2 * (size_t)blocks, b = 0;
-    for (int i = 0; i < n; ++i) {
-        int nq = r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i];
-        p->meta[4 * i] = r->cu_seqlens_q[i];
-        p->meta[4 * i + 1] = nq;
-        if (cache) {
-            const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(cache, seq_ids[i]);
-            p->meta[4 * i + 2] = (int)tables;
-            p->meta[4 * i + 3] = s->length;
-            memcpy(p->meta + tables, s->pages, (size_t)s->count * sizeof(int));
-            tables += (size_t)s->count;
-        } else {
-            p->meta[4 * i + 2] = r->cu_seqlens_k[i];
-            p->meta[4 * i + 3] = r->cu_seqlens_k[i + 1] - r->cu_seqlens_k[i];
-        }
-        for (int m0 = 0; m0 < nq * p->group; m0 += p->choice.block_m) {
-            p->meta[p->blocks_off + 2 * b] = i;
-            p->meta[p->blocks_off + 2 * b + 1] = m0;
-            ++b;
-        }
-    }
     if (p->choice.splits > 1) {
         size_t rows_all = (size_t)p->choice.splits * (size_t)p->total_q * (size_t)r->heads_q;
         p->part_lse_off = rows_all * (size_t)r->head_dim;
@@ -432,7 +411,39 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
 
 /* ---- varlen and paged attention: the launch -------------------------------------------------- */
 
-/* Uploads p->meta into the context's description buffer. Allocating device
+/* Writes the batch description, p->meta_count ints: {q_start, nq, k_base,
+ * nk} per sequence (k_base: the sequence's page table in meta when paged,
+ * else its first key), {sequence, first row} per block from blocks_off, the
+ * page tables, then the split counters (zero) from counters_off. Written
+ * straight into the upload's staging copy: a decode step's tables are
+ * copied once. */
+static void fill_meta(const serving_plan *p, int *meta) {
+    const flashcl_varlen_desc *r = &p->r;
+    size_t tables = p->blocks_off + 2 * (size_t)p->num_blocks, b = 0;
+    for (int i = 0; i < r->num_seqs; ++i) {
+        const int nq = r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i];
+        meta[4 * i] = r->cu_seqlens_q[i];
+        meta[4 * i + 1] = nq;
+        if (p->cache) {
+            const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(p->cache, p->seq_ids[i]);
+            meta[4 * i + 2] = (int)tables;
+            meta[4 * i + 3] = s->length;
+            memcpy(meta + tables, s->pages, (size_t)s->count * sizeof(int));
+            tables += (size_t)s->count;
+        } else {
+            meta[4 * i + 2] = r->cu_seqlens_k[i];
+            meta[4 * i + 3] = r->cu_seqlens_k[i + 1] - r->cu_seqlens_k[i];
+        }
+        for (int m0 = 0; m0 < nq * p->group; m0 += p->choice.block_m) {
+            meta[p->blocks_off + 2 * b] = i;
+            meta[p->blocks_off + 2 * b + 1] = m0;
+            ++b;
+        }
+    }
+    memset(meta + p->counters_off, 0, (p->meta_count - p->counters_off) * sizeof(int));
+}
+
+/* Uploads the batch description into the context's buffer. Allocating device
  * memory per call costs more than a decode step at short contexts, so the
  * buffer is kept and grown by doubling. The write is non-blocking: it waits
  * for the previous call's kernel (the last reader of the old contents; this
@@ -473,7 +484,7 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
         slot->host = grown;
         slot->bytes = bytes;
     }
-    memcpy(slot->host, p->meta, bytes);
+    fill_meta(p, slot->host);
     cl_event *after = ctx->serving_meta_reader ? &ctx->serving_meta_reader : NULL;
     err = clEnqueueWriteBuffer(ctx->queue, ctx->serving_meta, CL_FALSE, 0, bytes, slot->host, after ? 1 : 0, after,
                                written);
@@ -641,7 +652,6 @@ flashcl_status flashcl_varlen_scratch_size(flashcl_context *ctx, const flashcl_v
     st = make_plan(ctx, desc, NULL, NULL, 0, 0, &p);
     if (st == FLASHCL_SUCCESS)
         *bytes = p.scratch_bytes;
-    free(p.meta);
     return st;
 }
 
@@ -661,13 +671,11 @@ static flashcl_status plan_and_launch(flashcl_context *ctx, const flashcl_varlen
         flashcl_log("serving: the decode kernel did not build, the tiled kernel runs instead: %s",
                     flashcl_last_error(ctx));
         const int splits = p.choice.splits;
-        free(p.meta);
         flashcl_clear_error(ctx);
         st = make_plan(ctx, desc, cache, seq_ids, 1, splits, &p);
         if (st == FLASHCL_SUCCESS)
             st = launch(ctx, &p, q, k, v, page_size, out, lse, lse_offset, scratch, event);
     }
-    free(p.meta);
     return st;
 }
 
@@ -691,7 +699,6 @@ flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_va
     st = make_plan(ctx, desc, cache, seq_ids, 0, 0, &p);
     if (st == FLASHCL_SUCCESS)
         *bytes = p.scratch_bytes;
-    free(p.meta);
     return st;
 }
 
@@ -720,7 +727,6 @@ flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "params is NULL");
     serving_plan p;
     st = make_plan(ctx, desc, cache, seq_ids, 0, 0, &p);
-    free(p.meta);
     if (st)
         return st;
     memset(params, 0, sizeof *params);
