@@ -258,6 +258,22 @@ inline void atomic_add_float(volatile __global float *p, float x) {
     } while (seen != want);
 }
 
+/* The arguments of the serving kernels, paged_attention (cl/paged_attention.cl),
+ * paged_decode and paged_decode_nv: one list, so src/serving.c sets them once
+ * for any (the decode kernels take counters_off after it). part: the
+ * split-KV scratch (part_o, then part_lse); meta: the batch description
+ * (fill_meta in src/serving.c); offsets and (token, head) strides in
+ * elements; q_mul = scale*log2e, or scale/softcap; softcap_log2 =
+ * softcap*log2e, 0 when off. */
+#define SERVING_ARGS                                                                               \
+    __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
+        __global const elem_t *restrict v, __global elem_t *restrict o,                            \
+        __global float *restrict lse, __global float *part, __global int *meta, ulong q_off,       \
+        ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off, ulong v_ss,      \
+        ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off, ulong part_lse_off,        \
+        int has_lse, int blocks_off, int total_q, int heads_q, int group, int page_size,           \
+        int causal, float q_mul, float softcap_log2
+
 /* The serving kernels' batch description (src/serving.c builds it): per
  * sequence {q_start, nq, k_base, nk} from meta[0], and from blocks_off one
  * {sequence, first row} pair per work block. */

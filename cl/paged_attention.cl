@@ -66,19 +66,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-paged_attention(__global const elem_t *restrict q, __global const elem_t *restrict k,
-                __global const elem_t *restrict v, __global elem_t *restrict o,
-                __global float *restrict lse,
-                __global float *restrict part, /* split-KV scratch: part_o, then part_lse */
-                __global const int *restrict meta,
-                /* element offsets and (token, head) strides */
-                ulong q_off, ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh,
-                ulong v_off, ulong v_ss, ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh,
-                ulong lse_off, ulong part_lse_off, int has_lse, int blocks_off, int total_q, int heads_q, int group,
-                int page_size, int causal,
-                float q_mul,        /* scale*log2e, or scale/softcap */
-                float softcap_log2) /* softcap*log2e, 0 when off     */
-{
+paged_attention(SERVING_ARGS) {
     __local float q_tile[BLOCK_M * ROW_STRIDE];
     __local float kv_tile[BLOCK_N * ROW_STRIDE];
     __local float s_tile[BLOCK_M * S_STRIDE];

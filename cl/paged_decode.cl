@@ -264,13 +264,7 @@ inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo,
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-paged_decode(__global const elem_t *restrict q, __global const elem_t *restrict k,
-             __global const elem_t *restrict v, __global elem_t *restrict o,
-             __global float *restrict lse, __global float *part, __global int *meta,
-             ulong q_off, ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off,
-             ulong v_ss, ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off,
-             ulong part_lse_off, int has_lse, int blocks_off, int total_q, int heads_q, int group,
-             int page_size, int causal, float q_mul, float softcap_log2,
+paged_decode(SERVING_ARGS,
              int counters_off) { /* meta[counters_off + block * heads_k + hk]: finished splits */
     /* The end-of-group merge: per slot and row, m and l; one row's D-wide
      * partial outputs of every slot at a time. */

@@ -113,13 +113,8 @@ inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const in
 }
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-paged_decode_nv(__global const elem_t *restrict q, __global const elem_t *restrict k,
-                __global const elem_t *restrict v, __global elem_t *restrict o,
-                __global float *restrict lse, __global float *part, __global int *meta,
-                ulong q_off, ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off,
-                ulong v_ss, ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off,
-                ulong part_lse_off, int has_lse, int blocks_off, int total_q, int heads_q, int group,
-                int page_size, int causal, float q_mul, float softcap_log2, int counters_off) {
+paged_decode_nv(SERVING_ARGS,
+                int counters_off) { /* meta[counters_off + block * heads_k + hk]: finished splits */
     __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
     __local float red_m[WARPS * 16], red_l[WARPS * 16];
     __local float row_inv[16], row_lse[16];
