@@ -79,6 +79,15 @@ inline uint shared_addr(__local const void *p) {
             : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
             : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
 
+/* Two such blocks side by side: c_lo, c_hi += A (registers a[0..3]) times the
+ * B fragments of two adjacent n8 blocks, as one ldmatrix.x4 returns them
+ * (b[0], b[1] for c_lo; b[2], b[3] for c_hi). */
+#define MMA_16816_X2(c_lo, c_hi, a, b)                                                             \
+    do {                                                                                           \
+        MMA_16816(c_lo, (a)[0], (a)[1], (a)[2], (a)[3], (b)[0], (b)[1]);                           \
+        MMA_16816(c_hi, (a)[0], (a)[1], (a)[2], (a)[3], (b)[2], (b)[3]);                           \
+    } while (0)
+
 /* Four 8x8 16-bit matrices from __local; volatile keeps them after the barriers. */
 #define LDMATRIX_X4(r, addr)                                                                       \
     __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
@@ -118,9 +127,9 @@ inline uint pack2(float lo, float hi) {
  * barrier must follow before the tile is read.
  * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
  * when this returns. */
-inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
-                         ulong stride, int rows, int nrows, int vec, int tid, int head_dim, int pitch,
-                         int nthreads) {
+inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off,
+                         __global const ushort *src, ulong stride, int rows, int nrows, int vec,
+                         int tid, int head_dim, int pitch, int nthreads) {
     const int d_chunks = (head_dim + 15) / 16 * 2; /* 16-byte chunks of a padded row */
     const int total = nrows * d_chunks;
     const int iters = (total + nthreads - 1) / nthreads;
@@ -157,7 +166,8 @@ inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off, __glob
                 const uint hi = r < rows && d + 1 < head_dim ? p[d + 1] : 0u;
                 w[e] = lo | hi << 16;
             }
-            *(__local uint4 *)(smem + dst_off + r * pitch + 8 * c) = (uint4)(w[0], w[1], w[2], w[3]);
+            *(__local uint4 *)(smem + dst_off + r * pitch + 8 * c) =
+                (uint4)(w[0], w[1], w[2], w[3]);
         }
     }
 }
@@ -224,7 +234,7 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
 /* Strides of one tensor: offset, batch, seq, head (elements), as kernel
  * arguments, and the element offset of row n of head h of batch b. */
 #define TENSOR_ARGS(x) ulong x##_off, ulong x##_sb, ulong x##_ss, ulong x##_sh
-#define ROW_AT(x, b, n, h) (x##_off + (ulong)(b) * x##_sb + (ulong)(n) * x##_ss + (ulong)(h) * x##_sh)
+#define ROW_AT(x, b, n, h) (x##_off + (ulong)(b)*x##_sb + (ulong)(n)*x##_ss + (ulong)(h)*x##_sh)
 
 /* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl)
  * and flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl): one list, so src/backward.c
@@ -244,8 +254,8 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         __global const elem_t *restrict v, __global const elem_t *restrict dout,                   \
         __global const float *restrict lse, __global const float *restrict scratch,                \
         __global elem_t *restrict dq, TENSOR_ARGS(q), TENSOR_ARGS(k), TENSOR_ARGS(v),              \
-        TENSOR_ARGS(dout), TENSOR_ARGS(dq), ulong lse_off, ulong di_off, int nq, int nk, int group, \
-        float scale, float softcap, int win_left, int win_right
+        TENSOR_ARGS(dout), TENSOR_ARGS(dq), ulong lse_off, ulong di_off, int nq, int nk,           \
+        int group, float scale, float softcap, int win_left, int win_right
 
 /* *p += x on a float in global memory, as a compare-and-swap loop on its
  * bits: the only float accumulation OpenCL 1.2 offers. The order of the adds
@@ -283,8 +293,8 @@ typedef struct serving_block {
 
 inline serving_block serving_block_at(__global const int *meta, int blocks_off, int blk) {
     const int seq = meta[blocks_off + 2 * blk];
-    serving_block b = {meta[blocks_off + 2 * blk + 1], meta[4 * seq], meta[4 * seq + 1], meta[4 * seq + 2],
-                       meta[4 * seq + 3]};
+    serving_block b = {meta[blocks_off + 2 * blk + 1], meta[4 * seq], meta[4 * seq + 1],
+                       meta[4 * seq + 2], meta[4 * seq + 3]};
     return b;
 }
 
@@ -323,8 +333,8 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
     for (int e = lid; e < r.nrows * splits; e += wg) {
         const int row = r.m0 + e / splits, t = e % splits;
         const ulong token = (ulong)(r.q_start + row / r.group);
-        wts[e] = vpart[r.part_lse_off + ((ulong)t * r.total_q + token) * r.heads_q + r.hk * r.group +
-                       row % r.group];
+        wts[e] = vpart[r.part_lse_off + ((ulong)t * r.total_q + token) * r.heads_q +
+                       r.hk * r.group + row % r.group];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid < r.nrows) {
@@ -357,8 +367,10 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
             const int e = min(e0 + j * wg, total - 1); /* past the end: a duplicate, not stored */
             const int row = r.m0 + e / head_dim;
             g[j] = e / head_dim;
-            src[j] = ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) * head_dim +
-                     e % head_dim;
+            src[j] =
+                ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) *
+                    head_dim +
+                e % head_dim;
         }
         int t = 0;
         for (; t + 8 <= splits; t += 8) {
@@ -383,15 +395,16 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
             const int e = e0 + j * wg;
             if (e < total) {
                 const int row = r.m0 + e / head_dim;
-                STORE_ELEM(o, r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss +
-                                  (ulong)(r.hk * r.group + row % r.group) * r.o_sh + e % head_dim,
+                STORE_ELEM(o,
+                           r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss +
+                               (ulong)(r.hk * r.group + row % r.group) * r.o_sh + e % head_dim,
                            x[j]);
             }
         }
     }
     if (lid < r.nrows && r.has_lse) {
         const int row = r.m0 + lid;
-        lse[r.lse_off + (ulong)(r.hk * r.group + row % r.group) * r.total_q + (ulong)(r.q_start + row / r.group)] =
-            row_lse[lid];
+        lse[r.lse_off + (ulong)(r.hk * r.group + row % r.group) * r.total_q +
+            (ulong)(r.q_start + row / r.group)] = row_lse[lid];
     }
 }

@@ -345,10 +345,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
                     const uint at = b_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u;
                     LDMATRIX_X4(qb, q_tile + at);
                     LDMATRIX_X4(ob, do_tile + at);
-                    MMA_16816(s[2 * np], ka[0], ka[1], ka[2], ka[3], qb[0], qb[1]);
-                    MMA_16816(s[2 * np + 1], ka[0], ka[1], ka[2], ka[3], qb[2], qb[3]);
-                    MMA_16816(dp[2 * np], va[0], va[1], va[2], va[3], ob[0], ob[1]);
-                    MMA_16816(dp[2 * np + 1], va[0], va[1], va[2], va[3], ob[2], ob[3]);
+                    MMA_16816_X2(s[2 * np], s[2 * np + 1], ka, qb);
+                    MMA_16816_X2(dp[2 * np], dp[2 * np + 1], va, ob);
                 }
 #undef ka
 #undef va
@@ -387,10 +385,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
                     const uint at = bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u;
                     LDMATRIX_X4_TRANS(ob, do_tile + at);
                     LDMATRIX_X4_TRANS(qb, q_tile + at);
-                    MMA_16816(dv_acc[2 * dq2], pa[0], pa[1], pa[2], pa[3], ob[0], ob[1]);
-                    MMA_16816(dv_acc[2 * dq2 + 1], pa[0], pa[1], pa[2], pa[3], ob[2], ob[3]);
-                    MMA_16816(dk_acc[2 * dq2], da[0], da[1], da[2], da[3], qb[0], qb[1]);
-                    MMA_16816(dk_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], qb[2], qb[3]);
+                    MMA_16816_X2(dv_acc[2 * dq2], dv_acc[2 * dq2 + 1], pa, ob);
+                    MMA_16816_X2(dk_acc[2 * dq2], dk_acc[2 * dq2 + 1], da, qb);
                 }
             }
         } /* active */
@@ -418,8 +414,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
                                               (uint)(kk * 16 * DS_PITCH + rf * 16) * 2u);
                     LDMATRIX_X4_TRANS(kf,
                                       s_base + bt_lane + (uint)(kk * 16 * PITCH + dp2 * 16) * 2u);
-                    MMA_16816(c[0], da[0], da[1], da[2], da[3], kf[0], kf[1]);
-                    MMA_16816(c[1], da[0], da[1], da[2], da[3], kf[2], kf[3]);
+                    MMA_16816_X2(c[0], c[1], da, kf);
                 }
 #pragma unroll
                 for (int e = 0; e < 8; ++e) {
@@ -571,21 +566,18 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
                 for (int e = 0; e < 4; ++e)
                     s[j][e] = dp[j][e] = 0.0f;
 #pragma unroll
-            for (int kk = 0; kk < K_STEPS; ++kk)
+            for (int kk = 0; kk < K_STEPS; ++kk) {
 #pragma unroll
                 for (int np = 0; np < BLOCK_N / 16; ++np) {
                     uint kf[4], vf[4];
                     const uint at = b_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u;
                     LDMATRIX_X4(kf, k_tile + at);
                     LDMATRIX_X4(vf, v_tile + at);
-                    MMA_16816(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[0], kf[1]);
-                    MMA_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[2],
-                              kf[3]);
-                    MMA_16816(dp[2 * np], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[0], vf[1]);
-                    MMA_16816(dp[2 * np + 1], of[kk][0], of[kk][1], of[kk][2], of[kk][3], vf[2],
-                              vf[3]);
+                    MMA_16816_X2(s[2 * np], s[2 * np + 1], qf[kk], kf);
+                    MMA_16816_X2(dp[2 * np], dp[2 * np + 1], of[kk], vf);
                 }
-                /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
+            }
+            /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
 #pragma unroll
             for (int j = 0; j < BLOCK_N / 8; ++j)
 #pragma unroll
@@ -610,8 +602,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
                     uint kf[4];
                     LDMATRIX_X4_TRANS(kf,
                                       k_tile + bt_lane + (uint)(kk * 16 * PITCH + dq2 * 16) * 2u);
-                    MMA_16816(dq_acc[2 * dq2], da[0], da[1], da[2], da[3], kf[0], kf[1]);
-                    MMA_16816(dq_acc[2 * dq2 + 1], da[0], da[1], da[2], da[3], kf[2], kf[3]);
+                    MMA_16816_X2(dq_acc[2 * dq2], dq_acc[2 * dq2 + 1], da, kf);
                 }
             }
         }

@@ -554,15 +554,8 @@ int cli_bench_backward(int argc, char **argv) {
         shapes[nshapes++] = (bshape){1, 8, 8, n0, n0, 64};
         shapes[nshapes++] = (bshape){1, 8, 8, 2 * n0, 2 * n0, 64};
     }
-    const int host = flashcl_context_is_host(ctx);
     if (json) {
-        printf("{\"tool\": \"flashcl bench --backward\", \"version\": ");
-        cli_json_string(stdout, flashcl_version());
-        printf(", \"device\": ");
-        cli_json_string(stdout, flashcl_context_device_name(ctx));
-        printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, \"warmup\": %ld,\n"
-               " \"rows\": [",
-               host ? "true" : "false", host ? "wall-clock" : "opencl-profiling", dtype_name(dt), iters, warmup);
+        cli_json_bench_open(ctx, "flashcl bench --backward", dtype_name(dt), iters, warmup);
     } else {
         printf("device: %s\n", flashcl_context_device_name(ctx));
         printf("%-40s %10s %10s %9s  %s\n", "shape B,Hq,Hk,Nq,Nk,D mask", "median ms", "min ms", "TFLOP/s", "check");

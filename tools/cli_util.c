@@ -136,3 +136,16 @@ void cli_json_string(FILE *f, const char *text) {
     }
     fputc('"', f);
 }
+
+void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters, long warmup) {
+    const int host = flashcl_context_is_host(ctx);
+    printf("{\"tool\": ");
+    cli_json_string(stdout, tool);
+    printf(", \"version\": ");
+    cli_json_string(stdout, flashcl_version());
+    printf(", \"device\": ");
+    cli_json_string(stdout, flashcl_context_device_name(ctx));
+    printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, \"warmup\": %ld,\n"
+           " \"rows\": [",
+           host ? "true" : "false", host ? "wall-clock" : "opencl-profiling", dtype, iters, warmup);
+}

@@ -46,4 +46,9 @@ size_t cli_peak_rss_bytes(void);
 /* Writes `text` as a JSON string literal, quotes included. */
 void cli_json_string(FILE *f, const char *text);
 
+/* Opens a bench document on stdout: {"tool": tool, "version", "device", "host_path",
+ * "timing", "dtype", "iters", "warmup", then "rows": [ (the caller writes the rows
+ * and closes with "]}"). */
+void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters, long warmup);
+
 #endif /* FLASHCL_TOOLS_CLI_UTIL_H */

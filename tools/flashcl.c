@@ -1301,15 +1301,7 @@ static void json_number(FILE *f, double value, int valid) {
 
 static void print_bench_json(flashcl_context *ctx, const bench_options *opt, const bench_row *rows,
                              int count) {
-    int is_host = flashcl_context_is_host(ctx);
-    printf("{\"tool\": \"flashcl bench\", \"version\": ");
-    cli_json_string(stdout, flashcl_version());
-    printf(", \"device\": ");
-    cli_json_string(stdout, flashcl_context_device_name(ctx));
-    printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %d, "
-           "\"warmup\": %d,\n \"rows\": [",
-           is_host ? "true" : "false", is_host ? "wall-clock" : "opencl-profiling",
-           dtype_short(opt->dtype), opt->iters, opt->warmup);
+    cli_json_bench_open(ctx, "flashcl bench", dtype_short(opt->dtype), opt->iters, opt->warmup);
     for (int i = 0; i < count; i++) {
         const bench_row *r = &rows[i];
         printf("%s\n  {\"dtype\": \"%s\", \"batch\": %d, \"heads_q\": %d, \"heads_k\": %d, "
