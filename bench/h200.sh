@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32]   (results also under $OUT when set)
+# fp32: the forward and serving tests on the GPU (nv-tf32 forced through its tile
+#         shapes too), nv-tf32's registers, float32 vs PyTorch, a FLASHCL_PARAMS sweep.
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
 #         registers, backward vs PyTorch, two forward rows (SWEEP=1: a
 #         FLASHCL_BWD_PARAMS sweep first).
@@ -31,6 +33,27 @@ if [ "$what" = serve ]; then
   ./build-gpu/flashcl bench --decode --device nvidia --batch 8 --context 32768 --iters 10 | tail -n 2
   timeout 150 ./build-gpu/flashcl serve-sim --device nvidia --heads 32 --kv-heads 8 --head-dim 128 \
     --max-batch 32 --requests 96 --output 10,2000 --plot "$out/serve-h200.svg" 2>/dev/null | tee "$out/serve-h200.txt"
+  exit 0
+fi
+if [ "$what" = fp32 ]; then
+  for t in "test_forward tf32" "test_forward quick" test_serving "test_serving mma"; do
+    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
+    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
+    grep -m5 FAILED "$out/${t// /_}.log"
+  done
+  echo "== ptxas report of the nv-tf32 kernel (f32, D=64 and 128)"
+  FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --device nvidia \
+    --dtype f32 --shape 1,2,256,64 --shape 1,2,256,128 --iters 1 2>&1 | grep -E "registers|spill" | head -4
+  PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes f32 \
+    --json "$out/compare-f32.json" --label "(float32: nv-tf32)" 2>&1 | tee "$out/compare-f32.txt"
+  echo "== FLASHCL_PARAMS sweep of nv-tf32 (flashcl bench, f32, TFLOP/s)"
+  for p in "" BLOCK_N=8 BLOCK_N=32 WARPS=2,BLOCK_M=32 WARPS=8,BLOCK_M=128; do
+    for d in 64 128; do
+      echo "-- D=$d ${p:-defaults}"
+      FLASHCL_PARAMS=$p ./build-gpu/flashcl bench --device nvidia --dtype f32 --shape 4,32,4096,$d \
+        --iters 5 2>&1 | grep -E "^ *f32|error" | head -2
+    done
+  done
   exit 0
 fi
 if [ "$what" = backward ]; then

@@ -194,7 +194,7 @@ typedef struct flashcl_params {
     int block_n;         /* keys per tile held in __local memory           */
     int threads_per_row; /* portable kernel: work-items sharing a row      */
     int work_group_size; /* work-items per work-group                      */
-    const char *variant; /* "portable", "cpu", "nv-mma", or "host"         */
+    const char *variant; /* "portable", "cpu", "nv-mma", "nv-tf32" or "host" */
     const char *source;  /* where the numbers came from: "set: flashcl_set_params",
                           * "tuned: <file>", "built-in device: <name>",
                           * "built-in arch: sm_80+", "built-in vendor: NVIDIA",
@@ -219,7 +219,7 @@ FLASHCL_API flashcl_status flashcl_attention_params(flashcl_context *ctx,
  * Sets the parameters forward calls on this context use for every problem of
  * desc's class (its dtype, head_dim class, phase and causality); NULL params
  * removes that override. Only variant, block_m, block_n and threads_per_row
- * ("portable") or work_group_size (32 * warps, "nv-mma") are read. Checked
+ * ("portable") or work_group_size (32 * warps, "nv-mma", "nv-tf32") are read. Checked
  * now against the device (local memory, work-group size, the kernel's
  * divisibility rules): parameters that cannot fit return
  * FLASHCL_ERROR_INVALID_PARAMS with a message and change nothing. A kernel

@@ -88,6 +88,7 @@ static const forward_variant variants[] = {
     {"portable", "flash_fwd.cl", "flash_fwd", "TPR"},
     {"cpu", "flash_fwd_cpu.cl", "flash_fwd_cpu", NULL},
     {"nv-mma", "flash_fwd_nv.cl", "flash_fwd_nv", "WARPS"},
+    {"nv-tf32", "flash_fwd_nv32.cl", "flash_fwd_nv32", "WARPS"},
 };
 
 static const forward_variant *find_variant(const char *name) {
@@ -156,6 +157,11 @@ static flashcl_status check_params(flashcl_context *ctx, const flashcl_attention
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "tensor-core kernel: BLOCK_M %d and BLOCK_N %d must be multiples of 16",
                             p->block_m, p->block_n);
+    if (!strcmp(p->variant, "nv-tf32") &&
+        (p->block_m != p->work_group_size / 2 || p->block_n % 8 != 0 || p->work_group_size % 32 != 0))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "float32 tensor-core kernel: BLOCK_M %d must be 16*WARPS (WARPS %d) and BLOCK_N %d "
+                            "a multiple of 8", p->block_m, p->work_group_size / 32, p->block_n);
     if (local > ctx->info.local_mem)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "%zu bytes of local memory needed, the device has %llu", local,
@@ -201,7 +207,7 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s",
              (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
-             !strcmp(v->name, "nv-mma") ? " -DFLASHCL_NV_PTX" : "", extra ? " " : "", extra ? extra : "");
+             flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "", extra ? " " : "", extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 
@@ -217,7 +223,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     st = build_forward(ctx, r, &p, kernel);
     /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
      * database entry falls back (see src/params.c). */
-    if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-mma") && !flashcl_params_explicit(&p)) {
+    if (st == FLASHCL_ERROR_BUILD_FAILED && flashcl_variant_is_nv(p.variant) && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
                     flashcl_last_error(ctx));
         flashcl_fallback_params(ctx, r, &p);

@@ -103,6 +103,11 @@ void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention
                              flashcl_params *params);
 /* 1 when the tensor-core variant applies (NVIDIA sm_80+, f16/bf16, D 32..256). */
 int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+/* 1 when the float32 tensor-core variant applies (NVIDIA sm_80+, f32, D <= 128). */
+int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+/* 1 for the tensor-core variants ("nv-mma", "nv-tf32"): parameterised by warps,
+ * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
+int flashcl_variant_is_nv(const char *variant);
 /* __local bytes the cpu, portable and nv-mma kernels need (0 for others). */
 size_t flashcl_forward_local_bytes(const flashcl_params *params, int head_dim);
 /* 1 when params can run on the device for this head_dim; else 0 and *why says why. */

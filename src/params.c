@@ -13,8 +13,9 @@
  * Then FLASHCL_PARAMS (src/attention.c) may replace single values.
  * Within a level, entries are keyed by variant and problem class (dtype,
  * head_dim range, prefill/decode, causal); the most specific match wins. An
- * entry whose variant does not apply (nv-mma off NVIDIA sm_80+, on float32,
- * or with FLASHCL_VARIANT=portable) is passed over silently. An entry that does
+ * entry whose variant does not apply (nv-mma off NVIDIA sm_80+ or on float32,
+ * nv-tf32 off NVIDIA sm_80+ or on 16-bit dtypes, either with
+ * FLASHCL_VARIANT=portable) is passed over silently. An entry that does
  * not fit the device (local memory, work-group size, the kernel's own
  * divisibility rules) is passed over with a log line and the lookup goes on:
  * database entries are preferences. Explicit requests (flashcl_set_params,
@@ -68,6 +69,12 @@ static const flashcl_param_entry builtin_arch[] = {
      "measured on the H200: BM128 spills at D=128"},
     {"sm_80+", NULL, "nv-mma", ANY, 129, 256, PHASE_ANY, ANY, 64, 32, 0, 4,
      "hand-chosen: K+V tiles in ~34 KB at D=256"},
+    /* float32 on tensor cores, 3xTF32 (cl/flash_fwd_nv32.cl), 4 warps of 16
+     * rows, K/V double-buffered: 32-key tiles up to D=64, 16 up to 128. */
+    {"sm_80+", NULL, "nv-tf32", F32, 1, 64, PHASE_ANY, ANY, 64, 32, 0, 4,
+     "hand-chosen: two K/V stages in 35 KB"},
+    {"sm_80+", NULL, "nv-tf32", F32, 65, 128, PHASE_ANY, ANY, 64, 16, 0, 4,
+     "hand-chosen: two K/V stages in 34 KB"},
 };
 
 /* Level 5, vendors. None yet (nothing measured per vendor). */
@@ -181,6 +188,11 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         size_t stages = 4 * n * pitch * 2 <= 48000 ? 2 : 1; /* the kernel double-buffers when it fits */
         size_t kv = 2 * stages * n * pitch;
         return (qh > kv ? qh : kv) * 2;
+    } else if (!strcmp(p->variant, "nv-tf32")) { /* floats: max(Q block, K + V stages), see SMEM_FLOATS */
+        size_t pitch = (d + 7) / 8 * 8 + 4, qf = m * pitch;
+        size_t stages = 4 * n * pitch * 4 <= 48000 ? 2 : 1;
+        size_t kv = 2 * stages * n * pitch;
+        return (qf > kv ? qf : kv) * 4;
     } else {
         return 0;
     }
@@ -192,8 +204,8 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
     const char *v = p->variant ? p->variant : "";
     size_t local = 0;
     why[0] = '\0';
-    if (strcmp(v, "cpu") && strcmp(v, "portable") && strcmp(v, "nv-mma"))
-        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma)", v);
+    if (strcmp(v, "cpu") && strcmp(v, "portable") && !flashcl_variant_is_nv(v))
+        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32)", v);
     else if (p->block_m < 1 || p->block_m > 4096 || p->block_n < 1 || p->block_n > 4096)
         snprintf(why, n, "BLOCK_M %d / BLOCK_N %d outside 1..4096", p->block_m, p->block_n);
     else if (!strcmp(v, "cpu") && p->block_n % 8)
@@ -208,7 +220,13 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                  "tensor-core kernel: BLOCK_M %d must be a multiple of 16*WARPS (WARPS %d) and "
                  "BLOCK_N %d of 16",
                  p->block_m, p->work_group_size / 32, p->block_n);
-    else if (!strcmp(v, "nv-mma") && flashcl_forward_local_bytes(p, head_dim) > 48000)
+    else if (!strcmp(v, "nv-tf32") && (p->work_group_size < 32 || p->work_group_size % 32 ||
+                                        p->block_m != p->work_group_size / 2 || p->block_n % 8))
+        snprintf(why, n, "float32 tensor-core kernel: BLOCK_M %d must be 16*WARPS (WARPS %d) and BLOCK_N %d a "
+                 "multiple of 8", p->block_m, p->work_group_size / 32, p->block_n);
+    else if (!strcmp(v, "nv-tf32") && head_dim > 128)
+        snprintf(why, n, "float32 tensor-core kernel: head_dim %d over 128", head_dim);
+    else if (flashcl_variant_is_nv(v) && flashcl_forward_local_bytes(p, head_dim) > 48000)
         snprintf(why, n, "tensor-core kernel: %zu bytes of tiles, over its 48000-byte limit",
                  flashcl_forward_local_bytes(p, head_dim));
     else if (!ctx->is_host && (local = flashcl_forward_local_bytes(p, head_dim)) > ctx->info.local_mem)
@@ -247,7 +265,11 @@ static int class_match(const flashcl_param_entry *e, const flashcl_attention_des
 }
 
 static int variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d, const char *v) {
-    return v && (strcmp(v, "nv-mma") != 0 || flashcl_nv_mma_eligible(ctx, d));
+    if (v && !strcmp(v, "nv-mma"))
+        return flashcl_nv_mma_eligible(ctx, d);
+    if (v && !strcmp(v, "nv-tf32"))
+        return flashcl_nv_tf32_eligible(ctx, d);
+    return v != NULL;
 }
 
 static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
@@ -258,19 +280,29 @@ static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
     if (!strcmp(e->variant, "portable")) {
         p->threads_per_row = e->threads_per_row;
         p->work_group_size = e->block_m * e->threads_per_row;
-    } else if (!strcmp(e->variant, "nv-mma")) {
+    } else if (flashcl_variant_is_nv(e->variant)) {
         p->work_group_size = 32 * e->warps;
     } else {
         p->work_group_size = 1;
     }
 }
 
-int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+int flashcl_variant_is_nv(const char *variant) {
+    return variant && (!strcmp(variant, "nv-mma") || !strcmp(variant, "nv-tf32"));
+}
+
+/* NVIDIA sm_80+ and not FLASHCL_VARIANT=portable. */
+static int nv_tensor_cores(const flashcl_context *ctx) {
     const char *force = getenv("FLASHCL_VARIANT");
-    if (force && !strcmp(force, "portable"))
-        return 0;
-    return !ctx->is_host && ctx->info.nv_cc_major >= 8 && desc->dtype != FLASHCL_FLOAT32 &&
-           desc->head_dim >= 32 && desc->head_dim <= 256;
+    return !(force && !strcmp(force, "portable")) && !ctx->is_host && ctx->info.nv_cc_major >= 8;
+}
+
+int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+    return nv_tensor_cores(ctx) && desc->dtype != FLASHCL_FLOAT32 && desc->head_dim >= 32 && desc->head_dim <= 256;
+}
+
+int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+    return nv_tensor_cores(ctx) && desc->dtype == FLASHCL_FLOAT32 && desc->head_dim <= 128;
 }
 
 static int contains_nocase(const char *hay, const char *needle) {
@@ -508,7 +540,7 @@ static int same_class(const flashcl_param_entry *a, const flashcl_param_entry *b
 /* Checks params for desc's class on ctx and fills e from them. */
 static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention_desc *d,
                                    const flashcl_params *params, flashcl_param_entry *e) {
-    static const char *const names[] = {"portable", "cpu", "nv-mma"};
+    static const char *const names[] = {"portable", "cpu", "nv-mma", "nv-tf32"};
     flashcl_params p = *params;
     char why[200];
     class_entry(d, e);
@@ -516,11 +548,13 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
         if (p.variant && !strcmp(p.variant, names[i]))
             e->variant = names[i];
     if (!e->variant)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "unknown variant '%s' (portable, cpu, nv-mma)",
-                            p.variant ? p.variant : "(null)");
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32)", p.variant ? p.variant : "(null)");
     if (!variant_applies(ctx, d, e->variant))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)");
+                            !strcmp(e->variant, "nv-mma")
+                                ? "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)"
+                                : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))
         p.work_group_size = p.block_m * p.threads_per_row;
@@ -533,7 +567,7 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
     e->block_m = p.block_m;
     e->block_n = p.block_n;
     e->threads_per_row = p.threads_per_row;
-    e->warps = !strcmp(e->variant, "nv-mma") ? p.work_group_size / 32 : 0;
+    e->warps = flashcl_variant_is_nv(e->variant) ? p.work_group_size / 32 : 0;
     return FLASHCL_SUCCESS;
 }
 

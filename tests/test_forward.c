@@ -4,7 +4,9 @@
  * dtype, mask, layout and GQA ratio at least once; `test_forward sweep` takes
  * the full cross product (CTest label "long"). Inputs are fresh each run
  * (FLASHCL_TEST_SEED replays one). */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -112,11 +114,67 @@ static void sweep(flashcl_context *ctx) {
                 }
 }
 
+/* `test_forward tf32`: the float32 tensor-core kernel (cl/flash_fwd_nv32.cl)
+ * under FLASHCL_PARAMS values that reach both of its K/V stage counts and
+ * other warp counts, over every head dim it takes, masks and layouts. Skips
+ * (passing) where it does not apply. */
+static void tf32(flashcl_context *ctx) {
+    flashcl_attention_desc probe;
+    flashcl_params p;
+    memset(&probe, 0, sizeof probe);
+    probe.dtype = FLASHCL_FLOAT32;
+    probe.batch = probe.heads_q = probe.heads_k = 1;
+    probe.seqlen_q = probe.seqlen_k = 64;
+    probe.head_dim = 64;
+    if (flashcl_attention_params(ctx, &probe, &p) != FLASHCL_SUCCESS || strcmp(p.variant, "nv-tf32") != 0) {
+        printf("nv-tf32 does not apply to this device: skipped\n");
+        return;
+    }
+    static const char *const params[] = {
+        NULL,                           /* the table's: two K/V stages */
+        "BLOCK_N=32",                   /* D > 64: one stage           */
+        "WARPS=2,BLOCK_M=32,BLOCK_N=8", /* two warps, 8-key tiles      */
+        "WARPS=8,BLOCK_M=128",          /* D <= 64: the Q block is staged in __local whole */
+    };
+    static const int dims[] = {1, 8, 32, 40, 59, 64, 80, 96, 111, 128};
+    for (int i = 0; i < COUNT(dims); ++i)
+        for (int j = 0; j < COUNT(params); ++j) {
+            if (j == 3 && dims[i] > 64)
+                continue;
+            if (params[j])
+                setenv("FLASHCL_PARAMS", params[j], 1);
+            test_case tc = test_case_basic(FLASHCL_FLOAT32, 130 + 7 * i, 301 - 5 * j, dims[i]);
+            tc.causal = (i + j) & 1;
+            tc.heads_q = 4;
+            tc.heads_k = j == 2 ? 1 : 2;
+            tc.layout = j == 3 ? LAYOUT_PADDED : LAYOUT_PACKED;
+            if (j == 1) {
+                tc.window_left = 40;
+                tc.window_right = 3;
+            }
+            printf("FLASHCL_PARAMS=%s: ", params[j] ? params[j] : "(table)");
+            run(ctx, tc);
+            unsetenv("FLASHCL_PARAMS");
+        }
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 64, 96, 128);
+    tc.softcap = 30.0f;
+    tc.input_scale = 4.0;
+    run(ctx, tc);
+    tc = test_case_basic(FLASHCL_FLOAT32, 200, 37, 64); /* rows without keys */
+    tc.causal = 1;
+    run(ctx, tc);
+    tc = test_case_basic(FLASHCL_FLOAT32, 33, 257, 128); /* large scores */
+    tc.input_scale = 20.0;
+    run(ctx, tc);
+}
+
 int main(int argc, char **argv) {
     flashcl_context *ctx = test_context();
     test_seed();
     if (argc > 1 && !strcmp(argv[1], "sweep"))
         sweep(ctx);
+    else if (argc > 1 && !strcmp(argv[1], "tf32"))
+        tf32(ctx);
     else
         quick(ctx);
     printf("%d of %d cases passed\n", cases - failures, cases);

@@ -81,6 +81,9 @@ static const tune_space tune_spaces[] = {
     /* cl/flash_fwd_nv.cl: 16 or 32 query rows per warp (one or two A fragments). */
     {"nv-mma", {32, 64, 128, 256, 0}, {16, 32, 64, 128, 0}, "WARPS", {2, 4, 8, 0}, 32,
      "BLOCK_M % (16*WARPS) == 0 with <= 32 rows per warp; BLOCK_N % 16 == 0; tiles <= 48000 B"},
+    /* cl/flash_fwd_nv32.cl: float32, 16 query rows per warp. */
+    {"nv-tf32", {32, 64, 128, 0}, {8, 16, 32, 64, 0}, "WARPS", {2, 4, 8, 0}, 16,
+     "BLOCK_M == 16*WARPS; BLOCK_N % 8 == 0; tiles <= 48000 B"},
 };
 
 typedef struct candidate {
@@ -108,11 +111,16 @@ static const char *dtype_name(flashcl_dtype d) {
     return d == FLASHCL_FLOAT32 ? "f32" : d == FLASHCL_BFLOAT16 ? "bf16" : "f16";
 }
 
+/* The tensor-core variants, parameterised by warps. */
+static int is_nv_variant(const char *v) {
+    return !strcmp(v, "nv-mma") || !strcmp(v, "nv-tf32");
+}
+
 static void describe(const flashcl_params *p, char *buf, size_t n) {
     if (!strcmp(p->variant, "portable"))
         snprintf(buf, n, "%-8s BM=%-3d BN=%-3d TPR=%d", p->variant, p->block_m, p->block_n,
                  p->threads_per_row);
-    else if (!strcmp(p->variant, "nv-mma"))
+    else if (is_nv_variant(p->variant))
         snprintf(buf, n, "%-8s BM=%-3d BN=%-3d WARPS=%d", p->variant, p->block_m, p->block_n,
                  p->work_group_size / 32);
     else
@@ -122,7 +130,7 @@ static void describe(const flashcl_params *p, char *buf, size_t n) {
 static int same_params(const flashcl_params *a, const flashcl_params *b) {
     return !strcmp(a->variant, b->variant) && a->block_m == b->block_m && a->block_n == b->block_n &&
            a->threads_per_row == b->threads_per_row &&
-           (strcmp(a->variant, "nv-mma") || a->work_group_size == b->work_group_size);
+           (!is_nv_variant(a->variant) || a->work_group_size == b->work_group_size);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -561,7 +569,9 @@ int cmd_tune(int argc, char **argv) {
         goto done;
     }
     if (!variants)
-        variants = !strcmp(base.variant, "nv-mma") ? "nv-mma,portable" : base.variant;
+        variants = !strcmp(base.variant, "nv-mma")    ? "nv-mma,portable"
+                   : !strcmp(base.variant, "nv-tf32") ? "nv-tf32,portable"
+                                                      : base.variant;
     char base_text[64], base_source[300];
     describe(&base, base_text, sizeof base_text);
     snprintf(base_source, sizeof base_source, "%s", base.source);

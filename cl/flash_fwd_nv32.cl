@@ -1,0 +1,387 @@
+/* flash_fwd_nv32.cl: float32 FlashAttention-2 forward on NVIDIA tensor cores (sm_80+), 3xTF32.
+ *
+ * Same arguments and semantics as flash_fwd.cl; the host selects this file
+ * (variant "nv-tf32") for float32 with head_dim <= 128 on compute capability
+ * >= 8.0. It only builds with NVIDIA's OpenCL compiler (inline PTX).
+ *
+ * Precision. A TF32 tensor-core product keeps 10 mantissa bits of each
+ * operand. Each float x is split into x = big + small, both TF32 (big =
+ * x rounded to TF32, small = the rest rounded to TF32), and a*b is summed as
+ * a_small*b_big + a_big*b_small + a_big*b_big in the float accumulator: the
+ * dropped a_small*b_small and the rounding of the small parts are ~2^-22 of
+ * |a*b|, so results are within a few float ulps of an FMA kernel's (this is
+ * CUTLASS's "3xTF32"). Every result is checked against host_ref with the
+ * float32 tolerance, as for the other kernels.
+ *
+ * Work decomposition as flash_fwd_nv.cl with one 16-row fragment per warp:
+ * a work-group of WARPS warps owns BLOCK_M = 16*WARPS query rows of one
+ * (batch, query head); Q stays in registers (float) for the whole loop, O
+ * in f32 accumulator fragments; K/V tiles of BLOCK_N keys stream through
+ * __local, double-buffered with cp.async when two K+V pairs fit in ~47 KB.
+ *
+ * Fragment layouts (PTX ISA, mma.m16n8k8 with .tf32 inputs, .f32 accumulators;
+ * lane = 0..31, g = lane / 4, t = lane % 4):
+ *   A (16x8, row):  a0 = A[g][t]   a1 = A[g+8][t]   a2 = A[g][t+4]   a3 = A[g+8][t+4]
+ *   B (8x8, col):   b0 = B[t][g]   b1 = B[t+4][g]
+ *   C (16x8):       c0, c1 = C[g][2t, 2t+1]   c2, c3 = C[g+8][2t, 2t+1]
+ * 32-bit elements cannot go through ldmatrix's 16-bit transpose, so
+ * fragments are read from __local with plain loads; a row pitch of
+ * HEAD_DIM_PAD + 4 floats (4 mod 8) makes both patterns below conflict-free.
+ *   S = Q K^T: B[k][n] = K[key n][dim k]: b0 = K[g][t], b1 = K[g][t+4].
+ *   O = P V:   the A fragment must come from P's accumulators, whose lane
+ *     holds columns 2t, 2t+1, not t, t+4. The k index of a P V step only
+ *     has to match between A and B, so it is permuted: k = t stands for key
+ *     2t and k = t+4 for key 2t+1 of the 8-key step. Then a0 = c0, a1 = c2,
+ *     a2 = c1, a3 = c3 of S's block, no shuffle, and b0 = V[2t][g],
+ *     b1 = V[2t+1][g].
+ *
+ * Softmax, masks, LSE and empty rows exactly as in flash_fwd_nv.cl.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64 // exact head dimension (compile-time: every fragment loop unrolls)
+#endif
+#ifndef WARPS
+#define WARPS 4 // warps per work-group, 16 query rows each
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M (16 * WARPS)
+#endif
+#ifndef BLOCK_N
+/* Keys per tile: two stages of 32 (D <= 64) or 16 (D <= 128) keep K+V in ~35 KB. */
+#if HEAD_DIM <= 64
+#define BLOCK_N 32
+#else
+#define BLOCK_N 16
+#endif
+#endif
+
+#define WG_SIZE (WARPS * 32)
+#define HEAD_DIM_PAD (((HEAD_DIM) + 7) / 8 * 8) // head dims seen by the mma (k8 steps)
+#define PITCH (HEAD_DIM_PAD + 4)                // __local row pitch, floats
+#define K_STEPS (HEAD_DIM_PAD / 8)              // k8 steps of S = Q K^T; n8 blocks of O
+#define S_FRAGS (BLOCK_N / 8)                   // n8 blocks of S; k8 steps of P V
+#define TILE_FLOATS (BLOCK_N * PITCH)
+#define Q_FLOATS (BLOCK_M * PITCH)
+#ifndef KV_STAGES
+#if 4 * TILE_FLOATS * 4 <= 48000
+#define KV_STAGES 2
+#else
+#define KV_STAGES 1
+#endif
+#endif
+#define KV_FLOATS (2 * KV_STAGES * TILE_FLOATS) /* stage s: K at 2s*TILE, V at (2s+1)*TILE */
+#define SMEM_FLOATS (Q_FLOATS > KV_FLOATS ? Q_FLOATS : KV_FLOATS)
+
+#if BLOCK_M != 16 * WARPS
+#error "BLOCK_M must be 16*WARPS (one 16-row fragment per warp)"
+#endif
+#if BLOCK_N % 8 != 0
+#error "BLOCK_N must be a multiple of 8"
+#endif
+#if KV_STAGES != 1 && KV_STAGES != 2
+#error "KV_STAGES must be 1 or 2"
+#endif
+#ifndef FLASHCL_NV_PTX
+#error "flash_fwd_nv32 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#endif
+#if SMEM_FLOATS * 4 > 48000
+#error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
+#endif
+#if DTYPE != 0
+#error "flash_fwd_nv32 needs DTYPE 0 (float32)"
+#endif
+#if HEAD_DIM > 128
+#error "flash_fwd_nv32 keeps Q and O of 16 rows per warp in registers: HEAD_DIM <= 128"
+#endif
+
+/* ---- 3xTF32 ----------------------------------------------------------------------------- */
+
+/* x rounded to TF32 (to nearest, ties away), in a 32-bit register. */
+inline uint tf32(float x) {
+    uint r;
+    __asm__("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+    return r;
+}
+
+/* x as big + small, both TF32. */
+typedef struct tf32_pair {
+    uint big, small;
+} tf32_pair;
+
+inline tf32_pair split_tf32(float x) {
+    tf32_pair p;
+    p.big = tf32(x);
+    p.small = tf32(x - as_float(p.big));
+    return p;
+}
+
+/* D += A B for one 16x8x8 block of TF32 operands. */
+#define MMA_1688(c, a0, a1, a2, a3, b0, b1)                                                        \
+    __asm__("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "                                  \
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                \
+            : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+/* c += a b for float fragments a[4] (A) and b0, b1 (B), small products first. */
+#define MMA_3XTF32(c, a, b0, b1)                                                                   \
+    do {                                                                                           \
+        const tf32_pair b0_ = split_tf32(b0), b1_ = split_tf32(b1);                                \
+        MMA_1688(c, (a)[0].small, (a)[1].small, (a)[2].small, (a)[3].small, b0_.big, b1_.big);     \
+        MMA_1688(c, (a)[0].big, (a)[1].big, (a)[2].big, (a)[3].big, b0_.small, b1_.small);         \
+        MMA_1688(c, (a)[0].big, (a)[1].big, (a)[2].big, (a)[3].big, b0_.big, b1_.big);             \
+    } while (0)
+
+/* ---- global -> __local tile copies ------------------------------------------------------ */
+
+/* nv_copy_rows (common.cl) moves 16-bit halves; a float row is two halves
+ * per element, copied bit for bit, and zero halves make +0.0f. */
+inline void copy_tile(__local float *smem, uint s_base, uint dst_off, __global const float *src,
+                      ulong stride, int rows, int nrows, int vec, int tid) {
+    nv_copy_rows((__local ushort *)smem, s_base, 2 * dst_off, (__global const ushort *)src,
+                 2 * stride, rows, nrows, vec, tid, 2 * HEAD_DIM, 2 * PITCH, WG_SIZE);
+}
+
+/* ---- the kernel ------------------------------------------------------------------------- */
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restrict k,
+               __global const elem_t *restrict v, __global elem_t *restrict o,
+               __global float *restrict lse,
+               /* element offsets and strides (batch, seq, head) of each tensor */
+               ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh, ulong k_off, ulong k_sb, ulong k_ss,
+               ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, ulong o_off, ulong o_sb,
+               ulong o_ss, ulong o_sh, ulong lse_off, int has_lse, int nq, int nk,
+               int group,          /* group = heads_q / heads_k */
+               float q_mul,        /* scale*log2e, or scale/softcap   */
+               float softcap_log2, /* softcap*log2e, 0 when off       */
+               int win_left, int win_right) {
+    __local float smem[SMEM_FLOATS] __attribute__((aligned(16)));
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    /* Query blocks run last-first: under a causal mask the last blocks see the
+     * most keys, and starting them first shortens the tail of the launch. */
+    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
+    const int hq = (int)get_global_id(1);
+    const int b = (int)get_global_id(2);
+    const int hk = hq / group;
+    const int rows_q = min(BLOCK_M, nq - m0);
+
+    __global const float *qb = q + (q_off + b * q_sb + hq * q_sh);
+    __global const float *kb = k + (k_off + b * k_sb + hk * k_sh);
+    __global const float *vb = v + (v_off + b * v_sb + hk * v_sh);
+    /* cp.async needs 16-byte aligned sources; decided once, uniformly. */
+    const int q_vec = ((ulong)qb % 16 == 0) && (q_ss % 4 == 0);
+    const int k_vec = ((ulong)kb % 16 == 0) && (k_ss % 4 == 0);
+    const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 4 == 0);
+
+    const uint s_base = shared_addr(smem);
+
+    /* Q block -> __local -> A fragment values (float), once. Rows past nq are zero. */
+    copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
+    cp_wait();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    float qa[K_STEPS][4];
+    {
+        __local const float *qr = smem + (warp * 16 + g) * PITCH + t;
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+            qa[kk][0] = qr[8 * kk];
+            qa[kk][1] = qr[8 * PITCH + 8 * kk];
+            qa[kk][2] = qr[8 * kk + 4];
+            qa[kk][3] = qr[8 * PITCH + 8 * kk + 4];
+        }
+    }
+    /* Every warp has its Q before K overwrites the same bytes. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    /* Visible keys: see flash_fwd_nv.cl. */
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
+    const long blk_lo = blk_first.x, blk_hi = blk_last.y;
+
+    const int w0 = m0 + warp * 16; /* first row of this warp */
+    const int w_rows = min(16, nq - w0);
+    int w_lo = INT_MAX, w_hi = -1, w_all_lo = INT_MAX, w_all_hi = -1;
+    if (w_rows > 0) {
+        const long2 f = visible_keys(w0, nq, nk, win_left, win_right);
+        const long2 l = visible_keys(w0 + w_rows - 1, nq, nk, win_left, win_right);
+        w_lo = (int)f.x;
+        w_hi = (int)max(l.y, -1L);
+        w_all_lo = (int)l.x;
+        w_all_hi = (int)max(f.y, -1L);
+    }
+    int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const long2 r = visible_keys(w0 + g + 8 * h, nq, nk, win_left, win_right);
+        row_lo[h] = (int)min(r.x, (long)nk);
+        row_hi[h] = (int)max(r.y, -1L);
+    }
+
+    const int softcap = softcap_log2 > 0.0f;
+    const float sc = softcap ? 1.0f : q_mul; /* raw score units -> log2 units */
+
+    float acc[K_STEPS][4];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < K_STEPS; ++j)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
+    const int n_end = (int)blk_hi;
+    /* Issues the copies of K and V tile n into the buffers at float `at`. */
+#define ISSUE_KV(n, at)                                                                            \
+    do {                                                                                           \
+        copy_tile(smem, s_base, (at), kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)),        \
+                  BLOCK_N, k_vec, tid);                                                            \
+        copy_tile(smem, s_base, (at) + TILE_FLOATS, vb + (ulong)(n) * v_ss, v_ss,                  \
+                  min(BLOCK_N, nk - (n)), BLOCK_N, v_vec, tid);                                    \
+    } while (0)
+#if KV_STAGES == 2
+    if (n_start <= n_end)
+        ISSUE_KV(n_start, 0u);
+#endif
+
+    int stage = 0;
+    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        __local const float *k_tile = smem + stage * 2 * TILE_FLOATS;
+        __local const float *v_tile = k_tile + TILE_FLOATS;
+#if KV_STAGES == 2
+        /* Tile n0 has landed for everyone, and every warp is done with the
+         * previous tile, whose buffers now receive the next one. */
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n0 + BLOCK_N <= n_end)
+            ISSUE_KV(n0 + BLOCK_N, (uint)((stage ^ 1) * 2 * TILE_FLOATS));
+#else
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with the previous tile */
+        ISSUE_KV(n0, 0u);
+        cp_wait();
+        barrier(CLK_LOCAL_MEM_FENCE);
+#endif
+        const int n_last = n0 + BLOCK_N - 1;
+        /* Warp-uniform: a warp none of whose rows sees this tile skips its math. */
+        if (n0 <= w_hi && n_last >= w_lo) {
+            /* ---- S = Q K^T ---- */
+            float s[S_FRAGS][4];
+#pragma unroll
+            for (int j = 0; j < S_FRAGS; ++j)
+                s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk) {
+                tf32_pair a[4];
+#pragma unroll
+                for (int i = 0; i < 4; ++i)
+                    a[i] = split_tf32(qa[kk][i]);
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j) {
+                    __local const float *kr = k_tile + (8 * j + g) * PITCH + 8 * kk + t;
+                    MMA_3XTF32(s[j], a, kr[0], kr[4]);
+                }
+            }
+
+            /* ---- soft-cap (rare; precise tanh like the portable kernel) ---- */
+            if (softcap) {
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e)
+                        s[j][e] = softcap_log2 * tanh(q_mul * s[j][e]);
+            }
+
+            /* ---- mask, only on tiles crossing some row's window edge or nk ---- */
+            if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = n0 + 8 * j + 2 * t + (e & 1);
+                        if (key < row_lo[e >> 1] || key > row_hi[e >> 1])
+                            s[j][e] = -INFINITY;
+                    }
+            }
+
+            /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                float mx = -INFINITY;
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j)
+                    mx = fmax(mx, fmax(s[j][2 * h], s[j][2 * h + 1]));
+                mx = fmax(mx, shfl_xor(mx, 1));
+                mx = fmax(mx, shfl_xor(mx, 2));
+                const float m_new = fmax(m_run[h], mx);
+                const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
+                const float alpha = m_new == -INFINITY ? 1.0f : ex2((m_run[h] - m_new) * sc);
+                m_run[h] = m_new;
+                float psum = 0.0f;
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
+                        const float p = ex2(fma(s[j][e], sc, -ms));
+                        s[j][e] = p;
+                        psum += p;
+                    }
+                l_run[h] = l_run[h] * alpha + psum;
+#pragma unroll
+                for (int j = 0; j < K_STEPS; ++j) {
+                    acc[j][2 * h] *= alpha;
+                    acc[j][2 * h + 1] *= alpha;
+                }
+            }
+
+            /* ---- O += P V: 8 keys per step, k permuted (see the header) ---- */
+#pragma unroll
+            for (int sj = 0; sj < S_FRAGS; ++sj) {
+                tf32_pair a[4];
+                a[0] = split_tf32(s[sj][0]);
+                a[1] = split_tf32(s[sj][2]);
+                a[2] = split_tf32(s[sj][1]);
+                a[3] = split_tf32(s[sj][3]);
+                __local const float *vr = v_tile + (8 * sj + 2 * t) * PITCH + g;
+#pragma unroll
+                for (int j = 0; j < K_STEPS; ++j)
+                    MMA_3XTF32(acc[j], a, vr[8 * j], vr[PITCH + 8 * j]);
+            }
+        }
+        stage ^= KV_STAGES - 1;
+    }
+#undef ISSUE_KV
+    cp_wait();
+
+    /* ---- epilogue: O / l and LSE ---- */
+    __global float *ob = o + (o_off + b * o_sb + hq * o_sh);
+    const int o_pair = (HEAD_DIM % 2 == 0) && ((ulong)ob % 8 == 0) && (o_ss % 2 == 0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        const int row = w0 + g + 8 * h;
+        if (row >= nq)
+            continue;
+        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        __global float *orow = ob + (ulong)row * o_ss;
+#pragma unroll
+        for (int j = 0; j < K_STEPS; ++j) {
+            const int d = 8 * j + 2 * t;
+            const float x0 = acc[j][2 * h] * inv_l, x1 = acc[j][2 * h + 1] * inv_l;
+            if (d >= HEAD_DIM)
+                continue;
+            if (o_pair) {
+                *(__global float2 *)(orow + d) = (float2)(x0, x1);
+            } else {
+                orow[d] = x0;
+                if (d + 1 < HEAD_DIM)
+                    orow[d + 1] = x1;
+            }
+        }
+        if (has_lse && t == 0)
+            lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
+                l > 0.0f ? (m_run[h] * sc + log2(l)) * LN2 : -INFINITY;
+    }
+}
