@@ -36,7 +36,7 @@ if [ "$what" = serve ]; then
   exit 0
 fi
 if [ "$what" = fp32 ]; then
-  for t in "test_forward tf32" "test_forward quick" test_serving "test_serving mma"; do
+  for t in ${TESTS:-"test_forward tf32" "test_forward quick" test_serving "test_serving mma"}; do
     FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
     echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
     grep -m5 FAILED "$out/${t// /_}.log"
@@ -46,14 +46,14 @@ if [ "$what" = fp32 ]; then
     --dtype f32 --shape 1,2,256,64 --shape 1,2,256,128 --iters 1 2>&1 | grep -E "registers|spill" | head -4
   PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes f32 \
     --json "$out/compare-f32.json" --label "(float32: nv-tf32)" 2>&1 | tee "$out/compare-f32.txt"
-  echo "== FLASHCL_PARAMS sweep of nv-tf32 (flashcl bench, f32, TFLOP/s)"
-  for p in "" BLOCK_N=8 BLOCK_N=32 WARPS=2,BLOCK_M=32 WARPS=8,BLOCK_M=128; do
-    for d in 64 128; do
-      echo "-- D=$d ${p:-defaults}"
-      FLASHCL_PARAMS=$p ./build-gpu/flashcl bench --device nvidia --dtype f32 --shape 4,32,4096,$d \
+  if [ "${SWEEP:-0}" = 1 ]; then
+    echo "== FLASHCL_PARAMS sweep of nv-tf32 at D=128 (flashcl bench, f32, TFLOP/s)"
+    for p in "" BLOCK_N=8 WARPS=4,BLOCK_M=64,BLOCK_N=8 WARPS=1,BLOCK_M=16,BLOCK_N=32; do
+      echo "-- ${p:-defaults}"
+      FLASHCL_PARAMS=$p ./build-gpu/flashcl bench --device nvidia --dtype f32 --shape 4,32,4096,128 \
         --iters 5 2>&1 | grep -E "^ *f32|error" | head -2
     done
-  done
+  fi
   exit 0
 fi
 if [ "$what" = backward ]; then

@@ -15,9 +15,10 @@
  *
  * Work decomposition as flash_fwd_nv.cl with one 16-row fragment per warp:
  * a work-group of WARPS warps owns BLOCK_M = 16*WARPS query rows of one
- * (batch, query head); Q stays in registers (float) for the whole loop, O
- * in f32 accumulator fragments; K/V tiles of BLOCK_N keys stream through
- * __local, double-buffered with cp.async when two K+V pairs fit in ~47 KB.
+ * (batch, query head); Q stays in registers (float) for the whole loop (in
+ * __local above D=64: Q_IN_SMEM), O in f32 accumulator fragments; K/V tiles
+ * of BLOCK_N keys stream through __local, double-buffered with cp.async when
+ * two K+V pairs fit in ~47 KB.
  *
  * Fragment layouts (PTX ISA, mma.m16n8k8 with .tf32 inputs, .f32 accumulators;
  * lane = 0..31, g = lane / 4, t = lane % 4):
@@ -55,6 +56,13 @@
 #define BLOCK_N 16
 #endif
 #endif
+#ifndef Q_IN_SMEM
+/* 1: Q stays in __local and its fragments are read per tile, instead of
+ * living in registers. Above D=64, Q (64 floats per lane at D=128) next to
+ * O's 64 accumulators spilled (255 registers, 240 bytes of stack on the
+ * H200, 28.8 TFLOP/s at (4,32,4096,128)). */
+#define Q_IN_SMEM (HEAD_DIM > 64)
+#endif
 
 #define WG_SIZE (WARPS * 32)
 #define HEAD_DIM_PAD (((HEAD_DIM) + 7) / 8 * 8) // head dims seen by the mma (k8 steps)
@@ -63,15 +71,16 @@
 #define S_FRAGS (BLOCK_N / 8)                   // n8 blocks of S; k8 steps of P V
 #define TILE_FLOATS (BLOCK_N * PITCH)
 #define Q_FLOATS (BLOCK_M * PITCH)
+#define KV_AT (Q_IN_SMEM * Q_FLOATS) /* K/V tiles after Q when it stays, else over it */
 #ifndef KV_STAGES
-#if 4 * TILE_FLOATS * 4 <= 48000
+#if (KV_AT + 4 * TILE_FLOATS) * 4 <= 48000
 #define KV_STAGES 2
 #else
 #define KV_STAGES 1
 #endif
 #endif
 #define KV_FLOATS (2 * KV_STAGES * TILE_FLOATS) /* stage s: K at 2s*TILE, V at (2s+1)*TILE */
-#define SMEM_FLOATS (Q_FLOATS > KV_FLOATS ? Q_FLOATS : KV_FLOATS)
+#define SMEM_FLOATS (KV_AT + KV_FLOATS > Q_FLOATS ? KV_AT + KV_FLOATS : Q_FLOATS)
 
 #if BLOCK_M != 16 * WARPS
 #error "BLOCK_M must be 16*WARPS (one 16-row fragment per warp)"
@@ -183,19 +192,19 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
     copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
     cp_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
+    /* This lane's Q: a0..a3 of k step kk at qr[8kk], qr[8 PITCH + 8kk], qr[8kk + 4], qr[8 PITCH + 8kk + 4]. */
+    __local const float *qr = smem + (warp * 16 + g) * PITCH + t;
+#define Q_FRAG(kk, i) qr[((i) & 1) * 8 * PITCH + 8 * (kk) + ((i) >> 1) * 4]
+#if !Q_IN_SMEM
     float qa[K_STEPS][4];
-    {
-        __local const float *qr = smem + (warp * 16 + g) * PITCH + t;
 #pragma unroll
-        for (int kk = 0; kk < K_STEPS; ++kk) {
-            qa[kk][0] = qr[8 * kk];
-            qa[kk][1] = qr[8 * PITCH + 8 * kk];
-            qa[kk][2] = qr[8 * kk + 4];
-            qa[kk][3] = qr[8 * PITCH + 8 * kk + 4];
-        }
-    }
+    for (int kk = 0; kk < K_STEPS; ++kk)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            qa[kk][i] = Q_FRAG(kk, i);
     /* Every warp has its Q before K overwrites the same bytes. */
     barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
     /* Visible keys: see flash_fwd_nv.cl. */
     const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
@@ -242,12 +251,12 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
     } while (0)
 #if KV_STAGES == 2
     if (n_start <= n_end)
-        ISSUE_KV(n_start, 0u);
+        ISSUE_KV(n_start, (uint)KV_AT);
 #endif
 
     int stage = 0;
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
-        __local const float *k_tile = smem + stage * 2 * TILE_FLOATS;
+        __local const float *k_tile = smem + KV_AT + stage * 2 * TILE_FLOATS;
         __local const float *v_tile = k_tile + TILE_FLOATS;
 #if KV_STAGES == 2
         /* Tile n0 has landed for everyone, and every warp is done with the
@@ -255,10 +264,10 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
         cp_wait();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n0 + BLOCK_N <= n_end)
-            ISSUE_KV(n0 + BLOCK_N, (uint)((stage ^ 1) * 2 * TILE_FLOATS));
+            ISSUE_KV(n0 + BLOCK_N, (uint)(KV_AT + (stage ^ 1) * 2 * TILE_FLOATS));
 #else
         barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done with the previous tile */
-        ISSUE_KV(n0, 0u);
+        ISSUE_KV(n0, (uint)KV_AT);
         cp_wait();
         barrier(CLK_LOCAL_MEM_FENCE);
 #endif
@@ -275,7 +284,11 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
                 tf32_pair a[4];
 #pragma unroll
                 for (int i = 0; i < 4; ++i)
+#if Q_IN_SMEM
+                    a[i] = split_tf32(Q_FRAG(kk, i));
+#else
                     a[i] = split_tf32(qa[kk][i]);
+#endif
 #pragma unroll
                 for (int j = 0; j < S_FRAGS; ++j) {
                     __local const float *kr = k_tile + (8 * j + g) * PITCH + 8 * kk + t;
@@ -351,6 +364,7 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
         stage ^= KV_STAGES - 1;
     }
 #undef ISSUE_KV
+#undef Q_FRAG
     cp_wait();
 
     /* ---- epilogue: O / l and LSE ---- */

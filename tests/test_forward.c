@@ -130,19 +130,22 @@ static void tf32(flashcl_context *ctx) {
         printf("nv-tf32 does not apply to this device: skipped\n");
         return;
     }
-    static const char *const params[] = {
-        NULL,                           /* the table's: two K/V stages */
-        "BLOCK_N=32",                   /* D > 64: one stage           */
-        "WARPS=2,BLOCK_M=32,BLOCK_N=8", /* two warps, 8-key tiles      */
-        "WARPS=8,BLOCK_M=128",          /* D <= 64: the Q block is staged in __local whole */
-    };
+    /* Up to D=64 Q lives in registers, above in __local (Q_IN_SMEM). */
+    static const char *const params[2][4] = {
+        {NULL,                           /* the table's: two K/V stages of 32 keys */
+         "BLOCK_N=64",                   /* one stage                              */
+         "WARPS=2,BLOCK_M=32,BLOCK_N=8", /* two warps, 8-key tiles                 */
+         "WARPS=8,BLOCK_M=128"},
+        {NULL,                            /* the table's: 2 warps, one stage of 16 keys */
+         "BLOCK_N=8",                     /* two stages                                 */
+         "WARPS=4,BLOCK_M=64,BLOCK_N=8",  /* four warps, one stage                      */
+         "WARPS=1,BLOCK_M=16,BLOCK_N=32"}};
     static const int dims[] = {1, 8, 32, 40, 59, 64, 80, 96, 111, 128};
     for (int i = 0; i < COUNT(dims); ++i)
-        for (int j = 0; j < COUNT(params); ++j) {
-            if (j == 3 && dims[i] > 64)
-                continue;
-            if (params[j])
-                setenv("FLASHCL_PARAMS", params[j], 1);
+        for (int j = 0; j < 4; ++j) {
+            const char *env = params[dims[i] > 64][j];
+            if (env)
+                setenv("FLASHCL_PARAMS", env, 1);
             test_case tc = test_case_basic(FLASHCL_FLOAT32, 130 + 7 * i, 301 - 5 * j, dims[i]);
             tc.causal = (i + j) & 1;
             tc.heads_q = 4;
@@ -152,7 +155,7 @@ static void tf32(flashcl_context *ctx) {
                 tc.window_left = 40;
                 tc.window_right = 3;
             }
-            printf("FLASHCL_PARAMS=%s: ", params[j] ? params[j] : "(table)");
+            printf("FLASHCL_PARAMS=%s: ", env ? env : "(table)");
             run(ctx, tc);
             unsetenv("FLASHCL_PARAMS");
         }
