@@ -186,6 +186,43 @@ inline float ex2(float x) {
     return y;
 }
 
+/* The online-softmax step of one 16-row mma fragment, shared by the
+ * tensor-core kernels. s[n_s][4]: the tile's scores of this lane's rows g
+ * (e = 0, 1) and g+8 (e = 2, 3) in raw units, -inf where masked; they
+ * become p = 2^(s*sc - m*sc). m_run[2] and l_run[2] (l a per-lane partial
+ * sum: alpha is uniform along a row, so the quad reduces it once at the
+ * end) and the output accumulators acc[n_o][4] are rescaled by alpha. While
+ * a row has seen nothing, m_new is -inf: 0 is subtracted instead (p =
+ * 2^-inf = 0) and alpha stays 1, so -inf - -inf is never formed; m_run -
+ * m_new is exact for close maxima, so alpha matches the portable kernel's.
+ * A macro, so the fragments stay in registers. */
+#define ONLINE_SOFTMAX_16(s, n_s, acc, n_o, m_run, l_run, sc)                                      \
+    do {                                                                                           \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            float mx_ = -INFINITY;                                                                 \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx_ =                             \
+                fmax(mx_, fmax((s)[j_][2 * h_], (s)[j_][2 * h_ + 1]));                             \
+            mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                     \
+            mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                     \
+            const float m_new_ = fmax((m_run)[h_], mx_);                                           \
+            const float ms_ = m_new_ == -INFINITY ? 0.0f : m_new_ * (sc);                          \
+            const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h_] - m_new_) * (sc));  \
+            (m_run)[h_] = m_new_;                                                                  \
+            float psum_ = 0.0f;                                                                    \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                   \
+                _Pragma("unroll") for (int e_ = 2 * h_; e_ < 2 * h_ + 2; ++e_) {                   \
+                const float p_ = ex2(fma((s)[j_][e_], (sc), -ms_));                                \
+                (s)[j_][e_] = p_;                                                                  \
+                psum_ += p_;                                                                       \
+            }                                                                                      \
+            (l_run)[h_] = (l_run)[h_] * alpha_ + psum_;                                            \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                 \
+                (acc)[j_][2 * h_] *= alpha_;                                                       \
+                (acc)[j_][2 * h_ + 1] *= alpha_;                                                   \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
 /* x from lane src of this warp. */
 inline float shfl_idx(float x, int src) {
     uint y;
@@ -235,6 +272,18 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
  * arguments, and the element offset of row n of head h of batch b. */
 #define TENSOR_ARGS(x) ulong x##_off, ulong x##_sb, ulong x##_ss, ulong x##_sh
 #define ROW_AT(x, b, n, h) (x##_off + (ulong)(b)*x##_sb + (ulong)(n)*x##_ss + (ulong)(h)*x##_sh)
+
+/* The arguments of the forward kernels, flash_fwd (cl/flash_fwd.cl), flash_fwd_cpu,
+ * flash_fwd_nv and flash_fwd_nv32: one list, so src/attention.c sets them once
+ * for any. Element offsets and (batch, seq, head) strides of each tensor;
+ * group = heads_q / heads_k; q_mul = scale*log2e, or scale/softcap;
+ * softcap_log2 = softcap*log2e, 0 when off; windows as in visible_keys. */
+#define FWD_ARGS                                                                                   \
+    __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
+        __global const elem_t *restrict v, __global elem_t *restrict o,                            \
+        __global float *restrict lse, TENSOR_ARGS(q), TENSOR_ARGS(k), TENSOR_ARGS(v),              \
+        TENSOR_ARGS(o), ulong lse_off, int has_lse, int nq, int nk, int group, float q_mul,        \
+        float softcap_log2, int win_left, int win_right
 
 /* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl)
  * and flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl): one list, so src/backward.c

@@ -62,17 +62,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd(__global const elem_t *restrict q, __global const elem_t *restrict k,
-          __global const elem_t *restrict v, __global elem_t *restrict o,
-          __global float *restrict lse,
-          /* element offsets and strides (batch, seq, head) of each tensor */
-          ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh, ulong k_off, ulong k_sb, ulong k_ss,
-          ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, ulong o_off, ulong o_sb,
-          ulong o_ss, ulong o_sh, ulong lse_off, int has_lse,
-          int nq, int nk, int group, /* group = heads_q / heads_k */
-          float q_mul,              /* scale*log2e, or scale/softcap   */
-          float softcap_log2,       /* softcap*log2e, 0 when off       */
-          int win_left, int win_right) {
+flash_fwd(FWD_ARGS) {
     __local float q_tile[BLOCK_M * ROW_STRIDE];
     __local float kv_tile[BLOCK_N * ROW_STRIDE];
     __local float s_tile[BLOCK_M * S_STRIDE];

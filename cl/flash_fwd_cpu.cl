@@ -42,13 +42,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-flash_fwd_cpu(__global const elem_t *restrict q, __global const elem_t *restrict k,
-              __global const elem_t *restrict v, __global elem_t *restrict o,
-              __global float *restrict lse, ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh,
-              ulong k_off, ulong k_sb, ulong k_ss, ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss,
-              ulong v_sh, ulong o_off, ulong o_sb, ulong o_ss, ulong o_sh, ulong lse_off,
-              int has_lse, int nq, int nk, int group, float q_mul, float softcap_log2,
-              int win_left, int win_right) {
+flash_fwd_cpu(FWD_ARGS) {
     __local float q_tile[BLOCK_M][HEAD_DIM];
     __local float8 kt_tile[HEAD_DIM][CPU_NV]; /* K transposed: keys along the vector */
     __local float8 v_tile[BLOCK_N][CPU_DV];   /* V: head dim along the vector       */

@@ -157,23 +157,13 @@
 
 inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
                       ulong stride, int rows, int nrows, int vec, int tid) {
-    nv_copy_rows(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, HEAD_DIM, PITCH, WG_SIZE);
+    nv_copy_rows(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, HEAD_DIM, PITCH,
+                 WG_SIZE);
 }
 
 /* ---- the kernel ----------------------------------------------------------------------- */
 
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict k,
-             __global const elem_t *restrict v, __global elem_t *restrict o,
-             __global float *restrict lse,
-             /* element offsets and strides (batch, seq, head) of each tensor */
-             ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh, ulong k_off, ulong k_sb, ulong k_ss,
-             ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, ulong o_off, ulong o_sb,
-             ulong o_ss, ulong o_sh, ulong lse_off, int has_lse, int nq, int nk,
-             int group,          /* group = heads_q / heads_k */
-             float q_mul,        /* scale*log2e, or scale/softcap   */
-             float softcap_log2, /* softcap*log2e, 0 when off       */
-             int win_left, int win_right) {
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(FWD_ARGS) {
     __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
 
     const int tid = (int)get_local_id(0);
@@ -361,41 +351,7 @@ flash_fwd_nv(__global const elem_t *restrict q, __global const elem_t *restrict 
             /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
 #pragma unroll
             for (int mf = 0; mf < M_FRAGS; ++mf)
-#pragma unroll
-                for (int h = 0; h < 2; ++h) {
-                    float mx = -INFINITY;
-#pragma unroll
-                    for (int j = 0; j < S_FRAGS; ++j)
-                        mx = fmax(mx, fmax(s[mf][j][2 * h], s[mf][j][2 * h + 1]));
-                    mx = fmax(mx, shfl_xor(mx, 1));
-                    mx = fmax(mx, shfl_xor(mx, 2));
-                    const float m_new = fmax(m_run[mf][h], mx);
-                    /* While the row has seen nothing, m_new is -inf: subtract 0
-                     * instead (p = 2^-inf = 0) and keep alpha = 1, never
-                     * forming -inf - -inf. m_run - m_new is exact for close
-                     * maxima, so alpha matches the portable kernel's. */
-                    const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
-                    const float alpha =
-                        m_new == -INFINITY ? 1.0f : ex2((m_run[mf][h] - m_new) * sc);
-                    m_run[mf][h] = m_new;
-                    float psum = 0.0f;
-#pragma unroll
-                    for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                        for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                            const float p = ex2(fma(s[mf][j][e], sc, -ms));
-                            s[mf][j][e] = p;
-                            psum += p;
-                        }
-                    /* l stays a per-lane partial sum (alpha is uniform along a
-                     * row); the quad reduces it once at the end. */
-                    l_run[mf][h] = l_run[mf][h] * alpha + psum;
-#pragma unroll
-                    for (int j = 0; j < O_FRAGS; ++j) {
-                        acc[mf][j][2 * h] *= alpha;
-                        acc[mf][j][2 * h + 1] *= alpha;
-                    }
-                }
+                ONLINE_SOFTMAX_16(s[mf], S_FRAGS, acc[mf], O_FRAGS, m_run[mf], l_run[mf], sc);
         }
 
 #if KV_STAGES == 1

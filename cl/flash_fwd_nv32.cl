@@ -153,18 +153,7 @@ inline void copy_tile(__local float *smem, uint s_base, uint dst_off, __global c
 
 /* ---- the kernel ------------------------------------------------------------------------- */
 
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restrict k,
-               __global const elem_t *restrict v, __global elem_t *restrict o,
-               __global float *restrict lse,
-               /* element offsets and strides (batch, seq, head) of each tensor */
-               ulong q_off, ulong q_sb, ulong q_ss, ulong q_sh, ulong k_off, ulong k_sb, ulong k_ss,
-               ulong k_sh, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, ulong o_off, ulong o_sb,
-               ulong o_ss, ulong o_sh, ulong lse_off, int has_lse, int nq, int nk,
-               int group,          /* group = heads_q / heads_k */
-               float q_mul,        /* scale*log2e, or scale/softcap   */
-               float softcap_log2, /* softcap*log2e, 0 when off       */
-               int win_left, int win_right) {
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv32(FWD_ARGS) {
     __local float smem[SMEM_FLOATS] __attribute__((aligned(16)));
 
     const int tid = (int)get_local_id(0);
@@ -192,9 +181,10 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
     copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
     cp_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
-    /* This lane's Q: a0..a3 of k step kk at qr[8kk], qr[8 PITCH + 8kk], qr[8kk + 4], qr[8 PITCH + 8kk + 4]. */
+    /* This lane's Q: a0..a3 of k step kk at qr[8kk], qr[8 PITCH + 8kk], qr[8kk + 4], qr[8 PITCH +
+     * 8kk + 4]. */
     __local const float *qr = smem + (warp * 16 + g) * PITCH + t;
-#define Q_FRAG(kk, i) qr[((i) & 1) * 8 * PITCH + 8 * (kk) + ((i) >> 1) * 4]
+#define Q_FRAG(kk, i) qr[((i)&1) * 8 * PITCH + 8 * (kk) + ((i) >> 1) * 4]
 #if !Q_IN_SMEM
     float qa[K_STEPS][4];
 #pragma unroll
@@ -244,9 +234,9 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
     /* Issues the copies of K and V tile n into the buffers at float `at`. */
 #define ISSUE_KV(n, at)                                                                            \
     do {                                                                                           \
-        copy_tile(smem, s_base, (at), kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)),        \
-                  BLOCK_N, k_vec, tid);                                                            \
-        copy_tile(smem, s_base, (at) + TILE_FLOATS, vb + (ulong)(n) * v_ss, v_ss,                  \
+        copy_tile(smem, s_base, (at), kb + (ulong)(n)*k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, \
+                  k_vec, tid);                                                                     \
+        copy_tile(smem, s_base, (at) + TILE_FLOATS, vb + (ulong)(n)*v_ss, v_ss,                    \
                   min(BLOCK_N, nk - (n)), BLOCK_N, v_vec, tid);                                    \
     } while (0)
 #if KV_STAGES == 2
@@ -318,34 +308,7 @@ flash_fwd_nv32(__global const elem_t *restrict q, __global const elem_t *restric
             }
 
             /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                float mx = -INFINITY;
-#pragma unroll
-                for (int j = 0; j < S_FRAGS; ++j)
-                    mx = fmax(mx, fmax(s[j][2 * h], s[j][2 * h + 1]));
-                mx = fmax(mx, shfl_xor(mx, 1));
-                mx = fmax(mx, shfl_xor(mx, 2));
-                const float m_new = fmax(m_run[h], mx);
-                const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
-                const float alpha = m_new == -INFINITY ? 1.0f : ex2((m_run[h] - m_new) * sc);
-                m_run[h] = m_new;
-                float psum = 0.0f;
-#pragma unroll
-                for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                    for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                        const float p = ex2(fma(s[j][e], sc, -ms));
-                        s[j][e] = p;
-                        psum += p;
-                    }
-                l_run[h] = l_run[h] * alpha + psum;
-#pragma unroll
-                for (int j = 0; j < K_STEPS; ++j) {
-                    acc[j][2 * h] *= alpha;
-                    acc[j][2 * h + 1] *= alpha;
-                }
-            }
+            ONLINE_SOFTMAX_16(s, S_FRAGS, acc, K_STEPS, m_run, l_run, sc);
 
             /* ---- O += P V: 8 keys per step, k permuted (see the header) ---- */
 #pragma unroll

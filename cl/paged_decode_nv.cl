@@ -1,4 +1,5 @@
-/* paged_decode_nv.cl: decoding over paged or packed K/V on NVIDIA tensor cores (inline PTX mma.sync).
+/* paged_decode_nv.cl: decoding over paged or packed K/V on NVIDIA tensor cores (inline PTX
+ * mma.sync).
  *
  * Same arguments, meta, grid and results as paged_decode.cl: grid (block,
  * kv head, split), a block being BLOCK_M <= 16 rows of one sequence (row r =
@@ -52,12 +53,12 @@
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
 
 #define WG_SIZE (WARPS * 32)
-#define PITCH (HEAD_DIM + 8)         /* halves: an odd multiple of 16 bytes, no ldmatrix conflicts */
-#define D_CHUNKS (HEAD_DIM / 8)      /* 16-byte chunks per row */
-#define K_STEPS (HEAD_DIM / 16)      /* k16 steps of S = Q K^T */
-#define S_FRAGS (BLOCK_N / 8)        /* n8 blocks of S */
-#define P_STEPS (BLOCK_N / 16)       /* k16 steps of O = P V */
-#define O_FRAGS (HEAD_DIM / 8)       /* n8 blocks of O */
+#define PITCH (HEAD_DIM + 8)    /* halves: an odd multiple of 16 bytes, no ldmatrix conflicts */
+#define D_CHUNKS (HEAD_DIM / 8) /* 16-byte chunks per row */
+#define K_STEPS (HEAD_DIM / 16) /* k16 steps of S = Q K^T */
+#define S_FRAGS (BLOCK_N / 8)   /* n8 blocks of S */
+#define P_STEPS (BLOCK_N / 16)  /* k16 steps of O = P V */
+#define O_FRAGS (HEAD_DIM / 8)  /* n8 blocks of O */
 #define TILE_HALFS (BLOCK_N * PITCH)
 #define WARP_HALFS (STAGES * 2 * TILE_HALFS)
 #define Q_HALFS (16 * PITCH)
@@ -73,7 +74,8 @@
 #if HEAD_DIM % 16 != 0 || BLOCK_N % 16 != 0 || BLOCK_M > 16
 #error "HEAD_DIM and BLOCK_N must be multiples of 16, BLOCK_M at most 16"
 #endif
-#if WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 || WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
+#if WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 ||                                          \
+    WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
 #error "the tile area must hold the warps' O rows and the split weights for the final merges"
 #endif
 #if SMEM_HALFS * 2 > 48000
@@ -87,7 +89,8 @@
  * then commits the group. Keys past s_hi are zero-filled: their V rows then
  * contribute 0 * 0 and their scores are masked. */
 inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const int *meta, int k_base,
-                       __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
+                       __global const ushort *kb, ulong k_ss, __global const ushort *vb,
+                       ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
@@ -105,9 +108,10 @@ inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const in
         __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
                              "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
                              : "memory");
-        __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + TILE_HALFS * 2u),
-                             "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
-                             : "memory");
+        __asm__ __volatile__(
+            "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + TILE_HALFS * 2u),
+            "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
+            : "memory");
     }
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
 }
@@ -186,16 +190,17 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
-            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u, s_lo, s_hi, meta, b.k_base,
-                       kb, k_ss, vb, v_ss);
+            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u, s_lo, s_hi,
+                       meta, b.k_base, kb, k_ss, vb, v_ss);
         else
             __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
     }
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
         if (ahead < my_tiles)
-            issue_tile(warp + ahead * WARPS, warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, s_lo,
-                       s_hi, meta, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + ahead * WARPS,
+                       warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, s_lo, s_hi, meta,
+                       b.k_base, kb, k_ss, vb, v_ss);
         else
             __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
@@ -235,38 +240,12 @@ paged_decode_nv(SERVING_ARGS,
                     s[j][e] = -INFINITY;
             }
         /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float mx = -INFINITY;
-#pragma unroll
-            for (int j = 0; j < S_FRAGS; ++j)
-                mx = fmax(mx, fmax(s[j][2 * h], s[j][2 * h + 1]));
-            mx = fmax(mx, shfl_xor(mx, 1));
-            mx = fmax(mx, shfl_xor(mx, 2));
-            const float m_new = fmax(m_run[h], mx);
-            const float ms = m_new == -INFINITY ? 0.0f : m_new * sc;
-            const float alpha = m_new == -INFINITY ? 1.0f : ex2((m_run[h] - m_new) * sc);
-            m_run[h] = m_new;
-            float psum = 0.0f;
-#pragma unroll
-            for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                for (int e = 2 * h; e < 2 * h + 2; ++e) {
-                    const float p = ex2(fma(s[j][e], sc, -ms));
-                    s[j][e] = p;
-                    psum += p;
-                }
-            l_run[h] = l_run[h] * alpha + psum;
-#pragma unroll
-            for (int j = 0; j < O_FRAGS; ++j) {
-                acc[j][2 * h] *= alpha;
-                acc[j][2 * h + 1] *= alpha;
-            }
-        }
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
-            const uint p0 = pack2(s[2 * kk][0], s[2 * kk][1]), p1 = pack2(s[2 * kk][2], s[2 * kk][3]);
+            const uint p0 = pack2(s[2 * kk][0], s[2 * kk][1]),
+                       p1 = pack2(s[2 * kk][2], s[2 * kk][3]);
             const uint p2 = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             const uint p3 = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
@@ -291,7 +270,7 @@ paged_decode_nv(SERVING_ARGS,
             red_l[warp * 16 + g + 8 * h] = l_run[h];
         }
     }
-    barrier(CLK_LOCAL_MEM_FENCE); /* also: every warp is past its tiles */
+    barrier(CLK_LOCAL_MEM_FENCE);                 /* also: every warp is past its tiles */
     __local float *red_o = (__local float *)smem; /* [warp][16][HEAD_DIM] */
     float row_m[2], row_l[2];
 #pragma unroll
@@ -346,9 +325,9 @@ paged_decode_nv(SERVING_ARGS,
     }
     if (splits == 1)
         return;
-    const split_rows sr = {o_off, o_ss, o_sh, lse_off, part_lse_off, has_lse, total_q, heads_q, group, hk,
-                           b.q_start, m0, nrows};
+    const split_rows sr = {o_off,   o_ss,  o_sh, lse_off,   part_lse_off, has_lse, total_q,
+                           heads_q, group, hk,   b.q_start, m0,           nrows};
     /* The split weights reuse the tile area (red_o is read before its first barrier). */
-    merge_if_last_split(&meta[counters_off + blk * (int)get_global_size(1) + hk], splits, part, o, lse, sr,
-                        HEAD_DIM, red_o, red_m, &is_last);
+    merge_if_last_split(&meta[counters_off + blk * (int)get_global_size(1) + hk], splits, part, o,
+                        lse, sr, HEAD_DIM, red_o, red_m, &is_last);
 }
