@@ -186,6 +186,16 @@ inline float ex2(float x) {
     return y;
 }
 
+/* Soft-capping of one 16-row fragment's scores s[n_s][4], in place: s
+ * becomes softcap*log2(e) * tanh(s * scale/softcap) (precise tanh, like
+ * the portable kernel), the log2-unit score the softmax then takes. */
+#define SOFTCAP_16(s, n_s, q_mul, softcap_log2)                                                    \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] =                          \
+                (softcap_log2)*tanh((q_mul) * (s)[j_][e_]);                                        \
+    } while (0)
+
 /* The online-softmax step of one 16-row mma fragment, shared by the
  * tensor-core kernels. s[n_s][4]: the tile's scores of this lane's rows g
  * (e = 0, 1) and g+8 (e = 2, 3) in raw units, -inf where masked; they

@@ -315,10 +315,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
                     LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
 #pragma unroll
                     for (int mf = 0; mf < M_FRAGS; ++mf) {
-                        MMA_16816(s[mf][2 * np], qf[mf][kk][0], qf[mf][kk][1], qf[mf][kk][2],
-                                  qf[mf][kk][3], kf[0], kf[1]);
-                        MMA_16816(s[mf][2 * np + 1], qf[mf][kk][0], qf[mf][kk][1], qf[mf][kk][2],
-                                  qf[mf][kk][3], kf[2], kf[3]);
+                        MMA_16816_X2(s[mf][2 * np], s[mf][2 * np + 1], qf[mf][kk], kf);
                     }
                 }
 
@@ -326,11 +323,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
             if (softcap) {
 #pragma unroll
                 for (int mf = 0; mf < M_FRAGS; ++mf)
-#pragma unroll
-                    for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e)
-                            s[mf][j][e] = softcap_log2 * tanh(q_mul * s[mf][j][e]);
+                    SOFTCAP_16(s[mf], S_FRAGS, q_mul, softcap_log2);
             }
 
             /* ---- mask, only on tiles crossing some row's window edge or nk ---- */
@@ -381,10 +374,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
                     LDMATRIX_X4_TRANS(vf, v_tile + v_lane + (uint)(kk * 16 * PITCH + dp * 16) * 2u);
 #pragma unroll
                     for (int mf = 0; mf < M_FRAGS; ++mf) {
-                        MMA_16816(acc[mf][2 * dp], pf[mf][0], pf[mf][1], pf[mf][2], pf[mf][3],
-                                  vf[0], vf[1]);
-                        MMA_16816(acc[mf][2 * dp + 1], pf[mf][0], pf[mf][1], pf[mf][2], pf[mf][3],
-                                  vf[2], vf[3]);
+                        MMA_16816_X2(acc[mf][2 * dp], acc[mf][2 * dp + 1], pf[mf], vf);
                     }
                 }
             }

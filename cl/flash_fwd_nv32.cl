@@ -287,13 +287,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
             }
 
             /* ---- soft-cap (rare; precise tanh like the portable kernel) ---- */
-            if (softcap) {
-#pragma unroll
-                for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e)
-                        s[j][e] = softcap_log2 * tanh(q_mul * s[j][e]);
-            }
+            if (softcap)
+                SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
 
             /* ---- mask, only on tiles crossing some row's window edge or nk ---- */
             if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {

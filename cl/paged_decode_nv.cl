@@ -220,17 +220,11 @@ paged_decode_nv(SERVING_ARGS,
             for (int np = 0; np < S_FRAGS / 2; ++np) {
                 uint kf[4];
                 LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
-                MMA_16816(s[2 * np], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[0], kf[1]);
-                MMA_16816(s[2 * np + 1], qf[kk][0], qf[kk][1], qf[kk][2], qf[kk][3], kf[2], kf[3]);
+                MMA_16816_X2(s[2 * np], s[2 * np + 1], qf[kk], kf);
             }
-        if (softcap) {
-#pragma unroll
-            for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    s[j][e] = softcap_log2 * tanh(q_mul * s[j][e]);
-        }
-        /* ---- mask: keys past a row's last visible key or past the slice ---- */
+        if (softcap)
+            SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
+            /* ---- mask: keys past a row's last visible key or past the slice ---- */
 #pragma unroll
         for (int j = 0; j < S_FRAGS; ++j)
 #pragma unroll
