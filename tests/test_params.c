@@ -563,6 +563,20 @@ static void test_levels(void) {
            "nv-mma tiles over 48000 bytes are refused", &failures);
     flashcl_context_destroy(ctx);
 
+    /* A tuned nv-tf32 entry (warps required, as for nv-mma) is read and used for float32. */
+    snprintf(text, sizeof text,
+             "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"variant\": "
+             "\"nv-tf32\", \"dtype\": \"f32\", \"head_dim_min\": 65, \"head_dim_max\": 128, \"phase\": "
+             "\"prefill\", \"block_m\": 64, \"block_n\": 8, \"warps\": 4}]}");
+    write_file(path, text);
+    ctx = test_context();
+    pretend_h200(ctx);
+    flashcl_attention_params(ctx, &d32, &p);
+    expect(!strncmp(p.source, "tuned: ", 7) && !strcmp(p.variant, "nv-tf32") && p.block_m == 64 &&
+               p.block_n == 8 && p.work_group_size == 128,
+           "a tuned nv-tf32 entry is used for float32", &failures);
+    flashcl_context_destroy(ctx);
+
     /* Architectures. */
     ctx = test_context();
     pretend_h200(ctx);
