@@ -112,7 +112,9 @@ inline uint pack2(float lo, float hi) {
 #define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
 #endif
 
-/* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl).
+/* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl;
+ * flash_fwd_nv32.cl moves float rows as pairs of halves, doubling head_dim
+ * and pitch).
  * Fills nrows __local rows of `pitch` halves, starting dst_off halves into
  * smem (shared address s_base), from a [*][head_dim] 16-bit matrix whose row
  * r is at src + r*stride; the nthreads work-items of the group share it.
@@ -295,9 +297,9 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         TENSOR_ARGS(o), ulong lse_off, int has_lse, int nq, int nk, int group, float q_mul,        \
         float softcap_log2, int win_left, int win_right
 
-/* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl)
- * and flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl): one list, so src/backward.c
- * sets them once for either. */
+/* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl),
+ * flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl) and flash_bwd_dkdv_nv
+ * (cl/flash_bwd_nv.cl): one list, so src/backward.c sets them once for any. */
 #define BWD_DKDV_ARGS                                                                              \
     __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
         __global const elem_t *restrict v, __global const elem_t *restrict dout,                   \
@@ -307,7 +309,7 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         ulong dq_acc_off, int use_atomics, int nq, int nk, int group, float scale, float softcap,  \
         int win_left, int win_right
 
-/* ... and of the deterministic dQ passes, flash_bwd_dq and flash_bwd_dq_cpu. */
+/* ... and of the dQ passes, flash_bwd_dq, flash_bwd_dq_cpu and flash_bwd_dq_nv. */
 #define BWD_DQ_ARGS                                                                                \
     __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
         __global const elem_t *restrict v, __global const elem_t *restrict dout,                   \

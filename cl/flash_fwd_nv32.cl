@@ -9,9 +9,12 @@
  * x rounded to TF32, small = the rest rounded to TF32), and a*b is summed as
  * a_small*b_big + a_big*b_small + a_big*b_big in the float accumulator: the
  * dropped a_small*b_small and the rounding of the small parts are ~2^-22 of
- * |a*b|, so results are within a few float ulps of an FMA kernel's (this is
- * CUTLASS's "3xTF32"). Every result is checked against host_ref with the
- * float32 tolerance, as for the other kernels.
+ * |a*b| (about 3 float ulps per product; the tensor cores' f32 accumulation
+ * is not IEEE round-to-nearest either), so results are close to float32
+ * accuracy, not bitwise an FMA kernel's (this is CUTLASS's "3xTF32"). Every
+ * result is checked against host_ref with the float32 tolerance, as for the
+ * other kernels. Inputs within one TF32 rounding of FLT_MAX (|x| > ~3.4e38)
+ * would round `big` to infinity and give NaN, as in CUTLASS.
  *
  * Work decomposition as flash_fwd_nv.cl with one 16-row fragment per warp:
  * a work-group of WARPS warps owns BLOCK_M = 16*WARPS query rows of one
@@ -43,13 +46,20 @@
 #define HEAD_DIM 64 // exact head dimension (compile-time: every fragment loop unrolls)
 #endif
 #ifndef WARPS
-#define WARPS 4 // warps per work-group, 16 query rows each
+/* warps per work-group, 16 query rows each (the host always passes it; these
+ * are src/params.c's H200 entries) */
+#if HEAD_DIM <= 64
+#define WARPS 4
+#else
+#define WARPS 2
+#endif
 #endif
 #ifndef BLOCK_M
 #define BLOCK_M (16 * WARPS)
 #endif
 #ifndef BLOCK_N
-/* Keys per tile: two stages of 32 (D <= 64) or 16 (D <= 128) keep K+V in ~35 KB. */
+/* Keys per tile: two stages of 32 (D <= 64: 35 KB), or one stage of 16
+ * after the Q block (D <= 128, two warps: 34 KB). */
 #if HEAD_DIM <= 64
 #define BLOCK_N 32
 #else

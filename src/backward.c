@@ -9,7 +9,9 @@
  *   (the "cpu" variant: flash_bwd_dkdv_cpu and flash_bwd_dq_cpu from
  *   cl/flash_bwd_cpu.cl, same arguments, one work-item per work-group; the
  *   "nv-mma" variant: flash_bwd_dkdv_nv and flash_bwd_dq_nv from
- *   cl/flash_bwd_nv.cl on tensor cores, the dQ pass in both modes)
+ *   cl/flash_bwd_nv.cl on tensor cores, the dQ pass in both modes unless
+ *   FLASHCL_BWD_PARAMS says DQ=atomic: then flash_bwd_dkdv_nv, built with
+ *   DQ_ATOMIC, adds dQ into the accumulator and flash_bwd_dq_store follows)
  *   or flash_bwd_dq_store   atomic mode: the accumulator rounded into dQ
  * Scratch (caller-owned): [rows] floats of D_i, then, in atomic mode,
  * [rows][head_dim] floats of dQ, rows = batch * heads_q * seqlen_q.
@@ -128,7 +130,8 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
     /* BWD_KERNEL picks the kernel a build holds (flashcl_get_kernel keeps one
      * kernel per file and options); pre and store take head_dim at run time
      * so they build once per dtype. The cpu and nv-mma variants take dK/dV
-     * and the dQ pass from their own files; nv-mma always runs the dQ pass. */
+     * and the dQ pass from their own files; nv-mma runs the dQ pass in both
+     * modes unless its choice says atomics (flashcl_backward_dq_atomic). */
     static const struct {
         const char *file, *dkdv, *dq;
     } files[] = {[FLASHCL_BWD_PORTABLE] = {"flash_bwd.cl", "flash_bwd_dkdv", "flash_bwd_dq"},

@@ -1122,10 +1122,11 @@ int flashcl_backward_rows_per_group(const flashcl_backward_choice *c) {
 }
 
 /* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */
+/* dq_atomic: nv-mma's dQ mode (-1: not known yet, so the larger of both). */
 static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int block_n, int work_group_size,
-                             int head_dim) {
-    if (variant == FLASHCL_BWD_NV_MMA) /* the larger of both dQ modes: either may be asked for */
-        return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, 1);
+                             int head_dim, int dq_atomic) {
+    if (variant == FLASHCL_BWD_NV_MMA)
+        return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
     size_t own = variant == FLASHCL_BWD_CPU ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
     return own > portable ? own : portable;
@@ -1138,8 +1139,8 @@ static int backward_nv_applies(const flashcl_context *ctx, const flashcl_attenti
 
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
 static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc *d, flashcl_backward_variant variant,
-                        int block_m, int block_n, int work_group_size, char *why, size_t n) {
-    size_t local = backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim);
+                        int block_m, int block_n, int work_group_size, int dq_atomic, char *why, size_t n) {
+    size_t local = backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim, dq_atomic);
     why[0] = '\0';
     if (variant == FLASHCL_BWD_CPU && block_n % 8)
         snprintf(why, n, "the cpu backward kernel needs BLOCK_N a multiple of 8, not %d", block_n);
@@ -1183,7 +1184,7 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     if (variant == FLASHCL_BWD_NV_MMA && (w->skip_nv || !backward_nv_applies(ctx, w->desc)))
         return 0;
     if (level >= LVL_TYPE ||
-        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, why, sizeof why))
+        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, why, sizeof why))
         return 1;
     flashcl_param_entry key;
     memset(&key, 0, sizeof key);
@@ -1274,10 +1275,10 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         const int min_n = c->variant == FLASHCL_BWD_CPU ? 8 : 1; /* the cpu kernel's key vectors */
         int shrunk = 0;
         while (c->block_n > min_n &&
-               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim) > budget)
+               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1) > budget)
             c->block_n /= 2, shrunk = 1;
         while (c->block_m > 1 &&
-               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim) > budget)
+               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1) > budget)
             c->block_m /= 2, shrunk = 1;
         if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
             c->work_group_size = (int)ctx->info.max_wg, shrunk = 1;
@@ -1288,7 +1289,8 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     if (st != FLASHCL_SUCCESS)
         return st;
     char why[200];
-    if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size, why, sizeof why))
+    if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size,
+                      flashcl_backward_dq_atomic(c), why, sizeof why))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     return FLASHCL_SUCCESS;
 }

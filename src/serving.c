@@ -446,8 +446,8 @@ static void fill_meta(const serving_plan *p, int *meta) {
 /* Uploads the batch description into the context's buffer. Allocating device
  * memory per call costs more than a decode step at short contexts, so the
  * buffer is kept and grown by doubling. The write is non-blocking: it waits
- * for the previous call's kernel (the last reader of the old contents; this
- * also orders out-of-order queues). Its source is one of a few host staging
+ * for the previous call's last kernel (the last reader of the old contents;
+ * this also orders calls on out-of-order queues, grown buffer or not). Its source is one of a few host staging
  * copies the context keeps, each reused once its last write has completed:
  * usually long since done, so the check costs nothing, and no completion
  * callback is needed (on NVIDIA one adds 5 us to every call). */
@@ -467,9 +467,9 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
             return flashcl_fail(ctx, err, "allocating the batch description (%zu bytes): %s", cap,
                                 flashcl_status_string(err));
         ctx->serving_meta_bytes = cap;
-        if (ctx->serving_meta_reader) /* a new buffer has no reader */
-            clReleaseEvent(ctx->serving_meta_reader);
-        ctx->serving_meta_reader = NULL;
+        /* serving_meta_reader stays: the new buffer has no reader, but the
+         * write below must still wait for the previous call's last kernel,
+         * which may share the caller's scratch and outputs with this call. */
     }
     flashcl_staging *slot = &ctx->serving_staging[ctx->serving_staging_next];
     if (slot->written) { /* its previous upload must have read it */

@@ -695,6 +695,14 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_dq_atomic(&c),
            "FLASHCL_BWD_PARAMS=DQ=atomic: nv-mma sums dQ with atomics", &failures);
+    /* The fit counts the dS^T tile only when atomics will use it: 46976 bytes in pass mode, 54144 with atomics. */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=128,BLOCK_M=48", 0, &c) == FLASHCL_SUCCESS &&
+               flashcl_backward_nv_local_bytes(48, 32, 128, 96, 0) <= 48000,
+           "nv-mma tiles that fit only without the atomic dQ tile are taken in pass mode", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=128,BLOCK_M=48,DQ=atomic", 0, &c) ==
+                   FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "48000"),
+           "... and refused with DQ=atomic", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT32, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
            "backward, sm_90 f32: the portable kernels", &failures);
