@@ -650,7 +650,12 @@ static void errors_suite(flashcl_context *ctx) {
  * buffer and the context's upload buffer, none waited for; each answer is
  * its own. The library chains every call after the previous one's last
  * kernel, so this holds for the split-KV merge and the combine pass alike. */
-static void ooo_suite(flashcl_context *base, const char *name) {
+/* Four unwaited calls on an out-of-order queue sharing one scratch buffer,
+ * each right: the library chains them. grow: the first call describes one
+ * sequence and the others two with 1300 one-token pages, so the batch
+ * description outgrows its first buffer at the second call, and the chain
+ * must survive the new buffer. */
+static void ooo_suite(flashcl_context *base, int grow, const char *name) {
     cl_int err;
     cl_command_queue qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
                                                CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
@@ -665,8 +670,8 @@ static void ooo_suite(flashcl_context *base, const char *name) {
     const flashcl_dtype dt = FLASHCL_FLOAT16;
     const size_t es = 2, q_el = 2 * HQ * D;
     mirror m;
-    mirror_init(&m, ctx, dt, HK, D, 16, 64);
-    int slots[2] = {0, 1}, lens[2] = {300, 77};
+    mirror_init(&m, ctx, dt, HK, D, grow ? 1 : 16, grow ? 1400 : 64);
+    int slots[2] = {0, 1}, lens[2] = {grow ? 1000 : 300, grow ? 300 : 77};
     flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
     flashcl_kv_cache_add_sequence(m.cache, &m.ids[1]);
     mirror_append(ctx, &m, 2, slots, lens);
@@ -694,23 +699,35 @@ static void ooo_suite(flashcl_context *base, const char *name) {
         flashcl_ref_poison(out[i], dt, q_el);
         bq[i] = test_upload(ctx, q[i], q_el * es), bo[i] = test_upload(ctx, out[i], q_el * es);
     }
-    for (int i = 0; !st && i < CALLS; ++i)
-        st = flashcl_paged_attention(ctx, &d, m.cache, m.ids, bq[i], bo[i], NULL, 0, scratch, NULL);
+    /* Call i describes sequences first(i) .. 1: with grow, call 0 only the second. */
+#define FIRST(i) (grow && (i) == 0 ? 1 : 0)
+    for (int i = 0; !st && i < CALLS; ++i) {
+        flashcl_varlen_desc di = d;
+        di.num_seqs = 2 - FIRST(i);
+        st = flashcl_paged_attention(ctx, &di, m.cache, m.ids + FIRST(i), bq[i], bo[i], NULL, 0, scratch, NULL);
+    }
     clFinish(qq);
     void *k = test_xmalloc((size_t)cu_k[2] * m.row * es), *v = test_xmalloc((size_t)cu_k[2] * m.row * es);
     for (int i = 0; i < 2; ++i) {
         memcpy((char *)k + (size_t)cu_k[i] * m.row * es, m.k[i], (size_t)lens[i] * m.row * es);
         memcpy((char *)v + (size_t)cu_k[i] * m.row * es, m.v[i], (size_t)lens[i] * m.row * es);
     }
-    d.cu_seqlens_k = cu_k;
     int ok = !st;
     for (int i = 0; i < CALLS; ++i) {
+        /* The reference over the same sequences: cu_seqlens from the first one on. */
+        const int f = FIRST(i);
+        int cu_kf[3] = {0, cu_k[f + 1] - cu_k[f], cu_k[2] - cu_k[f]};
+        flashcl_varlen_desc di = d;
+        di.num_seqs = 2 - f;
+        di.cu_seqlens_k = cu_kf;
         flashcl_ref_report rep;
         test_download(ctx, bo[i], out[i], q_el * es);
-        ok &= !st && flashcl_ref_check_varlen(&d, q[i], k, v, out[i], NULL, 1, &rep);
+        ok &= !st && flashcl_ref_check_varlen(&di, q[i], (char *)k + (size_t)cu_k[f] * m.row * es,
+                                              (char *)v + (size_t)cu_k[f] * m.row * es, out[i], NULL, 1, &rep);
         clReleaseMemObject(bq[i]), clReleaseMemObject(bo[i]);
         free(q[i]), free(out[i]);
     }
+#undef FIRST
     expect(ok, name, &failures);
     if (st)
         printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
@@ -840,7 +857,8 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "f32 D96 page 256");
         fork_suite(ctx);
         exhaustion_suite(ctx);
-        ooo_suite(ctx, "out-of-order queue: four decode calls sharing a scratch buffer, each right");
+        ooo_suite(ctx, 0, "out-of-order queue: four decode calls sharing a scratch buffer, each right");
+        ooo_suite(ctx, 1, "... and when the batch description outgrows its buffer at the second call");
     }
     if (all || !strcmp(only, "varlen")) {
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "varlen causal equals each sequence alone");
@@ -859,7 +877,8 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "decode kernel: f32 D96 page 256");
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "decode kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "decode kernel: varlen non-causal, 2 splits");
-        ooo_suite(ctx, "decode kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
+        ooo_suite(ctx, 0, "decode kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
+        ooo_suite(ctx, 1, "decode kernel: ... and when the batch description outgrows its buffer");
         decode_build_failure(ctx);
         decode_params_suite(ctx);
         unsetenv("FLASHCL_DECODE_PARAMS");
@@ -880,7 +899,7 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_BFLOAT16, 2, 8, 96, 7, 1000, "mma kernel: bf16 D96 page 7, GQA 8");
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "mma kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "mma kernel: varlen non-causal, 2 splits");
-        ooo_suite(ctx, "mma kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
+        ooo_suite(ctx, 0, "mma kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
         unsetenv("FLASHCL_DECODE_PARAMS");
     }
     printf("%s\n", failures ? "FAILED" : "all passed");
