@@ -1160,12 +1160,20 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     return why[0] == '\0';
 }
 
+static const char *const backward_variant_names[] = {"portable", "cpu", "nv-mma"}; /* the enum's order */
+
+/* The variant named by the n bytes at name, or -1. */
+static int backward_variant_named(const char *name, size_t n) {
+    for (int i = 0; i < (int)COUNT(backward_variant_names); ++i)
+        if (n == strlen(backward_variant_names[i]) && !strncmp(name, backward_variant_names[i], n))
+            return i;
+    return -1;
+}
+
+/* A table or tuning-file entry's variant: NULL (or unknown) is portable. */
 static flashcl_backward_variant backward_variant_of(const char *variant) {
-    if (variant && !strcmp(variant, "cpu"))
-        return FLASHCL_BWD_CPU;
-    if (variant && !strcmp(variant, "nv-mma"))
-        return FLASHCL_BWD_NV_MMA;
-    return FLASHCL_BWD_PORTABLE;
+    const int v = variant ? backward_variant_named(variant, strlen(variant)) : -1;
+    return v < 0 ? FLASHCL_BWD_PORTABLE : (flashcl_backward_variant)v;
 }
 
 typedef struct backward_walk {
@@ -1202,15 +1210,11 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
         return FLASHCL_SUCCESS;
     for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
-            static const char *const names[] = {"portable", "cpu", "nv-mma"};
-            int found = -1;
-            for (int i = 0; i < 3; ++i)
-                if (kv.value_len == strlen(names[i]) && !strncmp(kv.value, names[i], kv.value_len))
-                    found = i;
+            const int found = backward_variant_named(kv.value, kv.value_len);
             if (found < 0)
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_BWD_PARAMS: VARIANT is portable, cpu or nv-mma at '%s'", kv.at);
-            c->variant = backward_variant_of(names[found]);
+            c->variant = (flashcl_backward_variant)found;
             c->source = "FLASHCL_BWD_PARAMS";
             continue;
         }
@@ -1252,7 +1256,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     const char *env = getenv("FLASHCL_BWD_PARAMS");
     flashcl_kv kv;
     for (const char *p = env ? env : ""; flashcl_kv_next(&p, &kv) == FLASHCL_KV_ITEM;)
-        if (flashcl_kv_key(&kv, "VARIANT") && !(kv.value_len == 6 && !strncmp(kv.value, "nv-mma", 6)))
+        if (flashcl_kv_key(&kv, "VARIANT") && backward_variant_named(kv.value, kv.value_len) != FLASHCL_BWD_NV_MMA)
             skip_nv = 1;
     const backward_walk walk = {desc, skip_nv};
     const char *source = "default: global";

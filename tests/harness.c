@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 flashcl_context *test_context(void) {
     flashcl_context *ctx = NULL;
@@ -201,6 +202,22 @@ int test_copy_file(const char *from_dir, const char *to_dir, const char *name) {
     if (out && fclose(out))
         ok = 0;
     return ok;
+}
+
+int test_kernel_dir(char *dir, const char *from_dir, const char *const *files, int count) {
+    int ok = mkdtemp(dir) != NULL;
+    for (int i = 0; ok && i < count; ++i)
+        ok = test_copy_file(from_dir, dir, files[i]);
+    return ok;
+}
+
+void test_kernel_dir_remove(const char *dir, const char *const *files, int count) {
+    char path[4096];
+    for (int i = 0; i < count; ++i) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        remove(path);
+    }
+    rmdir(dir);
 }
 
 static void die(const char *what, long code) {

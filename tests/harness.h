@@ -52,8 +52,14 @@ void *test_xmalloc(size_t n);
 cl_mem test_upload(flashcl_context *ctx, const void *host, size_t bytes);
 void test_download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes);
 
-/* Copies from_dir/name to to_dir/name; 1 on success. (Tests that build a
- * FLASHCL_KERNEL_DIR with a kernel source missing, to see a fallback.) */
+/* Copies from_dir/name to to_dir/name; 1 on success. */
 int test_copy_file(const char *from_dir, const char *to_dir, const char *name);
+
+/* A FLASHCL_KERNEL_DIR holding only some kernel sources (tests that take one
+ * away to see a fallback): mkdtemp(dir) on a "...XXXXXX" template, then the
+ * `count` files copied from from_dir; 1 on success. test_kernel_dir_remove
+ * deletes it, whole or partly made. */
+int test_kernel_dir(char *dir, const char *from_dir, const char *const *files, int count);
+void test_kernel_dir_remove(const char *dir, const char *const *files, int count);
 
 #endif

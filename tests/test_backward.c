@@ -278,15 +278,17 @@ static void run_with(flashcl_context *ctx, const test_case *tc, int deterministi
  * tiles of its own so no kernel built earlier in this process answers from
  * the in-memory cache (NULL: the table's choice). */
 static void build_failure(flashcl_context *ctx, const char *missing, test_case tc, const char *env) {
-    static const char *const files[] = {"common.cl",       "flash_fwd.cl",     "flash_fwd_cpu.cl", "flash_fwd_nv.cl",
-                                        "flash_bwd.cl",    "flash_bwd_cpu.cl", "flash_bwd_nv.cl"};
-    char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX", path[4096];
+    static const char *const all[] = {"common.cl",    "flash_fwd.cl",     "flash_fwd_cpu.cl", "flash_fwd_nv.cl",
+                                      "flash_bwd.cl", "flash_bwd_cpu.cl", "flash_bwd_nv.cl"};
+    const char *files[COUNT(all)];
+    int count = 0;
+    char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX";
     if (flashcl_context_is_host(ctx))
         return;
-    int ok = mkdtemp(dir) != NULL;
-    for (int i = 0; ok && i < COUNT(files); ++i)
-        ok = !strcmp(files[i], missing) || test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, files[i]);
-    if (ok) {
+    for (int i = 0; i < COUNT(all); ++i)
+        if (strcmp(all[i], missing) != 0)
+            files[count++] = all[i];
+    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, files, count)) {
         printf("FLASHCL_KERNEL_DIR without %s:\n", missing);
         setenv("FLASHCL_KERNEL_DIR", dir, 1);
         if (env)
@@ -297,11 +299,7 @@ static void build_failure(flashcl_context *ctx, const char *missing, test_case t
     } else {
         expect(0, "build failure: setting up the source directory", &failures);
     }
-    for (int i = 0; i < COUNT(files); ++i) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        remove(path);
-    }
-    rmdir(dir);
+    test_kernel_dir_remove(dir, files, count);
 }
 
 static void cpu_build_failure(flashcl_context *ctx) {

@@ -4,11 +4,10 @@
  * dtype, mask, layout and GQA ratio at least once; `test_forward sweep` takes
  * the full cross product (CTest label "long"). Inputs are fresh each run
  * (FLASHCL_TEST_SEED replays one). */
-#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "harness.h"
 
@@ -173,11 +172,8 @@ static void tf32(flashcl_context *ctx) {
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the portable kernel answers. */
     static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl"};
-    char dir[] = "/tmp/flashcl-tf32-fallback-XXXXXX", path[4096];
-    int ok = mkdtemp(dir) != NULL;
-    for (int i = 0; ok && i < COUNT(files); ++i)
-        ok = test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, files[i]);
-    if (ok) {
+    char dir[] = "/tmp/flashcl-tf32-fallback-XXXXXX";
+    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, files, COUNT(files))) {
         printf("FLASHCL_KERNEL_DIR without flash_fwd_nv32.cl: ");
         setenv("FLASHCL_KERNEL_DIR", dir, 1);
         run(ctx, test_case_basic(FLASHCL_FLOAT32, 70, 90, 72)); /* a head dim built by no case above */
@@ -186,11 +182,7 @@ static void tf32(flashcl_context *ctx) {
         ++cases, ++failures;
         printf("setting up the source directory: FAILED\n");
     }
-    for (int i = 0; i < COUNT(files); ++i) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        remove(path);
-    }
-    rmdir(dir);
+    test_kernel_dir_remove(dir, files, COUNT(files));
 #endif
 }
 

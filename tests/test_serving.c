@@ -745,10 +745,8 @@ static void ooo_suite(flashcl_context *base, int grow, const char *name) {
  * in this process answers from the in-memory cache. */
 static void decode_build_failure(flashcl_context *ctx) {
     static const char *const keep[] = {"common.cl", "paged_attention.cl", "merge.cl", "kv_cache.cl"};
-    char dir[] = "/tmp/flashcl-serving-fallback-XXXXXX", path[4096];
-    int ok = mkdtemp(dir) != NULL;
-    for (size_t i = 0; ok && i < sizeof keep / sizeof keep[0]; ++i)
-        ok = test_copy_file(FLASHCL_SOURCE_CL_DIR, dir, keep[i]);
+    char dir[] = "/tmp/flashcl-serving-fallback-XXXXXX";
+    int ok = test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, keep, (int)(sizeof keep / sizeof keep[0]));
     if (ok) {
         setenv("FLASHCL_KERNEL_DIR", dir, 1);
         mirror m;
@@ -764,11 +762,7 @@ static void decode_build_failure(flashcl_context *ctx) {
     } else {
         expect(0, "decode build failure: setting up the source directory", &failures);
     }
-    for (size_t i = 0; i < sizeof keep / sizeof keep[0]; ++i) {
-        snprintf(path, sizeof path, "%s/%s", dir, keep[i]);
-        remove(path);
-    }
-    rmdir(dir);
+    test_kernel_dir_remove(dir, keep, (int)(sizeof keep / sizeof keep[0]));
 }
 
 /* One sequence of `len` tokens in a fresh mirror, and the desc of a
