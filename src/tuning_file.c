@@ -30,13 +30,14 @@
  *       "min_split_keys": 512,            shortest key slice, 1..1048576 (required)
  *       "comment": "..."}                 optional string, shown in the source
  *    ],
- *    "backward": [                        optional: cl/flash_bwd.cl (params.c's backward table)
+ *    "backward": [                        optional: the backward kernels (params.c's backward table)
  *      {"device": "NVIDIA H200", "driver": "550.54.15",    as above
  *       "head_dim_min": 1, "head_dim_max": 128,   the head_dim range (optional: 1..256)
  *       "block_m": 16, "block_n": 16,     required, 1..1024
  *       "work_group_size": 128,           required, 1..1024
- *       "variant": "cpu",                 optional: "portable" (default) or "cpu"
- *                                         (cl/flash_bwd_cpu.cl's dK/dV kernel)
+ *       "variant": "cpu",                 optional: "portable" (default, cl/flash_bwd.cl),
+ *                                         "cpu" (cl/flash_bwd_cpu.cl) or "nv-mma"
+ *                                         (cl/flash_bwd_nv.cl, where it applies)
  *       "comment": "..."}                 optional string, shown in the source
  *    ]}
  *
@@ -601,9 +602,10 @@ static int read_backward(const jval *e, size_t index, flashcl_backward_entry *ou
         return -1;
     if (out->head_dim_min > out->head_dim_max)
         return entry_fail(&a, e, "head_dim_min is above head_dim_max");
-    if (variant && strcmp(variant, "portable") && strcmp(variant, "cpu"))
-        return entry_fail(&a, e, "\"variant\" must be \"portable\" or \"cpu\"");
-    out->variant = variant && !strcmp(variant, "cpu") ? "cpu" : NULL; /* a literal: nothing to free */
+    if (variant && strcmp(variant, "portable") && strcmp(variant, "cpu") && strcmp(variant, "nv-mma"))
+        return entry_fail(&a, e, "\"variant\" must be \"portable\", \"cpu\" or \"nv-mma\"");
+    /* a literal: nothing to free */
+    out->variant = !variant || !strcmp(variant, "portable") ? NULL : !strcmp(variant, "cpu") ? "cpu" : "nv-mma";
     return copy_strings(&a, device, driver, comment, &out->match, &out->driver, &out->why);
 }
 

@@ -741,6 +741,26 @@ static void test_backward_levels(void) {
                c.variant == FLASHCL_BWD_PORTABLE,
            "backward, sm_70 f16: the portable kernels", &failures);
     flashcl_context_destroy(ctx);
+
+    /* A tuned nv-mma backward entry: used where the kernels apply, passed over for float32. */
+    char path[300];
+    snprintf(path, sizeof path, "%s/bwd-nv.json", dir);
+    setenv("FLASHCL_TUNING_FILE", path, 1);
+    write_file(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": \"Pretend NVIDIA "
+                     "sm_90 GPU\", \"variant\": \"nv-mma\", \"head_dim_max\": 64, \"block_m\": 16, \"block_n\": 32, "
+                     "\"work_group_size\": 64}]}");
+    ctx = test_context();
+    pretend_h200(ctx);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 16 && c.block_n == 32 && c.work_group_size == 64 &&
+               !strncmp(c.source, "tuned: ", 7),
+           "backward: a tuned nv-mma entry is used", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT32, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE && strncmp(c.source, "tuned: ", 7) != 0,
+           "backward: ... and passed over for float32", &failures);
+    flashcl_context_destroy(ctx);
+    unsetenv("FLASHCL_TUNING_FILE");
+    unlink(path);
 }
 
 /* ---- the tuning file's serving and backward entries ----------------------------------------- */
