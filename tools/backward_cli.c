@@ -442,16 +442,6 @@ static void print_row_text(const brow *row, const bshape *s, int causal, int det
     printf("\n");
 }
 
-static void json_number(double value, int valid) {
-    if (valid && isfinite(value))
-        printf("%.6g", value);
-    else
-        fputs("null", stdout);
-}
-
-static const char *dtype_name(flashcl_dtype dt) {
-    return dt == FLASHCL_FLOAT16 ? "f16" : dt == FLASHCL_BFLOAT16 ? "bf16" : "f32";
-}
 
 /* One element of "rows", keys as `flashcl bench --json` names them where they mean the same. */
 static void print_row_json(const brow *row, const bshape *s, flashcl_dtype dt, int causal, int deterministic,
@@ -459,13 +449,13 @@ static void print_row_json(const brow *row, const bshape *s, flashcl_dtype dt, i
     printf("%s\n  {\"dtype\": \"%s\", \"batch\": %ld, \"heads_q\": %ld, \"heads_k\": %ld, \"seqlen_q\": %ld, "
            "\"seqlen_k\": %ld, \"head_dim\": %ld, \"causal\": %s, \"deterministic\": %s, \"validated\": \"%s\", "
            "\"iters\": %d, \"median_ms\": ",
-           first ? "" : ",", dtype_name(dt), s->b, s->hq, s->hk, s->nq, s->nk, s->d, causal ? "true" : "false",
+           first ? "" : ",", cli_dtype_name(dt), s->b, s->hq, s->hk, s->nq, s->nk, s->d, causal ? "true" : "false",
            deterministic ? "true" : "false", validated_name(row->validated), row->timed ? iters : 0);
-    json_number(row->median_ms, row->timed);
+    cli_json_number(stdout, row->median_ms, row->timed);
     printf(", \"min_ms\": ");
-    json_number(row->min_ms, row->timed);
+    cli_json_number(stdout, row->min_ms, row->timed);
     printf(", \"tflops\": ");
-    json_number(row->tflops, row->timed);
+    cli_json_number(stdout, row->tflops, row->timed);
     if (memory)
         printf(", \"peak_rss_bytes\": %zu, \"device_bytes\": %zu, \"scratch_bytes\": %zu, \"naive_scores_bytes\": %zu",
                row->peak_rss, row->device_bytes, row->scratch_bytes, row->naive_bytes);
@@ -555,7 +545,7 @@ int cli_bench_backward(int argc, char **argv) {
         shapes[nshapes++] = (bshape){1, 8, 8, 2 * n0, 2 * n0, 64};
     }
     if (json) {
-        cli_json_bench_open(ctx, "flashcl bench --backward", dtype_name(dt), iters, warmup);
+        cli_json_bench_open(ctx, "flashcl bench --backward", cli_dtype_name(dt), iters, warmup);
     } else {
         printf("device: %s\n", flashcl_context_device_name(ctx));
         printf("%-40s %10s %10s %9s  %s\n", "shape B,Hq,Hk,Nq,Nk,D mask", "median ms", "min ms", "TFLOP/s", "check");

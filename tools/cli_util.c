@@ -149,3 +149,22 @@ void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dty
            " \"rows\": [",
            host ? "true" : "false", host ? "wall-clock" : "opencl-profiling", dtype, iters, warmup);
 }
+
+const char *cli_dtype_name(flashcl_dtype dtype) {
+    switch (dtype) {
+    case FLASHCL_FLOAT32:
+        return "f32";
+    case FLASHCL_FLOAT16:
+        return "f16";
+    case FLASHCL_BFLOAT16:
+        return "bf16";
+    }
+    return "?";
+}
+
+void cli_json_number(FILE *f, double value, int valid) {
+    if (valid && isfinite(value))
+        fprintf(f, "%.6g", value);
+    else
+        fputs("null", f);
+}

@@ -30,6 +30,8 @@ int cli_parse_long(const char *text, long min, long max, long *out);
 int cli_parse_double(const char *text, double *out); /* finite values only */
 /* A storage type by name: f16/fp16/float16, bf16/bfloat16, f32/fp32/float32. */
 int cli_parse_dtype(const char *text, flashcl_dtype *dtype);
+/* Its short name, "f32", "f16" or "bf16" ("?" for none). */
+const char *cli_dtype_name(flashcl_dtype dtype);
 /* "1,8,1024,64": up to max_count integers in [min, max]; *count gets how many. */
 int cli_parse_long_list(const char *text, long min, long max, long *values, int max_count,
                         int *count);
@@ -45,6 +47,8 @@ size_t cli_peak_rss_bytes(void);
 
 /* Writes `text` as a JSON string literal, quotes included. */
 void cli_json_string(FILE *f, const char *text);
+/* Writes value as a JSON number, or null unless valid and finite. */
+void cli_json_number(FILE *f, double value, int valid);
 
 /* Opens a bench document on stdout: {"tool": tool, "version", "device", "host_path",
  * "timing", "dtype", "iters", "warmup", then "rows": [ (the caller writes the rows

@@ -183,18 +183,6 @@ static flashcl_context *open_context(const char *spec) {
     return ctx;
 }
 
-static const char *dtype_short(flashcl_dtype dtype) {
-    switch (dtype) {
-    case FLASHCL_FLOAT32:
-        return "f32";
-    case FLASHCL_FLOAT16:
-        return "f16";
-    case FLASHCL_BFLOAT16:
-        return "bf16";
-    }
-    return "?";
-}
-
 /* a*b*c*d elements without overflowing size_t; -1 if it would. */
 static int count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
     size_t n = a;
@@ -331,7 +319,7 @@ static void print_params(flashcl_context *ctx, const char *indent) {
         desc.causal = reps[i].causal;
         memset(&params, 0, sizeof params);
         status = flashcl_attention_params(ctx, &desc, &params);
-        printf("%s%-5s %-4d %-7s %-5d ", indent, dtype_short(reps[i].dtype), reps[i].head_dim,
+        printf("%s%-5s %-4d %-7s %-5d ", indent, cli_dtype_name(reps[i].dtype), reps[i].head_dim,
                reps[i].causal ? "causal" : "none", reps[i].seqlen_q);
         if (status != FLASHCL_SUCCESS) {
             const char *detail = flashcl_last_error(ctx);
@@ -828,7 +816,7 @@ static int run_check_case(flashcl_context *ctx, int index, const check_case *c, 
     desc.softcap = c->softcap;
     desc.scale = c->scale;
     mask_label(c->causal, c->window_left, c->window_right, c->softcap, c->scale, mask, sizeof mask);
-    printf("%4d  %-4s %3d %3d %3d %5d %5d %4d  %-22s ", index, dtype_short(c->dtype), c->batch,
+    printf("%4d  %-4s %3d %3d %3d %5d %5d %4d  %-22s ", index, cli_dtype_name(c->dtype), c->batch,
            c->heads_q, c->heads_k, c->seqlen_q, c->seqlen_k, c->head_dim, mask);
     fflush(stdout);
 
@@ -1267,7 +1255,7 @@ static void print_bench_header(const bench_options *opt) {
 
 static void print_bench_row(const bench_options *opt, const bench_row *row) {
     const bench_shape *s = &row->s;
-    printf("%-5s %3d %4d %4d %7d %7d %4d  %-7s %-5s ", dtype_short(row->dtype), s->batch,
+    printf("%-5s %3d %4d %4d %7d %7d %4d  %-7s %-5s ", cli_dtype_name(row->dtype), s->batch,
            s->heads_q, s->heads_k, s->seqlen_q, s->seqlen_k, s->head_dim,
            row->causal ? "causal" : "none",
            row->validated > 0    ? "pass"
@@ -1292,41 +1280,34 @@ static void print_bench_row(const bench_options *opt, const bench_row *row) {
     fflush(stdout);
 }
 
-static void json_number(FILE *f, double value, int valid) {
-    if (valid && isfinite(value))
-        fprintf(f, "%.6g", value);
-    else
-        fputs("null", f);
-}
-
 static void print_bench_json(flashcl_context *ctx, const bench_options *opt, const bench_row *rows,
                              int count) {
-    cli_json_bench_open(ctx, "flashcl bench", dtype_short(opt->dtype), opt->iters, opt->warmup);
+    cli_json_bench_open(ctx, "flashcl bench", cli_dtype_name(opt->dtype), opt->iters, opt->warmup);
     for (int i = 0; i < count; i++) {
         const bench_row *r = &rows[i];
         printf("%s\n  {\"dtype\": \"%s\", \"batch\": %d, \"heads_q\": %d, \"heads_k\": %d, "
                "\"seqlen_q\": %d, \"seqlen_k\": %d, \"head_dim\": %d, \"causal\": %s, "
                "\"validated\": \"%s\", \"max_err\": ",
-               i ? "," : "", dtype_short(r->dtype), r->s.batch, r->s.heads_q, r->s.heads_k,
+               i ? "," : "", cli_dtype_name(r->dtype), r->s.batch, r->s.heads_q, r->s.heads_k,
                r->s.seqlen_q, r->s.seqlen_k, r->s.head_dim, r->causal ? "true" : "false",
                r->validated > 0    ? "pass"
                : r->validated == 0 ? "fail"
                                    : "skipped");
-        json_number(stdout, r->max_err, r->validated >= 0);
+        cli_json_number(stdout, r->max_err, r->validated >= 0);
         printf(", \"tolerance\": ");
-        json_number(stdout, r->tolerance, r->validated >= 0);
+        cli_json_number(stdout, r->tolerance, r->validated >= 0);
         printf(", \"iters\": %d, \"median_ms\": ", r->median_ms >= 0 ? r->iters : 0);
-        json_number(stdout, r->median_ms, r->median_ms >= 0);
+        cli_json_number(stdout, r->median_ms, r->median_ms >= 0);
         printf(", \"min_ms\": ");
-        json_number(stdout, r->min_ms, r->median_ms >= 0);
+        cli_json_number(stdout, r->min_ms, r->median_ms >= 0);
         printf(", \"tflops\": ");
-        json_number(stdout, r->tflops, r->tflops >= 0);
+        cli_json_number(stdout, r->tflops, r->tflops >= 0);
         printf(", \"gbps\": ");
-        json_number(stdout, bench_gbps(r), r->median_ms > 0);
+        cli_json_number(stdout, bench_gbps(r), r->median_ms > 0);
         printf(", \"ref_ms\": ");
-        json_number(stdout, r->ref_ms, r->ref_ms >= 0);
+        cli_json_number(stdout, r->ref_ms, r->ref_ms >= 0);
         printf(", \"speedup\": ");
-        json_number(stdout, r->median_ms > 0 ? r->ref_ms / r->median_ms : 0.0,
+        cli_json_number(stdout, r->median_ms > 0 ? r->ref_ms / r->median_ms : 0.0,
                     r->ref_ms >= 0 && r->median_ms > 0);
         printf(", \"peak_rss_bytes\": %zu, \"device_bytes\": %zu, \"naive_scores_bytes\": %zu, "
                "\"error\": ",
@@ -1347,7 +1328,7 @@ static void print_bench_csv(const bench_row *rows, int count) {
     for (int i = 0; i < count; i++) {
         const bench_row *r = &rows[i];
         const bench_shape *s = &r->s;
-        printf("%s,%d,%d,%d,%d,%d,%d,%d,%s,", dtype_short(r->dtype), s->batch, s->heads_q, s->heads_k,
+        printf("%s,%d,%d,%d,%d,%d,%d,%d,%s,", cli_dtype_name(r->dtype), s->batch, s->heads_q, s->heads_k,
                s->seqlen_q, s->seqlen_k, s->head_dim, r->causal,
                r->validated > 0 ? "pass" : r->validated == 0 ? "fail" : "skipped");
         if (r->validated >= 0)
@@ -1398,10 +1379,10 @@ static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_
         if (owner[i] < 0) {
             owner[i] = num;
             if (r->s.heads_q == r->s.heads_k)
-                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d D=%d%s", dtype_short(r->dtype),
+                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d D=%d%s", cli_dtype_name(r->dtype),
                          r->s.batch, r->s.heads_q, r->s.head_dim, r->causal ? " causal" : "");
             else
-                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d:%d D=%d%s", dtype_short(r->dtype),
+                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d:%d D=%d%s", cli_dtype_name(r->dtype),
                          r->s.batch, r->s.heads_q, r->s.heads_k, r->s.head_dim, r->causal ? " causal" : "");
             num++;
         }
@@ -1667,8 +1648,8 @@ static int cmd_bench(int argc, char **argv) {
     if (!opt.json && !opt.csv) {
         printf("flashcl bench: %s%s; %s%s%s%s%s, %d warm-up + %d timed runs (%s)\n",
                flashcl_context_device_name(ctx), flashcl_context_is_host(ctx) ? " [host path]" : "",
-               dtype_short(dtypes[0]), num_dtypes > 1 ? "," : "", num_dtypes > 1 ? dtype_short(dtypes[1]) : "",
-               num_dtypes > 2 ? "," : "", num_dtypes > 2 ? dtype_short(dtypes[2]) : "", opt.warmup, opt.iters,
+               cli_dtype_name(dtypes[0]), num_dtypes > 1 ? "," : "", num_dtypes > 1 ? cli_dtype_name(dtypes[1]) : "",
+               num_dtypes > 2 ? "," : "", num_dtypes > 2 ? cli_dtype_name(dtypes[2]) : "", opt.warmup, opt.iters,
                flashcl_context_is_host(ctx) ? "wall clock" : "OpenCL profiling events");
         print_bench_header(&opt);
     }

@@ -107,10 +107,6 @@ static void on_sigint(int sig) {
 
 /* ---- helpers ----------------------------------------------------------------------------------- */
 
-static const char *dtype_name(flashcl_dtype d) {
-    return d == FLASHCL_FLOAT32 ? "f32" : d == FLASHCL_BFLOAT16 ? "bf16" : "f16";
-}
-
 /* The tensor-core variants, parameterised by warps. */
 static int is_nv_variant(const char *v) {
     return !strcmp(v, "nv-mma") || !strcmp(v, "nv-tf32");
@@ -577,7 +573,7 @@ int cmd_tune(int argc, char **argv) {
     snprintf(base_source, sizeof base_source, "%s", base.source);
     printf("flashcl tune: %s\n", flashcl_context_device_name(ctx));
     printf("class: %s, head_dim %ld, %s, %s; timed on B=%ld H=%ld N=%ld; validated on B=1 H=2:1 N=131\n",
-           dtype_name(dtype), head_dim, causal ? "causal" : "non-causal", d->seqlen_q == 1 ? "decode" : "prefill",
+           cli_dtype_name(dtype), head_dim, causal ? "causal" : "non-causal", d->seqlen_q == 1 ? "decode" : "prefill",
            batch, heads, seqlen);
     printf("now: %s (%s)\n", base_text, base_source);
     if (!no_write && !dry_run) {
@@ -751,7 +747,7 @@ int cmd_tune(int argc, char **argv) {
     snprintf(comment, sizeof comment,
              "flashcl tune: B=%ld H=%ld N=%ld D=%ld %s%s: %.4g ms; before (%s) %s%.4g ms; %d of %d candidates "
              "run%s",
-             batch, heads, seqlen, head_dim, dtype_name(dtype), causal ? " causal" : "",
+             batch, heads, seqlen, head_dim, cli_dtype_name(dtype), causal ? " causal" : "",
              list[best].confirmed_ms > 0 ? list[best].confirmed_ms : list[best].median_ms, base_source,
              list[0].ok ? "" : "failed, ",
              list[0].confirmed_ms > 0 ? list[0].confirmed_ms : list[0].ok ? list[0].median_ms : 0.0,
