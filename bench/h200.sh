@@ -1,7 +1,13 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs]   (results also under $OUT when set)
+# forward: test_forward mma (tile shapes forced) and quick on the GPU, fp16/bf16
+#         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
+#         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
+#         "FLASHCL_PARAMS value[|extra build options]".
+# regs: forward, backward and decode timings under register caps (CAPS), then
+#         TESTS (binaries) with TEST_ARG under TEST_OPTIONS build options.
 # fp32: the forward and serving tests on the GPU (nv-tf32 forced through its tile
 #         shapes too), nv-tf32's registers, float32 vs PyTorch, a FLASHCL_PARAMS sweep.
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
@@ -33,6 +39,52 @@ if [ "$what" = serve ]; then
   ./build-gpu/flashcl bench --decode --device nvidia --batch 8 --context 32768 --iters 10 | tail -n 2
   timeout 150 ./build-gpu/flashcl serve-sim --device nvidia --heads 32 --kv-heads 8 --head-dim 128 \
     --max-batch 32 --requests 96 --output 10,2000 --plot "$out/serve-h200.svg" 2>/dev/null | tee "$out/serve-h200.txt"
+  exit 0
+fi
+if [ "$what" = forward ]; then
+  for t in ${TESTS:-"test_forward mma" "test_forward quick"}; do
+    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
+    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
+    grep -m5 FAILED "$out/${t// /_}.log"
+  done
+  if [ "${SWEEP:-0}" = 1 ]; then
+    # Each entry: FLASHCL_PARAMS value, optionally "|" and extra build options (e.g. -DRESCALE_SKIP=0).
+    for e in "" ${SWEEP_PARAMS:-}; do
+      p=${e%%|*}; o=; [ "$e" != "$p" ] && o=${e#*|}
+      for d in ${SWEEP_DIMS:-128}; do
+        echo "== D=$d FLASHCL_PARAMS=${p:-defaults} ${o:+build options $o}: ptxas, then TFLOP/s (f16)"
+        FLASHCL_PARAMS=$p FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS="-cl-nv-verbose $o" ./build-gpu/flashcl \
+          bench --device nvidia --shape 1,2,256,$d --no-causal --iters 1 2>&1 | grep -E "registers|spill" | head -2
+        FLASHCL_PARAMS=$p FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --device nvidia --shape 4,32,4096,$d \
+          ${SWEEP_LONG:+--shape 1,32,16384,$d} --iters 10 2>&1 | grep -E "^ *f16|error" | head -4
+      done
+    done
+  fi
+  [ "${DTYPES:-}" = none ] ||
+    PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes ${DTYPES:-f16,bf16} \
+      --json "$out/compare.json" --label "(default variants)" 2>/dev/null | tee "$out/compare.txt"
+  exit 0
+fi
+if [ "$what" = regs ]; then
+  # Register caps through the PTX rebuild (-DFLASHCL_NV_MAXNREG, src/program.c):
+  # forward, backward and decode at each cap in CAPS ("" = the compiler's choice).
+  for c in "" ${CAPS:-168 128}; do
+    o=${c:+-DFLASHCL_NV_MAXNREG=$c}
+    echo "== cap ${c:-none}"
+    FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS="-cl-nv-verbose $o" ./build-gpu/flashcl bench --device nvidia \
+      --shape 1,2,256,64 --shape 1,2,256,128 --no-causal --iters 1 2>&1 | grep -E "MAXNREG|registers|spill" | head -6
+    FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --device nvidia --shape 4,32,4096,64 --shape 4,32,4096,128 \
+      --iters 10 2>&1 | grep -E "^ *f16|error" | head -4
+    FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --backward --device nvidia --shape 4,32,4096,64 \
+      --shape 4,32,4096,128 --no-causal --iters 5 2>&1 | grep -E "^4,32|error" | head -2
+    FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --decode --device nvidia --batch 1,16 --context 16384,131072 \
+      --iters 20 2>&1 | grep -E '^ +[0-9]|error'
+  done
+  for t in ${TESTS:-}; do
+    FLASHCL_TEST_DEVICE=nvidia FLASHCL_BUILD_OPTIONS="${TEST_OPTIONS:-}" ./build-gpu/tests/$t ${TEST_ARG:-} > "$out/$t.log" 2>&1
+    echo "$t ${TEST_ARG:-} [${TEST_OPTIONS:-}]: exit $? $(tail -n 1 "$out/$t.log")"
+    grep -m5 FAILED "$out/$t.log"
+  done
   exit 0
 fi
 if [ "$what" = fp32 ]; then

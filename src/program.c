@@ -231,6 +231,70 @@ static cl_program build_from_binary(flashcl_context *ctx, const unsigned char *b
     return p;
 }
 
+/* ---- register caps on NVIDIA ------------------------------------------------------ */
+
+/* Offset of needle in bin[from, size), or size. */
+static size_t find_bytes(const unsigned char *bin, size_t size, size_t from, const char *needle) {
+    const size_t n = strlen(needle);
+    for (size_t i = from; i + n <= size; ++i)
+        if (!memcmp(bin + i, needle, n))
+            return i;
+    return size;
+}
+
+/* NVIDIA's OpenCL ignores -cl-nv-maxrregcount, and its program binary is
+ * PTX text that it also accepts back. A program built with
+ * -DFLASHCL_NV_MAXNREG=N is therefore rebuilt from its PTX with ".maxnreg N"
+ * on every kernel entry, a directive ptxas honours: fewer registers per
+ * thread, more work-groups per SM. Returns the rebuilt program, or p when the
+ * option is absent, the binary is not PTX, or the rebuild fails (logged). */
+static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const char *options) {
+    const char *opt = options ? strstr(options, "-DFLASHCL_NV_MAXNREG=") : NULL;
+    if (!opt)
+        return p;
+    const int cap = atoi(opt + strlen("-DFLASHCL_NV_MAXNREG="));
+    size_t size = 0;
+    unsigned char *bin = cap >= 16 && cap <= 255 ? program_binary(p, &size) : NULL;
+    if (!bin || find_bytes(bin, size, 0, ".version") == size) {
+        flashcl_log("FLASHCL_NV_MAXNREG=%d ignored: %s", cap, bin ? "the binary is not PTX" : "no binary");
+        free(bin);
+        return p;
+    }
+    /* ".entry name(params)\n[directives]\n{": the directive goes before the brace. */
+    char directive[32];
+    const int dlen = snprintf(directive, sizeof directive, ".maxnreg %d\n", cap);
+    size_t entries = 0;
+    for (size_t at = 0; (at = find_bytes(bin, size, at, ".entry ")) < size; ++at)
+        ++entries;
+    unsigned char *out = malloc(size + entries * (size_t)dlen);
+    size_t n = 0, from = 0, patched = 0;
+    for (size_t at = 0; out && (at = find_bytes(bin, size, at, ".entry ")) < size; ++at) {
+        const size_t brace = find_bytes(bin, size, at, "\n{");
+        if (brace == size)
+            break;
+        memcpy(out + n, bin + from, brace + 1 - from);
+        n += brace + 1 - from;
+        memcpy(out + n, directive, (size_t)dlen);
+        n += (size_t)dlen;
+        from = brace + 1;
+        at = brace;
+        ++patched;
+    }
+    cl_program capped = NULL;
+    if (out && patched) {
+        memcpy(out + n, bin + from, size - from);
+        capped = build_from_binary(ctx, out, n + size - from, options);
+    }
+    flashcl_log("FLASHCL_NV_MAXNREG=%d: %zu kernel entries, rebuild %s", cap, patched,
+                capped ? "done" : "failed (the uncapped program stays)");
+    free(out);
+    free(bin);
+    if (!capped)
+        return p;
+    clReleaseProgram(p);
+    return capped;
+}
+
 /* Builds (file, options) into entry; on failure entry->build_log says why. */
 static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) {
     char *source = assemble_source(ctx, entry->file);
@@ -267,6 +331,7 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
         clReleaseProgram(p);
         return FLASHCL_ERROR_BUILD_FAILED;
     }
+    p = nv_cap_registers(ctx, p, entry->options);
     entry->program = p;
     if (getenv("FLASHCL_LOG")) {
         /* Compiler reports (e.g. -cl-nv-verbose register counts). */

@@ -2,8 +2,9 @@
  *
  * `test_forward quick` covers every head dim, every (Nq, Nk) pair, every
  * dtype, mask, layout and GQA ratio at least once; `test_forward sweep` takes
- * the full cross product (CTest label "long"). Inputs are fresh each run
- * (FLASHCL_TEST_SEED replays one). */
+ * the full cross product (CTest label "long"); `test_forward mma` and `tf32`
+ * force the NVIDIA tensor-core kernels' tile shapes (GPU only). Inputs are
+ * fresh each run (FLASHCL_TEST_SEED replays one). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
@@ -114,39 +115,33 @@ static void sweep(flashcl_context *ctx) {
                 }
 }
 
-/* `test_forward tf32`: the float32 tensor-core kernel (cl/flash_fwd_nv32.cl)
- * under FLASHCL_PARAMS values that reach both of its K/V stage counts and
- * other warp counts, over every head dim it takes, masks and layouts. Skips
- * (passing) where it does not apply. */
-static void tf32(flashcl_context *ctx) {
+/* 1 when the table picks `variant` for dtype on this device (else says so). */
+static int variant_applies(flashcl_context *ctx, flashcl_dtype dtype, const char *variant) {
     flashcl_attention_desc probe;
     flashcl_params p;
     memset(&probe, 0, sizeof probe);
-    probe.dtype = FLASHCL_FLOAT32;
+    probe.dtype = dtype;
     probe.batch = probe.heads_q = probe.heads_k = 1;
     probe.seqlen_q = probe.seqlen_k = 64;
     probe.head_dim = 64;
-    if (flashcl_attention_params(ctx, &probe, &p) != FLASHCL_SUCCESS || strcmp(p.variant, "nv-tf32") != 0) {
-        printf("nv-tf32 does not apply to this device: skipped\n");
-        return;
+    if (flashcl_attention_params(ctx, &probe, &p) != FLASHCL_SUCCESS || strcmp(p.variant, variant) != 0) {
+        printf("%s does not apply to this device: skipped\n", variant);
+        return 0;
     }
-    /* Up to D=64 Q lives in registers, above in __local (Q_IN_SMEM). */
-    static const char *const params[2][4] = {
-        {NULL,                           /* the table's: two K/V stages of 32 keys */
-         "BLOCK_N=64",                   /* one stage                              */
-         "WARPS=2,BLOCK_M=32,BLOCK_N=8", /* two warps, 8-key tiles                 */
-         "WARPS=8,BLOCK_M=128"},
-        {NULL,                            /* the table's: 2 warps, one stage of 16 keys */
-         "BLOCK_N=8",                     /* two stages                                 */
-         "WARPS=4,BLOCK_M=64,BLOCK_N=8",  /* four warps, one stage                      */
-         "WARPS=1,BLOCK_M=16,BLOCK_N=32"}};
-    static const int dims[] = {1, 8, 32, 40, 59, 64, 80, 96, 111, 128};
-    for (int i = 0; i < COUNT(dims); ++i)
+    return 1;
+}
+
+/* Each head dim under four FLASHCL_PARAMS values of its bucket (bucket(d):
+ * a row of params; NULL = the table's), rotating masks, GQA and layouts;
+ * dtypes rotate through dtypes[0..ndtypes-1]. */
+static void forced_params(flashcl_context *ctx, const flashcl_dtype *dtypes, int ndtypes, const int *dims,
+                          int ndims, const char *const (*params)[4], int (*bucket)(int)) {
+    for (int i = 0; i < ndims; ++i)
         for (int j = 0; j < 4; ++j) {
-            const char *env = params[dims[i] > 64][j];
+            const char *env = params[bucket(dims[i])][j];
             if (env)
                 setenv("FLASHCL_PARAMS", env, 1);
-            test_case tc = test_case_basic(FLASHCL_FLOAT32, 130 + 7 * i, 301 - 5 * j, dims[i]);
+            test_case tc = test_case_basic(dtypes[(i + j) % ndtypes], 130 + 7 * i, 301 - 5 * j, dims[i]);
             tc.causal = (i + j) & 1;
             tc.heads_q = 4;
             tc.heads_k = j == 2 ? 1 : 2;
@@ -159,6 +154,70 @@ static void tf32(flashcl_context *ctx) {
             run(ctx, tc);
             unsetenv("FLASHCL_PARAMS");
         }
+}
+
+static int bucket_64_128_256(int d) {
+    return d <= 64 ? 0 : d <= 128 ? 1 : 2;
+}
+
+/* `test_forward mma`: the float16/bfloat16 tensor-core kernel
+ * (cl/flash_fwd_nv.cl) under tile shapes that reach one and two 16-row
+ * fragments per warp, 2 to 8 warps, one and two K/V stages, 16- to 64-key
+ * tiles. Skips (passing) where it does not apply. */
+static void mma(flashcl_context *ctx) {
+    if (!variant_applies(ctx, FLASHCL_FLOAT16, "nv-mma"))
+        return;
+    static const char *const params[3][4] = {
+        {NULL,                          /* the table's: 2 fragments per warp, two stages */
+         "BLOCK_M=64",                  /* one fragment per warp                         */
+         "WARPS=2,BLOCK_M=64,BLOCK_N=32",
+         "WARPS=8,BLOCK_M=256,BLOCK_N=32"},
+        {NULL,
+         "BLOCK_M=128,BLOCK_N=32",      /* 2 fragments per warp (spills at D=128), 2 stages */
+         "BLOCK_M=128,BLOCK_N=16",      /* the same, 16-key tiles                           */
+         "WARPS=2,BLOCK_M=64,BLOCK_N=48"},
+        {NULL, "BLOCK_N=16", "WARPS=2,BLOCK_M=32", "WARPS=1,BLOCK_M=16,BLOCK_N=32"}};
+    static const int dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 256};
+    static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
+    forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128_256);
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 64, 96, 128);
+    tc.softcap = 30.0f;
+    tc.input_scale = 4.0;
+    setenv("FLASHCL_PARAMS", "BLOCK_M=128,BLOCK_N=32", 1);
+    run(ctx, tc);
+    tc = test_case_basic(FLASHCL_BFLOAT16, 200, 37, 128); /* rows without keys */
+    tc.causal = 1;
+    run(ctx, tc);
+    tc = test_case_basic(FLASHCL_FLOAT16, 33, 257, 96); /* large scores */
+    tc.input_scale = 20.0;
+    run(ctx, tc);
+    unsetenv("FLASHCL_PARAMS");
+}
+
+static int bucket_64_128(int d) {
+    return d > 64;
+}
+
+/* `test_forward tf32`: the float32 tensor-core kernel (cl/flash_fwd_nv32.cl)
+ * under FLASHCL_PARAMS values that reach both of its K/V stage counts and
+ * other warp counts, over every head dim it takes, masks and layouts. Skips
+ * (passing) where it does not apply. */
+static void tf32(flashcl_context *ctx) {
+    if (!variant_applies(ctx, FLASHCL_FLOAT32, "nv-tf32"))
+        return;
+    /* Up to D=64 Q lives in registers, above in __local (Q_IN_SMEM). */
+    static const char *const params[2][4] = {
+        {NULL,                           /* the table's: two K/V stages of 32 keys */
+         "BLOCK_N=64",                   /* one stage                              */
+         "WARPS=2,BLOCK_M=32,BLOCK_N=8", /* two warps, 8-key tiles                 */
+         "WARPS=8,BLOCK_M=128"},
+        {NULL,                            /* the table's: 2 warps, one stage of 16 keys */
+         "BLOCK_N=8",                     /* two stages                                 */
+         "WARPS=4,BLOCK_M=64,BLOCK_N=8",  /* four warps, one stage                      */
+         "WARPS=1,BLOCK_M=16,BLOCK_N=32"}};
+    static const int dims[] = {1, 8, 32, 40, 59, 64, 80, 96, 111, 128};
+    static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT32};
+    forced_params(ctx, dtypes, 1, dims, COUNT(dims), params, bucket_64_128);
     test_case tc = test_case_basic(FLASHCL_FLOAT32, 64, 96, 128);
     tc.softcap = 30.0f;
     tc.input_scale = 4.0;
@@ -193,6 +252,8 @@ int main(int argc, char **argv) {
         sweep(ctx);
     else if (argc > 1 && !strcmp(argv[1], "tf32"))
         tf32(ctx);
+    else if (argc > 1 && !strcmp(argv[1], "mma"))
+        mma(ctx);
     else
         quick(ctx);
     printf("%d of %d cases passed\n", cases - failures, cases);
