@@ -149,10 +149,12 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                            : i == 1 ? files[c->variant].dkdv
                            : i == 2 ? files[c->variant].dq
                                     : "flash_bwd_dq_store";
-        char tiles[160], options[512];
-        snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s", r->head_dim, c->block_m,
+        char tiles[200], cap[40] = "", options[512];
+        if (nv && c->nv_max_registers) /* applied by program.c on NVIDIA's PTX */
+            snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", c->nv_max_registers);
+        snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s", r->head_dim, c->block_m,
                  c->block_n, c->work_group_size,
-                 !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX");
+                 !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX", cap);
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
                  (int)r->dtype, i + 1, tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
         st = flashcl_get_kernel(ctx, file, name, options, slot[i]);

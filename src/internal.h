@@ -93,6 +93,12 @@ void flashcl_log(const char *fmt, ...)
 flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
                                   const char *options, cl_kernel *kernel);
 void flashcl_release_programs(flashcl_context *ctx);
+/* A copy of PTX text with ".maxnreg cap" added to every kernel entry, how
+ * options with -DFLASHCL_NV_MAXNREG=cap build on NVIDIA; NULL when there is
+ * no entry, an entry has no body, or memory runs out. *entries: the entries
+ * patched. Caller frees. */
+unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, int cap, size_t *out_size,
+                                         size_t *entries);
 
 /* ---- parameters (params.c) ---- */
 /* The built-in choice for a resolved desc on this context's device. */
@@ -151,6 +157,8 @@ typedef struct flashcl_backward_entry {
     int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
     const char *why;
     const char *variant; /* "cpu": cl/flash_bwd_cpu.cl, "nv-mma": cl/flash_bwd_nv.cl, NULL or "portable": cl/flash_bwd.cl */
+    int nv_max_registers; /* nv-mma: registers per thread ptxas may use (program.c's
+                           * FLASHCL_NV_MAXNREG); 0: the compiler's choice */
 } flashcl_backward_entry;
 
 /* ---- the user tuning file (tuning_file.c) ---- */
@@ -237,6 +245,7 @@ typedef struct flashcl_backward_choice {
     int deterministic;   /* 1: separate dQ pass; 0: float atomics           */
     int nv_dq_pass;      /* nv-mma: 1 runs the dQ pass in both modes, 0 adds
                           * dQ with atomics unless deterministic             */
+    int nv_max_registers; /* nv-mma: register cap per thread, 0: none         */
     flashcl_backward_variant variant;
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;

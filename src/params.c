@@ -1032,14 +1032,16 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma
  *     picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
- *     mode: red.add from the dK/dV kernel, or its own pass (the default).
+ *     mode: red.add from the dK/dV kernel, or its own pass (the default);
+ *     MAXNREG=N caps nv-mma's registers per thread (an entry's
+ *     nv_max_registers; 0: the compiler's choice), see src/program.c.
  */
 /* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant}:
  * declared in internal.h, the tuning file holds them too. */
 typedef flashcl_backward_entry backward_entry;
 
 /* Levels 3-5: nothing measured per device, architecture or vendor yet. */
-static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
+static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
 static const backward_entry backward_arch[] = {
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
@@ -1053,11 +1055,16 @@ static const backward_entry backward_arch[] = {
      * with 4 warps and 16-row tiles): its dS^T tile costs __local the Q/dO
      * stages need, and 64-key groups make two atomic adds per dQ element
      * per 128 keys. The same measurement put K/V fragments in registers
-     * (KV_REGS, D <= 64) at 118.4 against 117.3 from __local. */
-    {"sm_80+", NULL, 1, 64, 32, 64, 128, "measured on the H200: 117/109 TFLOP/s at (4,32,4096,64)", "nv-mma"},
-    {"sm_80+", NULL, 65, 128, 32, 32, 64, "measured on the H200: 134/127 TFLOP/s at (4,32,4096,128)", "nv-mma"},
-    {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
-static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL}};
+     * (KV_REGS, D <= 64) at 118.4 against 117.3 from __local.
+     * Register caps (`bench/h200.sh regs` at 0127898, (4,32,4096,D) full):
+     * at D <= 64, 168 registers a thread (three work-groups an SM instead
+     * of two) gave 129.1 against 118.1 uncapped and 115.2 at 128; at D=128
+     * a cap of 168 lost (111.1 against 134.4). */
+    {"sm_80+", NULL, 1, 64, 32, 64, 128, "measured on the H200: 129 TFLOP/s at (4,32,4096,64) with 168 registers",
+     "nv-mma", 168},
+    {"sm_80+", NULL, 65, 128, 32, 32, 64, "measured on the H200: 134/127 TFLOP/s at (4,32,4096,128)", "nv-mma", 0},
+    {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
+static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
 static const backward_entry backward_type[] = {
     /* CPU: cl/flash_bwd_cpu.cl, 64 keys per work-item, 64-row query tiles
      * (64 work-items only for the portable fallback). Measured on PoCL (2-core AVX-512 Xeon, load ~1, `flashcl
@@ -1065,16 +1072,16 @@ static const backward_entry backward_type[] = {
      * 14.1/7.7 at (1,4,512,64), 25.9/15.9 at (1,2,512,256); 32x32 22.8/9.2
      * and 34.5/18.1; 32x64, 64x32, 64x128, 16x32, 32x16 no better. (The
      * portable kernel, 32x32/64: 163/69 at (1,4,512,64).) */
-    {"CPU", NULL, 1, 256, 64, 64, 64, "measured on PoCL: 64x64 of 7 tiles tried", "cpu"},
+    {"CPU", NULL, 1, 256, 64, 64, 64, "measured on PoCL: 64x64 of 7 tiles tried", "cpu", 0},
     /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
      * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
      * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
-    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB", NULL},
-    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256", NULL},
+    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB", NULL, 0},
+    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256", NULL, 0},
 };
 static const backward_entry backward_global[] = {
-    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default", NULL},
-    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default", NULL},
+    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default", NULL, 0},
+    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default", NULL, 0},
 };
 
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
@@ -1218,6 +1225,15 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
             c->source = "FLASHCL_BWD_PARAMS";
             continue;
         }
+        if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "MAXNREG")) {
+            if (!flashcl_kv_int(&kv, 0, 255, &value) || (value && value < 16))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_BWD_PARAMS: MAXNREG is 0 (the compiler's choice) or 16..255 at '%s'",
+                                    kv.at);
+            c->nv_max_registers = value;
+            c->source = "FLASHCL_BWD_PARAMS";
+            continue;
+        }
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ")) {
             const int pass = kv.value_len == 4 && !strncmp(kv.value, "pass", 4);
             if (!pass && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
@@ -1238,7 +1254,8 @@ static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice
             c->work_group_size = value;
         else
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ)",
+                                "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ, "
+                                "MAXNREG)",
                                 (int)kv.key_len, kv.key);
         c->source = "FLASHCL_BWD_PARAMS";
     }
@@ -1273,6 +1290,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->deterministic = deterministic != 0;
     c->nv_dq_pass = 1; /* nv-mma: measured faster than atomics, see backward_arch */
     c->variant = backward_variant_of(e->variant);
+    c->nv_max_registers = c->variant == FLASHCL_BWD_NV_MMA ? e->nv_max_registers : 0;
     c->source = source;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;

@@ -242,6 +242,38 @@ static size_t find_bytes(const unsigned char *bin, size_t size, size_t from, con
     return size;
 }
 
+unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, int cap, size_t *out_size,
+                                         size_t *entries) {
+    /* ".entry name(params)\n[directives]\n{": the directive goes before the brace. */
+    char directive[32];
+    const size_t dlen = (size_t)snprintf(directive, sizeof directive, ".maxnreg %d\n", cap);
+    size_t count = 0;
+    for (size_t at = 0; (at = find_bytes(ptx, size, at, ".entry ")) < size; ++at)
+        ++count;
+    unsigned char *out = count ? malloc(size + count * dlen) : NULL;
+    size_t n = 0, from = 0, patched = 0;
+    for (size_t at = 0; out && (at = find_bytes(ptx, size, at, ".entry ")) < size; ++at) {
+        const size_t brace = find_bytes(ptx, size, at, "\n{");
+        if (brace == size)
+            break;
+        memcpy(out + n, ptx + from, brace + 1 - from);
+        n += brace + 1 - from;
+        memcpy(out + n, directive, dlen);
+        n += dlen;
+        from = brace + 1;
+        at = brace;
+        ++patched;
+    }
+    *entries = patched;
+    if (!out || patched < count) { /* an entry without a body: not PTX as expected */
+        free(out);
+        return NULL;
+    }
+    memcpy(out + n, ptx + from, size - from);
+    *out_size = n + size - from;
+    return out;
+}
+
 /* NVIDIA's OpenCL ignores -cl-nv-maxrregcount, and its program binary is
  * PTX text that it also accepts back. A program built with
  * -DFLASHCL_NV_MAXNREG=N is therefore rebuilt from its PTX with ".maxnreg N"
@@ -253,46 +285,23 @@ static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const cha
     if (!opt)
         return p;
     const int cap = atoi(opt + strlen("-DFLASHCL_NV_MAXNREG="));
-    size_t size = 0;
+    size_t size = 0, capped_size = 0, entries = 0;
     unsigned char *bin = cap >= 16 && cap <= 255 ? program_binary(p, &size) : NULL;
-    if (!bin || find_bytes(bin, size, 0, ".version") == size) {
-        flashcl_log("FLASHCL_NV_MAXNREG=%d ignored: %s", cap, bin ? "the binary is not PTX" : "no binary");
-        free(bin);
-        return p;
-    }
-    /* ".entry name(params)\n[directives]\n{": the directive goes before the brace. */
-    char directive[32];
-    const int dlen = snprintf(directive, sizeof directive, ".maxnreg %d\n", cap);
-    size_t entries = 0;
-    for (size_t at = 0; (at = find_bytes(bin, size, at, ".entry ")) < size; ++at)
-        ++entries;
-    unsigned char *out = malloc(size + entries * (size_t)dlen);
-    size_t n = 0, from = 0, patched = 0;
-    for (size_t at = 0; out && (at = find_bytes(bin, size, at, ".entry ")) < size; ++at) {
-        const size_t brace = find_bytes(bin, size, at, "\n{");
-        if (brace == size)
-            break;
-        memcpy(out + n, bin + from, brace + 1 - from);
-        n += brace + 1 - from;
-        memcpy(out + n, directive, (size_t)dlen);
-        n += (size_t)dlen;
-        from = brace + 1;
-        at = brace;
-        ++patched;
-    }
-    cl_program capped = NULL;
-    if (out && patched) {
-        memcpy(out + n, bin + from, size - from);
-        capped = build_from_binary(ctx, out, n + size - from, options);
-    }
-    flashcl_log("FLASHCL_NV_MAXNREG=%d: %zu kernel entries, rebuild %s", cap, patched,
-                capped ? "done" : "failed (the uncapped program stays)");
-    free(out);
+    unsigned char *capped = bin && find_bytes(bin, size, 0, ".version") < size
+                                ? flashcl_ptx_cap_registers(bin, size, cap, &capped_size, &entries)
+                                : NULL;
+    cl_program rebuilt = capped ? build_from_binary(ctx, capped, capped_size, options) : NULL;
+    flashcl_log("FLASHCL_NV_MAXNREG=%d: %s", cap,
+                rebuilt ? "rebuilt from the capped PTX"
+                : !bin  ? "ignored (no binary, or a cap outside 16..255)"
+                : !capped ? "ignored (the binary is not PTX with kernel entries)"
+                          : "the rebuild failed; the uncapped program stays");
+    free(capped);
     free(bin);
-    if (!capped)
+    if (!rebuilt)
         return p;
     clReleaseProgram(p);
-    return capped;
+    return rebuilt;
 }
 
 /* Builds (file, options) into entry; on failure entry->build_log says why. */

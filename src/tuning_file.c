@@ -38,6 +38,8 @@
  *       "variant": "cpu",                 optional: "portable" (default, cl/flash_bwd.cl),
  *                                         "cpu" (cl/flash_bwd_cpu.cl) or "nv-mma"
  *                                         (cl/flash_bwd_nv.cl, where it applies)
+ *       "max_registers": 168,             optional, nv-mma: registers per thread, 16..255
+ *                                         (0, the default: the compiler's choice)
  *       "comment": "..."}                 optional string, shown in the source
  *    ]}
  *
@@ -598,10 +600,13 @@ static int read_backward(const jval *e, size_t index, flashcl_backward_entry *ou
         int_field(&a, "head_dim_min", 1, 256, 1, &out->head_dim_min) ||
         int_field(&a, "head_dim_max", 1, 256, 256, &out->head_dim_max) ||
         int_field(&a, "block_m", 1, 1024, -1, &out->block_m) || int_field(&a, "block_n", 1, 1024, -1, &out->block_n) ||
-        int_field(&a, "work_group_size", 1, 1024, -1, &out->work_group_size))
+        int_field(&a, "work_group_size", 1, 1024, -1, &out->work_group_size) ||
+        int_field(&a, "max_registers", 0, 255, 0, &out->nv_max_registers))
         return -1;
     if (out->head_dim_min > out->head_dim_max)
         return entry_fail(&a, e, "head_dim_min is above head_dim_max");
+    if (out->nv_max_registers && out->nv_max_registers < 16)
+        return entry_fail(&a, e, "\"max_registers\" is 0 (the compiler's choice) or 16..255");
     if (variant && strcmp(variant, "portable") && strcmp(variant, "cpu") && strcmp(variant, "nv-mma"))
         return entry_fail(&a, e, "\"variant\" must be \"portable\", \"cpu\" or \"nv-mma\"");
     /* a literal: nothing to free */

@@ -158,6 +158,8 @@ static void test_parser(void) {
 #define BWD(fields) "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": \"d\", " fields "}]}"
         {"{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": {}}", "serving not an array"},
         {"{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": null}", "backward not an array"},
+        {BWD("\"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16, \"max_registers\": 8"), "max_registers 8"},
+        {BWD("\"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16, \"max_registers\": 256"), "max_registers 256"},
         {"{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": [7]}", "serving entry not an object"},
         {SRV("\"kernel\": \"fast\", \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "unknown serving kernel"},
         {SRV("\"kernel\": 1, \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "serving kernel a number"},
@@ -661,7 +663,7 @@ static void test_backward_levels(void) {
     expect(backward_choice(ctx, 128, "block_m=8,WG=32", &c) == FLASHCL_SUCCESS && c.block_m == 8 &&
                c.block_n == 16 && c.work_group_size == 32 && !strcmp(c.source, "FLASHCL_BWD_PARAMS"),
            "FLASHCL_BWD_PARAMS override is used and named as the source", &failures);
-    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "DQ=", "DQ=fast", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
+    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "DQ=", "DQ=fast", "MAXNREG=8", "MAXNREG=256", "MAXNREG=", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
                                       "BLOCK_M=0", "BLOCK_M=1025", ",BLOCK_M=16", "BLOCK_M=16,,WG=32",
                                       "BLOCK_M=16x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
@@ -687,11 +689,16 @@ static void test_backward_levels(void) {
                flashcl_backward_keys_per_group(&c) == 64 && flashcl_backward_rows_per_group(&c) == 64 &&
                !strncmp(c.source, "built-in arch: sm_80+", 21),
            "backward, sm_90 f16 D=64: nv-mma, 4 warps of 16 keys or rows, named by its level", &failures);
+    expect(c.nv_max_registers == 168, "backward, sm_90 f16 D=64: registers capped at 168 (measured)", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "MAXNREG=0", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_max_registers == 0 && backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "maxnreg=200", 0, &c) ==
+               FLASHCL_SUCCESS && c.nv_max_registers == 200,
+           "FLASHCL_BWD_PARAMS MAXNREG=0 lifts the cap, MAXNREG=200 sets one", &failures);
     expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.block_n == 32 && c.work_group_size == 64 &&
                flashcl_backward_nv_local_bytes(c.block_m, c.block_n, c.work_group_size, 128, 1) <= 48000 &&
-               c.nv_dq_pass && !flashcl_backward_dq_atomic(&c),
-           "backward, sm_90 bf16 D=128: nv-mma within 48000 bytes, dQ by its pass", &failures);
+               c.nv_dq_pass && !flashcl_backward_dq_atomic(&c) && c.nv_max_registers == 0,
+           "backward, sm_90 bf16 D=128: nv-mma within 48000 bytes, dQ by its pass, no register cap", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_dq_atomic(&c),
            "FLASHCL_BWD_PARAMS=DQ=atomic: nv-mma sums dQ with atomics", &failures);
@@ -748,16 +755,16 @@ static void test_backward_levels(void) {
     setenv("FLASHCL_TUNING_FILE", path, 1);
     write_file(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": \"Pretend NVIDIA "
                      "sm_90 GPU\", \"variant\": \"nv-mma\", \"head_dim_max\": 64, \"block_m\": 16, \"block_n\": 32, "
-                     "\"work_group_size\": 64}]}");
+                     "\"work_group_size\": 64, \"max_registers\": 192}]}");
     ctx = test_context();
     pretend_h200(ctx);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 16 && c.block_n == 32 && c.work_group_size == 64 &&
-               !strncmp(c.source, "tuned: ", 7),
-           "backward: a tuned nv-mma entry is used", &failures);
+               c.nv_max_registers == 192 && !strncmp(c.source, "tuned: ", 7),
+           "backward: a tuned nv-mma entry is used, with its register cap", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT32, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
-               c.variant == FLASHCL_BWD_PORTABLE && strncmp(c.source, "tuned: ", 7) != 0,
-           "backward: ... and passed over for float32", &failures);
+               c.variant == FLASHCL_BWD_PORTABLE && strncmp(c.source, "tuned: ", 7) != 0 && c.nv_max_registers == 0,
+           "backward: ... and passed over for float32 (no cap on the portable kernels)", &failures);
     flashcl_context_destroy(ctx);
     unsetenv("FLASHCL_TUNING_FILE");
     unlink(path);
@@ -939,6 +946,34 @@ static void test_serving_backward_file(void) {
     unlink(path);
 }
 
+/* The register cap's PTX edit (program.c): ".maxnreg" lands between each
+ * kernel entry's parameter list (and its other directives) and its body,
+ * and nowhere else. */
+static void test_ptx_cap(void) {
+    static const char ptx[] = "//\n.version 9.0\n.target sm_90\n.address_size 64\n"
+                              ".func (.param .b32 r) helper(.param .b32 x)\n{\n\tret;\n}\n"
+                              ".entry flash_a(\n\t.param .u64 a_0\n)\n.reqntid 128, 1, 1\n{\n\tret;\n}\n"
+                              "\t// .globl\tflash_b\n.visible .entry flash_b(\n\t.param .u64 b_0\n)\n{\n\tret;\n}\n";
+    static const char want[] = "//\n.version 9.0\n.target sm_90\n.address_size 64\n"
+                               ".func (.param .b32 r) helper(.param .b32 x)\n{\n\tret;\n}\n"
+                               ".entry flash_a(\n\t.param .u64 a_0\n)\n.reqntid 128, 1, 1\n.maxnreg 168\n{\n\tret;\n}\n"
+                               "\t// .globl\tflash_b\n.visible .entry flash_b(\n\t.param .u64 b_0\n)\n.maxnreg 168\n{\n"
+                               "\tret;\n}\n";
+    size_t n = 0, entries = 0;
+    unsigned char *out = flashcl_ptx_cap_registers((const unsigned char *)ptx, sizeof ptx - 1, 168, &n, &entries);
+    expect(out && entries == 2 && n == sizeof want - 1 && !memcmp(out, want, n),
+           "PTX register cap: .maxnreg before each entry's body only", &failures);
+    free(out);
+    static const char no_body[] = ".version 9.0\n.entry flash_a(\n\t.param .u64 a_0\n)";
+    out = flashcl_ptx_cap_registers((const unsigned char *)no_body, sizeof no_body - 1, 168, &n, &entries);
+    expect(!out, "PTX register cap: an entry without a body is refused (the uncapped program stays)", &failures);
+    free(out);
+    static const char no_entry[] = ".version 9.0\n.func f()\n{\n}\n";
+    out = flashcl_ptx_cap_registers((const unsigned char *)no_entry, sizeof no_entry - 1, 168, &n, &entries);
+    expect(!out && entries == 0, "PTX register cap: text without kernels is left alone", &failures);
+    free(out);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/flashcl-test-params.%ld", (long)getpid());
     if (mkdir(dir, 0755) != 0) {
@@ -946,6 +981,7 @@ int main(void) {
         return 1;
     }
     test_parser();
+    test_ptx_cap();
     flashcl_context *ctx = test_context();
     int host = flashcl_context_is_host(ctx);
     flashcl_context_destroy(ctx);
