@@ -1208,58 +1208,67 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     return 0;
 }
 
-/* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64,VARIANT=cpu": values replace c's. */
-static flashcl_status backward_env(flashcl_context *ctx, flashcl_backward_choice *c) {
+/* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64,VARIANT=cpu", read once:
+ * each field -1 where the variable does not set it. */
+typedef struct backward_overrides {
+    int set, variant, block_m, block_n, work_group_size, dq_pass, max_registers;
+} backward_overrides;
+
+static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) {
     const char *env = getenv("FLASHCL_BWD_PARAMS");
     flashcl_kv kv;
     int item, value;
-    if (!env || !env[0])
-        return FLASHCL_SUCCESS;
-    for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
+    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1};
+    for (const char *s = env ? env : ""; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END; o->set = 1) {
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
-            const int found = backward_variant_named(kv.value, kv.value_len);
-            if (found < 0)
+            if ((o->variant = backward_variant_named(kv.value, kv.value_len)) < 0)
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_BWD_PARAMS: VARIANT is portable, cpu or nv-mma at '%s'", kv.at);
-            c->variant = (flashcl_backward_variant)found;
-            c->source = "FLASHCL_BWD_PARAMS";
-            continue;
-        }
-        if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "MAXNREG")) {
-            if (!flashcl_kv_int(&kv, 0, 255, &value) || (value && value < 16))
+        } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "MAXNREG")) {
+            if (!flashcl_kv_int(&kv, 0, 255, &o->max_registers) || (o->max_registers && o->max_registers < 16))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_BWD_PARAMS: MAXNREG is 0 (the compiler's choice) or 16..255 at '%s'",
                                     kv.at);
-            c->nv_max_registers = value;
-            c->source = "FLASHCL_BWD_PARAMS";
-            continue;
-        }
-        if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ")) {
-            const int pass = kv.value_len == 4 && !strncmp(kv.value, "pass", 4);
-            if (!pass && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
+        } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ")) {
+            o->dq_pass = kv.value_len == 4 && !strncmp(kv.value, "pass", 4);
+            if (!o->dq_pass && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_BWD_PARAMS: DQ is atomic or pass at '%s'", kv.at);
-            c->nv_dq_pass = pass;
-            c->source = "FLASHCL_BWD_PARAMS";
-            continue;
-        }
-        if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value))
+        } else if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value)) {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", kv.at);
-        if (flashcl_kv_key(&kv, "BLOCK_M"))
-            c->block_m = value;
-        else if (flashcl_kv_key(&kv, "BLOCK_N"))
-            c->block_n = value;
-        else if (flashcl_kv_key(&kv, "WG"))
-            c->work_group_size = value;
-        else
+        } else if (flashcl_kv_key(&kv, "BLOCK_M")) {
+            o->block_m = value;
+        } else if (flashcl_kv_key(&kv, "BLOCK_N")) {
+            o->block_n = value;
+        } else if (flashcl_kv_key(&kv, "WG")) {
+            o->work_group_size = value;
+        } else {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ, "
                                 "MAXNREG)",
                                 (int)kv.key_len, kv.key);
-        c->source = "FLASHCL_BWD_PARAMS";
+        }
     }
     return FLASHCL_SUCCESS;
+}
+
+/* The values o sets replace c's. */
+static void backward_override(const backward_overrides *o, flashcl_backward_choice *c) {
+    if (o->variant >= 0)
+        c->variant = (flashcl_backward_variant)o->variant;
+    if (o->block_m > 0)
+        c->block_m = o->block_m;
+    if (o->block_n > 0)
+        c->block_n = o->block_n;
+    if (o->work_group_size > 0)
+        c->work_group_size = o->work_group_size;
+    if (o->dq_pass >= 0)
+        c->nv_dq_pass = o->dq_pass;
+    if (o->max_registers >= 0)
+        c->nv_max_registers = o->max_registers;
+    if (o->set)
+        c->source = "FLASHCL_BWD_PARAMS";
 }
 
 flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -1269,13 +1278,12 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         FILE_AND_BUILTIN_LEVELS(db ? db->file.backward : NULL, db ? db->file.num_backward : 0, backward),
     };
     const int head_dim = desc->head_dim;
-    /* VARIANT=portable or cpu in FLASHCL_BWD_PARAMS: tiles from entries of the kernels asked for */
-    const char *env = getenv("FLASHCL_BWD_PARAMS");
-    flashcl_kv kv;
-    for (const char *p = env ? env : ""; flashcl_kv_next(&p, &kv) == FLASHCL_KV_ITEM;)
-        if (flashcl_kv_key(&kv, "VARIANT") && backward_variant_named(kv.value, kv.value_len) != FLASHCL_BWD_NV_MMA)
-            skip_nv = 1;
-    const backward_walk walk = {desc, skip_nv};
+    backward_overrides env;
+    flashcl_status st = backward_env(ctx, &env);
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    /* VARIANT=portable or cpu: tiles from entries of the kernels asked for */
+    const backward_walk walk = {desc, skip_nv || (env.variant >= 0 && env.variant != FLASHCL_BWD_NV_MMA)};
     const char *source = "default: global";
     int level = LVL_GLOBAL;
     memset(c, 0, sizeof *c);
@@ -1307,9 +1315,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         if (shrunk)
             c->source = intern(ctx, "%s (shrunk to fit %s)", c->source, ctx->info.name);
     }
-    flashcl_status st = backward_env(ctx, c);
-    if (st != FLASHCL_SUCCESS)
-        return st;
+    backward_override(&env, c);
     char why[200];
     if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size,
                       flashcl_backward_dq_atomic(c), why, sizeof why))
