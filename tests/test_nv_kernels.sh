@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# test_nv_kernels.sh: the NVIDIA kernels (inline PTX) built on a machine without NVIDIA's
+# OpenCL: clang's nvptx target compiles each cl/ file under the tile shapes flashcl selects
+# and the ones its GPU tests force; the tensor-core kernels must contain mma.sync and keep
+# their fragments in registers (no local_depot); when ptxas is at hand, it assembles the
+# PTX for sm_90, which checks every inline PTX instruction. Registers are printed, not
+# judged: clang's PTX is not NVIDIA's, and only the GPU's own build log counts them.
+#   test_nv_kernels.sh CL_DIR SHIM CLANG [PTXAS]
+set -uo pipefail
+cl=$1 shim=$2 clang=$3 ptxas=${4:-}
+tmp=$(mktemp -d /tmp/flashcl-nv-kernels.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+failures=0 cases=0
+
+# file | -D options (FLASHCL_NV_PTX is added) | 1 if a tensor-core kernel
+configs=(
+  "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4|1"
+  "flash_fwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=32 -DBLOCK_M=256 -DBLOCK_N=32 -DWARPS=8|1"
+  "flash_fwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=59 -DBLOCK_M=64 -DBLOCK_N=64 -DWARPS=4|1"
+  "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=64 -DWARPS=4|1"
+  "flash_fwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=96 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=2|1"
+  "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=256 -DBLOCK_M=64 -DBLOCK_N=32 -DWARPS=4|1"
+  "flash_fwd_nv32.cl|-DDTYPE=0 -DHEAD_DIM=64 -DBLOCK_M=64 -DBLOCK_N=32 -DWARPS=4|1"
+  "flash_fwd_nv32.cl|-DDTYPE=0 -DHEAD_DIM=128 -DBLOCK_M=32 -DBLOCK_N=16 -DWARPS=2|1"
+  "flash_fwd_nv32.cl|-DDTYPE=0 -DHEAD_DIM=1 -DBLOCK_M=16 -DBLOCK_N=32 -DWARPS=1|1"
+  "flash_bwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=32 -DBLOCK_N=64 -DWG=128 -DBWD_KERNEL=2|1"
+  "flash_bwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=32 -DBLOCK_N=64 -DWG=128 -DBWD_KERNEL=3|1"
+  "flash_bwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=128 -DBLOCK_M=32 -DBLOCK_N=32 -DWG=64 -DBWD_KERNEL=2|1"
+  "flash_bwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=128 -DBLOCK_M=32 -DBLOCK_N=32 -DWG=64 -DBWD_KERNEL=3|1"
+  "flash_bwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=40 -DBLOCK_M=32 -DBLOCK_N=32 -DWG=64 -DBWD_KERNEL=2 -DDQ_ATOMIC=1|1"
+  "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=4 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=2 -DPAGE_SIZE=16|1"
+  "paged_decode_nv.cl|-DDTYPE=2 -DHEAD_DIM=256 -DBLOCK_M=16 -DBLOCK_N=16 -DWARPS=1 -DSTAGES=2 -DPAGE_SIZE=1|1"
+  "paged_decode.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=4 -DLANES=16 -DWG_SIZE=128 -DUNROLL=4 -DSTAGES=2 -DPAGE_SIZE=16|0"
+  "paged_decode.cl|-DDTYPE=0 -DHEAD_DIM=80 -DBLOCK_M=8 -DLANES=8 -DWG_SIZE=64 -DUNROLL=2 -DSTAGES=2 -DPAGE_SIZE=7|0"
+)
+
+for c in "${configs[@]}"; do
+  IFS='|' read -r file defs mma <<< "$c"
+  cases=$((cases + 1))
+  name="$file $defs"
+  cat "$shim" "$cl/common.cl" "$cl/$file" > "$tmp/k.cl"
+  # shellcheck disable=SC2086 # defs is a list of options
+  if ! "$clang" -O2 -target nvptx64-nvidia-cuda -x cl -cl-std=CL1.2 -DFLASHCL_NV_PTX $defs \
+      -Xclang -finclude-default-header -S -o "$tmp/k.ptx" "$tmp/k.cl" 2> "$tmp/err"; then
+    echo "$name: FAILED (clang)"; head -n 20 "$tmp/err"; failures=$((failures + 1)); continue
+  fi
+  n_mma=$(grep -c 'mma\.sync' "$tmp/k.ptx")
+  n_depot=$(grep -c 'local_depot' "$tmp/k.ptx")
+  if [ "$mma" = 1 ] && { [ "$n_mma" -eq 0 ] || [ "$n_depot" -ne 0 ]; }; then
+    echo "$name: FAILED ($n_mma mma.sync, $n_depot local_depot: fragments must stay in registers)"
+    failures=$((failures + 1)); continue
+  fi
+  regs=""
+  if [ -n "$ptxas" ]; then
+    # clang labels its PTX for an older target; the instructions are sm_80+, checked for sm_90.
+    sed -i 's/^\.target sm_[0-9]*/.target sm_90/; s/^\.version [0-9.]*/.version 8.0/' "$tmp/k.ptx"
+    if ! "$ptxas" -arch=sm_90 -v "$tmp/k.ptx" -o "$tmp/k.cubin" > "$tmp/log" 2>&1; then
+      echo "$name: FAILED (ptxas)"; grep -v '^ptxas info' "$tmp/log" | head -n 20; failures=$((failures + 1)); continue
+    fi
+    regs=", ptxas: $(grep -o 'Used [0-9]* registers' "$tmp/log" | tr '\n' ' ')"
+  fi
+  echo "$name: ok ($n_mma mma.sync$regs)"
+done
+echo "$((cases - failures)) of $cases kernel builds passed${ptxas:+ (assembled by ptxas)}"
+[ "$failures" -eq 0 ]
