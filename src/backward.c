@@ -150,7 +150,8 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                            : i == 2 ? files[c->variant].dq
                                     : "flash_bwd_dq_store";
         char tiles[200], cap[40] = "", options[512];
-        if (nv && c->nv_max_registers) /* applied by program.c on NVIDIA's PTX */
+        /* applied by program.c on NVIDIA's PTX; a cap in FLASHCL_BUILD_OPTIONS replaces it */
+        if (nv && c->nv_max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))
             snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", c->nv_max_registers);
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s", r->head_dim, c->block_m,
                  c->block_n, c->work_group_size,

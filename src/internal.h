@@ -99,6 +99,9 @@ void flashcl_release_programs(flashcl_context *ctx);
  * patched. Caller frees. */
 unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, int cap, size_t *out_size,
                                          size_t *entries);
+/* The register cap build options ask for: the value of their last
+ * -DFLASHCL_NV_MAXNREG= (so FLASHCL_BUILD_OPTIONS, appended last, wins), or 0. */
+int flashcl_nv_register_cap(const char *options);
 
 /* ---- parameters (params.c) ---- */
 /* The built-in choice for a resolved desc on this context's device. */

@@ -25,7 +25,7 @@
 #include "internal.h"
 #include "kernels.h"
 
-#define CACHE_FORMAT "flashcl-cache-v1"
+#define CACHE_FORMAT "flashcl-cache-v2" /* v2: FLASHCL_NV_MAXNREG programs hold the capped PTX */
 #define CACHE_MAGIC "FLCLBIN1"
 
 /* ---- kernel sources --------------------------------------------------------------- */
@@ -242,17 +242,34 @@ static size_t find_bytes(const unsigned char *bin, size_t size, size_t from, con
     return size;
 }
 
+/* Start of the next line at or after `from` that declares a kernel entry
+ * (".entry", ".visible .entry" or ".weak .entry" at the line's start; a
+ * comment never does), or size. */
+static size_t next_entry(const unsigned char *ptx, size_t size, size_t from) {
+    static const char *const heads[] = {".entry ", ".visible .entry ", ".weak .entry "};
+    for (size_t i = from; i < size; ++i) {
+        if (i > 0 && ptx[i - 1] != '\n')
+            continue;
+        for (size_t h = 0; h < sizeof heads / sizeof heads[0]; ++h) {
+            const size_t n = strlen(heads[h]);
+            if (i + n <= size && !memcmp(ptx + i, heads[h], n))
+                return i;
+        }
+    }
+    return size;
+}
+
 unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, int cap, size_t *out_size,
                                          size_t *entries) {
-    /* ".entry name(params)\n[directives]\n{": the directive goes before the brace. */
+    /* "[.visible ].entry name(params)\n[directives]\n{": the directive goes before the brace. */
     char directive[32];
     const size_t dlen = (size_t)snprintf(directive, sizeof directive, ".maxnreg %d\n", cap);
     size_t count = 0;
-    for (size_t at = 0; (at = find_bytes(ptx, size, at, ".entry ")) < size; ++at)
+    for (size_t at = 0; (at = next_entry(ptx, size, at)) < size; ++at)
         ++count;
     unsigned char *out = count ? malloc(size + count * dlen) : NULL;
     size_t n = 0, from = 0, patched = 0;
-    for (size_t at = 0; out && (at = find_bytes(ptx, size, at, ".entry ")) < size; ++at) {
+    for (size_t at = 0; out && (at = next_entry(ptx, size, at)) < size; ++at) {
         const size_t brace = find_bytes(ptx, size, at, "\n{");
         if (brace == size)
             break;
@@ -274,30 +291,41 @@ unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, 
     return out;
 }
 
+int flashcl_nv_register_cap(const char *options) {
+    static const char key[] = "-DFLASHCL_NV_MAXNREG=";
+    const char *last = NULL;
+    for (const char *at = options; at && (at = strstr(at, key)) != NULL; at += sizeof key - 1)
+        last = at;
+    return last ? atoi(last + sizeof key - 1) : 0;
+}
+
 /* NVIDIA's OpenCL ignores -cl-nv-maxrregcount, and its program binary is
  * PTX text that it also accepts back. A program built with
  * -DFLASHCL_NV_MAXNREG=N is therefore rebuilt from its PTX with ".maxnreg N"
  * on every kernel entry, a directive ptxas honours: fewer registers per
- * thread, more work-groups per SM. Returns the rebuilt program, or p when the
- * option is absent, the binary is not PTX, or the rebuild fails (logged). */
-static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const char *options) {
-    const char *opt = options ? strstr(options, "-DFLASHCL_NV_MAXNREG=") : NULL;
-    if (!opt)
+ * thread, more work-groups per SM. Returns the rebuilt program, or p when no
+ * cap is asked for or it could not be applied (*missed = 1, logged: the
+ * binary is not PTX, or the rebuild failed). */
+static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const char *file, const char *options,
+                                   int *missed) {
+    const int cap = flashcl_nv_register_cap(options);
+    *missed = 0;
+    if (!cap)
         return p;
-    const int cap = atoi(opt + strlen("-DFLASHCL_NV_MAXNREG="));
     size_t size = 0, capped_size = 0, entries = 0;
     unsigned char *bin = cap >= 16 && cap <= 255 ? program_binary(p, &size) : NULL;
     unsigned char *capped = bin && find_bytes(bin, size, 0, ".version") < size
                                 ? flashcl_ptx_cap_registers(bin, size, cap, &capped_size, &entries)
                                 : NULL;
     cl_program rebuilt = capped ? build_from_binary(ctx, capped, capped_size, options) : NULL;
-    flashcl_log("FLASHCL_NV_MAXNREG=%d: %s", cap,
-                rebuilt ? "rebuilt from the capped PTX"
+    flashcl_log("%s: FLASHCL_NV_MAXNREG=%d %s", file, cap,
+                rebuilt ? "applied (rebuilt from the capped PTX)"
                 : !bin  ? "ignored (no binary, or a cap outside 16..255)"
                 : !capped ? "ignored (the binary is not PTX with kernel entries)"
-                          : "the rebuild failed; the uncapped program stays");
+                          : "not applied: the rebuild failed, the uncapped program stays");
     free(capped);
     free(bin);
+    *missed = rebuilt == NULL;
     if (!rebuilt)
         return p;
     clReleaseProgram(p);
@@ -340,7 +368,8 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
         clReleaseProgram(p);
         return FLASHCL_ERROR_BUILD_FAILED;
     }
-    p = nv_cap_registers(ctx, p, entry->options);
+    int cap_missed;
+    p = nv_cap_registers(ctx, p, entry->file, entry->options, &cap_missed);
     entry->program = p;
     if (getenv("FLASHCL_LOG")) {
         /* Compiler reports (e.g. -cl-nv-verbose register counts). */
@@ -349,7 +378,7 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
             flashcl_log("build log of %s [%s]:\n%s", entry->file, entry->options, log);
         free(log);
     }
-    if (cached) {
+    if (cached && !cap_missed) { /* an uncapped binary must not answer for capped options */
         size_t size = 0;
         unsigned char *bin = program_binary(p, &size);
         if (bin)
