@@ -242,13 +242,16 @@ static size_t find_bytes(const unsigned char *bin, size_t size, size_t from, con
     return size;
 }
 
-/* Start of the next line at or after `from` that declares a kernel entry
- * (".entry", ".visible .entry" or ".weak .entry" at the line's start; a
- * comment never does), or size. */
+/* Start of the next kernel entry declaration at or after `from` (".entry",
+ * ".visible .entry" or ".weak .entry" first on its line, after any blanks;
+ * a comment never is one), or size. */
 static size_t next_entry(const unsigned char *ptx, size_t size, size_t from) {
     static const char *const heads[] = {".entry ", ".visible .entry ", ".weak .entry "};
     for (size_t i = from; i < size; ++i) {
-        if (i > 0 && ptx[i - 1] != '\n')
+        size_t blanks = i; /* walk back over blanks to the line's start */
+        while (blanks > 0 && (ptx[blanks - 1] == ' ' || ptx[blanks - 1] == '\t'))
+            --blanks;
+        if (blanks > 0 && ptx[blanks - 1] != '\n')
             continue;
         for (size_t h = 0; h < sizeof heads / sizeof heads[0]; ++h) {
             const size_t n = strlen(heads[h]);

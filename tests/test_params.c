@@ -972,12 +972,12 @@ static void test_ptx_cap(void) {
     out = flashcl_ptx_cap_registers((const unsigned char *)no_entry, sizeof no_entry - 1, 168, &n, &entries);
     expect(!out && entries == 0, "PTX register cap: text without kernels is left alone", &failures);
     free(out);
-    /* ".entry " in a comment or mid-line is not an entry; the trailing NUL
-     * a driver's binary may carry is kept. */
+    /* ".entry " in a comment or mid-line is not an entry, an indented one
+     * is; the trailing NUL a driver's binary may carry is kept. */
     static const char commented[] = ".version 9.0\n// the .entry point follows\n.func f()\n{\n}\n"
-                                    ".entry k(\n)\n{\n\tret;\n}\n";
+                                    "\t.entry k(\n)\n{\n\tret;\n}\n";
     static const char commented_want[] = ".version 9.0\n// the .entry point follows\n.func f()\n{\n}\n"
-                                         ".entry k(\n)\n.maxnreg 96\n{\n\tret;\n}\n";
+                                         "\t.entry k(\n)\n.maxnreg 96\n{\n\tret;\n}\n";
     out = flashcl_ptx_cap_registers((const unsigned char *)commented, sizeof commented, 96, &n, &entries);
     expect(out && entries == 1 && n == sizeof commented_want && !memcmp(out, commented_want, n),
            "PTX register cap: a commented \".entry\" is passed over, the trailing NUL kept", &failures);
