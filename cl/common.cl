@@ -297,6 +297,38 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         TENSOR_ARGS(o), ulong lse_off, int has_lse, int nq, int nk, int group, float q_mul,        \
         float softcap_log2, int win_left, int win_right
 
+/* The opening of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32),
+ * inside a FWD_ARGS kernel: the work-item's warp and lane (g = lane / 4,
+ * t = lane % 4, as in the mma fragment layouts), the block's first query row
+ * m0, its heads and batch, and its rows. Query blocks run last-first: under
+ * a causal mask the last blocks see the most keys, and starting them first
+ * shortens the tail of the launch. */
+#define NV_FWD_BLOCK                                                                               \
+    const int tid = (int)get_local_id(0);                                                          \
+    const int warp = tid / 32, lane = tid % 32;                                                    \
+    const int g = lane / 4, t = lane % 4;                                                          \
+    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;                       \
+    const int hq = (int)get_global_id(1);                                                          \
+    const int b = (int)get_global_id(2);                                                           \
+    const int hk = hq / group;                                                                     \
+    const int rows_q = min(BLOCK_M, nq - m0)
+
+/* The keys of the warp whose rows are w0 .. w0 + w_rows - 1 (w_rows <= 0:
+ * past nq), inside a FWD_ARGS kernel: lo and hi grow with the row, so the
+ * union of its rows' keys is [w_lo, w_hi] = [lo(first), hi(last)] and the
+ * keys every row sees are [w_all_lo, w_all_hi] = [lo(last), hi(first)]. A
+ * warp past nq keeps empty ranges and skips every tile's math. */
+#define NV_WARP_KEYS(w0, w_rows)                                                                   \
+    int w_lo = INT_MAX, w_hi = -1, w_all_lo = INT_MAX, w_all_hi = -1;                              \
+    if ((w_rows) > 0) {                                                                            \
+        const long2 f_ = visible_keys((w0), nq, nk, win_left, win_right);                          \
+        const long2 l_ = visible_keys((w0) + (w_rows)-1, nq, nk, win_left, win_right);             \
+        w_lo = (int)f_.x;                                                                          \
+        w_hi = (int)max(l_.y, -1L);                                                                \
+        w_all_lo = (int)l_.x;                                                                      \
+        w_all_hi = (int)max(f_.y, -1L);                                                            \
+    }
+
 /* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl),
  * flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl) and flash_bwd_dkdv_nv
  * (cl/flash_bwd_nv.cl): one list, so src/backward.c sets them once for any. */

@@ -166,16 +166,7 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(FWD_ARGS) {
     __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
 
-    const int tid = (int)get_local_id(0);
-    const int warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
-    /* Query blocks run last-first: under a causal mask the last blocks see the
-     * most keys, and starting them first shortens the tail of the launch. */
-    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
-    const int hq = (int)get_global_id(1);
-    const int b = (int)get_global_id(2);
-    const int hk = hq / group;
-    const int rows_q = min(BLOCK_M, nq - m0);
+    NV_FWD_BLOCK;
 
     /* Raw 16-bit views: the mma consumes the stored bits of both dtypes. */
     __global const ushort *qb = (__global const ushort *)q + (q_off + b * q_sb + hq * q_sh);
@@ -223,17 +214,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
     const long blk_lo = blk_first.x, blk_hi = blk_last.y;
 
     const int w0 = m0 + warp * ROWS_PER_WARP; /* first row of this warp */
-    const int w_rows = min(ROWS_PER_WARP, nq - w0);
-    /* A warp past nq keeps empty ranges and skips every tile's math. */
-    int w_lo = INT_MAX, w_hi = -1, w_all_lo = INT_MAX, w_all_hi = -1;
-    if (w_rows > 0) {
-        const long2 f = visible_keys(w0, nq, nk, win_left, win_right);
-        const long2 l = visible_keys(w0 + w_rows - 1, nq, nk, win_left, win_right);
-        w_lo = (int)f.x;
-        w_hi = (int)max(l.y, -1L);
-        w_all_lo = (int)l.x;
-        w_all_hi = (int)max(f.y, -1L);
-    }
+    NV_WARP_KEYS(w0, min(ROWS_PER_WARP, nq - w0));
     /* Per row of this lane: [lo, hi] for rows g and g+8 of each fragment. */
     int row_lo[M_FRAGS][2], row_hi[M_FRAGS][2];
 #pragma unroll

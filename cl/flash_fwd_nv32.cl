@@ -166,16 +166,7 @@ inline void copy_tile(__local float *smem, uint s_base, uint dst_off, __global c
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv32(FWD_ARGS) {
     __local float smem[SMEM_FLOATS] __attribute__((aligned(16)));
 
-    const int tid = (int)get_local_id(0);
-    const int warp = tid / 32, lane = tid % 32;
-    const int g = lane / 4, t = lane % 4;
-    /* Query blocks run last-first: under a causal mask the last blocks see the
-     * most keys, and starting them first shortens the tail of the launch. */
-    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;
-    const int hq = (int)get_global_id(1);
-    const int b = (int)get_global_id(2);
-    const int hk = hq / group;
-    const int rows_q = min(BLOCK_M, nq - m0);
+    NV_FWD_BLOCK;
 
     __global const float *qb = q + (q_off + b * q_sb + hq * q_sh);
     __global const float *kb = k + (k_off + b * k_sb + hk * k_sh);
@@ -212,16 +203,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
     const long blk_lo = blk_first.x, blk_hi = blk_last.y;
 
     const int w0 = m0 + warp * 16; /* first row of this warp */
-    const int w_rows = min(16, nq - w0);
-    int w_lo = INT_MAX, w_hi = -1, w_all_lo = INT_MAX, w_all_hi = -1;
-    if (w_rows > 0) {
-        const long2 f = visible_keys(w0, nq, nk, win_left, win_right);
-        const long2 l = visible_keys(w0 + w_rows - 1, nq, nk, win_left, win_right);
-        w_lo = (int)f.x;
-        w_hi = (int)max(l.y, -1L);
-        w_all_lo = (int)l.x;
-        w_all_hi = (int)max(f.y, -1L);
-    }
+    NV_WARP_KEYS(w0, min(16, nq - w0));
     int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
