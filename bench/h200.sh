@@ -6,8 +6,9 @@
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
 #         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
 #         "FLASHCL_PARAMS value[|extra build options]".
-# regs: forward, backward and decode timings under register caps (CAPS), then
-#         TESTS (binaries) with TEST_ARG under TEST_OPTIONS build options.
+# regs: forward, backward and decode timings under register caps (CAPS; CAPS=""
+#         only the uncapped row), all with EXTRA build options (e.g.
+#         -DCP_ASYNC_L2=256), then TESTS (binaries) with TEST_ARG under TEST_OPTIONS.
 # fp32: the forward and serving tests on the GPU (nv-tf32 forced through its tile
 #         shapes too), nv-tf32's registers, float32 vs PyTorch, a FLASHCL_PARAMS sweep.
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
@@ -68,8 +69,8 @@ fi
 if [ "$what" = regs ]; then
   # Register caps through the PTX rebuild (-DFLASHCL_NV_MAXNREG, src/program.c):
   # forward, backward and decode at each cap in CAPS ("" = the compiler's choice).
-  for c in "" ${CAPS:-168 128}; do
-    o=${c:+-DFLASHCL_NV_MAXNREG=$c}
+  for c in "" ${CAPS-168 128}; do
+    o="${EXTRA:-}${c:+ -DFLASHCL_NV_MAXNREG=$c}"
     echo "== cap ${c:-none}"
     FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS="-cl-nv-verbose $o" ./build-gpu/flashcl bench --device nvidia \
       --shape 1,2,256,64 --shape 1,2,256,128 --no-causal --iters 1 2>&1 | grep -E "MAXNREG|registers|spill" | head -6

@@ -111,6 +111,25 @@ inline uint pack2(float lo, float hi) {
 #ifndef USE_CP_ASYNC
 #define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
 #endif
+/* The 16-byte global -> __local copy every NVIDIA kernel issues. CP_ASYNC_L2
+ * = 64, 128 or 256 adds an L2 prefetch of that many bytes around each chunk
+ * (PTX ISA 7.4+); 0, the default, none. An experiment's knob for the
+ * memory-bound kernels (FLASHCL_BUILD_OPTIONS=-DCP_ASYNC_L2=256), not yet
+ * measured. */
+#ifndef CP_ASYNC_L2
+#define CP_ASYNC_L2 0
+#endif
+#if CP_ASYNC_L2 == 64
+#define CP_ASYNC_16 "cp.async.cg.shared.global.L2::64B"
+#elif CP_ASYNC_L2 == 128
+#define CP_ASYNC_16 "cp.async.cg.shared.global.L2::128B"
+#elif CP_ASYNC_L2 == 256
+#define CP_ASYNC_16 "cp.async.cg.shared.global.L2::256B"
+#elif CP_ASYNC_L2 == 0
+#define CP_ASYNC_16 "cp.async.cg.shared.global"
+#else
+#error "CP_ASYNC_L2 is 0, 64, 128 or 256"
+#endif
 
 /* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl;
  * flash_fwd_nv32.cl moves float rows as pairs of halves, doubling head_dim
@@ -145,7 +164,7 @@ inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off,
                 /* A chunk that copies nothing still needs a valid address. */
                 __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
                 const uint dst = s_base + (dst_off + (uint)(r * pitch + 8 * c)) * 2u;
-                __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"
+                __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;"
                                      :
                                      : "r"(dst), "l"((ulong)p), "r"(bytes)
                                      : "memory");

@@ -206,7 +206,7 @@ inline void lane_sums(float *x, __local float *xch) {
 /* Chunk idx of this work-item's stage slots := *src, or zeros when !live. */
 #ifdef FLASHCL_NV_PTX
 #define FETCH16(stage, stage_base, idx, src, live)                                                 \
-    __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;"                           \
+    __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;"                                         \
                          :                                                                         \
                          : "r"((stage_base) + 16u * (uint)(idx)), "l"((ulong)(src)),               \
                            "r"((live) ? 16 : 0)                                                    \

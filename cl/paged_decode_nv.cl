@@ -105,11 +105,11 @@ inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const in
 #endif
         const uint dst = buf + (uint)(r * PITCH + 8 * c) * 2u;
         const int bytes = live ? 16 : 0;
-        __asm__ __volatile__("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst),
+        __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst),
                              "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
                              : "memory");
         __asm__ __volatile__(
-            "cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst + TILE_HALFS * 2u),
+            CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst + TILE_HALFS * 2u),
             "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
             : "memory");
     }
