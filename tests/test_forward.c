@@ -157,6 +157,23 @@ static void forced_params(flashcl_context *ctx, const flashcl_dtype *dtypes, int
         }
 }
 
+/* Soft-cap (head dim d_softcap, dtype a), causal rows that see no key
+ * (d_empty, dtype b) and large scores (d_large, dtype a) under whatever
+ * FLASHCL_PARAMS the caller set. */
+static void edge_cases(flashcl_context *ctx, flashcl_dtype a, flashcl_dtype b, int d_softcap, int d_empty,
+                       int d_large) {
+    test_case tc = test_case_basic(a, 64, 96, d_softcap);
+    tc.softcap = 30.0f;
+    tc.input_scale = 4.0;
+    run(ctx, tc);
+    tc = test_case_basic(b, 200, 37, d_empty);
+    tc.causal = 1;
+    run(ctx, tc);
+    tc = test_case_basic(a, 33, 257, d_large);
+    tc.input_scale = 20.0;
+    run(ctx, tc);
+}
+
 static int bucket_64_128_256(int d) {
     return d <= 64 ? 0 : d <= 128 ? 1 : 2;
 }
@@ -181,17 +198,8 @@ static void mma(flashcl_context *ctx) {
     static const int dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 256};
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
     forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128_256);
-    test_case tc = test_case_basic(FLASHCL_FLOAT16, 64, 96, 128);
-    tc.softcap = 30.0f;
-    tc.input_scale = 4.0;
     setenv("FLASHCL_PARAMS", "BLOCK_M=128,BLOCK_N=32", 1);
-    run(ctx, tc);
-    tc = test_case_basic(FLASHCL_BFLOAT16, 200, 37, 128); /* rows without keys */
-    tc.causal = 1;
-    run(ctx, tc);
-    tc = test_case_basic(FLASHCL_FLOAT16, 33, 257, 96); /* large scores */
-    tc.input_scale = 20.0;
-    run(ctx, tc);
+    edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 128, 96);
     unsetenv("FLASHCL_PARAMS");
 }
 
@@ -219,16 +227,7 @@ static void tf32(flashcl_context *ctx) {
     static const int dims[] = {1, 8, 32, 40, 59, 64, 80, 96, 111, 128};
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT32};
     forced_params(ctx, dtypes, 1, dims, COUNT(dims), params, bucket_64_128);
-    test_case tc = test_case_basic(FLASHCL_FLOAT32, 64, 96, 128);
-    tc.softcap = 30.0f;
-    tc.input_scale = 4.0;
-    run(ctx, tc);
-    tc = test_case_basic(FLASHCL_FLOAT32, 200, 37, 64); /* rows without keys */
-    tc.causal = 1;
-    run(ctx, tc);
-    tc = test_case_basic(FLASHCL_FLOAT32, 33, 257, 128); /* large scores */
-    tc.input_scale = 20.0;
-    run(ctx, tc);
+    edge_cases(ctx, FLASHCL_FLOAT32, FLASHCL_FLOAT32, 128, 64, 128);
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the portable kernel answers. */
     static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl"};
