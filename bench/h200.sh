@@ -174,12 +174,12 @@ if [ "$what" = decode ]; then
 fi
 if [ "$what" = final ]; then
   echo "== tests on the GPU, default variants"
-  for t in "test_forward quick" test_errors test_cache test_serving "test_backward quick"; do
+  for t in "test_forward quick" "test_forward mma" test_errors test_cache test_serving "test_backward quick"; do
     bin=${t%% *}
     [ -x build-gpu/tests/$bin ] || continue
-    FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/$t > "$out/$bin.log" 2>&1
-    echo "$t: exit $? $(tail -1 "$out/$bin.log")"
-    grep -m3 FAILED "$out/$bin.log"
+    FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
+    echo "$t: exit $? $(tail -1 "$out/${t// /_}.log")"
+    grep -m3 FAILED "$out/${t// /_}.log"
   done
   ./build-gpu/flashcl check --device nvidia --cases 40 > "$out/check.log" 2>&1
   echo "flashcl check --cases 40: exit $? $(tail -1 "$out/check.log")"
