@@ -307,8 +307,9 @@ int flashcl_nv_register_cap(const char *options) {
  * -DFLASHCL_NV_MAXNREG=N is therefore rebuilt from its PTX with ".maxnreg N"
  * on every kernel entry, a directive ptxas honours: fewer registers per
  * thread, more work-groups per SM. Returns the rebuilt program, or p when no
- * cap is asked for or it could not be applied (*missed = 1, logged: the
- * binary is not PTX, or the rebuild failed). */
+ * cap is asked for, the binary is not PTX (another vendor: the option means
+ * nothing there), or the PTX could not be capped (*missed = 1: p must not be
+ * cached as the capped program). Each outcome is logged. */
 static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const char *file, const char *options,
                                    int *missed) {
     const int cap = flashcl_nv_register_cap(options);
@@ -317,18 +318,18 @@ static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const cha
         return p;
     size_t size = 0, capped_size = 0, entries = 0;
     unsigned char *bin = cap >= 16 && cap <= 255 ? program_binary(p, &size) : NULL;
-    unsigned char *capped = bin && find_bytes(bin, size, 0, ".version") < size
-                                ? flashcl_ptx_cap_registers(bin, size, cap, &capped_size, &entries)
-                                : NULL;
+    const int ptx = bin && find_bytes(bin, size, 0, ".version") < size;
+    unsigned char *capped = ptx ? flashcl_ptx_cap_registers(bin, size, cap, &capped_size, &entries) : NULL;
     cl_program rebuilt = capped ? build_from_binary(ctx, capped, capped_size, options) : NULL;
     flashcl_log("%s: FLASHCL_NV_MAXNREG=%d %s", file, cap,
                 rebuilt ? "applied (rebuilt from the capped PTX)"
                 : !bin  ? "ignored (no binary, or a cap outside 16..255)"
-                : !capped ? "ignored (the binary is not PTX with kernel entries)"
+                : !ptx  ? "ignored (the binary is not PTX)"
+                : !capped ? "not applied: no kernel entry found in the PTX, the uncapped program stays"
                           : "not applied: the rebuild failed, the uncapped program stays");
     free(capped);
     free(bin);
-    *missed = rebuilt == NULL;
+    *missed = ptx && !rebuilt;
     if (!rebuilt)
         return p;
     clReleaseProgram(p);
