@@ -1,9 +1,11 @@
 /* flash_fwd.cl: portable FlashAttention forward (online softmax, K/V tiles in __local).
  *
- * One work-group owns BLOCK_M query rows of one (batch, query head). Each row
- * is shared by TPR work-items; work-item t of a row owns the output columns
- * d = t, t + TPR, t + 2*TPR, ... (D_PER of them) and the tile columns
- * c = t, t + TPR, ... of the score block (N_PER of them).
+ * One work-group owns BLOCK_M query rows of one (batch, query head), with
+ * TPR work-items per row. The rows go in groups of RPT (2 where the tiles
+ * divide, else 1), each group shared by G = RPT*TPR work-items: work-item u
+ * of a group owns, for all RPT rows, the output columns d = u, u + G, ...
+ * (D_PER of them) and the tile columns c = u, u + G, ... of the score block
+ * (N_PER of them), so each K, V value it reads feeds RPT rows.
  *
  *              BLOCK_N keys per tile, streamed through __local
  *            +------------------------------+
@@ -48,17 +50,35 @@
 #define TPR 8 // work-items per query row (1 suits CPUs: no reductions)
 #endif
 
+/* Register tiling: each work-item owns RPT rows (of a group of RPT
+ * consecutive rows shared by G = RPT*TPR work-items), so every K or V value
+ * it reads from __local feeds RPT multiply-adds, and every Q or P value
+ * feeds N_PER or D_PER: __local reads per multiply-add drop from about 1 to
+ * (RPT + D_PER) / (RPT * D_PER). The work-group stays BLOCK_M*TPR work-items
+ * (the host sizes it so); flashcl_forward_local_bytes (src/params.c)
+ * mirrors this rule for the __local it reserves. */
+#ifndef RPT
+#if BLOCK_M % 2 == 0 && BLOCK_N % (2 * TPR) == 0
+#define RPT 2
+#else
+#define RPT 1
+#endif
+#endif
+#define G (RPT * TPR) /* work-items per row group */
 #define WG_SIZE (BLOCK_M * TPR)
-#define D_PER ((HEAD_DIM + TPR - 1) / TPR)
-#define N_PER (BLOCK_N / TPR)
+#define D_PER ((HEAD_DIM + G - 1) / G)
+#define N_PER (BLOCK_N / G)
 /* One padding float per row: rows HEAD_DIM apart would otherwise map the
- * TPR work-items of a row, which read different rows at the same d, onto the
- * same bank whenever HEAD_DIM is a multiple of the bank count. */
+ * G work-items of a group, which read different rows at the same d, onto
+ * the same bank whenever HEAD_DIM is a multiple of the bank count. */
 #define ROW_STRIDE (HEAD_DIM + 1)
 #define S_STRIDE (BLOCK_N + 1)
 
 #if BLOCK_N % TPR != 0
 #error "BLOCK_N must be a multiple of TPR"
+#endif
+#if BLOCK_M % RPT != 0 || BLOCK_N % G != 0
+#error "RPT must divide BLOCK_M, and RPT*TPR BLOCK_N"
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
@@ -66,17 +86,15 @@ flash_fwd(FWD_ARGS) {
     __local float q_tile[BLOCK_M * ROW_STRIDE];
     __local float kv_tile[BLOCK_N * ROW_STRIDE];
     __local float s_tile[BLOCK_M * S_STRIDE];
-    __local float red[BLOCK_M * TPR];
+    __local float red[BLOCK_M * G]; /* per row: one partial of each work-item of its group */
 
     const int lid = (int)get_local_id(0);
-    const int r = lid / TPR; /* row within the block */
-    const int t = lid % TPR; /* lane within the row  */
+    const int r0 = (lid / G) * RPT; /* this work-item's first row within the block */
+    const int u = lid % G;          /* lane within the row group */
     const int m0 = (int)get_group_id(0) * BLOCK_M;
     const int hq = (int)get_global_id(1);
     const int b = (int)get_global_id(2);
     const int hk = hq / group;
-    const long row = m0 + r;
-    const int row_valid = row < nq;
 
     const ulong q_base = q_off + b * q_sb + hq * q_sh;
     const ulong k_base = k_off + b * k_sb + hk * k_sh;
@@ -91,20 +109,31 @@ flash_fwd(FWD_ARGS) {
         q_tile[rr * ROW_STRIDE + d] = x;
     }
 
-    /* This row's visible keys, and the union over the block, which bounds the
-     * tiles visited (lo grows and hi grows with the row index). */
-    const long2 mine = visible_keys(row, nq, nk, win_left, win_right);
+    /* This work-item's rows' visible keys, and the union over the block,
+     * which bounds the tiles visited (lo and hi grow with the row index). */
+    long2 mine[RPT];
+    int row_valid[RPT];
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        mine[i] = visible_keys(m0 + r0 + i, nq, nk, win_left, win_right);
+        row_valid[i] = m0 + r0 + i < nq;
+    }
     const long2 first = visible_keys(m0, nq, nk, win_left, win_right);
     const long2 last = visible_keys(min(m0 + BLOCK_M, nq) - 1, nq, nk, win_left, win_right);
     const long blk_lo = first.x, blk_hi = last.y;
 
-    float acc[D_PER];
-    for (int i = 0; i < D_PER; ++i)
-        acc[i] = 0.0f;
+    float acc[RPT][D_PER];
+    float m_run[RPT], l_run[RPT]; /* running max of raw scores; this work-item's share of the row sum */
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+#pragma unroll
+        for (int e = 0; e < D_PER; ++e)
+            acc[i][e] = 0.0f;
+        m_run[i] = -INFINITY;
+        l_run[i] = 0.0f;
+    }
     const int capped = softcap_log2 > 0.0f;
     const float to_log2 = capped ? 1.0f : q_mul; /* score -> log2 domain */
-    float m_run = -INFINITY; /* running max of raw scores, uniform in a row */
-    float l_run = 0.0f;      /* this work-item's share of the running row sum  */
 
     const long n_start = blk_lo <= blk_hi ? (blk_lo / BLOCK_N) * BLOCK_N : blk_hi + 1;
     for (long n0 = n_start; n0 <= blk_hi; n0 += BLOCK_N) {
@@ -120,47 +149,66 @@ flash_fwd(FWD_ARGS) {
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        /* 2. Scores of this work-item's columns: the Q element is loaded once
-         *    per d and reused across the N_PER keys. */
-        float s[N_PER];
-        for (int j = 0; j < N_PER; ++j)
-            s[j] = 0.0f;
-        for (int d = 0; d < HEAD_DIM; ++d) {
-            float qd = q_tile[r * ROW_STRIDE + d];
+        /* 2. Scores of this work-item's RPT rows x N_PER keys (keys u, u+G, ...). */
+        float s[RPT][N_PER];
+#pragma unroll
+        for (int i = 0; i < RPT; ++i)
+#pragma unroll
             for (int j = 0; j < N_PER; ++j)
-                s[j] = fma(qd, kv_tile[(t + j * TPR) * ROW_STRIDE + d], s[j]);
+                s[i][j] = 0.0f;
+        for (int d = 0; d < HEAD_DIM; ++d) {
+            float qd[RPT];
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+                qd[i] = q_tile[(r0 + i) * ROW_STRIDE + d];
+#pragma unroll
+            for (int j = 0; j < N_PER; ++j) {
+                const float kd = kv_tile[(u + j * G) * ROW_STRIDE + d];
+#pragma unroll
+                for (int i = 0; i < RPT; ++i)
+                    s[i][j] = fma(qd[i], kd, s[i][j]);
+            }
         }
-        float tile_max = -INFINITY;
-        for (int j = 0; j < N_PER; ++j) {
-            long key = n0 + t + j * TPR;
-            float x = capped ? softcap_log2 * tanh(s[j] * q_mul) : s[j];
-            if (!row_valid || key < mine.x || key > mine.y)
-                x = -INFINITY;
-            s[j] = x;
-            tile_max = fmax(tile_max, x);
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            float tile_max = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < N_PER; ++j) {
+                const long key = n0 + u + j * G;
+                float x = capped ? softcap_log2 * tanh(s[i][j] * q_mul) : s[i][j];
+                if (!row_valid[i] || key < mine[i].x || key > mine[i].y)
+                    x = -INFINITY;
+                s[i][j] = x;
+                tile_max = fmax(tile_max, x);
+            }
+            red[(r0 + i) * G + u] = tile_max;
         }
-        red[r * TPR + t] = tile_max;
         barrier(CLK_LOCAL_MEM_FENCE);
 
         /* 3. Online softmax update. V may now replace K: every score has been
          *    computed before the barrier above. */
-        float m_new = m_run;
-        for (int u = 0; u < TPR; ++u)
-            m_new = fmax(m_new, red[r * TPR + u]);
-        /* While the row has seen nothing, m_new is -inf: keep alpha = 1 and
-         * p = 0 instead of forming -inf - -inf. */
-        const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run - m_new) * to_log2);
-        const float m_scaled = m_new * to_log2;
-        float psum = 0.0f;
-        for (int j = 0; j < N_PER; ++j) {
-            float p = s[j] == -INFINITY ? 0.0f : exp2(fma(s[j], to_log2, -m_scaled));
-            s_tile[r * S_STRIDE + t + j * TPR] = p;
-            psum += p;
+#pragma unroll
+        for (int i = 0; i < RPT; ++i) {
+            float m_new = m_run[i];
+            for (int w = 0; w < G; ++w)
+                m_new = fmax(m_new, red[(r0 + i) * G + w]);
+            /* While the row has seen nothing, m_new is -inf: keep alpha = 1
+             * and p = 0 instead of forming -inf - -inf. */
+            const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run[i] - m_new) * to_log2);
+            const float m_scaled = m_new * to_log2;
+            float psum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < N_PER; ++j) {
+                const float p = s[i][j] == -INFINITY ? 0.0f : exp2(fma(s[i][j], to_log2, -m_scaled));
+                s_tile[(r0 + i) * S_STRIDE + u + j * G] = p;
+                psum += p;
+            }
+            l_run[i] = l_run[i] * alpha + psum;
+            m_run[i] = m_new;
+#pragma unroll
+            for (int e = 0; e < D_PER; ++e)
+                acc[i][e] *= alpha;
         }
-        l_run = l_run * alpha + psum;
-        m_run = m_new;
-        for (int i = 0; i < D_PER; ++i)
-            acc[i] *= alpha;
 
         for (int idx = lid; idx < BLOCK_N * HEAD_DIM; idx += WG_SIZE) {
             int c = idx / HEAD_DIM, d = idx % HEAD_DIM;
@@ -171,35 +219,49 @@ flash_fwd(FWD_ARGS) {
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
-        /* 4. acc += P V over this work-item's output columns. */
+        /* 4. acc += P V over this work-item's rows and output columns (u, u+G, ...). */
         for (int c = 0; c < BLOCK_N; ++c) {
-            float p = s_tile[r * S_STRIDE + c];
-            for (int i = 0; i < D_PER; ++i) {
-                int d = t + i * TPR;
-                if (d < HEAD_DIM)
-                    acc[i] = fma(p, kv_tile[c * ROW_STRIDE + d], acc[i]);
+            float p[RPT];
+#pragma unroll
+            for (int i = 0; i < RPT; ++i)
+                p[i] = s_tile[(r0 + i) * S_STRIDE + c];
+#pragma unroll
+            for (int e = 0; e < D_PER; ++e) {
+                const int d = u + e * G;
+                if (d < HEAD_DIM) {
+                    const float vd = kv_tile[c * ROW_STRIDE + d];
+#pragma unroll
+                    for (int i = 0; i < RPT; ++i)
+                        acc[i][e] = fma(p[i], vd, acc[i][e]);
+                }
             }
         }
     }
 
     /* Reduce the partial row sums once. */
     barrier(CLK_LOCAL_MEM_FENCE);
-    red[r * TPR + t] = l_run;
+#pragma unroll
+    for (int i = 0; i < RPT; ++i)
+        red[(r0 + i) * G + u] = l_run[i];
     barrier(CLK_LOCAL_MEM_FENCE);
-    float l = 0.0f;
-    for (int u = 0; u < TPR; ++u)
-        l += red[r * TPR + u];
-
-    if (!row_valid)
-        return;
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-    const ulong o_row = o_off + b * o_sb + hq * o_sh + (ulong)row * o_ss;
-    for (int i = 0; i < D_PER; ++i) {
-        int d = t + i * TPR;
-        if (d < HEAD_DIM)
-            STORE_ELEM(o, o_row + d, acc[i] * inv_l);
+#pragma unroll
+    for (int i = 0; i < RPT; ++i) {
+        if (!row_valid[i])
+            continue;
+        float l = 0.0f;
+        for (int w = 0; w < G; ++w)
+            l += red[(r0 + i) * G + w];
+        const long row = m0 + r0 + i;
+        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        const ulong o_row = o_off + b * o_sb + hq * o_sh + (ulong)row * o_ss;
+#pragma unroll
+        for (int e = 0; e < D_PER; ++e) {
+            const int d = u + e * G;
+            if (d < HEAD_DIM)
+                STORE_ELEM(o, o_row + d, acc[i][e] * inv_l);
+        }
+        if (has_lse && u == 0)
+            lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
+                l > 0.0f ? (m_run[i] * to_log2 + log2(l)) * LN2 : -INFINITY;
     }
-    if (has_lse && t == 0)
-        lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
-            l > 0.0f ? (m_run * to_log2 + log2(l)) * LN2 : -INFINITY;
 }

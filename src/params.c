@@ -187,7 +187,11 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         size_t dpad = (d + 31) / 32 * 32;
         floats = m * d + m * dpad + n * d + n * dpad + m * n;
     } else if (!strcmp(p->variant, "portable")) { /* q, K/V, S, reductions (+1 padding per row) */
-        floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)p->threads_per_row;
+        /* RPT in cl/flash_fwd.cl: 2 rows per work-item where the tiles divide,
+         * and then a row's reduction has 2*TPR partials */
+        const size_t tpr = (size_t)p->threads_per_row;
+        const size_t rpt = tpr && m % 2 == 0 && n % (2 * tpr) == 0 ? 2 : 1;
+        floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * tpr * rpt;
     } else if (!strcmp(p->variant, "nv-mma")) { /* halves: max(Q block, K + V stages), see SMEM_HALFS */
         size_t pitch = (d + 15) / 16 * 16 + 8, qh = m * pitch;
         size_t stages = 4 * n * pitch * 2 <= 48000 ? 2 : 1; /* the kernel double-buffers when it fits */
