@@ -477,6 +477,14 @@ static void pretend_h200(flashcl_context *ctx) {
     ctx->info.max_wg = 1024;
 }
 
+/* A fresh context on the pretend H200 after writing `text` to the tuning file at path. */
+static flashcl_context *pretend_h200_tuned(const char *path, const char *text) {
+    write_file(path, text);
+    flashcl_context *ctx = test_context();
+    pretend_h200(ctx);
+    return ctx;
+}
+
 static void test_levels(void) {
     char path[300], text[1024];
     flashcl_params p;
@@ -536,9 +544,7 @@ static void test_levels(void) {
              "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"variant\": "
              "\"portable\", \"dtype\": \"f16\", \"head_dim_min\": 65, \"head_dim_max\": 128, \"phase\": "
              "\"prefill\", \"block_m\": 32, \"block_n\": 32, \"threads_per_row\": 4}]}");
-    write_file(path, text);
-    ctx = test_context();
-    pretend_h200(ctx);
+    ctx = pretend_h200_tuned(path, text);
     flashcl_attention_params(ctx, &d16, &p);
     expect(!strncmp(p.source, "tuned: ", 7) && !strcmp(p.variant, "portable") && p.block_m == 32,
            "tuned entry beats the arch entry and picks the portable variant", &failures);
@@ -570,9 +576,7 @@ static void test_levels(void) {
              "{\"flashcl_tuning\": 1, \"entries\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"variant\": "
              "\"nv-tf32\", \"dtype\": \"f32\", \"head_dim_min\": 65, \"head_dim_max\": 128, \"phase\": "
              "\"prefill\", \"block_m\": 64, \"block_n\": 8, \"warps\": 4}]}");
-    write_file(path, text);
-    ctx = test_context();
-    pretend_h200(ctx);
+    ctx = pretend_h200_tuned(path, text);
     flashcl_attention_params(ctx, &d32, &p);
     expect(!strncmp(p.source, "tuned: ", 7) && !strcmp(p.variant, "nv-tf32") && p.block_m == 64 &&
                p.block_n == 8 && p.work_group_size == 128,
@@ -753,11 +757,10 @@ static void test_backward_levels(void) {
     char path[300];
     snprintf(path, sizeof path, "%s/bwd-nv.json", dir);
     setenv("FLASHCL_TUNING_FILE", path, 1);
-    write_file(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": \"Pretend NVIDIA "
-                     "sm_90 GPU\", \"variant\": \"nv-mma\", \"head_dim_max\": 64, \"block_m\": 16, \"block_n\": 32, "
-                     "\"work_group_size\": 64, \"max_registers\": 192}]}");
-    ctx = test_context();
-    pretend_h200(ctx);
+    ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
+                                   "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-mma\", \"head_dim_max\": 64, "
+                                   "\"block_m\": 16, \"block_n\": 32, \"work_group_size\": 64, "
+                                   "\"max_registers\": 192}]}");
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 16 && c.block_n == 32 && c.work_group_size == 64 &&
                c.nv_max_registers == 192 && !strncmp(c.source, "tuned: ", 7),
@@ -886,9 +889,7 @@ static void test_serving_backward_file(void) {
              " \"work_group_size\": 1024, \"unroll\": 2, \"stages\": 2, \"wgs_per_cu\": 3, \"min_split_keys\": 77}],\n"
              " \"backward\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"block_m\": 1024, \"block_n\": 1024,"
              " \"work_group_size\": 128}]}\n");
-    write_file(path, text);
-    ctx = test_context();
-    pretend_h200(ctx);
+    ctx = pretend_h200_tuned(path, text);
     ctx->info.max_wg = 256; /* the decode entry's 1024 work-items do not fit */
     expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 1, &dc) == FLASHCL_SUCCESS &&
                !strncmp(dc.source, "built-in arch: sm_80+", 21) && dc.work_group_size <= 256,
@@ -902,9 +903,7 @@ static void test_serving_backward_file(void) {
              "{\"flashcl_tuning\": 1, \"entries\": [],\n"
              " \"serving\": [{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"kernel\": \"decode\","
              " \"work_group_size\": 256, \"unroll\": 1, \"stages\": 3, \"wgs_per_cu\": 3, \"min_split_keys\": 77}]}\n");
-    write_file(path, text);
-    ctx = test_context();
-    pretend_h200(ctx);
+    ctx = pretend_h200_tuned(path, text);
     ctx->info.max_wg = 256;
     snprintf(want, sizeof want, "tuned: %s", path);
     expect(serving_choice(ctx, FLASHCL_FLOAT32, 128, 1, &dc) == FLASHCL_SUCCESS && !strcmp(dc.source, want) &&
