@@ -131,6 +131,10 @@ inline uint pack2(float lo, float hi) {
 #error "CP_ASYNC_L2 is 0, 64, 128 or 256"
 #endif
 
+/* 1 when every row of the matrix at p, `stride` elements apart, starts 16-byte
+ * aligned: what nv_copy_rows's cp.async path needs (vec). Uniform per matrix. */
+#define ROWS_16B(p, stride) ((ulong)(p) % 16 == 0 && (stride) * sizeof(*(p)) % 16 == 0)
+
 /* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl;
  * flash_fwd_nv32.cl moves float rows as pairs of halves, doubling head_dim
  * and pitch).

@@ -220,10 +220,10 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
     __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, n0, hk);
     __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, n0, hk);
     const int n_rows = min(OWN, nk - n0);
-    nv_copy_rows(smem, s_base, 0, kb, k_ss, n_rows, OWN, (ulong)kb % 16 == 0 && k_ss % 8 == 0, tid,
+    nv_copy_rows(smem, s_base, 0, kb, k_ss, n_rows, OWN, ROWS_16B(kb, k_ss), tid,
                  HEAD_DIM, PITCH, WG);
     nv_copy_rows(smem, s_base, OWN * PITCH, vb, v_ss, n_rows, OWN,
-                 (ulong)vb % 16 == 0 && v_ss % 8 == 0, tid, HEAD_DIM, PITCH, WG);
+                 ROWS_16B(vb, v_ss), tid, HEAD_DIM, PITCH, WG);
 
     /* Rows that see any key of [n0, n_last], and the tiles over them, for
      * each of the `group` query heads: T tiles in all, streamed in one loop. */
@@ -476,14 +476,14 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
     __global const ushort *ob = (__global const ushort *)dout + ROW_AT(dout, b, m0, hq);
     __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, 0, hk);
     __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, 0, hk);
-    const int k_vec = ((ulong)kb % 16 == 0) && (k_ss % 8 == 0);
-    const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 8 == 0);
+    const int k_vec = ROWS_16B(kb, k_ss);
+    const int v_vec = ROWS_16B(vb, v_ss);
 
     /* Q and dO -> __local -> A fragments, once. */
-    nv_copy_rows(smem, s_base, 0, qb, q_ss, rows_q, OWN, (ulong)qb % 16 == 0 && q_ss % 8 == 0, tid,
+    nv_copy_rows(smem, s_base, 0, qb, q_ss, rows_q, OWN, ROWS_16B(qb, q_ss), tid,
                  HEAD_DIM, PITCH, WG);
     nv_copy_rows(smem, s_base, OWN * PITCH, ob, dout_ss, rows_q, OWN,
-                 (ulong)ob % 16 == 0 && dout_ss % 8 == 0, tid, HEAD_DIM, PITCH, WG);
+                 ROWS_16B(ob, dout_ss), tid, HEAD_DIM, PITCH, WG);
     cp_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[K_STEPS][4], of[K_STEPS][4];

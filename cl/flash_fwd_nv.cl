@@ -173,9 +173,9 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
     __global const ushort *kb = (__global const ushort *)k + (k_off + b * k_sb + hk * k_sh);
     __global const ushort *vb = (__global const ushort *)v + (v_off + b * v_sb + hk * v_sh);
     /* cp.async needs 16-byte aligned sources; decided once, uniformly. */
-    const int q_vec = ((ulong)qb % 16 == 0) && (q_ss % 8 == 0);
-    const int k_vec = ((ulong)kb % 16 == 0) && (k_ss % 8 == 0);
-    const int v_vec = ((ulong)vb % 16 == 0) && (v_ss % 8 == 0);
+    const int q_vec = ROWS_16B(qb, q_ss);
+    const int k_vec = ROWS_16B(kb, k_ss);
+    const int v_vec = ROWS_16B(vb, v_ss);
 
     const uint s_base = shared_addr(smem);
 
