@@ -29,13 +29,19 @@ echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning' 
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
+# gpu_test "BINARY [MODE]" [TAG]: one test binary on the GPU; its log goes under $out, its last
+# line and first failures to the output.
+gpu_test() {
+  local t=$1 log="$out/${1// /_}${2:+-$2}.log"
+  FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$log" 2>&1
+  echo "$t${2:+ ($2)}: exit $? $(tail -n 1 "$log")"
+  grep -m5 FAILED "$log"
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 ./build-gpu/flashcl devices | tee "$out/devices.txt"
 if [ "$what" = serve ]; then
   for t in test_serving "test_serving mma" test_params; do
-    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
-    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
-    grep -m5 FAILED "$out/${t// /_}.log"
+    gpu_test "$t"
   done
   ./build-gpu/flashcl bench --decode --device nvidia --batch 8 --context 32768 --iters 10 | tail -n 2
   timeout 150 ./build-gpu/flashcl serve-sim --device nvidia --heads 32 --kv-heads 8 --head-dim 128 \
@@ -44,9 +50,7 @@ if [ "$what" = serve ]; then
 fi
 if [ "$what" = forward ]; then
   for t in ${TESTS:-"test_forward mma" "test_forward quick"}; do
-    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
-    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
-    grep -m5 FAILED "$out/${t// /_}.log"
+    gpu_test "$t"
   done
   if [ "${SWEEP:-0}" = 1 ]; then
     # Each entry: FLASHCL_PARAMS value, optionally "|" and extra build options (e.g. -DRESCALE_SKIP=0).
@@ -83,18 +87,15 @@ if [ "$what" = regs ]; then
     FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --decode --device nvidia --batch 1,16 --context 16384,131072 \
       --iters 20 2>&1 | grep -E '^ +[0-9]|error'
   done
+  [ -n "${TESTS:-}" ] && echo "== tests with build options: ${TEST_OPTIONS:-none}"
   for t in ${TESTS:-}; do
-    FLASHCL_TEST_DEVICE=nvidia FLASHCL_BUILD_OPTIONS="${TEST_OPTIONS:-}" ./build-gpu/tests/$t ${TEST_ARG:-} > "$out/$t.log" 2>&1
-    echo "$t ${TEST_ARG:-} [${TEST_OPTIONS:-}]: exit $? $(tail -n 1 "$out/$t.log")"
-    grep -m5 FAILED "$out/$t.log"
+    FLASHCL_BUILD_OPTIONS="${TEST_OPTIONS:-}" gpu_test "$t${TEST_ARG:+ $TEST_ARG}"
   done
   exit 0
 fi
 if [ "$what" = fp32 ]; then
   for t in ${TESTS:-"test_forward tf32" "test_forward quick" test_serving "test_serving mma"}; do
-    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
-    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
-    grep -m5 FAILED "$out/${t// /_}.log"
+    gpu_test "$t"
   done
   echo "== ptxas report of the nv-tf32 kernel (f32, D=64 and 128)"
   FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --device nvidia \
@@ -113,9 +114,7 @@ if [ "$what" = fp32 ]; then
 fi
 if [ "$what" = backward ]; then
   for t in "test_backward mma" "test_backward quick" test_varlen_backward "test_forward quick"; do
-    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
-    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
-    grep -m5 FAILED "$out/${t// /_}.log"
+    gpu_test "$t"
   done
   for d in 64 128; do
     echo "== ptxas report of the nv-mma backward kernels (f16, D=$d)"
@@ -144,9 +143,7 @@ if [ "$what" = backward ]; then
 fi
 if [ "$what" = decode ]; then
   for t in test_serving "test_serving decode" "test_serving mma" test_varlen_backward "test_forward quick"; do
-    FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
-    echo "$t: exit $? $(tail -n 1 "$out/${t// /_}.log")"
-    grep -m5 FAILED "$out/${t// /_}.log"
+    gpu_test "$t"
   done
   for kern in decode mma; do
     echo "== ptxas report of the $kern kernel (f16, D=128, 4 rows)"
@@ -177,9 +174,7 @@ if [ "$what" = final ]; then
   for t in "test_forward quick" "test_forward mma" test_errors test_cache test_serving "test_backward quick"; do
     bin=${t%% *}
     [ -x build-gpu/tests/$bin ] || continue
-    FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/$t > "$out/${t// /_}.log" 2>&1
-    echo "$t: exit $? $(tail -1 "$out/${t// /_}.log")"
-    grep -m3 FAILED "$out/${t// /_}.log"
+    gpu_test "$t"
   done
   ./build-gpu/flashcl check --device nvidia --cases 40 > "$out/check.log" 2>&1
   echo "flashcl check --cases 40: exit $? $(tail -1 "$out/check.log")"
@@ -206,10 +201,8 @@ if [ "$what" != bench ]; then
     [ $variant = portable ] && export FLASHCL_VARIANT=portable || unset FLASHCL_VARIANT
     echo "== tests on the GPU, variant $variant"
     for t in test_forward test_errors test_cache; do
-      FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/$t quick > "$out/$t-$variant.log" 2>&1
-      echo "$t ($variant): exit $? $(tail -1 "$out/$t-$variant.log")"
+      gpu_test "$t quick" $variant
     done
-    grep FAILED "$out/test_forward-$variant.log" | head -5
     ./build-gpu/flashcl check --device nvidia --cases 40 > "$out/check-$variant.log" 2>&1
     echo "flashcl check --cases 40 ($variant): exit $?"
   done

@@ -1040,7 +1040,8 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     MAXNREG=N caps nv-mma's registers per thread (an entry's
  *     nv_max_registers; 0: the compiler's choice), see src/program.c.
  */
-/* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant}:
+/* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant,
+ *  nv_max_registers}:
  * declared in internal.h, the tuning file holds them too. */
 typedef flashcl_backward_entry backward_entry;
 
