@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
+# setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # forward: test_forward mma (tile shapes forced) and quick on the GPU, fp16/bf16
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
 #         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
@@ -38,7 +39,8 @@ gpu_test() {
   grep -m5 FAILED "$log"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
-./build-gpu/flashcl devices | tee "$out/devices.txt"
+./build-gpu/flashcl devices > "$out/devices.txt"
+[ "$what" = setup ] && exit 0
 if [ "$what" = serve ]; then
   for t in test_serving "test_serving mma" test_params; do
     gpu_test "$t"

@@ -11,6 +11,10 @@
  *   write + kernel      a non-blocking 4 KB write the kernel waits on
  *   write+cb + kernel   the same with a completion callback on the write
  *   create + kernel     a CL_MEM_COPY_HOST_PTR buffer per call
+ *   31 args + kernel    the decode kernel's argument count, set every call
+ *   chained write+kernel 31 args, a write waiting on the previous call's kernel and the
+ *                       kernel on the write: what flashcl's decode call enqueues
+ *   unchained write+kernel the same with no wait lists (enough on an in-order queue)
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -18,7 +22,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-static const char *src = "__kernel void k(__global int *a) { if (get_global_id(0) == 0) a[1] = a[0]; }";
+static const char *src =
+    "__kernel void k(__global int *a) { if (get_global_id(0) == 0) a[1] = a[0]; }\n"
+    "__kernel void k31(__global int *a, __global int *b, __global int *c, __global int *d,\n"
+    "  __global int *e, __global int *f, __global int *g, ulong u0, ulong u1, ulong u2, ulong u3,\n"
+    "  ulong u4, ulong u5, ulong u6, ulong u7, ulong u8, ulong u9, ulong u10, ulong u11, ulong u12,\n"
+    "  ulong u13, int i0, int i1, int i2, int i3, int i4, int i5, int i6, int i7, float f0, float f1)\n"
+    "{ if (get_global_id(0) == 0) a[1] = a[0] + (int)(u13 + i7 + f1); }";
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -52,12 +62,14 @@ int main(int argc, char **argv) {
     cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     clBuildProgram(prog, 1, &dev, "", NULL, NULL);
-    cl_kernel kern = clCreateKernel(prog, "k", &err);
+    cl_kernel kern = clCreateKernel(prog, "k", &err), k31 = clCreateKernel(prog, "k31", &err);
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4096, NULL, &err);
     static int host[1024];
-    const char *names[] = {"kernel", "kernel x2", "write + kernel", "write+cb + kernel", "create + kernel"};
+    const char *names[] = {"kernel",         "kernel x2",           "write + kernel",         "write+cb + kernel",
+                           "create + kernel", "31 args + kernel", "chained write+kernel", "unchained write+kernel"};
+    cl_event prev = NULL; /* the chained mode's previous kernel */
     enum { N = 200 };
-    for (int mode = 0; mode < 5; ++mode) {
+    for (int mode = 0; mode < 8; ++mode) {
         double t[N];
         for (int it = -10; it < N; ++it) {
             cl_event before, w = NULL, k1 = NULL, after;
@@ -72,7 +84,29 @@ int main(int argc, char **argv) {
                 arg = tmp;
             }
             clSetKernelArg(kern, 0, sizeof arg, &arg);
-            if (mode == 1) {
+            if (mode >= 5) {
+                cl_ulong u = 0;
+                cl_int i = 0;
+                cl_float f = 0.0f;
+                cl_uint a = 0;
+                for (int j = 0; j < 7; ++j)
+                    clSetKernelArg(k31, a++, sizeof buf, &buf);
+                for (int j = 0; j < 14; ++j)
+                    clSetKernelArg(k31, a++, sizeof u, &u);
+                for (int j = 0; j < 8; ++j)
+                    clSetKernelArg(k31, a++, sizeof i, &i);
+                for (int j = 0; j < 2; ++j)
+                    clSetKernelArg(k31, a++, sizeof f, &f);
+                if (mode >= 6)
+                    clEnqueueWriteBuffer(q, buf, CL_FALSE, 0, sizeof host, host, mode == 6 && prev ? 1 : 0,
+                                         mode == 6 && prev ? &prev : NULL, &w);
+                clEnqueueNDRangeKernel(q, k31, 1, NULL, (size_t[]){128}, (size_t[]){128}, mode == 6 ? 1 : 0,
+                                       mode == 6 ? &w : NULL, &after);
+                if (prev)
+                    clReleaseEvent(prev);
+                clRetainEvent(after);
+                prev = after;
+            } else if (mode == 1) {
                 clEnqueueNDRangeKernel(q, kern, 1, NULL, (size_t[]){128}, (size_t[]){128}, 0, NULL, &k1);
                 clEnqueueNDRangeKernel(q, kern, 1, NULL, (size_t[]){128}, (size_t[]){128}, 1, &k1, &after);
             } else {
