@@ -20,14 +20,10 @@ typedef struct flashcl_device_info {
     int is_nvidia, is_pocl;
 } flashcl_device_info;
 
-/* A kernel object of a program, created on first use, with the scalar
- * arguments last set through flashcl_set_scalar_arg (arg_len 0: not known). */
-#define FLASHCL_SHADOW_ARGS 48
+/* A kernel object of a program, created on first use. */
 typedef struct flashcl_kernel_entry {
     char *name;
     cl_kernel kernel;
-    unsigned char arg_len[FLASHCL_SHADOW_ARGS];
-    unsigned char arg_val[FLASHCL_SHADOW_ARGS][8];
     struct flashcl_kernel_entry *next;
 } flashcl_kernel_entry;
 
@@ -96,16 +92,6 @@ void flashcl_log(const char *fmt, ...)
  * with `options`: from memory, else the disk cache, else source. */
 flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
                                   const char *options, cl_kernel *kernel);
-/* The same, giving the kernel's entry, for flashcl_set_scalar_arg. */
-flashcl_status flashcl_get_kernel_entry(flashcl_context *ctx, const char *file, const char *kernel_name,
-                                        const char *options, flashcl_kernel_entry **entry);
-/* clSetKernelArg for a scalar of at most 8 bytes, skipped when the kernel
- * already holds these bytes there: a decode step sets some 30 arguments that
- * rarely change, and NVIDIA's OpenCL spends ~0.15 us on each call (4.6 us
- * for 31, bench/launch_floor.c). Buffers are always set: a released buffer's
- * handle may come back for a new one. Every scalar of a kernel handled this
- * way must be set through here. */
-cl_int flashcl_set_scalar_arg(flashcl_kernel_entry *k, cl_uint index, size_t size, const void *value);
 void flashcl_release_programs(flashcl_context *ctx);
 /* A copy of PTX text with ".maxnreg cap" added to every kernel entry, how
  * options with -DFLASHCL_NV_MAXNREG=cap build on NVIDIA; NULL when there is

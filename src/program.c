@@ -394,10 +394,10 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
 
 /* The kernel `name` of a built program, created once and kept with it. */
 static flashcl_status program_kernel(flashcl_context *ctx, flashcl_program *e, const char *name,
-                                     flashcl_kernel_entry **entry) {
+                                     cl_kernel *kernel) {
     for (flashcl_kernel_entry *k = e->kernels; k; k = k->next)
         if (!strcmp(k->name, name)) {
-            *entry = k;
+            *kernel = k->kernel;
             return FLASHCL_SUCCESS;
         }
     flashcl_kernel_entry *k = calloc(1, sizeof *k);
@@ -418,33 +418,12 @@ static flashcl_status program_kernel(flashcl_context *ctx, flashcl_program *e, c
     k->name = copy;
     k->next = e->kernels;
     e->kernels = k;
-    *entry = k;
+    *kernel = k->kernel;
     return FLASHCL_SUCCESS;
-}
-
-cl_int flashcl_set_scalar_arg(flashcl_kernel_entry *k, cl_uint index, size_t size, const void *value) {
-    const int shadowed = index < FLASHCL_SHADOW_ARGS && size <= sizeof k->arg_val[0];
-    if (shadowed && k->arg_len[index] == size && !memcmp(k->arg_val[index], value, size))
-        return CL_SUCCESS;
-    cl_int err = clSetKernelArg(k->kernel, index, size, value);
-    if (shadowed) {
-        k->arg_len[index] = err == CL_SUCCESS ? (unsigned char)size : 0;
-        memcpy(k->arg_val[index], value, size);
-    }
-    return err;
 }
 
 flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
                                   const char *options, cl_kernel *kernel) {
-    flashcl_kernel_entry *entry;
-    flashcl_status st = flashcl_get_kernel_entry(ctx, file, kernel_name, options, &entry);
-    if (st == FLASHCL_SUCCESS)
-        *kernel = entry->kernel;
-    return st;
-}
-
-flashcl_status flashcl_get_kernel_entry(flashcl_context *ctx, const char *file, const char *kernel_name,
-                                        const char *options, flashcl_kernel_entry **kernel) {
     flashcl_program *e;
     for (e = ctx->programs; e; e = e->next)
         if (!strcmp(e->file, file) && !strcmp(e->options, options))

@@ -543,11 +543,9 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
     snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s",
              (int)r->dtype, r->head_dim, c->block_m, tiles, extra ? " " : "", extra ? extra : "");
-    flashcl_kernel_entry *entry;
-    cl_kernel combine = NULL;
-    if ((st = flashcl_get_kernel_entry(ctx, files[c->kernel], names[c->kernel], options, &entry)))
+    cl_kernel kernel, combine = NULL;
+    if ((st = flashcl_get_kernel(ctx, files[c->kernel], names[c->kernel], options, &kernel)))
         return st;
-    cl_kernel kernel = entry->kernel;
     if (c->splits > 1 && !decode) {
         snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r->dtype);
         if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_combine", options, &combine)))
@@ -578,16 +576,15 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse_arg);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &part);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &meta);
-    /* The scalars rarely change between decode steps: set only when they do. */
     for (int i = 0; i < 14; ++i)
-        err |= flashcl_set_scalar_arg(entry, a++, sizeof(cl_ulong), &u[i]);
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
     for (int i = 0; i < 7; ++i)
-        err |= flashcl_set_scalar_arg(entry, a++, sizeof(cl_int), &ints[i]);
-    err |= flashcl_set_scalar_arg(entry, a++, sizeof(cl_float), &q_mul);
-    err |= flashcl_set_scalar_arg(entry, a++, sizeof(cl_float), &softcap_log2);
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &ints[i]);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &q_mul);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
     if (decode) {
         cl_int counters_off = (cl_int)p->counters_off;
-        err |= flashcl_set_scalar_arg(entry, a++, sizeof(cl_int), &counters_off);
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &counters_off);
     }
     size_t local[3] = {(size_t)c->work_group_size, 1, 1};
     size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
