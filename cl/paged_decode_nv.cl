@@ -23,7 +23,8 @@
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
  * what other lanes copied.
  *
- *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first)
+ *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first;
+ *            after the tiles when Q_IN_LOCAL)
  *   after the loop the tile area holds the warps' O rows for their merge,
  *   then the split weights for the last split's merge.
  *
@@ -62,8 +63,21 @@
 #define TILE_HALFS (BLOCK_N * PITCH)
 #define WARP_HALFS (STAGES * 2 * TILE_HALFS)
 #define Q_HALFS (16 * PITCH)
-/* Q uses the tile area before the first copy is issued. */
+/* Up to D=128 Q's A fragments stay in registers and Q only passes through
+ * the tile area before the first copy. Above, one warp's O accumulators
+ * alone take 128 registers and Q's would take 64 more (ptxas spilled 284
+ * bytes at D=256): Q stays in __local after the tiles and each k-step reads
+ * its fragment, one ldmatrix more per 16 keys. */
+#ifndef Q_IN_LOCAL
+#define Q_IN_LOCAL (HEAD_DIM > 128)
+#endif
+#if Q_IN_LOCAL
+#define Q_BASE (WARPS * WARP_HALFS)
+#define SMEM_HALFS (WARPS * WARP_HALFS + Q_HALFS)
+#else
+#define Q_BASE 0
 #define SMEM_HALFS (Q_HALFS > WARPS * WARP_HALFS ? Q_HALFS : WARPS * WARP_HALFS)
+#endif
 
 #ifndef FLASHCL_NV_PTX
 #error "paged_decode_nv is built with -DFLASHCL_NV_PTX"
@@ -142,17 +156,17 @@ paged_decode_nv(SERVING_ARGS,
         if (r < nrows)
             x = ((__global const ushort *)q)[q_off + (ulong)(b.q_start + row / group) * q_ss +
                                              (ulong)(hk * group + row % group) * q_sh + d];
-        smem[r * PITCH + d] = x;
+        smem[Q_BASE + r * PITCH + d] = x;
     }
     barrier(CLK_LOCAL_MEM_FENCE);
+    const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;
+#if !Q_IN_LOCAL
     uint qf[K_STEPS][4];
-    {
-        const uint q_lane = s_base + (uint)((lane % 16) * PITCH + (lane / 16) * 8) * 2u;
 #pragma unroll
-        for (int kk = 0; kk < K_STEPS; ++kk)
-            LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
-    }
+    for (int kk = 0; kk < K_STEPS; ++kk)
+        LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
+#endif
     const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
     const uint v_lane = (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
 
@@ -215,13 +229,20 @@ paged_decode_nv(SERVING_ARGS,
         for (int j = 0; j < S_FRAGS; ++j)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
 #pragma unroll
-        for (int kk = 0; kk < K_STEPS; ++kk)
+        for (int kk = 0; kk < K_STEPS; ++kk) {
+#if Q_IN_LOCAL
+            uint qa[4];
+            LDMATRIX_X4(qa, q_lane + (uint)(kk * 16) * 2u);
+#else
+            const uint *qa = qf[kk];
+#endif
 #pragma unroll
             for (int np = 0; np < S_FRAGS / 2; ++np) {
                 uint kf[4];
                 LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
-                MMA_16816_X2(s[2 * np], s[2 * np + 1], qf[kk], kf);
+                MMA_16816_X2(s[2 * np], s[2 * np + 1], qa, kf);
             }
+        }
         if (softcap)
             SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
             /* ---- mask: keys past a row's last visible key or past the slice ---- */

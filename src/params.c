@@ -750,7 +750,8 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp stages x (K, V); merge floats */
         size_t q = 16 * (d + 8), tiles = (size_t)(c->work_group_size / 32) * (size_t)c->stages * 2 * n * (d + 8);
-        return (q > tiles ? q : tiles) * 2 + ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
+        size_t halves = d > 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL above D=128 */
+        return halves * 2 + ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
     }
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
         size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
