@@ -899,13 +899,14 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         c->block_n = 16;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
-        /* The entry's work-groups per CU count 2-warp groups (4 on sm_80+:
-         * one wave at D <= 128). One-warp groups at D=256 want four times
-         * as many: H200, batch 4/16/64 x context 16k/128k, 16 per CU took
-         * 2774-40817 µs against 3393-51286 with 4 (batch 1: 1013 against
-         * 900 at 128k); 8 was slower than both. */
+        /* The entry's work-groups per CU count 2-warp groups: 4 on sm_80+,
+         * one wave of them at 204 registers a thread. The one-warp groups
+         * above D=128 are held by __local instead (42.5 KB each at D=256),
+         * and 5 fit an H200 SM: with 5 per CU (4 * 5 / 4), batch 1/4/16/64 x
+         * context 16k/128k, 5 shapes ran 2-10 % faster than with 16, two
+         * level, (1, 16384) 11 % slower; 10 and 20 in between. */
         if (c->work_group_size == 32)
-            c->wgs_per_cu *= 4;
+            c->wgs_per_cu = c->wgs_per_cu * 5 / 4;
     } else if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (c->block_m > 8) /* q and the accumulators of 8 rows already take 128 registers */
             c->block_m = 8;
