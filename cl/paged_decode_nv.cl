@@ -63,15 +63,13 @@
 #define TILE_HALFS (BLOCK_N * PITCH)
 #define WARP_HALFS (STAGES * 2 * TILE_HALFS)
 #define Q_HALFS (16 * PITCH)
-/* From D=128 on Q stays in __local after the tiles and each k-step reads its
- * fragment, one ldmatrix more per 16 keys, instead of holding Q's A
- * fragments in registers for the whole loop (HEAD_DIM/4 of them): the
- * kernel is memory-bound and registers decide how many groups an SM holds.
- * H200: D=128 168 registers instead of 204 (5 groups an SM instead of 4);
- * D=256, one warp beside 128 registers of O, 32 bytes of spills instead of
- * 284. Below D=128 Q only passes through the tile area before the first copy. */
+/* Up to D=128 Q's A fragments stay in registers and Q only passes through
+ * the tile area before the first copy. Above, one warp's O accumulators
+ * alone take 128 registers and Q's would take 64 more (ptxas spilled 284
+ * bytes at D=256): Q stays in __local after the tiles and each k-step reads
+ * its fragment, one ldmatrix more per 16 keys. */
 #ifndef Q_IN_LOCAL
-#define Q_IN_LOCAL (HEAD_DIM >= 128)
+#define Q_IN_LOCAL (HEAD_DIM > 128)
 #endif
 #if Q_IN_LOCAL
 #define Q_BASE (WARPS * WARP_HALFS)

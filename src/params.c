@@ -717,13 +717,12 @@ static const decode_entry decode_arch[] = {
      * context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
      * slower everywhere; slices of at least 512 keys beat 256 at 6 of 9
      * shapes ((1, 32768) 88 against 110 µs; (1, 4096) 56 against 52).
-     * 5 work-groups per compute unit: the splits fill one wave of what an
-     * H200 SM holds at once (D=128: 5 groups of 64 threads at 168
-     * registers; D=256: 5 one-warp groups of 42.5 KB __local). D=128,
-     * batch 1/4/16 x context 16k/64k/128k: 7 shapes 1-10 % faster than 4,
-     * 2 level; 4 had beaten 16 (nearly four waves) by up to 9 % when the
-     * kernel took 204 registers. D=256: 5 shapes 2-10 % faster than 16. */
-    {"sm_80+", NULL, DECODE_MMA, 16, 64, 0, 2, 5, 512, "measured on the H200, see BENCHMARKS.md"},
+     * 4 work-groups per compute unit: at 204 registers a thread, 4 of
+     * these 64-thread groups fit an SM's registers at once, so the splits
+     * fill exactly one wave. Against 16 (nearly 4 waves) at batch 1/4/16 x
+     * context 16k/64k/128k: 6 shapes 3-9 % faster ((1, 65536) 127 against
+     * 139-143 µs), 3 level; 5, 8, 10 and 32 were slower. */
+    {"sm_80+", NULL, DECODE_MMA, 16, 64, 0, 2, 4, 512, "measured on the H200, see BENCHMARKS.md"},
 };
 static const decode_entry decode_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, 0, 0, NULL}};
 static const decode_entry decode_type[] = {
@@ -751,7 +750,7 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp stages x (K, V); merge floats */
         size_t q = 16 * (d + 8), tiles = (size_t)(c->work_group_size / 32) * (size_t)c->stages * 2 * n * (d + 8);
-        size_t halves = d >= 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL from D=128 */
+        size_t halves = d > 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL above D=128 */
         return halves * 2 + ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
     }
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
@@ -900,6 +899,14 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         c->block_n = 16;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
+        /* The entry's work-groups per CU count 2-warp groups: 4 on sm_80+,
+         * one wave of them at 204 registers a thread. The one-warp groups
+         * above D=128 are held by __local instead (42.5 KB each at D=256),
+         * and 5 fit an H200 SM: with 5 per CU (4 * 5 / 4), batch 1/4/16/64 x
+         * context 16k/128k, 5 shapes ran 2-10 % faster than with 16, two
+         * level, (1, 16384) 11 % slower; 10 and 20 in between. */
+        if (c->work_group_size == 32)
+            c->wgs_per_cu = c->wgs_per_cu * 5 / 4;
     } else if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (c->block_m > 8) /* q and the accumulators of 8 rows already take 128 registers */
             c->block_m = 8;
