@@ -3,7 +3,7 @@
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
-# forward: test_forward mma (tile shapes forced) and quick on the GPU, fp16/bf16
+# forward: test_forward wgmma and mma (tile shapes forced) and quick on the GPU, fp16/bf16
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
 #         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
 #         "FLASHCL_PARAMS value[|extra build options]".
@@ -51,17 +51,18 @@ if [ "$what" = serve ]; then
   exit 0
 fi
 if [ "$what" = forward ]; then
-  for t in ${TESTS:-"test_forward mma" "test_forward quick"}; do
+  for t in ${TESTS:-"test_forward wgmma" "test_forward mma" "test_forward quick"}; do
     gpu_test "$t"
   done
   if [ "${SWEEP:-0}" = 1 ]; then
-    # Each entry: FLASHCL_PARAMS value, optionally "|" and extra build options (e.g. -DRESCALE_SKIP=0).
+    # Each entry: FLASHCL_PARAMS value, optionally "|" and extra build options (e.g. -DRESCALE_SKIP=0;
+    # "+" stands for a space between options: -DQ_SMEM=1+-DFLASHCL_NV_MAXNREG=128).
     for e in "" ${SWEEP_PARAMS:-}; do
-      p=${e%%|*}; o=; [ "$e" != "$p" ] && o=${e#*|}
+      p=${e%%|*}; o=; [ "$e" != "$p" ] && o=${e#*|}; o=${o//+/ }
       for d in ${SWEEP_DIMS:-128}; do
-        echo "== D=$d FLASHCL_PARAMS=${p:-defaults} ${o:+build options $o}: ptxas, then TFLOP/s (f16)"
+        echo "== D=$d FLASHCL_PARAMS=${p:-defaults} ${o:+build options $o}: ptxas and a validated shape, then TFLOP/s (f16)"
         FLASHCL_PARAMS=$p FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS="-cl-nv-verbose $o" ./build-gpu/flashcl \
-          bench --device nvidia --shape 1,2,256,$d --no-causal --iters 1 2>&1 | grep -E "registers|spill" | head -2
+          bench --device nvidia --shape 2,4,777,$d --iters 1 2>&1 | grep -E "registers|spill|pass|FAIL|rror" | head -4
         FLASHCL_PARAMS=$p FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --device nvidia --shape 4,32,4096,$d \
           ${SWEEP_LONG:+--shape 1,32,16384,$d} --iters 10 2>&1 | grep -E "^ *f16|error" | head -4
       done

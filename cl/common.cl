@@ -152,10 +152,27 @@ inline uint pack2(float lo, float hi) {
  * barrier must follow before the tile is read.
  * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
  * when this returns. */
-inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off,
-                         __global const ushort *src, ulong stride, int rows, int nrows, int vec,
-                         int tid, int head_dim, int pitch, int nthreads) {
-    const int d_chunks = (head_dim + 15) / 16 * 2; /* 16-byte chunks of a padded row */
+/* Byte offset of 16-byte chunk c of row r in a tile of nrows rows laid out for
+ * wgmma's 128-byte swizzle (cl/flash_fwd_sm90.cl): the row's 128-byte panels
+ * (64 halves each) are stored panel after panel, each panel nrows x 128
+ * bytes, and within each 1024-byte atom of 8 rows chunk c of row r sits at
+ * chunk c ^ (r % 8). The tile must start 1024-byte aligned. */
+#define SW128_OFFSET(r, c, nrows) \
+    (((uint)((c) >> 3) * (uint)(nrows) + (uint)(r)) * 128u + ((uint)(((c) & 7) ^ ((r) & 7)) << 4))
+
+/* nv_copy_rows_to with the plain row-major layout: row r at r*pitch halves. */
+#define nv_copy_rows(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, head_dim, pitch,   \
+                     nthreads)                                                                     \
+    nv_copy_rows_to(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, head_dim, pitch,    \
+                    nthreads, 0)
+
+/* sw128 != 0 (a compile-time constant at every call): the SW128_OFFSET
+ * layout instead, pitch unused (rows are head_dim rounded up to 64 halves). */
+inline void nv_copy_rows_to(__local ushort *smem, uint s_base, uint dst_off,
+                            __global const ushort *src, ulong stride, int rows, int nrows, int vec,
+                            int tid, int head_dim, int pitch, int nthreads, int sw128) {
+    /* 16-byte chunks of a padded row */
+    const int d_chunks = sw128 ? (head_dim + 63) / 64 * 8 : (head_dim + 15) / 16 * 2;
     const int total = nrows * d_chunks;
     const int iters = (total + nthreads - 1) / nthreads;
 #if USE_CP_ASYNC
@@ -167,7 +184,8 @@ inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off,
                 const int bytes = r < rows ? clamp(2 * (head_dim - 8 * c), 0, 16) : 0;
                 /* A chunk that copies nothing still needs a valid address. */
                 __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
-                const uint dst = s_base + (dst_off + (uint)(r * pitch + 8 * c)) * 2u;
+                const uint dst = s_base + dst_off * 2u +
+                                 (sw128 ? SW128_OFFSET(r, c, nrows) : (uint)(r * pitch + 8 * c) * 2u);
                 __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;"
                                      :
                                      : "r"(dst), "l"((ulong)p), "r"(bytes)
@@ -191,7 +209,8 @@ inline void nv_copy_rows(__local ushort *smem, uint s_base, uint dst_off,
                 const uint hi = r < rows && d + 1 < head_dim ? p[d + 1] : 0u;
                 w[e] = lo | hi << 16;
             }
-            *(__local uint4 *)(smem + dst_off + r * pitch + 8 * c) =
+            *(__local uint4 *)(smem + dst_off +
+                               (sw128 ? SW128_OFFSET(r, c, nrows) / 2u : (uint)(r * pitch + 8 * c))) =
                 (uint4)(w[0], w[1], w[2], w[3]);
         }
     }

@@ -89,6 +89,7 @@ static const forward_variant variants[] = {
     {"cpu", "flash_fwd_cpu.cl", "flash_fwd_cpu", NULL},
     {"nv-mma", "flash_fwd_nv.cl", "flash_fwd_nv", "WARPS"},
     {"nv-tf32", "flash_fwd_nv32.cl", "flash_fwd_nv32", "WARPS"},
+    {"nv-wgmma", "flash_fwd_sm90.cl", "flash_fwd_sm90", "WARPS"},
 };
 
 static const forward_variant *find_variant(const char *name) {
@@ -157,6 +158,12 @@ static flashcl_status check_params(flashcl_context *ctx, const flashcl_attention
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "tensor-core kernel: BLOCK_M %d and BLOCK_N %d must be multiples of 16",
                             p->block_m, p->block_n);
+    if (!strcmp(p->variant, "nv-wgmma") &&
+        (p->work_group_size % 128 != 0 || p->block_m != p->work_group_size / 2 ||
+         (p->block_n != 64 && p->block_n != 48)))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "wgmma kernel: WARPS %d must be a multiple of 4, BLOCK_M %d 16*WARPS and BLOCK_N %d "
+                            "48 or 64", p->work_group_size / 32, p->block_m, p->block_n);
     if (!strcmp(p->variant, "nv-tf32") &&
         (p->block_m != p->work_group_size / 2 || p->block_n % 8 != 0 || p->work_group_size % 32 != 0))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
@@ -205,9 +212,10 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s",
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s",
              (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
-             flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "", extra ? " " : "", extra ? extra : "");
+             flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
+             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", extra ? " " : "", extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 
@@ -223,6 +231,16 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     st = build_forward(ctx, r, &p, kernel);
     /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
      * database entry falls back (see src/params.c). */
+    if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-wgmma") && !flashcl_params_explicit(&p)) {
+        /* sm_90a needs a driver that takes the retargeted PTX back; without
+         * it the mma.sync kernel (or whatever the database picks next) runs. */
+        flashcl_log("the nv-wgmma kernel did not build, using the next choice: %.300s", flashcl_last_error(ctx));
+        ctx->no_sm90a = 1;
+        flashcl_clear_error(ctx);
+        if ((st = choose_params(ctx, r, &p)) != FLASHCL_SUCCESS)
+            return st;
+        st = build_forward(ctx, r, &p, kernel);
+    }
     if (st == FLASHCL_ERROR_BUILD_FAILED && flashcl_variant_is_nv(p.variant) && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
                     flashcl_last_error(ctx));

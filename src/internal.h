@@ -49,6 +49,7 @@ typedef struct flashcl_staging {
 
 struct flashcl_context {
     int is_host;
+    int no_sm90a; /* the nv-wgmma kernel failed to build here: no longer chosen */
     cl_platform_id platform;
     cl_device_id device;
     cl_context cl_ctx;
@@ -99,6 +100,12 @@ void flashcl_release_programs(flashcl_context *ctx);
  * patched. Caller frees. */
 unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, int cap, size_t *out_size,
                                          size_t *entries);
+/* A copy of NVIDIA's sm_90 PTX of a -DFLASHCL_SM90A program with its sm_90a
+ * instructions unmasked (every "//@sm90a " removed) and ".target sm_90a";
+ * NULL when the target is not exactly sm_90, nothing is masked, or memory
+ * runs out. *markers: the markers removed. Caller frees. */
+unsigned char *flashcl_ptx_enable_sm90a(const unsigned char *ptx, size_t size, size_t *out_size,
+                                        size_t *markers);
 /* The register cap build options ask for: the value of their last
  * -DFLASHCL_NV_MAXNREG= (so FLASHCL_BUILD_OPTIONS, appended last, wins), or 0. */
 int flashcl_nv_register_cap(const char *options);
@@ -114,7 +121,10 @@ void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention
 int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
 /* 1 when the float32 tensor-core variant applies (NVIDIA sm_80+, f32, D <= 128). */
 int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
-/* 1 for the tensor-core variants ("nv-mma", "nv-tf32"): parameterised by warps,
+/* cl/flash_fwd_sm90.cl applies: NVIDIA compute capability 9.0 whose driver has
+ * built it (or not yet tried), f16/bf16, head_dim 65..128. */
+int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+/* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
 /* __local bytes the cpu, portable and nv-mma kernels need (0 for others). */

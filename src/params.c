@@ -43,22 +43,34 @@
 /* Row layout: {match, driver, variant, dtype, head_dim_min, head_dim_max, phase, causal,
  *              block_m, block_n, threads_per_row, warps, why} */
 
-/* Level 3, exact devices: `flashcl tune` winners, with the command and
- * figures. On the H200 (driver 580.159.04, 2026-12-01) `bench/h200.sh final`
- * ran `flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch 4
- * --heads 32 --budget 35 --confirm 2 --head-dim {128,64}`; both winners
- * equal the sm_80+ entries below (1.00x over them), and are pinned here so
- * a later change to the architecture entries cannot move this card. */
+/* Level 3, exact devices: measured winners, with the command and figures,
+ * pinned here so that a later change to the architecture entries cannot
+ * move this card. On the H200 (driver 580.159.04, 2026-12-01) `bench/h200.sh
+ * final` ran `flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch
+ * 4 --heads 32 --budget 35 --confirm 2 --head-dim 64`: the sm_80+ entry
+ * (1.00x over it). D=128: the sm_90 wgmma entry of the sweep below. */
 static const flashcl_param_entry builtin_device[] = {
     {"NVIDIA H200", NULL, "nv-mma", F16, 1, 64, PREFILL, 0, 128, 64, 0, 4,
      "flashcl tune on the H200: 1.982 ms at 4,32,4096,64 (1.00x the sm_80+ entry)"},
-    {"NVIDIA H200", NULL, "nv-mma", F16, 65, 128, PREFILL, 0, 64, 64, 0, 4,
-     "flashcl tune on the H200: 4.412 ms at 4,32,4096,128 (1.00x the sm_80+ entry)"},
+    {"NVIDIA H200", NULL, "nv-wgmma", F16, 65, 128, PREFILL, 0, 128, 64, 0, 8,
+     "bench/h200.sh forward on the H200: 316 TFLOP/s at 4,32,4096,128 (the sm_90 entry)"},
     {NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
 };
 
 /* Level 4, architectures. */
 static const flashcl_param_entry builtin_arch[] = {
+    /* Hopper's warpgroup MMA (cl/flash_fwd_sm90.cl); first, so that it wins
+     * over the sm_80+ entries of the same class on compute capability 9.0.
+     * H200, f16 D=128 TFLOP/s at (4,32,4096) / (1,32,16384), no mask |
+     * causal (bench/h200.sh forward, SWEEP=1): two warpgroups sharing 64-key
+     * tiles 316 / 328 | 265 / 295; one warpgroup, 64 keys 316 / 323 | 275 /
+     * 296 (causal blocks differ in length, and smaller independent groups
+     * fill the SMs better). Capping one warpgroup at 168 registers (three
+     * groups an SM) gained up to 4 % causal but spills, so it is not used. */
+    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 0, 128, 64, 0, 8,
+     "measured on the H200: 316 TFLOP/s at (4,32,4096,128)"},
+    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 64, 0, 4,
+     "measured on the H200: 275 TFLOP/s at (4,32,4096,128) causal"},
     /* Tensor cores (cl/flash_fwd_nv.cl), 4 warps. Measured on the H200
      * (f16, 4,32,4096,D, TFLOP/s no mask / causal): D=64 BM128 2-stage
      * 281/256 vs BM64 215/201; D=128 BM64 BN64 250/235 vs BN32 201, BM128
@@ -197,6 +209,9 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         size_t stages = 4 * n * pitch * 2 <= 48000 ? 2 : 1; /* the kernel double-buffers when it fits */
         size_t kv = 2 * stages * n * pitch;
         return (qh > kv ? qh : kv) * 2;
+    } else if (!strcmp(p->variant, "nv-wgmma")) { /* bytes, see SMEM_BYTES: max(Q, K + V stages) + 1024 */
+        size_t dpad = (d + 63) / 64 * 64, tile = n * dpad * 2, qb = m * dpad * 2, kv = 2 * tile;
+        return (qb > kv ? qb : kv) + 1024;
     } else if (!strcmp(p->variant, "nv-tf32")) { /* floats, see SMEM_FLOATS: Q, then K + V stages */
         size_t pitch = (d + 7) / 8 * 8 + 4, qf = m * pitch;
         size_t kv_at = d > 64 ? qf : 0; /* Q_IN_SMEM: Q stays, the tiles follow it */
@@ -215,7 +230,7 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
     size_t local = 0;
     why[0] = '\0';
     if (strcmp(v, "cpu") && strcmp(v, "portable") && !flashcl_variant_is_nv(v))
-        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32)", v);
+        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma)", v);
     else if (p->block_m < 1 || p->block_m > 4096 || p->block_n < 1 || p->block_n > 4096)
         snprintf(why, n, "BLOCK_M %d / BLOCK_N %d outside 1..4096", p->block_m, p->block_n);
     else if (!strcmp(v, "cpu") && p->block_n % 8)
@@ -230,6 +245,13 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                  "tensor-core kernel: BLOCK_M %d must be a multiple of 16*WARPS (WARPS %d) and "
                  "BLOCK_N %d of 16",
                  p->block_m, p->work_group_size / 32, p->block_n);
+    else if (!strcmp(v, "nv-wgmma") && (p->work_group_size < 128 || p->work_group_size % 128 ||
+                                         p->block_m != p->work_group_size / 2 ||
+                                         (p->block_n != 64 && p->block_n != 48)))
+        snprintf(why, n, "wgmma kernel: WARPS %d must be a multiple of 4, BLOCK_M %d 16*WARPS and BLOCK_N %d "
+                 "48 or 64", p->work_group_size / 32, p->block_m, p->block_n);
+    else if (!strcmp(v, "nv-wgmma") && (head_dim <= 64 || head_dim > 128))
+        snprintf(why, n, "wgmma kernel: head_dim %d outside 65..128", head_dim);
     else if (!strcmp(v, "nv-tf32") && (p->work_group_size < 32 || p->work_group_size % 32 ||
                                         p->block_m != p->work_group_size / 2 || p->block_n % 8))
         snprintf(why, n, "float32 tensor-core kernel: BLOCK_M %d must be 16*WARPS (WARPS %d) and BLOCK_N %d a "
@@ -277,6 +299,8 @@ static int class_match(const flashcl_param_entry *e, const flashcl_attention_des
 static int variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d, const char *v) {
     if (v && !strcmp(v, "nv-mma"))
         return flashcl_nv_mma_eligible(ctx, d);
+    if (v && !strcmp(v, "nv-wgmma"))
+        return flashcl_nv_wgmma_eligible(ctx, d);
     if (v && !strcmp(v, "nv-tf32"))
         return flashcl_nv_tf32_eligible(ctx, d);
     return v != NULL;
@@ -298,7 +322,7 @@ static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
 }
 
 int flashcl_variant_is_nv(const char *variant) {
-    return variant && (!strcmp(variant, "nv-mma") || !strcmp(variant, "nv-tf32"));
+    return variant && (!strcmp(variant, "nv-mma") || !strcmp(variant, "nv-tf32") || !strcmp(variant, "nv-wgmma"));
 }
 
 /* NVIDIA sm_80+ and not FLASHCL_VARIANT=portable. */
@@ -309,6 +333,13 @@ static int nv_tensor_cores(const flashcl_context *ctx) {
 
 int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
     return nv_tensor_cores(ctx) && desc->dtype != FLASHCL_FLOAT32 && desc->head_dim >= 32 && desc->head_dim <= 256;
+}
+
+/* sm_90a code runs on compute capability 9.0 exactly; the kernel takes head dims 65..128. */
+int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+    const char *force = getenv("FLASHCL_VARIANT");
+    return nv_tensor_cores(ctx) && !ctx->no_sm90a && !(force && !strcmp(force, "nv-mma")) && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
+           desc->dtype != FLASHCL_FLOAT32 && desc->head_dim > 64 && desc->head_dim <= 128;
 }
 
 int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
@@ -550,7 +581,7 @@ static int same_class(const flashcl_param_entry *a, const flashcl_param_entry *b
 /* Checks params for desc's class on ctx and fills e from them. */
 static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention_desc *d,
                                    const flashcl_params *params, flashcl_param_entry *e) {
-    static const char *const names[] = {"portable", "cpu", "nv-mma", "nv-tf32"};
+    static const char *const names[] = {"portable", "cpu", "nv-mma", "nv-tf32", "nv-wgmma"};
     flashcl_params p = *params;
     char why[200];
     class_entry(d, e);
@@ -559,11 +590,13 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
             e->variant = names[i];
     if (!e->variant)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32)", p.variant ? p.variant : "(null)");
+                            "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma)", p.variant ? p.variant : "(null)");
     if (!variant_applies(ctx, d, e->variant))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             !strcmp(e->variant, "nv-mma")
                                 ? "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)"
+                            : !strcmp(e->variant, "nv-wgmma")
+                                ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 65..128)"
                                 : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))

@@ -336,6 +336,65 @@ static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const cha
     return rebuilt;
 }
 
+/* ---- sm_90a kernels on NVIDIA ----------------------------------------------------------- */
+
+/* The marker that hides an sm_90a instruction from the sm_90 build, as
+ * cl/flash_fwd_sm90.cl writes it (SM90A there). */
+#define SM90A_MARKER "//@sm90a "
+
+unsigned char *flashcl_ptx_enable_sm90a(const unsigned char *ptx, size_t size, size_t *out_size,
+                                        size_t *markers) {
+    static const char target[] = ".target sm_90";
+    const size_t mlen = strlen(SM90A_MARKER), tlen = strlen(target);
+    *markers = 0;
+    size_t at = find_bytes(ptx, size, 0, target);
+    /* Exactly sm_90 (not sm_90a, not sm_100): sm_90a code runs on compute capability 9.0 only. */
+    if (at == size || (at + tlen < size && (ptx[at + tlen] == 'a' || (ptx[at + tlen] >= '0' && ptx[at + tlen] <= '9'))))
+        return NULL;
+    unsigned char *out = malloc(size + 1);
+    if (!out)
+        return NULL;
+    size_t n = 0;
+    for (size_t i = 0; i < size;) {
+        if (i == at + tlen)
+            out[n++] = 'a';
+        if (i + mlen <= size && !memcmp(ptx + i, SM90A_MARKER, mlen)) {
+            i += mlen;
+            ++*markers;
+            continue;
+        }
+        out[n++] = ptx[i++];
+    }
+    if (!*markers) {
+        free(out);
+        return NULL;
+    }
+    *out_size = n;
+    return out;
+}
+
+/* A program built with -DFLASHCL_SM90A holds sm_90a instructions behind
+ * SM90A_MARKER: its PTX is unmasked, retargeted and built again. Returns
+ * the rebuilt program (p is released), or NULL with *why set when this
+ * device cannot have it (p is released too: the masked program computes
+ * nothing and must never run). Other programs pass through. */
+static cl_program nv_enable_sm90a(flashcl_context *ctx, cl_program p, const char *options, const char **why) {
+    if (!strstr(options, "-DFLASHCL_SM90A"))
+        return p;
+    size_t size = 0, patched_size = 0, markers = 0;
+    unsigned char *bin = program_binary(p, &size);
+    unsigned char *patched = bin ? flashcl_ptx_enable_sm90a(bin, size, &patched_size, &markers) : NULL;
+    cl_program rebuilt = patched ? build_from_binary(ctx, patched, patched_size, options) : NULL;
+    *why = !bin       ? "the driver gave no program binary"
+           : !patched ? "the program binary is not sm_90 PTX with sm_90a sections"
+           : !rebuilt ? "the driver did not build the sm_90a PTX"
+                      : NULL;
+    free(patched);
+    free(bin);
+    clReleaseProgram(p);
+    return rebuilt;
+}
+
 /* Builds (file, options) into entry; on failure entry->build_log says why. */
 static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) {
     char *source = assemble_source(ctx, entry->file);
@@ -370,6 +429,11 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
     if (err != CL_SUCCESS) {
         entry->build_log = build_log(p, ctx->device);
         clReleaseProgram(p);
+        return FLASHCL_ERROR_BUILD_FAILED;
+    }
+    const char *why = NULL;
+    if (!(p = nv_enable_sm90a(ctx, p, entry->options, &why))) {
+        entry->build_log = flashcl_strdup(why);
         return FLASHCL_ERROR_BUILD_FAILED;
     }
     int cap_missed;

@@ -6,7 +6,7 @@
  *    "entries": [
  *      {"device": "NVIDIA H200",          exact CL_DEVICE_NAME (required)
  *       "driver": "550.54.15",            exact CL_DRIVER_VERSION (optional: any driver)
- *       "variant": "nv-mma",              "portable", "cpu", "nv-mma" or "nv-tf32" (required)
+ *       "variant": "nv-mma",              "portable", "cpu", "nv-mma", "nv-tf32" or "nv-wgmma" (required)
  *       "dtype": "f16",                   "f32", "f16", "bf16" or "any" (required)
  *       "head_dim_min": 65, "head_dim_max": 128,   the head_dim range (optional: 1..256)
  *       "phase": "prefill",               "prefill" (seqlen_q > 1), "decode" (seqlen_q == 1)
@@ -14,7 +14,7 @@
  *       "causal": false,                  true, false or null (optional: either)
  *       "block_m": 64, "block_n": 64,     required, 1..4096
  *       "threads_per_row": 8,             required for "portable"
- *       "warps": 4,                       required for "nv-mma" and "nv-tf32"
+ *       "warps": 4,                       required for "nv-mma", "nv-tf32" and "nv-wgmma"
  *       "comment": "..."}                 anything else is kept but not read
  *    ],
  *    "serving": [                         optional: the paged/varlen kernels (params.c's
@@ -436,7 +436,7 @@ static jval *jget(const jval *obj, const char *key) {
 
 /* ---- entries from the DOM ------------------------------------------------------------- */
 
-static const char *const known_variants[] = {"portable", "cpu", "nv-mma", "nv-tf32"};
+static const char *const known_variants[] = {"portable", "cpu", "nv-mma", "nv-tf32", "nv-wgmma"};
 static const char *const dtype_names[] = {"f32", "f16", "bf16"};         /* flashcl_dtype's order   */
 static const char *const phase_names[] = {"any", "prefill", "decode"};   /* FLASHCL_PHASE_* order   */
 static const char *const kernel_names[] = {"tiled", "decode", "mma"};    /* FLASHCL_SERVING_* order */

@@ -2,8 +2,8 @@
  *
  * `test_forward quick` covers every head dim, every (Nq, Nk) pair, every
  * dtype, mask, layout and GQA ratio at least once; `test_forward sweep` takes
- * the full cross product (CTest label "long"); `test_forward mma` and `tf32`
- * force the NVIDIA tensor-core kernels' tile shapes (GPU only). Inputs are
+ * the full cross product (CTest label "long"); `test_forward mma`, `tf32`
+ * and `wgmma` force the NVIDIA tensor-core kernels' tile shapes (GPU only). Inputs are
  * fresh each run (FLASHCL_TEST_SEED replays one). */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
@@ -115,20 +115,24 @@ static void sweep(flashcl_context *ctx) {
                 }
 }
 
-/* 1 when the table picks `variant` for dtype on this device (else says so). */
-static int variant_applies(flashcl_context *ctx, flashcl_dtype dtype, const char *variant) {
+/* 1 when the table picks `variant` for dtype and head_dim on this device (else says so). */
+static int variant_applies_at(flashcl_context *ctx, flashcl_dtype dtype, int head_dim, const char *variant) {
     flashcl_attention_desc probe;
     flashcl_params p;
     memset(&probe, 0, sizeof probe);
     probe.dtype = dtype;
     probe.batch = probe.heads_q = probe.heads_k = 1;
     probe.seqlen_q = probe.seqlen_k = 64;
-    probe.head_dim = 64;
+    probe.head_dim = head_dim;
     if (flashcl_attention_params(ctx, &probe, &p) != FLASHCL_SUCCESS || strcmp(p.variant, variant) != 0) {
         printf("%s does not apply to this device: skipped\n", variant);
         return 0;
     }
     return 1;
+}
+
+static int variant_applies(flashcl_context *ctx, flashcl_dtype dtype, const char *variant) {
+    return variant_applies_at(ctx, dtype, 64, variant);
 }
 
 /* Each head dim under four FLASHCL_PARAMS values of its bucket (bucket(d):
@@ -183,6 +187,7 @@ static int bucket_64_128_256(int d) {
  * fragments per warp, 2 to 8 warps, one and two K/V stages, 16- to 64-key
  * tiles. Skips (passing) where it does not apply. */
 static void mma(flashcl_context *ctx) {
+    setenv("FLASHCL_VARIANT", "nv-mma", 1); /* not nv-wgmma, where that applies */
     if (!variant_applies(ctx, FLASHCL_FLOAT16, "nv-mma"))
         return;
     static const char *const params[3][4] = {
@@ -205,6 +210,53 @@ static void mma(flashcl_context *ctx) {
 
 static int bucket_64_128(int d) {
     return d > 64;
+}
+
+/* `test_forward wgmma`: Hopper's warpgroup-MMA kernel (cl/flash_fwd_sm90.cl)
+ * with one and two warpgroups over the head dims it takes (65..128,
+ * padded to 128). Skips (passing) where it does not apply. */
+static void wgmma(flashcl_context *ctx) {
+    if (!variant_applies_at(ctx, FLASHCL_FLOAT16, 128, "nv-wgmma"))
+        return;
+    /* The table's: 2 warpgroups without a mask, 1 with one; forced both
+     * ways, with 64- and 48-key tiles. */
+    static const char *const params[2][4] = {
+        {NULL, NULL, NULL, NULL}, /* no head dim of this bucket */
+        {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=8,BLOCK_M=128"}};
+    static const int dims[] = {65, 72, 80, 96, 111, 127, 128};
+    static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
+    forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128);
+    edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
+    setenv("FLASHCL_PARAMS", "WARPS=4,BLOCK_M=64", 1);
+    edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 72, 128, 111);
+    unsetenv("FLASHCL_PARAMS");
+#ifdef FLASHCL_SOURCE_CL_DIR
+    /* Its source missing: the build fails and the mma.sync kernel answers
+     * (last: the context then no longer picks nv-wgmma). */
+    static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_nv.cl"};
+    char dir[] = "/tmp/flashcl-wgmma-fallback-XXXXXX";
+    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, files, COUNT(files))) {
+        printf("FLASHCL_KERNEL_DIR without flash_fwd_sm90.cl: ");
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        run(ctx, test_case_basic(FLASHCL_FLOAT16, 70, 90, 100)); /* a head dim built by no case above */
+        unsetenv("FLASHCL_KERNEL_DIR");
+        flashcl_params p;
+        flashcl_attention_desc probe = {0};
+        probe.dtype = FLASHCL_FLOAT16;
+        probe.batch = probe.heads_q = probe.heads_k = 1;
+        probe.seqlen_q = probe.seqlen_k = 64;
+        probe.head_dim = 100;
+        ++cases;
+        if (flashcl_attention_params(ctx, &probe, &p) != FLASHCL_SUCCESS || strcmp(p.variant, "nv-mma")) {
+            ++failures;
+            printf("after the failed build: FAILED (the context picks %s, not nv-mma)\n", p.variant);
+        }
+    } else {
+        ++cases, ++failures;
+        printf("setting up the source directory: FAILED\n");
+    }
+    test_kernel_dir_remove(dir, files, COUNT(files));
+#endif
 }
 
 /* `test_forward tf32`: the float32 tensor-core kernel (cl/flash_fwd_nv32.cl)
@@ -254,6 +306,8 @@ int main(int argc, char **argv) {
         tf32(ctx);
     else if (argc > 1 && !strcmp(argv[1], "mma"))
         mma(ctx);
+    else if (argc > 1 && !strcmp(argv[1], "wgmma"))
+        wgmma(ctx);
     else
         quick(ctx);
     printf("%d of %d cases passed\n", cases - failures, cases);

@@ -14,7 +14,9 @@ trap 'rm -rf "$tmp"' EXIT
 failures=0 cases=0
 
 # file | -D options (FLASHCL_NV_PTX is added) | 1: a tensor-core kernel (mma.sync, no local_depot),
-# 2: a SIMT kernel whose private arrays must stay in registers (no local_depot), 0: builds
+# 2: a SIMT kernel whose private arrays must stay in registers (no local_depot), 3: an sm_90a
+# kernel (its masked wgmma lines unmasked as src/program.c does, then wgmma, no local_depot,
+# assembled for sm_90a), 0: builds
 configs=(
   "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4|1"
   "flash_fwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=32 -DBLOCK_M=256 -DBLOCK_N=32 -DWARPS=8|1"
@@ -34,6 +36,9 @@ configs=(
   "paged_decode_nv.cl|-DDTYPE=2 -DHEAD_DIM=256 -DBLOCK_M=16 -DBLOCK_N=16 -DWARPS=1 -DSTAGES=2 -DPAGE_SIZE=1|1"
   "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=4 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=2 -DPAGE_SIZE=16 -DCP_ASYNC_L2=256|1"
   "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4 -DCP_ASYNC_L2=128|1"
+  "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=8|3"
+  "flash_fwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=80 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=4|3"
+  "flash_fwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=111 -DBLOCK_M=64 -DBLOCK_N=64 -DWARPS=4|3"
   "flash_fwd.cl|-DDTYPE=0 -DHEAD_DIM=64 -DBLOCK_M=16 -DBLOCK_N=32 -DTPR=8|2"
   "flash_fwd.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=16 -DBLOCK_N=32 -DTPR=8|2"
   "flash_fwd.cl|-DDTYPE=2 -DHEAD_DIM=256 -DBLOCK_M=16 -DBLOCK_N=16 -DTPR=8|2"
@@ -51,22 +56,27 @@ for c in "${configs[@]}"; do
       -Xclang -finclude-default-header -S -o "$tmp/k.ptx" "$tmp/k.cl" 2> "$tmp/err"; then
     echo "$name: FAILED (clang)"; head -n 20 "$tmp/err"; failures=$((failures + 1)); continue
   fi
-  n_mma=$(grep -c 'mma\.sync' "$tmp/k.ptx")
+  target=sm_90
+  if [ "$mma" = 3 ]; then
+    # What flashcl_ptx_enable_sm90a does to NVIDIA's PTX.
+    sed -i 's#//@sm90a ##g' "$tmp/k.ptx"; target=sm_90a
+  fi
+  n_mma=$(grep -c 'mma\.sync\|wgmma\.mma_async' "$tmp/k.ptx")
   n_depot=$(grep -c 'local_depot' "$tmp/k.ptx")
-  if { [ "$mma" = 1 ] && [ "$n_mma" -eq 0 ]; } || { [ "$mma" != 0 ] && [ "$n_depot" -ne 0 ]; }; then
+  if { [ "$mma" = 1 ] || [ "$mma" = 3 ]; } && [ "$n_mma" -eq 0 ] || { [ "$mma" != 0 ] && [ "$n_depot" -ne 0 ]; }; then
     echo "$name: FAILED ($n_mma mma.sync, $n_depot local_depot: fragments and private arrays stay in registers)"
     failures=$((failures + 1)); continue
   fi
   regs=""
   if [ -n "$ptxas" ]; then
     # clang labels its PTX for an older target; the instructions are sm_80+, checked for sm_90.
-    sed -i 's/^\.target sm_[0-9]*/.target sm_90/; s/^\.version [0-9.]*/.version 8.0/' "$tmp/k.ptx"
-    if ! "$ptxas" -arch=sm_90 -v "$tmp/k.ptx" -o "$tmp/k.cubin" > "$tmp/log" 2>&1; then
+    sed -i "s/^\.target sm_[0-9]*/.target $target/; s/^\.version [0-9.]*/.version 8.0/" "$tmp/k.ptx"
+    if ! "$ptxas" -arch=$target -v "$tmp/k.ptx" -o "$tmp/k.cubin" > "$tmp/log" 2>&1; then
       echo "$name: FAILED (ptxas)"; grep -v '^ptxas info' "$tmp/log" | head -n 20; failures=$((failures + 1)); continue
     fi
     regs=", ptxas: $(grep -o 'Used [0-9]* registers' "$tmp/log" | tr '\n' ' ')"
   fi
-  echo "$name: ok ($n_mma mma.sync$regs)"
+  echo "$name: ok ($n_mma mma$regs)"
 done
 echo "$((cases - failures)) of $cases kernel builds passed${ptxas:+ (assembled by ptxas)}"
 [ "$failures" -eq 0 ]

@@ -501,13 +501,43 @@ static void test_levels(void) {
     flashcl_attention_desc d16 = desc_of(FLASHCL_FLOAT16, 1000, 128, 0);
     flashcl_attention_desc d32 = desc_of(FLASHCL_FLOAT32, 1000, 128, 0);
     flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 128 &&
+               p.block_n == 64 && p.work_group_size == 256 && flashcl_forward_local_bytes(&p, 128) <= 48000,
+           "sm_90, f16: the sm_90 arch entry (nv-wgmma 128x64, 8 warps)", &failures);
+    flashcl_attention_desc d16c = desc_of(FLASHCL_FLOAT16, 1000, 96, 1);
+    flashcl_attention_params(ctx, &d16c, &p);
+    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
+               p.block_n == 64 && p.work_group_size == 128,
+           "sm_90, f16 causal D=96: the causal sm_90 entry (nv-wgmma 64x64, 4 warps)", &failures);
+    flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
+    flashcl_attention_params(ctx, &d16_64, &p);
+    expect(!strcmp(p.variant, "nv-mma"), "sm_90, f16 D=64: nv-mma (nv-wgmma takes 65..128)", &failures);
+    setenv("FLASHCL_VARIANT", "nv-mma", 1);
+    flashcl_attention_params(ctx, &d16, &p);
     expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-mma") && p.block_n == 64 &&
                p.work_group_size == 128,
-           "sm_90, f16: the arch entry (nv-mma 64x64, 4 warps)", &failures);
+           "FLASHCL_VARIANT=nv-mma: the sm_80+ arch entry (nv-mma 64x64, 4 warps)", &failures);
+    unsetenv("FLASHCL_VARIANT");
+    ctx->no_sm90a = 1;
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.variant, "nv-mma"), "after an nv-wgmma build failure: nv-mma", &failures);
+    ctx->no_sm90a = 0;
+    ctx->info.nv_cc_minor = 9;
+    flashcl_attention_params(ctx, &d16, &p);
+    expect(!strcmp(p.variant, "nv-mma"), "compute capability 9.9: not sm_90a, nv-mma", &failures);
+    ctx->info.nv_cc_minor = 0;
+    flashcl_params wg = {64, 64, 0, 256, "nv-wgmma", NULL};
+    expect(flashcl_set_params(ctx, &d16, &wg) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "16*WARPS"),
+           "nv-wgmma with BLOCK_M other than 16*WARPS is refused", &failures);
+    wg = (flashcl_params){128, 64, 0, 256, "nv-wgmma", NULL};
+    expect(flashcl_set_params(ctx, &d32, &wg) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "nv-wgmma kernel does not apply"),
+           "nv-wgmma on float32 is refused", &failures);
     snprintf(ctx->info.name, sizeof ctx->info.name, "NVIDIA H200");
     flashcl_attention_params(ctx, &d16, &p);
-    expect(!strcmp(p.source, "built-in device: NVIDIA H200") && !strcmp(p.variant, "nv-mma") &&
-               p.block_m == 64 && p.block_n == 64,
+    expect(!strcmp(p.source, "built-in device: NVIDIA H200") && !strcmp(p.variant, "nv-wgmma") &&
+               p.block_m == 128 && p.block_n == 64,
            "the H200 by name: its exact-device entry (the tuner's winner)", &failures);
     snprintf(ctx->info.name, sizeof ctx->info.name, "Pretend NVIDIA sm_90 GPU");
     flashcl_attention_params(ctx, &d32, &p);
@@ -556,7 +586,7 @@ static void test_levels(void) {
     flashcl_attention_desc decode = desc_of(FLASHCL_FLOAT16, 1, 128, 0);
     decode.seqlen_k = 1000;
     flashcl_attention_params(ctx, &decode, &p);
-    expect(!strcmp(p.source, "built-in arch: sm_80+"), "the prefill entry does not apply to decode (Nq=1)",
+    expect(!strcmp(p.source, "built-in arch: sm_90"), "the prefill entry does not apply to decode (Nq=1)",
            &failures);
     p.variant = "nv-mma";
     p.block_m = 64;
@@ -1014,6 +1044,27 @@ static void test_ptx_cap(void) {
     expect(out && entries == 1 && n == sizeof commented_want && !memcmp(out, commented_want, n),
            "PTX register cap: a commented \".entry\" is passed over, the trailing NUL kept", &failures);
     free(out);
+    /* sm_90a: the markers go, the target becomes sm_90a; other targets and
+     * unmarked PTX are refused. */
+    static const char masked[] = ".version 9.0\n.target sm_90, texmode_independent\n"
+                                 "\t// begin inline asm\n//@sm90a wgmma.fence.sync.aligned;\n"
+                                 "//@sm90a {\n//@sm90a wgmma.commit_group.sync.aligned;\n//@sm90a }\n";
+    static const char unmasked[] = ".version 9.0\n.target sm_90a, texmode_independent\n"
+                                   "\t// begin inline asm\nwgmma.fence.sync.aligned;\n"
+                                   "{\nwgmma.commit_group.sync.aligned;\n}\n";
+    size_t markers = 0;
+    out = flashcl_ptx_enable_sm90a((const unsigned char *)masked, sizeof masked - 1, &n, &markers);
+    expect(out && markers == 4 && n == sizeof unmasked - 1 && !memcmp(out, unmasked, n),
+           "sm_90a PTX: markers removed, .target sm_90a", &failures);
+    free(out);
+    static const char sm80[] = ".version 9.0\n.target sm_80\n//@sm90a wgmma.fence.sync.aligned;\n";
+    static const char sm100[] = ".version 9.0\n.target sm_100\n//@sm90a wgmma.fence.sync.aligned;\n";
+    static const char plain[] = ".version 9.0\n.target sm_90\nret;\n";
+    expect(!flashcl_ptx_enable_sm90a((const unsigned char *)sm80, sizeof sm80 - 1, &n, &markers) &&
+               !flashcl_ptx_enable_sm90a((const unsigned char *)sm100, sizeof sm100 - 1, &n, &markers) &&
+               !flashcl_ptx_enable_sm90a((const unsigned char *)plain, sizeof plain - 1, &n, &markers) &&
+               !flashcl_ptx_enable_sm90a((const unsigned char *)unmasked, sizeof unmasked - 1, &n, &markers),
+           "sm_90a PTX: sm_80, sm_100, sm_90a and unmarked PTX are refused", &failures);
     /* The last -DFLASHCL_NV_MAXNREG wins: FLASHCL_BUILD_OPTIONS comes after the table's. */
     expect(flashcl_nv_register_cap("-cl-std=CL1.2 -DHEAD_DIM=64") == 0 && flashcl_nv_register_cap(NULL) == 0 &&
                flashcl_nv_register_cap("-DWG=128 -DFLASHCL_NV_MAXNREG=168 -cl-nv-verbose") == 168 &&

@@ -84,6 +84,9 @@ static const tune_space tune_spaces[] = {
     /* cl/flash_fwd_nv32.cl: float32, 16 query rows per warp. */
     {"nv-tf32", {32, 64, 128, 0}, {8, 16, 32, 64, 0}, "WARPS", {2, 4, 8, 0}, 16,
      "BLOCK_M == 16*WARPS; BLOCK_N % 8 == 0; tiles <= 48000 B"},
+    /* cl/flash_fwd_sm90.cl: whole warpgroups of 64 rows. */
+    {"nv-wgmma", {64, 128, 0}, {64, 128, 0}, "WARPS", {4, 8, 0}, 16,
+     "WARPS % 4 == 0; BLOCK_M == 16*WARPS; BLOCK_N % 64 == 0; tiles <= 48000 B"},
 };
 
 typedef struct candidate {
@@ -109,7 +112,7 @@ static void on_sigint(int sig) {
 
 /* The tensor-core variants, parameterised by warps. */
 static int is_nv_variant(const char *v) {
-    return !strcmp(v, "nv-mma") || !strcmp(v, "nv-tf32");
+    return !strcmp(v, "nv-mma") || !strcmp(v, "nv-tf32") || !strcmp(v, "nv-wgmma");
 }
 
 static void describe(const flashcl_params *p, char *buf, size_t n) {
@@ -565,9 +568,10 @@ int cmd_tune(int argc, char **argv) {
         goto done;
     }
     if (!variants)
-        variants = !strcmp(base.variant, "nv-mma")    ? "nv-mma,portable"
-                   : !strcmp(base.variant, "nv-tf32") ? "nv-tf32,portable"
-                                                      : base.variant;
+        variants = !strcmp(base.variant, "nv-mma")     ? "nv-mma,portable"
+                   : !strcmp(base.variant, "nv-tf32")  ? "nv-tf32,portable"
+                   : !strcmp(base.variant, "nv-wgmma") ? "nv-wgmma,nv-mma"
+                                                       : base.variant;
     char base_text[64], base_source[300];
     describe(&base, base_text, sizeof base_text);
     snprintf(base_source, sizeof base_source, "%s", base.source);

@@ -1,0 +1,367 @@
+/* flash_fwd_sm90.cl: FlashAttention forward on Hopper's warpgroup MMA (wgmma, sm_90a).
+ *
+ * Same arguments and semantics as flash_fwd.cl; the host selects this file for
+ * float16/bfloat16 with 64 < HEAD_DIM <= 128 on compute capability 9.0.
+ *
+ * How it reaches the hardware. NVIDIA's OpenCL compiles for ".target sm_90",
+ * where ptxas rejects wgmma, but it accepts PTX for sm_90a back through
+ * clCreateProgramWithBinary. So every sm_90a instruction here is written as
+ * inline asm whose lines start with the marker SM90A, a PTX comment: the
+ * source builds as usual (the compiler fills in the registers of each
+ * operand), and src/program.c then deletes the markers from the program's
+ * PTX, retargets it to sm_90a and builds that. Built any other way (or if
+ * the rebuild fails) the kernel would compute nothing, which is why the host
+ * only ever runs the rebuilt program and otherwise falls back to
+ * flash_fwd_nv.cl.
+ *
+ * Work decomposition. A work-group of WARPS warps (WARPS/4 warpgroups) owns
+ * BLOCK_M = 16*WARPS query rows of one (batch, query head); warpgroup i owns
+ * rows 64i..64i+63 and computes, per key tile of BLOCK_N (48 or 64) keys,
+ *   S  = Q K^T  : wgmma m64nBLOCK_Nk16, Q (A) from registers, K (B) from __local;
+ *   O += P V    : wgmma m64n64k16, P (A) from the S registers, V (B) from
+ *                 __local read N-major (the transpose bit), one per 64 dims.
+ * All warpgroups share each K/V tile, so a tile is loaded once per 128 rows.
+ * A warp's part of a warpgroup accumulator is exactly a 16-row mma.sync
+ * fragment (warp w%4 holds rows 16(w%4)..+15, lane (g, t) columns 8j+2t,
+ * 8j+2t+1 of rows g and g+8 in registers 4j..4j+3), so the softmax code,
+ * the P packing and the epilogue are those of flash_fwd_nv.cl.
+ *
+ * __local (1024-byte aligned: the swizzle works on address bits 4-9):
+ *   +-----------+-----------+
+ *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common.cl)
+ *   +-----------+-----------+
+ *   |  Q block (BLOCK_M rows) |   before the loop only
+ *   +-----------------------+
+ * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
+ * lands while S is computed, K(n0+BN) while O += P V is. (A two-stage
+ * variant, K and V of the next tile loading during the whole current one,
+ * gave wrong results on the H200 and was taken out; see BENCHMARKS.md.)
+ * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
+ * 1024 bytes apart. K is K-major (dims contiguous): k-step kk starts
+ * 32*(kk%4) bytes into panel kk/4. V is N-major (dims contiguous, keys
+ * strided): k-step kk starts at its 16 keys, dims 64h..64h+63 in panel h.
+ * Q's A fragments come out of the same layout through ldmatrix.
+ *
+ * Ordering. cp.async writes __local through the generic proxy and wgmma
+ * reads it through the async proxy, so each thread's copies are waited for
+ * and fenced (fence.proxy.async) before the barrier that publishes a tile.
+ * wgmma runs asynchronously: its accumulators are read only after
+ * wgmma.wait_group, and each register is then passed through an empty asm
+ * (WG_FENCE_REGS) so the compiler cannot move a use above the wait; a
+ * buffer is refilled only after every warpgroup has waited for the wgmma
+ * that read it (the barrier after the wait).
+ *
+ * Softmax, masking, soft-cap, rows without keys, LSE: as flash_fwd_nv.cl.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#ifndef WARPS
+#define WARPS 8 // warps per work-group, a multiple of 4 (warpgroups)
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M (16 * WARPS)
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64
+#endif
+#define WG_SIZE (WARPS * 32)
+#define HEAD_DIM_PAD (((HEAD_DIM) + 63) / 64 * 64) // 128-byte panels of 64 halves
+#define PANELS (HEAD_DIM_PAD / 64)
+#define K_STEPS (HEAD_DIM_PAD / 16) // k16 steps of S = Q K^T
+#define S_FRAGS (BLOCK_N / 8)       // n8 blocks of S per 16 rows
+#define P_STEPS (BLOCK_N / 16)      // k16 steps of O = P V
+#define O_FRAGS (HEAD_DIM_PAD / 8)  // n8 blocks of O per 16 rows
+#define TILE_BYTES (BLOCK_N * HEAD_DIM_PAD * 2)
+#define Q_BYTES (BLOCK_M * HEAD_DIM_PAD * 2)
+#define KV_BYTES (2 * TILE_BYTES)
+/* K and V overwrite Q once its fragments are in registers. (Q kept in
+ * __local for an SS wgmma, 32 registers fewer, gave wrong results on the
+ * H200: BENCHMARKS.md.) */
+#define SMEM_USED (Q_BYTES > KV_BYTES ? Q_BYTES : KV_BYTES)
+/* + 1024: room to align the tiles when the compiler does not honour aligned(1024) */
+#define SMEM_BYTES (SMEM_USED + 1024)
+
+#if WARPS % 4 != 0 || WARPS < 4
+#error "WARPS must be a multiple of 4 (whole warpgroups)"
+#endif
+#if BLOCK_M != 16 * WARPS
+#error "BLOCK_M must be 16*WARPS (64 rows per warpgroup)"
+#endif
+/* Validated on the H200 (test_forward wgmma): head dims 65..128 (padded to
+ * 128) with 48- or 64-key tiles. At D <= 64 (one panel), 64-key tiles gave
+ * wrong scores there, cause not found, while 128-key tiles passed but ran
+ * slower than flash_fwd_nv.cl; so D <= 64 is refused (BENCHMARKS.md). */
+#if HEAD_DIM <= 64 || HEAD_DIM > 128 || (BLOCK_N != 64 && BLOCK_N != 48)
+#error "flash_fwd_sm90 takes 64 < HEAD_DIM <= 128 and BLOCK_N 48 or 64"
+#endif
+#if SMEM_BYTES > 48000
+#error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
+#endif
+#ifndef FLASHCL_NV_PTX
+#error "flash_fwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#endif
+#if DTYPE != 1 && DTYPE != 2
+#error "flash_fwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"
+#endif
+
+/* ---- sm_90a instructions, behind the marker src/program.c removes ------------------------ */
+
+#define SM90A "//@sm90a "
+
+#define WGMMA_FENCE() __asm__ __volatile__(SM90A "wgmma.fence.sync.aligned;\n" ::: "memory")
+#define WGMMA_COMMIT() __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory")
+#define WGMMA_WAIT_ALL() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory")
+
+/* d[0..7][0..3] = A (a[0..3], this warp's 16x16 slice of the 64x16 A) times
+ * the 16x64 B that desc describes, plus d when scale_d is 1 (0: d's old
+ * values are not read); tnsp_b 0: B K-major, 1: N-major. */
+#define WG_ACC4(d, j) "+f"((d)[j][0]), "+f"((d)[j][1]), "+f"((d)[j][2]), "+f"((d)[j][3])
+#define WGMMA_64N64(d, a, desc, scale_d, tnsp_b)                                                   \
+    __asm__ __volatile__(                                                                          \
+        SM90A "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_TYPE "." MMA_TYPE " "              \
+              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
+              "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                 \
+              "{%32,%33,%34,%35}, %36, " #scale_d ", 1, 1, " #tnsp_b ";\n"                         \
+        : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4),               \
+          WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)                                              \
+        : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)                            \
+        : "memory")
+
+/* S = Q K^T for one k-step: m64nBLOCK_Nk16 into s[S_FRAGS][4], A (Q) from
+ * registers a[0..3], B = K (K-major) through descriptor db. */
+#if BLOCK_N == 64
+#define S_N "64"
+#define S_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), \
+                 WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define S_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                               \
+            "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define S_AB "{%32,%33,%34,%35}, %36"
+#else
+#define S_N "48"
+#define S_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5)
+#define S_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
+#define S_AB "{%24,%25,%26,%27}, %28"
+#endif
+#define WGMMA_S(d, a, db, scale_d)                                                                 \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n" S_N "k16.f32." MMA_TYPE         \
+                               "." MMA_TYPE " " S_D ", " S_AB ", " #scale_d ", 1, 1, 0;\n"         \
+                         : S_OUT(d)                                                                \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(db)             \
+                         : "memory")
+
+/* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
+ * that no use of an accumulator is scheduled above the wait; before
+ * wgmma.fence, so that no write of an operand (the rescaled O, packed P)
+ * sinks between the wgmma of a chain, where ptxas would have to serialise
+ * them. c: the constraint, "f" or "r". */
+#define WG_FENCE_REGS_C(d, n, c)                                                                   \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n); ++j_)                                         \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)                                       \
+                __asm__ __volatile__("" : "+" c((d)[j_][e_])::"memory");                           \
+    } while (0)
+#define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
+
+/* A shared-memory matrix descriptor for the SW128_OFFSET layout: start
+ * address, both byte offsets 1024 (the 8-row group stride; the other offset
+ * is unused by these shapes, whose k and n extents fit one swizzle atom
+ * width), 128-byte swizzle. */
+inline ulong sw128_desc(uint addr) {
+    return (ulong)((addr & 0x3FFFFu) >> 4) | ((ulong)(1024u >> 4) << 16) |
+           ((ulong)(1024u >> 4) << 32) | ((ulong)1 << 62);
+}
+
+/* Copies have landed for this work-item and are visible to wgmma's reads. */
+inline void cp_wait_async_proxy(void) {
+    cp_wait();
+    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __global const ushort *src,
+                      ulong stride, int rows, int nrows, int vec, int tid) {
+    nv_copy_rows_to(smem, s_base, dst_bytes / 2u, src, stride, rows, nrows, vec, tid, HEAD_DIM, 0,
+                    WG_SIZE, 1);
+}
+
+/* ---- the kernel ----------------------------------------------------------------------- */
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90(FWD_ARGS) {
+    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+
+    NV_FWD_BLOCK;
+    const int wgrp = warp / 4; /* warpgroup */
+
+    __global const ushort *qb = (__global const ushort *)q + (q_off + b * q_sb + hq * q_sh);
+    __global const ushort *kb = (__global const ushort *)k + (k_off + b * k_sb + hk * k_sh);
+    __global const ushort *vb = (__global const ushort *)v + (v_off + b * v_sb + hk * v_sh);
+    const int q_vec = ROWS_16B(qb, q_ss);
+    const int k_vec = ROWS_16B(kb, k_ss);
+    const int v_vec = ROWS_16B(vb, v_ss);
+
+    /* Tiles start at the first 1024-byte boundary of the array. */
+    const uint raw_base = shared_addr(smem_raw);
+    const uint align = (1024u - (raw_base & 1023u)) & 1023u;
+    __local ushort *smem = smem_raw + align / 2u;
+    const uint s_base = raw_base + align;
+
+    /* Q block -> __local -> A fragments, once. Rows past nq are zero. */
+    copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
+    cp_wait();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    uint qf[K_STEPS][4];
+    {
+        /* lanes 0-15: rows 0-15 of this warp at the k-step's dims 0-7, lanes
+         * 16-31 the same rows at dims 8-15: a0, a1, a2, a3 as in flash_fwd_nv. */
+        const int r = warp * 16 + lane % 16;
+#pragma unroll
+        for (int kk = 0; kk < K_STEPS; ++kk)
+            LDMATRIX_X4(qf[kk], s_base + SW128_OFFSET(r, 2 * kk + lane / 16, BLOCK_M));
+    }
+    /* Every warp has its Q before K overwrites the same bytes. */
+    barrier(CLK_LOCAL_MEM_FENCE);
+
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
+    const long blk_lo = blk_first.x, blk_hi = blk_last.y;
+
+    /* Tile skipping and the mask test are per warpgroup (wgmma is collective). */
+    const int g0 = m0 + wgrp * 64;
+    NV_WARP_KEYS(g0, min(64, nq - g0));
+    const int w0 = m0 + warp * 16; /* first row of this warp */
+    int row_lo[2], row_hi[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const long2 r = visible_keys(w0 + g + 8 * h, nq, nk, win_left, win_right);
+        row_lo[h] = (int)min(r.x, (long)nk);
+        row_hi[h] = (int)max(r.y, -1L);
+    }
+
+    const int softcap = softcap_log2 > 0.0f;
+    const float sc = softcap ? 1.0f : q_mul;
+
+    float acc[O_FRAGS][4];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < O_FRAGS; ++j)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
+    const int n_end = (int)blk_hi;
+    if (n_start <= n_end)
+        copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
+                  BLOCK_N, k_vec, tid);
+
+    const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
+    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        const int n_next = n0 + BLOCK_N;
+        /* K(n0) has landed; every warpgroup is done with V(n0-BN). */
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        copy_tile(smem, s_base, TILE_BYTES, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0),
+                  BLOCK_N, v_vec, tid);
+
+        /* Every warpgroup computes every tile of the block: a branch around
+         * wgmma makes ptxas serialise the wgmma chain. Keys a row does not
+         * see are masked, and a tile none of them sees leaves m, l and O as
+         * they were (p = 0, alpha = 1). */
+        const int n_last = n0 + BLOCK_N - 1;
+        float s[S_FRAGS][4];
+        {
+            /* ---- S = Q K^T (the first k-step overwrites s) ---- */
+            WGMMA_FENCE();
+#pragma unroll
+            for (int kk = 0; kk < K_STEPS; ++kk) {
+                /* k-step kk: dims 16kk.. are 32*(kk%4) bytes into panel kk/4 */
+                const uint k_at = (uint)((kk / 4) * BLOCK_N * 128 + (kk % 4) * 32);
+                const ulong db = sw128_desc(k_tile + k_at);
+                if (kk == 0)
+                    WGMMA_S(s, qf[kk], db, 0);
+                else
+                    WGMMA_S(s, qf[kk], db, 1);
+            }
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(s, S_FRAGS);
+
+            if (softcap)
+                SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
+            if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
+#pragma unroll
+                for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        const int key = n0 + 8 * j + 2 * t + (e & 1);
+                        const int h = e >> 1;
+                        if (key < row_lo[h] || key > row_hi[h])
+                            s[j][e] = -INFINITY;
+                    }
+            }
+            ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        }
+
+        /* V(n0) has landed; every warpgroup is done reading K(n0). */
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            copy_tile(smem, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next),
+                      BLOCK_N, k_vec, tid);
+
+        {
+            /* ---- O += P V, P packed from the S registers ---- */
+            uint pf[P_STEPS][4];
+#pragma unroll
+            for (int kk = 0; kk < P_STEPS; ++kk) {
+                pf[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
+                pf[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
+                pf[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                pf[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            }
+            WG_FENCE_REGS(acc, O_FRAGS);
+            WG_FENCE_REGS_C(pf, P_STEPS, "r");
+            WGMMA_FENCE();
+#pragma unroll
+            for (int kk = 0; kk < P_STEPS; ++kk)
+#pragma unroll
+                for (int hh = 0; hh < PANELS; ++hh)
+                    WGMMA_64N64(acc + 8 * hh, pf[kk],
+                                sw128_desc(v_tile + (uint)(hh * BLOCK_N * 128 + kk * 16 * 128)), 1, 1);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(acc, O_FRAGS);
+        }
+    }
+
+    /* ---- epilogue: O / l and LSE ---- */
+    __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
+    const int o_pair = (HEAD_DIM % 2 == 0) && ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        float l = l_run[h];
+        l += shfl_xor(l, 1);
+        l += shfl_xor(l, 2);
+        const int row = w0 + g + 8 * h;
+        if (row >= nq)
+            continue;
+        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        __global ushort *orow = ob + (ulong)row * o_ss;
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j) {
+            const int d = 8 * j + 2 * t;
+            const float x0 = acc[j][2 * h] * inv_l, x1 = acc[j][2 * h + 1] * inv_l;
+            if (d >= HEAD_DIM)
+                continue;
+            if (o_pair) {
+                *(__global uint *)(orow + d) = pack2(x0, x1);
+            } else {
+                STORE_ELEM((__global elem_t *)orow, d, x0);
+                if (d + 1 < HEAD_DIM)
+                    STORE_ELEM((__global elem_t *)orow, d + 1, x1);
+            }
+        }
+        if (has_lse && t == 0)
+            lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
+                l > 0.0f ? (m_run[h] * sc + log2(l)) * LN2 : -INFINITY;
+    }
+}
