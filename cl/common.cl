@@ -106,6 +106,10 @@ inline uint pack2(float lo, float hi) {
     return r;
 }
 
+/* NV_FWD_STORE_FRAG's stores of 16-bit outputs: two columns as one 32-bit word, or one. */
+#define NV_STORE_PAIR16(orow, d, x0, x1) (*(__global uint *)((orow) + (d)) = pack2((x0), (x1)))
+#define NV_STORE_ONE16(orow, d, x) STORE_ELEM((__global elem_t *)(orow), (d), (x))
+
 #endif
 
 #ifndef USE_CP_ASYNC
@@ -184,8 +188,8 @@ inline void nv_copy_rows_to(__local ushort *smem, uint s_base, uint dst_off,
                 const int bytes = r < rows ? clamp(2 * (head_dim - 8 * c), 0, 16) : 0;
                 /* A chunk that copies nothing still needs a valid address. */
                 __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
-                const uint dst = s_base + dst_off * 2u +
-                                 (sw128 ? SW128_OFFSET(r, c, nrows) : (uint)(r * pitch + 8 * c) * 2u);
+                const uint dst = sw128 ? s_base + dst_off * 2u + SW128_OFFSET(r, c, nrows)
+                                       : s_base + (dst_off + (uint)(r * pitch + 8 * c)) * 2u;
                 __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;"
                                      :
                                      : "r"(dst), "l"((ulong)p), "r"(bytes)
@@ -209,9 +213,9 @@ inline void nv_copy_rows_to(__local ushort *smem, uint s_base, uint dst_off,
                 const uint hi = r < rows && d + 1 < head_dim ? p[d + 1] : 0u;
                 w[e] = lo | hi << 16;
             }
-            *(__local uint4 *)(smem + dst_off +
-                               (sw128 ? SW128_OFFSET(r, c, nrows) / 2u : (uint)(r * pitch + 8 * c))) =
-                (uint4)(w[0], w[1], w[2], w[3]);
+            __local ushort *dst = sw128 ? smem + dst_off + SW128_OFFSET(r, c, nrows) / 2u
+                                        : smem + dst_off + r * pitch + 8 * c;
+            *(__local uint4 *)dst = (uint4)(w[0], w[1], w[2], w[3]);
         }
     }
 }
@@ -238,6 +242,20 @@ inline float ex2(float x) {
         _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
             _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] =                          \
                 (softcap_log2)*tanh((q_mul) * (s)[j_][e_]);                                        \
+    } while (0)
+
+/* The mask of one 16-row fragment's scores s[n_s][4] for the tile whose
+ * first key is n0: -inf where the key is outside [lo[h], hi[h]] of the
+ * lane's row g (h = 0: e = 0, 1) or g+8 (h = 1: e = 2, 3), as NV_FRAG_KEYS
+ * gives them. */
+#define MASK_16(s, n_s, n0, lo, hi)                                                                \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) {                                     \
+            const int key_ = (n0) + 8 * j_ + 2 * t + (e_ & 1);                                     \
+            if (key_ < (lo)[e_ >> 1] || key_ > (hi)[e_ >> 1])                                      \
+                (s)[j_][e_] = -INFINITY;                                                           \
+        }                                                                                          \
     } while (0)
 
 /* The online-softmax step of one 16-row mma fragment, shared by the
@@ -355,6 +373,26 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
     const int hk = hq / group;                                                                     \
     const int rows_q = min(BLOCK_M, nq - m0)
 
+/* After NV_FWD_BLOCK: the head's Q, K and V as raw T (ushort: the mma takes
+ * the stored bits of both 16-bit dtypes; float), and whether each matrix's
+ * rows all start 16-byte aligned, as cp.async needs (decided once, uniformly). */
+#define NV_FWD_HEADS(T)                                                                            \
+    __global const T *qb = (__global const T *)q + (q_off + b * q_sb + hq * q_sh);                 \
+    __global const T *kb = (__global const T *)k + (k_off + b * k_sb + hk * k_sh);                 \
+    __global const T *vb = (__global const T *)v + (v_off + b * v_sb + hk * v_sh);                 \
+    const int q_vec = ROWS_16B(qb, q_ss);                                                          \
+    const int k_vec = ROWS_16B(kb, k_ss);                                                          \
+    const int v_vec = ROWS_16B(vb, v_ss)
+
+/* The keys of one 16-row fragment's rows g and g+8 of this lane (first row
+ * row0): [lo[h], hi[h]], clipped to [0, nk] and [-1, nk) so they fit int. */
+#define NV_FRAG_KEYS(lo, hi, row0)                                                                 \
+    _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                             \
+        const long2 r_ = visible_keys((row0) + g + 8 * h_, nq, nk, win_left, win_right);           \
+        (lo)[h_] = (int)min(r_.x, (long)nk);                                                       \
+        (hi)[h_] = (int)max(r_.y, -1L);                                                            \
+    }
+
 /* The keys of the warp whose rows are w0 .. w0 + w_rows - 1 (w_rows <= 0:
  * past nq), inside a FWD_ARGS kernel: lo and hi grow with the row, so the
  * union of its rows' keys is [w_lo, w_hi] = [lo(first), hi(last)] and the
@@ -370,6 +408,45 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         w_all_lo = (int)l_.x;                                                                      \
         w_all_hi = (int)max(f_.y, -1L);                                                            \
     }
+
+/* The epilogue of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32,
+ * flash_fwd_sm90), inside a FWD_ARGS kernel, for one 16-row fragment whose
+ * first row is row0: each lane's rows g and g+8 (h = 0, 1) are divided by
+ * their l (summed over the quad) and stored, then their LSE. acc[n_o][4] as
+ * in ONLINE_SOFTMAX_16; T the stored element's raw type (ushort or float),
+ * ob the head's output base; PAIR(orow, d, x0, x1) stores columns d, d+1
+ * where o_pair says every (row, even column) is aligned for it, else
+ * ONE(orow, d, x) one column at a time. A row that saw no key (l = 0)
+ * stores 0 and LSE -inf. */
+#define NV_FWD_STORE_FRAG(acc, n_o, m_run, l_run, sc, row0, T, ob, o_pair, PAIR, ONE)              \
+    do {                                                                                           \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            float l_ = (l_run)[h_];                                                                \
+            l_ += shfl_xor(l_, 1);                                                                 \
+            l_ += shfl_xor(l_, 2);                                                                 \
+            const int row_ = (row0) + g + 8 * h_;                                                  \
+            if (row_ >= nq)                                                                        \
+                continue;                                                                          \
+            const float inv_l_ = l_ > 0.0f ? 1.0f / l_ : 0.0f;                                     \
+            __global T *orow_ = (ob) + (ulong)row_ * o_ss;                                         \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                 \
+                const int d_ = 8 * j_ + 2 * t;                                                     \
+                const float x0_ = (acc)[j_][2 * h_] * inv_l_, x1_ = (acc)[j_][2 * h_ + 1] * inv_l_; \
+                if (d_ >= HEAD_DIM)                                                                \
+                    continue;                                                                      \
+                if (o_pair) {                                                                      \
+                    PAIR(orow_, d_, x0_, x1_);                                                     \
+                } else {                                                                           \
+                    ONE(orow_, d_, x0_);                                                           \
+                    if (d_ + 1 < HEAD_DIM)                                                         \
+                        ONE(orow_, d_ + 1, x1_);                                                   \
+                }                                                                                  \
+            }                                                                                      \
+            if (has_lse && t == 0)                                                                 \
+                lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row_] =           \
+                    l_ > 0.0f ? ((m_run)[h_] * (sc) + log2(l_)) * LN2 : -INFINITY;                 \
+        }                                                                                          \
+    } while (0)
 
 /* The arguments of the backward's dK/dV kernels, flash_bwd_dkdv (cl/flash_bwd.cl),
  * flash_bwd_dkdv_cpu (cl/flash_bwd_cpu.cl) and flash_bwd_dkdv_nv

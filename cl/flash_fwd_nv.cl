@@ -168,14 +168,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
 
     NV_FWD_BLOCK;
 
-    /* Raw 16-bit views: the mma consumes the stored bits of both dtypes. */
-    __global const ushort *qb = (__global const ushort *)q + (q_off + b * q_sb + hq * q_sh);
-    __global const ushort *kb = (__global const ushort *)k + (k_off + b * k_sb + hk * k_sh);
-    __global const ushort *vb = (__global const ushort *)v + (v_off + b * v_sb + hk * v_sh);
-    /* cp.async needs 16-byte aligned sources; decided once, uniformly. */
-    const int q_vec = ROWS_16B(qb, q_ss);
-    const int k_vec = ROWS_16B(kb, k_ss);
-    const int v_vec = ROWS_16B(vb, v_ss);
+    NV_FWD_HEADS(ushort);
 
     const uint s_base = shared_addr(smem);
 
@@ -219,12 +212,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
     int row_lo[M_FRAGS][2], row_hi[M_FRAGS][2];
 #pragma unroll
     for (int mf = 0; mf < M_FRAGS; ++mf)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const long2 r = visible_keys(w0 + mf * 16 + g + 8 * h, nq, nk, win_left, win_right);
-            row_lo[mf][h] = (int)min(r.x, (long)nk);
-            row_hi[mf][h] = (int)max(r.y, -1L);
-        }
+        NV_FRAG_KEYS(row_lo[mf], row_hi[mf], w0 + mf * 16);
 
     const int softcap = softcap_log2 > 0.0f;
     const float sc = softcap ? 1.0f : q_mul; /* raw score units -> log2 units */
@@ -311,15 +299,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
             if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
 #pragma unroll
                 for (int mf = 0; mf < M_FRAGS; ++mf)
-#pragma unroll
-                    for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                        for (int e = 0; e < 4; ++e) {
-                            const int key = n0 + 8 * j + 2 * t + (e & 1);
-                            const int h = e >> 1;
-                            if (key < row_lo[mf][h] || key > row_hi[mf][h])
-                                s[mf][j][e] = -INFINITY;
-                        }
+                    MASK_16(s[mf], S_FRAGS, n0, row_lo[mf], row_hi[mf]);
             }
 
             /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
@@ -369,32 +349,6 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
     const int o_pair = (HEAD_DIM % 2 == 0) && ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
 #pragma unroll
     for (int mf = 0; mf < M_FRAGS; ++mf)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            float l = l_run[mf][h];
-            l += shfl_xor(l, 1);
-            l += shfl_xor(l, 2);
-            const int row = w0 + mf * 16 + g + 8 * h;
-            if (row >= nq)
-                continue;
-            const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-            __global ushort *orow = ob + (ulong)row * o_ss;
-#pragma unroll
-            for (int j = 0; j < O_FRAGS; ++j) {
-                const int d = 8 * j + 2 * t;
-                const float x0 = acc[mf][j][2 * h] * inv_l, x1 = acc[mf][j][2 * h + 1] * inv_l;
-                if (d >= HEAD_DIM)
-                    continue;
-                if (o_pair) {
-                    *(__global uint *)(orow + d) = pack2(x0, x1);
-                } else {
-                    STORE_ELEM((__global elem_t *)orow, d, x0);
-                    if (d + 1 < HEAD_DIM)
-                        STORE_ELEM((__global elem_t *)orow, d + 1, x1);
-                }
-            }
-            if (has_lse && t == 0)
-                lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
-                    l > 0.0f ? (m_run[mf][h] * sc + log2(l)) * LN2 : -INFINITY;
-        }
+        NV_FWD_STORE_FRAG(acc[mf], O_FRAGS, m_run[mf], l_run[mf], sc, w0 + mf * 16, ushort, ob, o_pair,
+                          NV_STORE_PAIR16, NV_STORE_ONE16);
 }

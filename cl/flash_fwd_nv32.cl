@@ -168,13 +168,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
 
     NV_FWD_BLOCK;
 
-    __global const float *qb = q + (q_off + b * q_sb + hq * q_sh);
-    __global const float *kb = k + (k_off + b * k_sb + hk * k_sh);
-    __global const float *vb = v + (v_off + b * v_sb + hk * v_sh);
-    /* cp.async needs 16-byte aligned sources; decided once, uniformly. */
-    const int q_vec = ROWS_16B(qb, q_ss);
-    const int k_vec = ROWS_16B(kb, k_ss);
-    const int v_vec = ROWS_16B(vb, v_ss);
+    NV_FWD_HEADS(float);
 
     const uint s_base = shared_addr(smem);
 
@@ -205,12 +199,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
     const int w0 = m0 + warp * 16; /* first row of this warp */
     NV_WARP_KEYS(w0, min(16, nq - w0));
     int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const long2 r = visible_keys(w0 + g + 8 * h, nq, nk, win_left, win_right);
-        row_lo[h] = (int)min(r.x, (long)nk);
-        row_hi[h] = (int)max(r.y, -1L);
-    }
+    NV_FRAG_KEYS(row_lo, row_hi, w0);
 
     const int softcap = softcap_log2 > 0.0f;
     const float sc = softcap ? 1.0f : q_mul; /* raw score units -> log2 units */
@@ -283,16 +272,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
                 SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
 
             /* ---- mask, only on tiles crossing some row's window edge or nk ---- */
-            if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
-#pragma unroll
-                for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = n0 + 8 * j + 2 * t + (e & 1);
-                        if (key < row_lo[e >> 1] || key > row_hi[e >> 1])
-                            s[j][e] = -INFINITY;
-                    }
-            }
+            if (!(n0 >= w_all_lo && n_last <= w_all_hi))
+                MASK_16(s, S_FRAGS, n0, row_lo, row_hi);
 
             /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
             ONLINE_SOFTMAX_16(s, S_FRAGS, acc, K_STEPS, m_run, l_run, sc);
@@ -320,32 +301,9 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
     /* ---- epilogue: O / l and LSE ---- */
     __global float *ob = o + (o_off + b * o_sb + hq * o_sh);
     const int o_pair = (HEAD_DIM % 2 == 0) && ((ulong)ob % 8 == 0) && (o_ss % 2 == 0);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = l_run[h];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
-        const int row = w0 + g + 8 * h;
-        if (row >= nq)
-            continue;
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-        __global float *orow = ob + (ulong)row * o_ss;
-#pragma unroll
-        for (int j = 0; j < K_STEPS; ++j) {
-            const int d = 8 * j + 2 * t;
-            const float x0 = acc[j][2 * h] * inv_l, x1 = acc[j][2 * h + 1] * inv_l;
-            if (d >= HEAD_DIM)
-                continue;
-            if (o_pair) {
-                *(__global float2 *)(orow + d) = (float2)(x0, x1);
-            } else {
-                orow[d] = x0;
-                if (d + 1 < HEAD_DIM)
-                    orow[d + 1] = x1;
-            }
-        }
-        if (has_lse && t == 0)
-            lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
-                l > 0.0f ? (m_run[h] * sc + log2(l)) * LN2 : -INFINITY;
-    }
+#define STORE_PAIR32(orow, d, x0, x1) (*(__global float2 *)((orow) + (d)) = (float2)((x0), (x1)))
+#define STORE_ONE32(orow, d, x) ((orow)[d] = (x))
+    NV_FWD_STORE_FRAG(acc, K_STEPS, m_run, l_run, sc, w0, float, ob, o_pair, STORE_PAIR32, STORE_ONE32);
+#undef STORE_PAIR32
+#undef STORE_ONE32
 }

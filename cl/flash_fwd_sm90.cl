@@ -193,12 +193,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     NV_FWD_BLOCK;
     const int wgrp = warp / 4; /* warpgroup */
 
-    __global const ushort *qb = (__global const ushort *)q + (q_off + b * q_sb + hq * q_sh);
-    __global const ushort *kb = (__global const ushort *)k + (k_off + b * k_sb + hk * k_sh);
-    __global const ushort *vb = (__global const ushort *)v + (v_off + b * v_sb + hk * v_sh);
-    const int q_vec = ROWS_16B(qb, q_ss);
-    const int k_vec = ROWS_16B(kb, k_ss);
-    const int v_vec = ROWS_16B(vb, v_ss);
+    NV_FWD_HEADS(ushort);
 
     /* Tiles start at the first 1024-byte boundary of the array. */
     const uint raw_base = shared_addr(smem_raw);
@@ -230,13 +225,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const int g0 = m0 + wgrp * 64;
     NV_WARP_KEYS(g0, min(64, nq - g0));
     const int w0 = m0 + warp * 16; /* first row of this warp */
-    int row_lo[2], row_hi[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const long2 r = visible_keys(w0 + g + 8 * h, nq, nk, win_left, win_right);
-        row_lo[h] = (int)min(r.x, (long)nk);
-        row_hi[h] = (int)max(r.y, -1L);
-    }
+    int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
+    NV_FRAG_KEYS(row_lo, row_hi, w0);
 
     const int softcap = softcap_log2 > 0.0f;
     const float sc = softcap ? 1.0f : q_mul;
@@ -287,17 +277,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
             if (softcap)
                 SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
-            if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
-#pragma unroll
-                for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-                    for (int e = 0; e < 4; ++e) {
-                        const int key = n0 + 8 * j + 2 * t + (e & 1);
-                        const int h = e >> 1;
-                        if (key < row_lo[h] || key > row_hi[h])
-                            s[j][e] = -INFINITY;
-                    }
-            }
+            if (!(n0 >= w_all_lo && n_last <= w_all_hi))
+                MASK_16(s, S_FRAGS, n0, row_lo, row_hi);
             ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         }
 
@@ -336,32 +317,6 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     /* ---- epilogue: O / l and LSE ---- */
     __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
     const int o_pair = (HEAD_DIM % 2 == 0) && ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        float l = l_run[h];
-        l += shfl_xor(l, 1);
-        l += shfl_xor(l, 2);
-        const int row = w0 + g + 8 * h;
-        if (row >= nq)
-            continue;
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
-        __global ushort *orow = ob + (ulong)row * o_ss;
-#pragma unroll
-        for (int j = 0; j < O_FRAGS; ++j) {
-            const int d = 8 * j + 2 * t;
-            const float x0 = acc[j][2 * h] * inv_l, x1 = acc[j][2 * h + 1] * inv_l;
-            if (d >= HEAD_DIM)
-                continue;
-            if (o_pair) {
-                *(__global uint *)(orow + d) = pack2(x0, x1);
-            } else {
-                STORE_ELEM((__global elem_t *)orow, d, x0);
-                if (d + 1 < HEAD_DIM)
-                    STORE_ELEM((__global elem_t *)orow, d + 1, x1);
-            }
-        }
-        if (has_lse && t == 0)
-            lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row] =
-                l > 0.0f ? (m_run[h] * sc + log2(l)) * LN2 : -INFINITY;
-    }
+    NV_FWD_STORE_FRAG(acc, O_FRAGS, m_run, l_run, sc, w0, ushort, ob, o_pair, NV_STORE_PAIR16,
+                      NV_STORE_ONE16);
 }

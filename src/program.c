@@ -349,7 +349,8 @@ unsigned char *flashcl_ptx_enable_sm90a(const unsigned char *ptx, size_t size, s
     *markers = 0;
     size_t at = find_bytes(ptx, size, 0, target);
     /* Exactly sm_90 (not sm_90a, not sm_100): sm_90a code runs on compute capability 9.0 only. */
-    if (at == size || (at + tlen < size && (ptx[at + tlen] == 'a' || (ptx[at + tlen] >= '0' && ptx[at + tlen] <= '9'))))
+    const unsigned char next = at + tlen < size ? ptx[at + tlen] : '\n';
+    if (at == size || next == 'a' || (next >= '0' && next <= '9'))
         return NULL;
     unsigned char *out = malloc(size + 1);
     if (!out)

@@ -208,6 +208,29 @@ static void mma(flashcl_context *ctx) {
     unsetenv("FLASHCL_PARAMS");
 }
 
+#ifdef FLASHCL_SOURCE_CL_DIR
+/* Case tc with FLASHCL_KERNEL_DIR set to a copy of the sources that lacks
+ * `missing` (files: the ones it keeps): the variant's build fails and its
+ * fallback must answer. tc's head dim must be one no earlier case built, or
+ * the context's program list answers instead. 1 when the directory was made. */
+static int without_source(flashcl_context *ctx, const char *missing, const char *const *files, int nfiles,
+                          test_case tc) {
+    char dir[] = "/tmp/flashcl-fallback-XXXXXX";
+    const int made = test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, files, nfiles);
+    if (made) {
+        printf("FLASHCL_KERNEL_DIR without %s: ", missing);
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        run(ctx, tc);
+        unsetenv("FLASHCL_KERNEL_DIR");
+    } else {
+        ++cases, ++failures;
+        printf("setting up the source directory: FAILED\n");
+    }
+    test_kernel_dir_remove(dir, files, nfiles);
+    return made;
+}
+#endif
+
 static int bucket_64_128(int d) {
     return d > 64;
 }
@@ -234,12 +257,8 @@ static void wgmma(flashcl_context *ctx) {
     /* Its source missing: the build fails and the mma.sync kernel answers
      * (last: the context then no longer picks nv-wgmma). */
     static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_nv.cl"};
-    char dir[] = "/tmp/flashcl-wgmma-fallback-XXXXXX";
-    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, files, COUNT(files))) {
-        printf("FLASHCL_KERNEL_DIR without flash_fwd_sm90.cl: ");
-        setenv("FLASHCL_KERNEL_DIR", dir, 1);
-        run(ctx, test_case_basic(FLASHCL_FLOAT16, 70, 90, 100)); /* a head dim built by no case above */
-        unsetenv("FLASHCL_KERNEL_DIR");
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 70, 90, 100);
+    if (without_source(ctx, "flash_fwd_sm90.cl", files, COUNT(files), tc)) {
         flashcl_params p;
         flashcl_attention_desc probe = {0};
         probe.dtype = FLASHCL_FLOAT16;
@@ -251,11 +270,7 @@ static void wgmma(flashcl_context *ctx) {
             ++failures;
             printf("after the failed build: FAILED (the context picks %s, not nv-mma)\n", p.variant);
         }
-    } else {
-        ++cases, ++failures;
-        printf("setting up the source directory: FAILED\n");
     }
-    test_kernel_dir_remove(dir, files, COUNT(files));
 #endif
 }
 
@@ -283,17 +298,7 @@ static void tf32(flashcl_context *ctx) {
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the portable kernel answers. */
     static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl"};
-    char dir[] = "/tmp/flashcl-tf32-fallback-XXXXXX";
-    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, files, COUNT(files))) {
-        printf("FLASHCL_KERNEL_DIR without flash_fwd_nv32.cl: ");
-        setenv("FLASHCL_KERNEL_DIR", dir, 1);
-        run(ctx, test_case_basic(FLASHCL_FLOAT32, 70, 90, 72)); /* a head dim built by no case above */
-        unsetenv("FLASHCL_KERNEL_DIR");
-    } else {
-        ++cases, ++failures;
-        printf("setting up the source directory: FAILED\n");
-    }
-    test_kernel_dir_remove(dir, files, COUNT(files));
+    without_source(ctx, "flash_fwd_nv32.cl", files, COUNT(files), test_case_basic(FLASHCL_FLOAT32, 70, 90, 72));
 #endif
 }
 
