@@ -20,7 +20,7 @@
  *   S  = Q K^T  : wgmma m64nBLOCK_Nk16, Q (A) from registers, K (B) from __local;
  *   O += P V    : wgmma m64n64k16, P (A) from the S registers, V (B) from
  *                 __local read N-major (the transpose bit), one per 64 dims.
- * All warpgroups share each K/V tile, so a tile is loaded once per 128 rows.
+ * All warpgroups share each K/V tile, so a tile is loaded once per BLOCK_M rows.
  * A warp's part of a warpgroup accumulator is exactly a 16-row mma.sync
  * fragment (warp w%4 holds rows 16(w%4)..+15, lane (g, t) columns 8j+2t,
  * 8j+2t+1 of rows g and g+8 in registers 4j..4j+3), so the softmax code,
@@ -33,9 +33,11 @@
  *   |  Q block (BLOCK_M rows) |   before the loop only
  *   +-----------------------+
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
- * lands while S is computed, K(n0+BN) while O += P V is. (A two-stage
- * variant, K and V of the next tile loading during the whole current one,
- * gave wrong results on the H200 and was taken out; see BENCHMARKS.md.)
+ * lands while S is computed, K(n0+BN) while O += P V is. (Two stages of K
+ * and V, the next tile loading during the whole current one, fit only with
+ * 8 KB tiles; the one configuration tried, D <= 64 with 64 keys, gave wrong
+ * results with one stage as with two, so it says nothing about the stages:
+ * BENCHMARKS.md.)
  * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
  * 1024 bytes apart. K is K-major (dims contiguous): k-step kk starts
  * 32*(kk%4) bytes into panel kk/4. V is N-major (dims contiguous, keys
