@@ -139,6 +139,14 @@ inline uint pack2(float lo, float hi) {
  * aligned: what nv_copy_rows's cp.async path needs (vec). Uniform per matrix. */
 #define ROWS_16B(p, stride) ((ulong)(p) % 16 == 0 && (stride) * sizeof(*(p)) % 16 == 0)
 
+/* Byte offset of 16-byte chunk c of row r in a tile of nrows rows laid out for
+ * wgmma's 128-byte swizzle (cl/flash_fwd_sm90.cl): the row's 128-byte panels
+ * (64 halves each) are stored panel after panel, each panel nrows x 128
+ * bytes, and within each 1024-byte atom of 8 rows chunk c of row r sits at
+ * chunk c ^ (r % 8). The tile must start 1024-byte aligned. */
+#define SW128_OFFSET(r, c, nrows) \
+    (((uint)((c) >> 3) * (uint)(nrows) + (uint)(r)) * 128u + ((uint)(((c) & 7) ^ ((r) & 7)) << 4))
+
 /* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl;
  * flash_fwd_nv32.cl moves float rows as pairs of halves, doubling head_dim
  * and pitch).
@@ -155,23 +163,16 @@ inline uint pack2(float lo, float hi) {
  * zero-filled by the hardware). The copy is only issued: cp_wait() and a
  * barrier must follow before the tile is read.
  * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
- * when this returns. */
-/* Byte offset of 16-byte chunk c of row r in a tile of nrows rows laid out for
- * wgmma's 128-byte swizzle (cl/flash_fwd_sm90.cl): the row's 128-byte panels
- * (64 halves each) are stored panel after panel, each panel nrows x 128
- * bytes, and within each 1024-byte atom of 8 rows chunk c of row r sits at
- * chunk c ^ (r % 8). The tile must start 1024-byte aligned. */
-#define SW128_OFFSET(r, c, nrows) \
-    (((uint)((c) >> 3) * (uint)(nrows) + (uint)(r)) * 128u + ((uint)(((c) & 7) ^ ((r) & 7)) << 4))
-
-/* nv_copy_rows_to with the plain row-major layout: row r at r*pitch halves. */
+ * when this returns.
+ * nv_copy_rows: the plain row-major layout, row r at r*pitch halves;
+ * nv_copy_rows_to(..., sw128 = 1) (a compile-time constant at every call):
+ * the SW128_OFFSET layout instead, pitch unused (rows are head_dim rounded up
+ * to 64 halves; flash_fwd_sm90.cl). */
 #define nv_copy_rows(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, head_dim, pitch,   \
                      nthreads)                                                                     \
     nv_copy_rows_to(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, head_dim, pitch,    \
                     nthreads, 0)
 
-/* sw128 != 0 (a compile-time constant at every call): the SW128_OFFSET
- * layout instead, pitch unused (rows are head_dim rounded up to 64 halves). */
 inline void nv_copy_rows_to(__local ushort *smem, uint s_base, uint dst_off,
                             __global const ushort *src, ulong stride, int rows, int nrows, int vec,
                             int tid, int head_dim, int pitch, int nthreads, int sw128) {

@@ -116,42 +116,36 @@
 #define WGMMA_COMMIT() __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory")
 #define WGMMA_WAIT_ALL() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory")
 
-/* d[0..7][0..3] = A (a[0..3], this warp's 16x16 slice of the 64x16 A) times
- * the 16x64 B that desc describes, plus d when scale_d is 1 (0: d's old
- * values are not read); tnsp_b 0: B K-major, 1: N-major. */
+/* One wgmma with A from registers: d[0..N/8-1][0..3] = A (a[0..3], this
+ * warp's 16x16 slice of the 64x16 A) times the 16xN B that desc describes,
+ * plus d when scale_d is 1 (0: d's old values are not read); tnsp_b 0: B
+ * K-major, 1: N-major. N is 64 or 48: WG_N64 / WG_N48 give the shape's
+ * name, its accumulator operands and their numbering, and the numbers of
+ * the A and descriptor operands that follow them. */
 #define WG_ACC4(d, j) "+f"((d)[j][0]), "+f"((d)[j][1]), "+f"((d)[j][2]), "+f"((d)[j][3])
-#define WGMMA_64N64(d, a, desc, scale_d, tnsp_b)                                                   \
-    __asm__ __volatile__(                                                                          \
-        SM90A "wgmma.mma_async.sync.aligned.m64n64k16.f32." MMA_TYPE "." MMA_TYPE " "              \
-              "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
-              "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, "                 \
-              "{%32,%33,%34,%35}, %36, " #scale_d ", 1, 1, " #tnsp_b ";\n"                         \
-        : WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4),               \
-          WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)                                              \
-        : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)                            \
-        : "memory")
-
-/* S = Q K^T for one k-step: m64nBLOCK_Nk16 into s[S_FRAGS][4], A (Q) from
- * registers a[0..3], B = K (K-major) through descriptor db. */
-#if BLOCK_N == 64
-#define S_N "64"
-#define S_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), \
-                 WG_ACC4(d, 5), WG_ACC4(d, 6), WG_ACC4(d, 7)
-#define S_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                               \
-            "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define S_AB "{%32,%33,%34,%35}, %36"
-#else
-#define S_N "48"
-#define S_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5)
-#define S_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
-#define S_AB "{%24,%25,%26,%27}, %28"
-#endif
-#define WGMMA_S(d, a, db, scale_d)                                                                 \
-    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n" S_N "k16.f32." MMA_TYPE         \
-                               "." MMA_TYPE " " S_D ", " S_AB ", " #scale_d ", 1, 1, 0;\n"         \
-                         : S_OUT(d)                                                                \
-                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(db)             \
+#define WG_N48_SHAPE "m64n48k16"
+#define WG_N48_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5)
+#define WG_N48_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
+#define WG_N48_AB "{%24,%25,%26,%27}, %28"
+#define WG_N64_SHAPE "m64n64k16"
+#define WG_N64_OUT(d) WG_N48_OUT(d), WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define WG_N64_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_N64_AB "{%32,%33,%34,%35}, %36"
+#define WGMMA_RS(N, d, a, desc, scale_d, tnsp_b)                                                   \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned." N##_SHAPE ".f32." MMA_TYPE          \
+                               "." MMA_TYPE " " N##_D ", " N##_AB ", " #scale_d ", 1, 1, " #tnsp_b \
+                               ";\n"                                                               \
+                         : N##_OUT(d)                                                              \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
                          : "memory")
+
+/* S = Q K^T for one k-step: m64nBLOCK_Nk16 into s[S_FRAGS][4], B = K (K-major). */
+#if BLOCK_N == 64
+#define WGMMA_S(d, a, db, scale_d) WGMMA_RS(WG_N64, d, a, db, scale_d, 0)
+#else
+#define WGMMA_S(d, a, db, scale_d) WGMMA_RS(WG_N48, d, a, db, scale_d, 0)
+#endif
 
 /* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
  * that no use of an accumulator is scheduled above the wait; before
@@ -223,7 +217,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
     const long blk_lo = blk_first.x, blk_hi = blk_last.y;
 
-    /* Tile skipping and the mask test are per warpgroup (wgmma is collective). */
+    /* The mask test is per warpgroup (wgmma is collective; w_lo and w_hi go unused). */
     const int g0 = m0 + wgrp * 64;
     NV_WARP_KEYS(g0, min(64, nq - g0));
     const int w0 = m0 + warp * 16; /* first row of this warp */
@@ -308,8 +302,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             for (int kk = 0; kk < P_STEPS; ++kk)
 #pragma unroll
                 for (int hh = 0; hh < PANELS; ++hh)
-                    WGMMA_64N64(acc + 8 * hh, pf[kk],
-                                sw128_desc(v_tile + (uint)(hh * BLOCK_N * 128 + kk * 16 * 128)), 1, 1);
+                    WGMMA_RS(WG_N64, acc + 8 * hh, pf[kk],
+                             sw128_desc(v_tile + (uint)(hh * BLOCK_N * 128 + kk * 16 * 128)), 1, 1);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
             WG_FENCE_REGS(acc, O_FRAGS);

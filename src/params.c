@@ -338,8 +338,9 @@ int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_
 /* sm_90a code runs on compute capability 9.0 exactly; the kernel takes head dims 65..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
     const char *force = getenv("FLASHCL_VARIANT");
-    return nv_tensor_cores(ctx) && !ctx->no_sm90a && !(force && !strcmp(force, "nv-mma")) && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
-           desc->dtype != FLASHCL_FLOAT32 && desc->head_dim > 64 && desc->head_dim <= 128;
+    return nv_tensor_cores(ctx) && !ctx->no_sm90a && !(force && !strcmp(force, "nv-mma")) &&
+           ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 && desc->dtype != FLASHCL_FLOAT32 &&
+           desc->head_dim > 64 && desc->head_dim <= 128;
 }
 
 int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
