@@ -298,6 +298,12 @@ grep -Eq '^ +1 +64 +[0-9]+ .* decode' out.txt && ok "FLASHCL_DECODE_PARAMS=KERNE
 FLASHCL_DECODE_PARAMS=KERNEL=fast expect_status 1 "bench --decode, KERNEL=fast refused" \
     bench --decode --batch 1 --context 64 --head-dim 64 --iters 1 --warmup 0
 grep -q 'KERNEL must be' err.txt && ok "the refusal names the key" || bad "KERNEL=fast: $(cat err.txt)"
+expect_status 0 "bench --decode --page-order sequential" \
+    bench --decode --batch 2 --context 40 --head-dim 64 --page-size 8 --page-order sequential --iters 1 --warmup 0
+grep -q '(sequential)' out.txt && grep -Eq '^ +2 +40 ' out.txt && ok "sequential pages: named, and a row" ||
+    bad "bench --decode --page-order sequential: $(cat out.txt)"
+expect_status 2 "bench --decode --page-order random refused" bench --decode --page-order random
+grep -q 'shuffled or sequential' err.txt && ok "the refusal names the choices" || bad "--page-order random: $(cat err.txt)"
 
 cd / && rm -rf "$W"
 finish

@@ -137,6 +137,9 @@ const char cli_usage_bench_decode[] =
     "  --heads HQ,HK     query and kv heads (default 32,8)\n"
     "  --head-dim D      (default 128)\n"
     "  --page-size P     tokens per page (default 16)\n"
+    "  --page-order shuffled|sequential\n"
+    "                    physical page order (default shuffled: a pool after\n"
+    "                    churn; sequential: one sequence's pages in order)\n"
     "  --dtype f16|bf16|f32  (default f16)\n"
     "  --splits N        force the split-KV count (default: flashcl's heuristic)\n"
     "  --iters N         timed runs (default 20; 5 on a CPU)\n"
@@ -162,7 +165,7 @@ static void pattern(flashcl_dtype dt, float x, unsigned char *buf, size_t *size)
 
 /* Runs one (batch, context) row; prints it. Returns 0 on success. */
 static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int context, int hq, int hk, int dim,
-                      int page_size, int splits_forced, int iters, int warmup) {
+                      int page_size, int shuffled, int splits_forced, int iters, int warmup) {
     const size_t es = flashcl_dtype_size(dt), row = (size_t)hk * dim;
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
     flashcl_kv_cache_desc cd;
@@ -172,7 +175,7 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     cd.head_dim = dim;
     cd.page_size = page_size;
     cd.num_pages = batch * ((context + page_size - 1) / page_size);
-    cd.page_order_seed = 12345;
+    cd.page_order_seed = shuffled ? 12345 : 0;
     flashcl_kv_cache *cache = NULL;
     cl_mem src_k = NULL, src_v = NULL, bq = NULL, bo = NULL, scratch = NULL;
     int *ids = calloc((size_t)batch, sizeof(int)), *cu = calloc((size_t)batch + 1, sizeof(int));
@@ -307,6 +310,7 @@ int cli_bench_decode(int argc, char **argv) {
     long dim = 128, page = 16, splits = 0, iters = -1, warmup = -1;
     const char *device = NULL, *value;
     flashcl_dtype dt = FLASHCL_FLOAT16;
+    int shuffled = 1;
     for (int i = 2; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--decode"))
@@ -358,6 +362,14 @@ int cli_bench_decode(int argc, char **argv) {
             }
             continue;
         }
+        if ((r = cli_take_value(argc, argv, &i, "--page-order", &value)) != 0) {
+            if (r < 0 || (strcmp(value, "shuffled") && strcmp(value, "sequential"))) {
+                cli_errorf("--page-order wants shuffled or sequential, not '%s'", r < 0 ? "" : value);
+                return CLI_EXIT_USAGE;
+            }
+            shuffled = !strcmp(value, "shuffled");
+            continue;
+        }
         cli_errorf("unknown option '%s' for 'flashcl bench --decode'", argv[i]);
         fputs(cli_usage_bench_decode, stderr);
         return CLI_EXIT_USAGE;
@@ -392,15 +404,16 @@ int cli_bench_decode(int argc, char **argv) {
     if (warmup < 0)
         warmup = cpu ? 1 : 3;
     static const char *names[] = {"f32", "f16", "bf16"};
-    printf("decode on %s: %s, heads %ld/%ld, head_dim %ld, page %ld, causal, one query per sequence\n",
-           flashcl_context_device_name(ctx), names[dt], heads[0], heads[1], dim, page);
+    printf("decode on %s: %s, heads %ld/%ld, head_dim %ld, page %ld (%s), causal, one query per sequence\n",
+           flashcl_context_device_name(ctx), names[dt], heads[0], heads[1], dim, page,
+           shuffled ? "shuffled" : "sequential");
     printf("%6s %8s %7s %10s %10s %9s  %-10s\n", "batch", "context", "splits", "median_us", "min_us", "KV_GB/s",
            "kernel");
     int failed = 0;
     for (int b = 0; b < nb; ++b)
         for (int c = 0; c < nc; ++c)
             failed |= decode_row(ctx, dt, (int)batches[b], (int)contexts[c], (int)heads[0], (int)heads[1], (int)dim,
-                                 (int)page, (int)splits, (int)iters, (int)warmup);
+                                 (int)page, shuffled, (int)splits, (int)iters, (int)warmup);
     flashcl_context_destroy(ctx);
     return failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
