@@ -16,7 +16,8 @@
 #         registers, backward vs PyTorch, two forward rows (SWEEP=1: a
 #         FLASHCL_BWD_PARAMS sweep first).
 # decode: the serving tests on the GPU, the decode kernel's registers, decode
-#         vs PyTorch, and a sweep of FLASHCL_DECODE_PARAMS values.
+#         vs PyTorch, a sweep of FLASHCL_DECODE_PARAMS values, then (DECODE_OPTIONS)
+#         build-option variants of the decode kernels, each validated before it is timed.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -162,6 +163,22 @@ if [ "$what" = decode ]; then
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
       --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
   done
+  # DECODE_OPTIONS: build-option variants of the decode kernels ("+" for a space, e.g.
+  # "-DROWS_AHEAD=1 -DROWS_AHEAD=1+-DL2_AHEAD=2"): each passes test_serving mma under its
+  # options before it is timed, bracketed by the defaults.
+  if [ -n "${DECODE_OPTIONS:-}" ]; then
+    echo "== decode build options (median us; each validated first)"
+    for o in "" ${DECODE_OPTIONS} ""; do
+      o=${o//+/ }
+      if [ -n "$o" ]; then
+        FLASHCL_BUILD_OPTIONS="$o" FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/test_serving mma \
+          > "$out/serving-options.log" 2>&1 || { echo "-- $o: test_serving mma FAILED"; grep -m5 FAILED "$out/serving-options.log"; continue; }
+      fi
+      echo "-- ${o:-defaults}"
+      FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --decode --device nvidia --batch 1,4,16,64 \
+        --context 4096,16384,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
+    done
+  fi
   echo "== launch costs of the OpenCL implementation (bench/launch_floor.c)"
   gcc -O2 -std=c11 bench/launch_floor.c -o build-gpu/launch_floor -lOpenCL && ./build-gpu/launch_floor nvidia
   echo "== the floor: tiny contexts"

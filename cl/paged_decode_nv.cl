@@ -52,6 +52,30 @@
 #define PAGE_SIZE 0 /* as in paged_decode.cl */
 #endif
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
+/* ROWS_AHEAD=1: each tile's first physical row is read from the page table
+ * an iteration before its copy is issued, one read per tile instead of one
+ * per key, so the copies never wait on that read. It needs every tile inside
+ * one page: tiles start at multiples of BLOCK_N, which must divide the page
+ * and the 32-key slice granule. L2_AHEAD=n (with ROWS_AHEAD) also asks L2
+ * for the K/V rows n tiles ahead of the copies: fire-and-forget prefetches
+ * that keep more bytes in flight than the __local stages hold. Both are off
+ * until measured on a GPU (bench/h200.sh decode, DECODE_OPTIONS). */
+#ifndef ROWS_AHEAD
+#define ROWS_AHEAD 0
+#endif
+#ifndef L2_AHEAD
+#define L2_AHEAD 0
+#endif
+#if ROWS_AHEAD && !((PAGE_SIZE == 0 || PAGE_SIZE % BLOCK_N == 0) && 32 % BLOCK_N == 0)
+#undef ROWS_AHEAD
+#define ROWS_AHEAD 0
+#endif
+#if !ROWS_AHEAD
+#undef L2_AHEAD
+#define L2_AHEAD 0
+#endif
+#define L2_LINES ((HEAD_DIM * 2 + 127) / 128) /* 128-byte lines per K or V row */
+#define ROW_QUEUE (L2_AHEAD + 2)
 
 #define WG_SIZE (WARPS * 32)
 #define PITCH (HEAD_DIM + 8)    /* halves: an odd multiple of 16 bytes, no ldmatrix conflicts */
@@ -103,8 +127,8 @@
  * into the warp's buffer `buf` (shared address of its K tile; V follows),
  * then commits the group. Keys past s_hi are zero-filled: their V rows then
  * contribute 0 * 0 and their scores are masked. */
-inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const int *meta, int k_base,
-                       __global const ushort *kb, ulong k_ss, __global const ushort *vb,
+inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __global const int *meta,
+                       int k_base, __global const ushort *kb, ulong k_ss, __global const ushort *vb,
                        ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
 #pragma unroll
@@ -112,10 +136,13 @@ inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const in
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
         const int key = s_lo + tile * BLOCK_N + r;
         const int live = key <= s_hi;
+#if ROWS_AHEAD
+        const uint kr = tile_row + (live ? r : 0);
+#elif PAGE_SIZE
         const int n = live ? key : s_lo;
-#if PAGE_SIZE
         const uint kr = (uint)meta[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
 #else
+        const int n = live ? key : s_lo;
         const uint kr = (uint)(k_base + n);
 #endif
         const uint dst = buf + (uint)(r * PITCH + 8 * c) * 2u;
@@ -130,6 +157,35 @@ inline void issue_tile(int tile, uint buf, int s_lo, int s_hi, __global const in
     }
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
 }
+
+/* The physical row of warp tile j's first key (ROWS_AHEAD), or 0 past the warp's tiles. */
+inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const int *meta, int k_base) {
+    if (j >= my_tiles)
+        return 0u;
+    const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
+#if PAGE_SIZE
+    return (uint)meta[k_base + n0 / PAGE_SIZE] * PAGE_SIZE + n0 % PAGE_SIZE;
+#else
+    return (uint)(k_base + n0);
+#endif
+}
+
+#if L2_AHEAD
+/* Asks L2 for warp tile j's K and V rows (keys past s_hi left out): fire and
+ * forget, so the loads in flight grow without __local to land in. */
+inline void prefetch_tile(int j, uint row, int warp, int s_lo, int s_hi, __global const ushort *kb,
+                          ulong k_ss, __global const ushort *vb, ulong v_ss) {
+    const int lane = (int)get_local_id(0) % 32;
+    const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
+    for (int x = lane; x < BLOCK_N * L2_LINES; x += 32) {
+        const int r = x / L2_LINES, c = x % L2_LINES;
+        if (n0 + r <= s_hi) {
+            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(kb + (ulong)(row + r) * k_ss + 64 * c)));
+            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(vb + (ulong)(row + r) * v_ss + 64 * c)));
+        }
+    }
+}
+#endif
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
@@ -205,19 +261,43 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
-            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u, s_lo, s_hi,
-                       meta, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u,
+                       ROWS_AHEAD ? tile_row_at(i, my_tiles, warp, s_lo, meta, b.k_base) : 0u, s_lo,
+                       s_hi, meta, b.k_base, kb, k_ss, vb, v_ss);
         else
             __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
     }
+    /* row_q[x]: first row of tile i + STAGES - 1 + x, read from the page table
+     * an iteration before the copy (or prefetch) that needs it, so the copies
+     * never wait on that read. */
+    uint row_q[ROW_QUEUE];
+#pragma unroll
+    for (int x = 0; x < ROW_QUEUE; ++x)
+        row_q[x] = ROWS_AHEAD ? tile_row_at(STAGES - 1 + x, my_tiles, warp, s_lo, meta, b.k_base) : 0u;
+#if L2_AHEAD
+#pragma unroll
+    for (int x = 0; x < L2_AHEAD; ++x)
+        if (STAGES - 1 + x < my_tiles)
+            prefetch_tile(STAGES - 1 + x, row_q[x], warp, s_lo, s_hi, kb, k_ss, vb, v_ss);
+#endif
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
         if (ahead < my_tiles)
             issue_tile(warp + ahead * WARPS,
-                       warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, s_lo, s_hi, meta,
-                       b.k_base, kb, k_ss, vb, v_ss);
+                       warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, row_q[0], s_lo, s_hi,
+                       meta, b.k_base, kb, k_ss, vb, v_ss);
         else
             __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+#if L2_AHEAD
+        if (ahead + L2_AHEAD < my_tiles)
+            prefetch_tile(ahead + L2_AHEAD, row_q[L2_AHEAD], warp, s_lo, s_hi, kb, k_ss, vb, v_ss);
+#endif
+#if ROWS_AHEAD
+#pragma unroll
+        for (int x = 0; x < ROW_QUEUE - 1; ++x)
+            row_q[x] = row_q[x + 1];
+        row_q[ROW_QUEUE - 1] = tile_row_at(ahead + ROW_QUEUE, my_tiles, warp, s_lo, meta, b.k_base);
+#endif
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
         WARP_SYNC(); /* every lane's part of tile i has landed */
         const uint k_tile = warp_buf + (uint)((i % STAGES) * 2 * TILE_HALFS) * 2u;

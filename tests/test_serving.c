@@ -891,6 +891,7 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 128, 1, 70, "mma kernel: bf16 D128 page 1");
         paged_suite(ctx, FLASHCL_FLOAT16, 2, 1, 256, 256, 600, "mma kernel: f16 D256 page 256");
         paged_suite(ctx, FLASHCL_BFLOAT16, 2, 8, 96, 7, 1000, "mma kernel: bf16 D96 page 7, GQA 8");
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 128, 32, 2000, "mma kernel: f16 D128 page 32, GQA 4");
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "mma kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "mma kernel: varlen non-causal, 2 splits");
         ooo_suite(ctx, 0, "mma kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
