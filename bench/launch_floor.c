@@ -15,6 +15,13 @@
  *   chained write+kernel 31 args, a write waiting on the previous call's kernel and the
  *                       kernel on the write: what flashcl's decode call enqueues
  *   unchained write+kernel the same with no wait lists (enough on an in-order queue)
+ * and the candidates for a decode call without a separate upload:
+ *   pinned write + kernel  the 4 KB write from a mapped CL_MEM_ALLOC_HOST_PTR buffer
+ *   512 KB write + kernel  how the write grows (a batch of 16 at 128k keys has 512 KB
+ *                       of page tables)
+ *   1 KB arg + kernel    the description passed by value, as a 1 KB struct argument
+ *   map/unmap + kernel   the kernel reads a pinned host buffer written between a
+ *                       blocking map and an unmap (zero copy)
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -28,7 +35,10 @@ static const char *src =
     "  __global int *e, __global int *f, __global int *g, ulong u0, ulong u1, ulong u2, ulong u3,\n"
     "  ulong u4, ulong u5, ulong u6, ulong u7, ulong u8, ulong u9, ulong u10, ulong u11, ulong u12,\n"
     "  ulong u13, int i0, int i1, int i2, int i3, int i4, int i5, int i6, int i7, float f0, float f1)\n"
-    "{ if (get_global_id(0) == 0) a[1] = a[0] + (int)(u13 + i7 + f1); }";
+    "{ if (get_global_id(0) == 0) a[1] = a[0] + (int)(u13 + i7 + f1); }\n"
+    "typedef struct { int v[256]; } blob;\n"
+    "__kernel void kblob(__global int *a, blob b) { if (get_global_id(0) == 0) a[1] = b.v[a[0] & 255]; }\n"
+    "__kernel void kread(__global int *a, __global const int *h) { if (get_global_id(0) == 0) a[1] = h[a[0] & 1023]; }";
 
 static int cmp(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
@@ -63,13 +73,21 @@ int main(int argc, char **argv) {
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     clBuildProgram(prog, 1, &dev, "", NULL, NULL);
     cl_kernel kern = clCreateKernel(prog, "k", &err), k31 = clCreateKernel(prog, "k31", &err);
+    cl_kernel kblob = clCreateKernel(prog, "kblob", &err), kread = clCreateKernel(prog, "kread", &err);
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 4096, NULL, &err);
-    static int host[1024];
+    cl_mem big = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 512 * 1024, NULL, &err);
+    cl_mem pinned = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, 4096, NULL, &err);
+    int *pinned_host = clEnqueueMapBuffer(q, pinned, CL_TRUE, CL_MAP_WRITE, 0, 4096, 0, NULL, NULL, &err);
+    cl_mem shared = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_ALLOC_HOST_PTR, 4096, NULL, &err);
+    static int host[1024], big_host[128 * 1024];
+    struct { cl_int v[256]; } blob = {{0}};
     const char *names[] = {"kernel",         "kernel x2",           "write + kernel",         "write+cb + kernel",
-                           "create + kernel", "31 args + kernel", "chained write+kernel", "unchained write+kernel"};
+                           "create + kernel", "31 args + kernel", "chained write+kernel", "unchained write+kernel",
+                           "pinned write + kernel", "512 KB write + kernel", "1 KB arg + kernel",
+                           "map/unmap + kernel"};
     cl_event prev = NULL; /* the chained mode's previous kernel */
     enum { N = 200 };
-    for (int mode = 0; mode < 8; ++mode) {
+    for (int mode = 0; mode < 12; ++mode) {
         double t[N];
         for (int it = -10; it < N; ++it) {
             cl_event before, w = NULL, k1 = NULL, after;
@@ -84,7 +102,30 @@ int main(int argc, char **argv) {
                 arg = tmp;
             }
             clSetKernelArg(kern, 0, sizeof arg, &arg);
-            if (mode >= 5) {
+            if (mode >= 8) {
+                cl_kernel kk = kern;
+                if (mode == 8)
+                    clEnqueueWriteBuffer(q, buf, CL_FALSE, 0, 4096, pinned_host, 0, NULL, &w);
+                else if (mode == 9)
+                    clEnqueueWriteBuffer(q, big, CL_FALSE, 0, sizeof big_host, big_host, 0, NULL, &w);
+                else if (mode == 10) {
+                    blob.v[it & 255] = it;
+                    kk = kblob;
+                    clSetKernelArg(kblob, 0, sizeof buf, &buf);
+                    clSetKernelArg(kblob, 1, sizeof blob, &blob);
+                } else {
+                    int *h = clEnqueueMapBuffer(q, shared, CL_TRUE, CL_MAP_WRITE_INVALIDATE_REGION, 0, 4096, 0, NULL,
+                                                NULL, &err);
+                    if (h)
+                        memcpy(h, host, 4096);
+                    clEnqueueUnmapMemObject(q, shared, h, 0, NULL, &w);
+                    kk = kread;
+                    clSetKernelArg(kread, 0, sizeof buf, &buf);
+                    clSetKernelArg(kread, 1, sizeof shared, &shared);
+                }
+                clEnqueueNDRangeKernel(q, kk, 1, NULL, (size_t[]){128}, (size_t[]){128}, w ? 1 : 0, w ? &w : NULL,
+                                       &after);
+            } else if (mode >= 5) {
                 cl_ulong u = 0;
                 cl_int i = 0;
                 cl_float f = 0.0f;
