@@ -3,7 +3,8 @@
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
-# forward: test_forward wgmma and mma (tile shapes forced) and quick on the GPU, fp16/bf16
+# forward: test_forward wgmma and mma (tile shapes forced) and quick on the GPU (wgmma also under
+#         each of FWD_OPTIONS' build options), fp16/bf16
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
 #         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
 #         "FLASHCL_PARAMS value[|extra build options]".
@@ -54,6 +55,11 @@ fi
 if [ "$what" = forward ]; then
   for t in ${TESTS:-"test_forward wgmma" "test_forward mma" "test_forward quick"}; do
     gpu_test "$t"
+  done
+  # FWD_OPTIONS: build options ("+" for a space) under which test_forward wgmma runs too,
+  # e.g. -DOVERLAP=1 before a SWEEP_PARAMS entry times it.
+  for o in ${FWD_OPTIONS:-}; do
+    FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9=]/_}"
   done
   if [ "${SWEEP:-0}" = 1 ]; then
     # Each entry: FLASHCL_PARAMS value, optionally "|" and extra build options (e.g. -DRESCALE_SKIP=0;

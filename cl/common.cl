@@ -272,29 +272,54 @@ inline float ex2(float x) {
 #define ONLINE_SOFTMAX_16(s, n_s, acc, n_o, m_run, l_run, sc)                                      \
     do {                                                                                           \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            float mx_ = -INFINITY;                                                                 \
-            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx_ =                             \
-                fmax(mx_, fmax((s)[j_][2 * h_], (s)[j_][2 * h_ + 1]));                             \
-            mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                     \
-            mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                     \
-            const float m_new_ = fmax((m_run)[h_], mx_);                                           \
-            const float ms_ = m_new_ == -INFINITY ? 0.0f : m_new_ * (sc);                          \
-            const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h_] - m_new_) * (sc));  \
-            (m_run)[h_] = m_new_;                                                                  \
-            float psum_ = 0.0f;                                                                    \
-            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                   \
-                _Pragma("unroll") for (int e_ = 2 * h_; e_ < 2 * h_ + 2; ++e_) {                   \
-                const float p_ = ex2(fma((s)[j_][e_], (sc), -ms_));                                \
-                (s)[j_][e_] = p_;                                                                  \
-                psum_ += p_;                                                                       \
-            }                                                                                      \
-            (l_run)[h_] = (l_run)[h_] * alpha_ + psum_;                                            \
+            SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
             _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                 \
                 (acc)[j_][2 * h_] *= alpha_;                                                       \
                 (acc)[j_][2 * h_ + 1] *= alpha_;                                                   \
             }                                                                                      \
         }                                                                                          \
     } while (0)
+
+/* ONLINE_SOFTMAX_16 without touching acc, for a kernel whose previous O += P V
+ * is still running on the tensor cores when the next tile's softmax starts
+ * (flash_fwd_sm90.cl, OVERLAP): alpha[2] receives the factors, applied to acc
+ * by RESCALE_16 once that product has been waited for. */
+#define ONLINE_SOFTMAX_16_P(s, n_s, m_run, l_run, sc, alpha)                                        \
+    do {                                                                                           \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
+            (alpha)[h_] = alpha_;                                                                  \
+        }                                                                                          \
+    } while (0)
+#define RESCALE_16(acc, n_o, alpha)                                                                \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                     \
+            (acc)[j_][0] *= (alpha)[0];                                                            \
+            (acc)[j_][1] *= (alpha)[0];                                                            \
+            (acc)[j_][2] *= (alpha)[1];                                                            \
+            (acc)[j_][3] *= (alpha)[1];                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* One row (h: g or g + 8) of the step: declares alpha_ (the rescale factor). */
+#define SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h, alpha_)                                        \
+    float mx_ = -INFINITY;                                                                         \
+    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx_ =                                     \
+        fmax(mx_, fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]));                                   \
+    mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                             \
+    mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                             \
+    const float m_new_ = fmax((m_run)[h], mx_);                                                    \
+    const float ms_ = m_new_ == -INFINITY ? 0.0f : m_new_ * (sc);                                  \
+    const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));           \
+    (m_run)[h] = m_new_;                                                                           \
+    float psum_ = 0.0f;                                                                            \
+    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                           \
+        _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                         \
+        const float p_ = ex2(fma((s)[j_][e_], (sc), -ms_));                                        \
+        (s)[j_][e_] = p_;                                                                          \
+        psum_ += p_;                                                                               \
+    }                                                                                              \
+    (l_run)[h] = (l_run)[h] * alpha_ + psum_
 
 /* x from lane src of this warp. */
 inline float shfl_idx(float x, int src) {

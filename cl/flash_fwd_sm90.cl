@@ -77,7 +77,14 @@
 #define O_FRAGS (HEAD_DIM_PAD / 8)  // n8 blocks of O per 16 rows
 #define TILE_BYTES (BLOCK_N * HEAD_DIM_PAD * 2)
 #define Q_BYTES (BLOCK_M * HEAD_DIM_PAD * 2)
-#define KV_BYTES (2 * TILE_BYTES)
+#ifndef OVERLAP
+#define OVERLAP 0 /* 1: softmax overlapped with the previous tile's P V (below); off until timed */
+#endif
+#if OVERLAP && 3 * BLOCK_N * HEAD_DIM_PAD * 2 + 1024 > 48000
+#undef OVERLAP /* three tiles do not fit (64 keys at D=128): the plain loop */
+#define OVERLAP 0
+#endif
+#define KV_BYTES ((2 + OVERLAP) * TILE_BYTES)
 /* K and V overwrite Q once its fragments are in registers. (Q kept in
  * __local for an SS wgmma, 32 registers fewer, gave wrong results on the
  * H200: BENCHMARKS.md.) */
@@ -115,6 +122,7 @@
 #define WGMMA_FENCE() __asm__ __volatile__(SM90A "wgmma.fence.sync.aligned;\n" ::: "memory")
 #define WGMMA_COMMIT() __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory")
 #define WGMMA_WAIT_ALL() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory")
+#define WGMMA_WAIT_ONE() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 1;\n" ::: "memory")
 
 /* One wgmma with A from registers: d[0..N/8-1][0..3] = A (a[0..3], this
  * warp's 16x16 slice of the 64x16 A) times the 16xN B that desc describes,
@@ -146,6 +154,45 @@
 #else
 #define WGMMA_S(d, a, db, scale_d) WGMMA_RS(WG_N48, d, a, db, scale_d, 0)
 #endif
+
+/* S = Q K^T over the head dims into s, for the K tile at shared address k_tile:
+ * k-step kk (dims 16kk..) starts 32*(kk%4) bytes into panel kk/4; the first
+ * overwrites s. */
+#define S_CHAIN(s, k_tile)                                                                         \
+    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \
+        const uint k_at = (uint)((kk / 4) * BLOCK_N * 128 + (kk % 4) * 32);                        \
+        const ulong db = sw128_desc((k_tile) + k_at);                                              \
+        if (kk == 0)                                                                               \
+            WGMMA_S(s, qf[kk], db, 0);                                                             \
+        else                                                                                       \
+            WGMMA_S(s, qf[kk], db, 1);                                                             \
+    }
+
+/* O += P V for the V tile at v_tile: k-step kk takes keys 16kk.., one wgmma
+ * per 64-dim panel hh. */
+#define PV_CHAIN(acc, pf, v_tile)                                                                  \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
+        _Pragma("unroll") for (int hh = 0; hh < PANELS; ++hh)                                      \
+            WGMMA_RS(WG_N64, (acc) + 8 * hh, (pf)[kk],                                             \
+                     sw128_desc((v_tile) + (uint)(hh * BLOCK_N * 128 + kk * 16 * 128)), 1, 1)
+
+/* P (the softmax's s) packed into the A fragments of the P V product. */
+#define PACK_P(pf, s)                                                                              \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) {                                       \
+        (pf)[kk][0] = pack2((s)[2 * kk][0], (s)[2 * kk][1]);                                       \
+        (pf)[kk][1] = pack2((s)[2 * kk][2], (s)[2 * kk][3]);                                       \
+        (pf)[kk][2] = pack2((s)[2 * kk + 1][0], (s)[2 * kk + 1][1]);                               \
+        (pf)[kk][3] = pack2((s)[2 * kk + 1][2], (s)[2 * kk + 1][3]);                               \
+    }
+
+/* Soft-cap, then the mask of keys n0.. unless every row sees the whole tile. */
+#define SCORES_POST(s, n0)                                                                         \
+    do {                                                                                           \
+        if (softcap)                                                                               \
+            SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);                                           \
+        if (!((n0) >= w_all_lo && (n0) + BLOCK_N - 1 <= w_all_hi))                                 \
+            MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
+    } while (0)
 
 /* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
  * that no use of an accumulator is scheduled above the wait; before
@@ -239,6 +286,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
                   BLOCK_N, k_vec, tid);
 
+#if !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
         const int n_next = n0 + BLOCK_N;
@@ -252,29 +300,15 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
          * wgmma makes ptxas serialise the wgmma chain. Keys a row does not
          * see are masked, and a tile none of them sees leaves m, l and O as
          * they were (p = 0, alpha = 1). */
-        const int n_last = n0 + BLOCK_N - 1;
         float s[S_FRAGS][4];
         {
-            /* ---- S = Q K^T (the first k-step overwrites s) ---- */
+            /* ---- S = Q K^T ---- */
             WGMMA_FENCE();
-#pragma unroll
-            for (int kk = 0; kk < K_STEPS; ++kk) {
-                /* k-step kk: dims 16kk.. are 32*(kk%4) bytes into panel kk/4 */
-                const uint k_at = (uint)((kk / 4) * BLOCK_N * 128 + (kk % 4) * 32);
-                const ulong db = sw128_desc(k_tile + k_at);
-                if (kk == 0)
-                    WGMMA_S(s, qf[kk], db, 0);
-                else
-                    WGMMA_S(s, qf[kk], db, 1);
-            }
+            S_CHAIN(s, k_tile);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
             WG_FENCE_REGS(s, S_FRAGS);
-
-            if (softcap)
-                SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
-            if (!(n0 >= w_all_lo && n_last <= w_all_hi))
-                MASK_16(s, S_FRAGS, n0, row_lo, row_hi);
+            SCORES_POST(s, n0);
             ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         }
 
@@ -288,27 +322,89 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         {
             /* ---- O += P V, P packed from the S registers ---- */
             uint pf[P_STEPS][4];
-#pragma unroll
-            for (int kk = 0; kk < P_STEPS; ++kk) {
-                pf[kk][0] = pack2(s[2 * kk][0], s[2 * kk][1]);
-                pf[kk][1] = pack2(s[2 * kk][2], s[2 * kk][3]);
-                pf[kk][2] = pack2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                pf[kk][3] = pack2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            }
+            PACK_P(pf, s);
             WG_FENCE_REGS(acc, O_FRAGS);
             WG_FENCE_REGS_C(pf, P_STEPS, "r");
             WGMMA_FENCE();
-#pragma unroll
-            for (int kk = 0; kk < P_STEPS; ++kk)
-#pragma unroll
-                for (int hh = 0; hh < PANELS; ++hh)
-                    WGMMA_RS(WG_N64, acc + 8 * hh, pf[kk],
-                             sw128_desc(v_tile + (uint)(hh * BLOCK_N * 128 + kk * 16 * 128)), 1, 1);
+            PV_CHAIN(acc, pf, v_tile);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
             WG_FENCE_REGS(acc, O_FRAGS);
         }
     }
+#else
+    /* One K buffer and two V buffers (tile t's V in buffer t % 2). Iteration
+     * t issues S(t+1) = Q K(t+1)^T, then O += P(t) V(t), both asynchronous:
+     * the softmax of S(t+1) runs while that P V product is still on the
+     * tensor cores, and O's rescale by the new alpha waits for it. V(t+1)
+     * loads during the whole iteration, K(t+2) from the moment every
+     * warpgroup has S(t+1). The last tile's P V runs after the loop, which
+     * keeps every wgmma out of a branch. */
+    const uint k_tile = s_base;
+    const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
+    float s[S_FRAGS][4];
+    uint pf[P_STEPS][4];
+    if (tiles > 0) {
+        copy_tile(smem, s_base, TILE_BYTES, vb + (ulong)n_start * v_ss, v_ss, min(BLOCK_N, nk - n_start),
+                  BLOCK_N, v_vec, tid);
+        cp_wait_async_proxy(); /* K(0) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading K(0) */
+        if (tiles > 1)
+            copy_tile(smem, s_base, 0, kb + (ulong)(n_start + BLOCK_N) * k_ss, k_ss,
+                      min(BLOCK_N, nk - n_start - BLOCK_N), BLOCK_N, k_vec, tid);
+        SCORES_POST(s, n_start);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        PACK_P(pf, s);
+    }
+    for (int t = 0; t + 1 < tiles; ++t) {
+        const int n1 = n_start + (t + 1) * BLOCK_N; /* tile t + 1 */
+        const uint v_cur = s_base + TILE_BYTES * (uint)(1 + (t & 1));
+        const uint v_next = TILE_BYTES * (uint)(2 - (t & 1)); /* bytes into the tile area */
+        /* V(t) and K(t+1) have landed; every warpgroup is done with V(t-1). */
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        copy_tile(smem, s_base, v_next, vb + (ulong)n1 * v_ss, v_ss, min(BLOCK_N, nk - n1), BLOCK_N,
+                  v_vec, tid);
+        WG_FENCE_REGS(acc, O_FRAGS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
+        PV_CHAIN(acc, pf, v_cur);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ONE(); /* S(t+1); P(t) V(t) may still run */
+        WG_FENCE_REGS(s, S_FRAGS);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warpgroup is done reading K(t+1) */
+        if (t + 2 < tiles)
+            copy_tile(smem, s_base, 0, kb + (ulong)(n1 + BLOCK_N) * k_ss, k_ss,
+                      min(BLOCK_N, nk - n1 - BLOCK_N), BLOCK_N, k_vec, tid);
+        SCORES_POST(s, n1);
+        float alpha[2];
+        ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha);
+        WGMMA_WAIT_ALL(); /* P(t) V(t) */
+        WG_FENCE_REGS(acc, O_FRAGS);
+        RESCALE_16(acc, O_FRAGS, alpha);
+        PACK_P(pf, s);
+    }
+    if (tiles > 0) {
+        const uint v_cur = s_base + TILE_BYTES * (uint)(1 + ((tiles - 1) & 1));
+        cp_wait_async_proxy(); /* V(tiles - 1) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        WG_FENCE_REGS(acc, O_FRAGS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        PV_CHAIN(acc, pf, v_cur);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(acc, O_FRAGS);
+    }
+#endif
 
     /* ---- epilogue: O / l and LSE ---- */
     __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
