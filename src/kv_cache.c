@@ -35,6 +35,23 @@ const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *c, 
     return &c->seqs[id];
 }
 
+flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *c, flashcl_context *ctx, const int *seq_ids,
+                                          int n, const char *in) {
+    unsigned char *seen = calloc((size_t)c->seq_count + 1, 1);
+    if (!seen)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    flashcl_status st = FLASHCL_SUCCESS;
+    for (int i = 0; i < n && st == FLASHCL_SUCCESS; ++i) {
+        if (!flashcl_kv_cache_sequence(c, seq_ids[i]))
+            st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq_ids[%d] = %d is not a live sequence", i,
+                              seq_ids[i]);
+        else if (seen[seq_ids[i]]++)
+            st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "sequence %d appears twice%s", seq_ids[i], in);
+    }
+    free(seen);
+    return st;
+}
+
 static flashcl_kv_sequence *live_sequence(flashcl_kv_cache *c, int id) {
     return (flashcl_kv_sequence *)flashcl_kv_cache_sequence(c, id);
 }
@@ -310,25 +327,20 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
                             "append needs num_seqs >= 1 and the seq_ids and num_tokens arrays");
     const int ps = c->desc.page_size;
     long total = 0;
+    flashcl_status st = flashcl_kv_cache_check_ids(c, ctx, seq_ids, num_seqs, " in one append");
+    if (st)
+        return st;
     for (int i = 0; i < num_seqs; ++i) {
-        const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(c, seq_ids[i]);
-        if (!s)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq_ids[%d] = %d is not a live sequence",
-                                i, seq_ids[i]);
+        const flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
         if (num_tokens[i] < 0 || (long)s->length + num_tokens[i] > (long)ps * c->desc.num_pages)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
                                 "num_tokens[%d] = %d (>= 0, and the sequence must fit the pool)", i,
                                 num_tokens[i]);
-        for (int j = 0; j < i; ++j)
-            if (seq_ids[j] == seq_ids[i])
-                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                                    "sequence %d appears twice in one append", seq_ids[i]);
         total += num_tokens[i];
     }
     if (total > 0x7fffffffL)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "more than 2^31 new tokens");
     flashcl_layout kl, vl;
-    flashcl_status st;
     if (total > 0 && ((st = check_new_tokens(c, "k", k, k_layout, (int)total, &kl)) ||
                       (st = check_new_tokens(c, "v", v, v_layout, (int)total, &vl))))
         return st;

@@ -325,15 +325,10 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
                                 "(dtype %d, heads_k %d, head_dim %d)",
                                 (int)r->dtype, r->heads_k, r->head_dim, (int)cd->dtype, cd->heads_k,
                                 cd->head_dim);
+        if ((st = flashcl_kv_cache_check_ids(cache, ctx, seq_ids, n, "")))
+            return st;
         for (int i = 0; i < n; ++i) {
             const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(cache, seq_ids[i]);
-            if (!s)
-                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                                    "seq_ids[%d] = %d is not a live sequence", i, seq_ids[i]);
-            for (int j = 0; j < i; ++j)
-                if (seq_ids[j] == seq_ids[i])
-                    return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "sequence %d appears twice",
-                                        seq_ids[i]);
             table_ints += s->count;
             if (s->length > p->max_keys)
                 p->max_keys = s->length;

@@ -28,6 +28,12 @@ struct flashcl_kv_cache {
 /* The live sequence `id`, or NULL. */
 const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *cache, int id);
 
+/* Fails (on ctx) unless seq_ids[0..n) are n distinct live sequences of the
+ * cache; `in` ends the duplicate's message ("" or " in one append"). O(n),
+ * so that a batch of thousands costs nothing next to its kernels. */
+flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *cache, flashcl_context *ctx, const int *seq_ids,
+                                          int n, const char *in);
+
 /* Checks a cu_seqlens array of n sequences (non-NULL, [0] = 0, nondecreasing)
  * with a message naming it; *total = cu[n]. (serving.c) */
 flashcl_status flashcl_check_cu_seqlens(flashcl_context *ctx, const char *name, const int *cu, int n, int *total);

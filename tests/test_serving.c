@@ -598,6 +598,34 @@ static void errors_suite(flashcl_context *ctx) {
     e.num_splits = 129;
     expect(flashcl_paged_attention(ctx, &e, c, &s, q, o, NULL, 0, NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
            "paged: num_splits 129 refused", &failures);
+    {
+        /* Many sequences, the last repeating the first: refused, and named. */
+        enum { MANY = 300 };
+        int many_ids[MANY], many_cu[MANY + 1];
+        many_ids[0] = s, many_cu[0] = 0;
+        for (int i = 1; i < MANY; ++i)
+            flashcl_kv_cache_add_sequence(c, &many_ids[i]);
+        many_ids[MANY - 1] = s;
+        for (int i = 0; i < MANY; ++i)
+            many_cu[i + 1] = i + 1;
+        e = d;
+        e.num_seqs = MANY;
+        e.cu_seqlens_q = many_cu;
+        char want[64];
+        snprintf(want, sizeof want, "sequence %d appears twice", s);
+        expect(flashcl_paged_attention(ctx, &e, c, many_ids, q, o, NULL, 0, NULL, NULL) ==
+                       FLASHCL_ERROR_INVALID_ARGUMENT &&
+                   strstr(flashcl_last_error(ctx), want),
+               "paged: a sequence repeated 299 places later refused, and named", &failures);
+        many_ids[MANY - 1] = many_ids[1];
+        flashcl_kv_cache_free_sequence(c, many_ids[1]);
+        expect(flashcl_paged_attention(ctx, &e, c, many_ids, q, o, NULL, 0, NULL, NULL) ==
+                       FLASHCL_ERROR_INVALID_ARGUMENT &&
+                   strstr(flashcl_last_error(ctx), "seq_ids[1]"),
+               "paged: a freed sequence refused, and its index named", &failures);
+        for (int i = 2; i < MANY - 1; ++i)
+            flashcl_kv_cache_free_sequence(c, many_ids[i]);
+    }
     e = d;
     e.num_splits = 2;
     size_t need = 0;
