@@ -277,18 +277,14 @@ typedef struct append_plan {
     int cow_page;             /* its private replacement, or -1               */
 } append_plan;
 
-/* Whether sequence i of an append must copy its last page first: it is
- * partially filled and still shared once the copies planned for earlier
- * sequences of this append are counted (the last sharer writes in place). */
-static int needs_copy(const flashcl_kv_cache *c, const flashcl_kv_sequence *s, int tokens,
-                      const append_plan *plan, int i) {
+/* Whether a sequence of an append must copy its last page first: it is
+ * partially filled and still shared. The planning loop counts each planned
+ * copy out of the page's reference count while it runs (and restores them
+ * after), so the last sharer of a page writes in place. */
+static int needs_copy(const flashcl_kv_cache *c, const flashcl_kv_sequence *s, int tokens) {
     if (tokens == 0 || s->length % c->desc.page_size == 0)
         return 0;
-    const int last = s->pages[s->count - 1];
-    int owners = c->refcount[last];
-    for (int j = 0; j < i; ++j)
-        owners -= plan[j].cow_old == last;
-    return owners > 1;
+    return c->refcount[s->pages[s->count - 1]] > 1;
 }
 
 static flashcl_status check_new_tokens(flashcl_kv_cache *c, const char *name, cl_mem buf,
@@ -358,9 +354,14 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
         plan[i].old_pages = s->count;
         plan[i].new_pages = pages_for(s->length + num_tokens[i], ps);
         plan[i].cow_page = -1;
-        plan[i].cow_old = needs_copy(c, s, num_tokens[i], plan, i) ? s->pages[s->count - 1] : -1;
+        plan[i].cow_old = needs_copy(c, s, num_tokens[i]) ? s->pages[s->count - 1] : -1;
+        if (plan[i].cow_old >= 0)
+            c->refcount[plan[i].cow_old]--;
         need += plan[i].new_pages - plan[i].old_pages + (plan[i].cow_old >= 0);
     }
+    for (int i = 0; i < num_seqs; ++i)
+        if (plan[i].cow_old >= 0)
+            c->refcount[plan[i].cow_old]++;
     if (need > c->free_count) {
         free(plan);
         free(slots);

@@ -399,11 +399,25 @@ static void fork_suite(flashcl_context *ctx) {
     expect(st == FLASHCL_SUCCESS && mirror_matches(ctx, &m), "fork of a fork, append across pages", &failures);
     int slots[3] = {0, 1, 2}, ones[3] = {1, 1, 1};
     paged_check(ctx, &m, 3, slots, ones, 8, 1, 2, 0, "attention over forked sequences", NULL);
+    /* Three sharers of one partial page (sequence 0, 23 tokens, and two forks)
+     * append in one call: two copies, the third writes in place. */
+    for (int f = 3; f < 5; ++f) {
+        flashcl_kv_cache_fork(m.cache, m.ids[0], &m.ids[f]);
+        memcpy(m.k[f], m.k[0], (size_t)23 * m.row * 2);
+        memcpy(m.v[f], m.v[0], (size_t)23 * m.row * 2);
+        m.len[f] = 23;
+    }
+    int free3 = flashcl_kv_cache_free_pages(m.cache), three[3] = {4, 0, 3};
+    st = mirror_append(ctx, &m, 3, three, ones);
+    expect(st == FLASHCL_SUCCESS && flashcl_kv_cache_free_pages(m.cache) == free3 - 2 && mirror_matches(ctx, &m),
+           "copy-on-write: three sharers in one append make two copies", &failures);
+    for (int f = 3; f < 5; ++f)
+        flashcl_kv_cache_free_sequence(m.cache, m.ids[f]);
     for (int i = 0; i < 3; ++i)
         flashcl_kv_cache_free_sequence(m.cache, m.ids[i]);
     expect(flashcl_kv_cache_free_pages(m.cache) == 64 && flashcl_kv_cache_length(m.cache, m.ids[0]) == -1,
            "freeing every sequence returns every page", &failures);
-    m.ids[0] = m.ids[1] = m.ids[2] = -1;
+    m.ids[0] = m.ids[1] = m.ids[2] = m.ids[3] = m.ids[4] = -1;
     mirror_free(&m);
 }
 
