@@ -74,7 +74,10 @@
 #undef L2_AHEAD
 #define L2_AHEAD 0
 #endif
-#define L2_LINES ((HEAD_DIM * 2 + 127) / 128) /* 128-byte lines per K or V row */
+/* Prefetch addresses per K or V row: one per 128 bytes, and one more at the
+ * row's last element when rows are not a whole number of lines (then a row
+ * need not start on a line either). */
+#define L2_LINES ((HEAD_DIM * 2 + 127) / 128 + (HEAD_DIM * 2 % 128 != 0))
 #define ROW_QUEUE (L2_AHEAD + 2)
 
 #define WG_SIZE (WARPS * 32)
@@ -178,10 +181,10 @@ inline void prefetch_tile(int j, uint row, int warp, int s_lo, int s_hi, __globa
     const int lane = (int)get_local_id(0) % 32;
     const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
     for (int x = lane; x < BLOCK_N * L2_LINES; x += 32) {
-        const int r = x / L2_LINES, c = x % L2_LINES;
+        const int r = x / L2_LINES, c = min(64 * (x % L2_LINES), HEAD_DIM - 1); /* halves into the row */
         if (n0 + r <= s_hi) {
-            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(kb + (ulong)(row + r) * k_ss + 64 * c)));
-            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(vb + (ulong)(row + r) * v_ss + 64 * c)));
+            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(kb + (ulong)(row + r) * k_ss + c)));
+            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(vb + (ulong)(row + r) * v_ss + c)));
         }
     }
 }

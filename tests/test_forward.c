@@ -252,6 +252,22 @@ static void wgmma(flashcl_context *ctx) {
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
     setenv("FLASHCL_PARAMS", "WARPS=4,BLOCK_M=64", 1);
     edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 72, 128, 111);
+    /* 48-key tiles (the shape of the OVERLAP loop, under -DOVERLAP=1): the
+     * edge cases, and blocks of one, two and three tiles (keys 1, 30, 48, 49,
+     * 96, 97), causal and not. */
+    static const char *const bn48[] = {"WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48"};
+    static const int few_keys[] = {1, 30, 48, 49, 96, 97};
+    for (int i = 0; i < (int)COUNT(bn48); ++i) {
+        setenv("FLASHCL_PARAMS", bn48[i], 1);
+        edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 96, 128, 80);
+        for (int j = 0; j < (int)COUNT(few_keys); ++j) {
+            test_case tc = test_case_basic(j % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, 20 + 37 * j, few_keys[j],
+                                           j % 3 ? 128 : 88);
+            tc.causal = (i + j) & 1;
+            printf("FLASHCL_PARAMS=%s: ", bn48[i]);
+            run(ctx, tc);
+        }
+    }
     unsetenv("FLASHCL_PARAMS");
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the mma.sync kernel answers

@@ -37,7 +37,7 @@ configs=(
   "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=4 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=2 -DPAGE_SIZE=16 -DCP_ASYNC_L2=256|1"
   "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=4 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=2 -DPAGE_SIZE=16 -DROWS_AHEAD=1|1"
   "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=96 -DBLOCK_M=8 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=2 -DPAGE_SIZE=0 -DROWS_AHEAD=1 -DL2_AHEAD=2|1"
-  "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=4 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=3 -DPAGE_SIZE=8 -DROWS_AHEAD=1 -DL2_AHEAD=1|1"
+  "paged_decode_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=4 -DBLOCK_N=16 -DWARPS=2 -DSTAGES=3 -DPAGE_SIZE=32 -DROWS_AHEAD=1 -DL2_AHEAD=1|1"
   "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4 -DCP_ASYNC_L2=128|1"
   "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=8|3"
   "flash_fwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=80 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=4|3"
@@ -57,8 +57,10 @@ for c in "${configs[@]}"; do
   name="$file $defs"
   cat "$shim" "$cl/common.cl" "$cl/$file" > "$tmp/k.cl"
   # shellcheck disable=SC2086 # defs is a list of options
+  # -Werror=shadow: a loop counter named like a fragment index (t, g) would silently change
+  # what the shared fragment macros compute.
   if ! "$clang" -O2 -target nvptx64-nvidia-cuda -x cl -cl-std=CL1.2 -DFLASHCL_NV_PTX $defs \
-      -Xclang -finclude-default-header -S -o "$tmp/k.ptx" "$tmp/k.cl" 2> "$tmp/err"; then
+      -Werror=shadow -Xclang -finclude-default-header -S -o "$tmp/k.ptx" "$tmp/k.cl" 2> "$tmp/err"; then
     echo "$name: FAILED (clang)"; head -n 20 "$tmp/err"; failures=$((failures + 1)); continue
   fi
   target=sm_90
