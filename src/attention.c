@@ -146,37 +146,13 @@ static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) 
     return FLASHCL_SUCCESS;
 }
 
-/* Checks parameters against the device before anything is built. */
+/* Checks parameters against the kernel's rules and the device before anything
+ * is built: the rules flashcl_set_params and the tuning file are held to. */
 static flashcl_status check_params(flashcl_context *ctx, const flashcl_attention_desc *r,
                                    const flashcl_params *p) {
-    size_t local = flashcl_forward_local_bytes(p, r->head_dim);
-    if (p->threads_per_row && p->block_n % p->threads_per_row != 0)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "BLOCK_N %d is not a multiple of TPR %d", p->block_n, p->threads_per_row);
-    if (!strcmp(p->variant, "nv-mma") &&
-        (p->block_m % 16 != 0 || p->block_n % 16 != 0 || p->work_group_size % 32 != 0))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "tensor-core kernel: BLOCK_M %d and BLOCK_N %d must be multiples of 16",
-                            p->block_m, p->block_n);
-    if (!strcmp(p->variant, "nv-wgmma") &&
-        (p->work_group_size % 128 != 0 || p->block_m != p->work_group_size / 2 ||
-         (p->block_n != 64 && p->block_n != 48)))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "wgmma kernel: WARPS %d must be a multiple of 4, BLOCK_M %d 16*WARPS and BLOCK_N %d "
-                            "48 or 64", p->work_group_size / 32, p->block_m, p->block_n);
-    if (!strcmp(p->variant, "nv-tf32") &&
-        (p->block_m != p->work_group_size / 2 || p->block_n % 8 != 0 || p->work_group_size % 32 != 0))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "float32 tensor-core kernel: BLOCK_M %d must be 16*WARPS (WARPS %d) and BLOCK_N %d "
-                            "a multiple of 8", p->block_m, p->work_group_size / 32, p->block_n);
-    if (local > ctx->info.local_mem)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "%zu bytes of local memory needed, the device has %llu", local,
-                            (unsigned long long)ctx->info.local_mem);
-    if ((size_t)p->work_group_size > ctx->info.max_wg)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "work-group of %d exceeds the device's %zu", p->work_group_size,
-                            ctx->info.max_wg);
+    char why[256];
+    if (!flashcl_params_fit(ctx, r->head_dim, p, why, sizeof why))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     return FLASHCL_SUCCESS;
 }
 

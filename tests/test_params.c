@@ -530,6 +530,18 @@ static void test_levels(void) {
     expect(flashcl_set_params(ctx, &d16, &wg) == FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "16*WARPS"),
            "nv-wgmma with BLOCK_M other than 16*WARPS is refused", &failures);
+    /* FLASHCL_PARAMS is held to the same rules as flashcl_set_params. */
+    setenv("FLASHCL_PARAMS", "WARPS=8,BLOCK_M=64", 1);
+    expect(flashcl_attention_params(ctx, &d16, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "16*WARPS"),
+           "FLASHCL_PARAMS: nv-wgmma with BLOCK_M other than 16*WARPS is refused, and says why", &failures);
+    setenv("FLASHCL_VARIANT", "nv-mma", 1); /* 64 rows are not a multiple of 16 * 8 warps */
+    expect(flashcl_attention_params(ctx, &d16, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "16*WARPS"),
+           "FLASHCL_PARAMS: nv-mma with BLOCK_M not a multiple of 16*WARPS is refused before any build",
+           &failures);
+    unsetenv("FLASHCL_VARIANT");
+    unsetenv("FLASHCL_PARAMS");
     wg = (flashcl_params){128, 64, 0, 256, "nv-wgmma", NULL};
     expect(flashcl_set_params(ctx, &d32, &wg) == FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "nv-wgmma kernel does not apply"),
