@@ -510,13 +510,15 @@ inline void atomic_add_float(volatile __global float *p, float x) {
  * paged_decode and paged_decode_nv: one list, so src/serving.c sets them once
  * for any (the decode kernels take counters_off after it). part: the
  * split-KV scratch (part_o, then part_lse); meta: the batch description
- * (fill_meta in src/serving.c); offsets and (token, head) strides in
+ * (fill_meta in src/serving.c); tables: the page tables (the KV cache's
+ * device copy; a sequence's starts at its k_base); offsets and (token, head) strides in
  * elements; q_mul = scale*log2e, or scale/softcap; softcap_log2 =
  * softcap*log2e, 0 when off. */
 #define SERVING_ARGS                                                                               \
     __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
         __global const elem_t *restrict v, __global elem_t *restrict o,                            \
-        __global float *restrict lse, __global float *part, __global int *meta, ulong q_off,       \
+        __global float *restrict lse, __global float *part, __global int *meta,                   \
+        __global const int *restrict tables, ulong q_off,                                          \
         ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off, ulong v_ss,      \
         ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off, ulong part_lse_off,        \
         int has_lse, int blocks_off, int total_q, int heads_q, int group, int page_size,           \

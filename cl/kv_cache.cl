@@ -5,8 +5,9 @@
  *   k_pool, v_pool: [num_pages][page_size][heads_k][head_dim]   (= [slot][heads_k][head_dim])
  *
  * The host allocator (src/kv_cache.c) has already chosen every new token's
- * slot (new pages, copy-on-write copies) and passes them as slots[token]; the
- * kernel is a gather-free scatter: work-item (d, h, token) copies one element
+ * slot (new pages, copy-on-write copies) and passes them as slots[token],
+ * then the device page-table entries the append creates (src/kv_cache.c);
+ * the kernel is a gather-free scatter: work-item (d, h, token) copies one element
  * of the caller's packed new tokens, k_new[token][h][d] (offset + strides),
  * to its slot. Copies go through float, which is exact for all three storage
  * types (half and bfloat16 widen losslessly), because OpenCL 1.2 without
@@ -16,11 +17,19 @@
 
 __kernel void kv_append(__global const elem_t *restrict k_new, __global const elem_t *restrict v_new,
                         __global elem_t *restrict k_pool, __global elem_t *restrict v_pool,
-                        __global const int *restrict slots, ulong k_off, ulong k_ss, ulong k_sh,
-                        ulong v_off, ulong v_ss, ulong v_sh, int heads_k, int head_dim) {
+                        __global const int *restrict slots, __global int *restrict tables, ulong k_off,
+                        ulong k_ss, ulong k_sh, ulong v_off, ulong v_ss, ulong v_sh, int heads_k,
+                        int head_dim, int num_pairs) {
     const int d = (int)get_global_id(0);
     const int h = (int)get_global_id(1);
     const int t = (int)get_global_id(2);
+    /* The device page tables' new entries, (index, page) pairs after the
+     * slots, shared out over the tokens' first work-items. */
+    if (d == 0 && h == 0) {
+        const int total = (int)get_global_size(2);
+        for (int p = t; p < num_pairs; p += total)
+            tables[slots[total + 2 * p]] = slots[total + 2 * p + 1];
+    }
     /* Pool rows are packed: heads_k * head_dim elements per slot. */
     const ulong dst = ((ulong)slots[t] * heads_k + h) * head_dim + d;
     STORE_ELEM(k_pool, dst, LOAD_ELEM(k_new, k_off + (ulong)t * k_ss + (ulong)h * k_sh + d));

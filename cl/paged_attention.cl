@@ -9,9 +9,9 @@
  *                            kr(n) = table_i[n / page_size] * page_size + n % page_size
  *     packed (page_size 0):  flash-attn's varlen layout, kr(n) = k_start_i + n
  *   meta (int): per sequence {q_start, nq, k_base, nk}, where k_base is the
- *     index of the sequence's page table inside meta (paged) or k_start
- *     (packed); at blocks_off a list of work blocks {sequence, first row};
- *     after it the page tables. The host builds it per call.
+ *     index of the sequence's page table inside `tables` (paged: the KV
+ *     cache's device copy of every table) or k_start (packed); at blocks_off
+ *     a list of work blocks {sequence, first row}. The host builds it per call.
  *
  * Grid: (block, kv head, split). A block is BLOCK_M "rows" of one sequence,
  * a row being one (query token, query head) pair of the kv head:
@@ -122,7 +122,7 @@ paged_attention(SERVING_ARGS) {
             const long n = n0 + c;
             long kr = -1;
             if (n <= s_hi)
-                kr = page_size ? (long)meta[k_base + (int)(n / page_size)] * page_size + n % page_size
+                kr = page_size ? (long)tables[k_base + (int)(n / page_size)] * page_size + n % page_size
                                : (long)k_base + n;
             key_row[c] = kr;
         }

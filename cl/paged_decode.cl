@@ -236,7 +236,7 @@ inline void stage_row(__local const chunk_t *stage, int st, int u, int kv, float
  * + slot) into stage j % STAGES. k_head, v_head: element offsets of the kv
  * head in row 0. Keys past s_hi and chunks past HEAD_DIM become zeros. */
 inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo, int s_hi,
-                       __global const int *meta, int k_base,
+                       __global const int *tables, int k_base,
                        __global const elem_t *restrict k, ulong k_head, ulong k_ss,
                        __global const elem_t *restrict v, ulong v_head, ulong v_ss) {
     const int lid = (int)get_local_id(0), slot = lid / LANES, lane = lid % LANES;
@@ -247,7 +247,7 @@ inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo,
         const int live = key <= s_hi;
         const int n = live ? key : s_lo; /* a valid row to point at */
 #if PAGE_SIZE
-        const uint kr = (uint)meta[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
+        const uint kr = (uint)tables[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
 #else
         const uint kr = (uint)(k_base + n);
 #endif
@@ -336,7 +336,7 @@ paged_decode(SERVING_ARGS,
     const int steps = s_hi >= s_lo ? (s_hi - s_lo) / STEP + 1 : 0;
     for (int j = 0; j < STAGES - 1; ++j) {
         if (j < steps)
-            issue_step(j, stage, stage_base, s_lo, s_hi, meta, k_base, k, k_off + (ulong)hk * k_sh, k_ss,
+            issue_step(j, stage, stage_base, s_lo, s_hi, tables, k_base, k, k_off + (ulong)hk * k_sh, k_ss,
                        v, v_off + (ulong)hk * v_sh, v_ss);
         FETCH_COMMIT(); /* empty groups keep the count uniform */
     }
@@ -344,7 +344,7 @@ paged_decode(SERVING_ARGS,
         /* 1. Loads of step i + STAGES - 1 into the stage step i - 1 used;
          *    then wait for step i's. */
         if (i + STAGES - 1 < steps)
-            issue_step(i + STAGES - 1, stage, stage_base, s_lo, s_hi, meta, k_base, k,
+            issue_step(i + STAGES - 1, stage, stage_base, s_lo, s_hi, tables, k_base, k,
                        k_off + (ulong)hk * k_sh, k_ss, v, v_off + (ulong)hk * v_sh, v_ss);
         FETCH_COMMIT();
         FETCH_WAIT();

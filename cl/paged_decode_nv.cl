@@ -130,7 +130,7 @@
  * into the warp's buffer `buf` (shared address of its K tile; V follows),
  * then commits the group. Keys past s_hi are zero-filled: their V rows then
  * contribute 0 * 0 and their scores are masked. */
-inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __global const int *meta,
+inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __global const int *tables,
                        int k_base, __global const ushort *kb, ulong k_ss, __global const ushort *vb,
                        ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
@@ -143,7 +143,7 @@ inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __
         const uint kr = tile_row + (live ? r : 0);
 #elif PAGE_SIZE
         const int n = live ? key : s_lo;
-        const uint kr = (uint)meta[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
+        const uint kr = (uint)tables[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
 #else
         const int n = live ? key : s_lo;
         const uint kr = (uint)(k_base + n);
@@ -162,12 +162,12 @@ inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __
 }
 
 /* The physical row of warp tile j's first key (ROWS_AHEAD), or 0 past the warp's tiles. */
-inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const int *meta, int k_base) {
+inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const int *tables, int k_base) {
     if (j >= my_tiles)
         return 0u;
     const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
 #if PAGE_SIZE
-    return (uint)meta[k_base + n0 / PAGE_SIZE] * PAGE_SIZE + n0 % PAGE_SIZE;
+    return (uint)tables[k_base + n0 / PAGE_SIZE] * PAGE_SIZE + n0 % PAGE_SIZE;
 #else
     return (uint)(k_base + n0);
 #endif
@@ -265,8 +265,8 @@ paged_decode_nv(SERVING_ARGS,
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
             issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u,
-                       ROWS_AHEAD ? tile_row_at(i, my_tiles, warp, s_lo, meta, b.k_base) : 0u, s_lo,
-                       s_hi, meta, b.k_base, kb, k_ss, vb, v_ss);
+                       ROWS_AHEAD ? tile_row_at(i, my_tiles, warp, s_lo, tables, b.k_base) : 0u, s_lo,
+                       s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
         else
             __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
     }
@@ -276,7 +276,7 @@ paged_decode_nv(SERVING_ARGS,
     uint row_q[ROW_QUEUE];
 #pragma unroll
     for (int x = 0; x < ROW_QUEUE; ++x)
-        row_q[x] = ROWS_AHEAD ? tile_row_at(STAGES - 1 + x, my_tiles, warp, s_lo, meta, b.k_base) : 0u;
+        row_q[x] = ROWS_AHEAD ? tile_row_at(STAGES - 1 + x, my_tiles, warp, s_lo, tables, b.k_base) : 0u;
 #if L2_AHEAD
 #pragma unroll
     for (int x = 0; x < L2_AHEAD; ++x)
@@ -288,7 +288,7 @@ paged_decode_nv(SERVING_ARGS,
         if (ahead < my_tiles)
             issue_tile(warp + ahead * WARPS,
                        warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, row_q[0], s_lo, s_hi,
-                       meta, b.k_base, kb, k_ss, vb, v_ss);
+                       tables, b.k_base, kb, k_ss, vb, v_ss);
         else
             __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
 #if L2_AHEAD
@@ -299,7 +299,7 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
         for (int x = 0; x < ROW_QUEUE - 1; ++x)
             row_q[x] = row_q[x + 1];
-        row_q[ROW_QUEUE - 1] = tile_row_at(ahead + ROW_QUEUE, my_tiles, warp, s_lo, meta, b.k_base);
+        row_q[ROW_QUEUE - 1] = tile_row_at(ahead + ROW_QUEUE, my_tiles, warp, s_lo, tables, b.k_base);
 #endif
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
         WARP_SYNC(); /* every lane's part of tile i has landed */

@@ -8,6 +8,18 @@
  * reference counts and the free list. A failed enqueue therefore leaves the
  * cache as it was; the device may have written into pages that are still
  * free or rows past a sequence's length, which nothing reads.
+ *
+ * Device page tables. The attention kernels read each sequence's page table
+ * from the cache's `tables` buffer (its region [dev_off, dev_off + dev_cap)),
+ * so a decode step uploads a few ints per sequence instead of its tables.
+ * The host tables stay the truth; the device copy follows them without a
+ * transfer of its own: an append's kernel also writes the table entries the
+ * append creates (new pages, a copy-on-write page), passed with its slots; a
+ * sequence that outgrows its region moves to a fresh one of twice the size,
+ * its whole table written there the same way; fork copies the parent's region
+ * on the device. Regions come from a bump pointer; when it reaches the end,
+ * the buffer is rebuilt from the host tables with every live region packed
+ * (freed and abandoned ones reclaimed) and room to spare.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +88,7 @@ static flashcl_kv_sequence *new_slot(flashcl_kv_cache *c, int *id) {
     for (int i = 0; i < c->seq_count; ++i)
         if (!c->seqs[i].live) {
             *id = i;
+            c->seqs[i].dev_cap = 0; /* its old region is abandoned */
             return &c->seqs[i];
         }
     if (c->seq_count == c->seq_capacity) {
@@ -89,6 +102,74 @@ static flashcl_kv_sequence *new_slot(flashcl_kv_cache *c, int *id) {
     }
     *id = c->seq_count++;
     return &c->seqs[*id];
+}
+
+/* ---- device page tables ------------------------------------------------------------- */
+
+/* The region size for a table of `pages` entries: a power of two, at least 16,
+ * so that a growing sequence moves O(log) times. */
+static int region_for(int pages) {
+    int cap = 16;
+    while (cap < pages && cap <= (1 << 29))
+        cap *= 2;
+    return cap < pages ? pages : cap;
+}
+
+/* Rebuilds the tables buffer: every live region packed from 0 (sizes kept),
+ * its host table copied in at creation, and room for `extra` more ints with
+ * as much again to spare. Contents do not change, only offsets, so this may
+ * happen before an operation that then fails. */
+static flashcl_status compact_tables(flashcl_kv_cache *c, long extra) {
+    long live = 0;
+    for (int i = 0; i < c->seq_count; ++i)
+        if (c->seqs[i].live)
+            live += c->seqs[i].dev_cap;
+    long cap = 2 * (live + extra);
+    if (cap < 1024)
+        cap = 1024;
+    if (cap > 0x7fffffffL / 2)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_SHAPE,
+                            "the device page tables would exceed 2^30 entries (%ld live)", live + extra);
+    int *host = calloc((size_t)cap, sizeof(int));
+    if (!host)
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    long off = 0;
+    for (int i = 0; i < c->seq_count; ++i) {
+        const flashcl_kv_sequence *q = &c->seqs[i];
+        if (q->live && q->dev_cap > 0) {
+            memcpy(host + off, q->pages, (size_t)q->count * sizeof(int));
+            off += q->dev_cap;
+        }
+    }
+    cl_int err = CL_SUCCESS;
+    cl_mem b = clCreateBuffer(c->ctx->cl_ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, (size_t)cap * sizeof(int),
+                              host, &err);
+    free(host);
+    if (!b)
+        return flashcl_fail(c->ctx, err, "allocating the device page tables (%ld entries): %s", cap,
+                            flashcl_status_string(err));
+    /* Kernels already queued keep the old buffer alive until they have run. */
+    if (c->tables)
+        clReleaseMemObject(c->tables);
+    c->tables = b;
+    c->tables_cap = (int)cap;
+    off = 0;
+    for (int i = 0; i < c->seq_count; ++i) {
+        flashcl_kv_sequence *q = &c->seqs[i];
+        if (q->live && q->dev_cap > 0) {
+            q->dev_off = (int)off;
+            off += q->dev_cap;
+        }
+    }
+    c->tables_used = (int)off;
+    return FLASHCL_SUCCESS;
+}
+
+/* Makes room for `ints` more region entries past tables_used. */
+static flashcl_status reserve_regions(flashcl_kv_cache *c, long ints) {
+    if ((long)c->tables_used + ints <= (long)c->tables_cap)
+        return FLASHCL_SUCCESS;
+    return compact_tables(c, ints);
 }
 
 /* ---- lifetime ----------------------------------------------------------------------- */
@@ -153,6 +234,11 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
         }
     }
     c->free_count = desc->num_pages;
+    flashcl_status st = compact_tables(c, 2L * desc->num_pages); /* the first tables buffer */
+    if (st) {
+        flashcl_kv_cache_destroy(c);
+        return st;
+    }
     *out = c;
     return FLASHCL_SUCCESS;
 }
@@ -164,6 +250,8 @@ void flashcl_kv_cache_destroy(flashcl_kv_cache *c) {
         clReleaseMemObject(c->k_pool);
     if (c->v_pool)
         clReleaseMemObject(c->v_pool);
+    if (c->tables)
+        clReleaseMemObject(c->tables);
     for (int i = 0; i < c->seq_count; ++i)
         free(c->seqs[i].pages);
     free(c->seqs);
@@ -224,6 +312,7 @@ flashcl_status flashcl_kv_cache_add_sequence(flashcl_kv_cache *c, int *seq) {
     s->live = 1;
     s->length = 0;
     s->count = 0;
+    s->dev_cap = 0;
     *seq = id;
     return FLASHCL_SUCCESS;
 }
@@ -240,6 +329,23 @@ flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *c, int src, int *seq) {
     flashcl_kv_sequence *s = new_slot(c, &id); /* may move c->seqs: look src up again after */
     if (!s || !reserve_pages(s, c->seqs[src].count))
         return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    /* The child's device table: a region of its own, filled from the parent's
+     * on the device (the slot is not live yet, so a compaction skips it). */
+    const int count = c->seqs[src].count, cap = count > 0 ? region_for(count) : 0;
+    flashcl_status st = reserve_regions(c, cap);
+    if (st)
+        return st;
+    if (count > 0) {
+        const size_t from_off = (size_t)c->seqs[src].dev_off * sizeof(int);
+        const size_t to_off = (size_t)c->tables_used * sizeof(int);
+        cl_int err = clEnqueueCopyBuffer(c->ctx->queue, c->tables, c->tables, from_off, to_off,
+                                         (size_t)count * sizeof(int), 0, NULL, NULL);
+        if (err != CL_SUCCESS)
+            return flashcl_fail(c->ctx, err, "copying a page table for fork: %s", flashcl_status_string(err));
+        s->dev_off = c->tables_used;
+        c->tables_used += cap;
+    }
+    s->dev_cap = cap;
     const flashcl_kv_sequence *from = &c->seqs[src];
     for (int i = 0; i < from->count; ++i) {
         s->pages[i] = from->pages[i];
@@ -275,6 +381,7 @@ typedef struct append_plan {
     int old_pages, new_pages; /* table length before and after               */
     int cow_old;              /* shared last page to copy before writing, or -1 */
     int cow_page;             /* its private replacement, or -1               */
+    int dev_off, dev_cap;     /* the new device region when it outgrows its own (dev_cap 0: it does not) */
 } append_plan;
 
 /* Whether a sequence of an append must copy its last page first: it is
@@ -375,6 +482,24 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             free(slots);
             return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
         }
+    /* Device regions for the tables that outgrow theirs (a compaction here
+     * moves regions but changes no table). */
+    long region_ints = 0;
+    for (int i = 0; i < num_seqs; ++i) {
+        const int cap = c->seqs[seq_ids[i]].dev_cap;
+        plan[i].dev_cap = plan[i].new_pages > cap ? region_for(plan[i].new_pages) : 0;
+        region_ints += plan[i].dev_cap;
+    }
+    if ((st = reserve_regions(c, region_ints))) {
+        free(plan);
+        free(slots);
+        return st;
+    }
+    for (int i = 0, at = c->tables_used; i < num_seqs; ++i)
+        if (plan[i].dev_cap) {
+            plan[i].dev_off = at;
+            at += plan[i].dev_cap;
+        }
     /* Pages are taken from the top of the free stack without popping yet;
      * new table entries go past each table's count, where nothing reads. */
     int top = c->free_count;
@@ -408,6 +533,45 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
         return flashcl_fail(ctx, err, "copy-on-write of a KV page: %s", flashcl_status_string(err));
     }
 
+    /* The device table entries this append creates, as (index, page) pairs
+     * after the slots: new pages and a copy-on-write page, or a moved table's
+     * every entry. */
+    long pairs = 0;
+    for (int i = 0; i < num_seqs; ++i)
+        if (num_tokens[i] > 0)
+            pairs += plan[i].dev_cap ? plan[i].new_pages
+                                     : plan[i].new_pages - plan[i].old_pages + (plan[i].cow_page >= 0);
+    if (total + 2 * pairs > 0x7fffffffL) {
+        free(plan);
+        free(slots);
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the append is too large for 32-bit indices");
+    }
+    if (pairs > 0) {
+        int *grown = realloc(slots, (size_t)(total + 2 * pairs) * sizeof(int));
+        if (!grown) {
+            free(plan);
+            free(slots);
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        }
+        slots = grown;
+        int *pair = slots + total;
+        for (int i = 0; i < num_seqs; ++i) {
+            const flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
+            if (num_tokens[i] == 0)
+                continue;
+            const int base = plan[i].dev_cap ? plan[i].dev_off : s->dev_off;
+            const int last = plan[i].old_pages - 1; /* the entry a copy-on-write replaces */
+            for (int p = plan[i].dev_cap ? 0 : plan[i].old_pages; p < plan[i].new_pages; ++p) {
+                *pair++ = base + p;
+                *pair++ = p == last && plan[i].cow_page >= 0 ? plan[i].cow_page : s->pages[p];
+            }
+            if (!plan[i].dev_cap && plan[i].cow_page >= 0) {
+                *pair++ = base + last;
+                *pair++ = plan[i].cow_page;
+            }
+        }
+    }
+
     /* 2. Enqueue the scatter kernel (or, with nothing to write, a marker so
      *    `event` still means "the append is done"). */
     if (total > 0) {
@@ -420,23 +584,25 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
          * (OpenCL keeps it alive until the kernel has run). */
         cl_mem slot_buf = st == FLASHCL_SUCCESS
                               ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                               (size_t)total * sizeof(int), slots, &err)
+                                               (size_t)(total + 2 * pairs) * sizeof(int), slots, &err)
                               : NULL;
         if (st == FLASHCL_SUCCESS && !slot_buf)
             st = flashcl_fail(ctx, err, "allocating the slot list: %s", flashcl_status_string(err));
         if (st == FLASHCL_SUCCESS) {
             cl_ulong u[6] = {kl.offset, kl.stride_seq, kl.stride_head, vl.offset, vl.stride_seq, vl.stride_head};
-            cl_int hk = c->desc.heads_k, hd = c->desc.head_dim;
+            cl_int hk = c->desc.heads_k, hd = c->desc.head_dim, np = (cl_int)pairs;
             cl_uint a = 0;
             err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &k);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->k_pool);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->v_pool);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &slot_buf);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->tables);
             for (int i = 0; i < 6; ++i)
                 err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hk);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hd);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &np);
             size_t global[3] = {(size_t)hd, (size_t)hk, (size_t)total};
             if (err == CL_SUCCESS)
                 err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, 0, NULL, event);
@@ -458,6 +624,7 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
 
     /* 3. Commit: the pages taken leave the free list, tables and lengths grow. */
     c->free_count = top;
+    c->tables_used += (int)region_ints;
     for (int i = 0; i < num_seqs; ++i) {
         flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
         if (plan[i].cow_page >= 0) {
@@ -469,6 +636,10 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             c->refcount[s->pages[p]] = 1;
         s->count = plan[i].new_pages;
         s->length += num_tokens[i];
+        if (plan[i].dev_cap) {
+            s->dev_off = plan[i].dev_off;
+            s->dev_cap = plan[i].dev_cap;
+        }
     }
     free(plan);
     return FLASHCL_SUCCESS;

@@ -10,11 +10,12 @@
  *   1. checks the descriptor (make_plan) and asks flashcl_decode_params
  *      (params.c) for the kernel, its tiles and the split count;
  *   2. writes `meta` on the host (fill_meta): per sequence {q_start, nq,
- *      k_base, nk}, the block list, and the page tables;
+ *      k_base, nk} and the block list (the page tables are on the device
+ *      already: the cache keeps them there, kv_cache.c);
  *   3. enqueues the attention kernel, then for the tiled kernel with
  *      splits > 1 the combine
  *      kernel of cl/merge.cl over the caller's scratch.
- * meta (a few ints per sequence and page) is uploaded without blocking into
+ * meta (a few ints per sequence and block) is uploaded without blocking into
  * a device buffer the context keeps (upload_meta), so the call never waits
  * on the queue. Partial results, which scale with the problem, go in the
  * caller's scratch (flashcl_*_scratch_size). The kernels are chained by
@@ -314,7 +315,6 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
         return st;
     if (p->total_q < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "no query tokens (cu_seqlens_q[num_seqs] = 0)");
-    long table_ints = 0;
     if (cache) {
         if (!seq_ids)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq_ids is NULL");
@@ -329,7 +329,6 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
             return st;
         for (int i = 0; i < n; ++i) {
             const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(cache, seq_ids[i]);
-            table_ints += s->count;
             if (s->length > p->max_keys)
                 p->max_keys = s->length;
         }
@@ -381,14 +380,13 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     free(rows);
     if (st)
         return st;
-    if ((long)p->total_q * r->heads_q > 0x7fffffffL || blocks > 0x3fffffffL ||
-        4L * n + 2 * blocks + table_ints > 0x7fffffffL)
+    if ((long)p->total_q * r->heads_q > 0x7fffffffL || blocks > 0x3fffffffL || 4L * n + 2 * blocks > 0x7fffffffL)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
     p->num_blocks = (int)blocks;
 
-    /* meta: {q_start, nq, k_base, nk} per sequence, blocks, then page tables. */
+    /* meta: {q_start, nq, k_base, nk} per sequence, then the blocks. */
     p->blocks_off = 4 * (size_t)n;
-    p->meta_count = p->blocks_off + 2 * (size_t)blocks + (size_t)table_ints;
+    p->meta_count = p->blocks_off + 2 * (size_t)blocks;
     /* The decode kernel merges its splits itself: one zeroed counter per
      * (block, kv head) after the tables. */
     p->counters_off = p->meta_count;
@@ -407,24 +405,21 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
 /* ---- varlen and paged attention: the launch -------------------------------------------------- */
 
 /* Writes the batch description, p->meta_count ints: {q_start, nq, k_base,
- * nk} per sequence (k_base: the sequence's page table in meta when paged,
- * else its first key), {sequence, first row} per block from blocks_off, the
- * page tables, then the split counters (zero) from counters_off. Written
- * straight into the upload's staging copy: a decode step's tables are
- * copied once. */
+ * nk} per sequence (k_base: where the sequence's page table starts in the
+ * cache's device tables when paged, else its first key), {sequence, first
+ * row} per block from blocks_off, then the split counters (zero) from
+ * counters_off. Written straight into the upload's staging copy. */
 static void fill_meta(const serving_plan *p, int *meta) {
     const flashcl_varlen_desc *r = &p->r;
-    size_t tables = p->blocks_off + 2 * (size_t)p->num_blocks, b = 0;
+    size_t b = 0;
     for (int i = 0; i < r->num_seqs; ++i) {
         const int nq = r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i];
         meta[4 * i] = r->cu_seqlens_q[i];
         meta[4 * i + 1] = nq;
         if (p->cache) {
             const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(p->cache, p->seq_ids[i]);
-            meta[4 * i + 2] = (int)tables;
+            meta[4 * i + 2] = s->dev_off;
             meta[4 * i + 3] = s->length;
-            memcpy(meta + tables, s->pages, (size_t)s->count * sizeof(int));
-            tables += (size_t)s->count;
         } else {
             meta[4 * i + 2] = r->cu_seqlens_k[i];
             meta[4 * i + 3] = r->cu_seqlens_k[i + 1] - r->cu_seqlens_k[i];
@@ -550,6 +545,8 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     if ((st = upload_meta(ctx, p, &written)))
         return st;
     cl_mem meta = ctx->serving_meta;
+    /* Page tables: the cache's device copy (varlen: unused, any buffer). */
+    cl_mem tables = p->cache ? p->cache->tables : meta;
     cl_int err;
 
     const float log2e = 1.4426950408889634f;
@@ -571,6 +568,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse_arg);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &part);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &meta);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &tables);
     for (int i = 0; i < 14; ++i)
         err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
     for (int i = 0; i < 7; ++i)

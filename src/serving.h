@@ -4,12 +4,14 @@
 
 #include "internal.h"
 
-/* One sequence: its length and page table (physical page per logical page). */
+/* One sequence: its length and page table (physical page per logical page),
+ * and where the device copy of that table lives in the cache's `tables`. */
 typedef struct flashcl_kv_sequence {
     int live;
     int length;
     int *pages;
     int count, capacity; /* pages in use, allocated entries */
+    int dev_off, dev_cap; /* its region of `tables` (dev_cap 0: none yet) */
 } flashcl_kv_sequence;
 
 struct flashcl_kv_cache {
@@ -23,6 +25,10 @@ struct flashcl_kv_cache {
     flashcl_kv_sequence *seqs; /* indexed by sequence id                  */
     int seq_count;             /* ids handed out so far (live or not)     */
     int seq_capacity;
+    /* Every live sequence's page table on the device, so that an attention
+     * call uploads a few ints per sequence, not its tables (kv_cache.c). */
+    cl_mem tables;
+    int tables_cap, tables_used; /* ints; regions are handed out from tables_used */
 };
 
 /* The live sequence `id`, or NULL. */

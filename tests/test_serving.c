@@ -14,6 +14,7 @@
 #include <unistd.h> /* rmdir */
 
 #include "harness.h"
+#include "serving.h" /* the cache's device page tables, to see them rebuilt */
 
 static int failures;
 static uint64_t seed_counter;
@@ -418,6 +419,91 @@ static void fork_suite(flashcl_context *ctx) {
     expect(flashcl_kv_cache_free_pages(m.cache) == 64 && flashcl_kv_cache_length(m.cache, m.ids[0]) == -1,
            "freeing every sequence returns every page", &failures);
     m.ids[0] = m.ids[1] = m.ids[2] = m.ids[3] = m.ids[4] = -1;
+    mirror_free(&m);
+}
+
+/* Whether the cache's device page tables hold every live sequence's host table. */
+static int device_tables_match(flashcl_context *ctx, const flashcl_kv_cache *c) {
+    int *dev = test_xmalloc((size_t)c->tables_cap * sizeof(int)), ok = 1;
+    clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), c->tables, CL_TRUE, 0, (size_t)c->tables_cap * sizeof(int),
+                        dev, 0, NULL, NULL);
+    for (int i = 0; i < c->seq_count; ++i) {
+        const flashcl_kv_sequence *q = &c->seqs[i];
+        if (q->live && q->count > 0)
+            ok &= q->dev_cap >= q->count && q->dev_off + q->dev_cap <= c->tables_used &&
+                  !memcmp(dev + q->dev_off, q->pages, (size_t)q->count * sizeof(int));
+    }
+    free(dev);
+    return ok;
+}
+
+/* The device copy of the page tables: sequences growing out of their regions
+ * (page size 1: a new region at 17, 33, 65, ... tokens), forks copying their
+ * parent's region, frees and re-adds, until the tables buffer has been rebuilt
+ * (compacted) several times; after every round, decode attention over every
+ * live sequence, with and without splits, against the reference. */
+static void device_tables_suite(flashcl_context *ctx) {
+    mirror m;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 32, 1, 900);
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, next_seed());
+    cl_mem last = m.cache->tables;
+    int rebuilt = 0, ok = 1;
+    for (int round = 0; round < 24; ++round) {
+        int slots[8], counts[8], n = 0;
+        for (int i = 0; i < 8; ++i) {
+            if (m.ids[i] < 0) {
+                flashcl_kv_cache_add_sequence(m.cache, &m.ids[i]);
+                m.len[i] = 0;
+            }
+            if (m.len[i] < 60) {
+                slots[n] = i;
+                counts[n++] = 5 + (int)(flashcl_ref_rng_next(&rng) % 20);
+            }
+        }
+        if (mirror_append(ctx, &m, n, slots, counts) != FLASHCL_SUCCESS)
+            ok = 0, printf("  round %d: append: %s\n", round, flashcl_last_error(ctx));
+        /* A fork of one sequence into slot 8 + round % 4 (freeing what was there). */
+        const int from = (int)(flashcl_ref_rng_next(&rng) % 8), to = 8 + round % 4;
+        if (m.ids[to] >= 0)
+            flashcl_kv_cache_free_sequence(m.cache, m.ids[to]);
+        ok &= flashcl_kv_cache_fork(m.cache, m.ids[from], &m.ids[to]) == FLASHCL_SUCCESS;
+        memcpy(m.k[to], m.k[from], (size_t)m.len[from] * m.row * 2);
+        memcpy(m.v[to], m.v[from], (size_t)m.len[from] * m.row * 2);
+        m.len[to] = m.len[from];
+        int one[1] = {to}, three[1] = {3};
+        ok &= mirror_append(ctx, &m, 1, one, three) == FLASHCL_SUCCESS; /* the fork diverges */
+        int live[12], ones[12], nl = 0;
+        for (int i = 0; i < 12; ++i)
+            if (m.ids[i] >= 0) {
+                live[nl] = i;
+                ones[nl++] = 1;
+            }
+        char what[96];
+        snprintf(what, sizeof what, "device page tables, round %d (%d sequences, %d rebuilds)", round, nl, rebuilt);
+        ok &= paged_check(ctx, &m, nl, live, ones, 4, 1, round % 2 ? 3 : 1, 0, what, NULL);
+        if (!device_tables_match(ctx, m.cache))
+            ok = 0, printf("  round %d: the device page tables differ from the host's\n", round);
+        /* The longest one leaves, and comes back empty next round. */
+        int longest = 0;
+        for (int i = 1; i < 8; ++i)
+            if (m.len[i] > m.len[longest])
+                longest = i;
+        flashcl_kv_cache_free_sequence(m.cache, m.ids[longest]);
+        m.ids[longest] = -1;
+        if (m.cache->tables != last) {
+            ++rebuilt;
+            last = m.cache->tables;
+        }
+    }
+    expect(ok && rebuilt >= 2 && mirror_matches(ctx, &m), "device page tables: relocated, forked and rebuilt, always right",
+           &failures);
+    printf("  (the tables buffer was rebuilt %d times)\n", rebuilt);
+    for (int i = 0; i < 12; ++i)
+        if (m.ids[i] >= 0)
+            flashcl_kv_cache_free_sequence(m.cache, m.ids[i]);
+    for (int i = 0; i < 16; ++i)
+        m.ids[i] = -1;
     mirror_free(&m);
 }
 
@@ -892,6 +978,7 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 40, 1, 70, "bf16 D40 page 1");
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "f32 D96 page 256");
         fork_suite(ctx);
+        device_tables_suite(ctx);
         exhaustion_suite(ctx);
         ooo_suite(ctx, 0, "out-of-order queue: four decode calls sharing a scratch buffer, each right");
         ooo_suite(ctx, 1, "... and when the batch description outgrows its buffer at the second call");
