@@ -164,7 +164,7 @@ if [ "$what" = decode ]; then
   PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
     --json "$out/decode.json" 2>&1 | tee "$out/decode.txt"
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
-  for p in "" KERNEL=decode MIN_SPLIT_KEYS=128 MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8; do
+  for p in "" META_ARGS=1 KERNEL=decode MIN_SPLIT_KEYS=128 MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8; do
     echo "-- ${p:-defaults}"
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
       --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
@@ -189,6 +189,9 @@ if [ "$what" = decode ]; then
   gcc -O2 -std=c11 bench/launch_floor.c -o build-gpu/launch_floor -lOpenCL && ./build-gpu/launch_floor nvidia
   echo "== the floor: tiny contexts"
   ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16,256,1024 --iters 50 2>&1 | grep -E '^ +[0-9]'
+  echo "-- the same, the description by value (META_ARGS=1: no upload)"
+  FLASHCL_DECODE_PARAMS=META_ARGS=1 ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16,256,1024 \
+    --iters 50 2>&1 | grep -E '^ +[0-9]'
   FLASHCL_DECODE_PARAMS=KERNEL=tiled ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16 --splits 1 \
     --iters 50 2>&1 | grep -E '^ +[0-9]'
   ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 16 --splits 1 --iters 50 2>&1 | grep -E '^ +[0-9]'

@@ -538,6 +538,33 @@ inline serving_block serving_block_at(__global const int *meta, int blocks_off, 
     return b;
 }
 
+/* The decode kernels take the description (the part above, counters_off
+ * ints) either in `meta`, uploaded per call, or, built with META_ARG_INTS >
+ * 0, by value in the argument meta_arg after counters_off (no upload: the
+ * call is one kernel launch). `meta` then holds only the split counters,
+ * which stay zero between calls: the last split resets its own
+ * (merge_if_last_split). SERVING_BLOCK(blocks_off, blk) reads block blk's
+ * from wherever it is. */
+#ifndef META_ARG_INTS
+#define META_ARG_INTS 0
+#endif
+#if META_ARG_INTS
+typedef struct serving_meta_arg {
+    int v[META_ARG_INTS];
+} serving_meta_arg;
+#define SERVING_META_ARG , serving_meta_arg meta_arg
+inline serving_block serving_block_by_value(const serving_meta_arg *m, int blocks_off, int blk) {
+    const int seq = m->v[blocks_off + 2 * blk];
+    serving_block b = {m->v[blocks_off + 2 * blk + 1], m->v[4 * seq], m->v[4 * seq + 1], m->v[4 * seq + 2],
+                       m->v[4 * seq + 3]};
+    return b;
+}
+#define SERVING_BLOCK(blocks_off, blk) serving_block_by_value(&meta_arg, blocks_off, blk)
+#else
+#define SERVING_META_ARG
+#define SERVING_BLOCK(blocks_off, blk) serving_block_at(meta, blocks_off, blk)
+#endif
+
 /* ---- split-KV: the last split merges (the decode kernels) -------------------------------- */
 
 /* Where a block's rows go: output and LSE layouts, the float split scratch
@@ -562,8 +589,14 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
     const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
     mem_fence(CLK_GLOBAL_MEM_FENCE);
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (lid == 0)
-        *flag = atomic_inc(counter) == splits - 1;
+    if (lid == 0) {
+        const int last = atomic_inc(counter) == splits - 1;
+        *flag = last;
+#if META_ARG_INTS
+        if (last) /* every split has counted: zero again for the next call */
+            atomic_xchg(counter, 0);
+#endif
+    }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (!*flag)
         return;

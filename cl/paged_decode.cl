@@ -265,7 +265,7 @@ inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo,
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode(SERVING_ARGS,
-             int counters_off) { /* meta[counters_off + block * heads_k + hk]: finished splits */
+             int counters_off SERVING_META_ARG) { /* meta[counters_off + block * heads_k + hk]: finished splits */
     /* The end-of-group merge: per slot and row, m and l; one row's D-wide
      * partial outputs of every slot at a time. */
     __local float red_m[SLOTS * BLOCK_M], red_l[SLOTS * BLOCK_M];
@@ -287,7 +287,7 @@ paged_decode(SERVING_ARGS,
     const int blk = (int)get_group_id(0);
     const int hk = (int)get_global_id(1);
     const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
-    const serving_block b = serving_block_at(meta, blocks_off, blk);
+    const serving_block b = SERVING_BLOCK(blocks_off, blk);
     const int m0 = b.m0, q_start = b.q_start, nq = b.nq, k_base = b.k_base, nk = b.nk;
     const int rows = nq * group;
 

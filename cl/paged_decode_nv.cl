@@ -192,7 +192,7 @@ inline void prefetch_tile(int j, uint row, int warp, int s_lo, int s_hi, __globa
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
-                int counters_off) { /* meta[counters_off + block * heads_k + hk]: finished splits */
+                int counters_off SERVING_META_ARG) { /* meta[counters_off + block * heads_k + hk]: finished splits */
     __local ushort smem[SMEM_HALFS] __attribute__((aligned(16)));
     __local float red_m[WARPS * 16], red_l[WARPS * 16];
     __local float row_inv[16], row_lse[16];
@@ -204,7 +204,7 @@ paged_decode_nv(SERVING_ARGS,
     const int blk = (int)get_group_id(0);
     const int hk = (int)get_global_id(1);
     const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
-    const serving_block b = serving_block_at(meta, blocks_off, blk);
+    const serving_block b = SERVING_BLOCK(blocks_off, blk);
     const int m0 = b.m0, rows = b.nq * group;
     const int nrows = min(BLOCK_M, rows - m0);
     const uint s_base = shared_addr(smem);

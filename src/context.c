@@ -115,6 +115,9 @@ static void read_device_info(cl_platform_id platform, cl_device_id dev, flashcl_
     clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof info->type, &info->type, NULL);
     clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof info->local_mem, &info->local_mem, NULL);
     clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof info->max_wg, &info->max_wg, NULL);
+    if (clGetDeviceInfo(dev, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof info->max_param, &info->max_param, NULL) !=
+        CL_SUCCESS)
+        info->max_param = 1024; /* the minimum OpenCL guarantees */
     clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof info->compute_units,
                     &info->compute_units, NULL);
     info->is_nvidia = contains_nocase(info->vendor, "nvidia") || contains_nocase(info->platform_name, "nvidia");
@@ -344,6 +347,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
     }
     if (ctx->serving_meta)
         clReleaseMemObject(ctx->serving_meta);
+    if (ctx->serving_counters)
+        clReleaseMemObject(ctx->serving_counters);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

@@ -15,6 +15,7 @@ typedef struct flashcl_device_info {
     cl_device_type type;
     cl_ulong local_mem;  /* CL_DEVICE_LOCAL_MEM_SIZE                    */
     size_t max_wg;       /* CL_DEVICE_MAX_WORK_GROUP_SIZE               */
+    size_t max_param;    /* CL_DEVICE_MAX_PARAMETER_SIZE (bytes of kernel arguments) */
     cl_uint compute_units;
     int nv_cc_major, nv_cc_minor; /* 0 unless cl_nv_device_attribute_query */
     int is_nvidia, is_pocl;
@@ -66,6 +67,10 @@ struct flashcl_context {
      * copies its non-blocking uploads read from. */
     cl_mem serving_meta;
     size_t serving_meta_bytes;
+    /* The decode kernels' split counters when the batch description goes by
+     * value (META_ARGS): zeroed once, and reset by the kernels after use. */
+    cl_mem serving_counters;
+    size_t serving_counters_bytes;
     cl_event serving_meta_reader;
     flashcl_staging serving_staging[FLASHCL_STAGING_SLOTS];
     int serving_staging_next;
@@ -228,6 +233,8 @@ typedef struct flashcl_decode_choice {
     int wgs_per_cu;      /* split-KV: work-groups wanted per compute unit     */
     int min_split_keys;  /* split-KV: no slice shorter than this              */
     int splits;          /* key slices per (block, kv head); 1 = no combine   */
+    int meta_args;       /* decode kernels: 1 passes the batch description as a
+                          * by-value kernel argument when it fits (no upload)  */
     const char *source;  /* where the numbers came from                       */
 } flashcl_decode_choice;
 #define FLASHCL_MAX_SPLITS 128

@@ -727,6 +727,9 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  *             shorter than min_split_keys
  *             (below that the combine pass and the per-slice q load cost more
  *             than the parallelism gains), at most FLASHCL_MAX_SPLITS.
+ * FLASHCL_DECODE_PARAMS only: META_ARGS=1 passes the decode kernels' batch
+ * description as a by-value kernel argument when it fits the device's
+ * argument space, instead of uploading it (src/serving.c); off until timed.
  * Derived, not stored: rows per block (the smallest power of two >= the
  * longest sequence's rows, so decode with a GQA group of 4 gets 4 rows and
  * every K/V element loaded serves the 4 heads that share it), the decode
@@ -812,6 +815,7 @@ static const struct {
     {"STAGES", offsetof(flashcl_decode_choice, stages)},
     {"WGS_PER_CU", offsetof(flashcl_decode_choice, wgs_per_cu)},
     {"MIN_SPLIT_KEYS", offsetof(flashcl_decode_choice, min_split_keys)},
+    {"META_ARGS", offsetof(flashcl_decode_choice, meta_args)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
 

@@ -486,6 +486,44 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
     return FLASHCL_SUCCESS;
 }
 
+/* Ints of description a decode kernel may take by value (META_ARGS): the
+ * device's kernel-argument space less 256 bytes for the other arguments, in
+ * steps of 64 (each size is its own build), at most 1024. 0: the
+ * description does not fit, or META_ARGS is off: it is uploaded. */
+static int by_value_ints(const flashcl_context *ctx, const serving_plan *p) {
+    if (p->choice.kernel == FLASHCL_SERVING_TILED || !p->choice.meta_args || ctx->info.max_param < 256 + 256)
+        return 0;
+    size_t n = (ctx->info.max_param - 256) / 4 / 64 * 64;
+    if (n > 1024)
+        n = 1024;
+    return p->counters_off <= n ? (int)n : 0;
+}
+
+/* The context's split-counter buffer for by-value descriptions, at least
+ * `bytes`, zero: a new one is filled with zeros (*filled: that command,
+ * which the kernel must wait for), and the kernels leave it zero. */
+static flashcl_status counters_buffer(flashcl_context *ctx, size_t bytes, cl_event *filled) {
+    *filled = NULL;
+    if (bytes <= ctx->serving_counters_bytes)
+        return FLASHCL_SUCCESS;
+    size_t cap = ctx->serving_counters_bytes ? ctx->serving_counters_bytes : 4096;
+    while (cap < bytes)
+        cap *= 2;
+    if (ctx->serving_counters) /* released once the kernels using it have run */
+        clReleaseMemObject(ctx->serving_counters);
+    ctx->serving_counters_bytes = 0;
+    cl_int err = CL_SUCCESS, zero = 0;
+    ctx->serving_counters = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, cap, NULL, &err);
+    if (!ctx->serving_counters)
+        return flashcl_fail(ctx, err, "allocating the split counters (%zu bytes): %s", cap,
+                            flashcl_status_string(err));
+    err = clEnqueueFillBuffer(ctx->queue, ctx->serving_counters, &zero, sizeof zero, 0, cap, 0, NULL, filled);
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "zeroing the split counters: %s", flashcl_status_string(err));
+    ctx->serving_counters_bytes = cap;
+    return FLASHCL_SUCCESS;
+}
+
 static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl_mem k, cl_mem v,
                              int page_size, cl_mem out, cl_mem lse, size_t lse_offset, cl_mem scratch,
                              cl_event *event) {
@@ -531,8 +569,12 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
                  c->block_n, c->work_group_size / 32, c->stages, page_size);
     else
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s",
-             (int)r->dtype, r->head_dim, c->block_m, tiles, extra ? " " : "", extra ? extra : "");
+    const int arg_ints = by_value_ints(ctx, p);
+    char by_value[32] = "";
+    if (arg_ints)
+        snprintf(by_value, sizeof by_value, " -DMETA_ARG_INTS=%d", arg_ints);
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s%s",
+             (int)r->dtype, r->head_dim, c->block_m, tiles, by_value, extra ? " " : "", extra ? extra : "");
     cl_kernel kernel, combine = NULL;
     if ((st = flashcl_get_kernel(ctx, files[c->kernel], names[c->kernel], options, &kernel)))
         return st;
@@ -541,10 +583,36 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         if ((st = flashcl_get_kernel(ctx, "merge.cl", "attn_combine", options, &combine)))
             return st;
     }
-    cl_event written = NULL, attended = NULL;
-    if ((st = upload_meta(ctx, p, &written)))
-        return st;
-    cl_mem meta = ctx->serving_meta;
+    /* The description: uploaded (written: the kernel waits for it), or by
+     * value, the kernel then waiting for the previous call's last kernel
+     * (which shares the counters and maybe the scratch) and a new counter
+     * buffer's zeroing. */
+    cl_event written = NULL, attended = NULL, waits[2];
+    cl_uint num_waits = 0;
+    cl_mem meta;
+    int *arg_meta = NULL;
+    if (arg_ints) {
+        const size_t counters = p->meta_count - p->counters_off;
+        if ((st = counters_buffer(ctx, counters * sizeof(int), &written)))
+            return st;
+        if (written)
+            waits[num_waits++] = written;
+        if (ctx->serving_meta_reader)
+            waits[num_waits++] = ctx->serving_meta_reader;
+        meta = ctx->serving_counters;
+        arg_meta = calloc(p->meta_count > (size_t)arg_ints ? p->meta_count : (size_t)arg_ints, sizeof(int));
+        if (!arg_meta) {
+            if (written)
+                clReleaseEvent(written);
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        }
+        fill_meta(p, arg_meta);
+    } else {
+        if ((st = upload_meta(ctx, p, &written)))
+            return st;
+        waits[num_waits++] = written;
+        meta = ctx->serving_meta;
+    }
     /* Page tables: the cache's device copy (varlen: unused, any buffer). */
     cl_mem tables = p->cache ? p->cache->tables : meta;
     cl_int err;
@@ -576,14 +644,19 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &q_mul);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
     if (decode) {
-        cl_int counters_off = (cl_int)p->counters_off;
+        cl_int counters_off = arg_ints ? 0 : (cl_int)p->counters_off; /* by value: the counters' own buffer */
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &counters_off);
+        if (arg_ints)
+            err |= clSetKernelArg(kernel, a++, (size_t)arg_ints * sizeof(int), arg_meta);
     }
+    free(arg_meta); /* clSetKernelArg copied it */
     size_t local[3] = {(size_t)c->work_group_size, 1, 1};
     size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 1, &written, &attended);
-    clReleaseEvent(written);
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, num_waits, num_waits ? waits : NULL,
+                                     &attended);
+    if (written)
+        clReleaseEvent(written);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching %s: %s", names[c->kernel], flashcl_status_string(err));
     /* The next call's upload waits for this call's last kernel: the reader of

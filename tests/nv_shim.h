@@ -68,7 +68,13 @@ inline uint nv_shim_atomic_cas(volatile __global uint *p, uint cmp, uint x) {
     __asm__ __volatile__("atom.global.cas.b32 %0, [%1], %2, %3;" : "=r"(old) : "l"(p), "r"(cmp), "r"(x) : "memory");
     return old;
 }
+inline int nv_shim_atomic_exch(volatile __global int *p, int x) {
+    int old;
+    __asm__ __volatile__("atom.global.exch.b32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(x) : "memory");
+    return old;
+}
 #define atomic_inc(p) nv_shim_atomic_add((volatile __global int *)(p), 1)
+#define atomic_xchg(p, x) nv_shim_atomic_exch((volatile __global int *)(p), (x))
 #define atomic_cmpxchg(p, cmp, x) nv_shim_atomic_cas((volatile __global uint *)(p), (cmp), (x))
 #define vload2(i, p) ((float2)((p)[2 * (i)], (p)[2 * (i) + 1]))
 /* C99 inline semantics: a call clang chooses not to inline would need an

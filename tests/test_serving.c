@@ -945,6 +945,62 @@ static void decode_params_suite(flashcl_context *ctx) {
     setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
 }
 
+/* META_ARGS=1 (the description by value, no upload) under `params`: paged
+ * decode with and without splits over several calls (the split counters must
+ * be zero again after each), varlen, the out-of-order queue, and a batch too
+ * large for the argument space (uploaded as before). */
+static void by_value_suite(flashcl_context *ctx, const char *params, const char *kernel) {
+    char what[128];
+    setenv("FLASHCL_DECODE_PARAMS", params, 1);
+    snprintf(what, sizeof what, "%s, description by value: f16 D64 page 16", kernel);
+    paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, what);
+    snprintf(what, sizeof what, "%s, description by value: varlen non-causal, 2 splits", kernel);
+    varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, what);
+    snprintf(what, sizeof what, "%s, description by value: out-of-order queue, four calls", kernel);
+    ooo_suite(ctx, 0, what);
+    snprintf(what, sizeof what, "%s, description by value: taken (the split-counter buffer exists)", kernel);
+    expect(ctx->serving_counters != NULL, what, &failures);
+    /* 300 one-token sequences: 1500 ints of description, more than any
+     * device's argument space here: uploaded. */
+    mirror m;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 64, 16, 400);
+    int ids[300], cu[301], lens[300];
+    for (int i = 0; i < 300; ++i) {
+        flashcl_kv_cache_add_sequence(m.cache, &ids[i]);
+        lens[i] = 1 + i % 17;
+        cu[i] = i;
+    }
+    cu[300] = 300;
+    cl_mem kv = test_upload(ctx, NULL, (size_t)17 * 300 * 64 * 2);
+    flashcl_status st = FLASHCL_SUCCESS;
+    for (int i = 0; i < 300 && !st; ++i)
+        st = flashcl_kv_cache_append(m.cache, 1, &ids[i], &lens[i], kv, NULL, kv, NULL, NULL);
+    flashcl_varlen_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT16;
+    d.num_seqs = 300;
+    d.heads_q = 4;
+    d.heads_k = 1;
+    d.head_dim = 64;
+    d.cu_seqlens_q = cu;
+    d.causal = 1;
+    cl_mem q = test_upload(ctx, NULL, (size_t)300 * 4 * 64 * 2), o = test_upload(ctx, NULL, (size_t)300 * 4 * 64 * 2);
+    size_t sb = 0;
+    if (!st)
+        st = flashcl_paged_scratch_size(ctx, &d, m.cache, ids, &sb);
+    cl_mem scratch = sb ? test_upload(ctx, NULL, sb) : NULL;
+    if (!st)
+        st = flashcl_paged_attention(ctx, &d, m.cache, ids, q, o, NULL, 0, scratch, NULL);
+    clFinish(flashcl_context_cl_queue(ctx));
+    snprintf(what, sizeof what, "%s, description by value: a 300-sequence batch is uploaded instead", kernel);
+    expect(st == FLASHCL_SUCCESS, what, &failures);
+    clReleaseMemObject(kv), clReleaseMemObject(q), clReleaseMemObject(o);
+    if (scratch)
+        clReleaseMemObject(scratch);
+    mirror_free(&m);
+    unsetenv("FLASHCL_DECODE_PARAMS");
+}
+
 /* Whether FLASHCL_DECODE_PARAMS=KERNEL=mma is accepted here (f16, D=64). */
 static int mma_available(flashcl_context *ctx) {
     mirror m;
@@ -1006,6 +1062,8 @@ int main(int argc, char **argv) {
         decode_params_suite(ctx);
         unsetenv("FLASHCL_DECODE_PARAMS");
     }
+    if (!strcmp(only, "by-value"))
+        by_value_suite(ctx, "KERNEL=decode,META_ARGS=1", "decode kernel");
     if (!strcmp(only, "mma")) {
         /* The tensor-core decode kernel (cl/paged_decode_nv.cl), forced, on
          * NVIDIA sm_80+ only (bench/h200.sh runs this): head dims 64, 128 and
@@ -1025,6 +1083,7 @@ int main(int argc, char **argv) {
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "mma kernel: varlen non-causal, 2 splits");
         ooo_suite(ctx, 0, "mma kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
         unsetenv("FLASHCL_DECODE_PARAMS");
+        by_value_suite(ctx, "KERNEL=mma,META_ARGS=1", "mma kernel");
     }
     printf("%s\n", failures ? "FAILED" : "all passed");
     flashcl_context_destroy(ctx);
