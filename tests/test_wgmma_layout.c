@@ -1,0 +1,138 @@
+/* test_wgmma_layout.c: the shared-memory layouts flash_fwd_sm90.cl hands to wgmma, one MMA at a
+ * time (tests/wgmma_probe.cl), on Hopper only (compute capability 9.0; elsewhere: skipped, passing).
+ *
+ * The forward kernel was right with two-panel tiles (head dims 65..128) and wrong with one-panel
+ * 64-key tiles (head_dim <= 64) and with Q read through a descriptor, causes unknown
+ * (BENCHMARKS.md). This runs the MMA alone on known small integers, so every product is exact in
+ * float and compared with ==: each tile shape (rows, one or two 128-byte panels), k-step, panel,
+ * operand form (K-major B, N-major B, A from __local) and tile position gets a line saying whether
+ * the hardware read what the layout means. Not a timing; bench/h200.sh runs it with the GPU tests.
+ */
+#define _POSIX_C_SOURCE 200809L /* setenv */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "internal.h"
+
+static const char *const mode_names[] = {"K-major B (as K), A in registers", "N-major B (as V), A in registers",
+                                         "K-major B, A from __local (SS)"};
+
+/* Small integers in [-3, 3] as float16 bits: products and their 16-term sums are exact. */
+static void fill_small(flashcl_ref_rng *rng, uint16_t *h, float *f, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        f[i] = (float)((int)(flashcl_ref_rng_next(rng) % 7) - 3);
+        h[i] = flashcl_ref_float_to_half(f[i]);
+    }
+}
+
+/* The exact result of (mode, step, panel) on A [64][dpad] and B [rows][dpad]. */
+static void expected(int mode, int step, int panel, int dpad, const float *a, const float *b, float *out) {
+    for (int m = 0; m < 64; ++m)
+        for (int n = 0; n < 64; ++n) {
+            double s = 0.0;
+            for (int k = 0; k < 16; ++k)
+                s += mode == 1 ? (double)a[m * dpad + k] * b[(16 * step + k) * dpad + 64 * panel + n]
+                               : (double)a[m * dpad + 16 * step + k] * b[n * dpad + 16 * step + k];
+            out[m * 64 + n] = (float)s;
+        }
+}
+
+int main(void) {
+    flashcl_context *ctx = test_context();
+    if (!ctx->info.is_nvidia || ctx->info.nv_cc_major != 9 || ctx->info.nv_cc_minor != 0) {
+        printf("skipped: not compute capability 9.0\n");
+        flashcl_context_destroy(ctx);
+        return 0;
+    }
+    char dir[] = "/tmp/flashcl-wgmma-probe-XXXXXX";
+    static const char *const common[] = {"common.cl"};
+    if (!test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, common, 1) ||
+        !test_copy_file(FLASHCL_SOURCE_TEST_DIR, dir, "wgmma_probe.cl")) {
+        printf("setting up the kernel directory: FAILED\n");
+        return 1;
+    }
+    setenv("FLASHCL_KERNEL_DIR", dir, 1);
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, test_seed());
+    /* {rows, dpad}: the forward's 64-key tiles at D <= 64 and at D = 128, 48-key tiles, 128 keys. */
+    static const int shapes[][2] = {{64, 64}, {64, 128}, {48, 128}, {48, 64}, {128, 64}};
+    static const int offsets[] = {0, 1024, 8192};
+    int failures = 0, lines = 0;
+    for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; ++sh) {
+        const int rows = shapes[sh][0], dpad = shapes[sh][1];
+        char options[160];
+        snprintf(options, sizeof options, "-cl-std=CL1.2 -DFLASHCL_NV_PTX -DFLASHCL_SM90A -DROWS=%d -DDPAD=%d", rows,
+                 dpad);
+        cl_kernel kernel;
+        if (flashcl_get_kernel(ctx, "wgmma_probe.cl", "wgmma_probe", options, &kernel) != FLASHCL_SUCCESS) {
+            printf("rows %d, %d halves: build FAILED: %.400s\n", rows, dpad, flashcl_last_error(ctx));
+            ++failures;
+            continue;
+        }
+        uint16_t *ah = test_xmalloc((size_t)64 * dpad * 2), *bh = test_xmalloc((size_t)rows * dpad * 2);
+        float *af = test_xmalloc((size_t)64 * dpad * 4), *bf = test_xmalloc((size_t)rows * dpad * 4);
+        float *got = test_xmalloc(64 * 64 * 4), *want = test_xmalloc(64 * 64 * 4);
+        fill_small(&rng, ah, af, (size_t)64 * dpad);
+        fill_small(&rng, bh, bf, (size_t)rows * dpad);
+        cl_mem ba = test_upload(ctx, ah, (size_t)64 * dpad * 2), bb = test_upload(ctx, bh, (size_t)rows * dpad * 2);
+        cl_mem bo = test_upload(ctx, NULL, 64 * 64 * 4);
+        for (int mode = 0; mode < 3; ++mode) {
+            if (mode != 1 && rows < 64)
+                continue; /* 64 rows of B for an n64 product */
+            const int steps = mode == 1 ? rows / 16 : dpad / 16, panels = mode == 1 ? dpad / 64 : 1;
+            for (size_t oi = 0; oi < sizeof offsets / sizeof offsets[0]; ++oi) {
+                char wrong[512] = "";
+                size_t at = 0;
+                int bad = 0;
+                for (int step = 0; step < steps; ++step)
+                    for (int panel = 0; panel < panels; ++panel) {
+                        cl_int args[4] = {mode, step, panel, offsets[oi]};
+                        cl_int err = clSetKernelArg(kernel, 0, sizeof(cl_mem), &ba);
+                        err |= clSetKernelArg(kernel, 1, sizeof(cl_mem), &bb);
+                        err |= clSetKernelArg(kernel, 2, sizeof(cl_mem), &bo);
+                        for (int i = 0; i < 4; ++i)
+                            err |= clSetKernelArg(kernel, 3 + (cl_uint)i, sizeof(cl_int), &args[i]);
+                        size_t global = 128, local = 128;
+                        const float poison = NAN;
+                        err |= clEnqueueFillBuffer(ctx->queue, bo, &poison, sizeof poison, 0, 64 * 64 * 4, 0, NULL,
+                                                   NULL);
+                        err |= clEnqueueNDRangeKernel(ctx->queue, kernel, 1, NULL, &global, &local, 0, NULL, NULL);
+                        if (err != CL_SUCCESS) {
+                            printf("enqueue: %s: FAILED\n", flashcl_status_string(err));
+                            return 1;
+                        }
+                        test_download(ctx, bo, got, 64 * 64 * 4);
+                        expected(mode, step, panel, dpad, af, bf, want);
+                        int n_wrong = 0, first = -1;
+                        for (int i = 0; i < 64 * 64; ++i)
+                            if (!(got[i] == want[i])) /* NaN never passes */
+                                first = first < 0 ? i : first, ++n_wrong;
+                        if (n_wrong) {
+                            ++bad;
+                            at += (size_t)snprintf(wrong + at, at < sizeof wrong ? sizeof wrong - at : 0,
+                                                   " [step %d panel %d: %d wrong, first (%d,%d) %g not %g]", step,
+                                                   panel, n_wrong, first / 64, first % 64, (double)got[first],
+                                                   (double)want[first]);
+                            if (at >= sizeof wrong)
+                                at = sizeof wrong - 1;
+                        }
+                    }
+                ++lines;
+                printf("rows %3d, %3d halves, %s, tile at +%d: %s%s\n", rows, dpad, mode_names[mode], offsets[oi],
+                       bad ? "FAILED" : "ok", wrong);
+                failures += bad > 0;
+            }
+        }
+        clReleaseMemObject(ba), clReleaseMemObject(bb), clReleaseMemObject(bo);
+        free(ah), free(bh), free(af), free(bf), free(got), free(want);
+    }
+    unsetenv("FLASHCL_KERNEL_DIR");
+    static const char *const files[] = {"common.cl", "wgmma_probe.cl"};
+    test_kernel_dir_remove(dir, files, 2);
+    printf("%d of %d layouts read as meant%s\n", lines - failures, lines, failures ? ": FAILED" : "");
+    flashcl_context_destroy(ctx);
+    return failures ? 1 : 0;
+}
