@@ -576,8 +576,9 @@ typedef struct split_rows {
 } split_rows;
 
 /* Called by every work-item of a group after it wrote its split's partial
- * results. The group bumps the (block, kv head) counter, zeroed by the host's
- * upload of the batch description, once its results are globally visible
+ * results. The group bumps the (block, kv head) counter (zeroed by the host's
+ * upload of the batch description, or, META_ARG_INTS, left zero by the
+ * previous call's last split), once its results are globally visible
  * (every writer fences, as CUDA's threadfence reduction does); the group that
  * finishes last merges all splits with merge.cl's rule (weights exp(L_s -
  * max L) / sum; a part with L = -inf, no key in its slice, weighs 0; no key

@@ -307,11 +307,10 @@ FLASHCL_API flashcl_status flashcl_attention_merge_host(flashcl_context *ctx,
  * into a shared, partially filled page copies it first (copy-on-write), so
  * no sequence ever sees another's new tokens. The cache also keeps a copy of
  * every page table on the device, kept current by the appends' own kernels
- * (and fork by one device copy), so attention calls do not upload tables;
- * like the pools, it is written by commands on the context's queue, so
- * calls that use the cache run in the queue's order (an in-order queue, or
- * the caller waiting on an append's event before attention on an
- * out-of-order one, as for the pools). */
+ * (and fork by one device copy), so attention calls do not upload tables.
+ * On an out-of-order queue an append's kernel waits for the context's last
+ * attention call and fork is fenced by barriers; as for the pools, the
+ * caller waits on an append's event before attention reads what it wrote. */
 typedef struct flashcl_kv_cache flashcl_kv_cache;
 
 typedef struct flashcl_kv_cache_desc {

@@ -234,7 +234,8 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
         }
     }
     c->free_count = desc->num_pages;
-    flashcl_status st = compact_tables(c, 2L * desc->num_pages); /* the first tables buffer */
+    /* The first tables buffer: room for twice the pool's pages (it grows as needed). */
+    flashcl_status st = compact_tables(c, desc->num_pages < (1 << 24) ? 2L * desc->num_pages : 1L << 25);
     if (st) {
         flashcl_kv_cache_destroy(c);
         return st;
@@ -336,10 +337,18 @@ flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *c, int src, int *seq) {
     if (st)
         return st;
     if (count > 0) {
+        /* Fenced by barriers both ways, so that on an out-of-order queue the
+         * copy sees the parent's table as every command before it left it,
+         * and every command after it sees the child's (forks are rare; on an
+         * in-order queue a barrier costs next to nothing). */
         const size_t from_off = (size_t)c->seqs[src].dev_off * sizeof(int);
         const size_t to_off = (size_t)c->tables_used * sizeof(int);
-        cl_int err = clEnqueueCopyBuffer(c->ctx->queue, c->tables, c->tables, from_off, to_off,
-                                         (size_t)count * sizeof(int), 0, NULL, NULL);
+        cl_int err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            err = clEnqueueCopyBuffer(c->ctx->queue, c->tables, c->tables, from_off, to_off,
+                                      (size_t)count * sizeof(int), 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            err = clEnqueueBarrierWithWaitList(c->ctx->queue, 0, NULL, NULL);
         if (err != CL_SUCCESS)
             return flashcl_fail(c->ctx, err, "copying a page table for fork: %s", flashcl_status_string(err));
         s->dev_off = c->tables_used;
@@ -505,6 +514,7 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     int top = c->free_count;
     long t = 0;
     cl_int err = CL_SUCCESS;
+    int copies = 0;
     for (int i = 0; i < num_seqs && err == CL_SUCCESS; ++i) {
         flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
         if (num_tokens[i] == 0)
@@ -518,6 +528,7 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             if (err == CL_SUCCESS)
                 err = clEnqueueCopyBuffer(ctx->queue, c->v_pool, c->v_pool, src, dst, c->page_bytes, 0,
                                           NULL, NULL);
+            copies = 1;
         }
         for (int p = plan[i].old_pages; p < plan[i].new_pages; ++p)
             s->pages[p] = c->free_list[--top];
@@ -605,7 +616,15 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &np);
             size_t global[3] = {(size_t)hd, (size_t)hk, (size_t)total};
             if (err == CL_SUCCESS)
-                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, 0, NULL, event);
+            /* On an out-of-order queue the kernel must come after this
+             * append's page copies (a barrier: they only follow a fork) and
+             * after the last attention call, which may still read the table
+             * entries and pages it rewrites. */
+            if (err == CL_SUCCESS && copies)
+                err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
+            cl_event *after = ctx->serving_meta_reader ? &ctx->serving_meta_reader : NULL;
+            if (err == CL_SUCCESS)
+                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, after ? 1 : 0, after, event);
             if (err != CL_SUCCESS)
                 st = flashcl_fail(ctx, err, "launching kv_append: %s", flashcl_status_string(err));
             clReleaseMemObject(slot_buf);

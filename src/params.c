@@ -848,7 +848,7 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
             if (k == COUNT(decode_keys))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
-                                    "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS)",
+                                    "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS)",
                                     kv.at);
             if (!flashcl_kv_int(&kv, 1, 1 << 20, DECODE_FIELD(c, k)))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,

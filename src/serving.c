@@ -388,7 +388,7 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     p->blocks_off = 4 * (size_t)n;
     p->meta_count = p->blocks_off + 2 * (size_t)blocks;
     /* The decode kernel merges its splits itself: one zeroed counter per
-     * (block, kv head) after the tables. */
+     * (block, kv head) after the blocks. */
     p->counters_off = p->meta_count;
     if (p->choice.kernel != FLASHCL_SERVING_TILED && p->choice.splits > 1)
         p->meta_count += (size_t)blocks * (size_t)r->heads_k;
@@ -486,17 +486,19 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
     return FLASHCL_SUCCESS;
 }
 
-/* Ints of description a decode kernel may take by value (META_ARGS): the
- * device's kernel-argument space less 256 bytes for the other arguments, in
- * steps of 64 (each size is its own build), at most 1024. 0: the
- * description does not fit, or META_ARGS is off: it is uploaded. */
+/* Ints of description a decode kernel takes by value (META_ARGS): the
+ * description rounded up to a power of two from 64 (each size is its own
+ * build, and a batch of one does not pass 4 KB per launch), within the
+ * device's kernel-argument space less 256 bytes for the other arguments, at
+ * most 1024. 0: it does not fit, or META_ARGS is off: it is uploaded. */
 static int by_value_ints(const flashcl_context *ctx, const serving_plan *p) {
     if (p->choice.kernel == FLASHCL_SERVING_TILED || !p->choice.meta_args || ctx->info.max_param < 256 + 256)
         return 0;
-    size_t n = (ctx->info.max_param - 256) / 4 / 64 * 64;
-    if (n > 1024)
-        n = 1024;
-    return p->counters_off <= n ? (int)n : 0;
+    const size_t room = (ctx->info.max_param - 256) / 4;
+    size_t n = 64;
+    while (n < p->counters_off)
+        n *= 2;
+    return n <= room && n <= 1024 ? (int)n : 0;
 }
 
 /* The context's split-counter buffer for by-value descriptions, at least
@@ -504,7 +506,7 @@ static int by_value_ints(const flashcl_context *ctx, const serving_plan *p) {
  * which the kernel must wait for), and the kernels leave it zero. */
 static flashcl_status counters_buffer(flashcl_context *ctx, size_t bytes, cl_event *filled) {
     *filled = NULL;
-    if (bytes <= ctx->serving_counters_bytes)
+    if (bytes <= ctx->serving_counters_bytes && ctx->serving_counters) /* a buffer even with no splits */
         return FLASHCL_SUCCESS;
     size_t cap = ctx->serving_counters_bytes ? ctx->serving_counters_bytes : 4096;
     while (cap < bytes)
@@ -613,8 +615,9 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         waits[num_waits++] = written;
         meta = ctx->serving_meta;
     }
-    /* Page tables: the cache's device copy (varlen: unused, any buffer). */
-    cl_mem tables = p->cache ? p->cache->tables : meta;
+    /* Page tables: the cache's device copy (varlen: unused; q, read-only like
+     * the tables, so that no restrict argument aliases a written one). */
+    cl_mem tables = p->cache ? p->cache->tables : q;
     cl_int err;
 
     const float log2e = 1.4426950408889634f;

@@ -783,6 +783,47 @@ static void errors_suite(flashcl_context *ctx) {
  * sequence and the others two with 1300 one-token pages, so the batch
  * description outgrows its first buffer at the second call, and the chain
  * must survive the new buffer. */
+/* On an out-of-order queue: append to a parent (waiting on nothing), fork it
+ * at once, then wait for the append's event only. The child's device table is
+ * copied from the parent's on the device, so that copy must come after the
+ * append's kernel and before anything that reads the child (repeated: a race
+ * shows only sometimes). */
+static void ooo_fork_case(flashcl_context *base) {
+    cl_int err;
+    cl_command_queue qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
+                                               CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    flashcl_context *ctx = NULL;
+    if (!qq || flashcl_context_adopt(&ctx, flashcl_context_cl_context(base), flashcl_context_cl_device(base), qq)) {
+        printf("fork on an out-of-order queue: no such queue here (%d), skipped\n", err);
+        if (qq)
+            clReleaseCommandQueue(qq);
+        return;
+    }
+    int ok = 1;
+    for (int round = 0; round < 24 && ok; ++round) {
+        flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 1, 64, 2, 4100, (unsigned long long)(round + 1)};
+        flashcl_kv_cache *c = NULL;
+        int parent, child, n = 8001;
+        cl_mem kv = test_upload(ctx, NULL, (size_t)n * 64 * 2);
+        cl_event appended = NULL;
+        ok &= flashcl_kv_cache_create(ctx, &cd, &c) == FLASHCL_SUCCESS &&
+              flashcl_kv_cache_add_sequence(c, &parent) == FLASHCL_SUCCESS &&
+              flashcl_kv_cache_append(c, 1, &parent, &n, kv, NULL, kv, NULL, &appended) == FLASHCL_SUCCESS &&
+              flashcl_kv_cache_fork(c, parent, &child) == FLASHCL_SUCCESS;
+        if (appended) {
+            clWaitForEvents(1, &appended);
+            clReleaseEvent(appended);
+        }
+        clFinish(flashcl_context_cl_queue(ctx));
+        ok &= c && device_tables_match(ctx, c);
+        flashcl_kv_cache_destroy(c);
+        clReleaseMemObject(kv);
+    }
+    expect(ok, "fork on an out-of-order queue: the child's device table is the parent's, 24 times", &failures);
+    flashcl_context_destroy(ctx);
+    clReleaseCommandQueue(qq);
+}
+
 static void ooo_suite(flashcl_context *base, int grow, const char *name) {
     cl_int err;
     cl_command_queue qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
@@ -1035,6 +1076,7 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "f32 D96 page 256");
         fork_suite(ctx);
         device_tables_suite(ctx);
+        ooo_fork_case(ctx);
         exhaustion_suite(ctx);
         ooo_suite(ctx, 0, "out-of-order queue: four decode calls sharing a scratch buffer, each right");
         ooo_suite(ctx, 1, "... and when the batch description outgrows its buffer at the second call");
