@@ -78,6 +78,14 @@
  * row's last element when rows are not a whole number of lines (then a row
  * need not start on a line either). */
 #define L2_LINES ((HEAD_DIM * 2 + 127) / 128 + (HEAD_DIM * 2 % 128 != 0))
+/* BULK=1: each K and V row of a tile is one cp.async.bulk (Hopper's bulk-copy
+ * engine, sm_90), a lane per row, completed on an mbarrier per stage, instead
+ * of 16-byte cp.async through the load/store units; rows past the slice are
+ * zeroed by plain stores. Off until validated and timed on a GPU. */
+#ifndef BULK
+#define BULK 0
+#endif
+#define ROW_BYTES (HEAD_DIM * 2)
 #define ROW_QUEUE (L2_AHEAD + 2)
 
 #define WG_SIZE (WARPS * 32)
@@ -130,10 +138,41 @@
  * into the warp's buffer `buf` (shared address of its K tile; V follows),
  * then commits the group. Keys past s_hi are zero-filled: their V rows then
  * contribute 0 * 0 and their scores are masked. */
-inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __global const int *tables,
-                       int k_base, __global const ushort *kb, ulong k_ss, __global const ushort *vb,
-                       ulong v_ss) {
+inline void issue_tile(int tile, uint buf, uint bar, uint tile_row, int s_lo, int s_hi,
+                       __global const int *tables, int k_base, __global const ushort *kb, ulong k_ss,
+                       __global const ushort *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
+#if BULK
+    /* The stage's barrier expects the live rows' bytes; a lane per row then. */
+    const int n0 = s_lo + tile * BLOCK_N, live_rows = clamp(s_hi - n0 + 1, 0, BLOCK_N);
+    if (lane == 0)
+        __asm__ __volatile__("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
+                             "r"(2 * live_rows * ROW_BYTES)
+                             : "memory");
+    WARP_SYNC();
+    for (int x = lane; x < 2 * BLOCK_N; x += 32) {
+        const int r = x % BLOCK_N, is_v = x / BLOCK_N, key = n0 + r;
+        const uint dst = buf + (uint)(r * PITCH) * 2u + (is_v ? TILE_HALFS * 2u : 0u);
+        if (key <= s_hi) {
+#if ROWS_AHEAD
+            const uint kr = tile_row + r;
+#elif PAGE_SIZE
+            const uint kr = (uint)tables[k_base + key / PAGE_SIZE] * PAGE_SIZE + key % PAGE_SIZE;
+#else
+            const uint kr = (uint)(k_base + key);
+#endif
+            const ulong src = is_v ? (ulong)(vb + (ulong)kr * v_ss) : (ulong)(kb + (ulong)kr * k_ss);
+            __asm__ __volatile__("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                                 ::"r"(dst), "l"(src), "n"(ROW_BYTES), "r"(bar)
+                                 : "memory");
+        } else {
+#pragma unroll
+            for (int c = 0; c < D_CHUNKS; ++c)
+                __asm__ __volatile__("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(dst + 16u * c), "r"(0u)
+                                     : "memory");
+        }
+    }
+#else
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
@@ -159,7 +198,25 @@ inline void issue_tile(int tile, uint buf, uint tile_row, int s_lo, int s_hi, __
             : "memory");
     }
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+#endif
 }
+
+#if BULK
+#define COMMIT_EMPTY() /* nothing: no cp.async groups to keep in step */
+/* Waits until stage `bar`'s copies of its use number `use` have landed. */
+inline void wait_tile(uint bar, int use) {
+    uint done;
+    do
+        __asm__ __volatile__("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
+                             "selp.u32 %0, 1, 0, p; }"
+                             : "=r"(done)
+                             : "r"(bar), "r"((uint)(use & 1))
+                             : "memory");
+    while (!done);
+}
+#else
+#define COMMIT_EMPTY() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
+#endif
 
 /* The physical row of warp tile j's first key (ROWS_AHEAD), or 0 past the warp's tiles. */
 inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const int *tables, int k_base) {
@@ -197,6 +254,9 @@ paged_decode_nv(SERVING_ARGS,
     __local float red_m[WARPS * 16], red_l[WARPS * 16];
     __local float row_inv[16], row_lse[16];
     __local int is_last;
+#if BULK
+    __local ulong bars[WARPS * STAGES]; /* warp w's stage s: bars[w * STAGES + s] */
+#endif
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32;
@@ -209,7 +269,19 @@ paged_decode_nv(SERVING_ARGS,
     const int nrows = min(BLOCK_M, rows - m0);
     const uint s_base = shared_addr(smem);
 
-    /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
+#if BULK
+    const uint bar_base = shared_addr((__local ushort *)bars) + (uint)(warp * STAGES) * 8u;
+    if (lane == 0) {
+        for (int st = 0; st < STAGES; ++st)
+            __asm__ __volatile__("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar_base + 8u * st) : "memory");
+        __asm__ __volatile__("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#define STAGE_BAR(i) (bar_base + 8u * (uint)((i) % STAGES))
+#else
+#define STAGE_BAR(i) 0u
+#endif
+    /* Q rows -> __local (zero rows past the block) -> A fragments, once
+     * (the barriers after it also publish the mbarriers' initialisation). */
     for (int i = tid; i < 16 * HEAD_DIM; i += WG_SIZE) {
         const int r = i / HEAD_DIM, d = i % HEAD_DIM, row = m0 + r;
         ushort x = 0;
@@ -264,11 +336,11 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
-            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u,
+            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u, STAGE_BAR(i),
                        ROWS_AHEAD ? tile_row_at(i, my_tiles, warp, s_lo, tables, b.k_base) : 0u, s_lo,
                        s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
         else
-            __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+            COMMIT_EMPTY();
     }
     /* row_q[x]: first row of tile i + STAGES - 1 + x, read from the page table
      * an iteration before the copy (or prefetch) that needs it, so the copies
@@ -286,11 +358,10 @@ paged_decode_nv(SERVING_ARGS,
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
         if (ahead < my_tiles)
-            issue_tile(warp + ahead * WARPS,
-                       warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u, row_q[0], s_lo, s_hi,
-                       tables, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + ahead * WARPS, warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u,
+                       STAGE_BAR(ahead), row_q[0], s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
         else
-            __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+            COMMIT_EMPTY();
 #if L2_AHEAD
         if (ahead + L2_AHEAD < my_tiles)
             prefetch_tile(ahead + L2_AHEAD, row_q[L2_AHEAD], warp, s_lo, s_hi, kb, k_ss, vb, v_ss);
@@ -301,7 +372,11 @@ paged_decode_nv(SERVING_ARGS,
             row_q[x] = row_q[x + 1];
         row_q[ROW_QUEUE - 1] = tile_row_at(ahead + ROW_QUEUE, my_tiles, warp, s_lo, tables, b.k_base);
 #endif
+#if BULK
+        wait_tile(STAGE_BAR(i), i / STAGES);
+#else
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
+#endif
         WARP_SYNC(); /* every lane's part of tile i has landed */
         const uint k_tile = warp_buf + (uint)((i % STAGES) * 2 * TILE_HALFS) * 2u;
         const uint v_tile = k_tile + TILE_HALFS * 2u;
