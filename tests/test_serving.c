@@ -783,22 +783,32 @@ static void errors_suite(flashcl_context *ctx) {
  * sequence and the others two with 1300 one-token pages, so the batch
  * description outgrows its first buffer at the second call, and the chain
  * must survive the new buffer. */
+/* A context on an out-of-order queue of base's device (*qq: that queue, to
+ * release after the context), or NULL after a "skipped" line naming `what`. */
+static flashcl_context *ooo_context(flashcl_context *base, const char *what, cl_command_queue *qq) {
+    cl_int err;
+    *qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
+                               CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    flashcl_context *ctx = NULL;
+    if (!*qq || flashcl_context_adopt(&ctx, flashcl_context_cl_context(base), flashcl_context_cl_device(base), *qq)) {
+        printf("%s: no out-of-order queue here (%d), skipped\n", what, err);
+        if (*qq)
+            clReleaseCommandQueue(*qq);
+        return NULL;
+    }
+    return ctx;
+}
+
 /* On an out-of-order queue: append to a parent (waiting on nothing), fork it
  * at once, then wait for the append's event only. The child's device table is
  * copied from the parent's on the device, so that copy must come after the
  * append's kernel and before anything that reads the child (repeated: a race
  * shows only sometimes). */
 static void ooo_fork_case(flashcl_context *base) {
-    cl_int err;
-    cl_command_queue qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
-                                               CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
-    flashcl_context *ctx = NULL;
-    if (!qq || flashcl_context_adopt(&ctx, flashcl_context_cl_context(base), flashcl_context_cl_device(base), qq)) {
-        printf("fork on an out-of-order queue: no such queue here (%d), skipped\n", err);
-        if (qq)
-            clReleaseCommandQueue(qq);
+    cl_command_queue qq;
+    flashcl_context *ctx = ooo_context(base, "fork on an out-of-order queue", &qq);
+    if (!ctx)
         return;
-    }
     int ok = 1;
     for (int round = 0; round < 24 && ok; ++round) {
         flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 1, 64, 2, 4100, (unsigned long long)(round + 1)};
@@ -825,16 +835,10 @@ static void ooo_fork_case(flashcl_context *base) {
 }
 
 static void ooo_suite(flashcl_context *base, int grow, const char *name) {
-    cl_int err;
-    cl_command_queue qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
-                                               CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
-    flashcl_context *ctx = NULL;
-    if (!qq || flashcl_context_adopt(&ctx, flashcl_context_cl_context(base), flashcl_context_cl_device(base), qq)) {
-        printf("%s: no out-of-order queue here (%d), skipped\n", name, err);
-        if (qq)
-            clReleaseCommandQueue(qq);
+    cl_command_queue qq;
+    flashcl_context *ctx = ooo_context(base, name, &qq);
+    if (!ctx)
         return;
-    }
     enum { CALLS = 4, HQ = 8, HK = 2, D = 64 };
     const flashcl_dtype dt = FLASHCL_FLOAT16;
     const size_t es = 2, q_el = 2 * HQ * D;
