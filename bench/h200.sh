@@ -132,6 +132,11 @@ if [ "$what" = backward ]; then
     FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --backward \
       --device nvidia --shape 1,2,256,$d --iters 1 2>&1 | grep -E "Compiling|registers|spill" | head -8
   done
+  echo "== where the backward's time goes (FLASHCL_PROFILE=1, f16, causal and not)"
+  for shape in 4,32,4096,64 4,32,4096,128 1,32,16384,128; do
+    FLASHCL_PROFILE=1 FLASHCL_LOG=1 ./build-gpu/flashcl bench --backward --device nvidia --shape $shape --iters 3 \
+      2>&1 >/dev/null | grep "backward kernels" | tail -n 2 | sed "s/^/$shape: /"
+  done
   if [ "${SWEEP:-0}" = 1 ]; then
     echo "== FLASHCL_BWD_PARAMS sweep (flashcl bench --backward, f16)"
     for p in "" WG=64,BLOCK_M=32 WG=64,BLOCK_M=64 WG=128,BLOCK_M=32 WG=256,BLOCK_M=16 BLOCK_N=32 BLOCK_N=16 DQ=atomic; do

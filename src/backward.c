@@ -202,6 +202,31 @@ static cl_int set_layout_args(cl_kernel kernel, cl_uint *a, const flashcl_layout
 }
 
 /* Hands the last event of a launch to the caller, or releases it. */
+/* FLASHCL_PROFILE=1 (a diagnostic: the call then waits for its kernels):
+ * the log gets each backward kernel's time from the queue's profiling
+ * events, when the queue records them. */
+static void profile_kernels(cl_event pre, cl_event main_k, cl_event dq) {
+    const char *env = getenv("FLASHCL_PROFILE");
+    if (!env || strcmp(env, "1") != 0)
+        return;
+    cl_event all[3] = {pre, main_k, dq};
+    const char *names[3] = {"D_i pre-pass", "dK/dV", "dQ pass"};
+    char line[256];
+    size_t at = (size_t)snprintf(line, sizeof line, "backward kernels:");
+    for (int i = 0; i < 3 && all[i]; ++i) {
+        cl_ulong t0 = 0, t1 = 0;
+        clWaitForEvents(1, &all[i]);
+        if (clGetEventProfilingInfo(all[i], CL_PROFILING_COMMAND_START, sizeof t0, &t0, NULL) != CL_SUCCESS ||
+            clGetEventProfilingInfo(all[i], CL_PROFILING_COMMAND_END, sizeof t1, &t1, NULL) != CL_SUCCESS)
+            return; /* no profiling on this queue */
+        at += (size_t)snprintf(line + at, at < sizeof line ? sizeof line - at : 0, " %s %.1f us%s", names[i],
+                               (double)(t1 - t0) * 1e-3, i < 2 && all[i + 1] ? "," : "");
+        if (at >= sizeof line)
+            break;
+    }
+    flashcl_log("%s", line);
+}
+
 static void hand_over(cl_event e, cl_event *event) {
     if (event)
         *event = e;
@@ -326,6 +351,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && dq_pass)
         err = clEnqueueNDRangeKernel(ctx->queue, k->dq, 3, NULL, dq_global, local, 1, &e_main, &e_last);
+    if (err == CL_SUCCESS)
+        profile_kernels(e_pre, e_main, e_last);
     if (e_pre)
         clReleaseEvent(e_pre);
     if (err != CL_SUCCESS) {

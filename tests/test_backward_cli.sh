@@ -91,6 +91,14 @@ else
     bad "bench --backward validates"
 fi
 
+# FLASHCL_PROFILE=1: the log names each backward kernel's time.
+if FLASHCL_PROFILE=1 FLASHCL_LOG=1 "$BIN" bench --backward --shape 1,2,1,40,33,16 --iters 1 --warmup 0 --dtype f32 \
+    2>&1 >/dev/null | grep -Eq 'backward kernels: D_i pre-pass [0-9.]+ us, dK/dV [0-9.]+ us'; then
+    ok "FLASHCL_PROFILE=1 logs the backward kernels' times"
+else
+    bad "FLASHCL_PROFILE=1 logs the backward kernels' times"
+fi
+
 # bench --backward --json: one JSON document on stdout (no table), a row per mask
 # with the fields bench/compare_backward.py reads. Checked with python3's json
 # module where there is one (CI need not have it), else key by key with grep.
