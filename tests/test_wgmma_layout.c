@@ -57,8 +57,9 @@ int main(void) {
     setenv("FLASHCL_KERNEL_DIR", dir, 1);
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, test_seed());
-    /* {rows, dpad}: the forward's 64-key tiles at D <= 64 and at D = 128, 48-key tiles, 128 keys. */
-    static const int shapes[][2] = {{64, 64}, {64, 128}, {48, 128}, {48, 64}, {128, 64}};
+    /* {rows, dpad}: the forward's 64-key tiles at D <= 64 and at D = 128, 48-key tiles, 128 keys,
+     * and 32-row tiles (N-major only: 32 keys of a P V or dS K product). */
+    static const int shapes[][2] = {{64, 64}, {64, 128}, {48, 128}, {48, 64}, {128, 64}, {32, 128}, {32, 64}};
     static const int offsets[] = {0, 1024, 8192};
     int failures = 0, lines = 0;
     for (size_t sh = 0; sh < sizeof shapes / sizeof shapes[0]; ++sh) {
