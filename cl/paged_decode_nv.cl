@@ -128,7 +128,7 @@
     WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
 #error "the tile area must hold the warps' O rows and the split weights for the final merges"
 #endif
-#if SMEM_HALFS * 2 > 48000
+#if SMEM_HALFS * 2 + (BULK ? WARPS * STAGES * 8 : 0) > 48000
 #error "Q and the warps' K/V stages exceed NVIDIA's ~47 KB of __local memory"
 #endif
 
@@ -146,7 +146,7 @@ inline void issue_tile(int tile, uint buf, uint bar, uint tile_row, int s_lo, in
     /* The stage's barrier expects the live rows' bytes; a lane per row then. */
     const int n0 = s_lo + tile * BLOCK_N, live_rows = clamp(s_hi - n0 + 1, 0, BLOCK_N);
     if (lane == 0)
-        __asm__ __volatile__("{ .reg .b64 st; mbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1; }" ::"r"(bar),
+        __asm__ __volatile__("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }" ::"r"(bar),
                              "r"(2 * live_rows * ROW_BYTES)
                              : "memory");
     WARP_SYNC();
@@ -297,6 +297,11 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk)
         LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
+#if BULK
+    /* Q's plain stores and reads, then the bulk copies' async-proxy writes
+     * over the same bytes: a proxy fence between them. */
+    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
 #endif
     const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
