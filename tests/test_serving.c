@@ -439,7 +439,7 @@ static int device_tables_match(flashcl_context *ctx, const flashcl_kv_cache *c) 
 
 /* The device copy of the page tables: sequences growing out of their regions
  * (page size 1: a new region at 17, 33, 65, ... tokens), forks copying their
- * parent's region, frees and re-adds, until the tables buffer has been rebuilt
+ * parent's region, truncation, frees and re-adds, until the tables buffer has been rebuilt
  * (compacted) several times; after every round, decode attention over every
  * live sequence, with and without splits, against the reference. */
 static void device_tables_suite(flashcl_context *ctx) {
@@ -484,6 +484,13 @@ static void device_tables_suite(flashcl_context *ctx) {
         ok &= paged_check(ctx, &m, nl, live, ones, 4, 1, round % 2 ? 3 : 1, 0, what, NULL);
         if (!device_tables_match(ctx, m.cache))
             ok = 0, printf("  round %d: the device page tables differ from the host's\n", round);
+        /* One sequence is cut back (its table shrinks; the next append
+         * refills the same region or moves it). */
+        const int cut = (int)(flashcl_ref_rng_next(&rng) % 8);
+        if (m.ids[cut] >= 0 && m.len[cut] > 2) {
+            m.len[cut] /= 2;
+            ok &= flashcl_kv_cache_truncate(m.cache, m.ids[cut], m.len[cut]) == FLASHCL_SUCCESS;
+        }
         /* The longest one leaves, and comes back empty next round. */
         int longest = 0;
         for (int i = 1; i < 8; ++i)
