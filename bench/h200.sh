@@ -4,8 +4,8 @@
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
-#         and mma (tile shapes forced) and quick on the GPU (wgmma also under
-#         each of FWD_OPTIONS' build options), fp16/bf16
+#         and mma (tile shapes forced) and quick on the GPU (wgmma also under each of
+#         FWD_OPTIONS' build options, "+" for a space: FWD_OPTIONS=-DOVERLAP=1), fp16/bf16
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
 #         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
 #         "FLASHCL_PARAMS value[|extra build options]".
@@ -15,11 +15,12 @@
 # fp32: the forward and serving tests on the GPU (nv-tf32 forced through its tile
 #         shapes too), nv-tf32's registers, float32 vs PyTorch, a FLASHCL_PARAMS sweep.
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
-#         registers, backward vs PyTorch, two forward rows (SWEEP=1: a
-#         FLASHCL_BWD_PARAMS sweep first).
+#         registers, the time per backward kernel (FLASHCL_PROFILE) at issue 5's shapes,
+#         backward vs PyTorch, two forward rows (SWEEP=1: a FLASHCL_BWD_PARAMS sweep first).
 # decode: the serving tests on the GPU, the decode kernel's registers, decode
-#         vs PyTorch, a sweep of FLASHCL_DECODE_PARAMS values, then (DECODE_OPTIONS)
-#         build-option variants of the decode kernels, each validated before it is timed.
+#         vs PyTorch, a sweep of FLASHCL_DECODE_PARAMS values, then (DECODE_OPTIONS, "+"
+#         for a space: DECODE_OPTIONS="-DBULK=1 -DROWS_AHEAD=1+-DL2_AHEAD=2") build-option
+#         variants of the decode kernels, each passing test_serving mma before it is timed.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -132,10 +133,12 @@ if [ "$what" = backward ]; then
     FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --backward \
       --device nvidia --shape 1,2,256,$d --iters 1 2>&1 | grep -E "Compiling|registers|spill" | head -8
   done
-  echo "== where the backward's time goes (FLASHCL_PROFILE=1, f16, causal and not)"
+  echo "== where the backward's time goes (FLASHCL_PROFILE=1, f16; the last timed run of each)"
   for shape in 4,32,4096,64 4,32,4096,128 1,32,16384,128; do
-    FLASHCL_PROFILE=1 FLASHCL_LOG=1 ./build-gpu/flashcl bench --backward --device nvidia --shape $shape --iters 3 \
-      2>&1 >/dev/null | grep "backward kernels" | tail -n 2 | sed "s/^/$shape: /"
+    for mask in --no-causal --causal; do
+      FLASHCL_PROFILE=1 FLASHCL_LOG=1 ./build-gpu/flashcl bench --backward --device nvidia --shape $shape $mask \
+        --iters 3 2>&1 >/dev/null | grep "backward kernels" | tail -n 1 | sed "s/^/$shape $mask: /"
+    done
   done
   if [ "${SWEEP:-0}" = 1 ]; then
     echo "== FLASHCL_BWD_PARAMS sweep (flashcl bench --backward, f16)"
@@ -183,8 +186,9 @@ if [ "$what" = decode ]; then
     for o in "" ${DECODE_OPTIONS} ""; do
       o=${o//+/ }
       if [ -n "$o" ]; then
+        log="$out/serving-mma${o//[^A-Za-z0-9=]/_}.log"
         FLASHCL_BUILD_OPTIONS="$o" FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/test_serving mma \
-          > "$out/serving-options.log" 2>&1 || { echo "-- $o: test_serving mma FAILED"; grep -m5 FAILED "$out/serving-options.log"; continue; }
+          > "$log" 2>&1 || { echo "-- $o: test_serving mma FAILED"; grep -m5 FAILED "$log"; continue; }
       fi
       echo "-- ${o:-defaults}"
       FLASHCL_BUILD_OPTIONS="$o" ./build-gpu/flashcl bench --decode --device nvidia --batch 1,4,16,64 \

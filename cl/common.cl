@@ -147,6 +147,16 @@ inline uint pack2(float lo, float hi) {
 #define SW128_OFFSET(r, c, nrows) \
     (((uint)((c) >> 3) * (uint)(nrows) + (uint)(r)) * 128u + ((uint)(((c) & 7) ^ ((r) & 7)) << 4))
 
+/* A wgmma shared-memory matrix descriptor for a tile in the SW128_OFFSET
+ * layout at shared address addr: both byte offsets 1024 (the 8-row group
+ * stride; the other offset is unused by shapes whose k and n extents fit one
+ * swizzle atom width), 128-byte swizzle (flash_fwd_sm90.cl,
+ * tests/wgmma_probe.cl). */
+inline ulong sw128_desc(uint addr) {
+    return (ulong)((addr & 0x3FFFFu) >> 4) | ((ulong)(1024u >> 4) << 16) | ((ulong)(1024u >> 4) << 32) |
+           ((ulong)1 << 62);
+}
+
 /* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl;
  * flash_fwd_nv32.cl moves float rows as pairs of halves, doubling head_dim
  * and pitch).
@@ -508,7 +518,8 @@ inline void atomic_add_float(volatile __global float *p, float x) {
 
 /* The arguments of the serving kernels, paged_attention (cl/paged_attention.cl),
  * paged_decode and paged_decode_nv: one list, so src/serving.c sets them once
- * for any (the decode kernels take counters_off after it). part: the
+ * for any (the decode kernels take counters_off after it, and built with
+ * META_ARG_INTS the description by value after that). part: the
  * split-KV scratch (part_o, then part_lse); meta: the batch description
  * (fill_meta in src/serving.c); tables: the page tables (the KV cache's
  * device copy; a sequence's starts at its k_base); offsets and (token, head) strides in

@@ -33,7 +33,9 @@
  *   |  Q block (BLOCK_M rows) |   before the loop only
  *   +-----------------------+
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
- * lands while S is computed, K(n0+BN) while O += P V is. (Two stages of K
+ * lands while S is computed, K(n0+BN) while O += P V is. (Built with
+ * OVERLAP=1, an experiment: one K and two V buffers of 48-key tiles, the
+ * softmax overlapped with the previous tile's P V; see OVERLAP below.) (Two stages of K
  * and V, the next tile loading during the whole current one, fit only with
  * 8 KB tiles; the one configuration tried, D <= 64 with 64 keys, gave wrong
  * results with one stage as with two, so it says nothing about the stages:
@@ -209,15 +211,6 @@
                 __asm__ __volatile__("" : "+" c((d)[j_][e_])::"memory");                           \
     } while (0)
 #define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
-
-/* A shared-memory matrix descriptor for the SW128_OFFSET layout: start
- * address, both byte offsets 1024 (the 8-row group stride; the other offset
- * is unused by these shapes, whose k and n extents fit one swizzle atom
- * width), 128-byte swizzle. */
-inline ulong sw128_desc(uint addr) {
-    return (ulong)((addr & 0x3FFFFu) >> 4) | ((ulong)(1024u >> 4) << 16) |
-           ((ulong)(1024u >> 4) << 32) | ((ulong)1 << 62);
-}
 
 /* Copies have landed for this work-item and are visible to wgmma's reads. */
 inline void cp_wait_async_proxy(void) {

@@ -59,7 +59,10 @@
  * and the 32-key slice granule. L2_AHEAD=n (with ROWS_AHEAD) also asks L2
  * for the K/V rows n tiles ahead of the copies: fire-and-forget prefetches
  * that keep more bytes in flight than the __local stages hold. Both are off
- * until measured on a GPU (bench/h200.sh decode, DECODE_OPTIONS). */
+ * until measured on a GPU (bench/h200.sh decode, DECODE_OPTIONS). Where a
+ * tile can span pages (BLOCK_N not dividing the page size and 32) both are
+ * switched off here, silently: a timing under -DROWS_AHEAD=1 of such a shape
+ * is of the default build. */
 #ifndef ROWS_AHEAD
 #define ROWS_AHEAD 0
 #endif

@@ -340,7 +340,8 @@ FLASHCL_API int flashcl_kv_cache_free_pages(const flashcl_kv_cache *cache);
 
 /* A new, empty sequence; its id in *seq. */
 FLASHCL_API flashcl_status flashcl_kv_cache_add_sequence(flashcl_kv_cache *cache, int *seq);
-/* A new sequence sharing every page of `src` (same length, no copy). */
+/* A new sequence sharing every page of `src` (same length; no page is copied,
+ * only its page table, on the device, which can fail with a device error). */
 FLASHCL_API flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *cache, int src, int *seq);
 /* Drops a sequence; pages no other sequence uses return to the free list. */
 FLASHCL_API flashcl_status flashcl_kv_cache_free_sequence(flashcl_kv_cache *cache, int seq);

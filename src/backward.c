@@ -201,14 +201,13 @@ static cl_int set_layout_args(cl_kernel kernel, cl_uint *a, const flashcl_layout
     return err;
 }
 
-/* Hands the last event of a launch to the caller, or releases it. */
-/* FLASHCL_PROFILE=1 (a diagnostic: the call then waits for its kernels):
- * the log gets each backward kernel's time from the queue's profiling
- * events, when the queue records them. */
+/* FLASHCL_PROFILE=1 with FLASHCL_LOG=1 (a diagnostic: a backward call then
+ * waits for its kernels): the log gets each backward kernel's time from the
+ * queue's profiling events, when the queue records them. */
 static void profile_kernels(cl_event pre, cl_event main_k, cl_event dq) {
-    const char *env = getenv("FLASHCL_PROFILE");
-    if (!env || strcmp(env, "1") != 0)
-        return;
+    const char *env = getenv("FLASHCL_PROFILE"), *log = getenv("FLASHCL_LOG");
+    if (!env || strcmp(env, "1") != 0 || !log || !log[0] || !strcmp(log, "0"))
+        return; /* nowhere to say it: no waiting either */
     cl_event all[3] = {pre, main_k, dq};
     const char *names[3] = {"D_i pre-pass", "dK/dV", "dQ pass"};
     char line[256];
@@ -227,6 +226,7 @@ static void profile_kernels(cl_event pre, cl_event main_k, cl_event dq) {
     flashcl_log("%s", line);
 }
 
+/* Hands the last event of a launch to the caller, or releases it. */
 static void hand_over(cl_event e, cl_event *event) {
     if (event)
         *event = e;

@@ -63,8 +63,10 @@ struct flashcl_context {
     int host_threads; /* threads of the host path                        */
     struct flashcl_param_db *params_db; /* params.c: tuning file, overrides; lazy */
     /* serving.c: the batch description of paged/varlen attention, reused
-     * across calls, the event of the last kernel that reads it, and the host
-     * copies its non-blocking uploads read from. */
+     * across calls; serving_meta_reader, the event of the context's last
+     * serving kernel, which the next upload, a by-value call and the KV
+     * cache's appends (kv_cache.c) wait for; and the host copies the
+     * non-blocking uploads read from. */
     cl_mem serving_meta;
     size_t serving_meta_bytes;
     /* The decode kernels' split counters when the batch description goes by

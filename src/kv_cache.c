@@ -7,7 +7,9 @@
  * kernel, and only when all of that succeeded updates page tables, lengths,
  * reference counts and the free list. A failed enqueue therefore leaves the
  * cache as it was; the device may have written into pages that are still
- * free or rows past a sequence's length, which nothing reads.
+ * free or rows past a sequence's length, which nothing reads. (A compaction
+ * of the device page tables during planning moves regions but changes no
+ * table, so it may stand when the operation then fails.)
  *
  * Device page tables. The attention kernels read each sequence's page table
  * from the cache's `tables` buffer (its region [dev_off, dev_off + dev_cap)),
@@ -15,9 +17,9 @@
  * The host tables stay the truth; the device copy follows them without a
  * transfer of its own: an append's kernel also writes the table entries the
  * append creates (new pages, a copy-on-write page), passed with its slots; a
- * sequence that outgrows its region moves to a fresh one of twice the size,
- * its whole table written there the same way; fork copies the parent's region
- * on the device. Regions come from a bump pointer; when it reaches the end,
+ * sequence that outgrows its region moves to a fresh one (the next power of
+ * two at or above its length, at least 16), its whole table written there the
+ * same way; fork copies the parent's region on the device. Regions come from a bump pointer; when it reaches the end,
  * the buffer is rebuilt from the host tables with every live region packed
  * (freed and abandoned ones reclaimed) and room to spare.
  */
@@ -48,7 +50,7 @@ const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *c, 
 }
 
 flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *c, flashcl_context *ctx, const int *seq_ids,
-                                          int n, const char *in) {
+                                          int n, const char *suffix) {
     unsigned char *seen = calloc((size_t)c->seq_count + 1, 1);
     if (!seen)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
@@ -58,7 +60,7 @@ flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *c, flashcl_con
             st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "seq_ids[%d] = %d is not a live sequence", i,
                               seq_ids[i]);
         else if (seen[seq_ids[i]]++)
-            st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "sequence %d appears twice%s", seq_ids[i], in);
+            st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "sequence %d appears twice%s", seq_ids[i], suffix);
     }
     free(seen);
     return st;
@@ -129,7 +131,7 @@ static flashcl_status compact_tables(flashcl_kv_cache *c, long extra) {
         cap = 1024;
     if (cap > 0x7fffffffL / 2)
         return flashcl_fail(c->ctx, FLASHCL_ERROR_INVALID_SHAPE,
-                            "the device page tables would exceed 2^30 entries (%ld live)", live + extra);
+                            "the device page tables would exceed 2^30 entries (%ld live and new)", live + extra);
     int *host = calloc((size_t)cap, sizeof(int));
     if (!host)
         return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
@@ -234,7 +236,8 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
         }
     }
     c->free_count = desc->num_pages;
-    /* The first tables buffer: room for twice the pool's pages (it grows as needed). */
+    /* The first tables buffer: 4 entries per pool page (compact_tables doubles
+     * the 2 asked for; it grows as needed). */
     flashcl_status st = compact_tables(c, desc->num_pages < (1 << 24) ? 2L * desc->num_pages : 1L << 25);
     if (st) {
         flashcl_kv_cache_destroy(c);
@@ -522,9 +525,16 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
         if (plan[i].cow_old >= 0) {
             const int old = plan[i].cow_old, fresh = c->free_list[--top];
             plan[i].cow_page = fresh;
-            /* Only the filled rows matter, but the whole page is one copy. */
+            /* Only the filled rows matter, but the whole page is one copy.
+             * The first copy waits behind a barrier: on an out-of-order queue
+             * the fresh page may have just been freed by a sequence that an
+             * attention call still reads. */
             size_t src = (size_t)old * c->page_bytes, dst = (size_t)fresh * c->page_bytes;
-            err = clEnqueueCopyBuffer(ctx->queue, c->k_pool, c->k_pool, src, dst, c->page_bytes, 0, NULL, NULL);
+            if (!copies)
+                err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
+            if (err == CL_SUCCESS)
+                err = clEnqueueCopyBuffer(ctx->queue, c->k_pool, c->k_pool, src, dst, c->page_bytes, 0, NULL,
+                                          NULL);
             if (err == CL_SUCCESS)
                 err = clEnqueueCopyBuffer(ctx->queue, c->v_pool, c->v_pool, src, dst, c->page_bytes, 0,
                                           NULL, NULL);
@@ -615,7 +625,6 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hd);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &np);
             size_t global[3] = {(size_t)hd, (size_t)hk, (size_t)total};
-            if (err == CL_SUCCESS)
             /* On an out-of-order queue the kernel must come after this
              * append's page copies (a barrier: they only follow a fork) and
              * after the last attention call, which may still read the table

@@ -850,9 +850,10 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS)",
                                     kv.at);
-            if (!flashcl_kv_int(&kv, 1, 1 << 20, DECODE_FIELD(c, k)))
-                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_DECODE_PARAMS: %s needs an integer 1..1048576 at '%s'", decode_keys[k].key, kv.at);
+            const int is_switch = decode_keys[k].offset == offsetof(flashcl_decode_choice, meta_args);
+            if (!flashcl_kv_int(&kv, is_switch ? 0 : 1, is_switch ? 1 : 1 << 20, DECODE_FIELD(c, k)))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s needs %s at '%s'",
+                                    decode_keys[k].key, is_switch ? "0 or 1" : "an integer 1..1048576", kv.at);
         }
         c->source = "FLASHCL_DECODE_PARAMS";
     }

@@ -3,7 +3,8 @@
  * One launcher serves flashcl_varlen_forward and flashcl_paged_attention: both
  * become one kernel over a list of work blocks, differing only in how a
  * key's row is found (cu_seqlens_k offsets or page tables). The kernel is
- * one of three with the same arguments (the decode kernels take one more):
+ * one of three with the same arguments (the decode kernels take counters_off,
+ * and with META_ARGS the description by value, after them):
  * cl/paged_decode_nv.cl (few rows per sequence on NVIDIA tensor cores),
  * cl/paged_decode.cl (few rows per sequence, any GPU: memory-bound SIMT) or
  * cl/paged_attention.cl (anything else). A call:
@@ -17,7 +18,8 @@
  *      kernel of cl/merge.cl over the caller's scratch.
  * meta (a few ints per sequence and block) is uploaded without blocking into
  * a device buffer the context keeps (upload_meta), so the call never waits
- * on the queue. Partial results, which scale with the problem, go in the
+ * on the queue; or, with FLASHCL_DECODE_PARAMS META_ARGS=1 and a description
+ * that fits, it goes to a decode kernel as a by-value argument (no upload). Partial results, which scale with the problem, go in the
  * caller's scratch (flashcl_*_scratch_size). The kernels are chained by
  * events, so an out-of-order queue works.
  */
@@ -408,7 +410,8 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
  * nk} per sequence (k_base: where the sequence's page table starts in the
  * cache's device tables when paged, else its first key), {sequence, first
  * row} per block from blocks_off, then the split counters (zero) from
- * counters_off. Written straight into the upload's staging copy. */
+ * counters_off. Written straight into the upload's staging copy, or the
+ * by-value argument's (META_ARGS). */
 static void fill_meta(const serving_plan *p, int *meta) {
     const flashcl_varlen_desc *r = &p->r;
     size_t b = 0;
@@ -558,7 +561,8 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
 
     char options[320], tiles[96];
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    /* The decode kernels merge their own splits (one more argument). */
+    /* The decode kernels merge their own splits (counters_off, and with
+     * META_ARGS the description, after the shared arguments). */
     const int decode = c->kernel != FLASHCL_SERVING_TILED;
     static const char *const files[] = {"paged_attention.cl", "paged_decode.cl", "paged_decode_nv.cl"};
     static const char *const names[] = {"paged_attention", "paged_decode", "paged_decode_nv"};

@@ -35,10 +35,10 @@ struct flashcl_kv_cache {
 const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *cache, int id);
 
 /* Fails (on ctx) unless seq_ids[0..n) are n distinct live sequences of the
- * cache; `in` ends the duplicate's message ("" or " in one append"). O(n),
+ * cache; `suffix` ends the duplicate's message ("" or " in one append"). O(n),
  * so that a batch of thousands costs nothing next to its kernels. */
 flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *cache, flashcl_context *ctx, const int *seq_ids,
-                                          int n, const char *in);
+                                          int n, const char *suffix);
 
 /* Checks a cu_seqlens array of n sequences (non-NULL, [0] = 0, nondecreasing)
  * with a message naming it; *total = cu[n]. (serving.c) */

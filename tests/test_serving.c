@@ -979,6 +979,7 @@ static void decode_params_suite(flashcl_context *ctx) {
         {"WG=64,", "a trailing comma"},
         {"SPLITS=2", "an unknown key"},
         {"KERNEL=tiled,BLOCK_N=24,TPR=16", "BLOCK_N not a multiple of TPR"},
+        {"META_ARGS=2", "a switch other than 0 or 1"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
         setenv("FLASHCL_DECODE_PARAMS", bad[i].env, 1);
@@ -987,6 +988,12 @@ static void decode_params_suite(flashcl_context *ctx) {
         char what[160];
         snprintf(what, sizeof what, "FLASHCL_DECODE_PARAMS=%s refused: %s", bad[i].env, bad[i].why);
         expect(st == FLASHCL_ERROR_INVALID_PARAMS, what, &failures);
+    }
+    setenv("FLASHCL_DECODE_PARAMS", "META_ARGS=0", 1);
+    {
+        flashcl_params p;
+        expect(flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS,
+               "FLASHCL_DECODE_PARAMS=META_ARGS=0 accepted (off)", &failures);
     }
     setenv("FLASHCL_DECODE_PARAMS", "KERNEL=tiled", 1);
     flashcl_params p;
@@ -1012,8 +1019,8 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     ooo_suite(ctx, 0, what);
     snprintf(what, sizeof what, "%s, description by value: taken (the split-counter buffer exists)", kernel);
     expect(ctx->serving_counters != NULL, what, &failures);
-    /* 300 one-token sequences: 1500 ints of description, more than any
-     * device's argument space here: uploaded. */
+    /* 300 one-token sequences: 1800 ints of description, more than any
+     * device's argument space: uploaded (the upload buffer holds them). */
     mirror m;
     mirror_init(&m, ctx, FLASHCL_FLOAT16, 1, 64, 16, 400);
     int ids[300], cu[301], lens[300];
@@ -1045,7 +1052,7 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
         st = flashcl_paged_attention(ctx, &d, m.cache, ids, q, o, NULL, 0, scratch, NULL);
     clFinish(flashcl_context_cl_queue(ctx));
     snprintf(what, sizeof what, "%s, description by value: a 300-sequence batch is uploaded instead", kernel);
-    expect(st == FLASHCL_SUCCESS, what, &failures);
+    expect(st == FLASHCL_SUCCESS && ctx->serving_meta_bytes >= 1800 * sizeof(int), what, &failures);
     clReleaseMemObject(kv), clReleaseMemObject(q), clReleaseMemObject(o);
     if (scratch)
         clReleaseMemObject(scratch);

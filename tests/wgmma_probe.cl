@@ -29,11 +29,6 @@
 #define CHUNKS (DPAD / 8) /* 16-byte chunks per row */
 #define SM90A "//@sm90a "
 
-inline ulong probe_desc(uint addr) { /* as flash_fwd_sm90.cl's sw128_desc */
-    return (ulong)((addr & 0x3FFFFu) >> 4) | ((ulong)(1024u >> 4) << 16) | ((ulong)(1024u >> 4) << 32) |
-           ((ulong)1 << 62);
-}
-
 /* Rows [0, rows) of a [rows][DPAD] matrix into the SW128 layout at shared address base. */
 inline void probe_fill(__local ushort *smem, uint smem_off, __global const ushort *src, int rows) {
     for (int i = (int)get_local_id(0); i < rows * CHUNKS; i += 128) {
@@ -85,20 +80,20 @@ wgmma_probe(__global const ushort *a, __global const ushort *b, __global float *
         __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " D_REGS
                                    ", {%32,%33,%34,%35}, %36, 1, 1, 1, 0;\n"
                              : D_ALL
-                             : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "l"(probe_desc(s_b + k_at))
+                             : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]), "l"(sw128_desc(s_b + k_at))
                              : "memory");
     else if (mode == 1)
         __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " D_REGS
                                    ", {%32,%33,%34,%35}, %36, 1, 1, 1, 1;\n"
                              : D_ALL
                              : "r"(af[0]), "r"(af[1]), "r"(af[2]), "r"(af[3]),
-                               "l"(probe_desc(s_b + (uint)(panel * ROWS * 128 + step * 16 * 128)))
+                               "l"(sw128_desc(s_b + (uint)(panel * ROWS * 128 + step * 16 * 128)))
                              : "memory");
     else
         __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " D_REGS
                                    ", %32, %33, 1, 1, 1, 0, 0;\n"
                              : D_ALL
-                             : "l"(probe_desc(s_a + a_at)), "l"(probe_desc(s_b + k_at))
+                             : "l"(sw128_desc(s_a + a_at)), "l"(sw128_desc(s_b + k_at))
                              : "memory");
     __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory");
     __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
