@@ -190,6 +190,19 @@
         (pf)[kk][3] = pack2((s)[2 * kk + 1][2], (s)[2 * kk + 1][3]);                               \
     }
 
+/* O += P V on the V tile at v_tile, waited for: the operands pinned first, so
+ * that no write of them sinks into the chain. */
+#define PV_WAITED(acc, pf, v_tile)                                                                 \
+    do {                                                                                           \
+        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
+        WGMMA_FENCE();                                                                             \
+        PV_CHAIN(acc, pf, v_tile);                                                                 \
+        WGMMA_COMMIT();                                                                            \
+        WGMMA_WAIT_ALL();                                                                          \
+        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+    } while (0)
+
 /* Soft-cap, then the mask of keys n0.. unless every row sees the whole tile. */
 #define SCORES_POST(s, n0)                                                                         \
     do {                                                                                           \
@@ -319,13 +332,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             /* ---- O += P V, P packed from the S registers ---- */
             uint pf[P_STEPS][4];
             PACK_P(pf, s);
-            WG_FENCE_REGS(acc, O_FRAGS);
-            WG_FENCE_REGS_C(pf, P_STEPS, "r");
-            WGMMA_FENCE();
-            PV_CHAIN(acc, pf, v_tile);
-            WGMMA_COMMIT();
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(acc, O_FRAGS);
+            PV_WAITED(acc, pf, v_tile);
         }
     }
 #else
@@ -392,13 +399,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         const uint v_cur = s_base + TILE_BYTES * (uint)(1 + ((tiles - 1) & 1));
         cp_wait_async_proxy(); /* V(tiles - 1) */
         barrier(CLK_LOCAL_MEM_FENCE);
-        WG_FENCE_REGS(acc, O_FRAGS);
-        WG_FENCE_REGS_C(pf, P_STEPS, "r");
-        WGMMA_FENCE();
-        PV_CHAIN(acc, pf, v_cur);
-        WGMMA_COMMIT();
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(acc, O_FRAGS);
+        PV_WAITED(acc, pf, v_cur);
     }
 #endif
 
