@@ -195,6 +195,9 @@ if [ "$what" = decode ]; then
         --context 4096,16384,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
     done
   fi
+  echo "== a whole decode step (--step: append one token per sequence, then attention; median us)"
+  ./build-gpu/flashcl bench --decode --device nvidia --step --batch 1,16,64 --context 4096,131072 --iters 20 2>&1 |
+    grep -E '^ +[0-9]'
   echo "== launch costs of the OpenCL implementation (bench/launch_floor.c)"
   gcc -O2 -std=c11 bench/launch_floor.c -o build-gpu/launch_floor -lOpenCL && ./build-gpu/launch_floor nvidia
   echo "== the floor: tiny contexts"

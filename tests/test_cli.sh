@@ -302,6 +302,9 @@ expect_status 0 "bench --decode --page-order sequential" \
     bench --decode --batch 2 --context 40 --head-dim 64 --page-size 8 --page-order sequential --iters 1 --warmup 0
 grep -q '(sequential)' out.txt && grep -Eq '^ +2 +40 ' out.txt && ok "sequential pages: named, and a row" ||
     bad "bench --decode --page-order sequential: $(cat out.txt)"
+expect_status 0 "bench --decode --step" bench --decode --batch 3 --context 31 --head-dim 64 --page-size 8 --step --iters 3 --warmup 1
+grep -q 'timed: an append of one token per sequence' out.txt && grep -Eq '^ +3 +31 ' out.txt &&
+    ok "--step: named, and a row (pages grown past the context)" || bad "bench --decode --step: $(cat out.txt) $(cat err.txt)"
 expect_status 2 "bench --decode --page-order random refused" bench --decode --page-order random
 grep -q 'shuffled or sequential' err.txt && ok "the refusal names the choices" || bad "--page-order random: $(cat err.txt)"
 

@@ -139,6 +139,8 @@ const char cli_usage_bench_decode[] =
     "  --heads HQ,HK     query and kv heads (default 32,8)\n"
     "  --head-dim D      (default 128)\n"
     "  --page-size P     tokens per page (default 16)\n"
+    "  --step            time a whole decode step: the append of one new token per\n"
+    "                    sequence (the context grows by one each run), then the attention\n"
     "  --page-order shuffled|sequential\n"
     "                    physical page order (default shuffled: a pool after\n"
     "                    churn; sequential: one sequence's pages in order)\n"
@@ -165,10 +167,20 @@ static void pattern(flashcl_dtype dt, float x, unsigned char *buf, size_t *size)
     *size = 2;
 }
 
+/* How bench --decode runs its rows. */
+typedef struct decode_opts {
+    int page_size, shuffled, splits_forced, iters, warmup;
+    int step; /* time an append of one token per sequence, then the attention */
+} decode_opts;
+
 /* Runs one (batch, context) row; prints it. Returns 0 on success. */
 static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int context, int hq, int hk, int dim,
-                      int page_size, int shuffled, int splits_forced, int iters, int warmup) {
+                      const decode_opts *o) {
+    const int page_size = o->page_size, iters = o->iters, warmup = o->warmup;
     const size_t es = flashcl_dtype_size(dt), row = (size_t)hk * dim;
+    /* --step appends a token per sequence per run: room for them, and a
+     * source of at least one token per sequence. */
+    const int grown = o->step ? warmup + iters : 0, src_rows = context > batch ? context : batch;
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
     flashcl_kv_cache_desc cd;
     memset(&cd, 0, sizeof cd);
@@ -176,24 +188,24 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     cd.heads_k = hk;
     cd.head_dim = dim;
     cd.page_size = page_size;
-    cd.num_pages = batch * ((context + page_size - 1) / page_size);
-    cd.page_order_seed = shuffled ? 12345 : 0;
+    cd.num_pages = batch * ((context + grown + page_size - 1) / page_size);
+    cd.page_order_seed = o->shuffled ? 12345 : 0;
     flashcl_kv_cache *cache = NULL;
     cl_mem src_k = NULL, src_v = NULL, bq = NULL, bo = NULL, scratch = NULL;
     int *ids = calloc((size_t)batch, sizeof(int)), *cu = calloc((size_t)batch + 1, sizeof(int));
     void *host = malloc((size_t)batch * hq * dim * es);
     double *times = calloc((size_t)iters, sizeof(double)), *host_us = calloc((size_t)iters, sizeof(double));
-    int rc = 1, splits = 0, one = context;
+    int rc = 1, splits = 0, one = context, *ones = calloc((size_t)batch, sizeof(int));
     cl_int err = CL_SUCCESS;
     flashcl_status st = FLASHCL_SUCCESS;
-    if (!ids || !cu || !host || !times || !host_us) {
+    if (!ids || !cu || !host || !times || !host_us || !ones) {
         cli_errorf("out of host memory");
         goto done;
     }
     if ((st = flashcl_kv_cache_create(ctx, &cd, &cache)))
         goto fail;
-    src_k = make_buffer(ctx, (size_t)context * row * es, NULL, &err);
-    src_v = src_k ? make_buffer(ctx, (size_t)context * row * es, NULL, &err) : NULL;
+    src_k = make_buffer(ctx, (size_t)src_rows * row * es, NULL, &err);
+    src_v = src_k ? make_buffer(ctx, (size_t)src_rows * row * es, NULL, &err) : NULL;
     if (!src_v) {
         st = err;
         goto fail;
@@ -202,9 +214,10 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     size_t ps;
     pattern(dt, 0.25f, pk, &ps);
     pattern(dt, 0.5f, pv, &ps);
-    clEnqueueFillBuffer(queue, src_k, pk, ps, 0, (size_t)context * row * es, 0, NULL, NULL);
-    clEnqueueFillBuffer(queue, src_v, pv, ps, 0, (size_t)context * row * es, 0, NULL, NULL);
+    clEnqueueFillBuffer(queue, src_k, pk, ps, 0, (size_t)src_rows * row * es, 0, NULL, NULL);
+    clEnqueueFillBuffer(queue, src_v, pv, ps, 0, (size_t)src_rows * row * es, 0, NULL, NULL);
     for (int b = 0; b < batch; ++b) {
+        ones[b] = 1;
         if ((st = flashcl_kv_cache_add_sequence(cache, &ids[b])) ||
             (st = flashcl_kv_cache_append(cache, 1, &ids[b], &one, src_k, NULL, src_v, NULL, NULL)))
             goto fail;
@@ -229,11 +242,15 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     d.head_dim = dim;
     d.cu_seqlens_q = cu;
     d.causal = 1;
-    d.num_splits = splits_forced;
     size_t sb = 0;
     flashcl_params params;
-    if ((st = flashcl_paged_scratch_size(ctx, &d, cache, ids, &sb)) ||
-        (st = flashcl_serving_params(ctx, &d, cache, ids, &params, &splits)))
+    /* Scratch for the most splits a call may take (under --step the keys
+     * grow, and with them the split count may). */
+    d.num_splits = o->splits_forced || !o->step ? o->splits_forced : 128; /* num_splits' most (flashcl.h) */
+    if ((st = flashcl_paged_scratch_size(ctx, &d, cache, ids, &sb)))
+        goto fail;
+    d.num_splits = o->splits_forced;
+    if ((st = flashcl_serving_params(ctx, &d, cache, ids, &params, &splits)))
         goto fail;
     if (sb && !(scratch = make_buffer(ctx, sb, NULL, &err))) {
         st = err;
@@ -255,7 +272,8 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
         }
     }
     for (int w = 0; w < warmup; ++w)
-        if ((st = flashcl_paged_attention(ctx, &d, cache, ids, bq, bo, NULL, 0, scratch, NULL)))
+        if ((o->step && (st = flashcl_kv_cache_append(cache, batch, ids, ones, src_k, NULL, src_v, NULL, NULL))) ||
+            (st = flashcl_paged_attention(ctx, &d, cache, ids, bq, bo, NULL, 0, scratch, NULL)))
             goto fail;
     clFinish(queue);
     int wall = 0;
@@ -264,7 +282,8 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
         double t0 = cli_now();
         clEnqueueMarkerWithWaitList(queue, 0, NULL, &before);
         double h0 = cli_now();
-        if ((st = flashcl_paged_attention(ctx, &d, cache, ids, bq, bo, NULL, 0, scratch, &after)))
+        if ((o->step && (st = flashcl_kv_cache_append(cache, batch, ids, ones, src_k, NULL, src_v, NULL, NULL))) ||
+            (st = flashcl_paged_attention(ctx, &d, cache, ids, bq, bo, NULL, 0, scratch, &after)))
             goto fail;
         host_us[it] = (cli_now() - h0) * 1e6;
         clWaitForEvents(1, &after);
@@ -304,7 +323,7 @@ done:
     if (scratch)
         clReleaseMemObject(scratch);
     flashcl_kv_cache_destroy(cache);
-    free(ids), free(cu), free(host), free(times), free(host_us);
+    free(ids), free(cu), free(host), free(times), free(host_us), free(ones);
     return rc;
 }
 
@@ -314,11 +333,15 @@ int cli_bench_decode(int argc, char **argv) {
     long dim = 128, page = 16, splits = 0, iters = -1, warmup = -1;
     const char *device = NULL, *value;
     flashcl_dtype dt = FLASHCL_FLOAT16;
-    int shuffled = 1;
+    int shuffled = 1, step = 0;
     for (int i = 2; i < argc; i++) {
         int r;
         if (!strcmp(argv[i], "--decode"))
             continue;
+        if (!strcmp(argv[i], "--step")) {
+            step = 1;
+            continue;
+        }
         if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
             fputs(cli_usage_bench_decode, stdout);
             return CLI_EXIT_OK;
@@ -407,17 +430,19 @@ int cli_bench_decode(int argc, char **argv) {
         iters = cpu ? 5 : 20;
     if (warmup < 0)
         warmup = cpu ? 1 : 3;
+    const decode_opts opts = {(int)page, shuffled, (int)splits, (int)iters, (int)warmup, step};
     static const char *names[] = {"f32", "f16", "bf16"};
-    printf("decode on %s: %s, heads %ld/%ld, head_dim %ld, page %ld (%s), causal, one query per sequence\n",
+    printf("decode on %s: %s, heads %ld/%ld, head_dim %ld, page %ld (%s), causal, one query per sequence%s\n",
            flashcl_context_device_name(ctx), names[dt], heads[0], heads[1], dim, page,
-           shuffled ? "shuffled" : "sequential");
+           shuffled ? "shuffled" : "sequential",
+           step ? "; timed: an append of one token per sequence, then the attention" : "");
     printf("%6s %8s %7s %10s %10s %9s %8s  %-10s\n", "batch", "context", "splits", "median_us", "min_us", "KV_GB/s",
            "host_us", "kernel");
     int failed = 0;
     for (int b = 0; b < nb; ++b)
         for (int c = 0; c < nc; ++c)
             failed |= decode_row(ctx, dt, (int)batches[b], (int)contexts[c], (int)heads[0], (int)heads[1], (int)dim,
-                                 (int)page, shuffled, (int)splits, (int)iters, (int)warmup);
+                                 &opts);
     flashcl_context_destroy(ctx);
     return failed ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
