@@ -256,6 +256,10 @@ void flashcl_kv_cache_destroy(flashcl_kv_cache *c) {
         clReleaseMemObject(c->v_pool);
     if (c->tables)
         clReleaseMemObject(c->tables);
+    if (c->slots)
+        clReleaseMemObject(c->slots);
+    if (c->slots_reader)
+        clReleaseEvent(c->slots_reader);
     for (int i = 0; i < c->seq_count; ++i)
         free(c->seqs[i].pages);
     free(c->seqs);
@@ -600,15 +604,21 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
         snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)c->desc.dtype);
         cl_kernel kernel;
         st = flashcl_get_kernel(ctx, "kv_cache.cl", "kv_append", options, &kernel);
-        /* The slot list is copied into its own buffer at creation, so the
-         * call does not wait on the queue; it is released once enqueued
-         * (OpenCL keeps it alive until the kernel has run). */
-        cl_mem slot_buf = st == FLASHCL_SUCCESS
-                              ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
-                                               (size_t)(total + 2 * pairs) * sizeof(int), slots, &err)
-                              : NULL;
-        if (st == FLASHCL_SUCCESS && !slot_buf)
-            st = flashcl_fail(ctx, err, "allocating the slot list: %s", flashcl_status_string(err));
+        /* The slot list (then the table entries) goes into the cache's slot
+         * buffer from a staging copy, without blocking and after the last
+         * append kernel that read it: no device allocation per append. */
+        const size_t slot_bytes = (size_t)(total + 2 * pairs) * sizeof(int);
+        cl_event written = NULL;
+        if (st == FLASHCL_SUCCESS) {
+            int *staged = flashcl_staging_take(ctx, slot_bytes);
+            if (!staged) {
+                st = flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+            } else {
+                memcpy(staged, slots, slot_bytes);
+                st = flashcl_staging_upload(ctx, &c->slots, &c->slots_cap, slot_bytes, c->slots_reader, &written,
+                                            "the slot list");
+            }
+        }
         if (st == FLASHCL_SUCCESS) {
             cl_ulong u[6] = {kl.offset, kl.stride_seq, kl.stride_head, vl.offset, vl.stride_seq, vl.stride_head};
             cl_int hk = c->desc.heads_k, hd = c->desc.head_dim, np = (cl_int)pairs;
@@ -617,7 +627,7 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->k_pool);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->v_pool);
-            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &slot_buf);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->slots);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->tables);
             for (int i = 0; i < 6; ++i)
                 err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
@@ -631,13 +641,24 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
              * entries and pages it rewrites. */
             if (err == CL_SUCCESS && copies)
                 err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-            cl_event *after = ctx->serving_meta_reader ? &ctx->serving_meta_reader : NULL;
+            cl_event after[2] = {written, ctx->serving_meta_reader}, appended = NULL;
             if (err == CL_SUCCESS)
-                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, after ? 1 : 0, after, event);
-            if (err != CL_SUCCESS)
+                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, after[1] ? 2 : 1, after,
+                                             &appended);
+            if (err != CL_SUCCESS) {
                 st = flashcl_fail(ctx, err, "launching kv_append: %s", flashcl_status_string(err));
-            clReleaseMemObject(slot_buf);
+            } else {
+                if (c->slots_reader)
+                    clReleaseEvent(c->slots_reader);
+                c->slots_reader = appended; /* the next upload of the slot list waits for it */
+                if (event) {
+                    clRetainEvent(appended);
+                    *event = appended;
+                }
+            }
         }
+        if (written)
+            clReleaseEvent(written);
     } else if (event) {
         err = clEnqueueMarkerWithWaitList(ctx->queue, 0, NULL, event);
         st = err == CL_SUCCESS ? FLASHCL_SUCCESS : flashcl_fail(ctx, err, "enqueueing a marker");

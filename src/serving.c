@@ -436,34 +436,17 @@ static void fill_meta(const serving_plan *p, int *meta) {
     memset(meta + p->counters_off, 0, (p->meta_count - p->counters_off) * sizeof(int));
 }
 
-/* Uploads the batch description into the context's buffer. Allocating device
- * memory per call costs more than a decode step at short contexts, so the
- * buffer is kept and grown by doubling. The write is non-blocking: it waits
- * for the previous call's last kernel (the last reader of the old contents;
- * this also orders calls on out-of-order queues, grown buffer or not). Its source is one of a few host staging
- * copies the context keeps, each reused once its last write has completed:
- * usually long since done, so the check costs nothing, and no completion
- * callback is needed (on NVIDIA one adds 5 us to every call). */
-static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_event *written) {
-    size_t bytes = p->meta_count * sizeof(int);
-    cl_int err = CL_SUCCESS;
-    if (bytes > ctx->serving_meta_bytes) {
-        size_t cap = ctx->serving_meta_bytes ? ctx->serving_meta_bytes : 4096;
-        while (cap < bytes)
-            cap *= 2;
-        /* Release is deferred by OpenCL until queued kernels no longer use it. */
-        if (ctx->serving_meta)
-            clReleaseMemObject(ctx->serving_meta);
-        ctx->serving_meta_bytes = 0;
-        ctx->serving_meta = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, cap, NULL, &err);
-        if (!ctx->serving_meta)
-            return flashcl_fail(ctx, err, "allocating the batch description (%zu bytes): %s", cap,
-                                flashcl_status_string(err));
-        ctx->serving_meta_bytes = cap;
-        /* serving_meta_reader stays: the new buffer has no reader, but the
-         * write below must still wait for the previous call's last kernel,
-         * which may share the caller's scratch and outputs with this call. */
-    }
+/* The context's host staging copies for non-blocking uploads (the serving
+ * calls' batch descriptions, the KV cache's slot lists): a few, each reused
+ * once its last write has completed, usually long since done, so the check
+ * costs nothing, and no completion callback is needed (on NVIDIA one adds
+ * 5 us to every call). flashcl_staging_take hands out the next one with
+ * room for `bytes` (NULL: out of memory); flashcl_staging_upload writes it
+ * into *buf, which it grows by doubling (allocating device memory per call
+ * costs more than a decode step at short contexts), without blocking and
+ * after `after` (the buffer's last reader, NULL for none: a grown buffer is
+ * new, but callers order on it anyway). *written receives the write. */
+void *flashcl_staging_take(flashcl_context *ctx, size_t bytes) {
     flashcl_staging *slot = &ctx->serving_staging[ctx->serving_staging_next];
     if (slot->written) { /* its previous upload must have read it */
         clWaitForEvents(1, &slot->written);
@@ -473,20 +456,51 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
     if (slot->bytes < bytes) {
         void *grown = realloc(slot->host, bytes);
         if (!grown)
-            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+            return NULL;
         slot->host = grown;
         slot->bytes = bytes;
     }
-    fill_meta(p, slot->host);
-    cl_event *after = ctx->serving_meta_reader ? &ctx->serving_meta_reader : NULL;
-    err = clEnqueueWriteBuffer(ctx->queue, ctx->serving_meta, CL_FALSE, 0, bytes, slot->host, after ? 1 : 0, after,
-                               written);
+    return slot->host;
+}
+
+flashcl_status flashcl_staging_upload(flashcl_context *ctx, cl_mem *buf, size_t *cap, size_t bytes, cl_event after,
+                                      cl_event *written, const char *what) {
+    cl_int err = CL_SUCCESS;
+    if (bytes > *cap) {
+        size_t grown = *cap ? *cap : 4096;
+        while (grown < bytes)
+            grown *= 2;
+        /* Release is deferred by OpenCL until queued kernels no longer use it. */
+        if (*buf)
+            clReleaseMemObject(*buf);
+        *cap = 0;
+        *buf = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, grown, NULL, &err);
+        if (!*buf)
+            return flashcl_fail(ctx, err, "allocating %s (%zu bytes): %s", what, grown, flashcl_status_string(err));
+        *cap = grown;
+    }
+    flashcl_staging *slot = &ctx->serving_staging[ctx->serving_staging_next];
+    err = clEnqueueWriteBuffer(ctx->queue, *buf, CL_FALSE, 0, bytes, slot->host, after ? 1 : 0,
+                               after ? &after : NULL, written);
     if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "uploading the batch description: %s", flashcl_status_string(err));
+        return flashcl_fail(ctx, err, "uploading %s: %s", what, flashcl_status_string(err));
     clRetainEvent(*written);
     slot->written = *written;
     ctx->serving_staging_next = (ctx->serving_staging_next + 1) % FLASHCL_STAGING_SLOTS;
     return FLASHCL_SUCCESS;
+}
+
+/* Uploads the batch description into the context's buffer. The write waits
+ * for the previous call's last kernel: the last reader of the old contents,
+ * which also orders calls on out-of-order queues (the next call may share the
+ * caller's scratch and outputs with it), grown buffer or not. */
+static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_event *written) {
+    int *host = flashcl_staging_take(ctx, p->meta_count * sizeof(int));
+    if (!host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    fill_meta(p, host);
+    return flashcl_staging_upload(ctx, &ctx->serving_meta, &ctx->serving_meta_bytes, p->meta_count * sizeof(int),
+                                  ctx->serving_meta_reader, written, "the batch description");
 }
 
 /* Ints of description a decode kernel takes by value (META_ARGS): the

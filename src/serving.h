@@ -29,6 +29,12 @@ struct flashcl_kv_cache {
      * call uploads a few ints per sequence, not its tables (kv_cache.c). */
     cl_mem tables;
     int tables_cap, tables_used; /* ints; regions are handed out from tables_used */
+    /* The appends' slot lists (and table entries), uploaded into one buffer
+     * kept across appends; slots_reader: the last append kernel, which the
+     * next upload waits for. */
+    cl_mem slots;
+    size_t slots_cap;
+    cl_event slots_reader;
 };
 
 /* The live sequence `id`, or NULL. */
@@ -39,6 +45,13 @@ const flashcl_kv_sequence *flashcl_kv_cache_sequence(const flashcl_kv_cache *cac
  * so that a batch of thousands costs nothing next to its kernels. */
 flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *cache, flashcl_context *ctx, const int *seq_ids,
                                           int n, const char *suffix);
+
+/* Non-blocking uploads from the context's host staging copies (serving.c):
+ * take a copy with room for `bytes`, fill it, then upload it into *buf
+ * (grown to fit, *cap its size) after `after`; *written: the write. */
+void *flashcl_staging_take(flashcl_context *ctx, size_t bytes);
+flashcl_status flashcl_staging_upload(flashcl_context *ctx, cl_mem *buf, size_t *cap, size_t bytes, cl_event after,
+                                      cl_event *written, const char *what);
 
 /* Checks a cu_seqlens array of n sequences (non-NULL, [0] = 0, nondecreasing)
  * with a message naming it; *total = cu[n]. (serving.c) */

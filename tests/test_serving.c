@@ -841,6 +841,59 @@ static void ooo_fork_case(flashcl_context *base) {
     clReleaseCommandQueue(qq);
 }
 
+/* On an out-of-order queue: 24 appends back to back, nothing waited for in
+ * between. They share the cache's slot-list buffer, so each upload into it
+ * must wait for the previous append's kernel, and each kernel for its
+ * upload; at the end the pools and the device tables must hold every token. */
+static void ooo_appends_case(flashcl_context *base) {
+    cl_command_queue qq;
+    flashcl_context *ctx = ooo_context(base, "appends on an out-of-order queue", &qq);
+    if (!ctx)
+        return;
+    mirror m;
+    mirror_init(&m, ctx, FLASHCL_FLOAT16, 2, 32, 4, 600);
+    for (int i = 0; i < 4; ++i)
+        flashcl_kv_cache_add_sequence(m.cache, &m.ids[i]);
+    enum { ROUNDS = 24 };
+    cl_mem bufs[2 * ROUNDS];
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, next_seed());
+    int ok = 1;
+    for (int r = 0; r < ROUNDS; ++r) {
+        int slots[2] = {r % 4, (r + 1 + r / 4) % 4}, counts[2], ids[2], total = 0;
+        if (slots[1] == slots[0])
+            slots[1] = (slots[0] + 1) % 4;
+        for (int i = 0; i < 2; ++i) {
+            counts[i] = 1 + (int)(flashcl_ref_rng_next(&rng) % (r % 3 ? 3 : 40));
+            ids[i] = m.ids[slots[i]];
+            total += counts[i];
+        }
+        void *k = test_xmalloc((size_t)total * m.row * 2), *v = test_xmalloc((size_t)total * m.row * 2);
+        flashcl_ref_fill_normal(&rng, k, FLASHCL_FLOAT16, (size_t)total * m.row, 1.0);
+        flashcl_ref_fill_normal(&rng, v, FLASHCL_FLOAT16, (size_t)total * m.row, 1.0);
+        bufs[2 * r] = test_upload(ctx, k, (size_t)total * m.row * 2);
+        bufs[2 * r + 1] = test_upload(ctx, v, (size_t)total * m.row * 2);
+        ok &= flashcl_kv_cache_append(m.cache, 2, ids, counts, bufs[2 * r], NULL, bufs[2 * r + 1], NULL, NULL) ==
+              FLASHCL_SUCCESS;
+        for (int i = 0, t = 0; i < 2; t += counts[i], ++i) {
+            memcpy((char *)m.k[slots[i]] + (size_t)m.len[slots[i]] * m.row * 2, (char *)k + (size_t)t * m.row * 2,
+                   (size_t)counts[i] * m.row * 2);
+            memcpy((char *)m.v[slots[i]] + (size_t)m.len[slots[i]] * m.row * 2, (char *)v + (size_t)t * m.row * 2,
+                   (size_t)counts[i] * m.row * 2);
+            m.len[slots[i]] += counts[i];
+        }
+        free(k), free(v);
+    }
+    clFinish(flashcl_context_cl_queue(ctx));
+    for (int i = 0; i < 2 * ROUNDS; ++i)
+        clReleaseMemObject(bufs[i]);
+    expect(ok && mirror_matches(ctx, &m) && device_tables_match(ctx, m.cache),
+           "appends on an out-of-order queue, back to back: every token and table entry lands", &failures);
+    mirror_free(&m);
+    flashcl_context_destroy(ctx);
+    clReleaseCommandQueue(qq);
+}
+
 static void ooo_suite(flashcl_context *base, int grow, const char *name) {
     cl_command_queue qq;
     flashcl_context *ctx = ooo_context(base, name, &qq);
@@ -1095,6 +1148,7 @@ int main(int argc, char **argv) {
         fork_suite(ctx);
         device_tables_suite(ctx);
         ooo_fork_case(ctx);
+        ooo_appends_case(ctx);
         exhaustion_suite(ctx);
         ooo_suite(ctx, 0, "out-of-order queue: four decode calls sharing a scratch buffer, each right");
         ooo_suite(ctx, 1, "... and when the batch description outgrows its buffer at the second call");
