@@ -19,9 +19,14 @@
  * append creates (new pages, a copy-on-write page), passed with its slots; a
  * sequence that outgrows its region moves to a fresh one (the next power of
  * two at or above its length, at least 16), its whole table written there the
- * same way; fork copies the parent's region on the device. Regions come from a bump pointer; when it reaches the end,
- * the buffer is rebuilt from the host tables with every live region packed
- * (freed and abandoned ones reclaimed) and room to spare.
+ * same way; fork copies the parent's region on the device. Regions come from
+ * a bump pointer; when it reaches the end, the buffer is rebuilt from the
+ * host tables with every live region packed (freed and abandoned ones
+ * reclaimed) and room to spare.
+ *
+ * An append's slot list (and those table entries) is uploaded without
+ * blocking into one buffer the cache keeps (`slots`), from the context's
+ * staging copies (serving.c), so an append allocates no device memory.
  */
 #include <stdio.h>
 #include <stdlib.h>
