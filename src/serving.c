@@ -19,8 +19,9 @@
  * meta (a few ints per sequence and block) is uploaded without blocking into
  * a device buffer the context keeps (upload_meta), so the call never waits
  * on the queue; or, with FLASHCL_DECODE_PARAMS META_ARGS=1 and a description
- * that fits, it goes to a decode kernel as a by-value argument (no upload). Partial results, which scale with the problem, go in the
- * caller's scratch (flashcl_*_scratch_size). The kernels are chained by
+ * that fits, it goes to a decode kernel as a by-value argument (no upload).
+ * Partial results, which scale with the problem, go in the caller's scratch
+ * (flashcl_*_scratch_size). The kernels are chained by
  * events, so an out-of-order queue works.
  */
 #include <math.h>
@@ -463,25 +464,34 @@ void *flashcl_staging_take(flashcl_context *ctx, size_t bytes) {
     return slot->host;
 }
 
+/* Makes *buf (*cap bytes) hold at least `bytes`: a new buffer of the old size
+ * doubled until it does (4 KB to start) when it does not. The old one is
+ * released; OpenCL defers that until queued kernels no longer use it. */
+static flashcl_status grow_buffer(flashcl_context *ctx, cl_mem *buf, size_t *cap, size_t bytes, const char *what) {
+    if (bytes <= *cap && *buf)
+        return FLASHCL_SUCCESS;
+    size_t grown = *cap ? *cap : 4096;
+    while (grown < bytes)
+        grown *= 2;
+    if (*buf)
+        clReleaseMemObject(*buf);
+    *cap = 0;
+    cl_int err = CL_SUCCESS;
+    *buf = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, grown, NULL, &err);
+    if (!*buf)
+        return flashcl_fail(ctx, err, "allocating %s (%zu bytes): %s", what, grown, flashcl_status_string(err));
+    *cap = grown;
+    return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_staging_upload(flashcl_context *ctx, cl_mem *buf, size_t *cap, size_t bytes, cl_event after,
                                       cl_event *written, const char *what) {
-    cl_int err = CL_SUCCESS;
-    if (bytes > *cap) {
-        size_t grown = *cap ? *cap : 4096;
-        while (grown < bytes)
-            grown *= 2;
-        /* Release is deferred by OpenCL until queued kernels no longer use it. */
-        if (*buf)
-            clReleaseMemObject(*buf);
-        *cap = 0;
-        *buf = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, grown, NULL, &err);
-        if (!*buf)
-            return flashcl_fail(ctx, err, "allocating %s (%zu bytes): %s", what, grown, flashcl_status_string(err));
-        *cap = grown;
-    }
+    flashcl_status st = grow_buffer(ctx, buf, cap, bytes, what);
+    if (st)
+        return st;
     flashcl_staging *slot = &ctx->serving_staging[ctx->serving_staging_next];
-    err = clEnqueueWriteBuffer(ctx->queue, *buf, CL_FALSE, 0, bytes, slot->host, after ? 1 : 0,
-                               after ? &after : NULL, written);
+    cl_int err = clEnqueueWriteBuffer(ctx->queue, *buf, CL_FALSE, 0, bytes, slot->host, after ? 1 : 0,
+                                      after ? &after : NULL, written);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "uploading %s: %s", what, flashcl_status_string(err));
     clRetainEvent(*written);
@@ -523,23 +533,20 @@ static int by_value_ints(const flashcl_context *ctx, const serving_plan *p) {
  * which the kernel must wait for), and the kernels leave it zero. */
 static flashcl_status counters_buffer(flashcl_context *ctx, size_t bytes, cl_event *filled) {
     *filled = NULL;
-    if (bytes <= ctx->serving_counters_bytes && ctx->serving_counters) /* a buffer even with no splits */
-        return FLASHCL_SUCCESS;
-    size_t cap = ctx->serving_counters_bytes ? ctx->serving_counters_bytes : 4096;
-    while (cap < bytes)
-        cap *= 2;
-    if (ctx->serving_counters) /* released once the kernels using it have run */
+    const cl_mem before = ctx->serving_counters; /* a buffer even with no splits */
+    flashcl_status st = grow_buffer(ctx, &ctx->serving_counters, &ctx->serving_counters_bytes, bytes,
+                                    "the split counters");
+    if (st || ctx->serving_counters == before)
+        return st;
+    const cl_int zero = 0;
+    cl_int err = clEnqueueFillBuffer(ctx->queue, ctx->serving_counters, &zero, sizeof zero, 0,
+                                     ctx->serving_counters_bytes, 0, NULL, filled);
+    if (err != CL_SUCCESS) { /* not zero: not to be used */
         clReleaseMemObject(ctx->serving_counters);
-    ctx->serving_counters_bytes = 0;
-    cl_int err = CL_SUCCESS, zero = 0;
-    ctx->serving_counters = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, cap, NULL, &err);
-    if (!ctx->serving_counters)
-        return flashcl_fail(ctx, err, "allocating the split counters (%zu bytes): %s", cap,
-                            flashcl_status_string(err));
-    err = clEnqueueFillBuffer(ctx->queue, ctx->serving_counters, &zero, sizeof zero, 0, cap, 0, NULL, filled);
-    if (err != CL_SUCCESS)
+        ctx->serving_counters = NULL;
+        ctx->serving_counters_bytes = 0;
         return flashcl_fail(ctx, err, "zeroing the split counters: %s", flashcl_status_string(err));
-    ctx->serving_counters_bytes = cap;
+    }
     return FLASHCL_SUCCESS;
 }
 
