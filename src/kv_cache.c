@@ -471,11 +471,8 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
 
     /* 1. Plan: pages needed, copy-on-write of a shared partial last page. */
     append_plan *plan = calloc((size_t)num_seqs, sizeof *plan);
-    int *slots = total > 0 ? malloc((size_t)total * sizeof(int)) : NULL;
-    if (!plan || (total > 0 && !slots)) {
-        free(plan);
+    if (!plan)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
-    }
     long need = 0;
     for (int i = 0; i < num_seqs; ++i) {
         const flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
@@ -492,7 +489,6 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             c->refcount[plan[i].cow_old]++;
     if (need > c->free_count) {
         free(plan);
-        free(slots);
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_PAGES,
                             "the append needs %ld pages but %d of %d are free; nothing was changed",
                             need, c->free_count, c->desc.num_pages);
@@ -500,7 +496,6 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     for (int i = 0; i < num_seqs; ++i)
         if (!reserve_pages(&c->seqs[seq_ids[i]], plan[i].new_pages)) {
             free(plan);
-            free(slots);
             return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
         }
     /* Device regions for the tables that outgrow theirs (a compaction here
@@ -513,7 +508,6 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     }
     if ((st = reserve_regions(c, region_ints))) {
         free(plan);
-        free(slots);
         return st;
     }
     for (int i = 0, at = c->tables_used; i < num_seqs; ++i)
@@ -521,6 +515,26 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             plan[i].dev_off = at;
             at += plan[i].dev_cap;
         }
+    /* The device table entries this append creates, as (index, page) pairs
+     * after the slots: new pages and a copy-on-write page, or a moved table's
+     * every entry. */
+    long pairs = 0;
+    for (int i = 0; i < num_seqs; ++i)
+        if (num_tokens[i] > 0)
+            pairs += plan[i].dev_cap ? plan[i].new_pages
+                                     : plan[i].new_pages - plan[i].old_pages + (plan[i].cow_old >= 0);
+    if (total + 2 * pairs > 0x7fffffffL) {
+        free(plan);
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the append is too large for 32-bit indices");
+    }
+    /* The slots, then the pairs, are written straight into the staging copy
+     * that the upload into the cache's slot buffer reads (step 2). */
+    const size_t slot_bytes = (size_t)(total + 2 * pairs) * sizeof(int);
+    int *slots = total > 0 ? flashcl_staging_take(ctx, slot_bytes) : NULL;
+    if (total > 0 && !slots) {
+        free(plan);
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
     /* Pages are taken from the top of the free stack without popping yet;
      * new table entries go past each table's count, where nothing reads. */
     int top = c->free_count;
@@ -559,31 +573,9 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     }
     if (err != CL_SUCCESS) {
         free(plan);
-        free(slots);
         return flashcl_fail(ctx, err, "copy-on-write of a KV page: %s", flashcl_status_string(err));
     }
-
-    /* The device table entries this append creates, as (index, page) pairs
-     * after the slots: new pages and a copy-on-write page, or a moved table's
-     * every entry. */
-    long pairs = 0;
-    for (int i = 0; i < num_seqs; ++i)
-        if (num_tokens[i] > 0)
-            pairs += plan[i].dev_cap ? plan[i].new_pages
-                                     : plan[i].new_pages - plan[i].old_pages + (plan[i].cow_page >= 0);
-    if (total + 2 * pairs > 0x7fffffffL) {
-        free(plan);
-        free(slots);
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the append is too large for 32-bit indices");
-    }
     if (pairs > 0) {
-        int *grown = realloc(slots, (size_t)(total + 2 * pairs) * sizeof(int));
-        if (!grown) {
-            free(plan);
-            free(slots);
-            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
-        }
-        slots = grown;
         int *pair = slots + total;
         for (int i = 0; i < num_seqs; ++i) {
             const flashcl_kv_sequence *s = &c->seqs[seq_ids[i]];
@@ -610,20 +602,12 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
         cl_kernel kernel;
         st = flashcl_get_kernel(ctx, "kv_cache.cl", "kv_append", options, &kernel);
         /* The slot list (then the table entries) goes into the cache's slot
-         * buffer from a staging copy, without blocking and after the last
+         * buffer from its staging copy, without blocking and after the last
          * append kernel that read it: no device allocation per append. */
-        const size_t slot_bytes = (size_t)(total + 2 * pairs) * sizeof(int);
         cl_event written = NULL;
-        if (st == FLASHCL_SUCCESS) {
-            int *staged = flashcl_staging_take(ctx, slot_bytes);
-            if (!staged) {
-                st = flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
-            } else {
-                memcpy(staged, slots, slot_bytes);
-                st = flashcl_staging_upload(ctx, &c->slots, &c->slots_cap, slot_bytes, c->slots_reader, &written,
-                                            "the slot list");
-            }
-        }
+        if (st == FLASHCL_SUCCESS)
+            st = flashcl_staging_upload(ctx, &c->slots, &c->slots_cap, slot_bytes, c->slots_reader, &written,
+                                        "the slot list");
         if (st == FLASHCL_SUCCESS) {
             cl_ulong u[6] = {kl.offset, kl.stride_seq, kl.stride_head, vl.offset, vl.stride_seq, vl.stride_head};
             cl_int hk = c->desc.heads_k, hd = c->desc.head_dim, np = (cl_int)pairs;
@@ -670,7 +654,6 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     } else {
         st = FLASHCL_SUCCESS;
     }
-    free(slots);
     if (st != FLASHCL_SUCCESS) {
         free(plan);
         return st;
