@@ -549,6 +549,17 @@ inline serving_block serving_block_at(__global const int *meta, int blocks_off, 
     return b;
 }
 
+/* The decode kernels' K/V row of a sequence's key n, PAGE_SIZE being their
+ * compile-time page size: through the page table (k_base: where it starts in
+ * `tables`), or k_base + n for packed varlen K/V (PAGE_SIZE 0). */
+inline uint key_row(int n, __global const int *tables, int k_base) {
+#if defined(PAGE_SIZE) && PAGE_SIZE
+    return (uint)tables[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
+#else
+    return (uint)(k_base + n);
+#endif
+}
+
 /* The decode kernels take the description (the part above, counters_off
  * ints) either in `meta`, uploaded per call, or, built with META_ARG_INTS >
  * 0, by value in the argument meta_arg after counters_off (no upload: the

@@ -245,12 +245,7 @@ inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo,
     for (int u = 0; u < UNROLL; ++u) {
         const int key = s_lo + j * STEP + u * SLOTS + slot;
         const int live = key <= s_hi;
-        const int n = live ? key : s_lo; /* a valid row to point at */
-#if PAGE_SIZE
-        const uint kr = (uint)tables[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
-#else
-        const uint kr = (uint)(k_base + n);
-#endif
+        const uint kr = key_row(live ? key : s_lo, tables, k_base); /* a valid row to point at */
 #pragma unroll
         for (int c = 0; c < CHUNKS; ++c) {
             const int chunk = lane + c * LANES, use = live && chunk < NCHUNK;

@@ -157,13 +157,7 @@ inline void issue_tile(int tile, uint buf, uint bar, uint tile_row, int s_lo, in
         const int r = x % BLOCK_N, is_v = x / BLOCK_N, key = n0 + r;
         const uint dst = buf + (uint)(r * PITCH) * 2u + (is_v ? TILE_HALFS * 2u : 0u);
         if (key <= s_hi) {
-#if ROWS_AHEAD
-            const uint kr = tile_row + r;
-#elif PAGE_SIZE
-            const uint kr = (uint)tables[k_base + key / PAGE_SIZE] * PAGE_SIZE + key % PAGE_SIZE;
-#else
-            const uint kr = (uint)(k_base + key);
-#endif
+            const uint kr = ROWS_AHEAD ? tile_row + r : key_row(key, tables, k_base);
             const ulong src = is_v ? (ulong)(vb + (ulong)kr * v_ss) : (ulong)(kb + (ulong)kr * k_ss);
             __asm__ __volatile__("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
                                  ::"r"(dst), "l"(src), "n"(ROW_BYTES), "r"(bar)
@@ -181,15 +175,7 @@ inline void issue_tile(int tile, uint buf, uint bar, uint tile_row, int s_lo, in
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
         const int key = s_lo + tile * BLOCK_N + r;
         const int live = key <= s_hi;
-#if ROWS_AHEAD
-        const uint kr = tile_row + (live ? r : 0);
-#elif PAGE_SIZE
-        const int n = live ? key : s_lo;
-        const uint kr = (uint)tables[k_base + n / PAGE_SIZE] * PAGE_SIZE + n % PAGE_SIZE;
-#else
-        const int n = live ? key : s_lo;
-        const uint kr = (uint)(k_base + n);
-#endif
+        const uint kr = ROWS_AHEAD ? tile_row + (live ? r : 0) : key_row(live ? key : s_lo, tables, k_base);
         const uint dst = buf + (uint)(r * PITCH + 8 * c) * 2u;
         const int bytes = live ? 16 : 0;
         __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst),
@@ -225,12 +211,7 @@ inline void wait_tile(uint bar, int use) {
 inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const int *tables, int k_base) {
     if (j >= my_tiles)
         return 0u;
-    const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
-#if PAGE_SIZE
-    return (uint)tables[k_base + n0 / PAGE_SIZE] * PAGE_SIZE + n0 % PAGE_SIZE;
-#else
-    return (uint)(k_base + n0);
-#endif
+    return key_row(s_lo + (warp + j * WARPS) * BLOCK_N, tables, k_base);
 }
 
 #if L2_AHEAD
