@@ -201,12 +201,13 @@ static cl_int set_layout_args(cl_kernel kernel, cl_uint *a, const flashcl_layout
     return err;
 }
 
-/* FLASHCL_PROFILE=1 with FLASHCL_LOG=1 (a diagnostic: a backward call then
- * waits for its kernels): the log gets each backward kernel's time from the
- * queue's profiling events, when the queue records them. */
+/* FLASHCL_PROFILE=1 with the log on (FLASHCL_LOG=1 or flashcl_set_log; a
+ * diagnostic: a backward call then waits for its kernels): the log gets each
+ * backward kernel's time from the queue's profiling events, when the queue
+ * records them. */
 static void profile_kernels(cl_event pre, cl_event main_k, cl_event dq) {
-    const char *env = getenv("FLASHCL_PROFILE"), *log = getenv("FLASHCL_LOG");
-    if (!env || strcmp(env, "1") != 0 || !log || !log[0] || !strcmp(log, "0"))
+    const char *env = getenv("FLASHCL_PROFILE");
+    if (!env || strcmp(env, "1") != 0 || !flashcl_log_enabled())
         return; /* nowhere to say it: no waiting either */
     cl_event all[3] = {pre, main_k, dq};
     const char *names[3] = {"D_i pre-pass", "dK/dV", "dQ pass"};

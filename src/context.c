@@ -23,9 +23,13 @@ void flashcl_set_log(flashcl_log_fn fn, void *user) {
     log_user = user;
 }
 
-void flashcl_log(const char *fmt, ...) {
+int flashcl_log_enabled(void) {
     const char *env = getenv("FLASHCL_LOG");
-    if (!log_fn && !(env && env[0] && strcmp(env, "0") != 0))
+    return log_fn || (env && env[0] && strcmp(env, "0") != 0);
+}
+
+void flashcl_log(const char *fmt, ...) {
+    if (!flashcl_log_enabled())
         return;
     char line[1024];
     va_list ap;

@@ -88,6 +88,8 @@ flashcl_status flashcl_fail(flashcl_context *ctx, flashcl_status status, const c
 /* Appends text (such as a build log) to the last error. */
 void flashcl_append_error(flashcl_context *ctx, const char *text);
 void flashcl_clear_error(flashcl_context *ctx);
+/* Whether there is a log sink: a callback (flashcl_set_log), or FLASHCL_LOG=1. */
+int flashcl_log_enabled(void);
 /* Emits one line to the log sink (a callback, or stderr with FLASHCL_LOG=1). */
 void flashcl_log(const char *fmt, ...)
 #if defined(__GNUC__)
