@@ -17,8 +17,9 @@
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
 #         registers, the time per backward kernel (FLASHCL_PROFILE) at issue 5's shapes,
 #         backward vs PyTorch, two forward rows (SWEEP=1: a FLASHCL_BWD_PARAMS sweep first).
-# decode: the serving tests on the GPU, the decode kernel's registers, decode
-#         vs PyTorch, a sweep of FLASHCL_DECODE_PARAMS values, then (DECODE_OPTIONS, "+"
+# decode: the serving tests on the GPU, the decode kernel's registers, decode vs PyTorch (at each
+#         page size in COMPARE_PAGES, 16), a sweep of FLASHCL_DECODE_PARAMS values
+#         (DECODE_SWEEP, at SWEEP_BATCH x SWEEP_CONTEXT), then (DECODE_OPTIONS, "+"
 #         for a space: DECODE_OPTIONS="-DBULK=1 -DROWS_AHEAD=1+-DL2_AHEAD=2") build-option
 #         variants of the decode kernels, each passing test_serving mma before it is timed.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
@@ -61,7 +62,7 @@ if [ "$what" = forward ]; then
   # FWD_OPTIONS: build options ("+" for a space) under which test_forward wgmma runs too,
   # e.g. -DOVERLAP=1 before a SWEEP_PARAMS entry times it.
   for o in ${FWD_OPTIONS:-}; do
-    FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9=]/_}"
+    FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
   done
   if [ "${SWEEP:-0}" = 1 ]; then
     # Each entry: FLASHCL_PARAMS value, optionally "|" and extra build options (e.g. -DRESCALE_SKIP=0;
@@ -161,7 +162,8 @@ if [ "$what" = backward ]; then
   exit 0
 fi
 if [ "$what" = decode ]; then
-  for t in test_serving "test_serving decode" "test_serving mma" test_varlen_backward "test_forward quick"; do
+  for t in test_serving "test_serving decode" "test_serving mma" "test_serving by-value" test_varlen_backward \
+    "test_forward quick"; do
     gpu_test "$t"
   done
   for kern in decode mma; do
@@ -170,13 +172,17 @@ if [ "$what" = decode ]; then
       ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 4096 --iters 2 2>&1 |
       grep -E "registers|spill|stack" | head -6
   done
-  PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
-    --json "$out/decode.json" 2>&1 | tee "$out/decode.txt"
+  # COMPARE_PAGES: the page sizes the comparison runs at, each a table of its own.
+  for ps in ${COMPARE_PAGES:-16}; do
+    echo "== decode vs PyTorch, page size $ps"
+    PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
+      --json "$out/decode-page$ps.json" -- --page-size $ps 2>&1 | tee "$out/decode-page$ps.txt"
+  done
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
-  for p in "" META_ARGS=1 KERNEL=decode MIN_SPLIT_KEYS=128 MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8; do
+  for p in "" ${DECODE_SWEEP-META_ARGS=0 KERNEL=decode MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8}; do
     echo "-- ${p:-defaults}"
-    FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch 1,8,64 \
-      --context 4096,32768,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
+    FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch ${SWEEP_BATCH:-1,8,64} \
+      --context ${SWEEP_CONTEXT:-4096,32768,131072} --iters 20 2>&1 | grep -E '^ +[0-9]'
   done
   # DECODE_OPTIONS: build-option variants of the decode kernels ("+" for a space, e.g.
   # "-DROWS_AHEAD=1 -DROWS_AHEAD=1+-DL2_AHEAD=2"): each passes test_serving mma under its
@@ -186,7 +192,7 @@ if [ "$what" = decode ]; then
     for o in "" ${DECODE_OPTIONS} ""; do
       o=${o//+/ }
       if [ -n "$o" ]; then
-        log="$out/serving-mma${o//[^A-Za-z0-9=]/_}.log"
+        log="$out/serving-mma${o//[^A-Za-z0-9]/_}.log"
         FLASHCL_BUILD_OPTIONS="$o" FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/test_serving mma \
           > "$log" 2>&1 || { echo "-- $o: test_serving mma FAILED"; grep -m5 FAILED "$log"; continue; }
       fi
