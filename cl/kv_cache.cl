@@ -6,7 +6,7 @@
  *
  * The host allocator (src/kv_cache.c) has already chosen every new token's
  * slot (new pages, copy-on-write copies) and passes them as slots[token],
- * then the device page-table entries the append creates (src/kv_cache.c);
+ * then the device page-table entries the append creates;
  * the kernel is a gather-free scatter: work-item (d, h, token) copies one element
  * of the caller's packed new tokens, k_new[token][h][d] (offset + strides),
  * to its slot. Copies go through float, which is exact for all three storage
@@ -15,11 +15,28 @@
  * Nothing is tunable; sizes are run-time arguments.
  */
 
+/* Built with SLOT_ARG_INTS > 0 the list (slots, then pairs) comes by value
+ * in slot_arg, after the other arguments, instead of in `slots` (unread
+ * then): an append is then one kernel launch, no upload. */
+#ifndef SLOT_ARG_INTS
+#define SLOT_ARG_INTS 0
+#endif
+#if SLOT_ARG_INTS
+typedef struct slot_list {
+    int v[SLOT_ARG_INTS];
+} slot_list;
+#define SLOT_LIST_ARG , slot_list slot_arg
+#define SLOT(i) slot_arg.v[i]
+#else
+#define SLOT_LIST_ARG
+#define SLOT(i) slots[i]
+#endif
+
 __kernel void kv_append(__global const elem_t *restrict k_new, __global const elem_t *restrict v_new,
                         __global elem_t *restrict k_pool, __global elem_t *restrict v_pool,
                         __global const int *restrict slots, __global int *restrict tables, ulong k_off,
                         ulong k_ss, ulong k_sh, ulong v_off, ulong v_ss, ulong v_sh, int heads_k,
-                        int head_dim, int num_pairs) {
+                        int head_dim, int num_pairs SLOT_LIST_ARG) {
     const int d = (int)get_global_id(0);
     const int h = (int)get_global_id(1);
     const int t = (int)get_global_id(2);
@@ -28,10 +45,10 @@ __kernel void kv_append(__global const elem_t *restrict k_new, __global const el
     if (d == 0 && h == 0) {
         const int total = (int)get_global_size(2);
         for (int p = t; p < num_pairs; p += total)
-            tables[slots[total + 2 * p]] = slots[total + 2 * p + 1];
+            tables[SLOT(total + 2 * p)] = SLOT(total + 2 * p + 1);
     }
     /* Pool rows are packed: heads_k * head_dim elements per slot. */
-    const ulong dst = ((ulong)slots[t] * heads_k + h) * head_dim + d;
+    const ulong dst = ((ulong)SLOT(t) * heads_k + h) * head_dim + d;
     STORE_ELEM(k_pool, dst, LOAD_ELEM(k_new, k_off + (ulong)t * k_ss + (ulong)h * k_sh + d));
     STORE_ELEM(v_pool, dst, LOAD_ELEM(v_new, v_off + (ulong)t * v_ss + (ulong)h * v_sh + d));
 }

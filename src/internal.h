@@ -249,6 +249,11 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
                                      flashcl_decode_choice *choice);
 /* __local bytes the chosen kernel needs. */
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_dim);
+/* The META_ARGS switch for the serving calls that have no decode choice of
+ * their own (a KV-cache append's slot list): FLASHCL_DECODE_PARAMS's value,
+ * else the default; a malformed variable is left for the decode call to
+ * report. */
+int flashcl_serving_by_value(void);
 
 /* ---- backward kernels' parameters (params.c, flashcl_backward_params) ---- */
 /* Tiles of cl/flash_bwd.cl and how dQ is reduced. */

@@ -527,10 +527,16 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
         free(plan);
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "the append is too large for 32-bit indices");
     }
-    /* The slots, then the pairs, are written straight into the staging copy
+    /* The slots, then the pairs, are written into a by-value argument where
+     * they fit one and META_ARGS is on, else straight into the staging copy
      * that the upload into the cache's slot buffer reads (step 2). */
     const size_t slot_bytes = (size_t)(total + 2 * pairs) * sizeof(int);
-    int *slots = total > 0 ? flashcl_staging_take(ctx, slot_bytes) : NULL;
+    const int arg_ints =
+        total > 0 && flashcl_serving_by_value() ? flashcl_by_value_ints(ctx, (size_t)(total + 2 * pairs)) : 0;
+    int by_value[1024]; /* flashcl_by_value_ints' most */
+    int *slots = arg_ints ? by_value : total > 0 ? flashcl_staging_take(ctx, slot_bytes) : NULL;
+    if (arg_ints)
+        memset(by_value, 0, (size_t)arg_ints * sizeof(int));
     if (total > 0 && !slots) {
         free(plan);
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
@@ -598,17 +604,24 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
      *    `event` still means "the append is done"). */
     if (total > 0) {
         char options[64];
-        snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)c->desc.dtype);
+        int at = snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)c->desc.dtype);
+        if (arg_ints)
+            snprintf(options + at, sizeof options - (size_t)at, " -DSLOT_ARG_INTS=%d", arg_ints);
         cl_kernel kernel;
         st = flashcl_get_kernel(ctx, "kv_cache.cl", "kv_append", options, &kernel);
-        /* The slot list (then the table entries) goes into the cache's slot
-         * buffer from its staging copy, without blocking and after the last
-         * append kernel that read it: no device allocation per append. */
+        /* The slot list (then the table entries) goes by value, or into the
+         * cache's slot buffer from its staging copy, without blocking and
+         * after the last append kernel that read it: no device allocation
+         * per append. */
         cl_event written = NULL;
-        if (st == FLASHCL_SUCCESS)
+        if (st == FLASHCL_SUCCESS && !arg_ints)
             st = flashcl_staging_upload(ctx, &c->slots, &c->slots_cap, slot_bytes, c->slots_reader, &written,
                                         "the slot list");
         if (st == FLASHCL_SUCCESS) {
+            /* By value the slots argument is never read, but must be a buffer:
+             * k, read-only like it, so that no restrict argument aliases a
+             * written one. */
+            const cl_mem slot_buf = arg_ints ? k : c->slots;
             cl_ulong u[6] = {kl.offset, kl.stride_seq, kl.stride_head, vl.offset, vl.stride_seq, vl.stride_head};
             cl_int hk = c->desc.heads_k, hd = c->desc.head_dim, np = (cl_int)pairs;
             cl_uint a = 0;
@@ -616,30 +629,38 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->k_pool);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->v_pool);
-            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->slots);
+            err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &slot_buf);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->tables);
             for (int i = 0; i < 6; ++i)
                 err |= clSetKernelArg(kernel, a++, sizeof(cl_ulong), &u[i]);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hk);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hd);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &np);
+            if (arg_ints)
+                err |= clSetKernelArg(kernel, a++, (size_t)arg_ints * sizeof(int), by_value);
             size_t global[3] = {(size_t)hd, (size_t)hk, (size_t)total};
             /* On an out-of-order queue the kernel must come after this
-             * append's page copies (a barrier: they only follow a fork) and
+             * append's page copies (a barrier: they only follow a fork),
              * after the last attention call, which may still read the table
-             * entries and pages it rewrites. */
+             * entries and pages it rewrites, and after the previous append
+             * (through the upload, which waits for it, or directly). */
             if (err == CL_SUCCESS && copies)
                 err = clEnqueueBarrierWithWaitList(ctx->queue, 0, NULL, NULL);
-            cl_event after[2] = {written, ctx->serving_meta_reader}, appended = NULL;
+            cl_event after[2], appended = NULL;
+            cl_uint num_after = 0;
+            if (written || c->slots_reader)
+                after[num_after++] = written ? written : c->slots_reader;
+            if (ctx->serving_meta_reader)
+                after[num_after++] = ctx->serving_meta_reader;
             if (err == CL_SUCCESS)
-                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, after[1] ? 2 : 1, after,
-                                             &appended);
+                err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, num_after,
+                                             num_after ? after : NULL, &appended);
             if (err != CL_SUCCESS) {
                 st = flashcl_fail(ctx, err, "launching kv_append: %s", flashcl_status_string(err));
             } else {
                 if (c->slots_reader)
                     clReleaseEvent(c->slots_reader);
-                c->slots_reader = appended; /* the next upload of the slot list waits for it */
+                c->slots_reader = appended; /* the next append waits for it */
                 if (event) {
                     clRetainEvent(appended);
                     *event = appended;

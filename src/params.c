@@ -727,9 +727,10 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  *             shorter than min_split_keys
  *             (below that the combine pass and the per-slice q load cost more
  *             than the parallelism gains), at most FLASHCL_MAX_SPLITS.
- * FLASHCL_DECODE_PARAMS only: META_ARGS=1 passes the decode kernels' batch
- * description as a by-value kernel argument when it fits the device's
- * argument space, instead of uploading it (src/serving.c); off until timed.
+ * Not stored: META_ARGS (FLASHCL_DECODE_PARAMS, else BY_VALUE_DEFAULT) passes
+ * the decode kernels' batch description, and an append's slot list, as a
+ * by-value kernel argument when it fits the device's argument space, instead
+ * of an upload (serving.c, kv_cache.c).
  * Derived, not stored: rows per block (the smallest power of two >= the
  * longest sequence's rows, so decode with a GQA group of 4 gets 4 rows and
  * every K/V element loaded serves the 4 heads that share it), the decode
@@ -798,6 +799,21 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     }
     size_t floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)c->tpr;
     return floats * sizeof(float) + n * sizeof(cl_long); /* + the key-row table */
+}
+
+/* Small per-call arrays go by value (META_ARGS=1) only where asked for: the
+ * H200 timed it 8-11 us faster a call, but it has not yet passed the serving
+ * tests there (BENCHMARKS.md). */
+#define BY_VALUE_DEFAULT 0
+
+int flashcl_serving_by_value(void) {
+    const char *s = getenv("FLASHCL_DECODE_PARAMS");
+    flashcl_kv kv;
+    int item, on = BY_VALUE_DEFAULT, value;
+    while (s && (item = flashcl_kv_next(&s, &kv)) == FLASHCL_KV_ITEM)
+        if (flashcl_kv_key(&kv, "META_ARGS") && flashcl_kv_int(&kv, 0, 1, &value))
+            on = value;
+    return on;
 }
 
 /* FLASHCL_DECODE_PARAMS: KERNEL=tiled|decode|mma and integer KEY=VALUE pairs. */
@@ -916,6 +932,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
+    c->meta_args = BY_VALUE_DEFAULT;
     /* The entry's kernel where it applies, else the next simpler one. */
     /* An entry's max_rows is what one block takes; a sequence may use up to
      * DECODE_BLOCKS blocks (each re-reads its K/V), which is how a GQA group
@@ -1018,6 +1035,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     flashcl_decode_choice env;
     memset(c, 0, sizeof *c);
     memset(&env, 0, sizeof env);
+    env.meta_args = -1; /* unset: the switch's 0 is a value */
     int forced_kernel;
     flashcl_status st = decode_env(ctx, &env, &forced_kernel);
     if (st != FLASHCL_SUCCESS)
@@ -1030,8 +1048,11 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     /* Explicit values replace the derived ones and must fit as given. */
     if (env.source) {
         for (size_t i = 0; i < COUNT(decode_keys); ++i)
-            if (*DECODE_FIELD(&env, i) && decode_keys[i].offset != offsetof(flashcl_decode_choice, work_group_size))
+            if (*DECODE_FIELD(&env, i) && decode_keys[i].offset != offsetof(flashcl_decode_choice, work_group_size) &&
+                decode_keys[i].offset != offsetof(flashcl_decode_choice, meta_args))
                 *DECODE_FIELD(c, i) = *DECODE_FIELD(&env, i);
+        if (env.meta_args >= 0)
+            c->meta_args = env.meta_args;
         if (c->kernel == FLASHCL_SERVING_TILED)
             c->work_group_size = c->block_m * c->tpr;
         else if (env.work_group_size)

@@ -513,19 +513,24 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
                                   ctx->serving_meta_reader, written, "the batch description");
 }
 
-/* Ints of description a decode kernel takes by value (META_ARGS): the
- * description rounded up to a power of two from 64 (each size is its own
- * build, and a batch of one does not pass 4 KB per launch), within the
- * device's kernel-argument space less 256 bytes for the other arguments, at
- * most 1024. 0: it does not fit, or META_ARGS is off: it is uploaded. */
-static int by_value_ints(const flashcl_context *ctx, const serving_plan *p) {
-    if (p->choice.kernel == FLASHCL_SERVING_TILED || !p->choice.meta_args || ctx->info.max_param < 256 + 256)
+/* Rounded up to a power of two from 64 so that each size is its own build
+ * and a batch of one does not pass 4 KB per launch. */
+int flashcl_by_value_ints(const flashcl_context *ctx, size_t ints) {
+    if (ctx->info.max_param < 256 + 256)
         return 0;
     const size_t room = (ctx->info.max_param - 256) / 4;
     size_t n = 64;
-    while (n < p->counters_off)
+    while (n < ints)
         n *= 2;
     return n <= room && n <= 1024 ? (int)n : 0;
+}
+
+/* Ints of description a decode kernel takes by value (META_ARGS); 0: it
+ * does not fit, or META_ARGS is off: it is uploaded. */
+static int by_value_ints(const flashcl_context *ctx, const serving_plan *p) {
+    if (p->choice.kernel == FLASHCL_SERVING_TILED || !p->choice.meta_args)
+        return 0;
+    return flashcl_by_value_ints(ctx, p->counters_off);
 }
 
 /* The context's split-counter buffer for by-value descriptions, at least

@@ -30,8 +30,9 @@ struct flashcl_kv_cache {
     cl_mem tables;
     int tables_cap, tables_used; /* ints; regions are handed out from tables_used */
     /* The appends' slot lists (and table entries), uploaded into one buffer
-     * kept across appends; slots_reader: the last append kernel, which the
-     * next upload waits for. */
+     * kept across appends unless they go by value (META_ARGS);
+     * slots_reader: the last append kernel, which the next upload, or the
+     * next by-value append's kernel, waits for. */
     cl_mem slots;
     size_t slots_cap;
     cl_event slots_reader;
@@ -52,6 +53,13 @@ flashcl_status flashcl_kv_cache_check_ids(const flashcl_kv_cache *cache, flashcl
 void *flashcl_staging_take(flashcl_context *ctx, size_t bytes);
 flashcl_status flashcl_staging_upload(flashcl_context *ctx, cl_mem *buf, size_t *cap, size_t bytes, cl_event after,
                                       cl_event *written, const char *what);
+
+/* Small per-call arrays as a by-value kernel argument instead of an upload
+ * (the decode kernels' batch description, an append's slot list): the int
+ * count a kernel is built for to take `ints` (a power of two from 64, at
+ * most 1024, within the device's argument space less 256 bytes for the other
+ * arguments), or 0 when they do not fit. (serving.c) */
+int flashcl_by_value_ints(const flashcl_context *ctx, size_t ints);
 
 /* Checks a cu_seqlens array of n sequences (non-NULL, [0] = 0, nondecreasing)
  * with a message naming it; *total = cu[n]. (serving.c) */

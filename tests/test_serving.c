@@ -1072,6 +1072,25 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     ooo_suite(ctx, 0, what);
     snprintf(what, sizeof what, "%s, description by value: taken (the split-counter buffer exists)", kernel);
     expect(ctx->serving_counters != NULL, what, &failures);
+    /* Appends go by value under the same switch: forks with copy-on-write,
+     * tables that move and a rebuilt table buffer, the out-of-order queue. */
+    fork_suite(ctx);
+    device_tables_suite(ctx);
+    ooo_fork_case(ctx);
+    ooo_appends_case(ctx);
+    {
+        mirror a;
+        mirror_init(&a, ctx, FLASHCL_FLOAT16, 1, 64, 16, 8);
+        int id, one = 3;
+        flashcl_kv_cache_add_sequence(a.cache, &id);
+        cl_mem kv = test_upload(ctx, NULL, (size_t)3 * 64 * 2);
+        flashcl_status ast = flashcl_kv_cache_append(a.cache, 1, &id, &one, kv, NULL, kv, NULL, NULL);
+        clFinish(flashcl_context_cl_queue(ctx));
+        snprintf(what, sizeof what, "%s, slot list by value: a small append uploads nothing", kernel);
+        expect(ast == FLASHCL_SUCCESS && a.cache->slots == NULL, what, &failures);
+        clReleaseMemObject(kv);
+        mirror_free(&a);
+    }
     /* 300 one-token sequences: 1800 ints of description, more than any
      * device's argument space: uploaded (the upload buffer holds them). */
     mirror m;
