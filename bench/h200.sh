@@ -17,8 +17,8 @@
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
 #         registers, the time per backward kernel (FLASHCL_PROFILE) at issue 5's shapes,
 #         backward vs PyTorch, two forward rows (SWEEP=1: a FLASHCL_BWD_PARAMS sweep first).
-# decode: the serving tests on the GPU, the decode kernel's registers, decode vs PyTorch (at each
-#         page size in COMPARE_PAGES, 16), a sweep of FLASHCL_DECODE_PARAMS values
+# decode: the serving tests on the GPU, the decode kernel's registers, decode vs PyTorch (each of
+#         COMPARES, "params@page": "-@16"), a sweep of FLASHCL_DECODE_PARAMS values
 #         (DECODE_SWEEP, at SWEEP_BATCH x SWEEP_CONTEXT), then (DECODE_OPTIONS, "+"
 #         for a space: DECODE_OPTIONS="-DBULK=1 -DROWS_AHEAD=1+-DL2_AHEAD=2") build-option
 #         variants of the decode kernels, each passing test_serving mma before it is timed.
@@ -172,11 +172,14 @@ if [ "$what" = decode ]; then
       ./build-gpu/flashcl bench --decode --device nvidia --batch 1 --context 4096 --iters 2 2>&1 |
       grep -E "registers|spill|stack" | head -6
   done
-  # COMPARE_PAGES: the page sizes the comparison runs at, each a table of its own.
-  for ps in ${COMPARE_PAGES:-16}; do
-    echo "== decode vs PyTorch, page size $ps"
-    PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
-      --json "$out/decode-page$ps.json" -- --page-size $ps 2>&1 | tee "$out/decode-page$ps.txt"
+  # COMPARES: the comparisons to run, each "FLASHCL_DECODE_PARAMS@page size" ("-": none), each a
+  # table and a file of its own, e.g. COMPARES="-@16 META_ARGS=1@16 META_ARGS=1@256".
+  for c in ${COMPARES:--@16}; do
+    p=${c%@*}; ps=${c#*@}; [ "$p" = - ] && p=
+    tag=$(echo "${p:-defaults}-page$ps" | tr -c 'A-Za-z0-9\n-' _)
+    echo "== decode vs PyTorch, ${p:-defaults}, page size $ps"
+    FLASHCL_DECODE_PARAMS=$p PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
+      --json "$out/decode-$tag.json" -- --page-size $ps 2>&1 | tee "$out/decode-$tag.txt"
   done
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
   for p in "" ${DECODE_SWEEP-META_ARGS=0 KERNEL=decode MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8}; do
@@ -204,6 +207,9 @@ if [ "$what" = decode ]; then
   echo "== a whole decode step (--step: append one token per sequence, then attention; median us)"
   ./build-gpu/flashcl bench --decode --device nvidia --step --batch 1,16,64 --context 4096,131072 --iters 20 2>&1 |
     grep -E '^ +[0-9]'
+  echo "-- the same with META_ARGS=1 (the description and the slot list by value)"
+  FLASHCL_DECODE_PARAMS=META_ARGS=1 ./build-gpu/flashcl bench --decode --device nvidia --step --batch 1,16,64 \
+    --context 4096,131072 --iters 20 2>&1 | grep -E '^ +[0-9]'
   echo "== launch costs of the OpenCL implementation (bench/launch_floor.c)"
   gcc -O2 -std=c11 bench/launch_floor.c -o build-gpu/launch_floor -lOpenCL && ./build-gpu/launch_floor nvidia
   echo "== the floor: tiny contexts"
