@@ -58,11 +58,12 @@
  * one page: tiles start at multiples of BLOCK_N, which must divide the page
  * and the 32-key slice granule. L2_AHEAD=n (with ROWS_AHEAD) also asks L2
  * for the K/V rows n tiles ahead of the copies: fire-and-forget prefetches
- * that keep more bytes in flight than the __local stages hold. Both are off
- * until measured on a GPU (bench/h200.sh decode, DECODE_OPTIONS). Where a
- * tile can span pages (BLOCK_N not dividing the page size and 32) both are
- * switched off here, silently: a timing under -DROWS_AHEAD=1 of such a shape
- * is of the default build. */
+ * that keep more bytes in flight than the __local stages hold. Without
+ * ROWS_AHEAD, L2_AHEAD reads each prefetched row's page-table entry itself.
+ * Both are off until measured on a GPU (bench/h200.sh decode,
+ * DECODE_OPTIONS). Where a tile can span pages (BLOCK_N not dividing the
+ * page size and 32) ROWS_AHEAD is switched off here, silently: a timing
+ * under -DROWS_AHEAD=1 of such a shape is of the default build. */
 #ifndef ROWS_AHEAD
 #define ROWS_AHEAD 0
 #endif
@@ -72,10 +73,6 @@
 #if ROWS_AHEAD && !((PAGE_SIZE == 0 || PAGE_SIZE % BLOCK_N == 0) && 32 % BLOCK_N == 0)
 #undef ROWS_AHEAD
 #define ROWS_AHEAD 0
-#endif
-#if !ROWS_AHEAD
-#undef L2_AHEAD
-#define L2_AHEAD 0
 #endif
 /* Prefetch addresses per K or V row: one per 128 bytes, and one more at the
  * row's last element when rows are not a whole number of lines (then a row
@@ -216,16 +213,18 @@ inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const 
 
 #if L2_AHEAD
 /* Asks L2 for warp tile j's K and V rows (keys past s_hi left out): fire and
- * forget, so the loads in flight grow without __local to land in. */
-inline void prefetch_tile(int j, uint row, int warp, int s_lo, int s_hi, __global const ushort *kb,
-                          ulong k_ss, __global const ushort *vb, ulong v_ss) {
+ * forget, so the loads in flight grow without __local to land in. Row r of
+ * the tile is row + r (ROWS_AHEAD), else read from the page table. */
+inline void prefetch_tile(int j, uint row, int warp, int s_lo, int s_hi, __global const int *tables, int k_base,
+                          __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
     const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
     for (int x = lane; x < BLOCK_N * L2_LINES; x += 32) {
         const int r = x / L2_LINES, c = min(64 * (x % L2_LINES), HEAD_DIM - 1); /* halves into the row */
         if (n0 + r <= s_hi) {
-            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(kb + (ulong)(row + r) * k_ss + c)));
-            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(vb + (ulong)(row + r) * v_ss + c)));
+            const uint kr = ROWS_AHEAD ? row + r : key_row(n0 + r, tables, k_base);
+            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(kb + (ulong)kr * k_ss + c)));
+            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(vb + (ulong)kr * v_ss + c)));
         }
     }
 }
@@ -342,7 +341,7 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int x = 0; x < L2_AHEAD; ++x)
         if (STAGES - 1 + x < my_tiles)
-            prefetch_tile(STAGES - 1 + x, row_q[x], warp, s_lo, s_hi, kb, k_ss, vb, v_ss);
+            prefetch_tile(STAGES - 1 + x, row_q[x], warp, s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
 #endif
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
@@ -353,7 +352,8 @@ paged_decode_nv(SERVING_ARGS,
             COMMIT_EMPTY();
 #if L2_AHEAD
         if (ahead + L2_AHEAD < my_tiles)
-            prefetch_tile(ahead + L2_AHEAD, row_q[L2_AHEAD], warp, s_lo, s_hi, kb, k_ss, vb, v_ss);
+            prefetch_tile(ahead + L2_AHEAD, row_q[L2_AHEAD], warp, s_lo, s_hi, tables, b.k_base, kb, k_ss, vb,
+                          v_ss);
 #endif
 #if ROWS_AHEAD
 #pragma unroll
