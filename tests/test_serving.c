@@ -1132,6 +1132,32 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     unsetenv("FLASHCL_DECODE_PARAMS");
 }
 
+/* META_ARGS=0 (`params`) on a context of its own: the description and an
+ * append's slot list are uploaded, whatever the default, and the answers
+ * stay right. */
+static void upload_case(const char *params, const char *kernel) {
+    char what[128];
+    flashcl_context *up = test_context();
+    setenv("FLASHCL_DECODE_PARAMS", params, 1);
+    snprintf(what, sizeof what, "%s, META_ARGS=0: f16 D128 page 32, GQA 4", kernel);
+    paged_suite(up, FLASHCL_FLOAT16, 2, 4, 128, 32, 700, what);
+    mirror a;
+    mirror_init(&a, up, FLASHCL_FLOAT16, 1, 64, 16, 8);
+    int id, three = 3;
+    flashcl_kv_cache_add_sequence(a.cache, &id);
+    cl_mem kv = test_upload(up, NULL, (size_t)3 * 64 * 2);
+    flashcl_status st = flashcl_kv_cache_append(a.cache, 1, &id, &three, kv, NULL, kv, NULL, NULL);
+    clFinish(flashcl_context_cl_queue(up));
+    snprintf(what, sizeof what, "%s, META_ARGS=0: the description and a slot list are uploaded", kernel);
+    expect(st == FLASHCL_SUCCESS && a.cache->slots != NULL && up->serving_counters == NULL &&
+               up->serving_meta_bytes > 0,
+           what, &failures);
+    clReleaseMemObject(kv);
+    mirror_free(&a);
+    flashcl_context_destroy(up);
+    unsetenv("FLASHCL_DECODE_PARAMS");
+}
+
 /* Whether FLASHCL_DECODE_PARAMS=KERNEL=mma is accepted here (f16, D=64). */
 static int mma_available(flashcl_context *ctx) {
     mirror m;
@@ -1195,8 +1221,10 @@ int main(int argc, char **argv) {
         decode_params_suite(ctx);
         unsetenv("FLASHCL_DECODE_PARAMS");
     }
-    if (!strcmp(only, "by-value"))
+    if (!strcmp(only, "by-value")) {
         by_value_suite(ctx, "KERNEL=decode,META_ARGS=1", "decode kernel");
+        upload_case("KERNEL=decode,META_ARGS=0", "decode kernel");
+    }
     if (!strcmp(only, "mma")) {
         /* The tensor-core decode kernel (cl/paged_decode_nv.cl), forced, on
          * NVIDIA sm_80+ only (bench/h200.sh runs this): head dims 64, 128 and
@@ -1217,6 +1245,7 @@ int main(int argc, char **argv) {
         ooo_suite(ctx, 0, "mma kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
         unsetenv("FLASHCL_DECODE_PARAMS");
         by_value_suite(ctx, "KERNEL=mma,META_ARGS=1", "mma kernel");
+        upload_case("KERNEL=mma,META_ARGS=0", "mma kernel");
     }
     printf("%s\n", failures ? "FAILED" : "all passed");
     flashcl_context_destroy(ctx);
