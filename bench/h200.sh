@@ -4,8 +4,9 @@
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
-#         and mma (tile shapes forced) and quick on the GPU (wgmma also under each of
-#         FWD_OPTIONS' build options, "+" for a space: FWD_OPTIONS=-DOVERLAP=1), fp16/bf16
+#         and mma (tile shapes forced) and quick on the GPU (TESTS="...": these instead; TESTS="":
+#         none, for a call that only times what an earlier one validated), wgmma also under each of
+#         FWD_OPTIONS' build options ("+" for a space: FWD_OPTIONS=-DOVERLAP=1), fp16/bf16
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
 #         D in SWEEP_DIMS (128) for the defaults and each SWEEP_PARAMS entry,
 #         "FLASHCL_PARAMS value[|extra build options]".
@@ -56,7 +57,7 @@ if [ "$what" = serve ]; then
   exit 0
 fi
 if [ "$what" = forward ]; then
-  for t in ${TESTS:-test_wgmma_layout "test_forward wgmma" "test_forward mma" "test_forward quick"}; do
+  for t in ${TESTS-test_wgmma_layout "test_forward wgmma" "test_forward mma" "test_forward quick"}; do
     gpu_test "$t"
   done
   # FWD_OPTIONS: build options ("+" for a space) under which test_forward wgmma runs too,
@@ -107,7 +108,7 @@ if [ "$what" = regs ]; then
   exit 0
 fi
 if [ "$what" = fp32 ]; then
-  for t in ${TESTS:-"test_forward tf32" "test_forward quick" test_serving "test_serving mma"}; do
+  for t in ${TESTS-"test_forward tf32" "test_forward quick" test_serving "test_serving mma"}; do
     gpu_test "$t"
   done
   echo "== ptxas report of the nv-tf32 kernel (f32, D=64 and 128)"
