@@ -18,8 +18,8 @@
 # backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
 #         registers, the time per backward kernel (FLASHCL_PROFILE) at issue 5's shapes,
 #         backward vs PyTorch, two forward rows (SWEEP=1: a FLASHCL_BWD_PARAMS sweep first).
-# decode: the serving tests on the GPU, the decode kernel's registers, decode vs PyTorch (each of
-#         COMPARES, "params@page": "-@16"), a sweep of FLASHCL_DECODE_PARAMS values
+# decode: the serving tests on the GPU (TESTS="": none), the decode kernel's registers, decode vs
+#         PyTorch (each of COMPARES, "params@page": "-@16"; ""), a sweep of FLASHCL_DECODE_PARAMS values
 #         (DECODE_SWEEP, at SWEEP_BATCH x SWEEP_CONTEXT), then (DECODE_OPTIONS, "+"
 #         for a space: DECODE_OPTIONS="-DBULK=1 -DROWS_AHEAD=1+-DL2_AHEAD=2") build-option
 #         variants of the decode kernels, each passing test_serving mma before it is timed.
@@ -163,8 +163,8 @@ if [ "$what" = backward ]; then
   exit 0
 fi
 if [ "$what" = decode ]; then
-  for t in test_serving "test_serving decode" "test_serving mma" "test_serving by-value" test_varlen_backward \
-    "test_forward quick"; do
+  for t in ${TESTS-test_serving "test_serving decode" "test_serving mma" "test_serving by-value" test_varlen_backward \
+    "test_forward quick"}; do
     gpu_test "$t"
   done
   for kern in decode mma; do
@@ -175,7 +175,7 @@ if [ "$what" = decode ]; then
   done
   # COMPARES: the comparisons to run, each "FLASHCL_DECODE_PARAMS@page size" ("-": none), each a
   # table and a file of its own, e.g. COMPARES="-@16 META_ARGS=1@16 META_ARGS=1@256".
-  for c in ${COMPARES:--@16}; do
+  for c in ${COMPARES--@16}; do
     p=${c%@*}; ps=${c#*@}; [ "$p" = - ] && p=
     tag=$(echo "${p:-defaults}-page$ps" | tr -c 'A-Za-z0-9\n-' _)
     echo "== decode vs PyTorch, ${p:-defaults}, page size $ps"
