@@ -1057,6 +1057,22 @@ static void decode_params_suite(flashcl_context *ctx) {
     setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
 }
 
+/* Appends 3 tokens to a fresh one-sequence cache: 1 if the slot list was
+ * uploaded, 0 if it went by value, -1 if the append failed. */
+static int small_append_uploads(flashcl_context *ctx) {
+    mirror a;
+    mirror_init(&a, ctx, FLASHCL_FLOAT16, 1, 64, 16, 8);
+    int id, three = 3;
+    flashcl_kv_cache_add_sequence(a.cache, &id);
+    cl_mem kv = test_upload(ctx, NULL, (size_t)3 * 64 * 2);
+    flashcl_status st = flashcl_kv_cache_append(a.cache, 1, &id, &three, kv, NULL, kv, NULL, NULL);
+    clFinish(flashcl_context_cl_queue(ctx));
+    const int uploaded = st != FLASHCL_SUCCESS ? -1 : a.cache->slots != NULL;
+    clReleaseMemObject(kv);
+    mirror_free(&a);
+    return uploaded;
+}
+
 /* META_ARGS=1 (the description by value, no upload) under `params`: paged
  * decode with and without splits over several calls (the split counters must
  * be zero again after each), varlen, the out-of-order queue, and a batch too
@@ -1078,19 +1094,8 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     device_tables_suite(ctx);
     ooo_fork_case(ctx);
     ooo_appends_case(ctx);
-    {
-        mirror a;
-        mirror_init(&a, ctx, FLASHCL_FLOAT16, 1, 64, 16, 8);
-        int id, one = 3;
-        flashcl_kv_cache_add_sequence(a.cache, &id);
-        cl_mem kv = test_upload(ctx, NULL, (size_t)3 * 64 * 2);
-        flashcl_status ast = flashcl_kv_cache_append(a.cache, 1, &id, &one, kv, NULL, kv, NULL, NULL);
-        clFinish(flashcl_context_cl_queue(ctx));
-        snprintf(what, sizeof what, "%s, slot list by value: a small append uploads nothing", kernel);
-        expect(ast == FLASHCL_SUCCESS && a.cache->slots == NULL, what, &failures);
-        clReleaseMemObject(kv);
-        mirror_free(&a);
-    }
+    snprintf(what, sizeof what, "%s, slot list by value: a small append uploads nothing", kernel);
+    expect(small_append_uploads(ctx) == 0, what, &failures);
     /* 300 one-token sequences: 1800 ints of description, more than any
      * device's argument space: uploaded (the upload buffer holds them). */
     mirror m;
@@ -1141,19 +1146,9 @@ static void upload_case(const char *params, const char *kernel) {
     setenv("FLASHCL_DECODE_PARAMS", params, 1);
     snprintf(what, sizeof what, "%s, META_ARGS=0: f16 D128 page 32, GQA 4", kernel);
     paged_suite(up, FLASHCL_FLOAT16, 2, 4, 128, 32, 700, what);
-    mirror a;
-    mirror_init(&a, up, FLASHCL_FLOAT16, 1, 64, 16, 8);
-    int id, three = 3;
-    flashcl_kv_cache_add_sequence(a.cache, &id);
-    cl_mem kv = test_upload(up, NULL, (size_t)3 * 64 * 2);
-    flashcl_status st = flashcl_kv_cache_append(a.cache, 1, &id, &three, kv, NULL, kv, NULL, NULL);
-    clFinish(flashcl_context_cl_queue(up));
     snprintf(what, sizeof what, "%s, META_ARGS=0: the description and a slot list are uploaded", kernel);
-    expect(st == FLASHCL_SUCCESS && a.cache->slots != NULL && up->serving_counters == NULL &&
-               up->serving_meta_bytes > 0,
-           what, &failures);
-    clReleaseMemObject(kv);
-    mirror_free(&a);
+    expect(small_append_uploads(up) == 1 && up->serving_counters == NULL && up->serving_meta_bytes > 0, what,
+           &failures);
     flashcl_context_destroy(up);
     unsetenv("FLASHCL_DECODE_PARAMS");
 }
