@@ -533,7 +533,7 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     const size_t slot_bytes = (size_t)(total + 2 * pairs) * sizeof(int);
     const int arg_ints =
         total > 0 && flashcl_serving_by_value() ? flashcl_by_value_ints(ctx, (size_t)(total + 2 * pairs)) : 0;
-    int by_value[1024]; /* flashcl_by_value_ints' most */
+    int by_value[FLASHCL_BY_VALUE_MAX_INTS];
     int *slots = arg_ints ? by_value : total > 0 ? flashcl_staging_take(ctx, slot_bytes) : NULL;
     if (arg_ints)
         memset(by_value, 0, (size_t)arg_ints * sizeof(int));

@@ -522,7 +522,7 @@ int flashcl_by_value_ints(const flashcl_context *ctx, size_t ints) {
     size_t n = 64;
     while (n < ints)
         n *= 2;
-    return n <= room && n <= 1024 ? (int)n : 0;
+    return n <= room && n <= FLASHCL_BY_VALUE_MAX_INTS ? (int)n : 0;
 }
 
 /* Ints of description a decode kernel takes by value (META_ARGS); 0: it

@@ -57,8 +57,9 @@ flashcl_status flashcl_staging_upload(flashcl_context *ctx, cl_mem *buf, size_t 
 /* Small per-call arrays as a by-value kernel argument instead of an upload
  * (the decode kernels' batch description, an append's slot list): the int
  * count a kernel is built for to take `ints` (a power of two from 64, at
- * most 1024, within the device's argument space less 256 bytes for the other
- * arguments), or 0 when they do not fit. (serving.c) */
+ * most FLASHCL_BY_VALUE_MAX_INTS, within the device's argument space less
+ * 256 bytes for the other arguments), or 0 when they do not fit. (serving.c) */
+#define FLASHCL_BY_VALUE_MAX_INTS 1024
 int flashcl_by_value_ints(const flashcl_context *ctx, size_t ints);
 
 /* Checks a cu_seqlens array of n sequences (non-NULL, [0] = 0, nondecreasing)
