@@ -185,6 +185,15 @@ if [ "$what" = decode ]; then
   echo "== FLASHCL_DECODE_PARAMS sweep (median us)"
   for p in "" ${DECODE_SWEEP-META_ARGS=0 KERNEL=decode MIN_SPLIT_KEYS=256 MIN_SPLIT_KEYS=1024 WGS_PER_CU=8}; do
     echo "-- ${p:-defaults}"
+    # An entry that changes the mma kernel's tiles (STAGES, WG, BLOCK_N) is validated first:
+    # test_serving mma keeps it beside its forced keys. Where it cannot fit a head dim (STAGES=3
+    # at D=256 is over 48 KB), those cases fail as refused parameters: read the lines.
+    if [[ "$p" =~ STAGES|WG=|BLOCK_N ]]; then
+      log="$out/serving-mma-${p//[^A-Za-z0-9]/_}.log"
+      FLASHCL_DECODE_PARAMS=$p FLASHCL_TEST_DEVICE=nvidia ./build-gpu/tests/test_serving mma > "$log" 2>&1
+      echo "   test_serving mma: exit $? $(tail -n 1 "$log"), $(grep -c FAILED "$log") failed checks"
+      grep -m4 FAILED "$log"
+    fi
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch ${SWEEP_BATCH:-1,8,64} \
       --context ${SWEEP_CONTEXT:-4096,32768,131072} --iters 20 2>&1 | grep -E '^ +[0-9]'
   done

@@ -1073,13 +1073,32 @@ static int small_append_uploads(flashcl_context *ctx) {
     return uploaded;
 }
 
+/* The forced-kernel modes (decode, by-value, mma) set FLASHCL_DECODE_PARAMS
+ * themselves; what the caller had set comes first and stays (the forced keys,
+ * later, win), so `FLASHCL_DECODE_PARAMS=STAGES=3 test_serving mma` validates
+ * that tuning before bench/h200.sh times it. */
+static char caller_params[256];
+
+static void force_params(const char *forced) {
+    char v[512];
+    snprintf(v, sizeof v, "%s%s%s", caller_params, caller_params[0] ? "," : "", forced);
+    setenv("FLASHCL_DECODE_PARAMS", v, 1);
+}
+
+static void restore_params(void) {
+    if (caller_params[0])
+        setenv("FLASHCL_DECODE_PARAMS", caller_params, 1);
+    else
+        unsetenv("FLASHCL_DECODE_PARAMS");
+}
+
 /* META_ARGS=1 (the description by value, no upload) under `params`: paged
  * decode with and without splits over several calls (the split counters must
  * be zero again after each), varlen, the out-of-order queue, and a batch too
  * large for the argument space (uploaded as before). */
 static void by_value_suite(flashcl_context *ctx, const char *params, const char *kernel) {
     char what[128];
-    setenv("FLASHCL_DECODE_PARAMS", params, 1);
+    force_params(params);
     snprintf(what, sizeof what, "%s, description by value: f16 D64 page 16", kernel);
     paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, what);
     snprintf(what, sizeof what, "%s, description by value: varlen non-causal, 2 splits", kernel);
@@ -1134,7 +1153,7 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     if (scratch)
         clReleaseMemObject(scratch);
     mirror_free(&m);
-    unsetenv("FLASHCL_DECODE_PARAMS");
+    restore_params();
 }
 
 /* META_ARGS=0 (`params`) on a context of its own: the description and an
@@ -1143,14 +1162,14 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
 static void upload_case(const char *params, const char *kernel) {
     char what[128];
     flashcl_context *up = test_context();
-    setenv("FLASHCL_DECODE_PARAMS", params, 1);
+    force_params(params);
     snprintf(what, sizeof what, "%s, META_ARGS=0: f16 D128 page 32, GQA 4", kernel);
     paged_suite(up, FLASHCL_FLOAT16, 2, 4, 128, 32, 700, what);
     snprintf(what, sizeof what, "%s, META_ARGS=0: the description and a slot list are uploaded", kernel);
     expect(small_append_uploads(up) == 1 && up->serving_counters == NULL && up->serving_meta_bytes > 0, what,
            &failures);
     flashcl_context_destroy(up);
-    unsetenv("FLASHCL_DECODE_PARAMS");
+    restore_params();
 }
 
 /* Whether FLASHCL_DECODE_PARAMS=KERNEL=mma is accepted here (f16, D=64). */
@@ -1168,6 +1187,8 @@ static int mma_available(flashcl_context *ctx) {
 
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : "all";
+    const char *env = getenv("FLASHCL_DECODE_PARAMS");
+    snprintf(caller_params, sizeof caller_params, "%s", env ? env : "");
     flashcl_context *ctx = test_context();
     test_seed();
     int all = !strcmp(only, "all");
@@ -1204,7 +1225,7 @@ int main(int argc, char **argv) {
          * the database would pick the tiled one (CPUs): the same suites, so
          * both kernels answer every paged and varlen case. Its shapes need
          * 16-byte rows: D=40 halves and D=96 floats leave lanes idle. */
-        setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
+        force_params("KERNEL=decode");
         paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "decode kernel: f16 D64 page 16");
         paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 40, 1, 70, "decode kernel: bf16 D40 page 1");
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "decode kernel: f32 D96 page 256");
@@ -1214,7 +1235,7 @@ int main(int argc, char **argv) {
         ooo_suite(ctx, 1, "decode kernel: ... and when the batch description outgrows its buffer");
         decode_build_failure(ctx);
         decode_params_suite(ctx);
-        unsetenv("FLASHCL_DECODE_PARAMS");
+        restore_params();
     }
     if (!strcmp(only, "by-value")) {
         by_value_suite(ctx, "KERNEL=decode,META_ARGS=1", "decode kernel");
@@ -1224,7 +1245,7 @@ int main(int argc, char **argv) {
         /* The tensor-core decode kernel (cl/paged_decode_nv.cl), forced, on
          * NVIDIA sm_80+ only (bench/h200.sh runs this): head dims 64, 128 and
          * 256, one and several 16-row blocks, splits, varlen. */
-        setenv("FLASHCL_DECODE_PARAMS", "KERNEL=mma", 1);
+        force_params("KERNEL=mma");
         if (!mma_available(ctx)) {
             printf("skipped: the device has no tensor-core decode kernel\n");
             flashcl_context_destroy(ctx);
@@ -1238,7 +1259,7 @@ int main(int argc, char **argv) {
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "mma kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "mma kernel: varlen non-causal, 2 splits");
         ooo_suite(ctx, 0, "mma kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
-        unsetenv("FLASHCL_DECODE_PARAMS");
+        restore_params();
         by_value_suite(ctx, "KERNEL=mma,META_ARGS=1", "mma kernel");
         upload_case("KERNEL=mma,META_ARGS=0", "mma kernel");
     }
