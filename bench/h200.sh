@@ -4,7 +4,7 @@
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
-#         and mma (tile shapes forced) and quick on the GPU (TESTS="...": these instead; TESTS="":
+#         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
 #         FWD_OPTIONS' build options ("+" for a space: FWD_OPTIONS=-DOVERLAP=1), fp16/bf16
 #         vs PyTorch (DTYPES=none: not). SWEEP=1 first: ptxas and TFLOP/s at
@@ -37,9 +37,11 @@ cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning' 
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 # gpu_test "BINARY [MODE]" [TAG]: one test binary on the GPU; its log goes under $out, its last
-# line and first failures to the output.
+# line and first failures to the output. A "+" stands for the space, so that a TESTS list given
+# on the command line can name modes: TESTS="test_serving test_serving+mma".
 gpu_test() {
-  local t=$1 log="$out/${1// /_}${2:+-$2}.log"
+  local t=${1//+/ }
+  local log="$out/${t// /_}${2:+-$2}.log"
   FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$log" 2>&1
   echo "$t${2:+ ($2)}: exit $? $(tail -n 1 "$log")"
   grep -m5 FAILED "$log"

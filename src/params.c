@@ -801,10 +801,12 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     return floats * sizeof(float) + n * sizeof(cl_long); /* + the key-row table */
 }
 
-/* Small per-call arrays go by value (META_ARGS=1) only where asked for: the
- * H200 timed it 8-11 us faster a call, but it has not yet passed the serving
- * tests there (BENCHMARKS.md). */
-#define BY_VALUE_DEFAULT 0
+/* Small per-call arrays go by value (META_ARGS=1) unless FLASHCL_DECODE_PARAMS
+ * says META_ARGS=0: on the H200 a decode call is 8-15 us shorter without its
+ * upload (the context-16 floor 38.8 -> 29.5 us), and test_serving's mma and
+ * by-value suites pass there (BENCHMARKS.md). A description or slot list
+ * too large for the argument space is uploaded as before. */
+#define BY_VALUE_DEFAULT 1
 
 int flashcl_serving_by_value(void) {
     const char *s = getenv("FLASHCL_DECODE_PARAMS");
