@@ -21,7 +21,8 @@
  * through STAGES private __local buffers with cp.async (page lookups per key,
  * zero-fill past the slice), so the loop needs no work-group barrier, only
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
- * what other lanes copied.
+ * what other lanes copied. K and V of a tile are separate cp.async groups:
+ * S = Q K^T starts once K has landed, while V is still on its way.
  *
  *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first;
  *            after the tiles when Q_IN_LOCAL)
@@ -52,41 +53,24 @@
 #define PAGE_SIZE 0 /* as in paged_decode.cl */
 #endif
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
-/* ROWS_AHEAD=1: each tile's first physical row is read from the page table
- * an iteration before its copy is issued, one read per tile instead of one
- * per key, so the copies never wait on that read. It needs every tile inside
- * one page: tiles start at multiples of BLOCK_N, which must divide the page
- * and the 32-key slice granule. L2_AHEAD=n (with ROWS_AHEAD) also asks L2
- * for the K/V rows n tiles ahead of the copies: fire-and-forget prefetches
- * that keep more bytes in flight than the __local stages hold. Without
- * ROWS_AHEAD, L2_AHEAD reads each prefetched row's page-table entry itself.
- * Both are off until measured on a GPU (bench/h200.sh decode,
- * DECODE_OPTIONS). Where a tile can span pages (BLOCK_N not dividing the
- * page size and 32) ROWS_AHEAD is switched off here, silently: a timing
- * under -DROWS_AHEAD=1 of such a shape is of the default build. */
-#ifndef ROWS_AHEAD
-#define ROWS_AHEAD 0
+/* K_AHEAD=1: K runs one tile further ahead than V, in a ring of STAGES + 1
+ * tiles, so a warp keeps half a tile more in flight at the same __local per
+ * warp less one V tile (5 tiles of 4.3 KB at D=128 and 2 stages, where a
+ * third stage of both would be 52 KB, over NVIDIA's 48). Off until timed on
+ * a GPU (bench/h200.sh decode, DECODE_OPTIONS). Tried and taken out (H200,
+ * BENCHMARKS.md): page-table reads a tile ahead, L2 prefetches of the tiles
+ * ahead (10-15 % slower), and rows by cp.async.bulk, none faster. */
+#ifndef K_AHEAD
+#define K_AHEAD 0
 #endif
-#ifndef L2_AHEAD
-#define L2_AHEAD 0
+/* Where the extra K tile does not fit (D=256: one warp, Q in __local) the
+ * option switches itself off, so that one build option can be timed over
+ * every head dim. */
+#if K_AHEAD && WARPS * (2 * STAGES + 1) * BLOCK_N * (HEAD_DIM + 8) * 2 + (HEAD_DIM > 128) * 32 * (HEAD_DIM + 8) > 48000
+#undef K_AHEAD
+#define K_AHEAD 0
 #endif
-#if ROWS_AHEAD && !((PAGE_SIZE == 0 || PAGE_SIZE % BLOCK_N == 0) && 32 % BLOCK_N == 0)
-#undef ROWS_AHEAD
-#define ROWS_AHEAD 0
-#endif
-/* Prefetch addresses per K or V row: one per 128 bytes, and one more at the
- * row's last element when rows are not a whole number of lines (then a row
- * need not start on a line either). */
-#define L2_LINES ((HEAD_DIM * 2 + 127) / 128 + (HEAD_DIM * 2 % 128 != 0))
-/* BULK=1: each K and V row of a tile is one cp.async.bulk (Hopper's bulk-copy
- * engine, sm_90), a lane per row, completed on an mbarrier per stage, instead
- * of 16-byte cp.async through the load/store units; rows past the slice are
- * zeroed by plain stores. Off until validated and timed on a GPU. */
-#ifndef BULK
-#define BULK 0
-#endif
-#define ROW_BYTES (HEAD_DIM * 2)
-#define ROW_QUEUE (L2_AHEAD + 2)
+#define K_STAGES (STAGES + K_AHEAD) /* K tiles per warp */
 
 #define WG_SIZE (WARPS * 32)
 #define PITCH (HEAD_DIM + 8)    /* halves: an odd multiple of 16 bytes, no ldmatrix conflicts */
@@ -96,7 +80,7 @@
 #define P_STEPS (BLOCK_N / 16)  /* k16 steps of O = P V */
 #define O_FRAGS (HEAD_DIM / 8)  /* n8 blocks of O */
 #define TILE_HALFS (BLOCK_N * PITCH)
-#define WARP_HALFS (STAGES * 2 * TILE_HALFS)
+#define WARP_HALFS ((K_STAGES + STAGES) * TILE_HALFS) /* K ring, then V ring */
 #define Q_HALFS (16 * PITCH)
 /* Up to D=128 Q's A fragments stay in registers and Q only passes through
  * the tile area before the first copy. Above, one warp's O accumulators
@@ -128,107 +112,41 @@
     WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
 #error "the tile area must hold the warps' O rows and the split weights for the final merges"
 #endif
-#if SMEM_HALFS * 2 + (BULK ? WARPS * STAGES * 8 : 0) > 48000
+#if SMEM_HALFS * 2 > 48000
 #error "Q and the warps' K/V stages exceed NVIDIA's ~47 KB of __local memory"
 #endif
 
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
 
-/* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile * BLOCK_N ..)
- * into the warp's buffer `buf` (shared address of its K tile; V follows),
- * then commits the group. Keys past s_hi are zero-filled: their V rows then
- * contribute 0 * 0 and their scores are masked. */
-inline void issue_tile(int tile, uint buf, uint bar, uint tile_row, int s_lo, int s_hi,
-                       __global const int *tables, int k_base, __global const ushort *kb, ulong k_ss,
-                       __global const ushort *vb, ulong v_ss) {
+/* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile *
+ * BLOCK_N ..): its K rows into k_dst when parts & 1, its V rows into v_dst
+ * when parts & 2 (shared addresses), then commits them as one group. Keys
+ * past s_hi are zero-filled: their V rows then contribute 0 * 0 and their
+ * scores are masked. */
+inline void issue_tile(int tile, int parts, uint k_dst, uint v_dst, int s_lo, int s_hi, __global const int *tables,
+                       int k_base, __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
-#if BULK
-    /* The stage's barrier expects the live rows' bytes; a lane per row then. */
-    const int n0 = s_lo + tile * BLOCK_N, live_rows = clamp(s_hi - n0 + 1, 0, BLOCK_N);
-    if (lane == 0)
-        __asm__ __volatile__("{ .reg .b64 state; mbarrier.arrive.expect_tx.shared::cta.b64 state, [%0], %1; }" ::"r"(bar),
-                             "r"(2 * live_rows * ROW_BYTES)
-                             : "memory");
-    WARP_SYNC();
-    for (int x = lane; x < 2 * BLOCK_N; x += 32) {
-        const int r = x % BLOCK_N, is_v = x / BLOCK_N, key = n0 + r;
-        const uint dst = buf + (uint)(r * PITCH) * 2u + (is_v ? TILE_HALFS * 2u : 0u);
-        if (key <= s_hi) {
-            const uint kr = ROWS_AHEAD ? tile_row + r : key_row(key, tables, k_base);
-            const ulong src = is_v ? (ulong)(vb + (ulong)kr * v_ss) : (ulong)(kb + (ulong)kr * k_ss);
-            __asm__ __volatile__("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-                                 ::"r"(dst), "l"(src), "n"(ROW_BYTES), "r"(bar)
-                                 : "memory");
-        } else {
-#pragma unroll
-            for (int c = 0; c < D_CHUNKS; ++c)
-                __asm__ __volatile__("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(dst + 16u * c), "r"(0u)
-                                     : "memory");
-        }
-    }
-#else
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
         const int key = s_lo + tile * BLOCK_N + r;
         const int live = key <= s_hi;
-        const uint kr = ROWS_AHEAD ? tile_row + (live ? r : 0) : key_row(live ? key : s_lo, tables, k_base);
-        const uint dst = buf + (uint)(r * PITCH + 8 * c) * 2u;
+        const uint kr = key_row(live ? key : s_lo, tables, k_base);
+        const uint off = (uint)(r * PITCH + 8 * c) * 2u;
         const int bytes = live ? 16 : 0;
-        __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst),
-                             "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
-                             : "memory");
-        __asm__ __volatile__(
-            CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst + TILE_HALFS * 2u),
-            "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
-            : "memory");
+        if (parts & 1)
+            __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(k_dst + off),
+                                 "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
+                                 : "memory");
+        if (parts & 2)
+            __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(v_dst + off),
+                                 "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
+                                 : "memory");
     }
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
-#endif
 }
 
-#if BULK
-#define COMMIT_EMPTY() /* nothing: no cp.async groups to keep in step */
-/* Waits until stage `bar`'s copies of its use number `use` have landed. */
-inline void wait_tile(uint bar, int use) {
-    uint done;
-    do
-        __asm__ __volatile__("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; "
-                             "selp.u32 %0, 1, 0, p; }"
-                             : "=r"(done)
-                             : "r"(bar), "r"((uint)(use & 1))
-                             : "memory");
-    while (!done);
-}
-#else
 #define COMMIT_EMPTY() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
-#endif
-
-/* The physical row of warp tile j's first key (ROWS_AHEAD), or 0 past the warp's tiles. */
-inline uint tile_row_at(int j, int my_tiles, int warp, int s_lo, __global const int *tables, int k_base) {
-    if (j >= my_tiles)
-        return 0u;
-    return key_row(s_lo + (warp + j * WARPS) * BLOCK_N, tables, k_base);
-}
-
-#if L2_AHEAD
-/* Asks L2 for warp tile j's K and V rows (keys past s_hi left out): fire and
- * forget, so the loads in flight grow without __local to land in. Row r of
- * the tile is row + r (ROWS_AHEAD), else read from the page table. */
-inline void prefetch_tile(int j, uint row, int warp, int s_lo, int s_hi, __global const int *tables, int k_base,
-                          __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
-    const int lane = (int)get_local_id(0) % 32;
-    const int n0 = s_lo + (warp + j * WARPS) * BLOCK_N;
-    for (int x = lane; x < BLOCK_N * L2_LINES; x += 32) {
-        const int r = x / L2_LINES, c = min(64 * (x % L2_LINES), HEAD_DIM - 1); /* halves into the row */
-        if (n0 + r <= s_hi) {
-            const uint kr = ROWS_AHEAD ? row + r : key_row(n0 + r, tables, k_base);
-            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(kb + (ulong)kr * k_ss + c)));
-            __asm__ __volatile__("prefetch.global.L2 [%0];" ::"l"((ulong)(vb + (ulong)kr * v_ss + c)));
-        }
-    }
-}
-#endif
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
@@ -237,9 +155,6 @@ paged_decode_nv(SERVING_ARGS,
     __local float red_m[WARPS * 16], red_l[WARPS * 16];
     __local float row_inv[16], row_lse[16];
     __local int is_last;
-#if BULK
-    __local ulong bars[WARPS * STAGES]; /* warp w's stage s: bars[w * STAGES + s] */
-#endif
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32;
@@ -252,19 +167,7 @@ paged_decode_nv(SERVING_ARGS,
     const int nrows = min(BLOCK_M, rows - m0);
     const uint s_base = shared_addr(smem);
 
-#if BULK
-    const uint bar_base = shared_addr((__local ushort *)bars) + (uint)(warp * STAGES) * 8u;
-    if (lane == 0) {
-        for (int st = 0; st < STAGES; ++st)
-            __asm__ __volatile__("mbarrier.init.shared.b64 [%0], 1;" ::"r"(bar_base + 8u * st) : "memory");
-        __asm__ __volatile__("fence.mbarrier_init.release.cluster;" ::: "memory");
-    }
-#define STAGE_BAR(i) (bar_base + 8u * (uint)((i) % STAGES))
-#else
-#define STAGE_BAR(i) 0u
-#endif
-    /* Q rows -> __local (zero rows past the block) -> A fragments, once
-     * (the barriers after it also publish the mbarriers' initialisation). */
+    /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
     for (int i = tid; i < 16 * HEAD_DIM; i += WG_SIZE) {
         const int r = i / HEAD_DIM, d = i % HEAD_DIM, row = m0 + r;
         ushort x = 0;
@@ -280,11 +183,6 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk)
         LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
-#if BULK
-    /* Q's plain stores and reads, then the bulk copies' async-proxy writes
-     * over the same bytes: a proxy fence between them. */
-    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
-#endif
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
 #endif
     const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
@@ -320,55 +218,64 @@ paged_decode_nv(SERVING_ARGS,
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-    /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES. */
+    /* Tile i of this warp is the slice's tile warp + i * WARPS; its K is in
+     * K_BUF(i), its V in V_BUF(i). */
+#if K_AHEAD
+#define K_BUF(i) (warp_buf + (uint)(((i) % K_STAGES) * TILE_HALFS) * 2u)
+#define V_BUF(i) (warp_buf + (uint)((K_STAGES + (i) % STAGES) * TILE_HALFS) * 2u)
+    /* cp.async groups in the order K0 V0 K1 V1 ...: tiles 0 .. STAGES - 2
+     * whole, then K of tile STAGES - 1; each step issues V of tile
+     * i + STAGES - 1 and K of tile i + STAGES (empty groups past the end). */
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < my_tiles) {
+            issue_tile(warp + i * WARPS, 1, K_BUF(i), 0u, s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + i * WARPS, 2, 0u, V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
+        } else {
+            COMMIT_EMPTY();
+            COMMIT_EMPTY();
+        }
+    }
+    if (STAGES - 1 < my_tiles)
+        issue_tile(warp + (STAGES - 1) * WARPS, 1, K_BUF(STAGES - 1), 0u, s_lo, s_hi, tables, b.k_base, kb, k_ss,
+                   vb, v_ss);
+    else
+        COMMIT_EMPTY();
+#else
+#define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
+#define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
-            issue_tile(warp + i * WARPS, warp_buf + (uint)(i * 2 * TILE_HALFS) * 2u, STAGE_BAR(i),
-                       ROWS_AHEAD ? tile_row_at(i, my_tiles, warp, s_lo, tables, b.k_base) : 0u, s_lo,
-                       s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + i * WARPS, 3, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
         else
             COMMIT_EMPTY();
     }
-    /* row_q[x]: first row of tile i + STAGES - 1 + x, read from the page table
-     * an iteration before the copy (or prefetch) that needs it, so the copies
-     * never wait on that read. */
-    uint row_q[ROW_QUEUE];
-#pragma unroll
-    for (int x = 0; x < ROW_QUEUE; ++x)
-        row_q[x] = ROWS_AHEAD ? tile_row_at(STAGES - 1 + x, my_tiles, warp, s_lo, tables, b.k_base) : 0u;
-#if L2_AHEAD
-#pragma unroll
-    for (int x = 0; x < L2_AHEAD; ++x)
-        if (STAGES - 1 + x < my_tiles)
-            prefetch_tile(STAGES - 1 + x, row_q[x], warp, s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
 #endif
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
+#if K_AHEAD
         if (ahead < my_tiles)
-            issue_tile(warp + ahead * WARPS, warp_buf + (uint)((ahead % STAGES) * 2 * TILE_HALFS) * 2u,
-                       STAGE_BAR(ahead), row_q[0], s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + ahead * WARPS, 2, 0u, V_BUF(ahead), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
         else
             COMMIT_EMPTY();
-#if L2_AHEAD
-        if (ahead + L2_AHEAD < my_tiles)
-            prefetch_tile(ahead + L2_AHEAD, row_q[L2_AHEAD], warp, s_lo, s_hi, tables, b.k_base, kb, k_ss, vb,
-                          v_ss);
-#endif
-#if ROWS_AHEAD
-#pragma unroll
-        for (int x = 0; x < ROW_QUEUE - 1; ++x)
-            row_q[x] = row_q[x + 1];
-        row_q[ROW_QUEUE - 1] = tile_row_at(ahead + ROW_QUEUE, my_tiles, warp, s_lo, tables, b.k_base);
-#endif
-#if BULK
-        wait_tile(STAGE_BAR(i), i / STAGES);
+        if (ahead + 1 < my_tiles)
+            issue_tile(warp + (ahead + 1) * WARPS, 1, K_BUF(ahead + 1), 0u, s_lo, s_hi, tables, b.k_base, kb, k_ss,
+                       vb, v_ss);
+        else
+            COMMIT_EMPTY();
+        /* Pending after K of tile i: V of i, then both of i + 1 .. ahead, K of ahead + 1. */
+        __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(2 * STAGES) : "memory");
 #else
+        if (ahead < my_tiles)
+            issue_tile(warp + ahead * WARPS, 3, K_BUF(ahead), V_BUF(ahead), s_lo, s_hi, tables, b.k_base, kb, k_ss,
+                       vb, v_ss);
+        else
+            COMMIT_EMPTY();
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
 #endif
-        WARP_SYNC(); /* every lane's part of tile i has landed */
-        const uint k_tile = warp_buf + (uint)((i % STAGES) * 2 * TILE_HALFS) * 2u;
-        const uint v_tile = k_tile + TILE_HALFS * 2u;
+        WARP_SYNC(); /* every lane's part of K (and V) of tile i has landed */
+        const uint k_tile = K_BUF(i), v_tile = V_BUF(i);
         const int n0 = s_lo + (warp + i * WARPS) * BLOCK_N;
 
         /* ---- S = Q K^T ---- */
@@ -404,6 +311,10 @@ paged_decode_nv(SERVING_ARGS,
             }
         /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+#if K_AHEAD
+        __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(2 * STAGES - 1) : "memory");
+        WARP_SYNC(); /* V of tile i has landed */
+#endif
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
