@@ -21,7 +21,7 @@
 # decode: the serving tests on the GPU (TESTS="": none), the decode kernel's registers, decode vs
 #         PyTorch (each of COMPARES, "params@page": "-@16"; ""), a sweep of FLASHCL_DECODE_PARAMS values
 #         (DECODE_SWEEP, at SWEEP_BATCH x SWEEP_CONTEXT), then (DECODE_OPTIONS, "+"
-#         for a space: DECODE_OPTIONS="-DK_AHEAD=1 -DK_AHEAD=1+-DCP_ASYNC_L2=256") build-option
+#         for a space: DECODE_OPTIONS="-DCP_ASYNC_L2=256 -DCP_ASYNC_L2=256+-DQ_IN_LOCAL=1") build-option
 #         variants of the decode kernels, each passing test_serving mma before it is timed.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
 # final: the suite with the default variants (forward, serving, backward),
@@ -200,7 +200,7 @@ if [ "$what" = decode ]; then
       --context ${SWEEP_CONTEXT:-4096,32768,131072} --iters 20 2>&1 | grep -E '^ +[0-9]'
   done
   # DECODE_OPTIONS: build-option variants of the decode kernels ("+" for a space, e.g.
-  # "-DK_AHEAD=1 -DK_AHEAD=1+-DCP_ASYNC_L2=256"): each passes test_serving mma under its
+  # "-DCP_ASYNC_L2=256 -DCP_ASYNC_L2=256+-DQ_IN_LOCAL=1"): each passes test_serving mma under its
   # options before it is timed, bracketed by the defaults.
   if [ -n "${DECODE_OPTIONS:-}" ]; then
     echo "== decode build options (median us; each validated first)"

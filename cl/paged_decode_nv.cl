@@ -21,8 +21,7 @@
  * through STAGES private __local buffers with cp.async (page lookups per key,
  * zero-fill past the slice), so the loop needs no work-group barrier, only
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
- * what other lanes copied. K and V of a tile are separate cp.async groups:
- * S = Q K^T starts once K has landed, while V is still on its way.
+ * what other lanes copied.
  *
  *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first;
  *            after the tiles when Q_IN_LOCAL)
@@ -53,24 +52,11 @@
 #define PAGE_SIZE 0 /* as in paged_decode.cl */
 #endif
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
-/* K_AHEAD=1: K runs one tile further ahead than V, in a ring of STAGES + 1
- * tiles, so a warp keeps half a tile more in flight at the same __local per
- * warp less one V tile (5 tiles of 4.3 KB at D=128 and 2 stages, where a
- * third stage of both would be 52 KB, over NVIDIA's 48). Off until timed on
- * a GPU (bench/h200.sh decode, DECODE_OPTIONS). Tried and taken out (H200,
- * BENCHMARKS.md): page-table reads a tile ahead, L2 prefetches of the tiles
- * ahead (10-15 % slower), and rows by cp.async.bulk, none faster. */
-#ifndef K_AHEAD
-#define K_AHEAD 0
-#endif
-/* Where the extra K tile does not fit (D=256: one warp, Q in __local) the
- * option switches itself off, so that one build option can be timed over
- * every head dim. */
-#if K_AHEAD && WARPS * (2 * STAGES + 1) * BLOCK_N * (HEAD_DIM + 8) * 2 + (HEAD_DIM > 128) * 32 * (HEAD_DIM + 8) > 48000
-#undef K_AHEAD
-#define K_AHEAD 0
-#endif
-#define K_STAGES (STAGES + K_AHEAD) /* K tiles per warp */
+/* Tried on the H200 and taken out (BENCHMARKS.md): page-table reads a tile
+ * ahead, L2 prefetches of the tiles ahead (10-15 % slower), rows by
+ * cp.async.bulk, and K a tile further ahead than V in its own cp.async group
+ * (half a tile more in flight per warp): none faster. The copy stream is
+ * not short of requests in flight. */
 
 #define WG_SIZE (WARPS * 32)
 #define PITCH (HEAD_DIM + 8)    /* halves: an odd multiple of 16 bytes, no ldmatrix conflicts */
@@ -80,7 +66,7 @@
 #define P_STEPS (BLOCK_N / 16)  /* k16 steps of O = P V */
 #define O_FRAGS (HEAD_DIM / 8)  /* n8 blocks of O */
 #define TILE_HALFS (BLOCK_N * PITCH)
-#define WARP_HALFS ((K_STAGES + STAGES) * TILE_HALFS) /* K ring, then V ring */
+#define WARP_HALFS (STAGES * 2 * TILE_HALFS)
 #define Q_HALFS (16 * PITCH)
 /* Up to D=128 Q's A fragments stay in registers and Q only passes through
  * the tile area before the first copy. Above, one warp's O accumulators
@@ -119,12 +105,12 @@
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
 
 /* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile *
- * BLOCK_N ..): its K rows into k_dst when parts & 1, its V rows into v_dst
- * when parts & 2 (shared addresses), then commits them as one group. Keys
- * past s_hi are zero-filled: their V rows then contribute 0 * 0 and their
- * scores are masked. */
-inline void issue_tile(int tile, int parts, uint k_dst, uint v_dst, int s_lo, int s_hi, __global const int *tables,
-                       int k_base, __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
+ * BLOCK_N ..), its K rows into k_dst and its V rows into v_dst (shared
+ * addresses), then commits them as one group. Keys past s_hi are
+ * zero-filled: their V rows then contribute 0 * 0 and their scores are
+ * masked. */
+inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __global const int *tables, int k_base,
+                       __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
@@ -134,14 +120,12 @@ inline void issue_tile(int tile, int parts, uint k_dst, uint v_dst, int s_lo, in
         const uint kr = key_row(live ? key : s_lo, tables, k_base);
         const uint off = (uint)(r * PITCH + 8 * c) * 2u;
         const int bytes = live ? 16 : 0;
-        if (parts & 1)
-            __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(k_dst + off),
-                                 "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
-                                 : "memory");
-        if (parts & 2)
-            __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(v_dst + off),
-                                 "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
-                                 : "memory");
+        __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(k_dst + off),
+                             "l"((ulong)(kb + (ulong)kr * k_ss + 8 * c)), "r"(bytes)
+                             : "memory");
+        __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(v_dst + off),
+                             "l"((ulong)(vb + (ulong)kr * v_ss + 8 * c)), "r"(bytes)
+                             : "memory");
     }
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
 }
@@ -218,63 +202,25 @@ paged_decode_nv(SERVING_ARGS,
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
-    /* Tile i of this warp is the slice's tile warp + i * WARPS; its K is in
-     * K_BUF(i), its V in V_BUF(i). */
-#if K_AHEAD
-#define K_BUF(i) (warp_buf + (uint)(((i) % K_STAGES) * TILE_HALFS) * 2u)
-#define V_BUF(i) (warp_buf + (uint)((K_STAGES + (i) % STAGES) * TILE_HALFS) * 2u)
-    /* cp.async groups in the order K0 V0 K1 V1 ...: tiles 0 .. STAGES - 2
-     * whole, then K of tile STAGES - 1; each step issues V of tile
-     * i + STAGES - 1 and K of tile i + STAGES (empty groups past the end). */
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < my_tiles) {
-            issue_tile(warp + i * WARPS, 1, K_BUF(i), 0u, s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
-            issue_tile(warp + i * WARPS, 2, 0u, V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
-        } else {
-            COMMIT_EMPTY();
-            COMMIT_EMPTY();
-        }
-    }
-    if (STAGES - 1 < my_tiles)
-        issue_tile(warp + (STAGES - 1) * WARPS, 1, K_BUF(STAGES - 1), 0u, s_lo, s_hi, tables, b.k_base, kb, k_ss,
-                   vb, v_ss);
-    else
-        COMMIT_EMPTY();
-#else
+    /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES: K, then V. */
 #define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
 #define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
-            issue_tile(warp + i * WARPS, 3, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
+            issue_tile(warp + i * WARPS, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
         else
             COMMIT_EMPTY();
     }
-#endif
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
-#if K_AHEAD
         if (ahead < my_tiles)
-            issue_tile(warp + ahead * WARPS, 2, 0u, V_BUF(ahead), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
-        else
-            COMMIT_EMPTY();
-        if (ahead + 1 < my_tiles)
-            issue_tile(warp + (ahead + 1) * WARPS, 1, K_BUF(ahead + 1), 0u, s_lo, s_hi, tables, b.k_base, kb, k_ss,
-                       vb, v_ss);
-        else
-            COMMIT_EMPTY();
-        /* Pending after K of tile i: V of i, then both of i + 1 .. ahead, K of ahead + 1. */
-        __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(2 * STAGES) : "memory");
-#else
-        if (ahead < my_tiles)
-            issue_tile(warp + ahead * WARPS, 3, K_BUF(ahead), V_BUF(ahead), s_lo, s_hi, tables, b.k_base, kb, k_ss,
-                       vb, v_ss);
+            issue_tile(warp + ahead * WARPS, K_BUF(ahead), V_BUF(ahead), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb,
+                       v_ss);
         else
             COMMIT_EMPTY();
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
-#endif
-        WARP_SYNC(); /* every lane's part of K (and V) of tile i has landed */
+        WARP_SYNC(); /* every lane's part of tile i has landed */
         const uint k_tile = K_BUF(i), v_tile = V_BUF(i);
         const int n0 = s_lo + (warp + i * WARPS) * BLOCK_N;
 
@@ -311,10 +257,6 @@ paged_decode_nv(SERVING_ARGS,
             }
         /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
-#if K_AHEAD
-        __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(2 * STAGES - 1) : "memory");
-        WARP_SYNC(); /* V of tile i has landed */
-#endif
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
