@@ -1080,6 +1080,16 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     long target = (long)ctx->info.compute_units * c->wgs_per_cu;
     long splits = groups > 0 && groups < target ? target / groups : 1;
     long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
+    /* A grid with fewer work-groups than compute units leaves some idle:
+     * then slices may be half as long. H200, one sequence of 4096 keys
+     * (64 work-groups with 512-key slices): 16 slices of 256 keys took
+     * 35.8 / 37.3 us against 39.5 / 43.2 for 8 (two calls); where the
+     * device is covered (batch 4, or 16384 keys) 256-key slices were level
+     * or slower (BENCHMARKS.md). */
+    if (groups * (splits < by_keys ? splits : by_keys) < ctx->info.compute_units && c->min_split_keys > 1) {
+        const long half = c->min_split_keys / 2;
+        by_keys = (pb->max_keys + half - 1) / half;
+    }
     if (splits > by_keys)
         splits = by_keys;
     if (splits > FLASHCL_MAX_SPLITS)

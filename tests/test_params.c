@@ -822,7 +822,9 @@ static void test_backward_levels(void) {
 
 /* ---- the tuning file's serving and backward entries ----------------------------------------- */
 
-/* flashcl_decode_params on ctx for one f-dtype sequence of `rows` rows, head_dim d, 4096 keys. */
+/* flashcl_decode_params on ctx for one sequence of `rows` rows, head_dim d, 4096 keys, over
+ * choice_heads_k KV heads (1 unless a check sets it). */
+static int choice_heads_k = 1;
 static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, int d, int rows,
                                      flashcl_decode_choice *c) {
     static int rows_per_seq[1];
@@ -831,7 +833,7 @@ static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, 
     rows_per_seq[0] = rows;
     pb.dtype = dtype;
     pb.head_dim = d;
-    pb.heads_k = 1;
+    pb.heads_k = choice_heads_k;
     pb.num_seqs = 1;
     pb.rows_per_seq = rows_per_seq;
     pb.max_keys = 4096;
@@ -851,12 +853,18 @@ static void test_decode_levels(void) {
     pretend_h200(ctx);
     ctx->info.compute_units = 132;
     flashcl_decode_choice c;
-    /* One sequence, GQA group 4 (one block), one KV head, 4096 keys: 528 / 1 groups, at most 8 slices of 512. */
+    /* One sequence, GQA group 4 (one block), 4096 keys: over 32 KV heads 528 / 32 groups, at most
+     * 8 slices of 512 keys (256 work-groups, every compute unit busy); over one KV head 8 such
+     * slices would leave 124 of the 132 idle, so the slices halve: 16 of 256 keys. */
+    choice_heads_k = 32;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && c.work_group_size == 64 && c.wgs_per_cu == 4 &&
                c.splits == 8,
            "decode on sm_90, D=128: tensor cores, 2 warps, 4 groups per CU, splits capped by 512-key slices",
            &failures);
+    choice_heads_k = 1;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,
+           "... and by 256-key slices where 512-key ones would leave compute units idle", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && c.work_group_size == 32 && c.wgs_per_cu == 5,
            "decode on sm_90, D=256: one warp, 5 groups per CU", &failures);
