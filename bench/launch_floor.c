@@ -5,7 +5,7 @@
  *
  *   gcc -O2 -std=c11 bench/launch_floor.c -o /tmp/launch_floor -lOpenCL && /tmp/launch_floor nvidia
  *
- * Rows (median microseconds of 200):
+ * Rows (median microseconds of 200; each row also gives its last kernel's own START -> END):
  *   kernel              one tiny kernel
  *   kernel x2           two, the second waiting on the first's event
  *   write + kernel      a non-blocking 4 KB write the kernel waits on
@@ -88,7 +88,7 @@ int main(int argc, char **argv) {
     cl_event prev = NULL; /* the chained mode's previous kernel */
     enum { N = 200 };
     for (int mode = 0; mode < 12; ++mode) {
-        double t[N];
+        double t[N], own[N]; /* marker END -> last kernel END; that kernel's own START -> END */
         for (int it = -10; it < N; ++it) {
             cl_event before, w = NULL, k1 = NULL, after;
             clEnqueueMarkerWithWaitList(q, 0, NULL, &before);
@@ -157,11 +157,14 @@ int main(int argc, char **argv) {
             if (tmp)
                 clReleaseMemObject(tmp);
             clWaitForEvents(1, &after);
-            cl_ulong s = 0, e = 0;
+            cl_ulong s = 0, e = 0, r = 0;
             clGetEventProfilingInfo(before, CL_PROFILING_COMMAND_END, sizeof s, &s, NULL);
             clGetEventProfilingInfo(after, CL_PROFILING_COMMAND_END, sizeof e, &e, NULL);
-            if (it >= 0)
+            clGetEventProfilingInfo(after, CL_PROFILING_COMMAND_START, sizeof r, &r, NULL);
+            if (it >= 0) {
                 t[it] = (double)(e - s) * 1e-3;
+                own[it] = (double)(e - r) * 1e-3;
+            }
             clReleaseEvent(before), clReleaseEvent(after);
             if (w)
                 clReleaseEvent(w);
@@ -169,7 +172,9 @@ int main(int argc, char **argv) {
                 clReleaseEvent(k1);
         }
         qsort(t, N, sizeof t[0], cmp);
-        printf("%-20s median %7.1f us  min %7.1f us\n", names[mode], t[N / 2], t[0]);
+        qsort(own, N, sizeof own[0], cmp);
+        printf("%-20s median %7.1f us  min %7.1f us  last kernel START->END median %5.1f us\n", names[mode],
+               t[N / 2], t[0], own[N / 2]);
     }
     return 0;
 }
