@@ -104,9 +104,11 @@
 #error "BLOCK_M must be 16*WARPS (64 rows per warpgroup)"
 #endif
 /* Validated on the H200 (test_forward wgmma): head dims 65..128 (padded to
- * 128) with 48- or 64-key tiles. At D <= 64 (one panel), 64-key tiles gave
- * wrong scores there, cause not found, while 128-key tiles passed but ran
- * slower than flash_fwd_nv.cl; so D <= 64 is refused (BENCHMARKS.md). */
+ * 128) with 48- or 64-key tiles. At D <= 64 (one panel), 64-key tiles give
+ * wrong results there from the second tile on (one tile alone is exact, so
+ * the per-tile products and softmax are right; cause not found), while
+ * 128-key tiles passed but ran slower than flash_fwd_nv.cl; so D <= 64 is
+ * refused (BENCHMARKS.md). */
 #if HEAD_DIM <= 64 || HEAD_DIM > 128 || (BLOCK_N != 64 && BLOCK_N != 48)
 #error "flash_fwd_sm90 takes 64 < HEAD_DIM <= 128 and BLOCK_N 48 or 64"
 #endif
