@@ -408,13 +408,14 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
 
 /* ---- varlen and paged attention: the launch -------------------------------------------------- */
 
-/* Writes the batch description, p->meta_count ints: {q_start, nq, k_base,
- * nk} per sequence (k_base: where the sequence's page table starts in the
- * cache's device tables when paged, else its first key), {sequence, first
- * row} per block from blocks_off, then the split counters (zero) from
- * counters_off. Written straight into the upload's staging copy, or the
- * by-value argument's (META_ARGS). */
-static void fill_meta(const serving_plan *p, int *meta) {
+/* Writes the batch description: {q_start, nq, k_base, nk} per sequence
+ * (k_base: where the sequence's page table starts in the cache's device
+ * tables when paged, else its first key), {sequence, first row} per block
+ * from blocks_off, then, with `counters`, the split counters (zero) from
+ * counters_off to meta_count. Written straight into the upload's staging
+ * copy, or without the counters into the by-value argument (META_ARGS: the
+ * counters have a buffer of their own). */
+static void fill_meta(const serving_plan *p, int *meta, int counters) {
     const flashcl_varlen_desc *r = &p->r;
     size_t b = 0;
     for (int i = 0; i < r->num_seqs; ++i) {
@@ -435,7 +436,8 @@ static void fill_meta(const serving_plan *p, int *meta) {
             ++b;
         }
     }
-    memset(meta + p->counters_off, 0, (p->meta_count - p->counters_off) * sizeof(int));
+    if (counters)
+        memset(meta + p->counters_off, 0, (p->meta_count - p->counters_off) * sizeof(int));
 }
 
 /* The context's host staging copies for non-blocking uploads (the serving
@@ -509,7 +511,7 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
     int *host = flashcl_staging_take(ctx, p->meta_count * sizeof(int));
     if (!host)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
-    fill_meta(p, host);
+    fill_meta(p, host, 1);
     return flashcl_staging_upload(ctx, &ctx->serving_meta, &ctx->serving_meta_bytes, p->meta_count * sizeof(int),
                                   ctx->serving_meta_reader, written, "the batch description");
 }
@@ -623,7 +625,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     cl_event written = NULL, attended = NULL, waits[2];
     cl_uint num_waits = 0;
     cl_mem meta;
-    int *arg_meta = NULL;
+    int arg_meta[FLASHCL_BY_VALUE_MAX_INTS]; /* arg_ints of them: the description, zeros after it */
     if (arg_ints) {
         const size_t counters = p->meta_count - p->counters_off;
         if ((st = counters_buffer(ctx, counters * sizeof(int), &written)))
@@ -633,13 +635,8 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         if (ctx->serving_meta_reader)
             waits[num_waits++] = ctx->serving_meta_reader;
         meta = ctx->serving_counters;
-        arg_meta = calloc(p->meta_count > (size_t)arg_ints ? p->meta_count : (size_t)arg_ints, sizeof(int));
-        if (!arg_meta) {
-            if (written)
-                clReleaseEvent(written);
-            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
-        }
-        fill_meta(p, arg_meta);
+        fill_meta(p, arg_meta, 0);
+        memset(arg_meta + p->counters_off, 0, ((size_t)arg_ints - p->counters_off) * sizeof(int));
     } else {
         if ((st = upload_meta(ctx, p, &written)))
             return st;
@@ -683,7 +680,6 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         if (arg_ints)
             err |= clSetKernelArg(kernel, a++, (size_t)arg_ints * sizeof(int), arg_meta);
     }
-    free(arg_meta); /* clSetKernelArg copied it */
     size_t local[3] = {(size_t)c->work_group_size, 1, 1};
     size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
     if (err == CL_SUCCESS)
