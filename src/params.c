@@ -750,12 +750,12 @@ static const decode_entry decode_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, 0, 0, N
 static const decode_entry decode_arch[] = {
     /* Tensor cores (cl/paged_decode_nv.cl) for f16/bf16 with D a multiple
      * of 16; other problems fall to the SIMT decode kernel, then the tiled
-     * one. 2 warps, 16-key tiles, 2 stages: 39 KB of __local at D=128 (1
+     * one. 2 warps, 16-key tiles, 2 stages: 35 KB of __local at D=128 (1
      * warp above D=128). H200, `bench/h200.sh decode`, µs at batch 1/8/64 x
      * context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
      * slower everywhere; slices of at least 512 keys beat 256 at 6 of 9
      * shapes ((1, 32768) 88 against 110 µs; (1, 4096) 56 against 52).
-     * 4 work-groups per compute unit: at 204 registers a thread, 4 of
+     * 4 work-groups per compute unit: at 204-208 registers a thread, 4 of
      * these 64-thread groups fit an SM's registers at once, so the splits
      * fill exactly one wave. Against 16 (nearly 4 waves) at batch 1/4/16 x
      * context 16k/64k/128k: 6 shapes 3-9 % faster ((1, 65536) 127 against
@@ -958,7 +958,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
         /* The entry's work-groups per CU count 2-warp groups: 4 on sm_80+,
-         * one wave of them at 204 registers a thread. The one-warp groups
+         * one wave of them at 204-208 registers a thread. The one-warp groups
          * above D=128 are held by __local instead (42.5 KB each at D=256),
          * and 5 fit an H200 SM: with 5 per CU (4 * 5 / 4), batch 1/4/16/64 x
          * context 16k/128k, 5 shapes ran 2-10 % faster than with 16, two
