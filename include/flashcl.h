@@ -389,9 +389,11 @@ FLASHCL_API flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *cache, int 
  * few query rows per sequence and kv head, runs a memory-bound split-KV
  * kernel (on tensor cores on NVIDIA sm_80+ for f16/bf16), whose last split
  * merges the others; prompts, CPUs and unaligned layouts run a tiled kernel
- * with a separate combine pass. Calls on one context are ordered with each
- * other by events (they share its upload buffer), also on an out-of-order
- * queue. FLASHCL_DECODE_PARAMS overrides the choice (README). */
+ * with a separate combine pass. A decode kernel takes the call's few ints
+ * of batch description as a by-value argument where they fit; otherwise
+ * they are uploaded. Calls on one context are ordered with each other by
+ * events (they share its upload and split-counter buffers), also on an
+ * out-of-order queue. FLASHCL_DECODE_PARAMS overrides the choice (README). */
 typedef struct flashcl_varlen_desc {
     flashcl_dtype dtype;      /* paged: must equal the cache's             */
     int num_seqs;             /* >= 1                                      */
