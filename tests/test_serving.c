@@ -1287,8 +1287,8 @@ int main(int argc, char **argv) {
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, what);
         snprintf(what, sizeof what, "%s: out-of-order queue, four calls sharing a scratch buffer, each right", k);
         ooo_suite(ctx, 0, what);
-        restore_params();
-        if (mma) {
+        if (mma) { /* (without it, the caller's parameters were restored above) */
+            restore_params();
             by_value_suite(ctx, "KERNEL=mma,META_ARGS=1", "mma kernel");
             upload_case("KERNEL=mma,META_ARGS=0", "mma kernel");
         }
