@@ -53,7 +53,7 @@
 #endif
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
 /* Tried on the H200 and taken out (BENCHMARKS.md): page-table reads a tile
- * ahead, L2 prefetches of the tiles ahead (10-15 % slower), rows by
+ * ahead, L2 prefetches of the tiles ahead (up to 15 % slower), rows by
  * cp.async.bulk, and K a tile further ahead than V in its own cp.async group
  * (half a tile more in flight per warp): none faster. The copy stream is
  * not short of requests in flight. */
