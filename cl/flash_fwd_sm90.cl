@@ -1,7 +1,7 @@
 /* flash_fwd_sm90.cl: FlashAttention forward on Hopper's warpgroup MMA (wgmma, sm_90a).
  *
  * Same arguments and semantics as flash_fwd.cl; the host selects this file for
- * float16/bfloat16 with 64 < HEAD_DIM <= 128 on compute capability 9.0.
+ * float16/bfloat16 with HEAD_DIM <= 128 on compute capability 9.0.
  *
  * How it reaches the hardware. NVIDIA's OpenCL compiles for ".target sm_90",
  * where ptxas rejects wgmma, but it accepts PTX for sm_90a back through
@@ -30,16 +30,14 @@
  *   +-----------+-----------+
  *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common.cl)
  *   +-----------+-----------+
- *   |  Q block (BLOCK_M rows) |   before the loop only
- *   +-----------------------+
+ *   |  Q block (BLOCK_M rows) |   before the loop only (after K and V at
+ *   +-----------------------+    HEAD_DIM <= 64: Q_PER_TILE below)
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
  * lands while S is computed, K(n0+BN) while O += P V is. (Built with
  * OVERLAP=1, an experiment: one K and two V buffers of 48-key tiles, the
- * softmax overlapped with the previous tile's P V; see OVERLAP below.) (Two stages of K
- * and V, the next tile loading during the whole current one, fit only with
- * 8 KB tiles; the one configuration tried, D <= 64 with 64 keys, gave wrong
- * results with one stage as with two, so it says nothing about the stages:
- * BENCHMARKS.md.)
+ * softmax overlapped with the previous tile's P V; see OVERLAP below.) Two
+ * stages of K and V, which fit only with the 8 KB tiles of HEAD_DIM <= 64,
+ * measured no faster there than one (BENCHMARKS.md).
  * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
  * 1024 bytes apart. K is K-major (dims contiguous): k-step kk starts
  * 32*(kk%4) bytes into panel kk/4. V is N-major (dims contiguous, keys
@@ -90,10 +88,24 @@
 #define OVERLAP 0
 #endif
 #define KV_BYTES ((OVERLAP ? 3 : 2) * TILE_BYTES)
-/* K and V overwrite Q once its fragments are in registers. (Q kept in
- * __local for an SS wgmma, 32 registers fewer, gave wrong results on the
- * H200: BENCHMARKS.md.) */
+/* Above HEAD_DIM 64, K and V overwrite Q once its fragments are in
+ * registers. At HEAD_DIM <= 64 (one 128-byte panel) Q keeps its own __local
+ * block and each warp reloads its A fragments from it before every tile's
+ * S = Q K^T (Q_PER_TILE): there, fragments loaded once gave wrong scores from
+ * the second tile on on the H200 (exact with K of those tiles zero, wrong
+ * with Q zero, so the A registers no longer held Q), whether or not Q's bytes
+ * had been overwritten, and pinning the registers through empty asm or
+ * copying them each tile did not help. The reload costs about 2 %
+ * (BENCHMARKS.md). (Q kept in __local for an SS wgmma, 32 registers fewer,
+ * gave wrong results at D=128 too.) */
+#define Q_PER_TILE (PANELS == 1)
+#if Q_PER_TILE
+#define Q_AT KV_BYTES
+#define SMEM_USED (KV_BYTES + Q_BYTES)
+#else
+#define Q_AT 0
 #define SMEM_USED (Q_BYTES > KV_BYTES ? Q_BYTES : KV_BYTES)
+#endif
 /* + 1024: room to align the tiles when the compiler does not honour aligned(1024) */
 #define SMEM_BYTES (SMEM_USED + 1024)
 
@@ -103,14 +115,10 @@
 #if BLOCK_M != 16 * WARPS
 #error "BLOCK_M must be 16*WARPS (64 rows per warpgroup)"
 #endif
-/* Validated on the H200 (test_forward wgmma): head dims 65..128 (padded to
- * 128) with 48- or 64-key tiles. At D <= 64 (one panel), 64-key tiles give
- * wrong results there from the second tile on (one tile alone is exact, so
- * the per-tile products and softmax are right; cause not found), while
- * 128-key tiles passed but ran slower than flash_fwd_nv.cl; so D <= 64 is
- * refused (BENCHMARKS.md). */
-#if HEAD_DIM <= 64 || HEAD_DIM > 128 || (BLOCK_N != 64 && BLOCK_N != 48)
-#error "flash_fwd_sm90 takes 64 < HEAD_DIM <= 128 and BLOCK_N 48 or 64"
+/* Validated on the H200 (test_forward wgmma): head dims 32..128 (padded to
+ * 64 or 128) with 48- or 64-key tiles. */
+#if HEAD_DIM > 128 || (BLOCK_N != 64 && BLOCK_N != 48)
+#error "flash_fwd_sm90 takes HEAD_DIM <= 128 and BLOCK_N 48 or 64"
 #endif
 #if SMEM_BYTES > 48000
 #error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
@@ -227,6 +235,21 @@
     } while (0)
 #define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
 
+/* This warp's A fragments of Q (rows 16*warp.., from the block at Q_AT):
+ * lanes 0-15 rows 0-15 at the k-step's dims 0-7, lanes 16-31 the same rows at
+ * dims 8-15: a0, a1, a2, a3 as in flash_fwd_nv. */
+#define LOAD_Q_FRAGS(qf)                                                                           \
+    do {                                                                                           \
+        const int r_ = warp * 16 + lane % 16;                                                      \
+        _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                     \
+            LDMATRIX_X4((qf)[kk], s_base + Q_AT + SW128_OFFSET(r_, 2 * kk + lane / 16, BLOCK_M));  \
+    } while (0)
+#if Q_PER_TILE
+#define RELOAD_Q_FRAGS(qf) LOAD_Q_FRAGS(qf)
+#else
+#define RELOAD_Q_FRAGS(qf) do { } while (0)
+#endif
+
 /* Copies have landed for this work-item and are visible to wgmma's reads. */
 inline void cp_wait_async_proxy(void) {
     cp_wait();
@@ -255,21 +278,17 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     __local ushort *smem = smem_raw + align / 2u;
     const uint s_base = raw_base + align;
 
-    /* Q block -> __local -> A fragments, once. Rows past nq are zero. */
-    copy_tile(smem, s_base, 0, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
+    /* Q block -> __local -> A fragments (again before every tile where
+     * Q_PER_TILE). Rows past nq are zero. */
+    copy_tile(smem, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, q_vec, tid);
     cp_wait();
     barrier(CLK_LOCAL_MEM_FENCE);
     uint qf[K_STEPS][4];
-    {
-        /* lanes 0-15: rows 0-15 of this warp at the k-step's dims 0-7, lanes
-         * 16-31 the same rows at dims 8-15: a0, a1, a2, a3 as in flash_fwd_nv. */
-        const int r = warp * 16 + lane % 16;
-#pragma unroll
-        for (int kk = 0; kk < K_STEPS; ++kk)
-            LDMATRIX_X4(qf[kk], s_base + SW128_OFFSET(r, 2 * kk + lane / 16, BLOCK_M));
-    }
+    LOAD_Q_FRAGS(qf);
+#if !Q_PER_TILE
     /* Every warp has its Q before K overwrites the same bytes. */
     barrier(CLK_LOCAL_MEM_FENCE);
+#endif
 
     const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
     const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
@@ -314,6 +333,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         float s[S_FRAGS][4];
         {
             /* ---- S = Q K^T ---- */
+            RELOAD_Q_FRAGS(qf);
             WGMMA_FENCE();
             S_CHAIN(s, k_tile);
             WGMMA_COMMIT();
@@ -354,6 +374,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
                   BLOCK_N, v_vec, tid);
         cp_wait_async_proxy(); /* K(0) */
         barrier(CLK_LOCAL_MEM_FENCE);
+        RELOAD_Q_FRAGS(qf);
         WGMMA_FENCE();
         S_CHAIN(s, k_tile);
         WGMMA_COMMIT();
@@ -376,6 +397,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         barrier(CLK_LOCAL_MEM_FENCE);
         copy_tile(smem, s_base, v_next, vb + (ulong)n1 * v_ss, v_ss, min(BLOCK_N, nk - n1), BLOCK_N,
                   v_vec, tid);
+        RELOAD_Q_FRAGS(qf);
         WG_FENCE_REGS(acc, O_FRAGS);
         WG_FENCE_REGS_C(pf, P_STEPS, "r");
         WGMMA_FENCE();

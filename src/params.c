@@ -48,10 +48,13 @@
  * move this card. On the H200 (driver 580.159.04, 2026-12-01) `bench/h200.sh
  * final` ran `flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch
  * 4 --heads 32 --budget 35 --confirm 2 --head-dim 64`: the sm_80+ entry
- * (1.00x over it). D=128: the sm_90 wgmma entry of the sweep below. */
+ * (1.00x over it). Since then D <= 64 without a mask runs the wgmma kernel
+ * (BENCHMARKS.md: 295-299 against nv-mma's 281 TFLOP/s; causal level with
+ * nv-mma at 257 / 256, so causal stays on it). D=128: the sm_90 wgmma entry
+ * of the sweep below. */
 static const flashcl_param_entry builtin_device[] = {
-    {"NVIDIA H200", NULL, "nv-mma", F16, 1, 64, PREFILL, 0, 128, 64, 0, 4,
-     "flashcl tune on the H200: 1.982 ms at 4,32,4096,64 (1.00x the sm_80+ entry)"},
+    {"NVIDIA H200", NULL, "nv-wgmma", F16, 1, 64, PREFILL, 0, 128, 64, 0, 8,
+     "bench/h200.sh forward on the H200: 299 TFLOP/s at 4,32,4096,64 (nv-mma 281)"},
     {"NVIDIA H200", NULL, "nv-wgmma", F16, 65, 128, PREFILL, 0, 128, 64, 0, 8,
      "bench/h200.sh forward on the H200: 316 TFLOP/s at 4,32,4096,128 (the sm_90 entry)"},
     {NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
@@ -71,6 +74,12 @@ static const flashcl_param_entry builtin_arch[] = {
      "measured on the H200: 316 TFLOP/s at (4,32,4096,128)"},
     {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 64, 0, 4,
      "measured on the H200: 275 TFLOP/s at (4,32,4096,128) causal"},
+    /* D <= 64, one 128-byte panel (Q reloaded from __local each tile): f16
+     * (4,32,4096,64) 295-299 TFLOP/s against nv-mma's 281 without a mask;
+     * causal 257 against 256 with two warpgroups and 250 with one, so causal
+     * keeps the nv-mma entry below. */
+    {"sm_90", NULL, "nv-wgmma", ANY, 1, 64, PHASE_ANY, 0, 128, 64, 0, 8,
+     "measured on the H200: 295 TFLOP/s at (4,32,4096,64)"},
     /* Tensor cores (cl/flash_fwd_nv.cl), 4 warps. Measured on the H200
      * (f16, 4,32,4096,D, TFLOP/s no mask / causal): D=64 BM128 2-stage
      * 281/256 vs BM64 215/201; D=128 BM64 BN64 250/235 vs BN32 201, BM128
@@ -209,8 +218,10 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         size_t stages = 4 * n * pitch * 2 <= 48000 ? 2 : 1; /* the kernel double-buffers when it fits */
         size_t kv = 2 * stages * n * pitch;
         return (qh > kv ? qh : kv) * 2;
-    } else if (!strcmp(p->variant, "nv-wgmma")) { /* bytes, see SMEM_BYTES: max(Q, K + V stages) + 1024 */
+    } else if (!strcmp(p->variant, "nv-wgmma")) { /* bytes, see SMEM_BYTES: max(Q, K + V) + 1024 */
         size_t dpad = (d + 63) / 64 * 64, tile = n * dpad * 2, qb = m * dpad * 2, kv = 2 * tile;
+        if (dpad == 64) /* Q_PER_TILE: Q keeps its own block after K and V */
+            return qb + kv + 1024;
         return (qb > kv ? qb : kv) + 1024;
     } else if (!strcmp(p->variant, "nv-tf32")) { /* floats, see SMEM_FLOATS: Q, then K + V stages */
         size_t pitch = (d + 7) / 8 * 8 + 4, qf = m * pitch;
@@ -250,8 +261,8 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                                          (p->block_n != 64 && p->block_n != 48)))
         snprintf(why, n, "wgmma kernel: WARPS %d must be a multiple of 4, BLOCK_M %d 16*WARPS and BLOCK_N %d "
                  "48 or 64", p->work_group_size / 32, p->block_m, p->block_n);
-    else if (!strcmp(v, "nv-wgmma") && (head_dim <= 64 || head_dim > 128))
-        snprintf(why, n, "wgmma kernel: head_dim %d outside 65..128", head_dim);
+    else if (!strcmp(v, "nv-wgmma") && (head_dim < 32 || head_dim > 128))
+        snprintf(why, n, "wgmma kernel: head_dim %d outside 32..128", head_dim);
     else if (!strcmp(v, "nv-tf32") && (p->work_group_size < 32 || p->work_group_size % 32 ||
                                         p->block_m != p->work_group_size / 2 || p->block_n % 8))
         snprintf(why, n, "float32 tensor-core kernel: BLOCK_M %d must be 16*WARPS (WARPS %d) and BLOCK_N %d a "
@@ -335,12 +346,12 @@ int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_
     return nv_tensor_cores(ctx) && desc->dtype != FLASHCL_FLOAT32 && desc->head_dim >= 32 && desc->head_dim <= 256;
 }
 
-/* sm_90a code runs on compute capability 9.0 exactly; the kernel takes head dims 65..128. */
+/* sm_90a code runs on compute capability 9.0 exactly; the kernel takes head dims 32..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
     const char *force = getenv("FLASHCL_VARIANT");
     return nv_tensor_cores(ctx) && !ctx->no_sm90a && !(force && !strcmp(force, "nv-mma")) &&
            ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 && desc->dtype != FLASHCL_FLOAT32 &&
-           desc->head_dim > 64 && desc->head_dim <= 128;
+           desc->head_dim >= 32 && desc->head_dim <= 128;
 }
 
 int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
@@ -597,7 +608,7 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
                             !strcmp(e->variant, "nv-mma")
                                 ? "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)"
                             : !strcmp(e->variant, "nv-wgmma")
-                                ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 65..128)"
+                                ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 32..128)"
                                 : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))

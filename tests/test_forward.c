@@ -235,23 +235,60 @@ static int bucket_64_128(int d) {
     return d > 64;
 }
 
+/* The wgmma kernel forced on causal problems of head_dim <= 64 (the table
+ * gives those to nv-mma) through flashcl_set_params, with one and two
+ * warpgroups and 64- and 48-key tiles. */
+static void wgmma_d64_causal(flashcl_context *ctx) {
+    static const int shapes[][2] = {{64, 64}, {130, 301}, {257, 100}, {3, 700}};
+    static const int tiles[][2] = {{64, 64}, {128, 64}, {64, 48}, {128, 48}}; /* block_m, block_n */
+    static const int dims[] = {32, 48, 64};
+    for (int i = 0; i < COUNT(tiles); ++i)
+        for (int j = 0; j < COUNT(shapes); ++j) {
+            test_case tc = test_case_basic((i + j) % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, shapes[j][0],
+                                           shapes[j][1], dims[(i + j) % COUNT(dims)]);
+            tc.causal = 1;
+            tc.heads_q = 4;
+            tc.heads_k = j % 2 ? 1 : 2;
+            flashcl_attention_desc d = {0}; /* the class: dtype, head_dim, prefill, causal */
+            d.dtype = tc.dtype;
+            d.batch = d.heads_q = d.heads_k = 1;
+            d.head_dim = tc.head_dim;
+            d.seqlen_q = tc.seqlen_q;
+            d.seqlen_k = tc.seqlen_k;
+            d.causal = 1;
+            flashcl_params p = {tiles[i][0], tiles[i][1], 0, 2 * tiles[i][0], "nv-wgmma", NULL};
+            printf("nv-wgmma %dx%d, causal: ", tiles[i][0], tiles[i][1]);
+            if (flashcl_set_params(ctx, &d, &p) != FLASHCL_SUCCESS) {
+                ++cases, ++failures;
+                printf("flashcl_set_params: FAILED (%s)\n", flashcl_last_error(ctx));
+                continue;
+            }
+            run(ctx, tc);
+            flashcl_set_params(ctx, &d, NULL);
+        }
+}
+
 /* `test_forward wgmma`: Hopper's warpgroup-MMA kernel (cl/flash_fwd_sm90.cl)
- * with one and two warpgroups over the head dims it takes (65..128,
- * padded to 128). Skips (passing) where it does not apply. */
+ * with one and two warpgroups over the head dims it takes (32..128,
+ * padded to 64 or 128). Skips (passing) where it does not apply. */
 static void wgmma(flashcl_context *ctx) {
     if (!variant_applies_at(ctx, FLASHCL_FLOAT16, 128, "nv-wgmma"))
         return;
-    /* The table's: 2 warpgroups without a mask, 1 with one; forced both
-     * ways, with 64- and 48-key tiles. */
+    /* The table's: 2 warpgroups without a mask, 1 with one above D=64 (at
+     * D <= 64 causal problems go to nv-mma: wgmma_d64_causal forces them);
+     * forced both ways, with 64- and 48-key tiles. */
     static const char *const params[2][4] = {
-        {NULL, NULL, NULL, NULL}, /* no head dim of this bucket */
+        {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=4,BLOCK_M=64"},
         {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=8,BLOCK_M=128"}};
-    static const int dims[] = {65, 72, 80, 96, 111, 127, 128};
+    static const int dims[] = {32, 40, 59, 64, 65, 72, 80, 96, 111, 127, 128};
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
     forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
+    edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 64, 32, 48);
     setenv("FLASHCL_PARAMS", "WARPS=4,BLOCK_M=64", 1);
     edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 72, 128, 111);
+    unsetenv("FLASHCL_PARAMS");
+    wgmma_d64_causal(ctx);
     /* 48-key tiles (the shape of the OVERLAP loop, under -DOVERLAP=1): the
      * edge cases, and blocks of one, two and three tiles (keys 1, 30, 48, 49,
      * 96, 97), causal and not. */

@@ -511,7 +511,15 @@ static void test_levels(void) {
            "sm_90, f16 causal D=96: the causal sm_90 entry (nv-wgmma 64x64, 4 warps)", &failures);
     flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
     flashcl_attention_params(ctx, &d16_64, &p);
-    expect(!strcmp(p.variant, "nv-mma"), "sm_90, f16 D=64: nv-mma (nv-wgmma takes 65..128)", &failures);
+    expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 128 && p.work_group_size == 256 &&
+               flashcl_forward_local_bytes(&p, 64) == 128 * 128 + 2 * 64 * 128 + 1024,
+           "sm_90, f16 D=64: nv-wgmma, 2 warpgroups, Q in __local beside K and V", &failures);
+    flashcl_attention_desc d16_64c = desc_of(FLASHCL_FLOAT16, 1000, 64, 1);
+    flashcl_attention_params(ctx, &d16_64c, &p);
+    expect(!strcmp(p.variant, "nv-mma"), "sm_90, f16 causal D=64: nv-mma (level with nv-wgmma)", &failures);
+    flashcl_attention_desc d16_16 = desc_of(FLASHCL_FLOAT16, 1000, 16, 0);
+    flashcl_attention_params(ctx, &d16_16, &p);
+    expect(strcmp(p.variant, "nv-wgmma") != 0, "sm_90, f16 D=16: not nv-wgmma (it takes 32..128)", &failures);
     setenv("FLASHCL_VARIANT", "nv-mma", 1);
     flashcl_attention_params(ctx, &d16, &p);
     expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-mma") && p.block_n == 64 &&

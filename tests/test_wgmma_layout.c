@@ -1,12 +1,13 @@
 /* test_wgmma_layout.c: the shared-memory layouts flash_fwd_sm90.cl hands to wgmma, one MMA at a
  * time (tests/wgmma_probe.cl), on Hopper only (compute capability 9.0; elsewhere: skipped, passing).
  *
- * The forward kernel was right with two-panel tiles (head dims 65..128) and wrong with one-panel
- * 64-key tiles (head_dim <= 64) and with Q read through a descriptor, causes unknown
- * (BENCHMARKS.md). This runs the MMA alone on known small integers, so every product is exact in
- * float and compared with ==: each tile shape (rows, one or two 128-byte panels), k-step, panel,
- * operand form (K-major B, N-major B, A from __local) and tile position gets a line saying whether
- * the hardware read what the layout means. Not a timing; bench/h200.sh runs it with the GPU tests.
+ * The forward kernel was right with two-panel tiles (head dims 65..128), wrong with one-panel
+ * 64-key tiles (head_dim <= 64) until it reloaded Q's A fragments before every tile, and wrong
+ * with Q read through a descriptor (BENCHMARKS.md). This runs the MMA alone on known small
+ * integers, so every product is exact in float and compared with ==: each tile shape (rows, one
+ * or two 128-byte panels), k-step, panel, operand form (K-major B, N-major B, A from __local) and
+ * tile position gets a line saying whether the hardware read what the layout means. Not a
+ * timing; bench/h200.sh runs it with the GPU tests.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>

@@ -87,7 +87,7 @@ static const tune_space tune_spaces[] = {
      "BLOCK_M == 16*WARPS; BLOCK_N % 8 == 0; tiles <= 48000 B"},
     /* cl/flash_fwd_sm90.cl: whole warpgroups of 64 rows. */
     {"nv-wgmma", {64, 128, 0}, {48, 64, 0}, "WARPS", {4, 8, 0}, 16,
-     "WARPS % 4 == 0; BLOCK_M == 16*WARPS; BLOCK_N 48 or 64; head_dim 65..128"},
+     "WARPS % 4 == 0; BLOCK_M == 16*WARPS; BLOCK_N 48 or 64; head_dim 32..128"},
 };
 
 typedef struct candidate {
