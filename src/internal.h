@@ -131,7 +131,7 @@ int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_
 /* 1 when the float32 tensor-core variant applies (NVIDIA sm_80+, f32, D <= 128). */
 int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
 /* cl/flash_fwd_sm90.cl applies: NVIDIA compute capability 9.0 whose driver has
- * built it (or not yet tried), f16/bf16, head_dim 65..128. */
+ * built it (or not yet tried), f16/bf16, head_dim 32..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
