@@ -30,12 +30,12 @@
  *   +-----------+-----------+
  *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common.cl)
  *   +-----------+-----------+
- *   |  Q block (BLOCK_M rows) |   before the loop only (after K and V at
- *   +-----------------------+    HEAD_DIM <= 64: Q_PER_TILE below)
+ *   |  Q block (BLOCK_M rows) |   read before the loop only; at HEAD_DIM <= 64 a
+ *   +-----------------------+    block of its own, read every tile (Q_PER_TILE)
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
  * lands while S is computed, K(n0+BN) while O += P V is. (Built with
- * OVERLAP=1, an experiment: one K and two V buffers of 48-key tiles, the
- * softmax overlapped with the previous tile's P V; see OVERLAP below.) Two
+ * OVERLAP=1, an experiment: one K and two V buffers (of 48-key tiles at
+ * D > 64, where three of 64 keys do not fit), the softmax overlapped with the previous tile's P V; see OVERLAP below.) Two
  * stages of K and V, which fit only with the 8 KB tiles of HEAD_DIM <= 64,
  * measured no faster there than one (BENCHMARKS.md).
  * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
@@ -80,10 +80,11 @@
 #ifndef OVERLAP
 #define OVERLAP 0 /* 1: softmax overlapped with the previous tile's P V (below); off until timed */
 #endif
-#if OVERLAP && 3 * BLOCK_N * HEAD_DIM_PAD * 2 + 1024 > 48000
-/* Three tiles do not fit (64 keys at D=128): the plain loop, so that a test
- * run under -DOVERLAP=1 still builds its 64-key cases; a timing of OVERLAP
- * must ask for BLOCK_N=48. */
+#if OVERLAP && 3 * BLOCK_N * HEAD_DIM_PAD * 2 + (HEAD_DIM_PAD == 64 ? BLOCK_M * 128 : 0) + 1024 > 48000
+/* Three tiles (and at D <= 64 the Q block, Q_PER_TILE below) do not fit, as
+ * 64 keys at D=128: the plain loop, so that a test run under -DOVERLAP=1
+ * still builds those cases; a timing of OVERLAP there must ask for
+ * BLOCK_N=48. */
 #undef OVERLAP
 #define OVERLAP 0
 #endif
@@ -116,12 +117,12 @@
 #error "BLOCK_M must be 16*WARPS (64 rows per warpgroup)"
 #endif
 /* Validated on the H200 (test_forward wgmma): head dims 32..128 (padded to
- * 64 or 128) with 48- or 64-key tiles. */
-#if HEAD_DIM > 128 || (BLOCK_N != 64 && BLOCK_N != 48)
-#error "flash_fwd_sm90 takes HEAD_DIM <= 128 and BLOCK_N 48 or 64"
+ * 64 or 128) with 48- or 64-key tiles; the host does not ask for less. */
+#if HEAD_DIM < 32 || HEAD_DIM > 128 || (BLOCK_N != 64 && BLOCK_N != 48)
+#error "flash_fwd_sm90 takes 32 <= HEAD_DIM <= 128 and BLOCK_N 48 or 64"
 #endif
 #if SMEM_BYTES > 48000
-#error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
+#error "K and V tiles (the Q block, or at HEAD_DIM <= 64 both) exceed NVIDIA's ~47 KB of __local memory"
 #endif
 #ifndef FLASHCL_NV_PTX
 #error "flash_fwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"

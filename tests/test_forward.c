@@ -258,9 +258,13 @@ static void wgmma_d64_causal(flashcl_context *ctx) {
             d.causal = 1;
             flashcl_params p = {tiles[i][0], tiles[i][1], 0, 2 * tiles[i][0], "nv-wgmma", NULL};
             printf("nv-wgmma %dx%d, causal: ", tiles[i][0], tiles[i][1]);
-            if (flashcl_set_params(ctx, &d, &p) != FLASHCL_SUCCESS) {
+            flashcl_params got;
+            if (flashcl_set_params(ctx, &d, &p) != FLASHCL_SUCCESS ||
+                flashcl_attention_params(ctx, &d, &got) != FLASHCL_SUCCESS || strcmp(got.variant, "nv-wgmma") ||
+                got.block_m != p.block_m || got.block_n != p.block_n) {
                 ++cases, ++failures;
-                printf("flashcl_set_params: FAILED (%s)\n", flashcl_last_error(ctx));
+                printf("flashcl_set_params: FAILED (not in force: %s)\n", flashcl_last_error(ctx));
+                flashcl_set_params(ctx, &d, NULL);
                 continue;
             }
             run(ctx, tc);

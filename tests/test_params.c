@@ -514,9 +514,22 @@ static void test_levels(void) {
     expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 128 && p.work_group_size == 256 &&
                flashcl_forward_local_bytes(&p, 64) == 128 * 128 + 2 * 64 * 128 + 1024,
            "sm_90, f16 D=64: nv-wgmma, 2 warpgroups, Q in __local beside K and V", &failures);
+    flashcl_attention_desc bf16_40 = desc_of(FLASHCL_BFLOAT16, 1000, 40, 0);
+    flashcl_attention_params(ctx, &bf16_40, &p);
+    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 128 &&
+               p.work_group_size == 256,
+           "sm_90, bf16 D=40: the sm_90 arch entry (nv-wgmma 128x64, 8 warps)", &failures);
     flashcl_attention_desc d16_64c = desc_of(FLASHCL_FLOAT16, 1000, 64, 1);
     flashcl_attention_params(ctx, &d16_64c, &p);
-    expect(!strcmp(p.variant, "nv-mma"), "sm_90, f16 causal D=64: nv-mma (level with nv-wgmma)", &failures);
+    expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-mma"),
+           "sm_90, f16 causal D=64: the sm_80+ nv-mma entry (level with nv-wgmma)", &failures);
+    flashcl_params wg64 = {64, 48, 0, 128, "nv-wgmma", NULL};
+    expect(flashcl_set_params(ctx, &d16_64c, &wg64) == FLASHCL_SUCCESS &&
+               flashcl_attention_params(ctx, &d16_64c, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma") &&
+               !strcmp(p.source, "set: flashcl_set_params") && p.block_m == 64 && p.block_n == 48,
+           "sm_90, f16 causal D=64: nv-wgmma through flashcl_set_params (test_forward wgmma forces it so)",
+           &failures);
+    flashcl_set_params(ctx, &d16_64c, NULL);
     flashcl_attention_desc d16_16 = desc_of(FLASHCL_FLOAT16, 1000, 16, 0);
     flashcl_attention_params(ctx, &d16_16, &p);
     expect(strcmp(p.variant, "nv-wgmma") != 0, "sm_90, f16 D=16: not nv-wgmma (it takes 32..128)", &failures);

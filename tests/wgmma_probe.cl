@@ -3,9 +3,9 @@
  * read through the same kind of matrix descriptor. tests/test_wgmma_layout.c runs it over tile
  * shapes, k-steps, panels and tile positions and compares every element with the exact product.
  * It exists to pin down which layouts the descriptors describe correctly on the hardware: the
- * forward kernel gave wrong results with 64-key tiles at head_dim <= 64 (one 128-byte panel) and
- * with Q read from __local (A through a descriptor), while two-panel tiles were right
- * (BENCHMARKS.md).
+ * forward kernel gave wrong results with 64-key tiles at head_dim <= 64 (one 128-byte panel)
+ * until it reloaded Q's A fragments before every tile, and with Q read from __local (A through a
+ * descriptor), while two-panel tiles were right (BENCHMARKS.md).
  *
  * Built with -DFLASHCL_NV_PTX -DFLASHCL_SM90A (src/program.c then rebuilds it for sm_90a) and
  *   ROWS  rows of the B tile (keys), a multiple of 16
