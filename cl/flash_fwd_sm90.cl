@@ -35,9 +35,10 @@
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
  * lands while S is computed, K(n0+BN) while O += P V is. (Built with
  * OVERLAP=1, an experiment: one K and two V buffers (of 48-key tiles at
- * D > 64, where three of 64 keys do not fit), the softmax overlapped with the previous tile's P V; see OVERLAP below.) Two
- * stages of K and V, which fit only with the 8 KB tiles of HEAD_DIM <= 64,
- * measured no faster there than one (BENCHMARKS.md).
+ * D > 64, where three of 64 keys do not fit), the softmax overlapped with
+ * the previous tile's P V; see OVERLAP below.) Two stages of K and V, which
+ * fit only with the 8 KB tiles of HEAD_DIM <= 64, measured no faster there
+ * than one (BENCHMARKS.md).
  * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
  * 1024 bytes apart. K is K-major (dims contiguous): k-step kk starts
  * 32*(kk%4) bytes into panel kk/4. V is N-major (dims contiguous, keys
@@ -80,8 +81,10 @@
 #ifndef OVERLAP
 #define OVERLAP 0 /* 1: softmax overlapped with the previous tile's P V (below); off until timed */
 #endif
-#if OVERLAP && 3 * BLOCK_N * HEAD_DIM_PAD * 2 + (HEAD_DIM_PAD == 64 ? BLOCK_M * 128 : 0) + 1024 > 48000
-/* Three tiles (and at D <= 64 the Q block, Q_PER_TILE below) do not fit, as
+/* At one panel Q has a __local block of its own, reloaded every tile (why: below). */
+#define Q_PER_TILE (PANELS == 1)
+#if OVERLAP && 3 * TILE_BYTES + (Q_PER_TILE ? Q_BYTES : 0) + 1024 > 48000
+/* Three tiles (and at D <= 64 the Q block, Q_PER_TILE) do not fit, as
  * 64 keys at D=128: the plain loop, so that a test run under -DOVERLAP=1
  * still builds those cases; a timing of OVERLAP there must ask for
  * BLOCK_N=48. */
@@ -99,7 +102,6 @@
  * copying them each tile did not help. The reload costs about 2 %
  * (BENCHMARKS.md). (Q kept in __local for an SS wgmma, 32 registers fewer,
  * gave wrong results at D=128 too.) */
-#define Q_PER_TILE (PANELS == 1)
 #if Q_PER_TILE
 #define Q_AT KV_BYTES
 #define SMEM_USED (KV_BYTES + Q_BYTES)

@@ -249,13 +249,9 @@ static void wgmma_d64_causal(flashcl_context *ctx) {
             tc.causal = 1;
             tc.heads_q = 4;
             tc.heads_k = j % 2 ? 1 : 2;
-            flashcl_attention_desc d = {0}; /* the class: dtype, head_dim, prefill, causal */
-            d.dtype = tc.dtype;
-            d.batch = d.heads_q = d.heads_k = 1;
-            d.head_dim = tc.head_dim;
-            d.seqlen_q = tc.seqlen_q;
-            d.seqlen_k = tc.seqlen_k;
-            d.causal = 1;
+            flashcl_attention_desc d; /* its class: dtype, head_dim, prefill, causal */
+            size_t elems[4];
+            case_desc(&tc, &d, elems);
             flashcl_params p = {tiles[i][0], tiles[i][1], 0, 2 * tiles[i][0], "nv-wgmma", NULL};
             printf("nv-wgmma %dx%d, causal: ", tiles[i][0], tiles[i][1]);
             flashcl_params got;
