@@ -30,8 +30,8 @@
  *   +-----------+-----------+
  *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common.cl)
  *   +-----------+-----------+
- *   |  Q block (BLOCK_M rows) |   read before the loop only; at HEAD_DIM <= 64 a
- *   +-----------------------+    block of its own, read every tile (Q_PER_TILE)
+ *   |  Q block (BLOCK_M rows) |   read before the loop only; where it fits (every
+ *   +-----------------------+    HEAD_DIM <= 64) a block of its own, read every tile (Q_PER_TILE)
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
  * lands while S is computed, K(n0+BN) while O += P V is. (Built with
  * OVERLAP=1, an experiment: one K and two V buffers (of 48-key tiles at
@@ -81,21 +81,25 @@
 #ifndef OVERLAP
 #define OVERLAP 0 /* 1: softmax overlapped with the previous tile's P V (below); off until timed */
 #endif
-/* At one panel Q has a __local block of its own, reloaded every tile (why: below). */
-#define Q_PER_TILE (PANELS == 1)
-#if OVERLAP && 3 * TILE_BYTES + (Q_PER_TILE ? Q_BYTES : 0) + 1024 > 48000
-/* Three tiles (and at D <= 64 the Q block, Q_PER_TILE) do not fit, as
- * 64 keys at D=128: the plain loop, so that a test run under -DOVERLAP=1
- * still builds those cases; a timing of OVERLAP there must ask for
- * BLOCK_N=48. */
+/* At one panel Q must have a __local block of its own, reloaded every tile (why: below). */
+#if OVERLAP && 3 * TILE_BYTES + (PANELS == 1 ? Q_BYTES : 0) + 1024 > 48000
+/* Three tiles (and at D <= 64 the Q block) do not fit, as 64 keys at
+ * D=128: the plain loop, so that a test run under -DOVERLAP=1 still builds
+ * those cases; a timing of OVERLAP there must ask for BLOCK_N=48. */
 #undef OVERLAP
 #define OVERLAP 0
 #endif
 #define KV_BYTES ((OVERLAP ? 3 : 2) * TILE_BYTES)
-/* Above HEAD_DIM 64, K and V overwrite Q once its fragments are in
- * registers. At HEAD_DIM <= 64 (one 128-byte panel) Q keeps its own __local
- * block and each warp reloads its A fragments from it before every tile's
- * S = Q K^T (Q_PER_TILE): there, fragments loaded once gave wrong scores from
+#define Q_PER_TILE (PANELS == 1 || KV_BYTES + Q_BYTES + 1024 <= 48000)
+/* Where Q's block fits beside K and V (Q_PER_TILE: every HEAD_DIM <= 64,
+ * and one warpgroup with 48-key tiles above) it keeps it, and each warp
+ * reloads its A fragments from it before every tile's S = Q K^T; elsewhere
+ * K and V overwrite Q once its fragments are in registers. Above HEAD_DIM
+ * 64 the reload frees Q's 32 registers outside the S chain: one warpgroup
+ * then fits 168 registers without spilling, three groups an SM, which the
+ * host asks for (flashcl_nv_wgmma_max_registers, src/params.c). At
+ * HEAD_DIM <= 64 (one 128-byte panel) the reload is a fix, not a choice:
+ * there, fragments loaded once gave wrong scores from
  * the second tile on on the H200 (exact with K of those tiles zero, wrong
  * with Q zero, so the A registers no longer held Q), whether or not Q's bytes
  * had been overwritten, and pinning the registers through empty asm or

@@ -184,14 +184,19 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", options[512];
+    char define[32] = "", cap[40] = "", options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
+    /* A cap in FLASHCL_BUILD_OPTIONS replaces this one. */
+    const int max_registers = flashcl_nv_wgmma_max_registers(p, r->head_dim);
+    if (max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))
+        snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", max_registers);
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s",
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s",
              (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
-             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", extra ? " " : "", extra ? extra : "");
+             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", cap, extra ? " " : "",
+             extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 

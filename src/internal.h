@@ -136,6 +136,9 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
+/* The register cap (-DFLASHCL_NV_MAXNREG) the nv-wgmma kernel is built with
+ * under params at head_dim; 0: none. */
+int flashcl_nv_wgmma_max_registers(const flashcl_params *params, int head_dim);
 /* __local bytes the cpu, portable and nv-mma kernels need (0 for others). */
 size_t flashcl_forward_local_bytes(const flashcl_params *params, int head_dim);
 /* 1 when params can run on the device for this head_dim; else 0 and *why says why. */

@@ -68,12 +68,14 @@ static const flashcl_param_entry builtin_arch[] = {
      * causal (bench/h200.sh forward, SWEEP=1): two warpgroups sharing 64-key
      * tiles 316 / 328 | 265 / 295; one warpgroup, 64 keys 316 / 323 | 275 /
      * 296 (causal blocks differ in length, and smaller independent groups
-     * fill the SMs better). Capping one warpgroup at 168 registers (three
-     * groups an SM) gained up to 4 % causal but spills, so it is not used. */
+     * fill the SMs better). Causal: one warpgroup, 48-key tiles, Q reloaded
+     * each tile and 168 registers (flashcl_nv_wgmma_max_registers: three
+     * groups an SM) 290 / 315, against 275 / 297 for one warpgroup of 64 keys;
+     * without a mask that is 315 / 317 against 317 / 327 for two. */
     {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 0, 128, 64, 0, 8,
      "measured on the H200: 316 TFLOP/s at (4,32,4096,128)"},
-    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 64, 0, 4,
-     "measured on the H200: 275 TFLOP/s at (4,32,4096,128) causal"},
+    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 48, 0, 4,
+     "measured on the H200: 290 TFLOP/s at (4,32,4096,128) causal"},
     /* D <= 64, one 128-byte panel (Q reloaded from __local each tile): f16
      * (4,32,4096,64) 295-299 TFLOP/s against nv-mma's 281 without a mask;
      * causal 257 against 256 with two warpgroups and 250 with one, so causal
@@ -202,6 +204,27 @@ static const char *intern(const flashcl_context *ctx, const char *fmt, const cha
 
 /* ---- fitting ----------------------------------------------------------------------------- */
 
+/* cl/flash_fwd_sm90.cl's Q_PER_TILE: Q keeps a __local block of its own
+ * beside one K and one V tile wherever the three fit in 48000 bytes (with
+ * the kernel's 1024 of alignment room), which is every head dim <= 64 and,
+ * above, one warpgroup with 48-key tiles. */
+static int wgmma_q_own_block(int head_dim, int block_m, int block_n) {
+    const size_t dpad = ((size_t)head_dim + 63) / 64 * 64;
+    return dpad == 64 || ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= 48000;
+}
+
+int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
+    /* Above head dim 64, Q reloaded every tile frees its 32 registers outside
+     * the S chain, and one warpgroup fits 168 without spilling (ptxas on the
+     * H200: 162, against 198 uncapped without the reload): 3 x 128 x 168 of
+     * the SM's 65536 registers, three groups an SM. Capped, the causal
+     * (4,32,4096,128) ran 290 TFLOP/s against 268 uncapped (BENCHMARKS.md). */
+    if (p->variant && !strcmp(p->variant, "nv-wgmma") && head_dim > 64 && p->work_group_size == 128 &&
+        wgmma_q_own_block(head_dim, p->block_m, p->block_n))
+        return 168;
+    return 0;
+}
+
 size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)p->block_m, n = (size_t)p->block_n, floats;
     if (!strcmp(p->variant, "cpu")) { /* q, acc, K^T, V, S: see cl/flash_fwd_cpu.cl */
@@ -220,7 +243,7 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         return (qh > kv ? qh : kv) * 2;
     } else if (!strcmp(p->variant, "nv-wgmma")) { /* bytes, see SMEM_BYTES: max(Q, K + V) + 1024 */
         size_t dpad = (d + 63) / 64 * 64, tile = n * dpad * 2, qb = m * dpad * 2, kv = 2 * tile;
-        if (dpad == 64) /* Q_PER_TILE: Q keeps its own block after K and V */
+        if (wgmma_q_own_block(head_dim, p->block_m, p->block_n)) /* Q_PER_TILE: after K and V */
             return qb + kv + 1024;
         return (qb > kv ? qb : kv) + 1024;
     } else if (!strcmp(p->variant, "nv-tf32")) { /* floats, see SMEM_FLOATS: Q, then K + V stages */

@@ -274,9 +274,10 @@ static void wgmma_d64_causal(flashcl_context *ctx) {
 static void wgmma(flashcl_context *ctx) {
     if (!variant_applies_at(ctx, FLASHCL_FLOAT16, 128, "nv-wgmma"))
         return;
-    /* The table's: 2 warpgroups without a mask, 1 with one above D=64 (at
-     * D <= 64 causal problems go to nv-mma: wgmma_d64_causal forces them);
-     * forced both ways, with 64- and 48-key tiles. */
+    /* The table's: 2 warpgroups without a mask, 1 with 48-key tiles (Q in a
+     * block of its own, 168 registers) with one above D=64 (at D <= 64 causal
+     * problems go to nv-mma: wgmma_d64_causal forces them); forced both
+     * ways, with 64- and 48-key tiles. */
     static const char *const params[2][4] = {
         {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=4,BLOCK_M=64"},
         {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=8,BLOCK_M=128"}};

@@ -40,6 +40,7 @@ configs=(
   "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4 -DCP_ASYNC_L2=128|1"
   "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=8|3"
   "flash_fwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=80 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=4|3"
+  "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=4|3"
   "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=4 -DOVERLAP=1|3"
   "../tests/wgmma_probe.cl|-DROWS=64 -DDPAD=64|3"
   "../tests/wgmma_probe.cl|-DROWS=48 -DDPAD=128|3"

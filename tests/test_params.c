@@ -507,8 +507,17 @@ static void test_levels(void) {
     flashcl_attention_desc d16c = desc_of(FLASHCL_FLOAT16, 1000, 96, 1);
     flashcl_attention_params(ctx, &d16c, &p);
     expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
-               p.block_n == 64 && p.work_group_size == 128,
-           "sm_90, f16 causal D=96: the causal sm_90 entry (nv-wgmma 64x64, 4 warps)", &failures);
+               p.block_n == 48 && p.work_group_size == 128,
+           "sm_90, f16 causal D=96: the causal sm_90 entry (nv-wgmma 64x48, 4 warps)", &failures);
+    /* There Q keeps its own block beside K and V (Q_PER_TILE) and the build
+     * caps registers at 168; nowhere else above D=64. */
+    expect(flashcl_forward_local_bytes(&p, 96) == 64 * 256 + 2 * 48 * 256 + 1024 &&
+               flashcl_nv_wgmma_max_registers(&p, 96) == 168 && flashcl_nv_wgmma_max_registers(&p, 64) == 0,
+           "sm_90 causal D=96: Q's own block, 41 KB, and a 168-register cap", &failures);
+    flashcl_params wide = {64, 64, 0, 128, "nv-wgmma", NULL}, two = {128, 48, 0, 256, "nv-wgmma", NULL};
+    expect(flashcl_forward_local_bytes(&wide, 128) == 2 * 64 * 256 + 1024 &&
+               flashcl_nv_wgmma_max_registers(&wide, 128) == 0 && flashcl_nv_wgmma_max_registers(&two, 128) == 0,
+           "nv-wgmma D=128, 64-key tiles or two warpgroups: Q under K and V, no cap", &failures);
     flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
     flashcl_attention_params(ctx, &d16_64, &p);
     expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 128 && p.work_group_size == 256 &&
