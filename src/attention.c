@@ -184,18 +184,23 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", cap[40] = "", options[512];
+    char define[32] = "", cap[40] = "", order[24] = "", options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
+    /* Rows that see more keys the later they are (a causal mask, or a window
+     * bounded on the right only): nv-mma takes its longest blocks first
+     * (LPT_HEADS, cl/common.cl). */
+    if (!strcmp(v->name, "nv-mma") && r->window_left < 0 && r->window_right >= 0)
+        snprintf(order, sizeof order, " -DLPT_HEADS=8");
     /* A cap in FLASHCL_BUILD_OPTIONS replaces this one. */
     const int max_registers = flashcl_nv_wgmma_max_registers(p, r->head_dim);
     if (max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))
         snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", max_registers);
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s",
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s",
              (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
-             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", cap, extra ? " " : "",
+             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", cap, order, extra ? " " : "",
              extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }

@@ -203,6 +203,21 @@ static void mma(flashcl_context *ctx) {
     static const int dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 256};
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
     forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128_256);
+    /* Causal, and a window bounded on the right only, over more (batch,
+     * head) pairs than one chunk of the longest-first order (LPT_HEADS=8,
+     * cl/common.cl): 3 x 6 = 18 pairs, two whole chunks and one of 2. */
+    for (int i = 0; i < 2; ++i) {
+        test_case tc = test_case_basic(i ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, 300 + 41 * i, 333, i ? 128 : 64);
+        tc.batch = 3;
+        tc.heads_q = 6;
+        tc.heads_k = 2;
+        if (i)
+            tc.window_right = 5;
+        else
+            tc.causal = 1;
+        printf("FLASHCL_PARAMS=(table), 18 heads: ");
+        run(ctx, tc);
+    }
     setenv("FLASHCL_PARAMS", "BLOCK_M=128,BLOCK_N=32", 1);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 128, 96);
     unsetenv("FLASHCL_PARAMS");

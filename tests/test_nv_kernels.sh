@@ -19,6 +19,7 @@ failures=0 cases=0
 # assembled for sm_90a), 0: builds
 configs=(
   "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4|1"
+  "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=4 -DLPT_HEADS=8|1"
   "flash_fwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=32 -DBLOCK_M=256 -DBLOCK_N=32 -DWARPS=8|1"
   "flash_fwd_nv.cl|-DDTYPE=2 -DHEAD_DIM=59 -DBLOCK_M=64 -DBLOCK_N=64 -DWARPS=4|1"
   "flash_fwd_nv.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=64 -DWARPS=4|1"
