@@ -402,27 +402,32 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
 #ifndef LPT_HEADS
 #define LPT_HEADS 0
 #endif
-/* The order of the forward's row blocks. The hardware starts work-groups in
- * order of their linear id, dimension 0 (the row block) fastest, and the
- * last blocks of a causal head see the most keys, so by default each head's
- * blocks run last-first. Built with LPT_HEADS = n (the host asks for 8 for
- * nv-mma with a causal mask), the ids are taken in chunks of n (batch,
- * head) pairs instead, and within a chunk the longest blocks of all its
- * heads come first (longest processing time first): the short blocks then
- * fill the SMs at the end, not a long one started late. n pairs, not all,
- * so that the K and V being read at a time are those of a few heads, which
- * stay in L2. On the H200: causal (4,32,4096,64) 273 TFLOP/s against 256
- * by head; the wgmma kernel at D=128 was slower, by 1-11 % (BENCHMARKS.md). */
+/* The order of the row (or key) blocks. The hardware starts work-groups in
+ * order of their linear id, dimension 0 (the block) fastest, and under a
+ * causal mask a head's last row blocks see the most keys (its first key
+ * blocks the most rows), so by default each head's blocks run longest
+ * first. Built with LPT_HEADS = n (the host asks for 8 for nv-mma with a
+ * causal mask), the ids are taken in chunks of n (batch, head) pairs
+ * instead, and within a chunk the longest blocks of all its heads come
+ * first (longest processing time first): the short blocks then fill the SMs
+ * at the end, not a long one started late. n pairs, not all, so that the K
+ * and V being read at a time are those of a few heads, which stay in L2. On
+ * the H200: causal (4,32,4096,64) 273 TFLOP/s against 256 by head; the
+ * wgmma kernel at D=128 was slower, by 1-11 % (BENCHMARKS.md).
+ * LPT_PLACE(rank, pair): rank 0 is the block to run first, pair = b *
+ * get_num_groups(1) + head. */
 #if LPT_HEADS
-#define NV_FWD_ORDER                                                                               \
+#define LPT_PLACE(rank, pair)                                                                      \
     const int n0_ = (int)get_num_groups(0), hb_all_ = (int)(get_num_groups(1) * get_num_groups(2)); \
     const int lin_ = (int)get_group_id(0) + n0_ * (int)(get_group_id(1) + get_num_groups(1) * get_group_id(2)); \
     const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;             \
     const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                                \
-    const int hb_ = chunk_ * LPT_HEADS + in_ % width_;                                             \
-    const int m0 = (n0_ - 1 - in_ / width_) * BLOCK_M;                                             \
-    const int hq = hb_ % (int)get_num_groups(1);                                                   \
-    const int b = hb_ / (int)get_num_groups(1)
+    const int pair = chunk_ * LPT_HEADS + in_ % width_, rank = in_ / width_
+#define NV_FWD_ORDER                                                                               \
+    LPT_PLACE(rank_, pair_);                                                                       \
+    const int m0 = ((int)get_num_groups(0) - 1 - rank_) * BLOCK_M;                                 \
+    const int hq = pair_ % (int)get_num_groups(1);                                                 \
+    const int b = pair_ / (int)get_num_groups(1)
 #else
 #define NV_FWD_ORDER                                                                               \
     const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;                       \

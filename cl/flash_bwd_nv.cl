@@ -211,8 +211,14 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+#if LPT_HEADS
+    LPT_PLACE(rank, pair); /* first key blocks first: they see the most rows */
+    const int n0 = rank * OWN;
+    const int hk = pair % (int)get_num_groups(1), b = pair / (int)get_num_groups(1);
+#else
     const int n0 = (int)get_group_id(0) * OWN;
     const int hk = (int)get_global_id(1), b = (int)get_global_id(2);
+#endif
     const int heads_q = (int)get_global_size(1) * group;
     const uint s_base = shared_addr(smem);
 
@@ -466,8 +472,14 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     /* Last blocks first: under a causal mask they see the most keys. */
+#if LPT_HEADS
+    LPT_PLACE(rank, pair);
+    const int m0 = ((int)get_num_groups(0) - 1 - rank) * OWN;
+    const int hq = pair % (int)get_num_groups(1), b = pair / (int)get_num_groups(1);
+#else
     const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * OWN;
     const int hq = (int)get_global_id(1), b = (int)get_global_id(2);
+#endif
     const int hk = hq / group;
     const int rows_q = min(OWN, nq - m0);
     const uint s_base = shared_addr(smem);

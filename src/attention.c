@@ -187,11 +187,10 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     char define[32] = "", cap[40] = "", order[24] = "", options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
-    /* Rows that see more keys the later they are (a causal mask, or a window
-     * bounded on the right only): nv-mma takes its longest blocks first
-     * (LPT_HEADS, cl/common.cl). */
-    if (!strcmp(v->name, "nv-mma") && r->window_left < 0 && r->window_right >= 0)
-        snprintf(order, sizeof order, " -DLPT_HEADS=8");
+    /* Longest blocks first where they differ (not nv-wgmma: slower there). */
+    const int lpt = flashcl_lpt_heads(r);
+    if (lpt && (!strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32")))
+        snprintf(order, sizeof order, " -DLPT_HEADS=%d", lpt);
     /* A cap in FLASHCL_BUILD_OPTIONS replaces this one. */
     const int max_registers = flashcl_nv_wgmma_max_registers(p, r->head_dim);
     if (max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))

@@ -213,6 +213,15 @@ static int wgmma_q_own_block(int head_dim, int block_m, int block_n) {
     return dpad == 64 || ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= 48000;
 }
 
+int flashcl_lpt_heads(const flashcl_attention_desc *r) {
+    /* Chunks of 8 pairs: on the H200 causal (4,32,4096,64) nv-mma ran 273-274
+     * TFLOP/s at 8, 32 and 128 pairs a chunk, against 256 by head; the
+     * smallest keeps the fewest heads' K and V in L2 at a time. The nv-mma
+     * backward gained 2-4 %, nv-tf32 2-3 %; nv-wgmma lost 1-11 %, so it is
+     * not asked (BENCHMARKS.md). */
+    return r->window_left < 0 && r->window_right >= 0 ? 8 : 0;
+}
+
 int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
     /* Above head dim 64, Q reloaded every tile frees its 32 registers outside
      * the S chain, and one warpgroup fits 168 without spilling (ptxas on the

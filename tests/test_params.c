@@ -1061,6 +1061,30 @@ static void test_serving_backward_file(void) {
 /* The register cap's PTX edit (program.c): ".maxnreg" lands between each
  * kernel entry's parameter list (and its other directives) and its body,
  * and nowhere else. */
+/* Which masks take the longest blocks first (LPT_HEADS, cl/common.cl): those
+ * whose later rows see more keys. */
+static void test_block_order(void) {
+    struct {
+        int causal, windowed, left, right, lpt;
+        const char *what;
+    } cases[] = {
+        {0, 0, 0, 0, 0, "no mask: blocks by head"},
+        {1, 0, 0, 0, 8, "causal: longest first, chunks of 8 pairs"},
+        {1, 1, 100, -1, 0, "causal with a left window of 100: equal blocks, by head"},
+        {0, 1, -1, 7, 8, "a window bounded on the right only: longest first"},
+        {0, 1, 50, 50, 0, "a window bounded on both sides: by head"},
+        {0, 1, 20, -1, 0, "a window bounded on the left only: by head"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+        flashcl_attention_desc d = desc_of(FLASHCL_FLOAT16, 300, 64, cases[i].causal);
+        d.windowed = cases[i].windowed;
+        d.window_left = cases[i].left;
+        d.window_right = cases[i].right;
+        expect(flashcl_attention_desc_resolve(&d) == FLASHCL_SUCCESS && flashcl_lpt_heads(&d) == cases[i].lpt,
+               cases[i].what, &failures);
+    }
+}
+
 static void test_ptx_cap(void) {
     static const char ptx[] = "//\n.version 9.0\n.target sm_90\n.address_size 64\n"
                               ".func (.param .b32 r) helper(.param .b32 x)\n{\n\tret;\n}\n"
@@ -1130,6 +1154,7 @@ int main(void) {
     }
     test_parser();
     test_ptx_cap();
+    test_block_order();
     flashcl_context *ctx = test_context();
     int host = flashcl_context_is_host(ctx);
     flashcl_context_destroy(ctx);
