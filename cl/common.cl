@@ -393,35 +393,37 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
         TENSOR_ARGS(o), ulong lse_off, int has_lse, int nq, int nk, int group, float q_mul,        \
         float softcap_log2, int win_left, int win_right
 
-/* The opening of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32),
- * inside a FWD_ARGS kernel: the work-item's warp and lane (g = lane / 4,
- * t = lane % 4, as in the mma fragment layouts), the block's first query row
- * m0, its heads and batch, and its rows. Query blocks run last-first: under
- * a causal mask the last blocks see the most keys, and starting them first
- * shortens the tail of the launch. */
 #ifndef LPT_HEADS
 #define LPT_HEADS 0
+#endif
+#if LPT_HEADS < 0
+#error "LPT_HEADS is a number of (batch, head) pairs, 0 for the order by head"
 #endif
 /* The order of the row (or key) blocks. The hardware starts work-groups in
  * order of their linear id, dimension 0 (the block) fastest, and under a
  * causal mask a head's last row blocks see the most keys (its first key
  * blocks the most rows), so by default each head's blocks run longest
- * first. Built with LPT_HEADS = n (the host asks for 8 for nv-mma with a
- * causal mask), the ids are taken in chunks of n (batch, head) pairs
- * instead, and within a chunk the longest blocks of all its heads come
- * first (longest processing time first): the short blocks then fill the SMs
- * at the end, not a long one started late. n pairs, not all, so that the K
- * and V being read at a time are those of a few heads, which stay in L2. On
- * the H200: causal (4,32,4096,64) 273 TFLOP/s against 256 by head; the
- * wgmma kernel at D=128 was slower, by 1-11 % (BENCHMARKS.md).
+ * first: that shortens the tail of the launch. Built with LPT_HEADS = n
+ * (the host asks for 8 wherever later rows see more keys, for the nv-mma
+ * and nv-tf32 forward and the nv-mma backward: flashcl_lpt_heads), the ids
+ * are taken in chunks of n (batch, head) pairs instead, and within a chunk
+ * the longest blocks of all its heads come first (longest processing time
+ * first): the short blocks then fill the SMs at the end, not a long one
+ * started late. n pairs, not all, so that the K and V being read at a time
+ * are those of a few heads, which stay in L2. On the H200: causal
+ * (4,32,4096,64) 273 TFLOP/s against 256 by head; the wgmma kernel at D=128
+ * was slower, by 1-11 % (BENCHMARKS.md).
  * LPT_PLACE(rank, pair): rank 0 is the block to run first, pair = b *
- * get_num_groups(1) + head. */
+ * get_num_groups(1) + head; a bijection on the grid's work-groups (the
+ * linear id fits int: fewer than 2^31 work-groups). */
 #if LPT_HEADS
 #define LPT_PLACE(rank, pair)                                                                      \
-    const int n0_ = (int)get_num_groups(0), hb_all_ = (int)(get_num_groups(1) * get_num_groups(2)); \
-    const int lin_ = (int)get_group_id(0) + n0_ * (int)(get_group_id(1) + get_num_groups(1) * get_group_id(2)); \
-    const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;             \
-    const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                                \
+    const int n0_ = (int)get_num_groups(0);                                                        \
+    const int hb_all_ = (int)(get_num_groups(1) * get_num_groups(2));                              \
+    const int lin_ =                                                                               \
+        (int)get_group_id(0) + n0_ * (int)(get_group_id(1) + get_num_groups(1) * get_group_id(2)); \
+    const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;            \
+    const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                               \
     const int pair = chunk_ * LPT_HEADS + in_ % width_, rank = in_ / width_
 #define NV_FWD_ORDER                                                                               \
     LPT_PLACE(rank_, pair_);                                                                       \
@@ -434,6 +436,11 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
     const int hq = (int)get_global_id(1);                                                          \
     const int b = (int)get_global_id(2)
 #endif
+/* The opening of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32,
+ * flash_fwd_sm90), inside a FWD_ARGS kernel: the work-item's warp and lane
+ * (g = lane / 4, t = lane % 4, as in the mma fragment layouts), the block's
+ * first query row m0, its heads and batch (in NV_FWD_ORDER's order), and its
+ * rows. */
 #define NV_FWD_BLOCK                                                                               \
     const int tid = (int)get_local_id(0);                                                          \
     const int warp = tid / 32, lane = tid % 32;                                                    \

@@ -30,12 +30,12 @@
  *   +-----------+-----------+
  *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common.cl)
  *   +-----------+-----------+
- *   |  Q block (BLOCK_M rows) |   read before the loop only; where it fits (every
- *   +-----------------------+    HEAD_DIM <= 64) a block of its own, read every tile (Q_PER_TILE)
+ *   |  Q block (BLOCK_M rows) |   read before the loop only; where it fits, a block of
+ *   +-----------------------+    its own, read every tile (Q_PER_TILE, below)
  * One K and one V buffer, as flash_fwd_nv.cl's one-stage scheme: V(n0)
  * lands while S is computed, K(n0+BN) while O += P V is. (Built with
- * OVERLAP=1, an experiment: one K and two V buffers (of 48-key tiles at
- * D > 64, where three of 64 keys do not fit), the softmax overlapped with
+ * OVERLAP=1, an experiment: one K and two V buffers (at D > 64 of two
+ * warpgroups' 48-key tiles, where nothing else fits), the softmax overlapped with
  * the previous tile's P V; see OVERLAP below.) Two stages of K and V, which
  * fit only with the 8 KB tiles of HEAD_DIM <= 64, measured no faster there
  * than one (BENCHMARKS.md).
@@ -81,16 +81,19 @@
 #ifndef OVERLAP
 #define OVERLAP 0 /* 1: softmax overlapped with the previous tile's P V (below); off until timed */
 #endif
-/* At one panel Q must have a __local block of its own, reloaded every tile (why: below). */
-#if OVERLAP && 3 * TILE_BYTES + (PANELS == 1 ? Q_BYTES : 0) + 1024 > 48000
-/* Three tiles (and at D <= 64 the Q block) do not fit, as 64 keys at
- * D=128: the plain loop, so that a test run under -DOVERLAP=1 still builds
- * those cases; a timing of OVERLAP there must ask for BLOCK_N=48. */
+/* Q keeps a __local block of its own, reloaded every tile, wherever it fits
+ * beside one K and one V tile; at one panel it must (why: below). */
+#define Q_PER_TILE (PANELS == 1 || 2 * TILE_BYTES + Q_BYTES + 1024 <= 48000)
+#if OVERLAP && 3 * TILE_BYTES + (Q_PER_TILE ? Q_BYTES : 0) + 1024 > 48000
+/* Three tiles do not fit beside Q's own block (one warpgroup of 48-key
+ * tiles above D=64), or at all (64 keys at D=128): the plain loop, so that
+ * a test run under -DOVERLAP=1 still builds those cases and the host's
+ * rules (src/params.c: its __local estimate, the register cap) hold; a
+ * timing of OVERLAP above D=64 must ask for two warpgroups of 48 keys. */
 #undef OVERLAP
 #define OVERLAP 0
 #endif
 #define KV_BYTES ((OVERLAP ? 3 : 2) * TILE_BYTES)
-#define Q_PER_TILE (PANELS == 1 || KV_BYTES + Q_BYTES + 1024 <= 48000)
 /* Where Q's block fits beside K and V (Q_PER_TILE: every HEAD_DIM <= 64,
  * and one warpgroup with 48-key tiles above) it keeps it, and each warp
  * reloads its A fragments from it before every tile's S = Q K^T; elsewhere

@@ -184,12 +184,14 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", cap[40] = "", order[24] = "", options[512];
+    char define[32] = "", cap[40] = "", order[32] = "", options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
-    /* Longest blocks first where they differ (not nv-wgmma: slower there). */
+    /* Longest blocks first where they differ (not nv-wgmma: slower there);
+     * an LPT_HEADS in FLASHCL_BUILD_OPTIONS replaces this one. */
     const int lpt = flashcl_lpt_heads(r);
-    if (lpt && (!strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32")))
+    if (lpt && (!strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32")) &&
+        !(extra && strstr(extra, "-DLPT_HEADS=")))
         snprintf(order, sizeof order, " -DLPT_HEADS=%d", lpt);
     /* A cap in FLASHCL_BUILD_OPTIONS replaces this one. */
     const int max_registers = flashcl_nv_wgmma_max_registers(p, r->head_dim);

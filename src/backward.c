@@ -149,11 +149,11 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                            : i == 1 ? files[c->variant].dkdv
                            : i == 2 ? files[c->variant].dq
                                     : "flash_bwd_dq_store";
-        char tiles[200], cap[40] = "", order[24] = "", options[512];
+        char tiles[200], cap[40] = "", order[32] = "", options[512];
         /* applied by program.c on NVIDIA's PTX; a cap in FLASHCL_BUILD_OPTIONS replaces it */
         if (nv && c->nv_max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))
             snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", c->nv_max_registers);
-        if (nv && flashcl_lpt_heads(r)) /* longest blocks first, as the forward's */
+        if (nv && flashcl_lpt_heads(r) && !(extra && strstr(extra, "-DLPT_HEADS="))) /* as the forward's */
             snprintf(order, sizeof order, " -DLPT_HEADS=%d", flashcl_lpt_heads(r));
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s", r->head_dim,
                  c->block_m, c->block_n, c->work_group_size,

@@ -217,7 +217,7 @@ int flashcl_lpt_heads(const flashcl_attention_desc *r) {
     /* Chunks of 8 pairs: on the H200 causal (4,32,4096,64) nv-mma ran 273-274
      * TFLOP/s at 8, 32 and 128 pairs a chunk, against 256 by head; the
      * smallest keeps the fewest heads' K and V in L2 at a time. The nv-mma
-     * backward gained 2-4 %, nv-tf32 2-3 %; nv-wgmma lost 1-11 %, so it is
+     * backward gained 1-4 %, nv-tf32 2-3 %; nv-wgmma lost 1-11 %, so it is
      * not asked (BENCHMARKS.md). */
     return r->window_left < 0 && r->window_right >= 0 ? 8 : 0;
 }

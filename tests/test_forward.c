@@ -182,6 +182,25 @@ static int bucket_64_128_256(int d) {
     return d <= 64 ? 0 : d <= 128 ? 1 : 2;
 }
 
+/* Causal (dtype a, head dim d_a), and a window bounded on the right only (b,
+ * d_b), over more (batch, head) pairs than one chunk of the longest-first
+ * order (LPT_HEADS=8, cl/common.cl): 3 x 6 = 18 pairs, two whole chunks and
+ * one of 2, each head with 3 row blocks or more. */
+static void many_heads(flashcl_context *ctx, flashcl_dtype a, int d_a, flashcl_dtype b, int d_b) {
+    for (int i = 0; i < 2; ++i) {
+        test_case tc = test_case_basic(i ? b : a, 300 + 41 * i, 333, i ? d_b : d_a);
+        tc.batch = 3;
+        tc.heads_q = 6;
+        tc.heads_k = 2;
+        if (i)
+            tc.window_right = 5;
+        else
+            tc.causal = 1;
+        printf("FLASHCL_PARAMS=(table), 18 heads: ");
+        run(ctx, tc);
+    }
+}
+
 /* `test_forward mma`: the float16/bfloat16 tensor-core kernel
  * (cl/flash_fwd_nv.cl) under tile shapes that reach one and two 16-row
  * fragments per warp, 2 to 8 warps, one and two K/V stages, 16- to 64-key
@@ -203,21 +222,7 @@ static void mma(flashcl_context *ctx) {
     static const int dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 256};
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
     forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128_256);
-    /* Causal, and a window bounded on the right only, over more (batch,
-     * head) pairs than one chunk of the longest-first order (LPT_HEADS=8,
-     * cl/common.cl): 3 x 6 = 18 pairs, two whole chunks and one of 2. */
-    for (int i = 0; i < 2; ++i) {
-        test_case tc = test_case_basic(i ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, 300 + 41 * i, 333, i ? 128 : 64);
-        tc.batch = 3;
-        tc.heads_q = 6;
-        tc.heads_k = 2;
-        if (i)
-            tc.window_right = 5;
-        else
-            tc.causal = 1;
-        printf("FLASHCL_PARAMS=(table), 18 heads: ");
-        run(ctx, tc);
-    }
+    many_heads(ctx, FLASHCL_FLOAT16, 64, FLASHCL_BFLOAT16, 128);
     setenv("FLASHCL_PARAMS", "BLOCK_M=128,BLOCK_N=32", 1);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 128, 96);
     unsetenv("FLASHCL_PARAMS");
@@ -364,6 +369,7 @@ static void tf32(flashcl_context *ctx) {
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT32};
     forced_params(ctx, dtypes, 1, dims, COUNT(dims), params, bucket_64_128);
     edge_cases(ctx, FLASHCL_FLOAT32, FLASHCL_FLOAT32, 128, 64, 128);
+    many_heads(ctx, FLASHCL_FLOAT32, 64, FLASHCL_FLOAT32, 96);
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the portable kernel answers. */
     static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl"};

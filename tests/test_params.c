@@ -1058,9 +1058,6 @@ static void test_serving_backward_file(void) {
     unlink(path);
 }
 
-/* The register cap's PTX edit (program.c): ".maxnreg" lands between each
- * kernel entry's parameter list (and its other directives) and its body,
- * and nowhere else. */
 /* Which masks take the longest blocks first (LPT_HEADS, cl/common.cl): those
  * whose later rows see more keys. */
 static void test_block_order(void) {
@@ -1085,6 +1082,9 @@ static void test_block_order(void) {
     }
 }
 
+/* The register cap's PTX edit (program.c): ".maxnreg" lands between each
+ * kernel entry's parameter list (and its other directives) and its body,
+ * and nowhere else. */
 static void test_ptx_cap(void) {
     static const char ptx[] = "//\n.version 9.0\n.target sm_90\n.address_size 64\n"
                               ".func (.param .b32 r) helper(.param .b32 x)\n{\n\tret;\n}\n"
