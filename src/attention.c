@@ -184,19 +184,13 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", cap[40] = "", order[32] = "", options[512];
+    char define[32] = "", cap[40], order[32], options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
-    /* Longest blocks first where they differ (not nv-wgmma: slower there);
-     * an LPT_HEADS in FLASHCL_BUILD_OPTIONS replaces this one. */
-    const int lpt = flashcl_lpt_heads(r);
-    if (lpt && (!strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32")) &&
-        !(extra && strstr(extra, "-DLPT_HEADS=")))
-        snprintf(order, sizeof order, " -DLPT_HEADS=%d", lpt);
-    /* A cap in FLASHCL_BUILD_OPTIONS replaces this one. */
-    const int max_registers = flashcl_nv_wgmma_max_registers(p, r->head_dim);
-    if (max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))
-        snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", max_registers);
+    /* Longest blocks first where they differ (not nv-wgmma: slower there). */
+    const int lpt_variant = !strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32");
+    flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", lpt_variant ? flashcl_lpt_heads(r) : 0);
+    flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", flashcl_nv_wgmma_max_registers(p, r->head_dim));
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s",
              (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,

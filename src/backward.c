@@ -149,12 +149,10 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                            : i == 1 ? files[c->variant].dkdv
                            : i == 2 ? files[c->variant].dq
                                     : "flash_bwd_dq_store";
-        char tiles[200], cap[40] = "", order[32] = "", options[512];
-        /* applied by program.c on NVIDIA's PTX; a cap in FLASHCL_BUILD_OPTIONS replaces it */
-        if (nv && c->nv_max_registers && !(extra && strstr(extra, "-DFLASHCL_NV_MAXNREG=")))
-            snprintf(cap, sizeof cap, " -DFLASHCL_NV_MAXNREG=%d", c->nv_max_registers);
-        if (nv && flashcl_lpt_heads(r) && !(extra && strstr(extra, "-DLPT_HEADS="))) /* as the forward's */
-            snprintf(order, sizeof order, " -DLPT_HEADS=%d", flashcl_lpt_heads(r));
+        char tiles[200], cap[40], order[32], options[512];
+        /* the cap is applied by program.c on NVIDIA's PTX; the order is the forward's */
+        flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", nv ? c->nv_max_registers : 0);
+        flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", nv ? flashcl_lpt_heads(r) : 0);
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s", r->head_dim,
                  c->block_m, c->block_n, c->work_group_size,
                  !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX", cap, order);

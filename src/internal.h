@@ -335,6 +335,10 @@ uint64_t flashcl_fnv1a(uint64_t hash, const void *data, size_t size);
 char *flashcl_strdup(const char *s);
 /* a * b + c without overflow; returns 0 on overflow. */
 int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out);
+/* A build option the host chooses: " -Dname=value" into buf, or "" when
+ * value is 0 or the user's options (extra: FLASHCL_BUILD_OPTIONS, may be
+ * NULL) already define name, so that theirs wins. */
+void flashcl_host_define(char *buf, size_t size, const char *extra, const char *name, int value);
 
 /* The strict KEY=VALUE[,KEY=VALUE...] lists of FLASHCL_PARAMS,
  * FLASHCL_BWD_PARAMS and FLASHCL_DECODE_PARAMS. Each caller names its keys

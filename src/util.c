@@ -1,5 +1,6 @@
 /* util.c: version, status strings and small helpers shared by the runtime. */
 #include <ctype.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -94,6 +95,15 @@ int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out) {
         return 0;
     *out = a * b + c;
     return 1;
+}
+
+void flashcl_host_define(char *buf, size_t size, const char *extra, const char *name, int value) {
+    char key[64];
+    snprintf(key, sizeof key, "-D%s=", name);
+    if (!value || (extra && strstr(extra, key)))
+        buf[0] = '\0';
+    else
+        snprintf(buf, size, " %s%d", key, value);
 }
 
 int flashcl_kv_next(const char **s, flashcl_kv *kv) {

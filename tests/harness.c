@@ -56,6 +56,19 @@ test_case test_case_basic(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int h
     return tc;
 }
 
+test_case test_case_many_heads(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim, int heads_k,
+                               int window_right) {
+    test_case tc = test_case_basic(dtype, seqlen_q, seqlen_k, head_dim);
+    tc.batch = 3;
+    tc.heads_q = 6;
+    tc.heads_k = heads_k;
+    if (window_right < 0)
+        tc.causal = 1;
+    else
+        tc.window_right = window_right;
+    return tc;
+}
+
 void expect(int ok, const char *what, int *failures) {
     printf("%-60s %s\n", what, ok ? "ok" : "FAILED");
     if (!ok)

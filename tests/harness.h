@@ -25,6 +25,12 @@ typedef struct test_case {
 
 /* One batch, one head, no mask, packed layout: the shape cases start from. */
 test_case test_case_basic(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim);
+/* More (batch, head) pairs than one chunk of the NVIDIA kernels'
+ * longest-first order (LPT_HEADS=8, cl/common.cl): batch 3, 6 query heads
+ * over heads_k, causal (window_right < 0) or a window bounded on the right
+ * only. */
+test_case test_case_many_heads(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim, int heads_k,
+                               int window_right);
 
 /* The context the tests run on: FLASHCL_TEST_DEVICE, else the default
  * device. Exits with a message when none can be created. */

@@ -441,22 +441,14 @@ static void mma(flashcl_context *ctx) {
         tc.layout = i % 2 ? LAYOUT_BHSD : LAYOUT_PADDED;
         run_with(ctx, &tc, 0, configs[i].env);
     }
-    /* More (batch, head) pairs than one chunk of the longest-first order
-     * (LPT_HEADS=8, cl/common.cl): 3 x 3 kv heads for dK/dV (a whole chunk
-     * and one of 1), 3 x 6 query heads for dQ; causal, then a window bounded
-     * on the right only. */
-    for (int i = 0; i < 2; ++i) {
-        test_case tc = test_case_basic(i ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, 300, 333 - 50 * i, i ? 128 : 64);
-        tc.batch = 3;
-        tc.heads_q = 6;
-        tc.heads_k = 3;
-        if (i)
-            tc.window_right = 7;
-        else
-            tc.causal = 1;
-        run_with(ctx, &tc, i, "VARIANT=nv-mma");
-    }
-    test_case tc = test_case_basic(FLASHCL_FLOAT16, 300, 300, 64);
+    /* More (batch, head) pairs than one chunk of the longest-first order:
+     * 3 x 3 kv heads for dK/dV (a whole chunk and one of 1), 3 x 6 query
+     * heads for dQ; causal, then a window bounded on the right only. */
+    test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
+    run_with(ctx, &tc, 0, "VARIANT=nv-mma");
+    tc = test_case_many_heads(FLASHCL_BFLOAT16, 300, 283, 128, 3, 7);
+    run_with(ctx, &tc, 1, "VARIANT=nv-mma");
+    tc = test_case_basic(FLASHCL_FLOAT16, 300, 300, 64);
     tc.window_left = 40; /* windows: tiles masked on both edges, and skipped */
     tc.window_right = 9;
     run_with(ctx, &tc, 0, "VARIANT=nv-mma");

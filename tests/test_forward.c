@@ -183,22 +183,13 @@ static int bucket_64_128_256(int d) {
 }
 
 /* Causal (dtype a, head dim d_a), and a window bounded on the right only (b,
- * d_b), over more (batch, head) pairs than one chunk of the longest-first
- * order (LPT_HEADS=8, cl/common.cl): 3 x 6 = 18 pairs, two whole chunks and
- * one of 2, each head with 3 row blocks or more. */
+ * d_b), over 3 x 6 = 18 (batch, head) pairs: two whole chunks of the
+ * longest-first order and one of 2, each head with 3 row blocks or more. */
 static void many_heads(flashcl_context *ctx, flashcl_dtype a, int d_a, flashcl_dtype b, int d_b) {
-    for (int i = 0; i < 2; ++i) {
-        test_case tc = test_case_basic(i ? b : a, 300 + 41 * i, 333, i ? d_b : d_a);
-        tc.batch = 3;
-        tc.heads_q = 6;
-        tc.heads_k = 2;
-        if (i)
-            tc.window_right = 5;
-        else
-            tc.causal = 1;
-        printf("FLASHCL_PARAMS=(table), 18 heads: ");
-        run(ctx, tc);
-    }
+    printf("FLASHCL_PARAMS=(table), 18 heads: ");
+    run(ctx, test_case_many_heads(a, 300, 333, d_a, 2, -1));
+    printf("FLASHCL_PARAMS=(table), 18 heads: ");
+    run(ctx, test_case_many_heads(b, 341, 333, d_b, 2, 5));
 }
 
 /* `test_forward mma`: the float16/bfloat16 tensor-core kernel

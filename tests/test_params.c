@@ -1080,6 +1080,17 @@ static void test_block_order(void) {
         expect(flashcl_attention_desc_resolve(&d) == FLASHCL_SUCCESS && flashcl_lpt_heads(&d) == cases[i].lpt,
                cases[i].what, &failures);
     }
+    /* How the host passes it (and the register cap): unless the user's
+     * FLASHCL_BUILD_OPTIONS already define it. */
+    char opt[32];
+    flashcl_host_define(opt, sizeof opt, NULL, "LPT_HEADS", 8);
+    expect(!strcmp(opt, " -DLPT_HEADS=8"), "host define: \" -DLPT_HEADS=8\"", &failures);
+    flashcl_host_define(opt, sizeof opt, "-DOVERLAP=1 -DLPT_HEADS=32", "LPT_HEADS", 8);
+    expect(!strcmp(opt, ""), "host define: the user's LPT_HEADS wins", &failures);
+    flashcl_host_define(opt, sizeof opt, "-DLPT_HEADS=32", "FLASHCL_NV_MAXNREG", 168);
+    expect(!strcmp(opt, " -DFLASHCL_NV_MAXNREG=168"), "host define: another name is still passed", &failures);
+    flashcl_host_define(opt, sizeof opt, NULL, "LPT_HEADS", 0);
+    expect(!strcmp(opt, ""), "host define: 0 passes nothing", &failures);
 }
 
 /* The register cap's PTX edit (program.c): ".maxnreg" lands between each
