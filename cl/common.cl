@@ -629,6 +629,18 @@ inline serving_block serving_block_by_value(const serving_meta_arg *m, int block
 
 /* ---- split-KV: the last split merges (the decode kernels) -------------------------------- */
 
+#ifndef MERGE_VEC4
+/* The merge reads the parts in 16-byte runs where head_dim % 4 == 0 (0: one
+ * float at a time). H200, 66 splits at batch 1: the decode kernel 4-5 us
+ * shorter at 64k-128k keys, level elsewhere (BENCHMARKS.md). */
+#define MERGE_VEC4 1
+#endif
+#if MERGE_VEC4
+inline float4 fma4(float w, float4 y, float4 x) {
+    return (float4)(fma(w, y.x, x.x), fma(w, y.y, x.y), fma(w, y.z, x.z), fma(w, y.w, x.w));
+}
+#endif
+
 /* Where a block's rows go: output and LSE layouts, the float split scratch
  * (part_o [split][token][heads_q][head_dim], then part_lse from element
  * part_lse_off), and which rows (m0 .. m0 + nrows - 1 of kv head hk). */
@@ -694,6 +706,60 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
      * fence (each part row is read only here). */
     const ulong stride = (ulong)r.total_q * r.heads_q * head_dim; /* one split's part_o */
     const int total = r.nrows * head_dim;
+#if MERGE_VEC4
+    /* Whole 16-byte runs of a row: two per work-item per pass, the splits'
+     * loads issued 2 x 8 at a time (part is a buffer's start, head_dim and
+     * every offset multiples of 4). */
+    if (head_dim % 4 == 0) {
+        const int total4 = total / 4;
+        for (int c0 = lid; c0 < total4; c0 += 2 * wg) {
+            ulong src[2];
+            int gr[2];
+            float4 x[2] = {(float4)(0.0f), (float4)(0.0f)};
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int e = 4 * min(c0 + j * wg, total4 - 1); /* past the end: not stored */
+                const int row = r.m0 + e / head_dim;
+                gr[j] = e / head_dim;
+                src[j] = ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) *
+                             head_dim +
+                         e % head_dim;
+            }
+            int t = 0;
+            for (; t + 8 <= splits; t += 8) {
+                float4 y[2][8];
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+                        y[j][i] = *(__global const float4 *)(part + src[j] + (ulong)(t + i) * stride);
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+#pragma unroll
+                    for (int i = 0; i < 8; ++i)
+                        x[j] = fma4(wts[gr[j] * splits + t + i], y[j][i], x[j]);
+            }
+            for (; t < splits; ++t)
+#pragma unroll
+                for (int j = 0; j < 2; ++j)
+                    x[j] = fma4(wts[gr[j] * splits + t],
+                                *(__global const float4 *)(part + src[j] + (ulong)t * stride), x[j]);
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+                const int e = 4 * (c0 + j * wg);
+                if (e < total) {
+                    const int row = r.m0 + e / head_dim;
+                    const ulong at = r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss +
+                                     (ulong)(r.hk * r.group + row % r.group) * r.o_sh + e % head_dim;
+                    STORE_ELEM(o, at, x[j].x);
+                    STORE_ELEM(o, at + 1, x[j].y);
+                    STORE_ELEM(o, at + 2, x[j].z);
+                    STORE_ELEM(o, at + 3, x[j].w);
+                }
+            }
+        }
+    } else
+#endif
     for (int e0 = lid; e0 < total; e0 += 4 * wg) {
         ulong src[4];
         float x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
