@@ -94,15 +94,17 @@ static const flashcl_param_entry builtin_arch[] = {
      "hand-chosen: K+V tiles in ~34 KB at D=256"},
     /* float32 on tensor cores, 3xTF32 (cl/flash_fwd_nv32.cl), 16 rows per
      * warp. D <= 64: 4 warps, Q in registers, two stages of 32-key K/V tiles
-     * (H200, f32 (4,32,4096,64): 40.8 TFLOP/s; 8-key tiles 28.3, 2 warps
-     * 36.7, 8 warps 40.8). D <= 128: Q in __local (in
-     * registers it spilled: 28.8), 2 warps, one stage of 16-key tiles, 34 KB:
-     * 33.7 at (4,32,4096,128), against 28.0 with two stages of 8 keys, 30.1
-     * with 4 warps and 8 keys, 14.6 with one warp and 32 keys. */
+     * (H200, f32 (4,32,4096,64), with the cvt-era split: 40.8 TFLOP/s; 8-key
+     * tiles 28.3, 2 warps 36.7, 8 warps 40.8; with FAST_SPLIT 50.3). D <= 128:
+     * Q in __local (in registers it spilled: 28.8), 2 warps, one stage of
+     * 16-key tiles, 36 KB: 33.7 at (4,32,4096,128) then, against 28.0 with two
+     * stages of 8 keys, 30.1 with 4 warps and 8 keys, 14.6 with one warp and
+     * 32 keys; 44.8 with FAST_SPLIT. 3 warps measured 47.2 there once but is
+     * not validated on the GPU yet, so it is not the entry. */
     {"sm_80+", NULL, "nv-tf32", F32, 1, 64, PHASE_ANY, ANY, 64, 32, 0, 4,
-     "measured on the H200: 40.8 TFLOP/s at (4,32,4096,64)"},
+     "measured on the H200: 50.3 TFLOP/s at (4,32,4096,64)"},
     {"sm_80+", NULL, "nv-tf32", F32, 65, 128, PHASE_ANY, ANY, 32, 16, 0, 2,
-     "measured on the H200: 33.7 TFLOP/s at (4,32,4096,128)"},
+     "measured on the H200: 44.8 TFLOP/s at (4,32,4096,128)"},
 };
 
 /* Level 5, vendors. None yet (nothing measured per vendor). */
@@ -256,10 +258,12 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
             return qb + kv + 1024;
         return (qb > kv ? qb : kv) + 1024;
     } else if (!strcmp(p->variant, "nv-tf32")) { /* floats, see SMEM_FLOATS: Q, then K + V stages */
-        size_t pitch = (d + 7) / 8 * 8 + 4, qf = m * pitch;
+        size_t dpad = (d + 7) / 8 * 8, pitch = dpad + 4;
+        size_t k_pitch = d > 64 && dpad % 16 == 0 ? (dpad + 16) / 32 * 32 + 16 : pitch; /* DIM_PERM */
+        size_t qf = m * k_pitch, stage = n * (k_pitch + pitch);
         size_t kv_at = d > 64 ? qf : 0; /* Q_IN_SMEM: Q stays, the tiles follow it */
-        size_t stages = (kv_at + 4 * n * pitch) * 4 <= 48000 ? 2 : 1;
-        size_t kv = kv_at + 2 * stages * n * pitch;
+        size_t stages = (kv_at + 2 * stage) * 4 <= 48000 ? 2 : 1;
+        size_t kv = kv_at + stages * stage;
         return (qf > kv ? qf : kv) * 4;
     } else {
         return 0;
