@@ -649,6 +649,20 @@ typedef struct split_rows {
     int has_lse, total_q, heads_q, group, hk, q_start, m0, nrows;
 } split_rows;
 
+/* Element e of the block's rows (row-major, head_dim a row): its offset in
+ * one split's part_o, and in the output. */
+inline ulong split_part_at(split_rows r, int e, int head_dim) {
+    const int row = r.m0 + e / head_dim;
+    return ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) * head_dim +
+           e % head_dim;
+}
+
+inline ulong split_out_at(split_rows r, int e, int head_dim) {
+    const int row = r.m0 + e / head_dim;
+    return r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss + (ulong)(r.hk * r.group + row % r.group) * r.o_sh +
+           e % head_dim;
+}
+
 /* Called by every work-item of a group after it wrote its split's partial
  * results. The group bumps the (block, kv head) counter (zeroed by the host's
  * upload of the batch description, or, META_ARG_INTS, left zero by the
@@ -719,11 +733,8 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int e = 4 * min(c0 + j * wg, total4 - 1); /* past the end: not stored */
-                const int row = r.m0 + e / head_dim;
                 gr[j] = e / head_dim;
-                src[j] = ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) *
-                             head_dim +
-                         e % head_dim;
+                src[j] = split_part_at(r, e, head_dim);
             }
             int t = 0;
             for (; t + 8 <= splits; t += 8) {
@@ -748,9 +759,7 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
             for (int j = 0; j < 2; ++j) {
                 const int e = 4 * (c0 + j * wg);
                 if (e < total) {
-                    const int row = r.m0 + e / head_dim;
-                    const ulong at = r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss +
-                                     (ulong)(r.hk * r.group + row % r.group) * r.o_sh + e % head_dim;
+                    const ulong at = split_out_at(r, e, head_dim);
                     STORE_ELEM(o, at, x[j].x);
                     STORE_ELEM(o, at + 1, x[j].y);
                     STORE_ELEM(o, at + 2, x[j].z);
@@ -767,12 +776,8 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int e = min(e0 + j * wg, total - 1); /* past the end: a duplicate, not stored */
-            const int row = r.m0 + e / head_dim;
             g[j] = e / head_dim;
-            src[j] =
-                ((ulong)(r.q_start + row / r.group) * r.heads_q + r.hk * r.group + row % r.group) *
-                    head_dim +
-                e % head_dim;
+            src[j] = split_part_at(r, e, head_dim);
         }
         int t = 0;
         for (; t + 8 <= splits; t += 8) {
@@ -795,13 +800,8 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int e = e0 + j * wg;
-            if (e < total) {
-                const int row = r.m0 + e / head_dim;
-                STORE_ELEM(o,
-                           r.o_off + (ulong)(r.q_start + row / r.group) * r.o_ss +
-                               (ulong)(r.hk * r.group + row % r.group) * r.o_sh + e % head_dim,
-                           x[j]);
-            }
+            if (e < total)
+                STORE_ELEM(o, split_out_at(r, e, head_dim), x[j]);
         }
     }
     if (lid < r.nrows && r.has_lse) {
