@@ -399,7 +399,6 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
             ISSUE_K(n0 + BLOCK_N, (uint)KV_AT);
 #endif
         if (active) {
-
             /* ---- O += P V: 8 keys per step, k permuted (see the header) ---- */
 #pragma unroll
             for (int sj = 0; sj < S_FRAGS; ++sj) {
