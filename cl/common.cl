@@ -425,17 +425,21 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
     const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;            \
     const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                               \
     const int pair = chunk_ * LPT_HEADS + in_ % width_, rank = in_ / width_
-#define NV_FWD_ORDER                                                                               \
-    LPT_PLACE(rank_, pair_);                                                                       \
-    const int m0 = ((int)get_num_groups(0) - 1 - rank_) * BLOCK_M;                                 \
-    const int hq = pair_ % (int)get_num_groups(1);                                                 \
-    const int b = pair_ / (int)get_num_groups(1)
+#define NV_ROW_BLOCK_ORDER(rows)                                                                   \
+    LPT_PLACE(lpt_rank_, lpt_pair_);                                                               \
+    const int m0 = ((int)get_num_groups(0) - 1 - lpt_rank_) * (rows);                              \
+    const int hq = lpt_pair_ % (int)get_num_groups(1);                                             \
+    const int b = lpt_pair_ / (int)get_num_groups(1)
 #else
-#define NV_FWD_ORDER                                                                               \
-    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * BLOCK_M;                       \
+#define NV_ROW_BLOCK_ORDER(rows)                                                                   \
+    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * (rows);                        \
     const int hq = (int)get_global_id(1);                                                          \
     const int b = (int)get_global_id(2)
 #endif
+/* NV_ROW_BLOCK_ORDER(rows): the row block m0 (of `rows` rows), head hq and
+ * batch b of this work-group, last blocks first (the forward, and the
+ * backward's dQ pass). */
+#define NV_FWD_ORDER NV_ROW_BLOCK_ORDER(BLOCK_M)
 /* The opening of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32,
  * flash_fwd_sm90), inside a FWD_ARGS kernel: the work-item's warp and lane
  * (g = lane / 4, t = lane % 4, as in the mma fragment layouts), the block's

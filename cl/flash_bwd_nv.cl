@@ -472,14 +472,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     /* Last blocks first: under a causal mask they see the most keys. */
-#if LPT_HEADS
-    LPT_PLACE(rank, pair);
-    const int m0 = ((int)get_num_groups(0) - 1 - rank) * OWN;
-    const int hq = pair % (int)get_num_groups(1), b = pair / (int)get_num_groups(1);
-#else
-    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * OWN;
-    const int hq = (int)get_global_id(1), b = (int)get_global_id(2);
-#endif
+    NV_ROW_BLOCK_ORDER(OWN);
     const int hk = hq / group;
     const int rows_q = min(OWN, nq - m0);
     const uint s_base = shared_addr(smem);
