@@ -54,7 +54,7 @@
 #if HEAD_DIM <= 64
 #define WARPS 4
 #else
-#define WARPS 2
+#define WARPS 3
 #endif
 #endif
 #ifndef BLOCK_M
@@ -62,7 +62,7 @@
 #endif
 #ifndef BLOCK_N
 /* Keys per tile: two stages of 32 (D <= 64: 35 KB), or one stage of 16
- * after the Q block (D <= 128, two warps: 34 KB). */
+ * after the Q block (D <= 128, three warps: 45 KB). */
 #if HEAD_DIM <= 64
 #define BLOCK_N 32
 #else
