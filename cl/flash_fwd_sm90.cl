@@ -38,7 +38,10 @@
  * warpgroups' 48-key tiles, where nothing else fits), the softmax overlapped with
  * the previous tile's P V; see OVERLAP below.) Two stages of K and V, which
  * fit only with the 8 KB tiles of HEAD_DIM <= 64, measured no faster there
- * than one (BENCHMARKS.md).
+ * than one (BENCHMARKS.md). With two warpgroups (WARPS=8, the tiles without a
+ * mask) the loop is PINGPONG's: the warpgroups take turns on the tensor
+ * cores instead of computing their softmax at the same time, and warpgroup 1
+ * alone copies the tiles, through named barriers rather than barrier().
  * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
  * 1024 bytes apart. K is K-major (dims contiguous): k-step kk starts
  * 32*(kk%4) bytes into panel kk/4. V is N-major (dims contiguous, keys
@@ -92,6 +95,18 @@
  * timing of OVERLAP above D=64 must ask for two warpgroups of 48 keys. */
 #undef OVERLAP
 #define OVERLAP 0
+#endif
+#ifndef PINGPONG
+/* Two warpgroups take turns on the tensor cores (the loop below). H200, f16
+ * TFLOP/s with it / without: (4,32,4096,128) 331 / 315, (1,32,16384,128)
+ * 336 / 329, (4,32,4096,64) 317 / 299. With a causal mask two warpgroups so
+ * ordered measured 235 at (4,32,4096,128), below one warpgroup's 288, so the
+ * host keeps one there (BENCHMARKS.md). */
+#define PINGPONG (WARPS == 8)
+#endif
+#if PINGPONG && (WARPS != 8 || OVERLAP)
+#undef PINGPONG
+#define PINGPONG 0
 #endif
 #define KV_BYTES ((OVERLAP ? 3 : 2) * TILE_BYTES)
 /* Where Q's block fits beside K and V (Q_PER_TILE: every HEAD_DIM <= 64,
@@ -272,6 +287,16 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __globa
                     WG_SIZE, 1);
 }
 
+/* Named barriers of PINGPONG (0 is barrier()'s): 256 work-items each, one
+ * warpgroup arriving (bar.arrive: release, no wait) and the other waiting
+ * (bar.sync: acquire), the producer/consumer use the PTX ISA describes. */
+#define PP_TURN_A 1u /* warpgroup 0 waits here for warpgroup 1 */
+#define PP_TURN_B 2u /* warpgroup 1 waits here for warpgroup 0 */
+#define PP_K_FREE 3u /* warpgroup 0's S = Q K^T has completed */
+#define PP_V_FREE 4u /* warpgroup 0's O += P V has completed */
+inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+
 /* ---- the kernel ----------------------------------------------------------------------- */
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90(FWD_ARGS) {
@@ -322,11 +347,102 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
     const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
     const int n_end = (int)blk_hi;
+#if !PINGPONG
     if (n_start <= n_end)
         copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
                   BLOCK_N, k_vec, tid);
+#endif
 
-#if !OVERLAP
+#if PINGPONG
+    /* Two warpgroups, A (0) and B (1), take turns on the tensor cores in the
+     * order S_A, S_B, PV_A, PV_B of each tile, so that each one's softmax runs
+     * while the other's product does; in the plain loop both compute their
+     * softmax at once, between barriers, with the tensor cores idle. Each
+     * hands the turn over right after issuing its wgmma, so the next product
+     * is queued behind it. B alone copies the tiles (one K and one V buffer,
+     * as the plain loop): K(n+1) once both S of tile n have completed, V(n+1)
+     * once both P V have, and B hands over a turn only after the tile that
+     * turn reads has landed. The barriers sit in branches; every wgmma chain
+     * is in code both warpgroups run (a branch around one makes ptxas
+     * serialise it).
+     *   A: wait(TURN_A) S  arrive(TURN_B) ... arrive(K_FREE)  softmax
+     *      wait(TURN_A) PV arrive(TURN_B) ... arrive(V_FREE)
+     *   B: wait(TURN_B) S  [V(n) landed] arrive(TURN_A) ... wait(K_FREE) copy K(n+1)  softmax
+     *      wait(TURN_B) PV [K(n+1) landed] arrive(TURN_A) ... wait(V_FREE) copy V(n+1)
+     * Each barrier alternates between its arrivals and its waits, so a
+     * warpgroup can never arrive twice before the other has waited. */
+    const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
+    const int producer = wgrp == 1;
+    const int ptid = tid - 128;
+    const uint my_turn = producer ? PP_TURN_B : PP_TURN_A, their_turn = producer ? PP_TURN_A : PP_TURN_B;
+    const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
+    if (producer && tiles > 0) {
+        nv_copy_rows_to(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
+                        BLOCK_N, k_vec, ptid, HEAD_DIM, 0, 128, 1);
+        nv_copy_rows_to(smem, s_base, TILE_BYTES / 2u, vb + (ulong)n_start * v_ss, v_ss,
+                        min(BLOCK_N, nk - n_start), BLOCK_N, v_vec, ptid, HEAD_DIM, 0, 128, 1);
+#if USE_CP_ASYNC
+        __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); V(0) may still fly */
+#endif
+        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        pp_arrive(PP_TURN_A);
+    }
+    for (int tile = 0; tile < tiles; ++tile) { /* not t: the lane's column, which MASK_16 reads */
+        const int n0 = n_start + tile * BLOCK_N, n1 = n0 + BLOCK_N;
+        const int more = tile + 1 < tiles;
+        float s[S_FRAGS][4];
+
+        /* ---- S = Q K^T ---- */
+        pp_sync(my_turn);
+        RELOAD_Q_FRAGS(qf);
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
+        if (producer)
+            cp_wait_async_proxy(); /* V(n0) */
+        pp_arrive(their_turn);
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+        if (more) {
+            if (producer) {
+                pp_sync(PP_K_FREE);
+                nv_copy_rows_to(smem, s_base, 0, kb + (ulong)n1 * k_ss, k_ss, min(BLOCK_N, nk - n1),
+                                BLOCK_N, k_vec, ptid, HEAD_DIM, 0, 128, 1);
+            } else {
+                pp_arrive(PP_K_FREE);
+            }
+        }
+        SCORES_POST(s, n0);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        uint pf[P_STEPS][4];
+        PACK_P(pf, s);
+
+        /* ---- O += P V ---- */
+        pp_sync(my_turn);
+        WG_FENCE_REGS(acc, O_FRAGS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        PV_CHAIN(acc, pf, v_tile);
+        WGMMA_COMMIT();
+        if (!producer) {
+            pp_arrive(their_turn);
+        } else if (more) {
+            cp_wait_async_proxy(); /* K(n1) */
+            pp_arrive(their_turn);
+        }
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(acc, O_FRAGS);
+        if (more) {
+            if (producer) {
+                pp_sync(PP_V_FREE);
+                nv_copy_rows_to(smem, s_base, TILE_BYTES / 2u, vb + (ulong)n1 * v_ss, v_ss,
+                                min(BLOCK_N, nk - n1), BLOCK_N, v_vec, ptid, HEAD_DIM, 0, 128, 1);
+            } else {
+                pp_arrive(PP_V_FREE);
+            }
+        }
+    }
+#elif !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
         const int n_next = n0 + BLOCK_N;
