@@ -376,11 +376,23 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const int ptid = tid - 128;
     const uint my_turn = producer ? PP_TURN_B : PP_TURN_A, their_turn = producer ? PP_TURN_A : PP_TURN_B;
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
+/* B's copy of the tile of keys n.. of x (k or v) into the buffer at dst bytes */
+#define PP_COPY(dst, x, n)                                                                         \
+    nv_copy_rows_to(smem, s_base, (dst) / 2u, x##b + (ulong)(n) * x##_ss, x##_ss,                  \
+                    min(BLOCK_N, nk - (n)), BLOCK_N, x##_vec, ptid, HEAD_DIM, 0, 128, 1)
+/* A is done with the buffer at dst: B waits for that at barrier bar, then refills it. */
+#define PP_REFILL(bar, dst, x, n)                                                                  \
+    do {                                                                                           \
+        if (producer) {                                                                            \
+            pp_sync(bar);                                                                          \
+            PP_COPY(dst, x, n);                                                                    \
+        } else {                                                                                   \
+            pp_arrive(bar);                                                                        \
+        }                                                                                          \
+    } while (0)
     if (producer && tiles > 0) {
-        nv_copy_rows_to(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
-                        BLOCK_N, k_vec, ptid, HEAD_DIM, 0, 128, 1);
-        nv_copy_rows_to(smem, s_base, TILE_BYTES / 2u, vb + (ulong)n_start * v_ss, v_ss,
-                        min(BLOCK_N, nk - n_start), BLOCK_N, v_vec, ptid, HEAD_DIM, 0, 128, 1);
+        PP_COPY(0, k, n_start);
+        PP_COPY(TILE_BYTES, v, n_start);
 #if USE_CP_ASYNC
         __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); V(0) may still fly */
 #endif
@@ -403,15 +415,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         pp_arrive(their_turn);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
-        if (more) {
-            if (producer) {
-                pp_sync(PP_K_FREE);
-                nv_copy_rows_to(smem, s_base, 0, kb + (ulong)n1 * k_ss, k_ss, min(BLOCK_N, nk - n1),
-                                BLOCK_N, k_vec, ptid, HEAD_DIM, 0, 128, 1);
-            } else {
-                pp_arrive(PP_K_FREE);
-            }
-        }
+        if (more)
+            PP_REFILL(PP_K_FREE, 0, k, n1);
         SCORES_POST(s, n0);
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         uint pf[P_STEPS][4];
@@ -432,16 +437,11 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         }
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(acc, O_FRAGS);
-        if (more) {
-            if (producer) {
-                pp_sync(PP_V_FREE);
-                nv_copy_rows_to(smem, s_base, TILE_BYTES / 2u, vb + (ulong)n1 * v_ss, v_ss,
-                                min(BLOCK_N, nk - n1), BLOCK_N, v_vec, ptid, HEAD_DIM, 0, 128, 1);
-            } else {
-                pp_arrive(PP_V_FREE);
-            }
-        }
+        if (more)
+            PP_REFILL(PP_V_FREE, TILE_BYTES, v, n1);
     }
+#undef PP_REFILL
+#undef PP_COPY
 #elif !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
