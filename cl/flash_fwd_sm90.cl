@@ -281,10 +281,17 @@ inline void cp_wait_async_proxy(void) {
     __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
+/* A tile in the SW128 layout, copied by the nthreads work-items numbered tid
+ * = 0 .. nthreads - 1 (copy_tile: the whole group). */
+inline void copy_tile_by(__local ushort *smem, uint s_base, uint dst_bytes, __global const ushort *src,
+                         ulong stride, int rows, int nrows, int vec, int tid, int nthreads) {
+    nv_copy_rows_to(smem, s_base, dst_bytes / 2u, src, stride, rows, nrows, vec, tid, HEAD_DIM, 0,
+                    nthreads, 1);
+}
+
 inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __global const ushort *src,
                       ulong stride, int rows, int nrows, int vec, int tid) {
-    nv_copy_rows_to(smem, s_base, dst_bytes / 2u, src, stride, rows, nrows, vec, tid, HEAD_DIM, 0,
-                    WG_SIZE, 1);
+    copy_tile_by(smem, s_base, dst_bytes, src, stride, rows, nrows, vec, tid, WG_SIZE);
 }
 
 /* Named barriers of PINGPONG (0 is barrier()'s): 256 work-items each, one
@@ -378,8 +385,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
 /* B's copy of the tile of keys n.. of x (k or v) into the buffer at dst bytes */
 #define PP_COPY(dst, x, n)                                                                         \
-    nv_copy_rows_to(smem, s_base, (dst) / 2u, x##b + (ulong)(n) * x##_ss, x##_ss,                  \
-                    min(BLOCK_N, nk - (n)), BLOCK_N, x##_vec, ptid, HEAD_DIM, 0, 128, 1)
+    copy_tile_by(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)),    \
+                 BLOCK_N, x##_vec, ptid, 128)
 /* A is done with the buffer at dst: B waits for that at barrier bar, then refills it. */
 #define PP_REFILL(bar, dst, x, n)                                                                  \
     do {                                                                                           \
