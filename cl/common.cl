@@ -238,6 +238,62 @@ inline void cp_wait(void) {
 #endif
 }
 
+/* Hopper's warpgroup MMA (sm_90a: flash_fwd_sm90.cl, flash_bwd_sm90.cl). NVIDIA's
+ * OpenCL compiles for sm_90, where ptxas rejects these instructions, so each is
+ * written behind the marker SM90A, a PTX comment that src/program.c removes
+ * from the program's PTX before building it again for sm_90a. */
+#if defined(FLASHCL_NV_PTX) && (DTYPE == 1 || DTYPE == 2)
+#define SM90A "//@sm90a "
+
+#define WGMMA_FENCE() __asm__ __volatile__(SM90A "wgmma.fence.sync.aligned;\n" ::: "memory")
+#define WGMMA_COMMIT() __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory")
+#define WGMMA_WAIT_ALL() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory")
+#define WGMMA_WAIT_ONE() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 1;\n" ::: "memory")
+
+/* One wgmma with A from registers: d[0..N/8-1][0..3] = A (a[0..3], this
+ * warp's 16x16 slice of the 64x16 A) times the 16xN B that desc describes,
+ * plus d when scale_d is 1 (0: d's old values are not read); tnsp_b 0: B
+ * K-major, 1: N-major. N is 64 or 48: WG_N64 / WG_N48 give the shape's
+ * name, its accumulator operands and their numbering, and the numbers of
+ * the A and descriptor operands that follow them. */
+#define WG_ACC4(d, j) "+f"((d)[j][0]), "+f"((d)[j][1]), "+f"((d)[j][2]), "+f"((d)[j][3])
+#define WG_N48_SHAPE "m64n48k16"
+#define WG_N48_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5)
+#define WG_N48_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
+#define WG_N48_AB "{%24,%25,%26,%27}, %28"
+#define WG_N64_SHAPE "m64n64k16"
+#define WG_N64_OUT(d) WG_N48_OUT(d), WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define WG_N64_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_N64_AB "{%32,%33,%34,%35}, %36"
+#define WGMMA_RS(N, d, a, desc, scale_d, tnsp_b)                                                   \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned." N##_SHAPE ".f32." MMA_TYPE          \
+                               "." MMA_TYPE " " N##_D ", " N##_AB ", " #scale_d ", 1, 1, " #tnsp_b \
+                               ";\n"                                                               \
+                         : N##_OUT(d)                                                              \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
+                         : "memory")
+
+/* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
+ * that no use of an accumulator is scheduled above the wait; before
+ * wgmma.fence, so that no write of an operand (the rescaled O, packed P)
+ * sinks between the wgmma of a chain, where ptxas would have to serialise
+ * them. c: the constraint, "f" or "r". */
+#define WG_FENCE_REGS_C(d, n, c)                                                                   \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n); ++j_)                                         \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)                                       \
+                __asm__ __volatile__("" : "+" c((d)[j_][e_])::"memory");                           \
+    } while (0)
+#define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
+
+/* Copies have landed for this work-item and are visible to wgmma's reads. */
+inline void cp_wait_async_proxy(void) {
+    cp_wait();
+    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+}
+#endif
+
 /* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
 inline float ex2(float x) {
     float y;
@@ -814,3 +870,70 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
             (ulong)(r.q_start + row / r.group)] = row_lse[lid];
     }
 }
+
+/* ---- the tensor-core backward kernels' shared pieces (flash_bwd_nv.cl, flash_bwd_sm90.cl) ---- */
+#if defined(FLASHCL_NV_PTX) && defined(BWD_KERNEL) && (DTYPE == 1 || DTYPE == 2)
+/* [lo_rel, hi_rel]: key j is visible to row i iff lo_rel <= j - i <= hi_rel
+ * (a side without a window is widened past any j - i). */
+inline long2 visible_rel(int nq, int nk, int win_left, int win_right) {
+    const long shift = (long)nk - (long)nq;
+    return (long2)(win_left < 0 ? -(1L << 40) : shift - win_left,
+                   win_right < 0 ? (1L << 40) : shift + win_right);
+}
+
+/* The raw score x of one (row, key) pair -> (P, dS) given the row's LSE in
+ * log2 units (+inf: the row contributes nothing), its D_i, and dP. */
+inline float2 p_and_ds(float x, float dp, float lse2, float di, float scale, float softcap) {
+    float p, g = 1.0f;
+    if (softcap > 0.0f) {
+        const float th = tanh(x * (scale / softcap));
+        p = ex2(fma(softcap * th, LOG2E, -lse2));
+        g = fma(-th, th, 1.0f); /* d/ds of c*tanh(s/c) */
+    } else {
+        p = ex2(fma(x, scale * LOG2E, -lse2));
+    }
+    return (float2)(p, p * (dp - di) * g * scale);
+}
+
+/* Two adjacent n8 accumulator blocks -> the A fragment of one k16 step (the
+ * forward's P trick, flash_fwd_nv.cl). */
+#define ACC_TO_A(a, lo, hi)                                                                        \
+    do {                                                                                           \
+        (a)[0] = pack2((lo)[0], (lo)[1]);                                                          \
+        (a)[1] = pack2((lo)[2], (lo)[3]);                                                          \
+        (a)[2] = pack2((hi)[0], (hi)[1]);                                                          \
+        (a)[3] = pack2((hi)[2], (hi)[3]);                                                          \
+    } while (0)
+
+/* Stores columns d, d+1 (d even, d < HEAD_DIM) of one row of 16-bit elements:
+ * one 32-bit store when pair (every row start 4-byte aligned). */
+inline void store_two(__global ushort *row, int d, float x0, float x1, int pair) {
+    if (pair) {
+        *(__global uint *)(row + d) = pack2(x0, x1);
+    } else {
+        STORE_ELEM((__global elem_t *)row, d, x0);
+        if (d + 1 < HEAD_DIM)
+            STORE_ELEM((__global elem_t *)row, d + 1, x1);
+    }
+}
+
+/* Stores one warp's 16 x HEAD_DIM f32 accumulators acc[D_FRAGS][4] (this
+ * lane's rows g and g + 8, at most `rows` of them) into a [*][HEAD_DIM]
+ * 16-bit matrix whose row r is at dst + r*stride. A macro: passed to a
+ * function, the accumulators would leave registers for the stack. */
+#define STORE_ACC(dst, stride, acc, rows)                                                          \
+    do {                                                                                           \
+        __global ushort *dst_ = (dst);                                                             \
+        const ulong stride_ = (stride);                                                            \
+        const int pair_ = (HEAD_DIM % 2 == 0) && ((ulong)dst_ % 4 == 0) && (stride_ % 2 == 0);     \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            if (g + 8 * h_ < (rows)) {                                                             \
+                _Pragma("unroll") for (int j_ = 0; j_ < D_FRAGS; ++j_) {                           \
+                    if (8 * j_ + 2 * t < HEAD_DIM)                                                 \
+                        store_two(dst_ + (ulong)(g + 8 * h_) * stride_, 8 * j_ + 2 * t,            \
+                                  (acc)[j_][2 * h_], (acc)[j_][2 * h_ + 1], pair_);                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+#endif

@@ -155,39 +155,6 @@
 #error "flash_fwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"
 #endif
 
-/* ---- sm_90a instructions, behind the marker src/program.c removes ------------------------ */
-
-#define SM90A "//@sm90a "
-
-#define WGMMA_FENCE() __asm__ __volatile__(SM90A "wgmma.fence.sync.aligned;\n" ::: "memory")
-#define WGMMA_COMMIT() __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory")
-#define WGMMA_WAIT_ALL() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory")
-#define WGMMA_WAIT_ONE() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 1;\n" ::: "memory")
-
-/* One wgmma with A from registers: d[0..N/8-1][0..3] = A (a[0..3], this
- * warp's 16x16 slice of the 64x16 A) times the 16xN B that desc describes,
- * plus d when scale_d is 1 (0: d's old values are not read); tnsp_b 0: B
- * K-major, 1: N-major. N is 64 or 48: WG_N64 / WG_N48 give the shape's
- * name, its accumulator operands and their numbering, and the numbers of
- * the A and descriptor operands that follow them. */
-#define WG_ACC4(d, j) "+f"((d)[j][0]), "+f"((d)[j][1]), "+f"((d)[j][2]), "+f"((d)[j][3])
-#define WG_N48_SHAPE "m64n48k16"
-#define WG_N48_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5)
-#define WG_N48_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
-#define WG_N48_AB "{%24,%25,%26,%27}, %28"
-#define WG_N64_SHAPE "m64n64k16"
-#define WG_N64_OUT(d) WG_N48_OUT(d), WG_ACC4(d, 6), WG_ACC4(d, 7)
-#define WG_N64_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
-                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
-#define WG_N64_AB "{%32,%33,%34,%35}, %36"
-#define WGMMA_RS(N, d, a, desc, scale_d, tnsp_b)                                                   \
-    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned." N##_SHAPE ".f32." MMA_TYPE          \
-                               "." MMA_TYPE " " N##_D ", " N##_AB ", " #scale_d ", 1, 1, " #tnsp_b \
-                               ";\n"                                                               \
-                         : N##_OUT(d)                                                              \
-                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
-                         : "memory")
-
 /* S = Q K^T for one k-step: m64nBLOCK_Nk16 into s[S_FRAGS][4], B = K (K-major). */
 #if BLOCK_N == 64
 #define WGMMA_S(d, a, db, scale_d) WGMMA_RS(WG_N64, d, a, db, scale_d, 0)
@@ -247,19 +214,6 @@
             MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
     } while (0)
 
-/* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
- * that no use of an accumulator is scheduled above the wait; before
- * wgmma.fence, so that no write of an operand (the rescaled O, packed P)
- * sinks between the wgmma of a chain, where ptxas would have to serialise
- * them. c: the constraint, "f" or "r". */
-#define WG_FENCE_REGS_C(d, n, c)                                                                   \
-    do {                                                                                           \
-        _Pragma("unroll") for (int j_ = 0; j_ < (n); ++j_)                                         \
-            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)                                       \
-                __asm__ __volatile__("" : "+" c((d)[j_][e_])::"memory");                           \
-    } while (0)
-#define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
-
 /* This warp's A fragments of Q (rows 16*warp.., from the block at Q_AT):
  * lanes 0-15 rows 0-15 at the k-step's dims 0-7, lanes 16-31 the same rows at
  * dims 8-15: a0, a1, a2, a3 as in flash_fwd_nv. */
@@ -274,12 +228,6 @@
 #else
 #define RELOAD_Q_FRAGS(qf) do { } while (0)
 #endif
-
-/* Copies have landed for this work-item and are visible to wgmma's reads. */
-inline void cp_wait_async_proxy(void) {
-    cp_wait();
-    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
-}
 
 /* A tile in the SW128 layout, copied by the nthreads work-items numbered tid
  * = 0 .. nthreads - 1 (copy_tile: the whole group). */

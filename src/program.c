@@ -339,7 +339,7 @@ static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const cha
 /* ---- sm_90a kernels on NVIDIA ----------------------------------------------------------- */
 
 /* The marker that hides an sm_90a instruction from the sm_90 build, as
- * cl/flash_fwd_sm90.cl writes it (SM90A there). */
+ * cl/common.cl writes it (SM90A there). */
 #define SM90A_MARKER "//@sm90a "
 
 unsigned char *flashcl_ptx_enable_sm90a(const unsigned char *ptx, size_t size, size_t *out_size,
