@@ -936,4 +936,30 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
             }                                                                                      \
         }                                                                                          \
     } while (0)
+
+/* The opening of a dK/dV kernel: its key block n0 (of `keys` keys), kv head hk
+ * and batch b. Under LPT_HEADS the first key blocks of a chunk of heads run
+ * first (they see the most rows under a causal mask), else grid order. */
+#if LPT_HEADS
+#define NV_KEY_BLOCK_ORDER(keys)                                                                   \
+    LPT_PLACE(lpt_rank_, lpt_pair_);                                                               \
+    const int n0 = lpt_rank_ * (keys);                                                             \
+    const int hk = lpt_pair_ % (int)get_num_groups(1), b = lpt_pair_ / (int)get_num_groups(1)
+#else
+#define NV_KEY_BLOCK_ORDER(keys)                                                                   \
+    const int n0 = (int)get_group_id(0) * (keys);                                                 \
+    const int hk = (int)get_global_id(1), b = (int)get_global_id(2)
+#endif
+
+/* The rows that see any key of [n0, n0 + keys) and the BLOCK_M-row tiles over
+ * them, for each of the `group` query heads: `tiles` tiles in all, streamed in
+ * one loop (tile it: head hk * group + it / m_tiles, first row m_first + (it %
+ * m_tiles) * BLOCK_M); rel is visible_rel's. */
+#define NV_KEY_BLOCK_ROW_TILES(keys)                                                               \
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);                                    \
+    const long n_last = min((long)n0 + (keys), (long)nk) - 1;                                      \
+    const long i_lo = max((long)n0 - rel.y, 0L), i_hi = min(n_last - rel.x, (long)nq - 1);         \
+    const int m_first = i_lo <= i_hi ? (int)(i_lo / BLOCK_M) * BLOCK_M : 0;                        \
+    const int m_tiles = i_lo <= i_hi ? (int)((i_hi - m_first) / BLOCK_M) + 1 : 0;                  \
+    const int tiles = m_tiles * group
 #endif

@@ -147,14 +147,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
-#if LPT_HEADS
-    LPT_PLACE(rank, pair); /* first key blocks first: they see the most rows */
-    const int n0 = rank * OWN;
-    const int hk = pair % (int)get_num_groups(1), b = pair / (int)get_num_groups(1);
-#else
-    const int n0 = (int)get_group_id(0) * OWN;
-    const int hk = (int)get_global_id(1), b = (int)get_global_id(2);
-#endif
+    NV_KEY_BLOCK_ORDER(OWN);
     const int heads_q = (int)get_global_size(1) * group;
     const uint s_base = shared_addr(smem);
 
@@ -167,14 +160,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
     nv_copy_rows(smem, s_base, OWN * PITCH, vb, v_ss, n_rows, OWN,
                  ROWS_16B(vb, v_ss), tid, HEAD_DIM, PITCH, WG);
 
-    /* Rows that see any key of [n0, n_last], and the tiles over them, for
-     * each of the `group` query heads: T tiles in all, streamed in one loop. */
-    const long2 rel = visible_rel(nq, nk, win_left, win_right);
-    const long n_last = min((long)n0 + OWN, (long)nk) - 1;
-    const long i_lo = max((long)n0 - rel.y, 0L), i_hi = min(n_last - rel.x, (long)nq - 1);
-    const int m_first = i_lo <= i_hi ? (int)(i_lo / BLOCK_M) * BLOCK_M : 0;
-    const int m_tiles = i_lo <= i_hi ? (int)((i_hi - m_first) / BLOCK_M) + 1 : 0;
-    const int tiles = m_tiles * group;
+    NV_KEY_BLOCK_ROW_TILES(OWN);
     /* cp.async needs 16-byte aligned rows; uniform over the query heads when
      * the head stride is a multiple of 8 elements, else plain loads. */
     const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&
