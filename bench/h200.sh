@@ -15,7 +15,7 @@
 #         -DCP_ASYNC_L2=256), then TESTS (binaries) with TEST_ARG under TEST_OPTIONS.
 # fp32: the forward and serving tests on the GPU (nv-tf32 forced through its tile
 #         shapes too), nv-tf32's registers, float32 vs PyTorch, a FLASHCL_PARAMS sweep.
-# backward: the backward tests on the GPU (nv-mma forced too), the nv-mma kernels'
+# backward: the backward tests on the GPU (nv-wgmma and nv-mma forced too; TESTS as forward's), the kernels'
 #         registers, the time per backward kernel (FLASHCL_PROFILE) at issue 5's shapes,
 #         backward vs PyTorch, two forward rows (SWEEP=1: a FLASHCL_BWD_PARAMS sweep first).
 # decode: the serving tests on the GPU (TESTS="": none), the decode kernel's registers, decode vs
@@ -129,11 +129,11 @@ if [ "$what" = fp32 ]; then
   exit 0
 fi
 if [ "$what" = backward ]; then
-  for t in "test_backward mma" "test_backward quick" test_varlen_backward "test_forward quick"; do
+  for t in ${TESTS-"test_backward wgmma" "test_backward mma" "test_backward quick" test_varlen_backward "test_forward quick"}; do
     gpu_test "$t"
   done
   for d in 64 128; do
-    echo "== ptxas report of the nv-mma backward kernels (f16, D=$d)"
+    echo "== ptxas report of the tensor-core backward kernels (f16, D=$d)"
     FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --backward \
       --device nvidia --shape 1,2,256,$d --iters 1 2>&1 | grep -E "Compiling|registers|spill" | head -8
   done

@@ -11,7 +11,9 @@
  *   "nv-mma" variant: flash_bwd_dkdv_nv and flash_bwd_dq_nv from
  *   cl/flash_bwd_nv.cl on tensor cores, the dQ pass in both modes unless
  *   FLASHCL_BWD_PARAMS says DQ=atomic: then flash_bwd_dkdv_nv, built with
- *   DQ_ATOMIC, adds dQ into the accumulator and flash_bwd_dq_store follows)
+ *   DQ_ATOMIC, adds dQ into the accumulator and flash_bwd_dq_store follows;
+ *   the "nv-wgmma" variant: flash_bwd_dkdv_sm90 and flash_bwd_dq_sm90 from
+ *   cl/flash_bwd_sm90.cl on Hopper's warpgroup MMA, the dQ pass in both modes)
  *   or flash_bwd_dq_store   atomic mode: the accumulator rounded into dQ
  * Scratch (caller-owned): [rows] floats of D_i, then, in atomic mode,
  * [rows][head_dim] floats of dQ, rows = batch * heads_q * seqlen_q.
@@ -129,16 +131,18 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
     /* BWD_KERNEL picks the kernel a build holds (flashcl_get_kernel keeps one
      * kernel per file and options); pre and store take head_dim at run time
-     * so they build once per dtype. The cpu and nv-mma variants take dK/dV
-     * and the dQ pass from their own files; nv-mma runs the dQ pass in both
+     * so they build once per dtype. The cpu, nv-mma and nv-wgmma variants take dK/dV
+     * and the dQ pass from their own files; the nv variants run the dQ pass in both
      * modes unless its choice says atomics (flashcl_backward_dq_atomic). */
     static const struct {
         const char *file, *dkdv, *dq;
     } files[] = {[FLASHCL_BWD_PORTABLE] = {"flash_bwd.cl", "flash_bwd_dkdv", "flash_bwd_dq"},
                  [FLASHCL_BWD_CPU] = {"flash_bwd_cpu.cl", "flash_bwd_dkdv_cpu", "flash_bwd_dq_cpu"},
-                 [FLASHCL_BWD_NV_MMA] = {"flash_bwd_nv.cl", "flash_bwd_dkdv_nv", "flash_bwd_dq_nv"}};
+                 [FLASHCL_BWD_NV_MMA] = {"flash_bwd_nv.cl", "flash_bwd_dkdv_nv", "flash_bwd_dq_nv"},
+                 [FLASHCL_BWD_NV_WGMMA] = {"flash_bwd_sm90.cl", "flash_bwd_dkdv_sm90", "flash_bwd_dq_sm90"}};
     for (int i = 0; i < 4; ++i) {
-        const int nv = c->variant == FLASHCL_BWD_NV_MMA, tiled = i == 1 || i == 2;
+        const int nv = flashcl_backward_nv(c), tiled = i == 1 || i == 2;
+        const int sm90a = c->variant == FLASHCL_BWD_NV_WGMMA;
         const int atomic = flashcl_backward_dq_atomic(c);
         const int wanted = i == 0 || i == 1 || (i == 2 && !atomic) || (i == 3 && (atomic || with_store));
         cl_kernel *slot[4] = {&k->pre, &k->dkdv, &k->dq, &k->store};
@@ -153,14 +157,29 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
         /* the cap is applied by program.c on NVIDIA's PTX; the order is the forward's */
         flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", nv ? c->nv_max_registers : 0);
         flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", nv ? flashcl_lpt_heads(r) : 0);
-        snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s", r->head_dim,
+        snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s%s", r->head_dim,
                  c->block_m, c->block_n, c->work_group_size,
-                 !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX", cap, order);
+                 !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX",
+                 sm90a ? " -DFLASHCL_SM90A" : "", cap, order);
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
                  (int)r->dtype, i + 1, tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
         st = flashcl_get_kernel(ctx, file, name, options, slot[i]);
+        const int forced = !strcmp(c->source, "FLASHCL_BWD_PARAMS");
+        if (st == FLASHCL_ERROR_BUILD_FAILED && tiled && sm90a && !forced) {
+            /* The sm_90a rebuild failed (a driver that refuses it): the
+             * mma.sync kernels, re-picked without nv-wgmma entries. */
+            flashcl_log("the nv-wgmma backward kernel %s did not build, using the next choice: %.300s", name,
+                        flashcl_last_error(ctx));
+            flashcl_clear_error(ctx);
+            ctx->no_sm90a_bwd = 1;
+            if ((st = flashcl_backward_params(ctx, r, deterministic, 0, &k->choice)) != FLASHCL_SUCCESS)
+                return st;
+            k->dkdv = k->dq = k->store = NULL;
+            i = -1;
+            continue;
+        }
         if (st == FLASHCL_ERROR_BUILD_FAILED && tiled &&
-            (c->variant == FLASHCL_BWD_CPU || (nv && strcmp(c->source, "FLASHCL_BWD_PARAMS") != 0))) {
+            (c->variant == FLASHCL_BWD_CPU || (nv && !forced))) {
             /* Slower, never wrong: the cpu variant falls back to the portable
              * kernels with the same tiles (the fit check covered them too);
              * nv-mma, unless asked for by FLASHCL_BWD_PARAMS, re-picks its

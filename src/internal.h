@@ -50,7 +50,8 @@ typedef struct flashcl_staging {
 
 struct flashcl_context {
     int is_host;
-    int no_sm90a; /* the nv-wgmma kernel failed to build here: no longer chosen */
+    int no_sm90a;     /* the nv-wgmma kernel failed to build here: no longer chosen */
+    int no_sm90a_bwd; /* likewise the nv-wgmma backward kernels */
     cl_platform_id platform;
     cl_device_id device;
     cl_context cl_ctx;
@@ -270,10 +271,14 @@ typedef enum flashcl_backward_variant {
     FLASHCL_BWD_PORTABLE, /* cl/flash_bwd.cl: any device                                    */
     FLASHCL_BWD_CPU,      /* cl/flash_bwd_cpu.cl: one work-item per block (work_group_size
                            * unused, kept for the portable fallback)                         */
-    FLASHCL_BWD_NV_MMA    /* cl/flash_bwd_nv.cl: NVIDIA sm_80+ tensor cores, f16/bf16,
+    FLASHCL_BWD_NV_MMA,   /* cl/flash_bwd_nv.cl: NVIDIA sm_80+ tensor cores, f16/bf16,
                            * head_dim <= 128; WG/32 warps own 16 keys (dK/dV) or 16 rows
                            * (dQ) each; block_m = dK/dV's streamed query rows, block_n =
                            * dQ's streamed keys; dQ always by its own pass (deterministic) */
+    FLASHCL_BWD_NV_WGMMA  /* cl/flash_bwd_sm90.cl: Hopper's warpgroup MMA (compute capability
+                           * 9.0), f16/bf16, head_dim 32..64; one warpgroup (WG 128) owns 64
+                           * keys or rows, 64-row tiles (block_m = block_n = 64); dQ by its
+                           * own pass */
 } flashcl_backward_variant;
 typedef struct flashcl_backward_choice {
     int block_m;         /* query rows per streamed tile                    */
@@ -288,8 +293,9 @@ typedef struct flashcl_backward_choice {
 } flashcl_backward_choice;
 /* Fills *choice for a resolved desc: database entry (shrunk to fit when it
  * is a default), then FLASHCL_BWD_PARAMS; deterministic: the caller's
- * flashcl_backward_options.deterministic; skip_nv: pass over nv-mma
- * entries (after that kernel failed to build). Fails only on a malformed
+ * flashcl_backward_options.deterministic; skip_nv: pass over the
+ * tensor-core entries (after nv-mma failed to build; a failed nv-wgmma sets
+ * ctx->no_sm90a_bwd instead, which passes over its entries alone). Fails only on a malformed
  * FLASHCL_BWD_PARAMS or tiles or a work-group that do not fit the device. */
 flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                        int deterministic, int skip_nv, flashcl_backward_choice *choice);
@@ -302,6 +308,8 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
                                        int dq_atomic);
 /* 1 when the backward of choice c sums dQ with float atomics (else by its dQ pass). */
 int flashcl_backward_dq_atomic(const flashcl_backward_choice *c);
+/* 1 for the tensor-core variants (nv-mma, nv-wgmma). */
+int flashcl_backward_nv(const flashcl_backward_choice *c);
 /* Rows of keys (dK/dV) and of queries (dQ) one work-group of the choice owns. */
 int flashcl_backward_keys_per_group(const flashcl_backward_choice *c);
 int flashcl_backward_rows_per_group(const flashcl_backward_choice *c);

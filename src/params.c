@@ -1169,8 +1169,11 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     128, else the entry does not apply): WG/32 warps of 16 keys or rows,
  *     BLOCK_M = dK/dV's streamed query rows, BLOCK_N = dQ's streamed keys,
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
- *     without nv-mma entries. FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma
- *     picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
+ *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
+ *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
+ *     32..64; WG 128, BLOCK_M = BLOCK_N = 64, its only shape); a build failure
+ *     re-picks without nv-wgmma entries (so nv-mma's).
+ *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
  *     mode: red.add from the dK/dV kernel, or its own pass (the default);
  *     MAXNREG=N caps nv-mma's registers per thread (an entry's
  *     nv_max_registers; 0: the compiler's choice), see src/program.c.
@@ -1183,6 +1186,10 @@ typedef flashcl_backward_entry backward_entry;
 /* Levels 3-5: nothing measured per device, architecture or vendor yet. */
 static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
 static const backward_entry backward_arch[] = {
+    /* cl/flash_bwd_sm90.cl (Hopper's warpgroup MMA), first so that it wins
+     * where it applies (compute capability 9.0, head_dim 32..64): one
+     * warpgroup, 64 keys or rows, 64-row tiles, its only shape. */
+    {"sm_90", NULL, 32, 64, 64, 64, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 0},
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
      * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
@@ -1256,16 +1263,24 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
     return dkdv > dq ? dkdv : dq;
 }
 
-int flashcl_backward_dq_atomic(const flashcl_backward_choice *c) {
-    return !c->deterministic && !(c->variant == FLASHCL_BWD_NV_MMA && c->nv_dq_pass);
+/* cl/flash_bwd_sm90.cl: four 64-row tiles of 128 bytes a row, 1 KB to align them, LSE and D_i of a tile. */
+#define BACKWARD_WGMMA_LOCAL_BYTES (4 * 64 * 128 + 1024 + 2 * 64 * sizeof(float))
+
+int flashcl_backward_nv(const flashcl_backward_choice *c) {
+    return c->variant == FLASHCL_BWD_NV_MMA || c->variant == FLASHCL_BWD_NV_WGMMA;
 }
 
+int flashcl_backward_dq_atomic(const flashcl_backward_choice *c) {
+    return !c->deterministic && !(flashcl_backward_nv(c) && c->nv_dq_pass);
+}
+
+/* The tensor-core kernels: 16 keys (dK/dV) or rows (dQ) a warp. */
 int flashcl_backward_keys_per_group(const flashcl_backward_choice *c) {
-    return c->variant == FLASHCL_BWD_NV_MMA ? 16 * (c->work_group_size / 32) : c->block_n;
+    return flashcl_backward_nv(c) ? 16 * (c->work_group_size / 32) : c->block_n;
 }
 
 int flashcl_backward_rows_per_group(const flashcl_backward_choice *c) {
-    return c->variant == FLASHCL_BWD_NV_MMA ? 16 * (c->work_group_size / 32) : c->block_m;
+    return flashcl_backward_nv(c) ? 16 * (c->work_group_size / 32) : c->block_m;
 }
 
 /* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */
@@ -1274,6 +1289,8 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
                              int head_dim, int dq_atomic) {
     if (variant == FLASHCL_BWD_NV_MMA)
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
+    if (variant == FLASHCL_BWD_NV_WGMMA)
+        return BACKWARD_WGMMA_LOCAL_BYTES;
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
     size_t own = variant == FLASHCL_BWD_CPU ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
     return own > portable ? own : portable;
@@ -1282,6 +1299,21 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
 /* 1 when the nv-mma kernels apply to the device and problem. */
 static int backward_nv_applies(const flashcl_context *ctx, const flashcl_attention_desc *d) {
     return !ctx->is_host && ctx->info.nv_cc_major >= 8 && d->dtype != FLASHCL_FLOAT32 && d->head_dim <= 128;
+}
+
+/* 1 when the nv-wgmma kernels apply: compute capability 9.0 exactly (sm_90a
+ * code runs there only), unless they failed to build here. */
+static int backward_wgmma_applies(const flashcl_context *ctx, const flashcl_attention_desc *d) {
+    return !ctx->is_host && !ctx->no_sm90a_bwd && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
+           d->dtype != FLASHCL_FLOAT32 && d->head_dim >= 32 && d->head_dim <= 64;
+}
+
+/* Whether a variant's kernels apply to the device and problem (the portable and cpu ones always do). */
+static int backward_variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d,
+                                    flashcl_backward_variant variant) {
+    return variant == FLASHCL_BWD_NV_MMA     ? backward_nv_applies(ctx, d)
+           : variant == FLASHCL_BWD_NV_WGMMA ? backward_wgmma_applies(ctx, d)
+                                             : 1;
 }
 
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
@@ -1293,6 +1325,14 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
         snprintf(why, n, "the cpu backward kernel needs BLOCK_N a multiple of 8, not %d", block_n);
     else if (variant == FLASHCL_BWD_NV_MMA && !backward_nv_applies(ctx, d))
         snprintf(why, n, "the nv-mma backward needs NVIDIA sm_80+, float16 or bfloat16 and head_dim <= 128");
+    else if (variant == FLASHCL_BWD_NV_WGMMA && !backward_wgmma_applies(ctx, d))
+        snprintf(why, n, "the nv-wgmma backward needs NVIDIA compute capability 9.0 whose driver builds sm_90a, "
+                 "float16 or bfloat16 and head_dim 32..64");
+    else if (variant == FLASHCL_BWD_NV_WGMMA && (work_group_size != 128 || block_m != 64 || block_n != 64))
+        snprintf(why, n, "the nv-wgmma backward is one warpgroup with 64-row tiles: WG 128, BLOCK_M 64, BLOCK_N 64 "
+                 "(not %d, %d, %d)", work_group_size, block_m, block_n);
+    else if (variant == FLASHCL_BWD_NV_WGMMA && dq_atomic == 1)
+        snprintf(why, n, "the nv-wgmma backward sums dQ by its own pass only (DQ=pass)");
     else if (variant == FLASHCL_BWD_NV_MMA && (work_group_size % 32 || block_m % 16 || block_n % 16))
         snprintf(why, n, "the nv-mma backward needs WG a multiple of 32 and BLOCK_M, BLOCK_N multiples of 16 "
                  "(WG %d, BLOCK_M %d, BLOCK_N %d)", work_group_size, block_m, block_n);
@@ -1307,7 +1347,7 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     return why[0] == '\0';
 }
 
-static const char *const backward_variant_names[] = {"portable", "cpu", "nv-mma"}; /* the enum's order */
+static const char *const backward_variant_names[] = {"portable", "cpu", "nv-mma", "nv-wgmma"}; /* the enum's order */
 
 /* The variant named by the n bytes at name, or -1. */
 static int backward_variant_named(const char *name, size_t n) {
@@ -1325,7 +1365,8 @@ static flashcl_backward_variant backward_variant_of(const char *variant) {
 
 typedef struct backward_walk {
     const flashcl_attention_desc *desc;
-    int skip_nv;
+    int skip_nv; /* pass over the tensor-core entries */
+    int only_nv; /* a tensor-core variant FLASHCL_BWD_PARAMS asks for: pass over the other one's; -1: none */
 } backward_walk;
 
 /* An entry for this head_dim whose variant applies; above the device-type level, only one that fits. */
@@ -1336,7 +1377,9 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     char why[200];
     if (w->desc->head_dim < e->head_dim_min || w->desc->head_dim > e->head_dim_max)
         return 0;
-    if (variant == FLASHCL_BWD_NV_MMA && (w->skip_nv || !backward_nv_applies(ctx, w->desc)))
+    const int nv = variant == FLASHCL_BWD_NV_MMA || variant == FLASHCL_BWD_NV_WGMMA;
+    if (nv && (w->skip_nv || (w->only_nv >= 0 && (int)variant != w->only_nv) ||
+               !backward_variant_applies(ctx, w->desc, variant)))
         return 0;
     if (level >= LVL_TYPE ||
         backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, why, sizeof why))
@@ -1363,7 +1406,8 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
             if ((o->variant = backward_variant_named(kv.value, kv.value_len)) < 0)
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_BWD_PARAMS: VARIANT is portable, cpu or nv-mma at '%s'", kv.at);
+                                    "FLASHCL_BWD_PARAMS: VARIANT is portable, cpu, nv-mma or nv-wgmma at '%s'",
+                                    kv.at);
         } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "MAXNREG")) {
             if (!flashcl_kv_int(&kv, 0, 255, &o->max_registers) || (o->max_registers && o->max_registers < 16))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
@@ -1422,8 +1466,10 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     flashcl_status st = backward_env(ctx, &env);
     if (st != FLASHCL_SUCCESS)
         return st;
-    /* VARIANT=portable or cpu: tiles from entries of the kernels asked for */
-    const backward_walk walk = {desc, skip_nv || (env.variant >= 0 && env.variant != FLASHCL_BWD_NV_MMA)};
+    /* VARIANT=portable or cpu: tiles from entries of the kernels asked for;
+     * VARIANT=nv-mma or nv-wgmma: from that variant's entries */
+    const int env_nv = env.variant == FLASHCL_BWD_NV_MMA || env.variant == FLASHCL_BWD_NV_WGMMA;
+    const backward_walk walk = {desc, skip_nv || (env.variant >= 0 && !env_nv), env_nv ? env.variant : -1};
     const char *source = "default: global";
     int level = LVL_GLOBAL;
     memset(c, 0, sizeof *c);
@@ -1436,9 +1482,9 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->block_n = e->block_n;
     c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
-    c->nv_dq_pass = 1; /* nv-mma: measured faster than atomics, see backward_arch */
+    c->nv_dq_pass = 1; /* nv-mma: measured faster than atomics, see backward_arch; nv-wgmma: its only way */
     c->variant = backward_variant_of(e->variant);
-    c->nv_max_registers = c->variant == FLASHCL_BWD_NV_MMA ? e->nv_max_registers : 0;
+    c->nv_max_registers = flashcl_backward_nv(c) ? e->nv_max_registers : 0;
     c->source = source;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;

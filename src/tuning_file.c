@@ -36,8 +36,9 @@
  *       "block_m": 16, "block_n": 16,     required, 1..1024
  *       "work_group_size": 128,           required, 1..1024
  *       "variant": "cpu",                 optional: "portable" (default, cl/flash_bwd.cl),
- *                                         "cpu" (cl/flash_bwd_cpu.cl) or "nv-mma"
- *                                         (cl/flash_bwd_nv.cl, where it applies)
+ *                                         "cpu" (cl/flash_bwd_cpu.cl), "nv-mma"
+ *                                         (cl/flash_bwd_nv.cl) or "nv-wgmma"
+ *                                         (cl/flash_bwd_sm90.cl), where they apply
  *       "max_registers": 168,             optional, nv-mma: registers per thread, 16..255
  *                                         (0, the default: the compiler's choice)
  *       "comment": "..."}                 optional string, shown in the source
@@ -607,10 +608,13 @@ static int read_backward(const jval *e, size_t index, flashcl_backward_entry *ou
         return entry_fail(&a, e, "head_dim_min is above head_dim_max");
     if (out->nv_max_registers && out->nv_max_registers < 16)
         return entry_fail(&a, e, "\"max_registers\" is 0 (the compiler's choice) or 16..255");
-    if (variant && strcmp(variant, "portable") && strcmp(variant, "cpu") && strcmp(variant, "nv-mma"))
-        return entry_fail(&a, e, "\"variant\" must be \"portable\", \"cpu\" or \"nv-mma\"");
-    /* a literal: nothing to free */
-    out->variant = !variant || !strcmp(variant, "portable") ? NULL : !strcmp(variant, "cpu") ? "cpu" : "nv-mma";
+    static const char *const variants[] = {"cpu", "nv-mma", "nv-wgmma"}; /* and "portable": NULL */
+    out->variant = NULL; /* a literal when set: nothing to free */
+    for (size_t i = 0; variant && i < sizeof variants / sizeof variants[0]; ++i)
+        if (!strcmp(variant, variants[i]))
+            out->variant = variants[i];
+    if (variant && strcmp(variant, "portable") && !out->variant)
+        return entry_fail(&a, e, "\"variant\" must be \"portable\", \"cpu\", \"nv-mma\" or \"nv-wgmma\"");
     return copy_strings(&a, device, driver, comment, &out->match, &out->driver, &out->why);
 }
 

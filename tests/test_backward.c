@@ -279,7 +279,7 @@ static void run_with(flashcl_context *ctx, const test_case *tc, int deterministi
  * the in-memory cache (NULL: the table's choice). */
 static void build_failure(flashcl_context *ctx, const char *missing, test_case tc, const char *env) {
     static const char *const all[] = {"common.cl",    "flash_fwd.cl",     "flash_fwd_cpu.cl", "flash_fwd_nv.cl",
-                                      "flash_bwd.cl", "flash_bwd_cpu.cl", "flash_bwd_nv.cl"};
+                                      "flash_bwd.cl", "flash_bwd_cpu.cl", "flash_bwd_nv.cl",  "flash_bwd_sm90.cl"};
     const char *files[COUNT(all)];
     int count = 0;
     char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX";
@@ -386,13 +386,13 @@ static void sweep(flashcl_context *ctx) {
 
 /* ---- the tensor-core kernels (NVIDIA sm_80+ only) --------------------------------------------- */
 
-/* Whether FLASHCL_BWD_PARAMS=VARIANT=nv-mma is accepted here: a tiny f16 run. */
-static int nv_mma_available(flashcl_context *ctx) {
-    test_case tc = test_case_basic(FLASHCL_FLOAT16, 3, 5, 16);
+/* Whether FLASHCL_BWD_PARAMS=env (a VARIANT) is accepted here: a tiny f16 run at head_dim d. */
+static int nv_variant_available(flashcl_context *ctx, const char *env, int d) {
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 3, 5, d);
     run_buffers rb;
     if (flashcl_context_is_host(ctx))
         return 0;
-    setenv("FLASHCL_BWD_PARAMS", "VARIANT=nv-mma", 1);
+    setenv("FLASHCL_BWD_PARAMS", env, 1);
     const int ok = setup(&rb, &tc, 1) && run_backward(ctx, &rb, 0) == FLASHCL_SUCCESS;
     unsetenv("FLASHCL_BWD_PARAMS");
     teardown(&rb);
@@ -403,7 +403,7 @@ static int nv_mma_available(flashcl_context *ctx) {
  * (both stage counts of each kernel), masks and layouts it handles; its
  * build failure falling back. Skips (passing) where nv-mma does not apply. */
 static void mma(flashcl_context *ctx) {
-    if (!nv_mma_available(ctx)) {
+    if (!nv_variant_available(ctx, "VARIANT=nv-mma", 16)) {
         printf("nv-mma backward does not apply to this device: skipped (%s)\n", flashcl_last_error(ctx));
         return;
     }
@@ -474,6 +474,69 @@ static void mma(flashcl_context *ctx) {
     tc = test_case_basic(FLASHCL_FLOAT16, 37, 53, 48); /* a head dim no case above built */
     tc.causal = 1;
     build_failure(ctx, "flash_bwd_nv.cl", tc, NULL);
+#endif
+}
+
+/* `test_backward wgmma`: cl/flash_bwd_sm90.cl forced, over its head dims (32..64,
+ * padded to 64), masks, windows, soft-cap, GQA and MQA, layouts (the padded one
+ * takes the plain-load path), one row, one key. Skips (passing) where nv-wgmma
+ * does not apply (no compute capability 9.0, or a driver without sm_90a). */
+static void wgmma(flashcl_context *ctx) {
+    const char *env = "VARIANT=nv-wgmma";
+    if (!nv_variant_available(ctx, env, 64)) {
+        printf("nv-wgmma backward does not apply to this device: skipped (%s)\n", flashcl_last_error(ctx));
+        return;
+    }
+    static const int dims[] = {64, 32, 59, 40, 48, 64};
+    for (int i = 0; i < COUNT(dims); ++i) {
+        const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
+        test_case tc = test_case_basic(dt, 200, 333, dims[i]); /* Nq < Nk, GQA 2 */
+        tc.batch = 2;
+        tc.heads_q = 4;
+        tc.heads_k = 2;
+        tc.causal = 1;
+        run_with(ctx, &tc, i % 2, env);
+        tc.causal = 0;
+        run_with(ctx, &tc, 0, env);
+        tc = test_case_basic(dt, 150, 97, dims[i]); /* Nq > Nk causal: 53 rows see no key; MQA */
+        tc.heads_q = 3;
+        tc.heads_k = 1;
+        tc.causal = 1;
+        tc.layout = i % 2 ? LAYOUT_BHSD : LAYOUT_PADDED;
+        run_with(ctx, &tc, 0, env);
+    }
+    test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
+    run_with(ctx, &tc, 0, env);
+    tc = test_case_many_heads(FLASHCL_BFLOAT16, 300, 283, 48, 3, 7);
+    run_with(ctx, &tc, 1, env);
+    tc = test_case_basic(FLASHCL_FLOAT16, 300, 300, 64);
+    tc.window_left = 40; /* windows: tiles masked on both edges, and skipped */
+    tc.window_right = 9;
+    run_with(ctx, &tc, 0, env);
+    tc.window_left = 0;
+    tc.window_right = 0; /* the diagonal only */
+    run_with(ctx, &tc, 1, env);
+    tc = test_case_basic(FLASHCL_BFLOAT16, 64, 96, 64);
+    tc.softcap = 30.0f; /* the soft-cap's derivative */
+    tc.input_scale = 4.0;
+    run_with(ctx, &tc, 0, env);
+    tc = test_case_basic(FLASHCL_FLOAT16, 1, 1000, 64); /* one query row */
+    run_with(ctx, &tc, 0, env);
+    tc = test_case_basic(FLASHCL_FLOAT16, 1000, 1, 32); /* one key */
+    tc.causal = 1;
+    run_with(ctx, &tc, 0, env);
+    tc = test_case_basic(FLASHCL_BFLOAT16, 1024, 1024, 64); /* whole tiles only, many of them */
+    tc.heads_q = 8;
+    tc.heads_k = 2;
+    tc.causal = 1;
+    run_with(ctx, &tc, 1, env);
+    tc.causal = 0;
+    run_with(ctx, &tc, 0, env);
+#ifdef FLASHCL_SOURCE_CL_DIR
+    /* Last: the failure is remembered by the context, which then never picks nv-wgmma again. */
+    tc = test_case_basic(FLASHCL_FLOAT16, 37, 53, 56); /* a head dim no case above built */
+    tc.causal = 1;
+    build_failure(ctx, "flash_bwd_sm90.cl", tc, NULL);
 #endif
 }
 
@@ -652,6 +715,8 @@ int main(int argc, char **argv) {
         sweep(ctx);
     } else if (argc > 1 && !strcmp(argv[1], "mma")) {
         mma(ctx);
+    } else if (argc > 1 && !strcmp(argv[1], "wgmma")) {
+        wgmma(ctx);
     } else {
         fd_checks(seed);
         quick(ctx);

@@ -775,12 +775,49 @@ static void test_backward_levels(void) {
 
     /* NVIDIA sm_80+: the tensor-core kernels for 16-bit dtypes up to D=128. */
     pretend_h200(ctx);
+    ctx->info.nv_cc_major = 8; /* Ampere: no warpgroup MMA */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.block_n == 64 && c.work_group_size == 128 &&
                flashcl_backward_keys_per_group(&c) == 64 && flashcl_backward_rows_per_group(&c) == 64 &&
                !strncmp(c.source, "built-in arch: sm_80+", 21),
-           "backward, sm_90 f16 D=64: nv-mma, 4 warps of 16 keys or rows, named by its level", &failures);
-    expect(c.nv_max_registers == 168, "backward, sm_90 f16 D=64: registers capped at 168 (measured)", &failures);
+           "backward, sm_80 f16 D=64: nv-mma, 4 warps of 16 keys or rows, named by its level", &failures);
+    expect(c.nv_max_registers == 168, "backward, sm_80 f16 D=64: registers capped at 168 (measured)", &failures);
+    /* Hopper at head dims 32..64: the warpgroup MMA kernels, one warpgroup and 64-row tiles. */
+    pretend_h200(ctx);
+    for (int d = 32; d <= 64; d += 32) {
+        char what[120];
+        snprintf(what, sizeof what, "backward, sm_90 %s D=%d: nv-wgmma, 64 keys or rows a warpgroup, by its level",
+                 d == 32 ? "bf16" : "f16", d);
+        expect(backward_choice_of(ctx, d == 32 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, d, NULL, 0, &c) ==
+                       FLASHCL_SUCCESS &&
+                   c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64 && c.block_n == 64 &&
+                   c.work_group_size == 128 && flashcl_backward_keys_per_group(&c) == 64 &&
+                   flashcl_backward_rows_per_group(&c) == 64 && !flashcl_backward_dq_atomic(&c) &&
+                   !strncmp(c.source, "built-in arch: sm_90", 20),
+               what, &failures);
+    }
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 31, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && backward_choice_of(ctx, FLASHCL_FLOAT16, 65, NULL, 0, &c) ==
+               FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_NV_MMA,
+           "backward, sm_90 f16 D=31 and D=65: nv-mma (outside nv-wgmma's head dims)", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-mma", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.work_group_size == 128 &&
+               c.nv_max_registers == 168,
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-mma at sm_90 D=64: nv-mma with its own entry's tiles and cap", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64,
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at sm_90 D=64: nv-wgmma with its entry's tiles", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 1, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_PORTABLE,
+           "backward, sm_90 f16 D=64 after a tensor-core build failure: the portable kernels", &failures);
+    ctx->no_sm90a_bwd = 1;
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.nv_max_registers == 168,
+           "backward, sm_90 f16 D=64 after an nv-wgmma build failure: nv-mma's entry", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "sm_90a"),
+           "... where VARIANT=nv-wgmma is refused, saying why", &failures);
+    ctx->no_sm90a_bwd = 0;
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "MAXNREG=0", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_max_registers == 0 && backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "maxnreg=200", 0, &c) ==
                FLASHCL_SUCCESS && c.nv_max_registers == 200,
@@ -820,20 +857,30 @@ static void test_backward_levels(void) {
         flashcl_dtype dt;
         int d;
         const char *env, *why;
-    } refused[] = {{FLASHCL_FLOAT16, 64, "BLOCK_M=24", "multiples of 16"},
-                   {FLASHCL_FLOAT16, 64, "WG=48", "multiple of 32"},
+    } refused[] = {{FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,BLOCK_M=24", "multiples of 16"},
+                   {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,WG=48", "multiple of 32"},
+                   {FLASHCL_FLOAT16, 64, "BLOCK_M=32", "WG 128, BLOCK_M 64, BLOCK_N 64"},
+                   {FLASHCL_FLOAT16, 48, "WG=256", "WG 128, BLOCK_M 64, BLOCK_N 64"},
+                   {FLASHCL_FLOAT16, 64, "DQ=atomic", "dQ by its own pass"},
+                   {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
+                   {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "head_dim 32..64"},
                    {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-mma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 256, "VARIANT=nv-mma,BLOCK_M=16,BLOCK_N=16,WG=32", "head_dim <= 128"}};
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; ++i) {
         char what[160];
-        snprintf(what, sizeof what, "nv-mma backward: FLASHCL_BWD_PARAMS=\"%s\" at D=%d is refused (%s)",
+        snprintf(what, sizeof what, "nv backward: FLASHCL_BWD_PARAMS=\"%s\" at D=%d is refused (%s)",
                  refused[i].env, refused[i].d, refused[i].why);
         expect(backward_choice_of(ctx, refused[i].dt, refused[i].d, refused[i].env, 0, &c) ==
                        FLASHCL_ERROR_INVALID_PARAMS &&
                    strstr(flashcl_last_error(ctx), refused[i].why),
                what, &failures);
     }
+    ctx->info.nv_cc_minor = 9; /* Ada (8.9): nv-mma, no nv-wgmma */
+    ctx->info.nv_cc_major = 8;
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "compute capability 9.0"),
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma on sm_89 is refused", &failures);
     ctx->info.nv_cc_major = 7; /* Volta: no nv-mma */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,

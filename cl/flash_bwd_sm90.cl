@@ -1,0 +1,391 @@
+/* flash_bwd_sm90.cl: FlashAttention-2 backward on Hopper's warpgroup MMA (wgmma, sm_90a).
+ *
+ * The "nv-wgmma" backward variant, for float16/bfloat16 with 32 <= head_dim
+ * <= 64 on compute capability 9.0. Same arguments, semantics and D_i pre-pass
+ * as flash_bwd_nv.cl (whose comment gives the formulas), and the same two
+ * kernels: dK/dV per key block, then dQ by a pass over query blocks (a fixed
+ * order: deterministic). The sm_90a instructions sit behind common.cl's
+ * SM90A marker; src/program.c rebuilds the program for sm_90a and the host
+ * falls back to flash_bwd_nv.cl when that fails.
+ *
+ * Why wgmma here. flash_bwd_nv.cl gives each warp 16 keys, so every warp
+ * reads the whole Q and dO tile from __local through ldmatrix, twice a tile
+ * (plain, then transposed): the kernel is bound by those reads at about 185
+ * TFLOP/s. A warpgroup's wgmma reads its B operand from __local once for all
+ * four warps, so the same 64 keys cost a quarter of the reads.
+ *
+ * Work decomposition: one warpgroup (128 work-items) a work-group; warp w
+ * owns rows (keys or query rows) 16w..16w+15 of every 64 x 64 accumulator,
+ * laid out as a 16-row mma.sync fragment (flash_fwd_sm90.cl), so the
+ * elementwise code is flash_bwd_nv.cl's.
+ *   flash_bwd_dkdv_sm90  64 keys of one (batch, kv head); K, V in __local for
+ *                        the whole loop; 64-row tiles of Q and dO (with LSE,
+ *                        D_i) of every query head sharing the kv head stream
+ *                        through one buffer each:
+ *                          S^T  = K Q^T    dP^T = V dO^T   (A: K, V via ldmatrix)
+ *                          P^T, dS^T elementwise, packed into A fragments
+ *                          dV  += P^T dO   dK  += dS^T Q   (B: dO, Q N-major)
+ *   flash_bwd_dq_sm90    64 query rows of one (batch, query head); Q, dO in
+ *                        __local for the whole loop; 64-key tiles of K and V:
+ *                          S = Q K^T   dP = dO V^T   dS   dQ += dS K (K N-major)
+ * Every product is m64n64k16 with A from registers; A fragments of K, V (or
+ * Q, dO) are read from __local again before every tile, as the forward does
+ * with Q (flash_fwd_sm90.cl says why: held across tiles they went wrong).
+ *
+ * __local: four 64-row tiles of 128 bytes a row in common.cl's SW128 layout
+ * (head dims zero-padded to 64), 32 KB, 1024-byte aligned; plus LSE and D_i
+ * of the dK/dV kernel's current tile. One buffer each, so a work-group waits
+ * for its next tile; three work-groups an SM (registers permitting) hide that.
+ * The loads of the dQ pass are split: V(n+1) is issued as soon as dP has
+ * been computed, K(n+1) after dQ += dS K.
+ *
+ * Ordering, as in flash_fwd_sm90.cl: each thread's copies are waited for and
+ * fenced for the async proxy (cp_wait_async_proxy) before the barrier that
+ * publishes a tile; accumulators are read only after wgmma.wait_group and
+ * pinned by empty asm (WG_FENCE_REGS); a buffer is refilled only after a
+ * barrier that follows every warp's wait for the wgmma reading it.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 64
+#endif
+#ifndef WG
+#define WG 128
+#endif
+#ifndef BLOCK_M
+#define BLOCK_M 64 // dkdv: query rows per Q/dO tile
+#endif
+#ifndef BLOCK_N
+#define BLOCK_N 64 // dq: keys per K/V tile
+#endif
+
+#define OWN 64               // keys (dkdv) or rows (dq) per work-group: the warpgroup's M
+#define TILE_BYTES (64 * 128) // one 64-row tile, one 128-byte panel a row
+#define K_STEPS 4            // k16 steps over the head dim (padded to 64)
+#define N_FRAGS 8            // n8 blocks of a 64-wide accumulator per 16 rows
+#define R_STEPS 4            // k16 steps over a tile's 64 rows (P^T dO, dS^T Q, dS K)
+#define D_FRAGS 8            // n8 blocks over the head dim (padded to 64): STORE_ACC
+#define SMEM_BYTES (4 * TILE_BYTES + 1024) // + 1024: room to align the tiles
+
+#if WG != 128 || BLOCK_M != 64 || BLOCK_N != 64
+#error "flash_bwd_sm90 is one warpgroup (WG 128) with 64-row tiles (BLOCK_M, BLOCK_N 64)"
+#endif
+#if HEAD_DIM < 32 || HEAD_DIM > 64
+#error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 64 (one 128-byte panel)"
+#endif
+#ifndef FLASHCL_NV_PTX
+#error "flash_bwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#endif
+#if DTYPE != 1 && DTYPE != 2
+#error "flash_bwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"
+#endif
+
+/* B operands, 64 x 64 tiles at shared address `tile` in the SW128 layout:
+ * K-major (rows are n, dims are k: X Y^T over the head dim), k-step kk 32*kk
+ * bytes into the panel; N-major (rows are k: A Y over the tile's rows), k-step
+ * kk at its 16 rows. */
+#define B_K_MAJOR(tile, kk) sw128_desc((tile) + (uint)(kk)*32u)
+#define B_N_MAJOR(tile, kk) sw128_desc((tile) + (uint)(kk)*2048u)
+
+/* acc = A Y^T, A's fragments a[K_STEPS][4] (this warp's 16 rows of X), Y the
+ * 64 rows of the tile at y: a product over the head dim, acc overwritten. */
+#define CHAIN_XYT(acc, a, y)                                                                       \
+    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \
+        if (kk == 0)                                                                               \
+            WGMMA_RS(WG_N64, acc, (a)[kk], B_K_MAJOR(y, kk), 0, 0);                                \
+        else                                                                                       \
+            WGMMA_RS(WG_N64, acc, (a)[kk], B_K_MAJOR(y, kk), 1, 0);                                \
+    }
+
+/* acc += A Y, A's fragments a[R_STEPS][4] (64 wide, over Y's rows), Y the
+ * tile at y. */
+#define CHAIN_AY(acc, a, y)                                                                        \
+    _Pragma("unroll") for (int kk = 0; kk < R_STEPS; ++kk)                                         \
+        WGMMA_RS(WG_N64, acc, (a)[kk], B_N_MAJOR(y, kk), 1, 1)
+
+/* This warp's A fragments (rows 16*warp..) of the tile at x over the head dim,
+ * as flash_fwd_sm90.cl's LOAD_Q_FRAGS. */
+#define LOAD_A_FRAGS(f, x)                                                                         \
+    do {                                                                                           \
+        const int r_ = warp * 16 + lane % 16;                                                      \
+        _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                     \
+            LDMATRIX_X4((f)[kk], (x) + SW128_OFFSET(r_, 2 * kk + lane / 16, 64));                  \
+    } while (0)
+
+/* A fragments of a 64-wide accumulator (n8 blocks 2kk, 2kk+1 per k-step). */
+#define PACK_A(a, acc)                                                                             \
+    _Pragma("unroll") for (int kk = 0; kk < R_STEPS; ++kk) ACC_TO_A((a)[kk], (acc)[2 * kk], (acc)[2 * kk + 1])
+
+#define ZERO_ACC(acc)                                                                              \
+    _Pragma("unroll") for (int j_ = 0; j_ < N_FRAGS; ++j_)                                         \
+        _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(acc)[j_][e_] = 0.0f
+
+/* Tiles start at the first 1024-byte boundary of the array (the swizzle works
+ * on address bits 4-9): smem (halves) and s_base (its shared address). */
+#define ALIGNED_TILES(raw)                                                                         \
+    const uint raw_base_ = shared_addr(raw);                                                       \
+    const uint align_ = (1024u - (raw_base_ & 1023u)) & 1023u;                                     \
+    __local ushort *smem = (raw) + align_ / 2u;                                                    \
+    const uint s_base = raw_base_ + align_
+
+/* 64 rows of a [*][HEAD_DIM] matrix (row r at src + r*stride, `rows` of them
+ * real, the rest zero) into the tile `at` bytes into the tiles. */
+#define COPY_TILE(at, src, stride, rows, vec)                                                      \
+    nv_copy_rows_to(smem, s_base, (at) / 2u, src, stride, rows, 64, vec, tid, HEAD_DIM, 0, WG, 1)
+
+/* ==== dK, dV ================================================================================ */
+#if !defined(BWD_KERNEL) || BWD_KERNEL == 2
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm90(BWD_DKDV_ARGS) {
+    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+    /* per row of the current tile: LSE in log2 units (+inf: the row contributes nothing), D_i */
+    __local float stats[2][BLOCK_M];
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    NV_KEY_BLOCK_ORDER(OWN);
+    const int heads_q = (int)get_global_size(1) * group;
+    ALIGNED_TILES(smem_raw);
+    const uint k_tile = s_base, v_tile = s_base + TILE_BYTES;
+    const uint q_tile = s_base + 2 * TILE_BYTES, do_tile = s_base + 3 * TILE_BYTES;
+
+    /* K and V of the group's keys, once. */
+    __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, n0, hk);
+    __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, n0, hk);
+    const int n_rows = min(OWN, nk - n0);
+    COPY_TILE(0u, kb, k_ss, n_rows, ROWS_16B(kb, k_ss));
+    COPY_TILE(TILE_BYTES, vb, v_ss, n_rows, ROWS_16B(vb, v_ss));
+
+    NV_KEY_BLOCK_ROW_TILES(OWN);
+    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&
+                      (q_ss % 8 == 0) && (q_sh % 8 == 0);
+    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&
+                       (dout_ss % 8 == 0) && (dout_sh % 8 == 0);
+
+    /* Issues the copies of tile `it` (Q, dO by cp.async or plain loads; LSE
+     * and D_i by plain loads, visible after the next barrier). */
+#define ISSUE_TILE(it)                                                                             \
+    do {                                                                                           \
+        const int hq_ = hk * group + (it) / m_tiles;                                               \
+        const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
+        const int rows_ = min(BLOCK_M, nq - m0_);                                                  \
+        COPY_TILE(2u * TILE_BYTES, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_), q_ss,      \
+                  rows_, q_vec);                                                                   \
+        COPY_TILE(3u * TILE_BYTES, (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_),      \
+                  dout_ss, rows_, do_vec);                                                         \
+        const ulong row0_ = ((ulong)b * heads_q + hq_) * (ulong)nq;                                \
+        for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
+            const int i_ = m0_ + r_;                                                               \
+            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
+            stats[0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                                \
+            stats[1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                          \
+        }                                                                                          \
+    } while (0)
+
+    float dk_acc[N_FRAGS][4], dv_acc[N_FRAGS][4];
+    ZERO_ACC(dk_acc);
+    ZERO_ACC(dv_acc);
+    const int kw0 = n0 + 16 * warp; /* this warp's first key */
+
+    if (tiles > 0)
+        ISSUE_TILE(0);
+    for (int it = 0; it < tiles; ++it) {
+        /* Tile it (and, the first time, K and V) has landed for everyone. */
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        const int m0 = m_first + (it % m_tiles) * BLOCK_M;
+
+        /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows) ---- */
+        float s[N_FRAGS][4], dp[N_FRAGS][4];
+        {
+            uint kf[K_STEPS][4], vf[K_STEPS][4];
+            LOAD_A_FRAGS(kf, k_tile);
+            LOAD_A_FRAGS(vf, v_tile);
+            WGMMA_FENCE();
+            CHAIN_XYT(s, kf, q_tile);
+            CHAIN_XYT(dp, vf, do_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(s, N_FRAGS);
+            WG_FENCE_REGS(dp, N_FRAGS);
+        }
+
+        /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
+        const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
+        const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
+#pragma unroll
+        for (int j = 0; j < N_FRAGS; ++j) {
+            const int r = 8 * j + 2 * t;
+            const float2 l2 = vload2(0, &stats[0][r]), di = vload2(0, &stats[1][r]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x,
+                                     scale, softcap);
+                if (masked) {
+                    const int key = kw0 + g + 8 * (e >> 1);
+                    const long d = (long)key - (m0 + r + (e & 1));
+                    if (key >= nk || d < rel.x || d > rel.y)
+                        pd = (float2)(0.0f, 0.0f);
+                }
+                s[j][e] = pd.x;
+                dp[j][e] = pd.y;
+            }
+        }
+
+        /* ---- dV += P^T dO and dK += dS^T Q, k = the tile's rows ---- */
+        {
+            uint pa[R_STEPS][4], da[R_STEPS][4];
+            PACK_A(pa, s);
+            PACK_A(da, dp);
+            WG_FENCE_REGS(dv_acc, N_FRAGS);
+            WG_FENCE_REGS(dk_acc, N_FRAGS);
+            WG_FENCE_REGS_C(pa, R_STEPS, "r");
+            WG_FENCE_REGS_C(da, R_STEPS, "r");
+            WGMMA_FENCE();
+            CHAIN_AY(dv_acc, pa, do_tile);
+            CHAIN_AY(dk_acc, da, q_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(dv_acc, N_FRAGS);
+            WG_FENCE_REGS(dk_acc, N_FRAGS);
+        }
+
+        /* Every warp is done with tile it: its buffers take tile it+1. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (it + 1 < tiles)
+            ISSUE_TILE(it + 1);
+    }
+#undef ISSUE_TILE
+    cp_wait(); /* K and V when there was no tile */
+
+    if (kw0 < nk) {
+        const int rows = min(16, nk - kw0);
+        STORE_ACC((__global ushort *)dk + ROW_AT(dk, b, kw0, hk), dk_ss, dk_acc, rows);
+        STORE_ACC((__global ushort *)dv + ROW_AT(dv, b, kw0, hk), dv_ss, dv_acc, rows);
+    }
+}
+#endif
+
+/* ==== dQ ==================================================================================== */
+#if !defined(BWD_KERNEL) || BWD_KERNEL == 3
+
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(BWD_DQ_ARGS) {
+    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    /* Last blocks first: under a causal mask they see the most keys. */
+    NV_ROW_BLOCK_ORDER(OWN);
+    const int hk = hq / group;
+    const int rows_q = min(OWN, nq - m0);
+    ALIGNED_TILES(smem_raw);
+    const uint q_tile = s_base, do_tile = s_base + TILE_BYTES;
+    const uint k_tile = s_base + 2 * TILE_BYTES, v_tile = s_base + 3 * TILE_BYTES;
+
+    __global const ushort *qb = (__global const ushort *)q + ROW_AT(q, b, m0, hq);
+    __global const ushort *ob = (__global const ushort *)dout + ROW_AT(dout, b, m0, hq);
+    __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, 0, hk);
+    __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, 0, hk);
+    const int k_vec = ROWS_16B(kb, k_ss);
+    const int v_vec = ROWS_16B(vb, v_ss);
+
+    /* Q and dO of the block, once. */
+    COPY_TILE(0u, qb, q_ss, rows_q, ROWS_16B(qb, q_ss));
+    COPY_TILE(TILE_BYTES, ob, dout_ss, rows_q, ROWS_16B(ob, dout_ss));
+
+    /* This lane's rows w0 + g and w0 + g + 8: LSE (log2 units, +inf for none) and D_i. */
+    const int w0 = m0 + 16 * warp;
+    const ulong row0 = ((ulong)b * get_global_size(1) + hq) * (ulong)nq;
+    float lse2[2], di[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int i = w0 + g + 8 * h;
+        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;
+        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;
+        di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;
+    }
+
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);
+    /* Keys any row of the block sees. */
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
+    const int n_start = blk_first.x <= blk_last.y ? (int)(blk_first.x / BLOCK_N) * BLOCK_N : nk;
+    const int n_end = (int)blk_last.y;
+    const int w_rows = min(16, nq - w0); /* <= 0: a warp past nq (its rows give dS = 0) */
+
+    float dq_acc[N_FRAGS][4];
+    ZERO_ACC(dq_acc);
+
+#define ISSUE_K(n) COPY_TILE(2u * TILE_BYTES, kb + (ulong)(n)*k_ss, k_ss, min(BLOCK_N, nk - (n)), k_vec)
+#define ISSUE_V(n) COPY_TILE(3u * TILE_BYTES, vb + (ulong)(n)*v_ss, v_ss, min(BLOCK_N, nk - (n)), v_vec)
+    if (n_start <= n_end) {
+        ISSUE_K(n_start);
+        ISSUE_V(n_start);
+    }
+    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        const int more = n0 + BLOCK_N <= n_end;
+        /* K(n0) and V(n0) (and, the first time, Q and dO) have landed for everyone. */
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* ---- S = Q K^T and dP = dO V^T (64 rows x 64 keys) ---- */
+        float s[N_FRAGS][4], dp[N_FRAGS][4];
+        {
+            uint qf[K_STEPS][4], of[K_STEPS][4];
+            LOAD_A_FRAGS(qf, q_tile);
+            LOAD_A_FRAGS(of, do_tile);
+            WGMMA_FENCE();
+            CHAIN_XYT(s, qf, k_tile);
+            CHAIN_XYT(dp, of, v_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(s, N_FRAGS);
+            WG_FENCE_REGS(dp, N_FRAGS);
+        }
+        /* Every warp is done with V(n0): V(n0 + BLOCK_N) lands during the rest. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (more)
+            ISSUE_V(n0 + BLOCK_N);
+
+        /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
+        const long rel_max = (long)n0 + BLOCK_N - 1 - w0, rel_min = (long)n0 - (w0 + 15);
+        const int masked = rel_min < rel.x || rel_max > rel.y || n0 + BLOCK_N > nk;
+#pragma unroll
+        for (int j = 0; j < N_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
+                if (masked) {
+                    const int key = n0 + 8 * j + 2 * t + (e & 1);
+                    const long d = (long)key - (w0 + g + 8 * (e >> 1));
+                    if (key >= nk || d < rel.x || d > rel.y)
+                        ds = 0.0f;
+                }
+                dp[j][e] = ds;
+            }
+
+        /* ---- dQ += dS K, k = the tile's keys ---- */
+        {
+            uint da[R_STEPS][4];
+            PACK_A(da, dp);
+            WG_FENCE_REGS(dq_acc, N_FRAGS);
+            WG_FENCE_REGS_C(da, R_STEPS, "r");
+            WGMMA_FENCE();
+            CHAIN_AY(dq_acc, da, k_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(dq_acc, N_FRAGS);
+        }
+        /* Every warp is done with K(n0). */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (more)
+            ISSUE_K(n0 + BLOCK_N);
+    }
+#undef ISSUE_K
+#undef ISSUE_V
+    cp_wait(); /* Q and dO when there was no tile */
+
+    if (w_rows > 0)
+        STORE_ACC((__global ushort *)dq + ROW_AT(dq, b, w0, hq), dq_ss, dq_acc, w_rows);
+}
+#endif
