@@ -53,22 +53,47 @@
 #define WG 128
 #endif
 #ifndef BLOCK_M
-#define BLOCK_M 64 // dkdv: query rows per Q/dO tile
+#define BLOCK_M 32 // dkdv: query rows per streamed Q/dO tile, 32 or 64
 #endif
 #ifndef BLOCK_N
-#define BLOCK_N 64 // dq: keys per K/V tile
+#define BLOCK_N 32 // dq: keys per streamed K/V tile, 32 or 64
 #endif
 
-#define OWN 64               // keys (dkdv) or rows (dq) per work-group: the warpgroup's M
-#define TILE_BYTES (64 * 128) // one 64-row tile, one 128-byte panel a row
-#define K_STEPS 4            // k16 steps over the head dim (padded to 64)
-#define N_FRAGS 8            // n8 blocks of a 64-wide accumulator per 16 rows
-#define R_STEPS 4            // k16 steps over a tile's 64 rows (P^T dO, dS^T Q, dS K)
-#define D_FRAGS 8            // n8 blocks over the head dim (padded to 64): STORE_ACC
-#define SMEM_BYTES (4 * TILE_BYTES + 1024) // + 1024: room to align the tiles
+#define OWN 64                 // keys (dkdv) or rows (dq) per work-group: the warpgroup's M
+#define OWN_BYTES (OWN * 128)  // the work-group's own K, V (or Q, dO): 128 bytes a row
+#define K_STEPS 4              // k16 steps over the head dim (padded to 64)
+#define D_FRAGS 8              // n8 blocks over the head dim (padded to 64)
+#if BWD_KERNEL == 3
+#define TROWS BLOCK_N // rows of a streamed tile
+#else
+#define TROWS BLOCK_M
+#endif
+#define T_BYTES (TROWS * 128) // one streamed tile
+#define S_FRAGS (TROWS / 8)   // n8 blocks of S (S^T) per 16 rows
+#define T_STEPS (TROWS / 16)  // k16 steps over a streamed tile's rows (P^T dO, dS^T Q, dS K)
+/* Two stages of the streamed pair (the next lands during the current) where
+ * they fit beside the own block and the 1024 bytes that align the tiles. */
+#ifndef STAGES
+#if 2 * OWN_BYTES + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= 48000
+#define STAGES 2
+#else
+#define STAGES 1
+#endif
+#endif
+#define STAGE_BYTES (2 * T_BYTES)
+#define SMEM_BYTES (2 * OWN_BYTES + STAGES * STAGE_BYTES + 1024)
 
-#if WG != 128 || BLOCK_M != 64 || BLOCK_N != 64
-#error "flash_bwd_sm90 is one warpgroup (WG 128) with 64-row tiles (BLOCK_M, BLOCK_N 64)"
+#if WG != 128 || (TROWS != 32 && TROWS != 64) || (STAGES != 1 && STAGES != 2)
+#error "flash_bwd_sm90 is one warpgroup (WG 128) streaming 32- or 64-row tiles in one or two stages"
+#endif
+#if SMEM_BYTES + STAGES * 2 * TROWS * 4 > 48000
+#error "the tiles exceed NVIDIA's ~47 KB of __local memory"
+#endif
+/* A wgmma whose n is a streamed tile's rows (its B K-major). */
+#if TROWS == 64
+#define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N64, d, a, desc, scale_d, 0)
+#else
+#define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N32, d, a, desc, scale_d, 0)
 #endif
 #if HEAD_DIM < 32 || HEAD_DIM > 64
 #error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 64 (one 128-byte panel)"
@@ -88,36 +113,37 @@
 #define B_N_MAJOR(tile, kk) sw128_desc((tile) + (uint)(kk)*2048u)
 
 /* acc = A Y^T, A's fragments a[K_STEPS][4] (this warp's 16 rows of X), Y the
- * 64 rows of the tile at y: a product over the head dim, acc overwritten. */
+ * TROWS rows of the streamed tile at y: a product over the head dim, acc
+ * (TROWS wide) overwritten. */
 #define CHAIN_XYT(acc, a, y)                                                                       \
     _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \
         if (kk == 0)                                                                               \
-            WGMMA_RS(WG_N64, acc, (a)[kk], B_K_MAJOR(y, kk), 0, 0);                                \
+            WGMMA_NT(acc, (a)[kk], B_K_MAJOR(y, kk), 0);                                            \
         else                                                                                       \
-            WGMMA_RS(WG_N64, acc, (a)[kk], B_K_MAJOR(y, kk), 1, 0);                                \
+            WGMMA_NT(acc, (a)[kk], B_K_MAJOR(y, kk), 1);                                            \
     }
 
-/* acc += A Y, A's fragments a[R_STEPS][4] (64 wide, over Y's rows), Y the
- * tile at y. */
+/* acc += A Y, A's fragments a[T_STEPS][4] (TROWS wide, over Y's rows), Y the
+ * streamed tile at y, acc 64 (head dims) wide. */
 #define CHAIN_AY(acc, a, y)                                                                        \
-    _Pragma("unroll") for (int kk = 0; kk < R_STEPS; ++kk)                                         \
+    _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk)                                         \
         WGMMA_RS(WG_N64, acc, (a)[kk], B_N_MAJOR(y, kk), 1, 1)
 
-/* This warp's A fragments (rows 16*warp..) of the tile at x over the head dim,
- * as flash_fwd_sm90.cl's LOAD_Q_FRAGS. */
+/* This warp's A fragments (rows 16*warp..) of the own block at x over the
+ * head dim, as flash_fwd_sm90.cl's LOAD_Q_FRAGS. */
 #define LOAD_A_FRAGS(f, x)                                                                         \
     do {                                                                                           \
         const int r_ = warp * 16 + lane % 16;                                                      \
         _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                     \
-            LDMATRIX_X4((f)[kk], (x) + SW128_OFFSET(r_, 2 * kk + lane / 16, 64));                  \
+            LDMATRIX_X4((f)[kk], (x) + SW128_OFFSET(r_, 2 * kk + lane / 16, OWN));                 \
     } while (0)
 
-/* A fragments of a 64-wide accumulator (n8 blocks 2kk, 2kk+1 per k-step). */
+/* A fragments of a TROWS-wide accumulator (n8 blocks 2kk, 2kk+1 per k-step). */
 #define PACK_A(a, acc)                                                                             \
-    _Pragma("unroll") for (int kk = 0; kk < R_STEPS; ++kk) ACC_TO_A((a)[kk], (acc)[2 * kk], (acc)[2 * kk + 1])
+    _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk) ACC_TO_A((a)[kk], (acc)[2 * kk], (acc)[2 * kk + 1])
 
 #define ZERO_ACC(acc)                                                                              \
-    _Pragma("unroll") for (int j_ = 0; j_ < N_FRAGS; ++j_)                                         \
+    _Pragma("unroll") for (int j_ = 0; j_ < D_FRAGS; ++j_)                                         \
         _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(acc)[j_][e_] = 0.0f
 
 /* Tiles start at the first 1024-byte boundary of the array (the swizzle works
@@ -128,33 +154,32 @@
     __local ushort *smem = (raw) + align_ / 2u;                                                    \
     const uint s_base = raw_base_ + align_
 
-/* 64 rows of a [*][HEAD_DIM] matrix (row r at src + r*stride, `rows` of them
- * real, the rest zero) into the tile `at` bytes into the tiles. */
-#define COPY_TILE(at, src, stride, rows, vec)                                                      \
-    nv_copy_rows_to(smem, s_base, (at) / 2u, src, stride, rows, 64, vec, tid, HEAD_DIM, 0, WG, 1)
+/* nrows rows of a [*][HEAD_DIM] matrix (row r at src + r*stride, `rows` of
+ * them real, the rest zero) into the tile `at` bytes into the tiles. */
+#define COPY_TILE(at, src, stride, rows, nrows, vec)                                               \
+    nv_copy_rows_to(smem, s_base, (at) / 2u, src, stride, rows, nrows, vec, tid, HEAD_DIM, 0, WG, 1)
 
 /* ==== dK, dV ================================================================================ */
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 2
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm90(BWD_DKDV_ARGS) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
-    /* per row of the current tile: LSE in log2 units (+inf: the row contributes nothing), D_i */
-    __local float stats[2][BLOCK_M];
+    /* per row of a stage's tile: LSE in log2 units (+inf: the row contributes nothing), D_i */
+    __local float stats[STAGES][2][BLOCK_M];
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
     NV_KEY_BLOCK_ORDER(OWN);
     const int heads_q = (int)get_global_size(1) * group;
     ALIGNED_TILES(smem_raw);
-    const uint k_tile = s_base, v_tile = s_base + TILE_BYTES;
-    const uint q_tile = s_base + 2 * TILE_BYTES, do_tile = s_base + 3 * TILE_BYTES;
+    const uint k_own = s_base, v_own = s_base + OWN_BYTES;
 
     /* K and V of the group's keys, once. */
     __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, n0, hk);
     __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, n0, hk);
     const int n_rows = min(OWN, nk - n0);
-    COPY_TILE(0u, kb, k_ss, n_rows, ROWS_16B(kb, k_ss));
-    COPY_TILE(TILE_BYTES, vb, v_ss, n_rows, ROWS_16B(vb, v_ss));
+    COPY_TILE(0u, kb, k_ss, n_rows, OWN, ROWS_16B(kb, k_ss));
+    COPY_TILE(OWN_BYTES, vb, v_ss, n_rows, OWN, ROWS_16B(vb, v_ss));
 
     NV_KEY_BLOCK_ROW_TILES(OWN);
     const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&
@@ -162,61 +187,70 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&
                        (dout_ss % 8 == 0) && (dout_sh % 8 == 0);
 
-    /* Issues the copies of tile `it` (Q, dO by cp.async or plain loads; LSE
-     * and D_i by plain loads, visible after the next barrier). */
-#define ISSUE_TILE(it)                                                                             \
+    /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
+     * plain loads; LSE and D_i by plain loads, visible after the next barrier). */
+#define ISSUE_TILE(it, st)                                                                         \
     do {                                                                                           \
         const int hq_ = hk * group + (it) / m_tiles;                                               \
         const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
         const int rows_ = min(BLOCK_M, nq - m0_);                                                  \
-        COPY_TILE(2u * TILE_BYTES, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_), q_ss,      \
-                  rows_, q_vec);                                                                   \
-        COPY_TILE(3u * TILE_BYTES, (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_),      \
-                  dout_ss, rows_, do_vec);                                                         \
+        const uint at_ = 2u * OWN_BYTES + (uint)(st)*STAGE_BYTES;                                  \
+        COPY_TILE(at_, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_), q_ss, rows_, BLOCK_M,  \
+                  q_vec);                                                                          \
+        COPY_TILE(at_ + T_BYTES, (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_),        \
+                  dout_ss, rows_, BLOCK_M, do_vec);                                                \
         const ulong row0_ = ((ulong)b * heads_q + hq_) * (ulong)nq;                                \
         for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
             const int i_ = m0_ + r_;                                                               \
             const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
-            stats[0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                                \
-            stats[1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                          \
+            stats[st][0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                            \
+            stats[st][1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                      \
         }                                                                                          \
     } while (0)
 
-    float dk_acc[N_FRAGS][4], dv_acc[N_FRAGS][4];
+    float dk_acc[D_FRAGS][4], dv_acc[D_FRAGS][4];
     ZERO_ACC(dk_acc);
     ZERO_ACC(dv_acc);
     const int kw0 = n0 + 16 * warp; /* this warp's first key */
 
     if (tiles > 0)
-        ISSUE_TILE(0);
+        ISSUE_TILE(0, 0);
+    int stage = 0;
     for (int it = 0; it < tiles; ++it) {
-        /* Tile it (and, the first time, K and V) has landed for everyone. */
+        /* Tile it (and, the first time, K and V) has landed for everyone; with
+         * two stages every warp is also done with tile it-1, whose buffers
+         * now take tile it+1. */
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
+#if STAGES == 2
+        if (it + 1 < tiles)
+            ISSUE_TILE(it + 1, stage ^ 1);
+#endif
         const int m0 = m_first + (it % m_tiles) * BLOCK_M;
+        const uint q_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, do_tile = q_tile + T_BYTES;
 
-        /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x 64 rows) ---- */
-        float s[N_FRAGS][4], dp[N_FRAGS][4];
+        /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) ---- */
+        float s[S_FRAGS][4], dp[S_FRAGS][4];
         {
             uint kf[K_STEPS][4], vf[K_STEPS][4];
-            LOAD_A_FRAGS(kf, k_tile);
-            LOAD_A_FRAGS(vf, v_tile);
+            LOAD_A_FRAGS(kf, k_own);
+            LOAD_A_FRAGS(vf, v_own);
             WGMMA_FENCE();
             CHAIN_XYT(s, kf, q_tile);
             CHAIN_XYT(dp, vf, do_tile);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, N_FRAGS);
-            WG_FENCE_REGS(dp, N_FRAGS);
+            WG_FENCE_REGS(s, S_FRAGS);
+            WG_FENCE_REGS(dp, S_FRAGS);
         }
 
         /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
         const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
         const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
 #pragma unroll
-        for (int j = 0; j < N_FRAGS; ++j) {
+        for (int j = 0; j < S_FRAGS; ++j) {
             const int r = 8 * j + 2 * t;
-            const float2 l2 = vload2(0, &stats[0][r]), di = vload2(0, &stats[1][r]);
+            const float2 l2 = vload2(0, &stats[stage][0][r]), di = vload2(0, &stats[stage][1][r]);
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x,
@@ -234,26 +268,28 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 
         /* ---- dV += P^T dO and dK += dS^T Q, k = the tile's rows ---- */
         {
-            uint pa[R_STEPS][4], da[R_STEPS][4];
+            uint pa[T_STEPS][4], da[T_STEPS][4];
             PACK_A(pa, s);
             PACK_A(da, dp);
-            WG_FENCE_REGS(dv_acc, N_FRAGS);
-            WG_FENCE_REGS(dk_acc, N_FRAGS);
-            WG_FENCE_REGS_C(pa, R_STEPS, "r");
-            WG_FENCE_REGS_C(da, R_STEPS, "r");
+            WG_FENCE_REGS(dv_acc, D_FRAGS);
+            WG_FENCE_REGS(dk_acc, D_FRAGS);
+            WG_FENCE_REGS_C(pa, T_STEPS, "r");
+            WG_FENCE_REGS_C(da, T_STEPS, "r");
             WGMMA_FENCE();
             CHAIN_AY(dv_acc, pa, do_tile);
             CHAIN_AY(dk_acc, da, q_tile);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(dv_acc, N_FRAGS);
-            WG_FENCE_REGS(dk_acc, N_FRAGS);
+            WG_FENCE_REGS(dv_acc, D_FRAGS);
+            WG_FENCE_REGS(dk_acc, D_FRAGS);
         }
-
+#if STAGES == 1
         /* Every warp is done with tile it: its buffers take tile it+1. */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (it + 1 < tiles)
-            ISSUE_TILE(it + 1);
+            ISSUE_TILE(it + 1, 0);
+#endif
+        stage ^= STAGES - 1;
     }
 #undef ISSUE_TILE
     cp_wait(); /* K and V when there was no tile */
@@ -279,8 +315,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
     const int hk = hq / group;
     const int rows_q = min(OWN, nq - m0);
     ALIGNED_TILES(smem_raw);
-    const uint q_tile = s_base, do_tile = s_base + TILE_BYTES;
-    const uint k_tile = s_base + 2 * TILE_BYTES, v_tile = s_base + 3 * TILE_BYTES;
+    const uint q_own = s_base, do_own = s_base + OWN_BYTES;
 
     __global const ushort *qb = (__global const ushort *)q + ROW_AT(q, b, m0, hq);
     __global const ushort *ob = (__global const ushort *)dout + ROW_AT(dout, b, m0, hq);
@@ -290,8 +325,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
     const int v_vec = ROWS_16B(vb, v_ss);
 
     /* Q and dO of the block, once. */
-    COPY_TILE(0u, qb, q_ss, rows_q, ROWS_16B(qb, q_ss));
-    COPY_TILE(TILE_BYTES, ob, dout_ss, rows_q, ROWS_16B(ob, dout_ss));
+    COPY_TILE(0u, qb, q_ss, rows_q, OWN, ROWS_16B(qb, q_ss));
+    COPY_TILE(OWN_BYTES, ob, dout_ss, rows_q, OWN, ROWS_16B(ob, dout_ss));
 
     /* This lane's rows w0 + g and w0 + g + 8: LSE (log2 units, +inf for none) and D_i. */
     const int w0 = m0 + 16 * warp;
@@ -313,45 +348,59 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
     const int n_end = (int)blk_last.y;
     const int w_rows = min(16, nq - w0); /* <= 0: a warp past nq (its rows give dS = 0) */
 
-    float dq_acc[N_FRAGS][4];
+    float dq_acc[D_FRAGS][4];
     ZERO_ACC(dq_acc);
 
-#define ISSUE_K(n) COPY_TILE(2u * TILE_BYTES, kb + (ulong)(n)*k_ss, k_ss, min(BLOCK_N, nk - (n)), k_vec)
-#define ISSUE_V(n) COPY_TILE(3u * TILE_BYTES, vb + (ulong)(n)*v_ss, v_ss, min(BLOCK_N, nk - (n)), v_vec)
+    /* K or V (x) of the keys n.. into stage st: K's tile first (slot 0), V's after it (slot 1). */
+#define ISSUE(x, slot, n, st)                                                                      \
+    COPY_TILE(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES + (slot)*T_BYTES, x##b + (ulong)(n)*x##_ss,  \
+              x##_ss, min(BLOCK_N, nk - (n)), BLOCK_N, x##_vec)
     if (n_start <= n_end) {
-        ISSUE_K(n_start);
-        ISSUE_V(n_start);
+        ISSUE(k, 0u, n_start, 0);
+        ISSUE(v, 1u, n_start, 0);
     }
+    int stage = 0;
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
-        const int more = n0 + BLOCK_N <= n_end;
-        /* K(n0) and V(n0) (and, the first time, Q and dO) have landed for everyone. */
+        const int n1 = n0 + BLOCK_N, more = n1 <= n_end;
+        /* K(n0) and V(n0) (and, the first time, Q and dO) have landed for
+         * everyone; with two stages every warp is also done with the previous
+         * tile, whose buffers now take the next one. */
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
+#if STAGES == 2
+        if (more) {
+            ISSUE(k, 0u, n1, stage ^ 1);
+            ISSUE(v, 1u, n1, stage ^ 1);
+        }
+#endif
+        const uint k_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, v_tile = k_tile + T_BYTES;
 
-        /* ---- S = Q K^T and dP = dO V^T (64 rows x 64 keys) ---- */
-        float s[N_FRAGS][4], dp[N_FRAGS][4];
+        /* ---- S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) ---- */
+        float s[S_FRAGS][4], dp[S_FRAGS][4];
         {
             uint qf[K_STEPS][4], of[K_STEPS][4];
-            LOAD_A_FRAGS(qf, q_tile);
-            LOAD_A_FRAGS(of, do_tile);
+            LOAD_A_FRAGS(qf, q_own);
+            LOAD_A_FRAGS(of, do_own);
             WGMMA_FENCE();
             CHAIN_XYT(s, qf, k_tile);
             CHAIN_XYT(dp, of, v_tile);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, N_FRAGS);
-            WG_FENCE_REGS(dp, N_FRAGS);
+            WG_FENCE_REGS(s, S_FRAGS);
+            WG_FENCE_REGS(dp, S_FRAGS);
         }
-        /* Every warp is done with V(n0): V(n0 + BLOCK_N) lands during the rest. */
+#if STAGES == 1
+        /* Every warp is done with V(n0): V(n1) lands during the rest. */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (more)
-            ISSUE_V(n0 + BLOCK_N);
+            ISSUE(v, 1u, n1, 0);
+#endif
 
         /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
         const long rel_max = (long)n0 + BLOCK_N - 1 - w0, rel_min = (long)n0 - (w0 + 15);
         const int masked = rel_min < rel.x || rel_max > rel.y || n0 + BLOCK_N > nk;
 #pragma unroll
-        for (int j = 0; j < N_FRAGS; ++j)
+        for (int j = 0; j < S_FRAGS; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e) {
                 float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
@@ -366,23 +415,25 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 
         /* ---- dQ += dS K, k = the tile's keys ---- */
         {
-            uint da[R_STEPS][4];
+            uint da[T_STEPS][4];
             PACK_A(da, dp);
-            WG_FENCE_REGS(dq_acc, N_FRAGS);
-            WG_FENCE_REGS_C(da, R_STEPS, "r");
+            WG_FENCE_REGS(dq_acc, D_FRAGS);
+            WG_FENCE_REGS_C(da, T_STEPS, "r");
             WGMMA_FENCE();
             CHAIN_AY(dq_acc, da, k_tile);
             WGMMA_COMMIT();
             WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(dq_acc, N_FRAGS);
+            WG_FENCE_REGS(dq_acc, D_FRAGS);
         }
+#if STAGES == 1
         /* Every warp is done with K(n0). */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (more)
-            ISSUE_K(n0 + BLOCK_N);
+            ISSUE(k, 0u, n1, 0);
+#endif
+        stage ^= STAGES - 1;
     }
-#undef ISSUE_K
-#undef ISSUE_V
+#undef ISSUE
     cp_wait(); /* Q and dO when there was no tile */
 
     if (w_rows > 0)

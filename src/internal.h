@@ -277,8 +277,8 @@ typedef enum flashcl_backward_variant {
                            * dQ's streamed keys; dQ always by its own pass (deterministic) */
     FLASHCL_BWD_NV_WGMMA  /* cl/flash_bwd_sm90.cl: Hopper's warpgroup MMA (compute capability
                            * 9.0), f16/bf16, head_dim 32..64; one warpgroup (WG 128) owns 64
-                           * keys or rows, 64-row tiles (block_m = block_n = 64); dQ by its
-                           * own pass */
+                           * keys or rows; block_m, block_n (32 or 64) as nv-mma's; dQ by
+                           * its own pass */
 } flashcl_backward_variant;
 typedef struct flashcl_backward_choice {
     int block_m;         /* query rows per streamed tile                    */

@@ -1171,7 +1171,8 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
- *     32..64; WG 128, BLOCK_M = BLOCK_N = 64, its only shape); a build failure
+ *     32..64; WG 128, 64 keys or rows a work-group, BLOCK_M and BLOCK_N 32 or
+ *     64); a build failure
  *     re-picks without nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
  *     mode: red.add from the dK/dV kernel, or its own pass (the default);
@@ -1188,8 +1189,8 @@ static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NUL
 static const backward_entry backward_arch[] = {
     /* cl/flash_bwd_sm90.cl (Hopper's warpgroup MMA), first so that it wins
      * where it applies (compute capability 9.0, head_dim 32..64): one
-     * warpgroup, 64 keys or rows, 64-row tiles, its only shape. */
-    {"sm_90", NULL, 32, 64, 64, 64, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 0},
+     * warpgroup of 64 keys or rows streaming 32-row tiles in two stages. */
+    {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 0},
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
      * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
@@ -1263,8 +1264,15 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
     return dkdv > dq ? dkdv : dq;
 }
 
-/* cl/flash_bwd_sm90.cl: four 64-row tiles of 128 bytes a row, 1 KB to align them, LSE and D_i of a tile. */
-#define BACKWARD_WGMMA_LOCAL_BYTES (4 * 64 * 128 + 1024 + 2 * 64 * sizeof(float))
+/* cl/flash_bwd_sm90.cl's __local: the own 64 rows of K and V (or Q and dO),
+ * 128 bytes a row, then STAGES pairs of streamed tiles of `rows` rows (two
+ * where they fit), 1 KB to align the tiles, and the dK/dV kernel's LSE and
+ * D_i per streamed row (stats: 1). */
+static size_t backward_wgmma_bytes(int rows, int stats) {
+    const size_t own = 2 * 64 * 128, pair = 2 * (size_t)rows * 128, row_stats = 2 * (size_t)rows * sizeof(float);
+    const size_t stages = own + 2 * pair + 1024 + 2 * row_stats <= 48000 ? 2 : 1;
+    return own + stages * (pair + (stats ? row_stats : 0)) + 1024;
+}
 
 int flashcl_backward_nv(const flashcl_backward_choice *c) {
     return c->variant == FLASHCL_BWD_NV_MMA || c->variant == FLASHCL_BWD_NV_WGMMA;
@@ -1289,8 +1297,10 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
                              int head_dim, int dq_atomic) {
     if (variant == FLASHCL_BWD_NV_MMA)
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
-    if (variant == FLASHCL_BWD_NV_WGMMA)
-        return BACKWARD_WGMMA_LOCAL_BYTES;
+    if (variant == FLASHCL_BWD_NV_WGMMA) {
+        const size_t dkdv = backward_wgmma_bytes(block_m, 1), dq = backward_wgmma_bytes(block_n, 0);
+        return dkdv > dq ? dkdv : dq;
+    }
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
     size_t own = variant == FLASHCL_BWD_CPU ? flashcl_backward_cpu_local_bytes(block_m, block_n, head_dim) : 0;
     return own > portable ? own : portable;
@@ -1328,9 +1338,10 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (variant == FLASHCL_BWD_NV_WGMMA && !backward_wgmma_applies(ctx, d))
         snprintf(why, n, "the nv-wgmma backward needs NVIDIA compute capability 9.0 whose driver builds sm_90a, "
                  "float16 or bfloat16 and head_dim 32..64");
-    else if (variant == FLASHCL_BWD_NV_WGMMA && (work_group_size != 128 || block_m != 64 || block_n != 64))
-        snprintf(why, n, "the nv-wgmma backward is one warpgroup with 64-row tiles: WG 128, BLOCK_M 64, BLOCK_N 64 "
-                 "(not %d, %d, %d)", work_group_size, block_m, block_n);
+    else if (variant == FLASHCL_BWD_NV_WGMMA && (work_group_size != 128 || (block_m != 32 && block_m != 64) ||
+                                                 (block_n != 32 && block_n != 64)))
+        snprintf(why, n, "the nv-wgmma backward is one warpgroup (WG 128) streaming tiles of 32 or 64 rows "
+                 "(BLOCK_M, BLOCK_N), not WG %d, BLOCK_M %d, BLOCK_N %d", work_group_size, block_m, block_n);
     else if (variant == FLASHCL_BWD_NV_WGMMA && dq_atomic == 1)
         snprintf(why, n, "the nv-wgmma backward sums dQ by its own pass only (DQ=pass)");
     else if (variant == FLASHCL_BWD_NV_MMA && (work_group_size % 32 || block_m % 16 || block_n % 16))

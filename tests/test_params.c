@@ -790,7 +790,7 @@ static void test_backward_levels(void) {
                  d == 32 ? "bf16" : "f16", d);
         expect(backward_choice_of(ctx, d == 32 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, d, NULL, 0, &c) ==
                        FLASHCL_SUCCESS &&
-                   c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64 && c.block_n == 64 &&
+                   c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 32 && c.block_n == 32 &&
                    c.work_group_size == 128 && flashcl_backward_keys_per_group(&c) == 64 &&
                    flashcl_backward_rows_per_group(&c) == 64 && !flashcl_backward_dq_atomic(&c) &&
                    !strncmp(c.source, "built-in arch: sm_90", 20),
@@ -805,8 +805,11 @@ static void test_backward_levels(void) {
                c.nv_max_registers == 168,
            "FLASHCL_BWD_PARAMS=VARIANT=nv-mma at sm_90 D=64: nv-mma with its own entry's tiles and cap", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_SUCCESS &&
-               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64,
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 32,
            "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at sm_90 D=64: nv-wgmma with its entry's tiles", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "BLOCK_M=64,BLOCK_N=64", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64 && c.block_n == 64,
+           "FLASHCL_BWD_PARAMS: nv-wgmma with 64-row tiles (one stage)", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 1, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
            "backward, sm_90 f16 D=64 after a tensor-core build failure: the portable kernels", &failures);
@@ -859,8 +862,8 @@ static void test_backward_levels(void) {
         const char *env, *why;
     } refused[] = {{FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,BLOCK_M=24", "multiples of 16"},
                    {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,WG=48", "multiple of 32"},
-                   {FLASHCL_FLOAT16, 64, "BLOCK_M=32", "WG 128, BLOCK_M 64, BLOCK_N 64"},
-                   {FLASHCL_FLOAT16, 48, "WG=256", "WG 128, BLOCK_M 64, BLOCK_N 64"},
+                   {FLASHCL_FLOAT16, 64, "BLOCK_M=48", "32 or 64 rows"},
+                   {FLASHCL_FLOAT16, 48, "WG=256", "32 or 64 rows"},
                    {FLASHCL_FLOAT16, 64, "DQ=atomic", "dQ by its own pass"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "head_dim 32..64"},
