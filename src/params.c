@@ -1177,7 +1177,8 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
  *     mode: red.add from the dK/dV kernel, or its own pass (the default);
  *     MAXNREG=N caps nv-mma's registers per thread (an entry's
- *     nv_max_registers; 0: the compiler's choice), see src/program.c.
+ *     nv_max_registers; 0: the compiler's choice; nv-wgmma: its dK/dV
+ *     kernel's), see src/program.c.
  */
 /* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant,
  *  nv_max_registers}:
@@ -1189,8 +1190,14 @@ static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NUL
 static const backward_entry backward_arch[] = {
     /* cl/flash_bwd_sm90.cl (Hopper's warpgroup MMA), first so that it wins
      * where it applies (compute capability 9.0, head_dim 32..64): one
-     * warpgroup of 64 keys or rows streaming 32-row tiles in two stages. */
-    {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 0},
+     * warpgroup of 64 keys or rows streaming 32-row tiles in two stages.
+     * H200, (4,32,4096,64) f16, TFLOP/s full / causal (`flashcl bench
+     * --backward`, one call): 32-row tiles 149.6 / 113.3, 64-row tiles (one
+     * stage) 113.7 / 107.1, mixed 128.5-129.6 / 102.1-119.0; the dK/dV
+     * kernel capped at 168 registers (three work-groups an SM) took causal
+     * to 134.0 (dK/dV 2782 against 3720 us) and left full level (5341
+     * against 5326 us). The cap applies to dK/dV only (src/backward.c). */
+    {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 168},
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
      * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
