@@ -71,19 +71,10 @@
 #define T_BYTES (TROWS * 128) // one streamed tile
 #define S_FRAGS (TROWS / 8)   // n8 blocks of S (S^T) per 16 rows
 #define T_STEPS (TROWS / 16)  // k16 steps over a streamed tile's rows (P^T dO, dS^T Q, dS K)
-#ifndef PIPE
-/* 1: each tile's products of P^T dO, dS^T Q (dS K) run on the tensor cores
- * while the next tile's scores go through the elementwise step (below);
- * three stages of 32-row tiles. An experiment until timed. */
-#define PIPE 0
-#endif
 /* Two stages of the streamed pair (the next lands during the current) where
- * they fit beside the own block and the 1024 bytes that align the tiles;
- * three with PIPE. */
+ * they fit beside the own block and the 1024 bytes that align the tiles. */
 #ifndef STAGES
-#if PIPE
-#define STAGES 3
-#elif 2 * OWN_BYTES + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= 48000
+#if 2 * OWN_BYTES + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= 48000
 #define STAGES 2
 #else
 #define STAGES 1
@@ -92,8 +83,8 @@
 #define STAGE_BYTES (2 * T_BYTES)
 #define SMEM_BYTES (2 * OWN_BYTES + STAGES * STAGE_BYTES + 1024)
 
-#if WG != 128 || (TROWS != 32 && TROWS != 64) || STAGES < 1 || STAGES > 3 || (PIPE && STAGES != 3)
-#error "flash_bwd_sm90 is one warpgroup (WG 128) streaming 32- or 64-row tiles in 1-3 stages (3: PIPE)"
+#if WG != 128 || (TROWS != 32 && TROWS != 64) || (STAGES != 1 && STAGES != 2)
+#error "flash_bwd_sm90 is one warpgroup (WG 128) streaming 32- or 64-row tiles in one or two stages"
 #endif
 #if SMEM_BYTES + STAGES * 2 * TROWS * 4 > 48000
 #error "the tiles exceed NVIDIA's ~47 KB of __local memory"
@@ -221,71 +212,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     ZERO_ACC(dk_acc);
     ZERO_ACC(dv_acc);
     const int kw0 = n0 + 16 * warp; /* this warp's first key */
-    float s[S_FRAGS][4], dp[S_FRAGS][4]; /* S^T and dP^T, then P^T and dS^T */
-    uint pa[T_STEPS][4], da[T_STEPS][4]; /* P^T and dS^T as A fragments */
 
-#define Q_TILE(st) (s_base + 2u * OWN_BYTES + (uint)(st)*STAGE_BYTES)
-#define DO_TILE(st) (Q_TILE(st) + T_BYTES)
-    /* S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) of stage st: one
-     * commit group, after a wgmma.fence. */
-#define ISSUE_SCORES(st)                                                                           \
-    do {                                                                                           \
-        uint kf[K_STEPS][4], vf[K_STEPS][4];                                                       \
-        LOAD_A_FRAGS(kf, k_own);                                                                   \
-        LOAD_A_FRAGS(vf, v_own);                                                                   \
-        CHAIN_XYT(s, kf, Q_TILE(st));                                                              \
-        CHAIN_XYT(dp, vf, DO_TILE(st));                                                            \
-        WGMMA_COMMIT();                                                                            \
-    } while (0)
-    /* P^T into s, dS^T into dp (lane: keys g, g+8 x rows 8j+2t, +1) for the
-     * tile of stage st whose first row is m0_t, then packed into pa, da. */
-#define P_DS_T(st, m0_t)                                                                           \
-    do {                                                                                           \
-        const long rel_max_ = (long)kw0 + 15 - (m0_t), rel_min_ = (long)kw0 - ((m0_t) + BLOCK_M - 1); \
-        const int masked_ = rel_min_ < rel.x || rel_max_ > rel.y || kw0 + 15 >= nk;                \
-        _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j) {                                      \
-            const int r = 8 * j + 2 * t;                                                           \
-            const float2 l2 = vload2(0, &stats[st][0][r]), di = vload2(0, &stats[st][1][r]);       \
-            _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                        \
-                float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x,                     \
-                                     (e & 1) ? di.y : di.x, scale, softcap);                       \
-                if (masked_) {                                                                     \
-                    const int key = kw0 + g + 8 * (e >> 1);                                        \
-                    const long d = (long)key - ((m0_t) + r + (e & 1));                             \
-                    if (key >= nk || d < rel.x || d > rel.y)                                       \
-                        pd = (float2)(0.0f, 0.0f);                                                 \
-                }                                                                                  \
-                s[j][e] = pd.x;                                                                    \
-                dp[j][e] = pd.y;                                                                   \
-            }                                                                                      \
-        }                                                                                          \
-        PACK_A(pa, s);                                                                             \
-        PACK_A(da, dp);                                                                            \
-    } while (0)
-    /* dV += P^T dO and dK += dS^T Q (k = the tile's rows) of stage st: one
-     * commit group, after a wgmma.fence. */
-#define ISSUE_GRADS(st)                                                                            \
-    do {                                                                                           \
-        CHAIN_AY(dv_acc, pa, DO_TILE(st));                                                         \
-        CHAIN_AY(dk_acc, da, Q_TILE(st));                                                          \
-        WGMMA_COMMIT();                                                                            \
-    } while (0)
-    /* The operands of ISSUE_GRADS pinned before the wgmma.fence, its results after the wait. */
-#define PIN_GRADS_IN()                                                                             \
-    do {                                                                                           \
-        WG_FENCE_REGS(dv_acc, D_FRAGS);                                                            \
-        WG_FENCE_REGS(dk_acc, D_FRAGS);                                                            \
-        WG_FENCE_REGS_C(pa, T_STEPS, "r");                                                         \
-        WG_FENCE_REGS_C(da, T_STEPS, "r");                                                         \
-    } while (0)
-#define PIN_GRADS_OUT()                                                                            \
-    do {                                                                                           \
-        WG_FENCE_REGS(dv_acc, D_FRAGS);                                                            \
-        WG_FENCE_REGS(dk_acc, D_FRAGS);                                                            \
-    } while (0)
-#define TILE_ROW0(it) (m_first + ((it) % m_tiles) * BLOCK_M)
-
-#if !PIPE
     if (tiles > 0)
         ISSUE_TILE(0, 0);
     int stage = 0;
@@ -299,17 +226,63 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
         if (it + 1 < tiles)
             ISSUE_TILE(it + 1, stage ^ 1);
 #endif
-        WGMMA_FENCE();
-        ISSUE_SCORES(stage);
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(s, S_FRAGS);
-        WG_FENCE_REGS(dp, S_FRAGS);
-        P_DS_T(stage, TILE_ROW0(it));
-        PIN_GRADS_IN();
-        WGMMA_FENCE();
-        ISSUE_GRADS(stage);
-        WGMMA_WAIT_ALL();
-        PIN_GRADS_OUT();
+        const int m0 = m_first + (it % m_tiles) * BLOCK_M;
+        const uint q_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, do_tile = q_tile + T_BYTES;
+
+        /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) ---- */
+        float s[S_FRAGS][4], dp[S_FRAGS][4];
+        {
+            uint kf[K_STEPS][4], vf[K_STEPS][4];
+            LOAD_A_FRAGS(kf, k_own);
+            LOAD_A_FRAGS(vf, v_own);
+            WGMMA_FENCE();
+            CHAIN_XYT(s, kf, q_tile);
+            CHAIN_XYT(dp, vf, do_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(s, S_FRAGS);
+            WG_FENCE_REGS(dp, S_FRAGS);
+        }
+
+        /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
+        const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
+        const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j) {
+            const int r = 8 * j + 2 * t;
+            const float2 l2 = vload2(0, &stats[stage][0][r]), di = vload2(0, &stats[stage][1][r]);
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x,
+                                     scale, softcap);
+                if (masked) {
+                    const int key = kw0 + g + 8 * (e >> 1);
+                    const long d = (long)key - (m0 + r + (e & 1));
+                    if (key >= nk || d < rel.x || d > rel.y)
+                        pd = (float2)(0.0f, 0.0f);
+                }
+                s[j][e] = pd.x;
+                dp[j][e] = pd.y;
+            }
+        }
+
+        /* ---- dV += P^T dO and dK += dS^T Q, k = the tile's rows ---- */
+        {
+            uint pa[T_STEPS][4], da[T_STEPS][4];
+            PACK_A(pa, s);
+            PACK_A(da, dp);
+            WG_FENCE_REGS(dv_acc, D_FRAGS);
+            WG_FENCE_REGS(dk_acc, D_FRAGS);
+            WG_FENCE_REGS_C(pa, T_STEPS, "r");
+            WG_FENCE_REGS_C(da, T_STEPS, "r");
+            WGMMA_FENCE();
+            CHAIN_AY(dv_acc, pa, do_tile);
+            CHAIN_AY(dk_acc, da, q_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(dv_acc, D_FRAGS);
+            WG_FENCE_REGS(dk_acc, D_FRAGS);
+        }
 #if STAGES == 1
         /* Every warp is done with tile it: its buffers take tile it+1. */
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -318,80 +291,6 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 #endif
         stage ^= STAGES - 1;
     }
-#else
-    /* Tile it's gradient products are issued right behind tile it+1's scores,
-     * and run while the elementwise step turns those scores into P^T and
-     * dS^T; both are waited for before the next tile. Three stages: tile
-     * it+2 lands meanwhile, into the buffers tile it-1 left. The first
-     * tile's scores come before the loop and the last tile's products after
-     * it, so that no wgmma sits in a branch inside it. */
-    if (tiles > 0)
-        ISSUE_TILE(0, 0);
-    cp_wait_async_proxy(); /* K, V and tile 0 */
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (tiles > 1)
-        ISSUE_TILE(1, 1);
-    if (tiles > 0) {
-        WGMMA_FENCE();
-        ISSUE_SCORES(0);
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(s, S_FRAGS);
-        WG_FENCE_REGS(dp, S_FRAGS);
-        P_DS_T(0, m_first);
-    }
-    int st_c = 0, st_n = 1, st_f = 2; /* the stages of tiles it, it+1 and it+2 */
-    for (int it = 0; it + 1 < tiles; ++it) {
-        /* Tile it+1 has landed for everyone, and every warp is done with tile it-1. */
-        cp_wait_async_proxy();
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (it + 2 < tiles)
-            ISSUE_TILE(it + 2, st_f);
-        PIN_GRADS_IN();
-        WGMMA_FENCE();
-        ISSUE_SCORES(st_n);
-        {
-            /* pa, da are the operands of the products in flight: the next ones are packed apart */
-            uint pa_c[T_STEPS][4], da_c[T_STEPS][4];
-#pragma unroll
-            for (int kk = 0; kk < T_STEPS; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    pa_c[kk][e] = pa[kk][e];
-                    da_c[kk][e] = da[kk][e];
-                }
-            CHAIN_AY(dv_acc, pa_c, DO_TILE(st_c));
-            CHAIN_AY(dk_acc, da_c, Q_TILE(st_c));
-            WGMMA_COMMIT();
-            WGMMA_WAIT_ONE(); /* the scores; the products may still run */
-            WG_FENCE_REGS(s, S_FRAGS);
-            WG_FENCE_REGS(dp, S_FRAGS);
-            P_DS_T(st_n, TILE_ROW0(it + 1));
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS_C(pa_c, T_STEPS, "r");
-            WG_FENCE_REGS_C(da_c, T_STEPS, "r");
-        }
-        PIN_GRADS_OUT();
-        const int st_old = st_c;
-        st_c = st_n;
-        st_n = st_f;
-        st_f = st_old;
-    }
-    if (tiles > 0) {
-        PIN_GRADS_IN();
-        WGMMA_FENCE();
-        ISSUE_GRADS(st_c);
-        WGMMA_WAIT_ALL();
-        PIN_GRADS_OUT();
-    }
-#endif
-#undef TILE_ROW0
-#undef PIN_GRADS_OUT
-#undef PIN_GRADS_IN
-#undef ISSUE_GRADS
-#undef P_DS_T
-#undef ISSUE_SCORES
-#undef DO_TILE
-#undef Q_TILE
 #undef ISSUE_TILE
     cp_wait(); /* K and V when there was no tile */
 
@@ -451,46 +350,11 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 
     float dq_acc[D_FRAGS][4];
     ZERO_ACC(dq_acc);
-    float s[S_FRAGS][4], dp[S_FRAGS][4]; /* S and dP, then dS in dp */
-    uint da[T_STEPS][4];                 /* dS as A fragments */
 
     /* K or V (x) of the keys n.. into stage st: K's tile first (slot 0), V's after it (slot 1). */
 #define ISSUE(x, slot, n, st)                                                                      \
     COPY_TILE(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES + (slot)*T_BYTES, x##b + (ulong)(n)*x##_ss,  \
               x##_ss, min(BLOCK_N, nk - (n)), BLOCK_N, x##_vec)
-#define K_TILE(st) (s_base + 2u * OWN_BYTES + (uint)(st)*STAGE_BYTES)
-#define V_TILE(st) (K_TILE(st) + T_BYTES)
-    /* S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) of stage st: one
-     * commit group, after a wgmma.fence. */
-#define ISSUE_SCORES(st)                                                                           \
-    do {                                                                                           \
-        uint qf[K_STEPS][4], of[K_STEPS][4];                                                       \
-        LOAD_A_FRAGS(qf, q_own);                                                                   \
-        LOAD_A_FRAGS(of, do_own);                                                                  \
-        CHAIN_XYT(s, qf, K_TILE(st));                                                              \
-        CHAIN_XYT(dp, of, V_TILE(st));                                                             \
-        WGMMA_COMMIT();                                                                            \
-    } while (0)
-    /* dS of the keys n_t.. (lane: rows g, g+8 x keys 8j+2t, +1) into dp, packed into da. */
-#define DS(n_t)                                                                                    \
-    do {                                                                                           \
-        const long rel_max_ = (long)(n_t) + BLOCK_N - 1 - w0, rel_min_ = (long)(n_t) - (w0 + 15);  \
-        const int masked_ = rel_min_ < rel.x || rel_max_ > rel.y || (n_t) + BLOCK_N > nk;          \
-        _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j)                                        \
-            _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                        \
-                float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y; \
-                if (masked_) {                                                                     \
-                    const int key = (n_t) + 8 * j + 2 * t + (e & 1);                               \
-                    const long d = (long)key - (w0 + g + 8 * (e >> 1));                            \
-                    if (key >= nk || d < rel.x || d > rel.y)                                       \
-                        ds = 0.0f;                                                                 \
-                }                                                                                  \
-                dp[j][e] = ds;                                                                     \
-            }                                                                                      \
-        PACK_A(da, dp);                                                                            \
-    } while (0)
-
-#if !PIPE
     if (n_start <= n_end) {
         ISSUE(k, 0u, n_start, 0);
         ISSUE(v, 1u, n_start, 0);
@@ -509,26 +373,58 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
             ISSUE(v, 1u, n1, stage ^ 1);
         }
 #endif
-        WGMMA_FENCE();
-        ISSUE_SCORES(stage);
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(s, S_FRAGS);
-        WG_FENCE_REGS(dp, S_FRAGS);
+        const uint k_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, v_tile = k_tile + T_BYTES;
+
+        /* ---- S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) ---- */
+        float s[S_FRAGS][4], dp[S_FRAGS][4];
+        {
+            uint qf[K_STEPS][4], of[K_STEPS][4];
+            LOAD_A_FRAGS(qf, q_own);
+            LOAD_A_FRAGS(of, do_own);
+            WGMMA_FENCE();
+            CHAIN_XYT(s, qf, k_tile);
+            CHAIN_XYT(dp, of, v_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(s, S_FRAGS);
+            WG_FENCE_REGS(dp, S_FRAGS);
+        }
 #if STAGES == 1
         /* Every warp is done with V(n0): V(n1) lands during the rest. */
         barrier(CLK_LOCAL_MEM_FENCE);
         if (more)
             ISSUE(v, 1u, n1, 0);
 #endif
-        DS(n0);
+
+        /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
+        const long rel_max = (long)n0 + BLOCK_N - 1 - w0, rel_min = (long)n0 - (w0 + 15);
+        const int masked = rel_min < rel.x || rel_max > rel.y || n0 + BLOCK_N > nk;
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
+                if (masked) {
+                    const int key = n0 + 8 * j + 2 * t + (e & 1);
+                    const long d = (long)key - (w0 + g + 8 * (e >> 1));
+                    if (key >= nk || d < rel.x || d > rel.y)
+                        ds = 0.0f;
+                }
+                dp[j][e] = ds;
+            }
+
         /* ---- dQ += dS K, k = the tile's keys ---- */
-        WG_FENCE_REGS(dq_acc, D_FRAGS);
-        WG_FENCE_REGS_C(da, T_STEPS, "r");
-        WGMMA_FENCE();
-        CHAIN_AY(dq_acc, da, K_TILE(stage));
-        WGMMA_COMMIT();
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(dq_acc, D_FRAGS);
+        {
+            uint da[T_STEPS][4];
+            PACK_A(da, dp);
+            WG_FENCE_REGS(dq_acc, D_FRAGS);
+            WG_FENCE_REGS_C(da, T_STEPS, "r");
+            WGMMA_FENCE();
+            CHAIN_AY(dq_acc, da, k_tile);
+            WGMMA_COMMIT();
+            WGMMA_WAIT_ALL();
+            WG_FENCE_REGS(dq_acc, D_FRAGS);
+        }
 #if STAGES == 1
         /* Every warp is done with K(n0). */
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -537,80 +433,6 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 #endif
         stage ^= STAGES - 1;
     }
-#else
-    /* As the dK/dV kernel's PIPE loop: tile i's dQ += dS K is issued right
-     * behind tile i+1's scores and runs during their elementwise step; tile
-     * i+2 lands meanwhile. */
-    const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
-    if (tiles > 0) {
-        ISSUE(k, 0u, n_start, 0);
-        ISSUE(v, 1u, n_start, 0);
-    }
-    cp_wait_async_proxy(); /* Q, dO and tile 0 */
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (tiles > 1) {
-        ISSUE(k, 0u, n_start + BLOCK_N, 1);
-        ISSUE(v, 1u, n_start + BLOCK_N, 1);
-    }
-    if (tiles > 0) {
-        WGMMA_FENCE();
-        ISSUE_SCORES(0);
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(s, S_FRAGS);
-        WG_FENCE_REGS(dp, S_FRAGS);
-        DS(n_start);
-    }
-    int st_c = 0, st_n = 1, st_f = 2; /* the stages of tiles i, i+1 and i+2 */
-    for (int i = 0; i + 1 < tiles; ++i) {
-        const int n1 = n_start + (i + 1) * BLOCK_N, n2 = n1 + BLOCK_N;
-        /* Tile i+1 has landed for everyone, and every warp is done with tile i-1. */
-        cp_wait_async_proxy();
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (i + 2 < tiles) {
-            ISSUE(k, 0u, n2, st_f);
-            ISSUE(v, 1u, n2, st_f);
-        }
-        WG_FENCE_REGS(dq_acc, D_FRAGS);
-        WG_FENCE_REGS_C(da, T_STEPS, "r");
-        WGMMA_FENCE();
-        ISSUE_SCORES(st_n);
-        {
-            /* da is the operand of the product in flight: the next one is packed apart */
-            uint da_c[T_STEPS][4];
-#pragma unroll
-            for (int kk = 0; kk < T_STEPS; ++kk)
-#pragma unroll
-                for (int e = 0; e < 4; ++e)
-                    da_c[kk][e] = da[kk][e];
-            CHAIN_AY(dq_acc, da_c, K_TILE(st_c));
-            WGMMA_COMMIT();
-            WGMMA_WAIT_ONE(); /* the scores; the product may still run */
-            WG_FENCE_REGS(s, S_FRAGS);
-            WG_FENCE_REGS(dp, S_FRAGS);
-            DS(n1);
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS_C(da_c, T_STEPS, "r");
-        }
-        WG_FENCE_REGS(dq_acc, D_FRAGS);
-        const int st_old = st_c;
-        st_c = st_n;
-        st_n = st_f;
-        st_f = st_old;
-    }
-    if (tiles > 0) {
-        WG_FENCE_REGS(dq_acc, D_FRAGS);
-        WG_FENCE_REGS_C(da, T_STEPS, "r");
-        WGMMA_FENCE();
-        CHAIN_AY(dq_acc, da, K_TILE(st_c));
-        WGMMA_COMMIT();
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(dq_acc, D_FRAGS);
-    }
-#endif
-#undef DS
-#undef ISSUE_SCORES
-#undef V_TILE
-#undef K_TILE
 #undef ISSUE
     cp_wait(); /* Q and dO when there was no tile */
 
