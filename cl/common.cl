@@ -966,4 +966,98 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
     const int m_first = i_lo <= i_hi ? (int)(i_lo / BLOCK_M) * BLOCK_M : 0;                        \
     const int m_tiles = i_lo <= i_hi ? (int)((i_hi - m_first) / BLOCK_M) + 1 : 0;                  \
     const int tiles = m_tiles * group
+
+/* Whether the Q and dO rows of every query head start 16-byte aligned
+ * (cp.async; else plain loads): uniform over the heads when the head stride
+ * is a multiple of 8 elements. */
+#define NV_QDO_VEC                                                                                 \
+    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&               \
+                      (q_ss % 8 == 0) && (q_sh % 8 == 0);                                          \
+    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&     \
+                       (dout_ss % 8 == 0) && (dout_sh % 8 == 0)
+
+/* The LSE (log2 units; +inf where the row contributes nothing: past nq, or a
+ * row that saw no key) and D_i of the BLOCK_M rows from m0_ of query head
+ * hq_ into ts[0][r], ts[1][r] (a dK/dV tile's stats, in __local), by plain
+ * loads: visible after the next barrier. */
+#define NV_TILE_STATS(ts, m0_, hq_)                                                                \
+    do {                                                                                           \
+        const ulong row0_ = ((ulong)b * heads_q + (hq_)) * (ulong)nq;                              \
+        for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
+            const int i_ = (m0_) + r_;                                                             \
+            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
+            (ts)[0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                                 \
+            (ts)[1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                           \
+        }                                                                                          \
+    } while (0)
+
+/* A dK/dV warp's elementwise step: S^T in s and dP^T in dp (its 16 keys kw0..
+ * x the BLOCK_M rows from m0; lane: keys g, g+8 x rows 8j+2t, +1) become P^T
+ * and dS^T, with the rows' stats ts as NV_TILE_STATS left them; where masked,
+ * pairs the mask hides or keys past nk get 0. */
+#define NV_P_DS_T(s, dp, ts, m0, masked)                                                           \
+    _Pragma("unroll") for (int j = 0; j < BLOCK_M / 8; ++j) {                                      \
+        const int r = 8 * j + 2 * t;                                                               \
+        const float2 l2 = vload2(0, &(ts)[0][r]), di = vload2(0, &(ts)[1][r]);                     \
+        _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                            \
+            float2 pd = p_and_ds((s)[j][e], (dp)[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x, \
+                                 scale, softcap);                                                  \
+            if (masked) {                                                                          \
+                const int key = kw0 + g + 8 * (e >> 1);                                            \
+                const long d = (long)key - ((m0) + r + (e & 1));                                   \
+                if (key >= nk || d < rel.x || d > rel.y)                                           \
+                    pd = (float2)(0.0f, 0.0f);                                                     \
+            }                                                                                      \
+            (s)[j][e] = pd.x;                                                                      \
+            (dp)[j][e] = pd.y;                                                                     \
+        }                                                                                          \
+    }
+
+/* The opening of a dQ pass over the row block m0 (rows_q rows) of head hq: w0,
+ * this warp's first row; lse2[h], di[h], the LSE (log2 units, +inf for none)
+ * and D_i of this lane's rows w0 + g + 8h; rel; the keys [n_start, n_end] that
+ * any row of the block sees, n_start on a BLOCK_N boundary; w_rows, the warp's
+ * rows before nq (<= 0: none). */
+#define NV_DQ_ROWS_AND_KEYS                                                                        \
+    const int w0 = m0 + 16 * warp;                                                                 \
+    const ulong row0 = ((ulong)b * get_global_size(1) + hq) * (ulong)nq;                           \
+    float lse2[2], di[2];                                                                          \
+    _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                                \
+        const int i = w0 + g + 8 * h;                                                              \
+        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;                              \
+        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;                                           \
+        di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;                                        \
+    }                                                                                              \
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);                                    \
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);                         \
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);             \
+    const int n_start = blk_first.x <= blk_last.y ? (int)(blk_first.x / BLOCK_N) * BLOCK_N : nk;   \
+    const int n_end = (int)blk_last.y;                                                             \
+    const int w_rows = min(16, nq - w0)
+
+/* A dQ warp's elementwise step: S in s and dP in dp (its 16 rows w0.. x the
+ * BLOCK_N keys from n0; lane: rows g, g+8 x keys 8j+2t, +1) become dS in dp;
+ * where masked, pairs the mask hides or keys past nk get 0. */
+#define NV_DS(s, dp, n0, masked)                                                                   \
+    _Pragma("unroll") for (int j = 0; j < BLOCK_N / 8; ++j)                                        \
+        _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                            \
+            float ds = p_and_ds((s)[j][e], (dp)[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y; \
+            if (masked) {                                                                          \
+                const int key = (n0) + 8 * j + 2 * t + (e & 1);                                    \
+                const long d = (long)key - (w0 + g + 8 * (e >> 1));                                \
+                if (key >= nk || d < rel.x || d > rel.y)                                           \
+                    ds = 0.0f;                                                                     \
+            }                                                                                      \
+            (dp)[j][e] = ds;                                                                       \
+        }
+
+/* A dK/dV warp's 16 rows of dK and dV (dk_acc, dv_acc) stored, those before nk. */
+#define NV_STORE_DKDV                                                                              \
+    do {                                                                                           \
+        if (kw0 < nk) {                                                                            \
+            const int rows = min(16, nk - kw0);                                                    \
+            STORE_ACC((__global ushort *)dk + ROW_AT(dk, b, kw0, hk), dk_ss, dk_acc, rows);        \
+            STORE_ACC((__global ushort *)dv + ROW_AT(dv, b, kw0, hk), dv_ss, dv_acc, rows);        \
+        }                                                                                          \
+    } while (0)
 #endif

@@ -161,12 +161,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
                  ROWS_16B(vb, v_ss), tid, HEAD_DIM, PITCH, WG);
 
     NV_KEY_BLOCK_ROW_TILES(OWN);
-    /* cp.async needs 16-byte aligned rows; uniform over the query heads when
-     * the head stride is a multiple of 8 elements, else plain loads. */
-    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&
-                      (q_ss % 8 == 0) && (q_sh % 8 == 0);
-    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&
-                       (dout_ss % 8 == 0) && (dout_sh % 8 == 0);
+    NV_QDO_VEC;
 
     /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
      * plain loads; LSE and D_i by plain loads, visible after the barrier). */
@@ -181,13 +176,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
         nv_copy_rows(smem, s_base, q_at + QT_HALFS,                                                \
                      (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_), dout_ss, rows_,    \
                      BLOCK_M, do_vec, tid, HEAD_DIM, PITCH, WG);                                   \
-        const ulong row0_ = ((ulong)b * heads_q + hq_) * (ulong)nq;                                \
-        for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
-            const int i_ = m0_ + r_;                                                               \
-            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
-            stats[st][0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                            \
-            stats[st][1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                      \
-        }                                                                                          \
+        NV_TILE_STATS(stats[st], m0_, hq_);                                                        \
     } while (0)
 
     float dk_acc[D_FRAGS][4], dv_acc[D_FRAGS][4];
@@ -280,26 +269,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
 #undef va
             }
 
-            /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
-#pragma unroll
-            for (int j = 0; j < BLOCK_M / 8; ++j) {
-                const int r = 8 * j + 2 * t;
-                const float2 l2 = vload2(0, &stats[stage][0][r]),
-                             di = vload2(0, &stats[stage][1][r]);
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x,
-                                         (e & 1) ? di.y : di.x, scale, softcap);
-                    if (masked) {
-                        const int key = kw0 + g + 8 * (e >> 1);
-                        const long d = (long)key - (m0 + r + (e & 1));
-                        if (key >= nk || d < rel.x || d > rel.y)
-                            pd = (float2)(0.0f, 0.0f);
-                    }
-                    s[j][e] = pd.x;
-                    dp[j][e] = pd.y;
-                }
-            }
+            /* ---- P^T into s, dS^T into dp ---- */
+            NV_P_DS_T(s, dp, stats[stage], m0, masked);
 
             /* ---- dV_w += P^T dO and dK_w += dS^T Q, k = the tile's rows ---- */
 #pragma unroll
@@ -362,11 +333,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
 #undef ISSUE_TILE
     cp_wait(); /* K and V when there was no tile */
 
-    if (kw0 < nk) {
-        const int rows = min(16, nk - kw0);
-        STORE_ACC((__global ushort *)dk + ROW_AT(dk, b, kw0, hk), dk_ss, dk_acc, rows);
-        STORE_ACC((__global ushort *)dv + ROW_AT(dv, b, kw0, hk), dv_ss, dv_acc, rows);
-    }
+    NV_STORE_DKDV;
 }
 #endif
 
@@ -424,25 +391,9 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
     }
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its fragments before K/V overwrite them */
 
-    /* This lane's rows w0 + g and w0 + g + 8: LSE (log2 units, +inf for none) and D_i. */
-    const int w0 = m0 + 16 * warp;
-    const ulong row0 = ((ulong)b * get_global_size(1) + hq) * (ulong)nq;
-    float lse2[2], di[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = w0 + g + 8 * h;
-        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;
-        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;
-        di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;
-    }
-
-    const long2 rel = visible_rel(nq, nk, win_left, win_right);
-    /* Keys any row of the block sees; the warp's own range decides skips. */
-    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
-    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
-    const int n_start = blk_first.x <= blk_last.y ? (int)(blk_first.x / BLOCK_N) * BLOCK_N : nk;
-    const int n_end = (int)blk_last.y;
-    const int w_rows = min(16, nq - w0); /* <= 0: a warp past nq, skips every tile */
+    /* Keys any row of the block sees; the warp's own range decides skips (a
+     * warp past nq skips every tile). */
+    NV_DQ_ROWS_AND_KEYS;
 
     float dq_acc[D_FRAGS][4];
 #pragma unroll
@@ -504,21 +455,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_nv(BW
                     MMA_16816_X2(dp[2 * np], dp[2 * np + 1], of[kk], vf);
                 }
             }
-            /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
-#pragma unroll
-            for (int j = 0; j < BLOCK_N / 8; ++j)
-#pragma unroll
-                for (int e = 0; e < 4; ++e) {
-                    float ds =
-                        p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
-                    if (masked) {
-                        const int key = n0 + 8 * j + 2 * t + (e & 1);
-                        const long d = (long)key - (w0 + g + 8 * (e >> 1));
-                        if (key >= nk || d < rel.x || d > rel.y)
-                            ds = 0.0f;
-                    }
-                    dp[j][e] = ds;
-                }
+            /* ---- dS into dp ---- */
+            NV_DS(s, dp, n0, masked);
                 /* ---- dQ += dS K, k = the tile's keys ---- */
 #pragma unroll
             for (int kk = 0; kk < BLOCK_N / 16; ++kk) {

@@ -138,6 +138,24 @@
             LDMATRIX_X4((f)[kk], (x) + SW128_OFFSET(r_, 2 * kk + lane / 16, OWN));                 \
     } while (0)
 
+/* s = X Y^T and dp = Z W^T over the head dim, waited for: X and Z the own
+ * block's tiles at x and z (A fragments through ldmatrix), Y and W the
+ * streamed tiles at y and w. S^T and dP^T in the dK/dV kernel, S and dP in
+ * the dQ pass. */
+#define SCORES(s, dp, x, y, z, w)                                                                  \
+    do {                                                                                           \
+        uint xf_[K_STEPS][4], zf_[K_STEPS][4];                                                     \
+        LOAD_A_FRAGS(xf_, x);                                                                      \
+        LOAD_A_FRAGS(zf_, z);                                                                      \
+        WGMMA_FENCE();                                                                             \
+        CHAIN_XYT(s, xf_, y);                                                                      \
+        CHAIN_XYT(dp, zf_, w);                                                                     \
+        WGMMA_COMMIT();                                                                            \
+        WGMMA_WAIT_ALL();                                                                          \
+        WG_FENCE_REGS(s, S_FRAGS);                                                                 \
+        WG_FENCE_REGS(dp, S_FRAGS);                                                                \
+    } while (0)
+
 /* A fragments of a TROWS-wide accumulator (n8 blocks 2kk, 2kk+1 per k-step). */
 #define PACK_A(a, acc)                                                                             \
     _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk) ACC_TO_A((a)[kk], (acc)[2 * kk], (acc)[2 * kk + 1])
@@ -182,10 +200,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     COPY_TILE(OWN_BYTES, vb, v_ss, n_rows, OWN, ROWS_16B(vb, v_ss));
 
     NV_KEY_BLOCK_ROW_TILES(OWN);
-    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&
-                      (q_ss % 8 == 0) && (q_sh % 8 == 0);
-    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&
-                       (dout_ss % 8 == 0) && (dout_sh % 8 == 0);
+    NV_QDO_VEC;
 
     /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
      * plain loads; LSE and D_i by plain loads, visible after the next barrier). */
@@ -199,13 +214,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
                   q_vec);                                                                          \
         COPY_TILE(at_ + T_BYTES, (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_),        \
                   dout_ss, rows_, BLOCK_M, do_vec);                                                \
-        const ulong row0_ = ((ulong)b * heads_q + hq_) * (ulong)nq;                                \
-        for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
-            const int i_ = m0_ + r_;                                                               \
-            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
-            stats[st][0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                            \
-            stats[st][1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                      \
-        }                                                                                          \
+        NV_TILE_STATS(stats[st], m0_, hq_);                                                        \
     } while (0)
 
     float dk_acc[D_FRAGS][4], dv_acc[D_FRAGS][4];
@@ -231,40 +240,12 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 
         /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
-        {
-            uint kf[K_STEPS][4], vf[K_STEPS][4];
-            LOAD_A_FRAGS(kf, k_own);
-            LOAD_A_FRAGS(vf, v_own);
-            WGMMA_FENCE();
-            CHAIN_XYT(s, kf, q_tile);
-            CHAIN_XYT(dp, vf, do_tile);
-            WGMMA_COMMIT();
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, S_FRAGS);
-            WG_FENCE_REGS(dp, S_FRAGS);
-        }
+        SCORES(s, dp, k_own, q_tile, v_own, do_tile);
 
-        /* ---- P^T into s, dS^T into dp: lane holds keys g, g+8 x rows 8j+2t, +1 ---- */
+        /* ---- P^T into s, dS^T into dp ---- */
         const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
         const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
-#pragma unroll
-        for (int j = 0; j < S_FRAGS; ++j) {
-            const int r = 8 * j + 2 * t;
-            const float2 l2 = vload2(0, &stats[stage][0][r]), di = vload2(0, &stats[stage][1][r]);
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float2 pd = p_and_ds(s[j][e], dp[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x,
-                                     scale, softcap);
-                if (masked) {
-                    const int key = kw0 + g + 8 * (e >> 1);
-                    const long d = (long)key - (m0 + r + (e & 1));
-                    if (key >= nk || d < rel.x || d > rel.y)
-                        pd = (float2)(0.0f, 0.0f);
-                }
-                s[j][e] = pd.x;
-                dp[j][e] = pd.y;
-            }
-        }
+        NV_P_DS_T(s, dp, stats[stage], m0, masked);
 
         /* ---- dV += P^T dO and dK += dS^T Q, k = the tile's rows ---- */
         {
@@ -294,11 +275,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 #undef ISSUE_TILE
     cp_wait(); /* K and V when there was no tile */
 
-    if (kw0 < nk) {
-        const int rows = min(16, nk - kw0);
-        STORE_ACC((__global ushort *)dk + ROW_AT(dk, b, kw0, hk), dk_ss, dk_acc, rows);
-        STORE_ACC((__global ushort *)dv + ROW_AT(dv, b, kw0, hk), dv_ss, dv_acc, rows);
-    }
+    NV_STORE_DKDV;
 }
 #endif
 
@@ -328,25 +305,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
     COPY_TILE(0u, qb, q_ss, rows_q, OWN, ROWS_16B(qb, q_ss));
     COPY_TILE(OWN_BYTES, ob, dout_ss, rows_q, OWN, ROWS_16B(ob, dout_ss));
 
-    /* This lane's rows w0 + g and w0 + g + 8: LSE (log2 units, +inf for none) and D_i. */
-    const int w0 = m0 + 16 * warp;
-    const ulong row0 = ((ulong)b * get_global_size(1) + hq) * (ulong)nq;
-    float lse2[2], di[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int i = w0 + g + 8 * h;
-        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;
-        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;
-        di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;
-    }
-
-    const long2 rel = visible_rel(nq, nk, win_left, win_right);
-    /* Keys any row of the block sees. */
-    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
-    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
-    const int n_start = blk_first.x <= blk_last.y ? (int)(blk_first.x / BLOCK_N) * BLOCK_N : nk;
-    const int n_end = (int)blk_last.y;
-    const int w_rows = min(16, nq - w0); /* <= 0: a warp past nq (its rows give dS = 0) */
+    /* Keys any row of the block sees; a warp past nq computes too (its rows give dS = 0). */
+    NV_DQ_ROWS_AND_KEYS;
 
     float dq_acc[D_FRAGS][4];
     ZERO_ACC(dq_acc);
@@ -377,18 +337,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 
         /* ---- S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
-        {
-            uint qf[K_STEPS][4], of[K_STEPS][4];
-            LOAD_A_FRAGS(qf, q_own);
-            LOAD_A_FRAGS(of, do_own);
-            WGMMA_FENCE();
-            CHAIN_XYT(s, qf, k_tile);
-            CHAIN_XYT(dp, of, v_tile);
-            WGMMA_COMMIT();
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, S_FRAGS);
-            WG_FENCE_REGS(dp, S_FRAGS);
-        }
+        SCORES(s, dp, q_own, k_tile, do_own, v_tile);
 #if STAGES == 1
         /* Every warp is done with V(n0): V(n1) lands during the rest. */
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -396,22 +345,10 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
             ISSUE(v, 1u, n1, 0);
 #endif
 
-        /* ---- dS into dp: lane holds rows g, g+8 x keys 8j+2t, +1 ---- */
+        /* ---- dS into dp ---- */
         const long rel_max = (long)n0 + BLOCK_N - 1 - w0, rel_min = (long)n0 - (w0 + 15);
         const int masked = rel_min < rel.x || rel_max > rel.y || n0 + BLOCK_N > nk;
-#pragma unroll
-        for (int j = 0; j < S_FRAGS; ++j)
-#pragma unroll
-            for (int e = 0; e < 4; ++e) {
-                float ds = p_and_ds(s[j][e], dp[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y;
-                if (masked) {
-                    const int key = n0 + 8 * j + 2 * t + (e & 1);
-                    const long d = (long)key - (w0 + g + 8 * (e >> 1));
-                    if (key >= nk || d < rel.x || d > rel.y)
-                        ds = 0.0f;
-                }
-                dp[j][e] = ds;
-            }
+        NV_DS(s, dp, n0, masked);
 
         /* ---- dQ += dS K, k = the tile's keys ---- */
         {

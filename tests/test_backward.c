@@ -399,6 +399,28 @@ static int nv_variant_available(flashcl_context *ctx, const char *env, int d) {
     return ok;
 }
 
+/* The shapes every forced tile configuration (the i-th of its list, head_dim
+ * d, FLASHCL_BWD_PARAMS=env) runs: Nq < Nk with GQA 2, causal (deterministic
+ * for odd i) and not; Nq > Nk causal with MQA (53 rows see no key), in the
+ * padded or the [batch][heads][seqlen][head_dim] layout. */
+static void run_config_shapes(flashcl_context *ctx, int i, int d, const char *env) {
+    const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
+    test_case tc = test_case_basic(dt, 200, 333, d);
+    tc.batch = 2;
+    tc.heads_q = 4;
+    tc.heads_k = 2;
+    tc.causal = 1;
+    run_with(ctx, &tc, i % 2, env);
+    tc.causal = 0;
+    run_with(ctx, &tc, 0, env);
+    tc = test_case_basic(dt, 150, 97, d);
+    tc.heads_q = 3;
+    tc.heads_k = 1;
+    tc.causal = 1;
+    tc.layout = i % 2 ? LAYOUT_BHSD : LAYOUT_PADDED;
+    run_with(ctx, &tc, 0, env);
+}
+
 /* `test_backward mma`: cl/flash_bwd_nv.cl forced, over the head dims, tiles
  * (both stage counts of each kernel), masks and layouts it handles; its
  * build failure falling back. Skips (passing) where nv-mma does not apply. */
@@ -424,23 +446,8 @@ static void mma(flashcl_context *ctx) {
         {128, "VARIANT=nv-mma,DQ=atomic"},
         {96, "VARIANT=nv-mma,DQ=atomic,WG=128,BLOCK_M=32"},
     };
-    for (int i = 0; i < COUNT(configs); ++i) {
-        const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
-        test_case tc = test_case_basic(dt, 200, 333, configs[i].d); /* Nq < Nk, GQA 2 */
-        tc.batch = 2;
-        tc.heads_q = 4;
-        tc.heads_k = 2;
-        tc.causal = 1;
-        run_with(ctx, &tc, i % 2, configs[i].env);
-        tc.causal = 0;
-        run_with(ctx, &tc, 0, configs[i].env);
-        tc = test_case_basic(dt, 150, 97, configs[i].d); /* Nq > Nk causal: 53 rows see no key; MQA */
-        tc.heads_q = 3;
-        tc.heads_k = 1;
-        tc.causal = 1;
-        tc.layout = i % 2 ? LAYOUT_BHSD : LAYOUT_PADDED;
-        run_with(ctx, &tc, 0, configs[i].env);
-    }
+    for (int i = 0; i < COUNT(configs); ++i)
+        run_config_shapes(ctx, i, configs[i].d, configs[i].env);
     /* More (batch, head) pairs than one chunk of the longest-first order:
      * 3 x 3 kv heads for dK/dV (a whole chunk and one of 1), 3 x 6 query
      * heads for dQ; causal, then a window bounded on the right only. */
@@ -498,25 +505,8 @@ static void wgmma(flashcl_context *ctx) {
         {48, "VARIANT=nv-wgmma,BLOCK_N=64"},
         {64, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64"},
     };
-    for (int i = 0; i < COUNT(configs); ++i) {
-        const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
-        env = configs[i].env;
-        test_case tc = test_case_basic(dt, 200, 333, configs[i].d); /* Nq < Nk, GQA 2 */
-        tc.batch = 2;
-        tc.heads_q = 4;
-        tc.heads_k = 2;
-        tc.causal = 1;
-        run_with(ctx, &tc, i % 2, env);
-        tc.causal = 0;
-        run_with(ctx, &tc, 0, env);
-        tc = test_case_basic(dt, 150, 97, configs[i].d); /* Nq > Nk causal: 53 rows see no key; MQA */
-        tc.heads_q = 3;
-        tc.heads_k = 1;
-        tc.causal = 1;
-        tc.layout = i % 2 ? LAYOUT_BHSD : LAYOUT_PADDED;
-        run_with(ctx, &tc, 0, env);
-    }
-    env = "VARIANT=nv-wgmma";
+    for (int i = 0; i < COUNT(configs); ++i)
+        run_config_shapes(ctx, i, configs[i].d, configs[i].env);
     test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
     run_with(ctx, &tc, 0, env);
     tc = test_case_many_heads(FLASHCL_BFLOAT16, 300, 283, 48, 3, 7);
