@@ -164,7 +164,7 @@ enum { FLASHCL_PHASE_ANY = 0, FLASHCL_PHASE_PREFILL = 1, FLASHCL_PHASE_DECODE = 
 typedef struct flashcl_param_entry {
     const char *match;   /* the level's key: device name, "sm_80+", "NVIDIA", "CPU"...  */
     const char *driver;  /* device entries: exact driver version, or NULL for any    */
-    const char *variant; /* "portable", "cpu", "nv-mma" (static strings)             */
+    const char *variant; /* "portable", "cpu", "nv-mma", "nv-wgmma" (static strings) */
     int dtype;           /* flashcl_dtype, or -1 for any                              */
     int head_dim_min, head_dim_max;
     int phase;           /* FLASHCL_PHASE_*                                           */

@@ -906,6 +906,20 @@ static void test_backward_levels(void) {
                c.variant == FLASHCL_BWD_PORTABLE && strncmp(c.source, "tuned: ", 7) != 0 && c.nv_max_registers == 0,
            "backward: ... and passed over for float32 (no cap on the portable kernels)", &failures);
     flashcl_context_destroy(ctx);
+
+    /* A tuned nv-wgmma entry: used on compute capability 9.0, passed over once its build failed. */
+    ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
+                                   "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", \"head_dim_max\": 64, "
+                                   "\"block_m\": 64, \"block_n\": 32, \"work_group_size\": 128}]}");
+    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 48, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64 && c.block_n == 32 && c.nv_max_registers == 0 &&
+               !strncmp(c.source, "tuned: ", 7),
+           "backward: a tuned nv-wgmma entry is used", &failures);
+    ctx->no_sm90a_bwd = 1;
+    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 48, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && !strncmp(c.source, "built-in arch: sm_80+", 21),
+           "backward: ... and passed over after an nv-wgmma build failure (nv-mma's built-in entry)", &failures);
+    flashcl_context_destroy(ctx);
     unsetenv("FLASHCL_TUNING_FILE");
     unlink(path);
 }
