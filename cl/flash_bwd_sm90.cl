@@ -19,25 +19,30 @@
  * laid out as a 16-row mma.sync fragment (flash_fwd_sm90.cl), so the
  * elementwise code is flash_bwd_nv.cl's.
  *   flash_bwd_dkdv_sm90  64 keys of one (batch, kv head); K, V in __local for
- *                        the whole loop; 64-row tiles of Q and dO (with LSE,
- *                        D_i) of every query head sharing the kv head stream
- *                        through one buffer each:
+ *                        the whole loop; BLOCK_M-row tiles of Q and dO (with
+ *                        LSE, D_i) of every query head sharing the kv head
+ *                        stream through __local:
  *                          S^T  = K Q^T    dP^T = V dO^T   (A: K, V via ldmatrix)
  *                          P^T, dS^T elementwise, packed into A fragments
  *                          dV  += P^T dO   dK  += dS^T Q   (B: dO, Q N-major)
  *   flash_bwd_dq_sm90    64 query rows of one (batch, query head); Q, dO in
- *                        __local for the whole loop; 64-key tiles of K and V:
+ *                        __local for the whole loop; BLOCK_N-key tiles of K, V:
  *                          S = Q K^T   dP = dO V^T   dS   dQ += dS K (K N-major)
- * Every product is m64n64k16 with A from registers; A fragments of K, V (or
- * Q, dO) are read from __local again before every tile, as the forward does
+ * Every product is m64nNk16 with A from registers (N: a streamed tile's rows
+ * for the scores, 64 head dims for the gradients); A fragments of K, V (or Q,
+ * dO) are read from __local again before every tile, as the forward does
  * with Q (flash_fwd_sm90.cl says why: held across tiles they went wrong).
  *
- * __local: four 64-row tiles of 128 bytes a row in common.cl's SW128 layout
- * (head dims zero-padded to 64), 32 KB, 1024-byte aligned; plus LSE and D_i
- * of the dK/dV kernel's current tile. One buffer each, so a work-group waits
- * for its next tile; three work-groups an SM (registers permitting) hide that.
- * The loads of the dQ pass are split: V(n+1) is issued as soon as dP has
- * been computed, K(n+1) after dQ += dS K.
+ * __local, 1024-byte aligned, every tile 128 bytes a row in common.cl's SW128
+ * layout (head dims zero-padded to 64): the own 64 rows of K and V (Q and
+ * dO), 16 KB, then the streamed pairs: two stages of 32-row tiles (the next
+ * pair lands during the current one; the table's choice, 34 KB), or one of
+ * 64 rows, whose loads are issued once a buffer is free (in the dQ pass V's
+ * after dP, K's after dQ += dS K); plus LSE and D_i of the dK/dV kernel's
+ * tiles. Three work-groups an SM (the dK/dV kernel's registers capped at 168
+ * by the host) hide one another's waits. On the H200 two stages of 32 rows
+ * measured 149.6 TFLOP/s at (4,32,4096,64) against 113.7 with one of 64
+ * (BENCHMARKS.md).
  *
  * Ordering, as in flash_fwd_sm90.cl: each thread's copies are waited for and
  * fenced for the async proxy (cp_wait_async_proxy) before the barrier that

@@ -131,9 +131,10 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
     /* BWD_KERNEL picks the kernel a build holds (flashcl_get_kernel keeps one
      * kernel per file and options); pre and store take head_dim at run time
-     * so they build once per dtype. The cpu, nv-mma and nv-wgmma variants take dK/dV
-     * and the dQ pass from their own files; the nv variants run the dQ pass in both
-     * modes unless its choice says atomics (flashcl_backward_dq_atomic). */
+     * so they build once per dtype. The cpu, nv-mma and nv-wgmma variants
+     * take dK/dV and the dQ pass from their own files; the tensor-core ones
+     * run the dQ pass in both modes unless the choice says atomics
+     * (flashcl_backward_dq_atomic). */
     static const struct {
         const char *file, *dkdv, *dq;
     } files[] = {[FLASHCL_BWD_PORTABLE] = {"flash_bwd.cl", "flash_bwd_dkdv", "flash_bwd_dq"},

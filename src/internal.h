@@ -295,8 +295,9 @@ typedef struct flashcl_backward_choice {
  * is a default), then FLASHCL_BWD_PARAMS; deterministic: the caller's
  * flashcl_backward_options.deterministic; skip_nv: pass over the
  * tensor-core entries (after nv-mma failed to build; a failed nv-wgmma sets
- * ctx->no_sm90a_bwd instead, which passes over its entries alone). Fails only on a malformed
- * FLASHCL_BWD_PARAMS or tiles or a work-group that do not fit the device. */
+ * ctx->no_sm90a_bwd instead, which passes over its entries alone). Fails
+ * only on a malformed FLASHCL_BWD_PARAMS or tiles or a work-group that do
+ * not fit the device. */
 flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                        int deterministic, int skip_nv, flashcl_backward_choice *choice);
 /* __local bytes cl/flash_bwd.cl needs with these tiles. */

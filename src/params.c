@@ -1172,10 +1172,9 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
  *     32..64; WG 128, 64 keys or rows a work-group, BLOCK_M and BLOCK_N 32 or
- *     64); a build failure
- *     re-picks without nv-wgmma entries (so nv-mma's).
- *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one, and DQ=atomic|pass how nv-mma sums dQ outside deterministic
- *     mode: red.add from the dK/dV kernel, or its own pass (the default);
+ *     64); a build failure re-picks without nv-wgmma entries (so nv-mma's).
+ *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
+ *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
  *     MAXNREG=N caps nv-mma's registers per thread (an entry's
  *     nv_max_registers; 0: the compiler's choice; nv-wgmma: its dK/dV
  *     kernel's), see src/program.c.
@@ -1281,8 +1280,12 @@ static size_t backward_wgmma_bytes(int rows, int stats) {
     return own + stages * (pair + (stats ? row_stats : 0)) + 1024;
 }
 
+static int backward_variant_nv(flashcl_backward_variant variant) {
+    return variant == FLASHCL_BWD_NV_MMA || variant == FLASHCL_BWD_NV_WGMMA;
+}
+
 int flashcl_backward_nv(const flashcl_backward_choice *c) {
-    return c->variant == FLASHCL_BWD_NV_MMA || c->variant == FLASHCL_BWD_NV_WGMMA;
+    return backward_variant_nv(c->variant);
 }
 
 int flashcl_backward_dq_atomic(const flashcl_backward_choice *c) {
@@ -1395,8 +1398,7 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     char why[200];
     if (w->desc->head_dim < e->head_dim_min || w->desc->head_dim > e->head_dim_max)
         return 0;
-    const int nv = variant == FLASHCL_BWD_NV_MMA || variant == FLASHCL_BWD_NV_WGMMA;
-    if (nv && (w->skip_nv || (w->only_nv >= 0 && (int)variant != w->only_nv) ||
+    if (backward_variant_nv(variant) && (w->skip_nv || (w->only_nv >= 0 && (int)variant != w->only_nv) ||
                !backward_variant_applies(ctx, w->desc, variant)))
         return 0;
     if (level >= LVL_TYPE ||
@@ -1486,7 +1488,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         return st;
     /* VARIANT=portable or cpu: tiles from entries of the kernels asked for;
      * VARIANT=nv-mma or nv-wgmma: from that variant's entries */
-    const int env_nv = env.variant == FLASHCL_BWD_NV_MMA || env.variant == FLASHCL_BWD_NV_WGMMA;
+    const int env_nv = env.variant >= 0 && backward_variant_nv((flashcl_backward_variant)env.variant);
     const backward_walk walk = {desc, skip_nv || (env.variant >= 0 && !env_nv), env_nv ? env.variant : -1};
     const char *source = "default: global";
     int level = LVL_GLOBAL;
