@@ -291,6 +291,26 @@ inline void cp_wait(void) {
     } while (0)
 #define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
 
+/* Tiles start at the first 1024-byte boundary of the __local array raw (the
+ * 128-byte swizzle works on address bits 4-9): smem (halves) and s_base (its
+ * shared address). The array holds 1024 bytes more than its tiles need. */
+#define ALIGNED_TILES(raw)                                                                         \
+    const uint raw_base_ = shared_addr(raw);                                                       \
+    const uint align_ = (1024u - (raw_base_ & 1023u)) & 1023u;                                     \
+    __local ushort *smem = (raw) + align_ / 2u;                                                    \
+    const uint s_base = raw_base_ + align_
+
+/* This warp's A fragments f[0..steps-1] (rows 16*warp.. of the nrows-row
+ * SW128 tile at shared address tile, k-steps of 16 dims): lanes 0-15 rows
+ * 0-15 at the k-step's dims 0-7, lanes 16-31 the same rows at dims 8-15: a0,
+ * a1, a2, a3 as in flash_fwd_nv.cl. */
+#define SW128_A_FRAGS(f, tile, nrows, steps)                                                       \
+    do {                                                                                           \
+        const int r_ = warp * 16 + lane % 16;                                                      \
+        _Pragma("unroll") for (int kk = 0; kk < (steps); ++kk)                                     \
+            LDMATRIX_X4((f)[kk], (tile) + SW128_OFFSET(r_, 2 * kk + lane / 16, nrows));            \
+    } while (0)
+
 /* Copies have landed for this work-item and are visible to wgmma's reads. */
 inline void cp_wait_async_proxy(void) {
     cp_wait();

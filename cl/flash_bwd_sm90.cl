@@ -134,14 +134,8 @@
     _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk)                                         \
         WGMMA_RS(WG_N64, acc, (a)[kk], B_N_MAJOR(y, kk), 1, 1)
 
-/* This warp's A fragments (rows 16*warp..) of the own block at x over the
- * head dim, as flash_fwd_sm90.cl's LOAD_Q_FRAGS. */
-#define LOAD_A_FRAGS(f, x)                                                                         \
-    do {                                                                                           \
-        const int r_ = warp * 16 + lane % 16;                                                      \
-        _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                     \
-            LDMATRIX_X4((f)[kk], (x) + SW128_OFFSET(r_, 2 * kk + lane / 16, OWN));                 \
-    } while (0)
+/* This warp's A fragments (rows 16*warp..) of the own block at x over the head dim. */
+#define LOAD_A_FRAGS(f, x) SW128_A_FRAGS(f, x, OWN, K_STEPS)
 
 /* s = X Y^T and dp = Z W^T over the head dim, waited for: X and Z the own
  * block's tiles at x and z (A fragments through ldmatrix), Y and W the
@@ -168,14 +162,6 @@
 #define ZERO_ACC(acc)                                                                              \
     _Pragma("unroll") for (int j_ = 0; j_ < D_FRAGS; ++j_)                                         \
         _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(acc)[j_][e_] = 0.0f
-
-/* Tiles start at the first 1024-byte boundary of the array (the swizzle works
- * on address bits 4-9): smem (halves) and s_base (its shared address). */
-#define ALIGNED_TILES(raw)                                                                         \
-    const uint raw_base_ = shared_addr(raw);                                                       \
-    const uint align_ = (1024u - (raw_base_ & 1023u)) & 1023u;                                     \
-    __local ushort *smem = (raw) + align_ / 2u;                                                    \
-    const uint s_base = raw_base_ + align_
 
 /* nrows rows of a [*][HEAD_DIM] matrix (row r at src + r*stride, `rows` of
  * them real, the rest zero) into the tile `at` bytes into the tiles. */

@@ -214,15 +214,8 @@
             MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
     } while (0)
 
-/* This warp's A fragments of Q (rows 16*warp.., from the block at Q_AT):
- * lanes 0-15 rows 0-15 at the k-step's dims 0-7, lanes 16-31 the same rows at
- * dims 8-15: a0, a1, a2, a3 as in flash_fwd_nv. */
-#define LOAD_Q_FRAGS(qf)                                                                           \
-    do {                                                                                           \
-        const int r_ = warp * 16 + lane % 16;                                                      \
-        _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                     \
-            LDMATRIX_X4((qf)[kk], s_base + Q_AT + SW128_OFFSET(r_, 2 * kk + lane / 16, BLOCK_M));  \
-    } while (0)
+/* This warp's A fragments of Q (rows 16*warp.., from the block at Q_AT). */
+#define LOAD_Q_FRAGS(qf) SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS)
 #if Q_PER_TILE
 #define RELOAD_Q_FRAGS(qf) LOAD_Q_FRAGS(qf)
 #else
@@ -262,11 +255,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
     NV_FWD_HEADS(ushort);
 
-    /* Tiles start at the first 1024-byte boundary of the array. */
-    const uint raw_base = shared_addr(smem_raw);
-    const uint align = (1024u - (raw_base & 1023u)) & 1023u;
-    __local ushort *smem = smem_raw + align / 2u;
-    const uint s_base = raw_base + align;
+    ALIGNED_TILES(smem_raw);
 
     /* Q block -> __local -> A fragments (again before every tile where
      * Q_PER_TILE). Rows past nq are zero. */
