@@ -246,6 +246,10 @@ typedef struct flashcl_decode_choice {
     int wgs_per_cu;      /* split-KV: work-groups wanted per compute unit     */
     int min_split_keys;  /* split-KV: no slice shorter than this              */
     int splits;          /* key slices per (block, kv head); 1 = no combine   */
+    int k_regs_min_keys; /* decode-mma: slices of at least this many keys take K
+                          * straight into registers (cl/paged_decode_nv.cl
+                          * K_IN_REGS); 0: never                               */
+    int k_in_regs;       /* decode-mma: that choice, made with the split count */
     int meta_args;       /* decode kernels: 1 passes the batch description as a
                           * by-value kernel argument when it fits (no upload)  */
     const char *source;  /* where the numbers came from                       */

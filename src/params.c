@@ -836,9 +836,16 @@ static int next_pow2(int x) {
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp stages x (K, V); merge floats */
-        size_t q = 16 * (d + 8), tiles = (size_t)(c->work_group_size / 32) * (size_t)c->stages * 2 * n * (d + 8);
+        const size_t warps = (size_t)(c->work_group_size / 32);
+        size_t q = 16 * (d + 8), tiles = warps * (size_t)c->stages * 2 * n * (d + 8);
         size_t halves = d > 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL above D=128 */
-        return halves * 2 + ((size_t)(c->work_group_size / 32) * 32 + 33) * sizeof(float);
+        if (c->k_in_regs) { /* V only, one stage more, then Q; after the loop the O rows, split weights */
+            const size_t v_q = warps * (size_t)(c->stages + 1) * n * (d + 8) + 16 * (d + 2);
+            const size_t o_rows = warps * 16 * d * 2, weights = m * FLASHCL_MAX_SPLITS * 2;
+            halves = v_q > o_rows ? v_q : o_rows;
+            halves = halves > weights ? halves : weights;
+        }
+        return halves * 2 + (warps * 32 + 33) * sizeof(float);
     }
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
         size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
@@ -883,6 +890,7 @@ static const struct {
     {"WGS_PER_CU", offsetof(flashcl_decode_choice, wgs_per_cu)},
     {"MIN_SPLIT_KEYS", offsetof(flashcl_decode_choice, min_split_keys)},
     {"META_ARGS", offsetof(flashcl_decode_choice, meta_args)},
+    {"K_REGS_MIN_KEYS", offsetof(flashcl_decode_choice, k_regs_min_keys)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
 
@@ -915,7 +923,8 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
             if (k == COUNT(decode_keys))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
-                                    "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS)",
+                                    "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS, "
+                                    "K_REGS_MIN_KEYS)",
                                     kv.at);
             const int is_switch = decode_keys[k].offset == offsetof(flashcl_decode_choice, meta_args);
             if (!flashcl_kv_int(&kv, is_switch ? 0 : 1, is_switch ? 1 : 1 << 20, DECODE_FIELD(c, k)))
@@ -1004,6 +1013,11 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
         c->block_n = 16;
+        /* K straight into registers where slices are long. H200, batch 1-64
+         * x context 4k-128k: slices of 4096 keys and more 1.5-3 % faster
+         * ((16, 131072) 2029 against 2089 us, (64, 131072) 8054 against
+         * 8270), 1024 level, 256-512 up to 12 % slower (BENCHMARKS.md). */
+        c->k_regs_min_keys = pb->head_dim % 32 == 0 && pb->head_dim <= 128 ? 2048 : 0;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
         /* The entry's work-groups per CU count 2-warp groups: 4 on sm_80+,
@@ -1063,6 +1077,17 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
     return 0;
 }
 
+/* The mma decode kernel's K_IN_REGS, once the split count is known: the
+ * longest sequence's slice (cut as the kernel cuts it) against
+ * k_regs_min_keys, where the kernel takes it (head dims 32..128 in steps of
+ * 32, 16-key tiles). */
+static void decode_k_in_regs(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
+    const long slice = ((pb->max_keys + c->splits - 1) / c->splits + 31) / 32 * 32;
+    c->k_in_regs = c->kernel == FLASHCL_SERVING_DECODE_MMA && c->k_regs_min_keys > 0 &&
+                   slice >= c->k_regs_min_keys && pb->head_dim % 32 == 0 && pb->head_dim <= 128 &&
+                   c->block_n == 16;
+}
+
 /* The first entry for this device and problem, most specific level first. */
 static const decode_entry *decode_lookup(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                                          const char **source) {
@@ -1117,6 +1142,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
 
     if (pb->requested_splits > 0) {
         c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
+        decode_k_in_regs(pb, c);
         return FLASHCL_SUCCESS;
     }
     long groups = 0;
@@ -1144,6 +1170,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     if (splits > FLASHCL_MAX_SPLITS)
         splits = FLASHCL_MAX_SPLITS;
     c->splits = splits < 1 ? 1 : (int)splits;
+    decode_k_in_regs(pb, c);
     return FLASHCL_SUCCESS;
 }
 

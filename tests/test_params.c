@@ -966,6 +966,18 @@ static void test_decode_levels(void) {
                c.splits == 8,
            "decode on sm_90, D=128: tensor cores, 2 warps, 4 groups per CU, splits capped by 512-key slices",
            &failures);
+    expect(!c.k_in_regs, "... K through __local on those 512-key slices", &failures);
+    choice_heads_k = 528; /* one slice of all 4096 keys */
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 1 && c.k_in_regs &&
+               flashcl_decode_local_bytes(&c, 128) <= 48000,
+           "... K straight into registers on 4096-key slices, V alone in __local (one stage deeper)", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS &&
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && !c.k_in_regs,
+           "... but not at D=80, which K_IN_REGS does not take", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "K_REGS_MIN_KEYS=8192", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.k_in_regs,
+           "... FLASHCL_DECODE_PARAMS K_REGS_MIN_KEYS moves the threshold", &failures);
+    unsetenv("FLASHCL_DECODE_PARAMS");
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,
            "... and by 256-key slices where 512-key ones would leave compute units idle", &failures);

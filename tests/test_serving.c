@@ -1190,7 +1190,7 @@ static int mma_available(flashcl_context *ctx) {
     one_sequence(ctx, &m, &d, cu, FLASHCL_FLOAT16, 64, 1, 3);
     flashcl_params p;
     int ok = flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS &&
-             !strcmp(p.variant, "decode-mma");
+             !strncmp(p.variant, "decode-mma", 10);
     mirror_free(&m);
     return ok;
 }
@@ -1281,6 +1281,21 @@ int main(int argc, char **argv) {
             paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
                         shapes[i].long_len, what);
         }
+        /* K straight into registers (K_IN_REGS), which the host asks for on
+         * slices of 2048 keys and more, here on every slice: head dims 32..128
+         * in steps of 32, blocks of at most 8 rows (rows g + 8 dropped) and
+         * of 16. */
+        if (mma)
+            force_params("KERNEL=mma,K_REGS_MIN_KEYS=1");
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+            if (shapes[i].d % 32 || shapes[i].d > 128)
+                continue;
+            snprintf(what, sizeof what, "%s, K in registers: %s", k, shapes[i].name);
+            paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
+                        shapes[i].long_len, what);
+        }
+        if (mma)
+            force_params("KERNEL=mma");
         snprintf(what, sizeof what, "%s: varlen causal equals each sequence alone", k);
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, what);
         snprintf(what, sizeof what, "%s: varlen non-causal, 2 splits", k);
