@@ -747,40 +747,40 @@ inline ulong split_out_at(split_rows r, int e, int head_dim) {
            e % head_dim;
 }
 
-/* Called by every work-item of a group after it wrote its split's partial
- * results. The group bumps the (block, kv head) counter (zeroed by the host's
- * upload of the batch description, or, META_ARG_INTS, left zero by the
- * previous call's last split), once its results are globally visible
- * (every writer fences, as CUDA's threadfence reduction does); the group that
- * finishes last merges all splits with merge.cl's rule (weights exp(L_s -
- * max L) / sum; a part with L = -inf, no key in its slice, weighs 0; no key
- * at all gives O = 0 and LSE -inf).
- * wts: nrows * splits floats of __local; row_lse: nrows; flag: one int. */
-inline void merge_if_last_split(__global int *counter, int splits, __global const float *part,
-                                __global elem_t *o, __global float *lse, split_rows r, int head_dim,
-                                __local float *wts, __local float *row_lse, __local int *flag) {
-    const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
-    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (lid == 0) {
-        const int last = atomic_inc(counter) == splits - 1;
-        *flag = last;
-#if META_ARG_INTS
-        if (last) /* every split has counted: zero again for the next call */
-            atomic_xchg(counter, 0);
+#ifndef MERGE_GROUP
+#define MERGE_GROUP 8 /* splits a first-level merge takes (FLASHCL_MERGE_GROUP, src/internal.h) */
 #endif
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    if (!*flag)
-        return;
-    mem_fence(CLK_GLOBAL_MEM_FENCE);
+/* Two levels above 2 * MERGE_GROUP splits; the split counters of one (block,
+ * kv head): one, and with two levels one more per run of MERGE_GROUP
+ * (flashcl_split_counters, src/internal.h). */
+#define TWO_LEVELS(splits) ((splits) > 2 * MERGE_GROUP)
+inline int split_counters(int splits) {
+    return TWO_LEVELS(splits) ? 1 + (splits + MERGE_GROUP - 1) / MERGE_GROUP : 1;
+}
+
+/* Merges `splits` partial results, those in slots first + t * step (t <
+ * splits), with merge.cl's rule (weights exp(L_s - max L) / sum; a part
+ * with L = -inf, no key in its slice, weighs 0; no key at all gives O = 0
+ * and LSE -inf): into the output (final) or, as a partial result again,
+ * into slot `first` (each work-item reads all of its elements' parts before
+ * it writes them). wts: nrows * splits floats of __local; row_lse: nrows. */
+__attribute__((always_inline)) inline void merge_parts(__global float *part, int first, int splits, int step,
+                                                      int final, __global elem_t *o, __global float *lse,
+                                                      split_rows r, int head_dim, __local float *wts,
+                                                      __local float *row_lse) {
+    const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
+    /* Volatile reads, past the L1 cache: an SM's L1 may still hold a line of
+     * a run's first slot from before that run's merge rewrote it (another
+     * work-group of the SM read the split's part there). */
     volatile __global const float *vpart = part;
-    /* Every part's LSE into __local, each row's max and log-sum, the weights. */
+    /* Every part's LSE into __local (a work-item's loads four at a time, all
+     * issued before the first is stored), each row's max and log-sum, the
+     * weights. */
     for (int e = lid; e < r.nrows * splits; e += wg) {
-        const int row = r.m0 + e / splits, t = e % splits;
-        const ulong token = (ulong)(r.q_start + row / r.group);
-        wts[e] = vpart[r.part_lse_off + ((ulong)t * r.total_q + token) * r.heads_q +
-                       r.hk * r.group + row % r.group];
+        const int row = r.m0 + e / splits;
+        wts[e] = vpart[r.part_lse_off + ((ulong)(first + (e % splits) * step) * r.total_q +
+                                          (ulong)(r.q_start + row / r.group)) * r.heads_q +
+                        r.hk * r.group + row % r.group];
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid < r.nrows) {
@@ -800,9 +800,9 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
     /* The outputs: four elements per work-item per pass, the splits' loads
      * issued 4 x 8 at a time. This tail is a chain of round trips to L2
      * that the whole launch waits on, so it is written for loads in flight.
-     * Plain loads: no work-item of this device read these lines before the
-     * fence (each part row is read only here). */
+     * (The reads are volatile, above.) */
     const ulong stride = (ulong)r.total_q * r.heads_q * head_dim; /* one split's part_o */
+#define SLOT(t) ((ulong)(first + (t) * step) * stride)
     const int total = r.nrows * head_dim;
 #if MERGE_VEC4
     /* Whole 16-byte runs of a row: two per work-item per pass, the splits'
@@ -827,7 +827,7 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
                 for (int j = 0; j < 2; ++j)
 #pragma unroll
                     for (int i = 0; i < 8; ++i)
-                        y[j][i] = *(__global const float4 *)(part + src[j] + (ulong)(t + i) * stride);
+                        y[j][i] = *(volatile __global const float4 *)(vpart + src[j] + SLOT(t + i));
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
 #pragma unroll
@@ -838,11 +838,13 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
 #pragma unroll
                 for (int j = 0; j < 2; ++j)
                     x[j] = fma4(wts[gr[j] * splits + t],
-                                *(__global const float4 *)(part + src[j] + (ulong)t * stride), x[j]);
+                                *(volatile __global const float4 *)(vpart + src[j] + SLOT(t)), x[j]);
 #pragma unroll
             for (int j = 0; j < 2; ++j) {
                 const int e = 4 * (c0 + j * wg);
-                if (e < total) {
+                if (e < total && !final) {
+                    *(__global float4 *)(part + src[j] + SLOT(0)) = x[j];
+                } else if (e < total) {
                     const ulong at = split_out_at(r, e, head_dim);
                     STORE_ELEM(o, at, x[j].x);
                     STORE_ELEM(o, at + 1, x[j].y);
@@ -870,7 +872,7 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
-                    y[j][i] = part[src[j] + (ulong)(t + i) * stride];
+                    y[j][i] = vpart[src[j] + SLOT(t + i)];
 #pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -880,18 +882,79 @@ inline void merge_if_last_split(__global int *counter, int splits, __global cons
         for (; t < splits; ++t)
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                x[j] = fma(wts[g[j] * splits + t], part[src[j] + (ulong)t * stride], x[j]);
+                x[j] = fma(wts[g[j] * splits + t], vpart[src[j] + SLOT(t)], x[j]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int e = e0 + j * wg;
-            if (e < total)
+            if (e < total && !final)
+                part[src[j] + SLOT(0)] = x[j];
+            else if (e < total)
                 STORE_ELEM(o, split_out_at(r, e, head_dim), x[j]);
         }
     }
-    if (lid < r.nrows && r.has_lse) {
+    if (lid < r.nrows) {
         const int row = r.m0 + lid;
-        lse[r.lse_off + (ulong)(r.hk * r.group + row % r.group) * r.total_q +
-            (ulong)(r.q_start + row / r.group)] = row_lse[lid];
+        const ulong token = (ulong)(r.q_start + row / r.group);
+        const int hq = r.hk * r.group + row % r.group;
+        if (!final) /* the merged part's LSE, in its slot */
+            part[r.part_lse_off + ((ulong)first * r.total_q + token) * r.heads_q + hq] = row_lse[lid];
+        else if (r.has_lse)
+            lse[r.lse_off + (ulong)hq * r.total_q + token] = row_lse[lid];
+    }
+#undef SLOT
+}
+
+/* Whether this work-group is the last of n to arrive at *counter, once its
+ * results are globally visible (every writer fences, as CUDA's threadfence
+ * reduction does). The counter is zeroed by the host's upload of the batch
+ * description, or, META_ARG_INTS, left zero by the previous call's last
+ * arrival, which resets it. flag: one int of __local. */
+__attribute__((always_inline)) inline int last_to_arrive(__global int *counter, int n, __local int *flag) {
+    mem_fence(CLK_GLOBAL_MEM_FENCE);
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (get_local_id(0) == 0) {
+        const int last = atomic_inc(counter) == n - 1;
+        *flag = last;
+#if META_ARG_INTS
+        if (last) /* every group has counted: zero again for the next call */
+            atomic_xchg(counter, 0);
+#endif
+    }
+    barrier(CLK_LOCAL_MEM_FENCE); /* (the next call's first barrier orders these reads before its write) */
+    const int last = *flag;
+    if (last)
+        mem_fence(CLK_GLOBAL_MEM_FENCE);
+    return last;
+}
+
+/* Split s of a (block, kv head) calls this with every work-item after it
+ * wrote its partial results (O as float, LSE) to slot s. Up to 2 *
+ * MERGE_GROUP splits, the last to finish merges them all. Above, in two
+ * levels, so that the merge the whole launch waits on reads few parts: the
+ * last of each run of MERGE_GROUP consecutive splits merges that run into
+ * the run's first slot while other splits still compute, and the last of
+ * those merges the runs' results. H200, one sequence of 65536 keys, 66
+ * splits: the one-level merge took 10.5 of the decode kernel's 91 us, two
+ * levels 4-5 us less; at 16 splits two levels were 1 us slower
+ * (BENCHMARKS.md).
+ * counters: split_counters(splits) ints, the whole (block, kv head)'s first;
+ * wts: nrows * splits floats of __local; row_lse: nrows; flag: one int. */
+inline void merge_if_last_split(__global int *counters, int splits, __global float *part, __global elem_t *o,
+                                __global float *lse, split_rows r, int head_dim, __local float *wts,
+                                __local float *row_lse, __local int *flag) {
+    /* One call site each for last_to_arrive and merge_parts, in a loop of
+     * one or two levels: PoCL runs a work-group's work-items as loops
+     * between barriers, and gave wrong LSEs with merge_parts (barriers
+     * inside) called from three places. */
+    const int levels = TWO_LEVELS(splits) ? 2 : 1, runs = (splits + MERGE_GROUP - 1) / MERGE_GROUP;
+    const int run = levels == 2 ? (int)get_group_id(2) / MERGE_GROUP : 0;
+    for (int level = 0; level < levels; ++level) {
+        const int final = level == levels - 1, top = final && levels == 2;
+        const int first = final ? 0 : run * MERGE_GROUP;
+        const int count = top ? runs : final ? splits : min(MERGE_GROUP, splits - first);
+        if (!last_to_arrive(final ? counters : counters + 1 + run, count, flag))
+            return;
+        merge_parts(part, first, count, top ? MERGE_GROUP : 1, final, o, lse, r, head_dim, wts, row_lse);
     }
 }
 

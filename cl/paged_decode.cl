@@ -469,6 +469,6 @@ paged_decode(SERVING_ARGS,
     __local int is_last;
     const split_rows sr = {o_off, o_ss, o_sh, lse_off, part_lse_off, has_lse, total_q, heads_q, group, hk,
                            q_start, m0, min(BLOCK_M, rows - m0)};
-    merge_if_last_split(&meta[counters_off + blk * (int)get_global_size(1) + hk], splits, part, o, lse, sr,
-                        HEAD_DIM, wts, red_m, &is_last);
+    const int counter_at = counters_off + (blk * (int)get_global_size(1) + hk) * split_counters(splits);
+    merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, wts, red_m, &is_last);
 }

@@ -565,6 +565,6 @@ paged_decode_nv(SERVING_ARGS,
     const split_rows sr = {o_off,   o_ss,  o_sh, lse_off,   part_lse_off, has_lse, total_q,
                            heads_q, group, hk,   b.q_start, m0,           nrows};
     /* The split weights reuse the tile area (red_o is read before its first barrier). */
-    merge_if_last_split(&meta[counters_off + blk * (int)get_global_size(1) + hk], splits, part, o,
-                        lse, sr, HEAD_DIM, red_o, red_m, &is_last);
+    const int counter_at = counters_off + (blk * (int)get_global_size(1) + hk) * split_counters(splits);
+    merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, red_o, red_m, &is_last);
 }

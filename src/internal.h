@@ -255,6 +255,14 @@ typedef struct flashcl_decode_choice {
     const char *source;  /* where the numbers came from                       */
 } flashcl_decode_choice;
 #define FLASHCL_MAX_SPLITS 128
+/* The decode kernels merge their splits in two levels above twice
+ * FLASHCL_MERGE_GROUP splits, with one counter per (block, kv head) and one
+ * per run of that many splits: cl/common.cl's MERGE_GROUP, TWO_LEVELS and
+ * split_counters, which these mirror. */
+#define FLASHCL_MERGE_GROUP 8
+static inline int flashcl_split_counters(int splits) {
+    return splits > 2 * FLASHCL_MERGE_GROUP ? 1 + (splits + FLASHCL_MERGE_GROUP - 1) / FLASHCL_MERGE_GROUP : 1;
+}
 /* Fills *choice for the problem: database entry, FLASHCL_DECODE_PARAMS, then
  * the split count. Fails only on a malformed FLASHCL_DECODE_PARAMS or an
  * explicit choice that does not fit the device. */

@@ -391,11 +391,12 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     /* meta: {q_start, nq, k_base, nk} per sequence, then the blocks. */
     p->blocks_off = 4 * (size_t)n;
     p->meta_count = p->blocks_off + 2 * (size_t)blocks;
-    /* The decode kernel merges its splits itself: one zeroed counter per
-     * (block, kv head) after the blocks. */
+    /* The decode kernel merges its splits itself: zeroed counters per
+     * (block, kv head) after the blocks (merge_if_last_split, cl/common.cl). */
     p->counters_off = p->meta_count;
     if (p->choice.kernel != FLASHCL_SERVING_TILED && p->choice.splits > 1)
-        p->meta_count += (size_t)blocks * (size_t)r->heads_k;
+        p->meta_count +=
+            (size_t)blocks * (size_t)r->heads_k * (size_t)flashcl_split_counters(p->choice.splits);
     if (p->meta_count > 0x7fffffffu)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the batch is too large for 32-bit indices");
     if (p->choice.splits > 1) {
