@@ -21,10 +21,13 @@
  * through STAGES private __local buffers with cp.async (page lookups per key,
  * zero-fill past the slice), so the loop needs no work-group barrier, only
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
- * what other lanes copied.
+ * what other lanes copied. On long slices the host builds it with K_IN_REGS
+ * instead: each lane loads its K operands straight into registers and only
+ * V goes through __local (below).
  *
  *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first;
  *            after the tiles when Q_IN_LOCAL)
+ *   K_IN_REGS: warp 0: V_STAGES x V tile  |  warp 1: ...  |  Q (16 x Q_PITCH halves)
  *   after the loop the tile area holds the warps' O rows for their merge,
  *   then the split weights for the last split's merge.
  *
@@ -56,7 +59,8 @@
  * ahead, L2 prefetches of the tiles ahead (up to 15 % slower), rows by
  * cp.async.bulk, and K a tile further ahead than V in its own cp.async group
  * (half a tile more in flight per warp): none faster. The copy stream is
- * not short of requests in flight. */
+ * not short of requests in flight: cp.async itself tops out near 3.9 TB/s
+ * on the H200 (bench/read_bw.c), hence K_IN_REGS. */
 
 /* K_IN_REGS: K goes from global memory straight into the mma operands, V
  * through V_STAGES __local buffers per warp (below). The host asks for it
