@@ -1017,7 +1017,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * x context 4k-128k: slices of 4096 keys and more 1.5-3 % faster
          * ((16, 131072) 2029 against 2089 us, (64, 131072) 8054 against
          * 8270), 1024 level, 256-512 up to 12 % slower (BENCHMARKS.md). */
-        c->k_regs_min_keys = pb->head_dim % 32 == 0 && pb->head_dim <= 128 ? 2048 : 0;
+        c->k_regs_min_keys = 2048; /* where the kernel takes it: decode_k_in_regs */
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
         /* The entry's work-groups per CU count 2-warp groups: 4 on sm_80+,
