@@ -245,9 +245,72 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __globa
 inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
+/* ---- USE_TMA: K and V tiles by the Tensor Memory Accelerator ----------------------------
+ * Built by the host (src/attention.c) for the PINGPONG loop when the CUDA
+ * driver encodes tensor maps (src/nv_tma.c). Why: with cp.async, 16 bytes
+ * per work-item, the copies ran serially with the products (BENCHMARKS.md,
+ * stop 23); one cp.async.bulk.tensor per 64-dim panel, issued by one
+ * work-item, lands the tile in the same SW128 layout, rows past nk and dims
+ * past HEAD_DIM zero (bench/tma_probe.c checked that on the H200). The maps
+ * come as arguments with a placeholder address: the issuing work-item copies
+ * them to its work-group's slot and writes K's and V's addresses in with
+ * tensormap.replace (cp.async.bulk.tensor reads a map from global memory, not
+ * from __local). A tile's arrival is counted on an mbarrier (its bytes, by
+ * complete_tx), whose phase every consumer waits for before its wgmma reads
+ * the tile. */
+#ifndef USE_TMA
+#define USE_TMA 0
+#endif
+#if USE_TMA
+typedef struct {
+    ulong w[16];
+} tma_map;
+#define TMA_ARGS , tma_map k_map, tma_map v_map, __global ulong *restrict tma_slots
+inline void mbar_init(uint bar) {
+    __asm__ __volatile__("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+/* Waits until the mbarrier at bar has completed the phase of the given parity. */
+inline void mbar_wait(uint bar, uint parity) {
+    uint done = 0;
+    while (!done)
+        __asm__ __volatile__("{\n\t.reg .pred p;\n\t"
+                             "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                             "selp.u32 %0, 1, 0, p;\n\t}"
+                             : "=r"(done)
+                             : "r"(bar), "r"(parity)
+                             : "memory");
+}
+/* The work-group's map in global memory at slot, from template m, addressed at base. */
+inline void tma_map_place(__global ulong *slot, tma_map m, __global const ushort *base) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        slot[i] = m.w[i];
+    __asm__ __volatile__(SM90A "tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"(
+                             (ulong)slot),
+                         "l"((ulong)base)
+                         : "memory");
+    __asm__ __volatile__("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
+    __asm__ __volatile__("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"((ulong)slot) : "memory");
+}
+/* Keys n.. of (batch b, kv head hk) through the map at map into the tile at
+ * shared address dst, one copy per 64-dim panel, counted on bar. */
+inline void tma_tile(uint dst, __global const ulong *map, int n, int hk, int b, uint bar) {
+    __asm__ __volatile__("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"((uint)TILE_BYTES)
+                         : "memory");
+#pragma unroll
+    for (int h = 0; h < PANELS; ++h)
+        __asm__ __volatile__("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                             " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst + (uint)(h * BLOCK_N * 128)),
+                             "l"((ulong)map), "r"(64 * h), "r"(n), "r"(hk), "r"(b), "r"(bar)
+                             : "memory");
+}
+#else
+#define TMA_ARGS
+#endif
+
 /* ---- the kernel ----------------------------------------------------------------------- */
 
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90(FWD_ARGS) {
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90(FWD_ARGS TMA_ARGS) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
 
     NV_FWD_BLOCK;
@@ -256,6 +319,22 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     NV_FWD_HEADS(ushort);
 
     ALIGNED_TILES(smem_raw);
+#if USE_TMA && PINGPONG
+    /* Warpgroup 1's first work-item issues every copy: it places the maps and
+     * sets up the two mbarriers, which the barrier after Q's copy publishes. */
+    __local ulong tma_bars[2]; /* K, V */
+    const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
+    __global ulong *k_map_at =
+        tma_slots + 32 * (get_group_id(0) + get_num_groups(0) * (get_group_id(1) + get_num_groups(1) * get_group_id(2)));
+    __global ulong *v_map_at = k_map_at + 16;
+    if (tid == 128) {
+        tma_map_place(k_map_at, k_map, (__global const ushort *)k + k_off);
+        tma_map_place(v_map_at, v_map, (__global const ushort *)v + v_off);
+        mbar_init(k_bar);
+        mbar_init(v_bar);
+        __asm__ __volatile__("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
 
     /* Q block -> __local -> A fragments (again before every tile where
      * Q_PER_TILE). Rows past nq are zero. */
@@ -320,10 +399,24 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const int ptid = tid - 128;
     const uint my_turn = producer ? PP_TURN_B : PP_TURN_A, their_turn = producer ? PP_TURN_A : PP_TURN_B;
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
-/* B's copy of the tile of keys n.. of x (k or v) into the buffer at dst bytes */
+/* B's copy of the tile of keys n.. of x (k or v) into the buffer at dst
+ * bytes; PP_LANDED: B's copies have landed and are visible to wgmma (with
+ * TMA each warpgroup waits for the tile's mbarrier itself, PP_TILE_WAIT). */
+#if USE_TMA
+#define PP_COPY(dst, x, n)                                                                         \
+    do {                                                                                           \
+        if (ptid == 0)                                                                             \
+            tma_tile(s_base + (dst), x##_map_at, n, hk, b, x##_bar);                               \
+    } while (0)
+#define PP_LANDED() do { } while (0)
+#define PP_TILE_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
+#else
 #define PP_COPY(dst, x, n)                                                                         \
     copy_tile_by(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)),    \
                  BLOCK_N, x##_vec, ptid, 128)
+#define PP_LANDED() cp_wait_async_proxy()
+#define PP_TILE_WAIT(bar, tile) do { } while (0)
+#endif
 /* A is done with the buffer at dst: B waits for that at barrier bar, then refills it. */
 #define PP_REFILL(bar, dst, x, n)                                                                  \
     do {                                                                                           \
@@ -335,12 +428,19 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         }                                                                                          \
     } while (0)
     if (producer && tiles > 0) {
+#if USE_TMA
+        /* Every warp's reads of Q, which K and V may overwrite, come before the copies. */
+        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        PP_COPY(0, k, n_start);
+        PP_COPY(TILE_BYTES, v, n_start);
+#else
         PP_COPY(0, k, n_start);
         PP_COPY(TILE_BYTES, v, n_start);
 #if USE_CP_ASYNC
         __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); V(0) may still fly */
 #endif
         __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
         pp_arrive(PP_TURN_A);
     }
     for (int tile = 0; tile < tiles; ++tile) { /* not t: the lane's column, which MASK_16 reads */
@@ -351,11 +451,12 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         /* ---- S = Q K^T ---- */
         pp_sync(my_turn);
         RELOAD_Q_FRAGS(qf);
+        PP_TILE_WAIT(k_bar, tile);
         WGMMA_FENCE();
         S_CHAIN(s, k_tile);
         WGMMA_COMMIT();
         if (producer)
-            cp_wait_async_proxy(); /* V(n0) */
+            PP_LANDED(); /* V(n0) */
         pp_arrive(their_turn);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
@@ -368,6 +469,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
         /* ---- O += P V ---- */
         pp_sync(my_turn);
+        PP_TILE_WAIT(v_bar, tile);
         WG_FENCE_REGS(acc, O_FRAGS);
         WG_FENCE_REGS_C(pf, P_STEPS, "r");
         WGMMA_FENCE();
@@ -376,7 +478,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         if (!producer) {
             pp_arrive(their_turn);
         } else if (more) {
-            cp_wait_async_proxy(); /* K(n1) */
+            PP_LANDED(); /* K(n1) */
             pp_arrive(their_turn);
         }
         WGMMA_WAIT_ALL();
@@ -386,6 +488,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     }
 #undef PP_REFILL
 #undef PP_COPY
+#undef PP_LANDED
+#undef PP_TILE_WAIT
 #elif !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
     for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {

@@ -179,7 +179,7 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 /* ---- the forward pass ------------------------------------------------------------------ */
 
 static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attention_desc *r,
-                                    const flashcl_params *p, cl_kernel *kernel) {
+                                    const flashcl_params *p, int tma, cl_kernel *kernel) {
     const forward_variant *v = find_variant(p->variant);
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
@@ -192,24 +192,62 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", lpt_variant ? flashcl_lpt_heads(r) : 0);
     flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", flashcl_nv_wgmma_max_registers(p, r->head_dim));
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s",
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
              (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
-             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", cap, order, extra ? " " : "",
-             extra ? extra : "");
+             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
+             extra ? " " : "", extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
+}
+
+/* Whether the forward copies its K and V tiles by TMA (cl/flash_fwd_sm90.cl,
+ * USE_TMA), and if so their tensor maps in maps[0] and maps[1]. That takes
+ * the two-warpgroup wgmma loop (the only one built for it), K and V 16-byte
+ * aligned with their strides (the encoder checks those), the CUDA driver's
+ * encoder (src/nv_tma.c), and an in-order queue: each work-group writes its
+ * maps to a slot of ctx->tma_slots, which the next call's work-groups
+ * rewrite. FLASHCL_TMA=0 turns it off (the cp.async copies, for comparison). */
+static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *r, const flashcl_params *p,
+                            flashcl_tensor_map maps[2]) {
+    const char *env = getenv("FLASHCL_TMA");
+    cl_command_queue_properties props = 0;
+    if (ctx->no_tma || (env && !strcmp(env, "0")) || strcmp(p->variant, "nv-wgmma") || p->work_group_size != 256 ||
+        (r->k.offset * 2) % 16 || (r->v.offset * 2) % 16 ||
+        clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL) != CL_SUCCESS ||
+        (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE))
+        return 0;
+    const flashcl_layout *t[2] = {&r->k, &r->v};
+    for (int i = 0; i < 2; ++i) {
+        const uint64_t dims[4] = {(uint64_t)r->head_dim, (uint64_t)r->seqlen_k, (uint64_t)r->heads_k,
+                                  (uint64_t)r->batch};
+        const uint64_t strides[3] = {t[i]->stride_seq, t[i]->stride_head, t[i]->stride_batch};
+        if (!flashcl_tma_encode_16bit(&maps[i], dims, strides, (unsigned)p->block_n))
+            return 0;
+    }
+    return 1;
 }
 
 /* Builds the kernel for r and sizes its launch. A variant that fails to
  * build falls back to the kernel that always applies, which cannot give a
  * wrong answer; the log says why (the failure is remembered, so once). */
 static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
-                                     cl_kernel *kernel, size_t *local, size_t *global) {
+                                     cl_kernel *kernel, size_t *local, size_t *global, int *tma,
+                                     flashcl_tensor_map maps[2]) {
     flashcl_params p;
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
         return st;
-    st = build_forward(ctx, r, &p, kernel);
+    *tma = forward_tma_maps(ctx, r, &p, maps);
+    st = build_forward(ctx, r, &p, *tma, kernel);
+    if (st == FLASHCL_ERROR_BUILD_FAILED && *tma) {
+        /* The same kernel copying through cp.async cannot be wrong either. */
+        flashcl_log("the nv-wgmma kernel with TMA copies did not build, building it without: %.300s",
+                    flashcl_last_error(ctx));
+        ctx->no_tma = 1;
+        *tma = 0;
+        flashcl_clear_error(ctx);
+        st = build_forward(ctx, r, &p, 0, kernel);
+    }
     /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
      * database entry falls back (see src/params.c). */
     if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-wgmma") && !flashcl_params_explicit(&p)) {
@@ -220,14 +258,16 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         flashcl_clear_error(ctx);
         if ((st = choose_params(ctx, r, &p)) != FLASHCL_SUCCESS)
             return st;
-        st = build_forward(ctx, r, &p, kernel);
+        *tma = 0;
+        st = build_forward(ctx, r, &p, 0, kernel);
     }
     if (st == FLASHCL_ERROR_BUILD_FAILED && flashcl_variant_is_nv(p.variant) && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
                     flashcl_last_error(ctx));
         flashcl_fallback_params(ctx, r, &p);
         flashcl_clear_error(ctx);
-        st = build_forward(ctx, r, &p, kernel);
+        *tma = 0;
+        st = build_forward(ctx, r, &p, 0, kernel);
     }
     if (st != FLASHCL_SUCCESS)
         return st;
@@ -244,7 +284,8 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
                     "of local memory: using the default", p.source, wg, kernel_wg,
                     (unsigned long long)kernel_local);
         flashcl_fallback_params(ctx, r, &p);
-        if ((st = build_forward(ctx, r, &p, kernel)) != FLASHCL_SUCCESS)
+        *tma = 0;
+        if ((st = build_forward(ctx, r, &p, 0, kernel)) != FLASHCL_SUCCESS)
             return st;
         wg = (size_t)p.work_group_size;
         clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
@@ -264,6 +305,24 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;
     global[1] = (size_t)r->heads_q;
     global[2] = (size_t)r->batch;
+    return FLASHCL_SUCCESS;
+}
+
+/* ctx->tma_slots holds at least groups work-groups' maps. */
+static flashcl_status ensure_tma_slots(flashcl_context *ctx, size_t groups) {
+    const size_t bytes = groups * FLASHCL_TMA_SLOT_BYTES;
+    if (ctx->tma_slots_bytes >= bytes)
+        return FLASHCL_SUCCESS;
+    cl_int err;
+    cl_mem m = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (!m)
+        return flashcl_fail(ctx, err, "allocating %zu bytes of tensor-map slots: %s", bytes,
+                            flashcl_status_string(err));
+    /* Released only once the calls already enqueued are done with it. */
+    if (ctx->tma_slots)
+        clReleaseMemObject(ctx->tma_slots);
+    ctx->tma_slots = m;
+    ctx->tma_slots_bytes = bytes;
     return FLASHCL_SUCCESS;
 }
 
@@ -290,7 +349,11 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
 
     cl_kernel kernel;
     size_t local[3], global[3];
-    if ((st = forward_kernel(ctx, &r, &kernel, local, global)) != FLASHCL_SUCCESS)
+    int tma = 0;
+    flashcl_tensor_map maps[2];
+    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps)) != FLASHCL_SUCCESS)
+        return st;
+    if (tma && (st = ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
         return st;
 
     const float log2e = 1.4426950408889634f;
@@ -324,6 +387,11 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &wl);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &wr);
+    if (tma) { /* USE_TMA's arguments: the maps by value, the work-groups' slots */
+        err |= clSetKernelArg(kernel, a++, sizeof maps[0].words, maps[0].words);
+        err |= clSetKernelArg(kernel, a++, sizeof maps[1].words, maps[1].words);
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &ctx->tma_slots);
+    }
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed");
     err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL, event);

@@ -353,6 +353,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseMemObject(ctx->serving_meta);
     if (ctx->serving_counters)
         clReleaseMemObject(ctx->serving_counters);
+    if (ctx->tma_slots)
+        clReleaseMemObject(ctx->tma_slots);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

@@ -52,6 +52,7 @@ struct flashcl_context {
     int is_host;
     int no_sm90a;     /* the nv-wgmma kernel failed to build here: no longer chosen */
     int no_sm90a_bwd; /* likewise the nv-wgmma backward kernels */
+    int no_tma;       /* the nv-wgmma kernel with TMA copies failed to build: built without */
     cl_platform_id platform;
     cl_device_id device;
     cl_context cl_ctx;
@@ -77,6 +78,10 @@ struct flashcl_context {
     cl_event serving_meta_reader;
     flashcl_staging serving_staging[FLASHCL_STAGING_SLOTS];
     int serving_staging_next;
+    /* nv_tma.c / attention.c: each work-group's copy of the forward's K and V
+     * tensor maps (FLASHCL_TMA_SLOT_BYTES each), grown to the largest grid. */
+    cl_mem tma_slots;
+    size_t tma_slots_bytes;
 };
 
 /* ---- errors and logging (context.c) ---- */
@@ -119,6 +124,27 @@ unsigned char *flashcl_ptx_enable_sm90a(const unsigned char *ptx, size_t size, s
 /* The register cap build options ask for: the value of their last
  * -DFLASHCL_NV_MAXNREG= (so FLASHCL_BUILD_OPTIONS, appended last, wins), or 0. */
 int flashcl_nv_register_cap(const char *options);
+
+/* ---- Hopper's Tensor Memory Accelerator (nv_tma.c) ---- */
+/* A CUtensorMap: 128 opaque bytes, 64-byte aligned as the driver requires. */
+typedef struct flashcl_tensor_map {
+    _Alignas(64) uint64_t words[16];
+} flashcl_tensor_map;
+/* Bytes of one work-group's maps in ctx->tma_slots: K's, then V's. */
+#define FLASHCL_TMA_SLOT_BYTES 256
+/* 1 when the CUDA driver (libcuda.so.1, opened at run time) can encode
+ * tensor maps; loaded once per process, the reason logged when not. */
+int flashcl_tma_available(void);
+/* A map of a 16-bit tensor of dims {cols, rows, heads, batch} whose element
+ * strides are {rows, heads, batch}, read in boxes of 64 columns (one 128-byte
+ * panel) by box_rows rows into the 128-byte swizzle, out-of-bounds elements
+ * zero, at a placeholder address (the kernel replaces it). 1 on success; 0
+ * when TMA is unavailable or the strides are not multiples of 16 bytes. */
+int flashcl_tma_encode_16bit(flashcl_tensor_map *map, const uint64_t dims[4], const uint64_t strides[3],
+                             unsigned box_rows);
+/* The map's byte strides for dims and element strides as above: 1, or 0 when
+ * a stepped one is not a multiple of 16 bytes below 2^40 (the driver's rule). */
+int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], uint64_t bytes[3]);
 
 /* ---- parameters (params.c) ---- */
 /* The built-in choice for a resolved desc on this context's device. */

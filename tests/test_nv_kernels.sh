@@ -64,6 +64,10 @@ configs=(
   "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=256 -DBLOCK_N=48 -DWARPS=16 -DOVERLAP=1|3"
   "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=8 -DPINGPONG=0|3"
   "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=128 -DBLOCK_N=48 -DWARPS=8|3"
+  "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=8 -DUSE_TMA=1|3"
+  "flash_fwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=64 -DBLOCK_M=128 -DBLOCK_N=64 -DWARPS=8 -DUSE_TMA=1|3"
+  "flash_fwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=96 -DBLOCK_M=128 -DBLOCK_N=48 -DWARPS=8 -DUSE_TMA=1|3"
+  "flash_fwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=48 -DWARPS=4 -DUSE_TMA=1|3"
   "flash_bwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=32 -DBLOCK_N=32 -DWG=128 -DBWD_KERNEL=2|3"
   "flash_bwd_sm90.cl|-DDTYPE=1 -DHEAD_DIM=64 -DBLOCK_M=64 -DBLOCK_N=64 -DWG=128 -DBWD_KERNEL=2|3"
   "flash_bwd_sm90.cl|-DDTYPE=2 -DHEAD_DIM=64 -DBLOCK_M=32 -DBLOCK_N=32 -DWG=128 -DBWD_KERNEL=3|3"
@@ -103,7 +107,7 @@ for c in "${configs[@]}"; do
   regs=""
   if [ -n "$ptxas" ]; then
     # clang labels its PTX for an older target; the instructions are sm_80+, checked for sm_90.
-    sed -i "s/^\.target sm_[0-9]*/.target $target/; s/^\.version [0-9.]*/.version 8.0/" "$tmp/k.ptx"
+    sed -i "s/^\.target sm_[0-9]*/.target $target/; s/^\.version [0-9.]*/.version 8.3/" "$tmp/k.ptx"
     if ! "$ptxas" -arch=$target -v "$tmp/k.ptx" -o "$tmp/k.cubin" > "$tmp/log" 2>&1; then
       echo "$name: FAILED (ptxas)"; grep -v '^ptxas info' "$tmp/log" | head -n 20; failures=$((failures + 1)); continue
     fi

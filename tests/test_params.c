@@ -1243,6 +1243,32 @@ static void test_ptx_cap(void) {
            "build options: the register cap is the last -DFLASHCL_NV_MAXNREG's value", &failures);
 }
 
+/* The TMA maps' byte strides (src/nv_tma.c): the driver takes multiples of
+ * 16 below 2^40, and an extent-1 dimension's stride must be valid though
+ * never stepped. */
+static void test_tma_strides(void) {
+    uint64_t bytes[3];
+    /* [B][H][N][D] at D=128: rows 256 bytes, heads N rows, batches H heads */
+    const uint64_t dims[4] = {128, 4096, 32, 4}, bhnd[3] = {128, 4096 * 128, 32 * 4096 * 128};
+    expect(flashcl_tma_strides(dims, bhnd, bytes) && bytes[0] == 256 && bytes[1] == 2 * 4096 * 128 &&
+               bytes[2] == 2 * 32 * 4096 * 128,
+           "TMA strides: [B][H][N][D] in bytes", &failures);
+    /* [B][N][H][D] (heads inside a row of tokens): not monotonic, still valid */
+    const uint64_t bnhd[3] = {32 * 128, 128, 4096 * 32 * 128};
+    expect(flashcl_tma_strides(dims, bnhd, bytes) && bytes[0] == 2 * 32 * 128 && bytes[1] == 256,
+           "TMA strides: [B][N][H][D]", &failures);
+    const uint64_t odd_row[3] = {100, 4096 * 100, 32 * 4096 * 100}; /* 200-byte rows */
+    expect(!flashcl_tma_strides(dims, odd_row, bytes), "TMA strides: a row of 200 bytes is refused", &failures);
+    const uint64_t zero_head[3] = {128, 0, 4096 * 128}; /* heads broadcast */
+    expect(!flashcl_tma_strides(dims, zero_head, bytes), "TMA strides: a zero head stride is refused", &failures);
+    /* one head, one batch: their strides (here 8 bytes, invalid) are replaced */
+    const uint64_t one[4] = {64, 77, 1, 1}, junk[3] = {64, 4, 4};
+    expect(flashcl_tma_strides(one, junk, bytes) && bytes[0] == 128 && bytes[1] == 128 * 77 && bytes[2] == 128 * 77,
+           "TMA strides: extent-1 dimensions get valid strides", &failures);
+    const uint64_t huge[3] = {(uint64_t)1 << 40, 128, 128};
+    expect(!flashcl_tma_strides(dims, huge, bytes), "TMA strides: 2^41 bytes is refused", &failures);
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/flashcl-test-params.%ld", (long)getpid());
     if (mkdir(dir, 0755) != 0) {
@@ -1252,6 +1278,7 @@ int main(void) {
     test_parser();
     test_ptx_cap();
     test_block_order();
+    test_tma_strides();
     flashcl_context *ctx = test_context();
     int host = flashcl_context_is_host(ctx);
     flashcl_context_destroy(ctx);

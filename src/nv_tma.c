@@ -1,0 +1,107 @@
+/* nv_tma.c: tensor maps for Hopper's Tensor Memory Accelerator, encoded by the CUDA driver.
+ *
+ * Why. On the H200 the wgmma forward's tile copies, 16 bytes per work-item
+ * through cp.async, ran serially with its tensor-core products: at
+ * (4,32,4096,128) the kernel took 3.34 ms, 2.24 without copying tiles
+ * (BENCHMARKS.md, stop 23). One cp.async.bulk.tensor, issued by one
+ * work-item, copies a whole tile in the kernels' 128-byte-swizzled layout,
+ * but it reads a tensor map: a 128-byte descriptor that only the CUDA driver
+ * encodes (cuTensorMapEncodeTiled), and OpenCL has no call for it.
+ * NVIDIA's OpenCL runs on that driver, so libcuda.so.1 is on every machine
+ * where this matters. It is opened at run time (dlopen), so flashcl
+ * neither builds nor links against CUDA. Where it does not load, or encoding
+ * fails, the kernels copy through cp.async as before. bench/tma_probe.c
+ * checked the route on the H200: the tiles land exactly, and a TMA stream
+ * read 4255 GB/s against cp.async's 3890.
+ *
+ * A map holds its tensor's device address, which OpenCL does not tell the
+ * host. So the host encodes a placeholder address, and each work-group
+ * writes its own copy of the map to global memory with the buffer's address
+ * put in by tensormap.replace (cl/flash_fwd_sm90.cl, USE_TMA).
+ */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "internal.h"
+
+/* The driver's types, by value (no cuda.h at build time). */
+typedef int (*cu_init_fn)(unsigned);
+typedef int (*cu_device_get_fn)(int *, int);
+typedef int (*cu_primary_ctx_retain_fn)(void **, int);
+typedef int (*cu_ctx_set_current_fn)(void *);
+typedef int (*cu_encode_tiled_fn)(void *map, int dtype, unsigned rank, void *address, const uint64_t *dims,
+                                  const uint64_t *strides, const unsigned *box, const unsigned *element_strides,
+                                  int interleave, int swizzle, int l2_promotion, int oob_fill);
+enum {
+    CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1, /* the bits of float16 and bfloat16 alike */
+    CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
+    CU_TENSOR_MAP_SWIZZLE_128B = 3,
+    CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3,
+    CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0 /* out-of-bounds elements read as zero */
+};
+/* Any 16-byte-aligned address: every work-group replaces it. */
+#define PLACEHOLDER_ADDRESS ((uintptr_t)1 << 20)
+
+static struct {
+    pthread_once_t once;
+    int ready;
+    void *context; /* device 0's primary context: encoding needs one current */
+    cu_ctx_set_current_fn set_current;
+    cu_encode_tiled_fn encode;
+} driver = {PTHREAD_ONCE_INIT, 0, NULL, NULL, NULL};
+
+static void load_driver(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) {
+        flashcl_log("TMA: libcuda.so.1 did not load (%s): tiles are copied through cp.async", dlerror());
+        return;
+    }
+    cu_init_fn init = (cu_init_fn)dlsym(lib, "cuInit");
+    cu_device_get_fn device_get = (cu_device_get_fn)dlsym(lib, "cuDeviceGet");
+    cu_primary_ctx_retain_fn retain = (cu_primary_ctx_retain_fn)dlsym(lib, "cuDevicePrimaryCtxRetain");
+    driver.set_current = (cu_ctx_set_current_fn)dlsym(lib, "cuCtxSetCurrent");
+    driver.encode = (cu_encode_tiled_fn)dlsym(lib, "cuTensorMapEncodeTiled");
+    int device = 0, rc = -1;
+    if (init && device_get && retain && driver.set_current && driver.encode && (rc = init(0)) == 0 &&
+        (rc = device_get(&device, 0)) == 0 && (rc = retain(&driver.context, device)) == 0) {
+        driver.ready = 1;
+        return;
+    }
+    /* The library stays loaded: the driver itself is, under NVIDIA's OpenCL. */
+    flashcl_log("TMA: the CUDA driver gave no tensor-map encoder (error %d): tiles are copied through cp.async",
+                rc);
+}
+
+int flashcl_tma_available(void) {
+    pthread_once(&driver.once, load_driver);
+    return driver.ready;
+}
+
+int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], uint64_t bytes[3]) {
+    for (int i = 0; i < 3; ++i) {
+        /* A dimension of extent 1 is never stepped: its stride only has to be
+         * valid, so it becomes the extent of the ones below it. */
+        const uint64_t s = dims[i + 1] == 1 && i > 0 ? bytes[i - 1] * dims[i] : 2 * strides[i];
+        if (s == 0 || s % 16 != 0 || s >= ((uint64_t)1 << 40))
+            return 0;
+        bytes[i] = s;
+    }
+    return 1;
+}
+
+int flashcl_tma_encode_16bit(flashcl_tensor_map *map, const uint64_t dims[4], const uint64_t strides[3],
+                             unsigned box_rows) {
+    uint64_t bytes[3];
+    if (!flashcl_tma_strides(dims, strides, bytes) || !flashcl_tma_available())
+        return 0;
+    const unsigned box[4] = {64, box_rows, 1, 1}, element_strides[4] = {1, 1, 1, 1};
+    /* cuCtxSetCurrent binds the context to the calling thread only, which may
+     * be any of the caller's. */
+    if (driver.set_current(driver.context) != 0)
+        return 0;
+    memset(map, 0, sizeof *map);
+    return driver.encode(map->words, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, (void *)PLACEHOLDER_ADDRESS, dims, bytes,
+                         box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == 0;
+}
