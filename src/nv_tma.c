@@ -18,6 +18,12 @@
  * host. So the host encodes a placeholder address, and each work-group
  * writes its own copy of the map to global memory with the buffer's address
  * put in by tensormap.replace (cl/flash_fwd_sm90.cl, USE_TMA).
+ *
+ * The encoder refuses to run without a current CUDA context (error 201), so
+ * device 0's primary context is retained for the life of the process; a
+ * process that uses CUDA itself shares it. (Were the kernels to replace the
+ * dims and strides as well as the address, one map per tile shape would
+ * do, and the context could be released after encoding it.)
  */
 #include <dlfcn.h>
 #include <pthread.h>
