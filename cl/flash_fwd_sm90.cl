@@ -327,6 +327,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     /* Warpgroup 1's first work-item issues every copy: it places the maps and
      * sets up the two mbarriers, which the barrier after Q's copy publishes. */
     __local ulong tma_bars[2]; /* K, V */
+    /* The work-group's slot: 32 ulongs, K's map then V's (FLASHCL_TMA_SLOT_BYTES, src/internal.h). */
     const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
     __global ulong *k_map_at =
         tma_slots + 32 * (get_group_id(0) + get_num_groups(0) * (get_group_id(1) + get_num_groups(1) * get_group_id(2)));
