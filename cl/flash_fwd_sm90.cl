@@ -48,9 +48,10 @@
  * strided): k-step kk starts at its 16 keys, dims 64h..64h+63 in panel h.
  * Q's A fragments come out of the same layout through ldmatrix.
  *
- * Where the host can encode tensor maps (USE_TMA, below) the PINGPONG loop's
- * K and V tiles arrive by TMA instead of cp.async: 1.26-1.41x faster on the
- * H200 (BENCHMARKS.md). The plain and OVERLAP loops still use cp.async.
+ * Where the host can encode tensor maps (USE_TMA, below) the K and V tiles
+ * of the PINGPONG and plain loops arrive by TMA instead of cp.async: the
+ * PINGPONG loop ran 1.26-1.41x faster on the H200 (BENCHMARKS.md). The
+ * OVERLAP experiment still uses cp.async.
  *
  * Ordering. cp.async writes __local through the generic proxy and wgmma
  * reads it through the async proxy, so each thread's copies are waited for
@@ -250,10 +251,9 @@ inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id
 inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
 /* ---- USE_TMA: K and V tiles by the Tensor Memory Accelerator ----------------------------
- * Built by the host (src/attention.c) for the PINGPONG loop when the CUDA
- * driver encodes tensor maps (src/nv_tma.c). Why: with cp.async, 16 bytes
- * per work-item, the copies ran serially with the products (BENCHMARKS.md,
- * stop 23); one cp.async.bulk.tensor per 64-dim panel, issued by one
+ * Built by the host (src/attention.c) when the CUDA driver encodes tensor
+ * maps (src/nv_tma.c). Why: with cp.async, 16 bytes per work-item, the
+ * copies ran serially with the products (BENCHMARKS.md, stop 23); one cp.async.bulk.tensor per 64-dim panel, issued by one
  * work-item, lands the tile in the same SW128 layout, rows past nk and dims
  * past HEAD_DIM zero (bench/tma_probe.c checked that on the H200). The maps
  * come as arguments with a placeholder address: the issuing work-item copies
@@ -308,6 +308,19 @@ inline void tma_tile(uint dst, __global const ulong *map, int n, int hk, int b, 
                              "l"((ulong)map), "r"(64 * h), "r"(n), "r"(hk), "r"(b), "r"(bar)
                              : "memory");
 }
+/* One work-item issues every copy: in PINGPONG the copying warpgroup's first. */
+#define TMA_TID (PINGPONG ? 128 : 0)
+/* Keys n.. of x (k or v) into the buffer dst bytes into the tiles; TMA_WAIT:
+ * the caller waits until the tile-th tile through x's mbarrier has landed. */
+#define TMA_COPY(dst, x, n)                                                                        \
+    do {                                                                                           \
+        if (tid == TMA_TID)                                                                        \
+            tma_tile(s_base + (dst), x##_map_at, n, hk, b, x##_bar);                               \
+    } while (0)
+#define TMA_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
+#if OVERLAP
+#error "USE_TMA is built for the plain and PINGPONG loops, not OVERLAP's"
+#endif
 #else
 #define TMA_ARGS
 #endif
@@ -323,16 +336,16 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     NV_FWD_HEADS(ushort);
 
     ALIGNED_TILES(smem_raw);
-#if USE_TMA && PINGPONG
-    /* Warpgroup 1's first work-item issues every copy: it places the maps and
-     * sets up the two mbarriers, which the barrier after Q's copy publishes. */
+#if USE_TMA
+    /* The copying work-item (TMA_TID) places the maps and sets up the two
+     * mbarriers, which the barrier after Q's copy publishes. */
     __local ulong tma_bars[2]; /* K, V */
     /* The work-group's slot: 32 ulongs, K's map then V's (FLASHCL_TMA_SLOT_BYTES, src/internal.h). */
     const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
     __global ulong *k_map_at =
         tma_slots + 32 * (get_group_id(0) + get_num_groups(0) * (get_group_id(1) + get_num_groups(1) * get_group_id(2)));
     __global ulong *v_map_at = k_map_at + 16;
-    if (tid == 128) {
+    if (tid == TMA_TID) {
         tma_map_place(k_map_at, k_map, (__global const ushort *)k + k_off);
         tma_map_place(v_map_at, v_map, (__global const ushort *)v + v_off);
         mbar_init(k_bar);
@@ -375,7 +388,13 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
     const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
     const int n_end = (int)blk_hi;
-#if !PINGPONG
+#if !PINGPONG && USE_TMA
+    if (n_start <= n_end) {
+        if (tid == TMA_TID) /* every warp's reads of Q, which K may overwrite, come before the copy */
+            __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        TMA_COPY(0, k, n_start);
+    }
+#elif !PINGPONG
     if (n_start <= n_end)
         copy_tile(smem, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start),
                   BLOCK_N, k_vec, tid);
@@ -408,13 +427,9 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
  * bytes; PP_LANDED: B's copies have landed and are visible to wgmma (with
  * TMA each warpgroup waits for the tile's mbarrier itself, PP_TILE_WAIT). */
 #if USE_TMA
-#define PP_COPY(dst, x, n)                                                                         \
-    do {                                                                                           \
-        if (ptid == 0)                                                                             \
-            tma_tile(s_base + (dst), x##_map_at, n, hk, b, x##_bar);                               \
-    } while (0)
+#define PP_COPY(dst, x, n) TMA_COPY(dst, x, n)
 #define PP_LANDED() do { } while (0)
-#define PP_TILE_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
+#define PP_TILE_WAIT(bar, tile) TMA_WAIT(bar, tile)
 #else
 #define PP_COPY(dst, x, n)                                                                         \
     copy_tile_by(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)),    \
@@ -497,13 +512,27 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 #undef PP_TILE_WAIT
 #elif !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
-    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+/* LOOP_COPY: the tile of keys n.. of x (k or v) into the buffer dst bytes
+ * into the tiles; LOOP_LANDED: this work-item's copies have landed and are
+ * visible to wgmma; LOOP_TILE_WAIT: with TMA, every work-item waits for
+ * the tile's mbarrier before its wgmma reads the tile. */
+#if USE_TMA
+#define LOOP_COPY(dst, x, n) TMA_COPY(dst, x, n)
+#define LOOP_LANDED() do { } while (0)
+#define LOOP_TILE_WAIT(bar, tile) TMA_WAIT(bar, tile)
+#else
+#define LOOP_COPY(dst, x, n)                                                                       \
+    copy_tile(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)), BLOCK_N, \
+              x##_vec, tid)
+#define LOOP_LANDED() cp_wait_async_proxy()
+#define LOOP_TILE_WAIT(bar, tile) do { } while (0)
+#endif
+    for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
         const int n_next = n0 + BLOCK_N;
-        /* K(n0) has landed; every warpgroup is done with V(n0-BN). */
-        cp_wait_async_proxy();
+        /* K(n0) has landed (with TMA: is on its way); every warpgroup is done with V(n0-BN). */
+        LOOP_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
-        copy_tile(smem, s_base, TILE_BYTES, vb + (ulong)n0 * v_ss, v_ss, min(BLOCK_N, nk - n0),
-                  BLOCK_N, v_vec, tid);
+        LOOP_COPY(TILE_BYTES, v, n0);
 
         /* Every warpgroup computes every tile of the block: a branch around
          * wgmma makes ptxas serialise the wgmma chain. Keys a row does not
@@ -513,6 +542,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         {
             /* ---- S = Q K^T ---- */
             RELOAD_Q_FRAGS(qf);
+            LOOP_TILE_WAIT(k_bar, tile);
             WGMMA_FENCE();
             S_CHAIN(s, k_tile);
             WGMMA_COMMIT();
@@ -522,20 +552,23 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         }
 
-        /* V(n0) has landed; every warpgroup is done reading K(n0). */
-        cp_wait_async_proxy();
+        /* V(n0) has landed (with TMA: is on its way); every warpgroup is done reading K(n0). */
+        LOOP_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n_next <= n_end)
-            copy_tile(smem, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next),
-                      BLOCK_N, k_vec, tid);
+            LOOP_COPY(0, k, n_next);
 
         {
             /* ---- O += P V, P packed from the S registers ---- */
             uint pf[P_STEPS][4];
             PACK_P(pf, s);
+            LOOP_TILE_WAIT(v_bar, tile);
             PV_WAITED(acc, pf, v_tile);
         }
     }
+#undef LOOP_COPY
+#undef LOOP_LANDED
+#undef LOOP_TILE_WAIT
 #else
     /* One K buffer and two V buffers (tile t's V in buffer t % 2). Iteration
      * t issues S(t+1) = Q K(t+1)^T, then O += P(t) V(t), both asynchronous:

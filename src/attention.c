@@ -202,16 +202,15 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
 
 /* Whether the forward copies its K and V tiles by TMA (cl/flash_fwd_sm90.cl,
  * USE_TMA), and if so their tensor maps in maps[0] and maps[1]. That takes
- * the two-warpgroup wgmma loop (the only one built for it), K and V 16-byte
- * aligned with their strides (the encoder checks those), the CUDA driver's
- * encoder (src/nv_tma.c), and an in-order queue: each work-group writes its
- * maps to a slot of ctx->tma_slots, which the next call's work-groups
- * rewrite. FLASHCL_TMA=0 turns it off (the cp.async copies, for comparison). */
+ * the wgmma kernel, K and V 16-byte aligned with their strides (the encoder
+ * checks those), the CUDA driver's encoder (src/nv_tma.c), and an in-order
+ * queue: each work-group writes its maps to a slot of ctx->tma_slots, which
+ * the next call's work-groups rewrite. FLASHCL_TMA=0 turns it off (the cp.async copies, for comparison). */
 static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *r, const flashcl_params *p,
                             flashcl_tensor_map maps[2]) {
     const char *env = getenv("FLASHCL_TMA");
     cl_command_queue_properties props = 0;
-    if (ctx->no_tma || (env && !strcmp(env, "0")) || strcmp(p->variant, "nv-wgmma") || p->work_group_size != 256 ||
+    if (ctx->no_tma || (env && !strcmp(env, "0")) || strcmp(p->variant, "nv-wgmma") ||
         (r->k.offset * 2) % 16 || (r->v.offset * 2) % 16 ||
         clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL) != CL_SUCCESS ||
         (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE))

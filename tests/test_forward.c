@@ -246,9 +246,9 @@ static int bucket_64_128(int d) {
     return d > 64;
 }
 
-/* The wgmma kernel forced on causal problems of head_dim <= 64 (the table
- * gives those to nv-mma) through flashcl_set_params, with one and two
- * warpgroups and 64- and 48-key tiles. */
+/* The wgmma kernel forced on causal problems of head_dim <= 64 through
+ * flashcl_set_params, with one and two warpgroups and 64- and 48-key tiles
+ * (the table's is one of 64 keys). */
 static void wgmma_d64_causal(flashcl_context *ctx) {
     static const int shapes[][2] = {{64, 64}, {130, 301}, {257, 100}, {3, 700}};
     static const int tiles[][2] = {{64, 64}, {128, 64}, {64, 48}, {128, 48}}; /* block_m, block_n */
@@ -285,10 +285,10 @@ static void wgmma_d64_causal(flashcl_context *ctx) {
 static void wgmma(flashcl_context *ctx) {
     if (!variant_applies_at(ctx, FLASHCL_FLOAT16, 128, "nv-wgmma"))
         return;
-    /* The table's: 2 warpgroups without a mask, 1 with 48-key tiles (Q in a
-     * block of its own, 168 registers) with one above D=64 (at D <= 64 causal
-     * problems go to nv-mma: wgmma_d64_causal forces them); forced both
-     * ways, with 64- and 48-key tiles. */
+    /* The table's: 2 warpgroups without a mask, 1 of 64-key tiles causal
+     * (wgmma_d64_causal forces more tile shapes at D <= 64); forced both
+     * ways, with 64- and 48-key tiles (one warpgroup of those keeps Q in a
+     * block of its own, with 168 registers above D=64). */
     static const char *const params[2][4] = {
         {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=4,BLOCK_M=64"},
         {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=8,BLOCK_M=128"}};
@@ -318,12 +318,15 @@ static void wgmma(flashcl_context *ctx) {
         }
     }
     unsetenv("FLASHCL_PARAMS");
-    /* Where the CUDA driver encodes tensor maps the two-warpgroup loop copies
-     * its tiles by TMA (src/nv_tma.c); its cp.async copies, which the host
-     * falls back to, once more through the edge cases. */
+    /* Where the CUDA driver encodes tensor maps both loops copy their tiles
+     * by TMA (src/nv_tma.c); their cp.async copies, which the host falls
+     * back to, once more through the edge cases. */
     setenv("FLASHCL_TMA", "0", 1);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
     edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 64, 32, 48);
+    setenv("FLASHCL_PARAMS", "WARPS=4,BLOCK_M=64,BLOCK_N=48", 1);
+    edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
+    unsetenv("FLASHCL_PARAMS");
     unsetenv("FLASHCL_TMA");
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the mma.sync kernel answers
