@@ -48,10 +48,10 @@
  * move this card. On the H200 (driver 580.159.04, 2026-12-01) `bench/h200.sh
  * final` ran `flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch
  * 4 --heads 32 --budget 35 --confirm 2 --head-dim 64`: the sm_80+ entry
- * (1.00x over it). Since then D <= 64 without a mask runs the wgmma kernel
- * (BENCHMARKS.md: 295-299 against nv-mma's 281 TFLOP/s; causal level with
- * nv-mma at 257 / 256, so causal stays on it). D=128: the sm_90 wgmma entry
- * of the sweep below. */
+ * (1.00x over it). Since then D <= 64 runs the wgmma kernel (BENCHMARKS.md:
+ * 295-299 against nv-mma's 281 TFLOP/s without a mask; causal, once its
+ * tiles came by TMA, 391 against 276: the sm_90 entries). D=128: the sm_90
+ * wgmma entry of the sweep below. */
 static const flashcl_param_entry builtin_device[] = {
     {"NVIDIA H200", NULL, "nv-wgmma", F16, 1, 64, PREFILL, 0, 128, 64, 0, 8,
      "bench/h200.sh forward on the H200: 299 TFLOP/s at 4,32,4096,64 (nv-mma 281); 317 in turns; 401-405 with TMA tiles"},
@@ -73,17 +73,23 @@ static const flashcl_param_entry builtin_arch[] = {
      * groups an SM) 290 / 315, against 275 / 297 for one warpgroup of 64 keys;
      * without a mask that is 315 / 317 against 317 / 327 for two. Two
      * warpgroups taking turns on the tensor cores (the kernel's PINGPONG,
-     * wherever it has two): 331 / 336 without a mask, 235 / 266 causal. */
+     * wherever it has two): 331 / 336 without a mask, 235 / 266 causal.
+     * With the tiles copied by TMA (USE_TMA, stop 24), causal: one
+     * warpgroup of 64 keys 491 / 532, of 48 keys 437 / 451, two warpgroups
+     * in turns 355 / 409 (cp.async, FLASHCL_TMA=0: 288 / 312 for 48 keys). */
     {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 0, 128, 64, 0, 8,
-     "measured on the H200: 316 TFLOP/s at (4,32,4096,128)"},
-    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 48, 0, 4,
-     "measured on the H200: 290 TFLOP/s at (4,32,4096,128) causal"},
+     "measured on the H200: 316 TFLOP/s at (4,32,4096,128); 468 with TMA tiles"},
+    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 64, 0, 4,
+     "measured on the H200 with TMA tiles: 491 TFLOP/s at (4,32,4096,128) causal"},
     /* D <= 64, one 128-byte panel (Q reloaded from __local each tile): f16
-     * (4,32,4096,64) 295-299 TFLOP/s against nv-mma's 281 without a mask;
-     * causal 257 against 256 with two warpgroups and 250 with one, so causal
-     * keeps the nv-mma entry below. */
+     * (4,32,4096,64) 295-299 TFLOP/s against nv-mma's 281 without a mask.
+     * Causal, through cp.async, level with nv-mma (257 with two warpgroups,
+     * 250 with one, nv-mma 256); with TMA tiles one warpgroup of 64 keys
+     * 391, of 48 keys 346, two warpgroups 360, nv-mma 276 (stop 24). */
     {"sm_90", NULL, "nv-wgmma", ANY, 1, 64, PHASE_ANY, 0, 128, 64, 0, 8,
-     "measured on the H200: 295 TFLOP/s at (4,32,4096,64)"},
+     "measured on the H200: 295 TFLOP/s at (4,32,4096,64); 406 with TMA tiles"},
+    {"sm_90", NULL, "nv-wgmma", ANY, 1, 64, PHASE_ANY, 1, 64, 64, 0, 4,
+     "measured on the H200 with TMA tiles: 391 TFLOP/s at (4,32,4096,64) causal"},
     /* Tensor cores (cl/flash_fwd_nv.cl), 4 warps. Measured on the H200
      * (f16, 4,32,4096,D, TFLOP/s no mask / causal): D=64 BM128 2-stage
      * 281/256 vs BM64 215/201; D=128 BM64 BN64 250/235 vs BN32 201, BM128

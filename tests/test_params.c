@@ -507,13 +507,15 @@ static void test_levels(void) {
     flashcl_attention_desc d16c = desc_of(FLASHCL_FLOAT16, 1000, 96, 1);
     flashcl_attention_params(ctx, &d16c, &p);
     expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
-               p.block_n == 48 && p.work_group_size == 128,
-           "sm_90, f16 causal D=96: the causal sm_90 entry (nv-wgmma 64x48, 4 warps)", &failures);
-    /* There Q keeps its own block beside K and V (Q_PER_TILE) and the build
-     * caps registers at 168; nowhere else above D=64. */
-    expect(flashcl_forward_local_bytes(&p, 96) == 64 * 256 + 2 * 48 * 256 + 1024 &&
-               flashcl_nv_wgmma_max_registers(&p, 96) == 168 && flashcl_nv_wgmma_max_registers(&p, 64) == 0,
-           "sm_90 causal D=96: Q's own block, 41 KB, and a 168-register cap", &failures);
+               p.block_n == 64 && p.work_group_size == 128,
+           "sm_90, f16 causal D=96: the causal sm_90 entry (nv-wgmma 64x64, 4 warps)", &failures);
+    /* One warpgroup of 48-key tiles: Q keeps its own block beside K and V
+     * (Q_PER_TILE) and the build caps registers at 168; nowhere else above D=64. */
+    flashcl_params narrow = {64, 48, 0, 128, "nv-wgmma", NULL};
+    expect(flashcl_forward_local_bytes(&narrow, 96) == 64 * 256 + 2 * 48 * 256 + 1024 &&
+               flashcl_nv_wgmma_max_registers(&narrow, 96) == 168 &&
+               flashcl_nv_wgmma_max_registers(&narrow, 64) == 0,
+           "nv-wgmma 64x48 D=96: Q's own block, 41 KB, and a 168-register cap", &failures);
     flashcl_params wide = {64, 64, 0, 128, "nv-wgmma", NULL}, two = {128, 48, 0, 256, "nv-wgmma", NULL};
     expect(flashcl_forward_local_bytes(&wide, 128) == 2 * 64 * 256 + 1024 &&
                flashcl_nv_wgmma_max_registers(&wide, 128) == 0 && flashcl_nv_wgmma_max_registers(&two, 128) == 0,
@@ -530,13 +532,14 @@ static void test_levels(void) {
            "sm_90, bf16 D=40: the sm_90 arch entry (nv-wgmma 128x64, 8 warps)", &failures);
     flashcl_attention_desc d16_64c = desc_of(FLASHCL_FLOAT16, 1000, 64, 1);
     flashcl_attention_params(ctx, &d16_64c, &p);
-    expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-mma"),
-           "sm_90, f16 causal D=64: the sm_80+ nv-mma entry (level with nv-wgmma)", &failures);
+    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
+               p.block_n == 64 && p.work_group_size == 128,
+           "sm_90, f16 causal D=64: the causal sm_90 entry (nv-wgmma 64x64, 4 warps)", &failures);
     flashcl_params wg64 = {64, 48, 0, 128, "nv-wgmma", NULL};
     expect(flashcl_set_params(ctx, &d16_64c, &wg64) == FLASHCL_SUCCESS &&
                flashcl_attention_params(ctx, &d16_64c, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma") &&
                !strcmp(p.source, "set: flashcl_set_params") && p.block_m == 64 && p.block_n == 48,
-           "sm_90, f16 causal D=64: nv-wgmma through flashcl_set_params (test_forward wgmma forces it so)",
+           "sm_90, f16 causal D=64: other nv-wgmma tiles through flashcl_set_params (test_forward wgmma forces them)",
            &failures);
     flashcl_set_params(ctx, &d16_64c, NULL);
     flashcl_attention_desc d16_16 = desc_of(FLASHCL_FLOAT16, 1000, 16, 0);
