@@ -38,10 +38,11 @@
  * warpgroups' 48-key tiles, where nothing else fits), the softmax overlapped with
  * the previous tile's P V; see OVERLAP below.) Two stages of K and V, which
  * fit only with the 8 KB tiles of HEAD_DIM <= 64, measured no faster there
- * than one (BENCHMARKS.md). With two warpgroups (WARPS=8, the tiles without a
- * mask) the loop is PINGPONG's: the warpgroups take turns on the tensor
- * cores instead of computing their softmax at the same time, and warpgroup 1
- * alone copies the tiles, through named barriers rather than barrier().
+ * than one (BENCHMARKS.md). With two warpgroups (WARPS=8, on request: the
+ * host's table runs one) the loop is PINGPONG's: the warpgroups take turns
+ * on the tensor cores instead of computing their softmax at the same time,
+ * and warpgroup 1 alone copies the tiles, through named barriers rather
+ * than barrier().
  * wgmma reads B through a matrix descriptor: 128-byte swizzle, 8-row groups
  * 1024 bytes apart. K is K-major (dims contiguous): k-step kk starts
  * 32*(kk%4) bytes into panel kk/4. V is N-major (dims contiguous, keys
@@ -105,8 +106,10 @@
 /* Two warpgroups take turns on the tensor cores (the loop below). H200, f16
  * TFLOP/s with it / without: (4,32,4096,128) 331 / 315, (1,32,16384,128)
  * 336 / 329, (4,32,4096,64) 317 / 299. With a causal mask two warpgroups so
- * ordered measured 235 at (4,32,4096,128), below one warpgroup's 288, so the
- * host keeps one there (BENCHMARKS.md). */
+ * ordered measured 235 at (4,32,4096,128), below one warpgroup's 288. Once
+ * the tiles came by TMA, one warpgroup of 64 keys beat it with a mask and
+ * without (547 against 463 at (4,32,4096,128)), so the host's table runs one
+ * (src/params.c). */
 #define PINGPONG (WARPS == 8)
 #endif
 #if PINGPONG && (WARPS != 8 || OVERLAP)

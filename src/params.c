@@ -48,15 +48,13 @@
  * move this card. On the H200 (driver 580.159.04, 2026-12-01) `bench/h200.sh
  * final` ran `flashcl tune --device nvidia --dtype f16 --seqlen 4096 --batch
  * 4 --heads 32 --budget 35 --confirm 2 --head-dim 64`: the sm_80+ entry
- * (1.00x over it). Since then D <= 64 runs the wgmma kernel (BENCHMARKS.md:
- * 295-299 against nv-mma's 281 TFLOP/s without a mask; causal, once its
- * tiles came by TMA, 391 against 276: the sm_90 entries). D=128: the sm_90
- * wgmma entry of the sweep below. */
+ * (1.00x over it). Since then the wgmma kernel took over (the sm_90 entries
+ * below say what it measured); these pin its TMA-era choice. */
 static const flashcl_param_entry builtin_device[] = {
-    {"NVIDIA H200", NULL, "nv-wgmma", F16, 1, 64, PREFILL, 0, 128, 64, 0, 8,
-     "bench/h200.sh forward on the H200: 299 TFLOP/s at 4,32,4096,64 (nv-mma 281); 317 in turns; 401-405 with TMA tiles"},
-    {"NVIDIA H200", NULL, "nv-wgmma", F16, 65, 128, PREFILL, 0, 128, 64, 0, 8,
-     "bench/h200.sh forward on the H200: 316 TFLOP/s at 4,32,4096,128 (the sm_90 entry); 331 in turns; 463-469 with TMA tiles"},
+    {"NVIDIA H200", NULL, "nv-wgmma", F16, 1, 64, PREFILL, ANY, 64, 64, 0, 4,
+     "flashcl bench on the H200, TMA tiles: 439 TFLOP/s at 4,32,4096,64 (two warpgroups 405), 389 causal"},
+    {"NVIDIA H200", NULL, "nv-wgmma", F16, 65, 128, PREFILL, ANY, 64, 64, 0, 4,
+     "flashcl bench on the H200, TMA tiles: 547 TFLOP/s at 4,32,4096,128 (two warpgroups 463), 492 causal"},
     {NULL, NULL, NULL, 0, 0, 0, 0, 0, 0, 0, 0, 0, NULL},
 };
 
@@ -64,32 +62,24 @@ static const flashcl_param_entry builtin_device[] = {
 static const flashcl_param_entry builtin_arch[] = {
     /* Hopper's warpgroup MMA (cl/flash_fwd_sm90.cl); first, so that it wins
      * over the sm_80+ entries of the same class on compute capability 9.0.
-     * H200, f16 D=128 TFLOP/s at (4,32,4096) / (1,32,16384), no mask |
-     * causal (bench/h200.sh forward, SWEEP=1): two warpgroups sharing 64-key
-     * tiles 316 / 328 | 265 / 295; one warpgroup, 64 keys 316 / 323 | 275 /
-     * 296 (causal blocks differ in length, and smaller independent groups
-     * fill the SMs better). Causal: one warpgroup, 48-key tiles, Q reloaded
-     * each tile and 168 registers (flashcl_nv_wgmma_max_registers: three
-     * groups an SM) 290 / 315, against 275 / 297 for one warpgroup of 64 keys;
-     * without a mask that is 315 / 317 against 317 / 327 for two. Two
-     * warpgroups taking turns on the tensor cores (the kernel's PINGPONG,
-     * wherever it has two): 331 / 336 without a mask, 235 / 266 causal.
-     * With the tiles copied by TMA (USE_TMA, stop 24), causal: one
-     * warpgroup of 64 keys 491 / 532, of 48 keys 437 / 451, two warpgroups
-     * in turns 355 / 409 (cp.async, FLASHCL_TMA=0: 288 / 312 for 48 keys). */
-    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 0, 128, 64, 0, 8,
-     "measured on the H200: 316 TFLOP/s at (4,32,4096,128); 468 with TMA tiles"},
-    {"sm_90", NULL, "nv-wgmma", ANY, 65, 128, PHASE_ANY, 1, 64, 64, 0, 4,
-     "measured on the H200 with TMA tiles: 491 TFLOP/s at (4,32,4096,128) causal"},
-    /* D <= 64, one 128-byte panel (Q reloaded from __local each tile): f16
-     * (4,32,4096,64) 295-299 TFLOP/s against nv-mma's 281 without a mask.
-     * Causal, through cp.async, level with nv-mma (257 with two warpgroups,
-     * 250 with one, nv-mma 256); with TMA tiles one warpgroup of 64 keys
-     * 391, of 48 keys 346, two warpgroups 360, nv-mma 276 (stop 24). */
-    {"sm_90", NULL, "nv-wgmma", ANY, 1, 64, PHASE_ANY, 0, 128, 64, 0, 8,
-     "measured on the H200: 295 TFLOP/s at (4,32,4096,64); 406 with TMA tiles"},
-    {"sm_90", NULL, "nv-wgmma", ANY, 1, 64, PHASE_ANY, 1, 64, 64, 0, 4,
-     "measured on the H200 with TMA tiles: 391 TFLOP/s at (4,32,4096,64) causal"},
+     * One warpgroup of 64 query rows over 64-key tiles, which arrive by TMA
+     * (USE_TMA). H200, f16, `flashcl bench --device nvidia`, TFLOP/s at
+     * (4,32,4096,D) / (1,32,16384,128), no mask | causal (stop 24):
+     *   D=128  one warpgroup, 64 keys   547 / 569 | 491 / 532
+     *          one warpgroup, 48 keys             | 437 / 451
+     *          two warpgroups in turns  463 / 482 | 355 / 409
+     *   D=64   one warpgroup, 64 keys   439       | 391 (nv-mma: 276)
+     *          two warpgroups in turns  405       | 360
+     * Through cp.async (FLASHCL_TMA=0, or no CUDA driver to encode the
+     * maps) the copies ran serially with the products, and the best shapes
+     * were others: two warpgroups in turns without a mask (331 / 336 at
+     * D=128), one warpgroup of 48 keys with Q in its own block under a
+     * 168-register cap causal (290 / 315), and nv-mma causal at D <= 64;
+     * there this entry's shape runs within 2-10 % of those (causal D=128
+     * 276, D=64 252). ptxas: 158 registers at D > 64, 106 at D <= 64, no
+     * spills. */
+    {"sm_90", NULL, "nv-wgmma", ANY, 1, 128, PHASE_ANY, ANY, 64, 64, 0, 4,
+     "measured on the H200 with TMA tiles: 547 TFLOP/s at (4,32,4096,128), 491 causal"},
     /* Tensor cores (cl/flash_fwd_nv.cl), 4 warps. Measured on the H200
      * (f16, 4,32,4096,D, TFLOP/s no mask / causal): D=64 BM128 2-stage
      * 281/256 vs BM64 215/201; D=128 BM64 BN64 250/235 vs BN32 201, BM128

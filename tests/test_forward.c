@@ -285,19 +285,19 @@ static void wgmma_d64_causal(flashcl_context *ctx) {
 static void wgmma(flashcl_context *ctx) {
     if (!variant_applies_at(ctx, FLASHCL_FLOAT16, 128, "nv-wgmma"))
         return;
-    /* The table's: 2 warpgroups without a mask, 1 of 64-key tiles causal
-     * (wgmma_d64_causal forces more tile shapes at D <= 64); forced both
-     * ways, with 64- and 48-key tiles (one warpgroup of those keeps Q in a
-     * block of its own, with 168 registers above D=64). */
+    /* The table's (one warpgroup, 64-key tiles), then one warpgroup of
+     * 48-key tiles (which keeps Q in a block of its own, with 168 registers
+     * above D=64) and two warpgroups taking turns (PINGPONG) with 48- and
+     * 64-key tiles; wgmma_d64_causal forces more shapes on causal D <= 64. */
     static const char *const params[2][4] = {
-        {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=4,BLOCK_M=64"},
+        {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=8,BLOCK_M=128"},
         {NULL, "WARPS=4,BLOCK_M=64,BLOCK_N=48", "WARPS=8,BLOCK_M=128,BLOCK_N=48", "WARPS=8,BLOCK_M=128"}};
     static const int dims[] = {32, 40, 59, 64, 65, 72, 80, 96, 111, 127, 128};
     static const flashcl_dtype dtypes[] = {FLASHCL_FLOAT16, FLASHCL_BFLOAT16};
     forced_params(ctx, dtypes, COUNT(dtypes), dims, COUNT(dims), params, bucket_64_128);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
     edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 64, 32, 48);
-    setenv("FLASHCL_PARAMS", "WARPS=4,BLOCK_M=64", 1);
+    setenv("FLASHCL_PARAMS", "WARPS=8,BLOCK_M=128", 1);
     edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 72, 128, 111);
     unsetenv("FLASHCL_PARAMS");
     wgmma_d64_causal(ctx);
@@ -324,7 +324,7 @@ static void wgmma(flashcl_context *ctx) {
     setenv("FLASHCL_TMA", "0", 1);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
     edge_cases(ctx, FLASHCL_BFLOAT16, FLASHCL_FLOAT16, 64, 32, 48);
-    setenv("FLASHCL_PARAMS", "WARPS=4,BLOCK_M=64,BLOCK_N=48", 1);
+    setenv("FLASHCL_PARAMS", "WARPS=8,BLOCK_M=128", 1);
     edge_cases(ctx, FLASHCL_FLOAT16, FLASHCL_BFLOAT16, 128, 80, 96);
     unsetenv("FLASHCL_PARAMS");
     unsetenv("FLASHCL_TMA");

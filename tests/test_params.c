@@ -501,9 +501,9 @@ static void test_levels(void) {
     flashcl_attention_desc d16 = desc_of(FLASHCL_FLOAT16, 1000, 128, 0);
     flashcl_attention_desc d32 = desc_of(FLASHCL_FLOAT32, 1000, 128, 0);
     flashcl_attention_params(ctx, &d16, &p);
-    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 128 &&
-               p.block_n == 64 && p.work_group_size == 256 && flashcl_forward_local_bytes(&p, 128) <= 48000,
-           "sm_90, f16: the sm_90 arch entry (nv-wgmma 128x64, 8 warps)", &failures);
+    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
+               p.block_n == 64 && p.work_group_size == 128 && flashcl_forward_local_bytes(&p, 128) <= 48000,
+           "sm_90, f16: the sm_90 arch entry (nv-wgmma 64x64, 4 warps)", &failures);
     flashcl_attention_desc d16c = desc_of(FLASHCL_FLOAT16, 1000, 96, 1);
     flashcl_attention_params(ctx, &d16c, &p);
     expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
@@ -522,14 +522,14 @@ static void test_levels(void) {
            "nv-wgmma D=128, 64-key tiles or two warpgroups: Q under K and V, no cap", &failures);
     flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
     flashcl_attention_params(ctx, &d16_64, &p);
-    expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 128 && p.work_group_size == 256 &&
-               flashcl_forward_local_bytes(&p, 64) == 128 * 128 + 2 * 64 * 128 + 1024,
-           "sm_90, f16 D=64: nv-wgmma, 2 warpgroups, Q in __local beside K and V", &failures);
+    expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 64 && p.work_group_size == 128 &&
+               flashcl_forward_local_bytes(&p, 64) == 64 * 128 + 2 * 64 * 128 + 1024,
+           "sm_90, f16 D=64: nv-wgmma, 1 warpgroup, Q in __local beside K and V", &failures);
     flashcl_attention_desc bf16_40 = desc_of(FLASHCL_BFLOAT16, 1000, 40, 0);
     flashcl_attention_params(ctx, &bf16_40, &p);
-    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 128 &&
-               p.work_group_size == 256,
-           "sm_90, bf16 D=40: the sm_90 arch entry (nv-wgmma 128x64, 8 warps)", &failures);
+    expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
+               p.work_group_size == 128,
+           "sm_90, bf16 D=40: the sm_90 arch entry (nv-wgmma 64x64, 4 warps)", &failures);
     flashcl_attention_desc d16_64c = desc_of(FLASHCL_FLOAT16, 1000, 64, 1);
     flashcl_attention_params(ctx, &d16_64c, &p);
     expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
@@ -582,8 +582,8 @@ static void test_levels(void) {
     snprintf(ctx->info.name, sizeof ctx->info.name, "NVIDIA H200");
     flashcl_attention_params(ctx, &d16, &p);
     expect(!strcmp(p.source, "built-in device: NVIDIA H200") && !strcmp(p.variant, "nv-wgmma") &&
-               p.block_m == 128 && p.block_n == 64,
-           "the H200 by name: its exact-device entry (the tuner's winner)", &failures);
+               p.block_m == 64 && p.block_n == 64 && p.work_group_size == 128,
+           "the H200 by name: its exact-device entry (the measured winner)", &failures);
     snprintf(ctx->info.name, sizeof ctx->info.name, "Pretend NVIDIA sm_90 GPU");
     flashcl_attention_params(ctx, &d32, &p);
     expect(!strcmp(p.source, "built-in arch: sm_80+") && !strcmp(p.variant, "nv-tf32") && p.block_m == 48 &&
