@@ -316,6 +316,81 @@ inline void cp_wait_async_proxy(void) {
     cp_wait();
     __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
 }
+
+/* ---- USE_TMA: tiles by the Tensor Memory Accelerator --------------------------------------
+ * Built by the host (src/attention.c, src/backward.c) when the CUDA driver
+ * encodes tensor maps (src/nv_tma.c). Why: with cp.async, 16 bytes per
+ * work-item, the forward's copies ran serially with its products
+ * (BENCHMARKS.md, stop 23); one cp.async.bulk.tensor per 64-dim panel,
+ * issued by one work-item, lands a tile in the SW128 layout, rows past the
+ * tensor's end and dims past its head dim zero (bench/tma_probe.c checked
+ * that on the H200). A kernel gets two maps as arguments with a placeholder
+ * address: its issuing work-item copies them to its work-group's slot and
+ * writes the buffers' addresses in with tensormap.replace
+ * (cp.async.bulk.tensor reads a map from global memory, not from __local).
+ * A tile's arrival is counted on an mbarrier (its bytes, by complete_tx),
+ * whose phase every consumer waits for before its wgmma reads the tile. */
+#ifndef USE_TMA
+#define USE_TMA 0
+#endif
+#if USE_TMA
+typedef struct {
+    ulong w[16];
+} tma_map;
+/* The kernel's two maps (by value) and the work-groups' slots, after its other arguments. */
+#define TMA_ARGS(a, b) , tma_map a##_map, tma_map b##_map, __global ulong *restrict tma_slots
+/* This work-group's slot: 32 ulongs, the first map then the second (FLASHCL_TMA_SLOT_BYTES, src/internal.h). */
+#define TMA_SLOT()                                                                                 \
+    (tma_slots +                                                                                   \
+     32 * (get_group_id(0) + get_num_groups(0) * (get_group_id(1) + get_num_groups(1) * get_group_id(2))))
+inline void mbar_init(uint bar) {
+    __asm__ __volatile__("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+/* After the issuing work-item's mbar_init calls, before the barrier that publishes them. */
+inline void mbar_init_fence(void) {
+    __asm__ __volatile__("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* Waits until the mbarrier at bar has completed the phase of the given parity. */
+inline void mbar_wait(uint bar, uint parity) {
+    uint done = 0;
+    while (!done)
+        __asm__ __volatile__("{\n\t.reg .pred p;\n\t"
+                             "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                             "selp.u32 %0, 1, 0, p;\n\t}"
+                             : "=r"(done)
+                             : "r"(bar), "r"(parity)
+                             : "memory");
+}
+/* The next phase of bar completes once `bytes` more have landed (the issuer's one arrival). */
+inline void mbar_expect(uint bar, uint bytes) {
+    __asm__ __volatile__("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                         : "memory");
+}
+/* The work-group's map in global memory at slot, from template m, addressed at base. */
+inline void tma_map_place(__global ulong *slot, tma_map m, __global const ushort *base) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        slot[i] = m.w[i];
+    __asm__ __volatile__(SM90A "tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"(
+                             (ulong)slot),
+                         "l"((ulong)base)
+                         : "memory");
+    __asm__ __volatile__("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
+    __asm__ __volatile__("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"((ulong)slot) : "memory");
+}
+/* One box of the map at map (dims d0..d0+63 of rows n.., head h, batch b)
+ * into shared address dst, counted on bar. */
+inline void tma_box(uint dst, __global const ulong *map, int d0, int n, int h, int b, uint bar) {
+    __asm__ __volatile__("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                         " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+                         "l"((ulong)map), "r"(d0), "r"(n), "r"(h), "r"(b), "r"(bar)
+                         : "memory");
+}
+/* Generic-proxy accesses of __local before this (another warp's ldmatrix of
+ * bytes a TMA copy will overwrite, ordered by a barrier) come before the
+ * issuing work-item's next copies. */
+inline void tma_fence_shared(void) { __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
 #endif
 
 /* 2^x on the SFU; -inf gives +0, which is what masked scores need. */

@@ -253,63 +253,16 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __globa
 inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
-/* ---- USE_TMA: K and V tiles by the Tensor Memory Accelerator ----------------------------
- * Built by the host (src/attention.c) when the CUDA driver encodes tensor
- * maps (src/nv_tma.c). Why: with cp.async, 16 bytes per work-item, the
- * copies ran serially with the products (BENCHMARKS.md, stop 23); one cp.async.bulk.tensor per 64-dim panel, issued by one
- * work-item, lands the tile in the same SW128 layout, rows past nk and dims
- * past HEAD_DIM zero (bench/tma_probe.c checked that on the H200). The maps
- * come as arguments with a placeholder address: the issuing work-item copies
- * them to its work-group's slot and writes K's and V's addresses in with
- * tensormap.replace (cp.async.bulk.tensor reads a map from global memory, not
- * from __local). A tile's arrival is counted on an mbarrier (its bytes, by
- * complete_tx), whose phase every consumer waits for before its wgmma reads
- * the tile. */
-#ifndef USE_TMA
-#define USE_TMA 0
-#endif
+/* ---- USE_TMA (common.cl): K and V tiles by the Tensor Memory Accelerator ---------------- */
 #if USE_TMA
-typedef struct {
-    ulong w[16];
-} tma_map;
-#define TMA_ARGS , tma_map k_map, tma_map v_map, __global ulong *restrict tma_slots
-inline void mbar_init(uint bar) {
-    __asm__ __volatile__("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
-}
-/* Waits until the mbarrier at bar has completed the phase of the given parity. */
-inline void mbar_wait(uint bar, uint parity) {
-    uint done = 0;
-    while (!done)
-        __asm__ __volatile__("{\n\t.reg .pred p;\n\t"
-                             "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
-                             "selp.u32 %0, 1, 0, p;\n\t}"
-                             : "=r"(done)
-                             : "r"(bar), "r"(parity)
-                             : "memory");
-}
-/* The work-group's map in global memory at slot, from template m, addressed at base. */
-inline void tma_map_place(__global ulong *slot, tma_map m, __global const ushort *base) {
-#pragma unroll
-    for (int i = 0; i < 16; ++i)
-        slot[i] = m.w[i];
-    __asm__ __volatile__(SM90A "tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"(
-                             (ulong)slot),
-                         "l"((ulong)base)
-                         : "memory");
-    __asm__ __volatile__("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
-    __asm__ __volatile__("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"((ulong)slot) : "memory");
-}
+#define FWD_TMA_ARGS TMA_ARGS(k, v)
 /* Keys n.. of (batch b, kv head hk) through the map at map into the tile at
- * shared address dst, one copy per 64-dim panel, counted on bar. */
+ * shared address dst, one box per 64-dim panel, counted on bar. */
 inline void tma_tile(uint dst, __global const ulong *map, int n, int hk, int b, uint bar) {
-    __asm__ __volatile__("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"((uint)TILE_BYTES)
-                         : "memory");
+    mbar_expect(bar, (uint)TILE_BYTES);
 #pragma unroll
     for (int h = 0; h < PANELS; ++h)
-        __asm__ __volatile__("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
-                             " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst + (uint)(h * BLOCK_N * 128)),
-                             "l"((ulong)map), "r"(64 * h), "r"(n), "r"(hk), "r"(b), "r"(bar)
-                             : "memory");
+        tma_box(dst + (uint)(h * BLOCK_N * 128), map, 64 * h, n, hk, b, bar);
 }
 /* One work-item issues every copy: in PINGPONG the copying warpgroup's first. */
 #define TMA_TID (PINGPONG ? 128 : 0)
@@ -325,12 +278,12 @@ inline void tma_tile(uint dst, __global const ulong *map, int n, int hk, int b, 
 #error "USE_TMA is built for the plain and PINGPONG loops, not OVERLAP's"
 #endif
 #else
-#define TMA_ARGS
+#define FWD_TMA_ARGS
 #endif
 
 /* ---- the kernel ----------------------------------------------------------------------- */
 
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90(FWD_ARGS TMA_ARGS) {
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90(FWD_ARGS FWD_TMA_ARGS) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
 
     NV_FWD_BLOCK;
@@ -343,17 +296,15 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     /* The copying work-item (TMA_TID) places the maps and sets up the two
      * mbarriers, which the barrier after Q's copy publishes. */
     __local ulong tma_bars[2]; /* K, V */
-    /* The work-group's slot: 32 ulongs, K's map then V's (FLASHCL_TMA_SLOT_BYTES, src/internal.h). */
+    /* K's map, then V's, in the work-group's slot */
     const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
-    __global ulong *k_map_at =
-        tma_slots + 32 * (get_group_id(0) + get_num_groups(0) * (get_group_id(1) + get_num_groups(1) * get_group_id(2)));
-    __global ulong *v_map_at = k_map_at + 16;
+    __global ulong *k_map_at = TMA_SLOT(), *v_map_at = k_map_at + 16;
     if (tid == TMA_TID) {
         tma_map_place(k_map_at, k_map, (__global const ushort *)k + k_off);
         tma_map_place(v_map_at, v_map, (__global const ushort *)v + v_off);
         mbar_init(k_bar);
         mbar_init(v_bar);
-        __asm__ __volatile__("fence.mbarrier_init.release.cluster;" ::: "memory");
+        mbar_init_fence();
     }
 #endif
 
@@ -394,7 +345,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 #if !PINGPONG && USE_TMA
     if (n_start <= n_end) {
         if (tid == TMA_TID) /* every warp's reads of Q, which K may overwrite, come before the copy */
-            __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+            tma_fence_shared();
         TMA_COPY(0, k, n_start);
     }
 #elif !PINGPONG
@@ -453,7 +404,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     if (producer && tiles > 0) {
 #if USE_TMA
         /* Every warp's reads of Q, which K and V may overwrite, come before the copies. */
-        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        tma_fence_shared();
         PP_COPY(0, k, n_start);
         PP_COPY(TILE_BYTES, v, n_start);
 #else

@@ -201,29 +201,13 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
 }
 
 /* Whether the forward copies its K and V tiles by TMA (cl/flash_fwd_sm90.cl,
- * USE_TMA), and if so their tensor maps in maps[0] and maps[1]. That takes
- * the wgmma kernel, K and V 16-byte aligned with their strides (the encoder
- * checks those), the CUDA driver's encoder (src/nv_tma.c), and an in-order
- * queue: each work-group writes its maps to a slot of ctx->tma_slots, which
- * the next call's work-groups rewrite. FLASHCL_TMA=0 turns it off (the cp.async copies, for comparison). */
+ * USE_TMA), and if so their tensor maps in maps[0] and maps[1]: the wgmma
+ * kernel where TMA is usable (flashcl_tma_usable) and K and V encode. */
 static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *r, const flashcl_params *p,
                             flashcl_tensor_map maps[2]) {
-    const char *env = getenv("FLASHCL_TMA");
-    cl_command_queue_properties props = 0;
-    if (ctx->no_tma || (env && !strcmp(env, "0")) || strcmp(p->variant, "nv-wgmma") ||
-        (r->k.offset * 2) % 16 || (r->v.offset * 2) % 16 ||
-        clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL) != CL_SUCCESS ||
-        (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE))
-        return 0;
-    const flashcl_layout *t[2] = {&r->k, &r->v};
-    for (int i = 0; i < 2; ++i) {
-        const uint64_t dims[4] = {(uint64_t)r->head_dim, (uint64_t)r->seqlen_k, (uint64_t)r->heads_k,
-                                  (uint64_t)r->batch};
-        const uint64_t strides[3] = {t[i]->stride_seq, t[i]->stride_head, t[i]->stride_batch};
-        if (!flashcl_tma_encode_16bit(&maps[i], dims, strides, (unsigned)p->block_n))
-            return 0;
-    }
-    return 1;
+    return !strcmp(p->variant, "nv-wgmma") && flashcl_tma_usable(ctx) &&
+           flashcl_tma_encode_pair(&r->k, &r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
+                                   (unsigned)p->block_n, maps);
 }
 
 /* Builds the kernel for r and sizes its launch. A variant that fails to
@@ -307,24 +291,6 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     return FLASHCL_SUCCESS;
 }
 
-/* ctx->tma_slots holds at least groups work-groups' maps. */
-static flashcl_status ensure_tma_slots(flashcl_context *ctx, size_t groups) {
-    const size_t bytes = groups * FLASHCL_TMA_SLOT_BYTES;
-    if (ctx->tma_slots_bytes >= bytes)
-        return FLASHCL_SUCCESS;
-    cl_int err;
-    cl_mem m = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
-    if (!m)
-        return flashcl_fail(ctx, err, "allocating %zu bytes of tensor-map slots: %s", bytes,
-                            flashcl_status_string(err));
-    /* Released only once the calls already enqueued are done with it. */
-    if (ctx->tma_slots)
-        clReleaseMemObject(ctx->tma_slots);
-    ctx->tma_slots = m;
-    ctx->tma_slots_bytes = bytes;
-    return FLASHCL_SUCCESS;
-}
-
 flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                          cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
                                          size_t lse_offset, cl_event *event) {
@@ -352,7 +318,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     flashcl_tensor_map maps[2];
     if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps)) != FLASHCL_SUCCESS)
         return st;
-    if (tma && (st = ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
+    if (tma && (st = flashcl_ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
         return st;
 
     const float log2e = 1.4426950408889634f;

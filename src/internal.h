@@ -52,7 +52,7 @@ struct flashcl_context {
     int is_host;
     int no_sm90a;     /* the nv-wgmma kernel failed to build here: no longer chosen */
     int no_sm90a_bwd; /* likewise the nv-wgmma backward kernels */
-    int no_tma;       /* the nv-wgmma kernel with TMA copies failed to build: built without */
+    int no_tma;       /* an nv-wgmma kernel with TMA copies failed to build: built without */
     cl_platform_id platform;
     cl_device_id device;
     cl_context cl_ctx;
@@ -78,8 +78,8 @@ struct flashcl_context {
     cl_event serving_meta_reader;
     flashcl_staging serving_staging[FLASHCL_STAGING_SLOTS];
     int serving_staging_next;
-    /* nv_tma.c / attention.c: each work-group's copy of the forward's K and V
-     * tensor maps (FLASHCL_TMA_SLOT_BYTES each), grown to the largest grid. */
+    /* nv_tma.c: each work-group's copy of its kernel's two tensor maps
+     * (FLASHCL_TMA_SLOT_BYTES each), grown to the largest grid. */
     cl_mem tma_slots;
     size_t tma_slots_bytes;
 };
@@ -130,7 +130,7 @@ int flashcl_nv_register_cap(const char *options);
 typedef struct flashcl_tensor_map {
     _Alignas(64) uint64_t words[16];
 } flashcl_tensor_map;
-/* Bytes of one work-group's maps in ctx->tma_slots: K's, then V's. */
+/* Bytes of one work-group's maps in ctx->tma_slots: two of them (K's, then V's in the forward). */
 #define FLASHCL_TMA_SLOT_BYTES 256
 /* 1 when the CUDA driver (libcuda.so.1, opened at run time) can encode
  * tensor maps; loaded once per process, the reason logged when not. */
@@ -145,6 +145,18 @@ int flashcl_tma_encode_16bit(flashcl_tensor_map *map, const uint64_t dims[4], co
 /* The map's byte strides for dims and element strides as above: 1, or 0 when
  * a stepped one is not a multiple of 16 bytes below 2^40 (the driver's rule). */
 int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], uint64_t bytes[3]);
+/* Whether kernels may copy by TMA on ctx: the driver's encoder, an in-order
+ * queue (each work-group writes its maps to a slot of ctx->tma_slots, which
+ * the next kernel's work-groups rewrite), no TMA build failure before, and
+ * not FLASHCL_TMA=0 (the cp.async copies, for comparison). */
+int flashcl_tma_usable(flashcl_context *ctx);
+/* The maps of two 16-bit tensors a and b of [batch][seqlen][heads][dim], in
+ * boxes of 64 dims by box_rows rows (flashcl_tma_encode_16bit): 1, or 0 when
+ * either cannot be encoded (an offset, or a stride, not a multiple of 16 bytes). */
+int flashcl_tma_encode_pair(const flashcl_layout *a, const flashcl_layout *b, int batch, int seqlen, int heads,
+                            int dim, unsigned box_rows, flashcl_tensor_map maps[2]);
+/* ctx->tma_slots holds at least groups work-groups' maps. */
+flashcl_status flashcl_ensure_tma_slots(flashcl_context *ctx, size_t groups);
 
 /* ---- parameters (params.c) ---- */
 /* The built-in choice for a resolved desc on this context's device. */

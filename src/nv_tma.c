@@ -27,6 +27,7 @@
  */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
@@ -110,4 +111,44 @@ int flashcl_tma_encode_16bit(flashcl_tensor_map *map, const uint64_t dims[4], co
     return driver.encode(map->words, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, (void *)PLACEHOLDER_ADDRESS, dims, bytes,
                          box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == 0;
+}
+
+int flashcl_tma_usable(flashcl_context *ctx) {
+    const char *env = getenv("FLASHCL_TMA");
+    cl_command_queue_properties props = 0;
+    return !ctx->no_tma && !(env && !strcmp(env, "0")) &&
+           clGetCommandQueueInfo(ctx->queue, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL) == CL_SUCCESS &&
+           !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) && flashcl_tma_available();
+}
+
+int flashcl_tma_encode_pair(const flashcl_layout *a, const flashcl_layout *b, int batch, int seqlen, int heads,
+                            int dim, unsigned box_rows, flashcl_tensor_map maps[2]) {
+    const flashcl_layout *t[2] = {a, b};
+    for (int i = 0; i < 2; ++i) {
+        /* The kernel adds the offset to the buffer's address: it must keep 16-byte alignment. */
+        if ((t[i]->offset * 2) % 16)
+            return 0;
+        const uint64_t dims[4] = {(uint64_t)dim, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
+        const uint64_t strides[3] = {t[i]->stride_seq, t[i]->stride_head, t[i]->stride_batch};
+        if (!flashcl_tma_encode_16bit(&maps[i], dims, strides, box_rows))
+            return 0;
+    }
+    return 1;
+}
+
+flashcl_status flashcl_ensure_tma_slots(flashcl_context *ctx, size_t groups) {
+    const size_t bytes = groups * FLASHCL_TMA_SLOT_BYTES;
+    if (ctx->tma_slots_bytes >= bytes)
+        return FLASHCL_SUCCESS;
+    cl_int err;
+    cl_mem m = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+    if (!m)
+        return flashcl_fail(ctx, err, "allocating %zu bytes of tensor-map slots: %s", bytes,
+                            flashcl_status_string(err));
+    /* Released only once the calls already enqueued are done with it. */
+    if (ctx->tma_slots)
+        clReleaseMemObject(ctx->tma_slots);
+    ctx->tma_slots = m;
+    ctx->tma_slots_bytes = bytes;
+    return FLASHCL_SUCCESS;
 }
