@@ -391,10 +391,10 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
     err |= set_tma_args(km, &a, tma ? maps[0] : NULL, ctx->tma_slots);
 
+    cl_kernel kd = tma ? k->dq_tma : k->dq;
     if (dq_pass) {
         /* flash_bwd_dq, flash_bwd_dq_cpu or flash_bwd_dq_nv(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
          *              nq, nk, group, scale, softcap, wl, wr) */
-        cl_kernel kd = tma ? k->dq_tma : k->dq;
         a = 0;
         const cl_mem dq_bufs[7] = {q, kk, v, dout, lse, scratch, dq};
         for (int i = 0; i < 7; ++i)
@@ -422,7 +422,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && dq_pass)
-        err = clEnqueueNDRangeKernel(ctx->queue, k->dq, 3, NULL, dq_global, local, 1, &e_main, &e_last);
+        err = clEnqueueNDRangeKernel(ctx->queue, kd, 3, NULL, dq_global, local, 1, &e_main, &e_last);
     if (err == CL_SUCCESS)
         profile_kernels(e_pre, e_main, e_last);
     if (e_pre)
