@@ -151,12 +151,17 @@ void flashcl_ref_attention_backward_plain(const flashcl_attention_desc *desc, co
 
 /* Checks dq, dk, dv (storage dtype, in opts' layouts; opts NULL: packed)
  * with flash-attn's gradient rule, per tensor t:
- *   max|got - ref| <= 3 * max|plain - ref| + eps(dtype) * max(1, max|ref|)
+ *   max|got - ref| <= 3 * max|plain - ref|
+ *                     + max(0, max|stored - ref| - max|plain - ref|)
+ *                     + eps(dtype) * max(1, max|ref|)
  *                     + 4 * 2^-24 * scale * max|q| * max|k| * max|ref|
- * (|q|, |k| row norms; the last term is what float scores cost any kernel).
- * NaN or inf anywhere fails. Index 0, 1, 2 = dq, dk, dv. */
+ * (stored: the exact gradients with D_i taken from out rounded to the dtype,
+ * as every kernel that reads the stored out gets them, counted where the
+ * plain implementation's error does not already show as much; |q|, |k| row norms:
+ * the last term is what float scores cost any kernel). NaN or inf anywhere
+ * fails. Index 0, 1, 2 = dq, dk, dv. */
 typedef struct flashcl_ref_grad_report {
-    double max_err[3], plain_err[3], tolerance[3];
+    double max_err[3], plain_err[3], stored_out_err[3], tolerance[3];
     size_t mismatches; /* (size_t)-1 if the reference could not run */
     int passed;
 } flashcl_ref_grad_report;

@@ -115,6 +115,92 @@ static void fd_checks(uint64_t seed) {
     fd_case("GQA 4:2 window(1,0) 4x3 D2", d, seed + 3);
 }
 
+/* The gradient check itself (flashcl_ref_check_backward): the exact
+ * gradients rounded to the dtype pass; one element moved by twice the
+ * tolerance, or made NaN, fails. Its tolerance carries what storing out
+ * costs any kernel (D_i read from out in the dtype), which at D=1 under a
+ * soft-cap (nothing averages D_i's rounding) had been left to chance: one
+ * run in six of the sweep's f16 D=1 case failed with a correct kernel,
+ * whose dK differed from the exact one by about that much (1.1e-3 against a
+ * tolerance of 8.2e-4). */
+static void checker_case(const char *what, flashcl_attention_desc d, uint64_t seed) {
+    ++cases;
+    const int B = d.batch, Nq = d.seqlen_q, Nk = d.seqlen_k, D = d.head_dim;
+    const size_t n[3] = {(size_t)B * Nq * d.heads_q * D, (size_t)B * Nk * d.heads_k * D,
+                         (size_t)B * Nk * d.heads_k * D};
+    const size_t es = flashcl_dtype_size(d.dtype);
+    void *x[4], *grad[3];
+    double *exact[3];
+    int ok = 1;
+    for (int t = 0; t < 3; ++t) {
+        ok = ok && (x[t] = malloc(n[t] * es)) && (grad[t] = malloc(n[t] * es)) &&
+             (exact[t] = malloc(n[t] * sizeof(double)));
+    }
+    ok = ok && (x[3] = malloc(n[0] * es));
+    if (!ok) {
+        printf("checker %s: out of host memory\n", what);
+        ++failures;
+        return; /* a test process: the allocations go with it */
+    }
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    for (int t = 0; t < 4; ++t)
+        flashcl_ref_fill_normal(&rng, x[t], d.dtype, n[t < 3 ? t : 0], t < 2 ? 2.0 : 1.0);
+    flashcl_attention_desc r = d;
+    flashcl_attention_desc_resolve(&r);
+    flashcl_ref_attention_backward(&r, x[0], x[1], x[2], x[3], NULL, exact[0], exact[1], exact[2]);
+    for (int t = 0; t < 3; ++t)
+        for (size_t e = 0; e < n[t]; ++e)
+            flashcl_ref_store(grad[t], d.dtype, e, exact[t][e]);
+    flashcl_ref_grad_report rep;
+    const int rounded_ok = flashcl_ref_check_backward(&r, NULL, x[0], x[1], x[2], x[3], grad[0], grad[1], grad[2], 0,
+                                                      &rep);
+    /* dk's element 0, moved by twice the tolerance: fails; then NaN: fails. */
+    const double tol = rep.tolerance[1], keep = flashcl_ref_load(grad[1], d.dtype, 0);
+    flashcl_ref_store(grad[1], d.dtype, 0, keep + 2.0 * tol + 2.0 * fabs(keep) * flashcl_ref_epsilon(d.dtype));
+    const int moved_fails = !flashcl_ref_check_backward(&r, NULL, x[0], x[1], x[2], x[3], grad[0], grad[1], grad[2], 0,
+                                                        NULL);
+    flashcl_ref_store(grad[1], d.dtype, 0, NAN);
+    const int nan_fails = !flashcl_ref_check_backward(&r, NULL, x[0], x[1], x[2], x[3], grad[0], grad[1], grad[2], 0,
+                                                      NULL);
+    /* In a 16-bit dtype, out's rounding moves the gradients: never by nothing. */
+    const int stored_seen = d.dtype == FLASHCL_FLOAT32 || rep.stored_out_err[1] > 0.0;
+    ok = rounded_ok && moved_fails && nan_fails && stored_seen;
+    printf("checker %-44s stored-out err dq %.2g dk %.2g dv %.2g, tol dk %.2g: %s\n", what, rep.stored_out_err[0],
+           rep.stored_out_err[1], rep.stored_out_err[2], tol, ok ? "ok" : "FAILED");
+    if (!ok)
+        ++failures;
+    for (int t = 0; t < 3; ++t) {
+        free(x[t]);
+        free(grad[t]);
+        free(exact[t]);
+    }
+    free(x[3]);
+}
+
+static void checker_checks(uint64_t seed) {
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT16;
+    d.batch = 1;
+    d.heads_q = d.heads_k = 2;
+    d.seqlen_q = 108;
+    d.seqlen_k = 256;
+    d.head_dim = 1;
+    d.causal = 1;
+    d.softcap = 20.0f;
+    checker_case("f16 108x256 D1 causal softcap", d, seed + 11);
+    d.dtype = FLASHCL_BFLOAT16;
+    d.softcap = 0.0f;
+    d.head_dim = 64;
+    d.heads_k = 1;
+    checker_case("bf16 108x256 D64 causal GQA 2:1", d, seed + 12);
+    d.dtype = FLASHCL_FLOAT32;
+    d.causal = 0;
+    d.head_dim = 33;
+    checker_case("f32 108x256 D33", d, seed + 13);
+}
+
 /* ---- device (or host-path) runs ---------------------------------------------------------- */
 
 typedef struct run_buffers {
@@ -721,6 +807,7 @@ int main(int argc, char **argv) {
         wgmma(ctx);
     } else {
         fd_checks(seed);
+        checker_checks(seed);
         quick(ctx);
 #ifdef FLASHCL_SOURCE_CL_DIR
         cpu_build_failure(ctx);
