@@ -179,16 +179,9 @@ static void checker_case(const char *what, flashcl_attention_desc d, uint64_t se
 }
 
 static void checker_checks(uint64_t seed) {
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = FLASHCL_FLOAT16;
-    d.batch = 1;
-    d.heads_q = d.heads_k = 2;
-    d.seqlen_q = 108;
-    d.seqlen_k = 256;
-    d.head_dim = 1;
-    d.causal = 1;
-    d.softcap = 20.0f;
+    /* First the sweep's case that had failed: f16, D=1, causal, soft-cap. */
+    flashcl_attention_desc d = {.dtype = FLASHCL_FLOAT16, .batch = 1, .heads_q = 2, .heads_k = 2, .seqlen_q = 108,
+                                .seqlen_k = 256, .head_dim = 1, .causal = 1, .softcap = 20.0f};
     checker_case("f16 108x256 D1 causal softcap", d, seed + 11);
     d.dtype = FLASHCL_BFLOAT16;
     d.softcap = 0.0f;
