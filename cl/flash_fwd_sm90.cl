@@ -266,19 +266,28 @@ inline void tma_tile(uint dst, __global const ulong *map, int n, int hk, int b, 
 }
 /* One work-item issues every copy: in PINGPONG the copying warpgroup's first. */
 #define TMA_TID (PINGPONG ? 128 : 0)
-/* Keys n.. of x (k or v) into the buffer dst bytes into the tiles; TMA_WAIT:
- * the caller waits until the tile-th tile through x's mbarrier has landed. */
+/* Keys n.. of x (k or v) into the buffer dst bytes into the tiles. */
 #define TMA_COPY(dst, x, n)                                                                        \
     do {                                                                                           \
         if (tid == TMA_TID)                                                                        \
             tma_tile(s_base + (dst), x##_map_at, n, hk, b, x##_bar);                               \
     } while (0)
-#define TMA_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
 #if OVERLAP
 #error "USE_TMA is built for the plain and PINGPONG loops, not OVERLAP's"
 #endif
 #else
 #define FWD_TMA_ARGS
+#endif
+/* For both loops below: COPIES_LANDED: the calling work-item's copies have
+ * landed and are visible to wgmma (cp.async; with TMA nothing to do);
+ * TILE_WAIT: with TMA, every work-item waits until the tile-th tile through
+ * the mbarrier at bar has landed, before its wgmma reads it. */
+#if USE_TMA
+#define COPIES_LANDED() do { } while (0)
+#define TILE_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
+#else
+#define COPIES_LANDED() cp_wait_async_proxy()
+#define TILE_WAIT(bar, tile) do { } while (0)
 #endif
 
 /* ---- the kernel ----------------------------------------------------------------------- */
@@ -377,19 +386,13 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const int ptid = tid - 128;
     const uint my_turn = producer ? PP_TURN_B : PP_TURN_A, their_turn = producer ? PP_TURN_A : PP_TURN_B;
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
-/* B's copy of the tile of keys n.. of x (k or v) into the buffer at dst
- * bytes; PP_LANDED: B's copies have landed and are visible to wgmma (with
- * TMA each warpgroup waits for the tile's mbarrier itself, PP_TILE_WAIT). */
+/* B's copy of the tile of keys n.. of x (k or v) into the buffer at dst bytes. */
 #if USE_TMA
 #define PP_COPY(dst, x, n) TMA_COPY(dst, x, n)
-#define PP_LANDED() do { } while (0)
-#define PP_TILE_WAIT(bar, tile) TMA_WAIT(bar, tile)
 #else
 #define PP_COPY(dst, x, n)                                                                         \
     copy_tile_by(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)),    \
                  BLOCK_N, x##_vec, ptid, 128)
-#define PP_LANDED() cp_wait_async_proxy()
-#define PP_TILE_WAIT(bar, tile) do { } while (0)
 #endif
 /* A is done with the buffer at dst: B waits for that at barrier bar, then refills it. */
 #define PP_REFILL(bar, dst, x, n)                                                                  \
@@ -425,12 +428,12 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         /* ---- S = Q K^T ---- */
         pp_sync(my_turn);
         RELOAD_Q_FRAGS(qf);
-        PP_TILE_WAIT(k_bar, tile);
+        TILE_WAIT(k_bar, tile);
         WGMMA_FENCE();
         S_CHAIN(s, k_tile);
         WGMMA_COMMIT();
         if (producer)
-            PP_LANDED(); /* V(n0) */
+            COPIES_LANDED(); /* V(n0) */
         pp_arrive(their_turn);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
@@ -443,7 +446,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
         /* ---- O += P V ---- */
         pp_sync(my_turn);
-        PP_TILE_WAIT(v_bar, tile);
+        TILE_WAIT(v_bar, tile);
         WG_FENCE_REGS(acc, O_FRAGS);
         WG_FENCE_REGS_C(pf, P_STEPS, "r");
         WGMMA_FENCE();
@@ -452,7 +455,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         if (!producer) {
             pp_arrive(their_turn);
         } else if (more) {
-            PP_LANDED(); /* K(n1) */
+            COPIES_LANDED(); /* K(n1) */
             pp_arrive(their_turn);
         }
         WGMMA_WAIT_ALL();
@@ -462,29 +465,20 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     }
 #undef PP_REFILL
 #undef PP_COPY
-#undef PP_LANDED
-#undef PP_TILE_WAIT
 #elif !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;
-/* LOOP_COPY: the tile of keys n.. of x (k or v) into the buffer dst bytes
- * into the tiles; LOOP_LANDED: this work-item's copies have landed and are
- * visible to wgmma; LOOP_TILE_WAIT: with TMA, every work-item waits for
- * the tile's mbarrier before its wgmma reads the tile. */
+/* LOOP_COPY: the tile of keys n.. of x (k or v) into the buffer dst bytes into the tiles. */
 #if USE_TMA
 #define LOOP_COPY(dst, x, n) TMA_COPY(dst, x, n)
-#define LOOP_LANDED() do { } while (0)
-#define LOOP_TILE_WAIT(bar, tile) TMA_WAIT(bar, tile)
 #else
 #define LOOP_COPY(dst, x, n)                                                                       \
     copy_tile(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)), BLOCK_N, \
               x##_vec, tid)
-#define LOOP_LANDED() cp_wait_async_proxy()
-#define LOOP_TILE_WAIT(bar, tile) do { } while (0)
 #endif
     for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
         const int n_next = n0 + BLOCK_N;
         /* K(n0) has landed (with TMA: is on its way); every warpgroup is done with V(n0-BN). */
-        LOOP_LANDED();
+        COPIES_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
         LOOP_COPY(TILE_BYTES, v, n0);
 
@@ -496,7 +490,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         {
             /* ---- S = Q K^T ---- */
             RELOAD_Q_FRAGS(qf);
-            LOOP_TILE_WAIT(k_bar, tile);
+            TILE_WAIT(k_bar, tile);
             WGMMA_FENCE();
             S_CHAIN(s, k_tile);
             WGMMA_COMMIT();
@@ -507,7 +501,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         }
 
         /* V(n0) has landed (with TMA: is on its way); every warpgroup is done reading K(n0). */
-        LOOP_LANDED();
+        COPIES_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n_next <= n_end)
             LOOP_COPY(0, k, n_next);
@@ -516,13 +510,11 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             /* ---- O += P V, P packed from the S registers ---- */
             uint pf[P_STEPS][4];
             PACK_P(pf, s);
-            LOOP_TILE_WAIT(v_bar, tile);
+            TILE_WAIT(v_bar, tile);
             PV_WAITED(acc, pf, v_tile);
         }
     }
 #undef LOOP_COPY
-#undef LOOP_LANDED
-#undef LOOP_TILE_WAIT
 #else
     /* One K buffer and two V buffers (tile t's V in buffer t % 2). Iteration
      * t issues S(t+1) = Q K(t+1)^T, then O += P(t) V(t), both asynchronous:
