@@ -318,7 +318,7 @@ inline void cp_wait_async_proxy(void) {
 }
 
 /* ---- USE_TMA: tiles by the Tensor Memory Accelerator --------------------------------------
- * Built by the host (src/attention.c: the forward) when the CUDA driver
+ * Built by the host (src/attention.c, src/backward.c) when the CUDA driver
  * encodes tensor maps (src/nv_tma.c). Why: with cp.async, 16 bytes per
  * work-item, the forward's copies ran serially with its products
  * (BENCHMARKS.md, stop 23); one cp.async.bulk.tensor per 64-dim panel,

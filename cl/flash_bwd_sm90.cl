@@ -44,6 +44,12 @@
  * measured 149.6 TFLOP/s at (4,32,4096,64) against 113.7 with one of 64
  * (BENCHMARKS.md).
  *
+ * With USE_TMA (common.cl; the host builds it where the CUDA driver encodes
+ * tensor maps, for two stages of 32-row tiles) work-item 0 copies each
+ * streamed pair by TMA, one box per tile counted on the stage's mbarrier,
+ * as the forward does; the own block and the stats still come by cp.async
+ * and plain loads.
+ *
  * Ordering, as in flash_fwd_sm90.cl: each thread's copies are waited for and
  * fenced for the async proxy (cp_wait_async_proxy) before the barrier that
  * publishes a tile; accumulators are read only after wgmma.wait_group and
@@ -110,6 +116,40 @@
 #error "flash_bwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"
 #endif
 
+#if USE_TMA && STAGES != 2
+#error "USE_TMA takes two stages of streamed tiles (32 rows)"
+#endif
+#if USE_TMA
+/* The stage's mbarrier: phase it / STAGES of it holds tile it. */
+#define TMA_BAR(st) shared_addr(&tma_bars[st])
+#define TMA_PARITY(it) ((uint)((it) / STAGES) & 1u)
+/* Work-item 0 places the kernel's two maps (x's, y's), as flash_fwd_sm90.cl does, and
+ * sets up the stages' mbarriers, which the loop's first barrier publishes. */
+#define TMA_SETUP(x, xb, y, yb)                                                                    \
+    __local ulong tma_bars[STAGES];                                                                \
+    __global ulong *x##_map_at = TMA_SLOT(), *y##_map_at = x##_map_at + 16;                        \
+    if (tid == 0) {                                                                                \
+        tma_map_place(x##_map_at, x##_map, (__global const ushort *)(xb));                         \
+        tma_map_place(y##_map_at, y##_map, (__global const ushort *)(yb));                         \
+        for (int st_ = 0; st_ < STAGES; ++st_)                                                     \
+            mbar_init(TMA_BAR(st_));                                                               \
+        mbar_init_fence();                                                                         \
+    }
+/* Work-item 0 copies rows n.. of head h of x and y into the stage's pair at
+ * byte `at` (x's tile, then y's). */
+#define TMA_PAIR(at, st, x, y, n, h)                                                               \
+    do {                                                                                           \
+        if (tid == 0) {                                                                            \
+            mbar_expect(TMA_BAR(st), 2u * T_BYTES);                                                \
+            tma_box(s_base + (at), x##_map_at, 0, n, h, b, TMA_BAR(st));                           \
+            tma_box(s_base + (at) + T_BYTES, y##_map_at, 0, n, h, b, TMA_BAR(st));                 \
+        }                                                                                          \
+    } while (0)
+#define TMA_PAIR_WAIT(st, it) mbar_wait(TMA_BAR(st), TMA_PARITY(it))
+#else
+#define TMA_PAIR_WAIT(st, it) do { } while (0)
+#endif
+
 /* B operands, 64 x 64 tiles at shared address `tile` in the SW128 layout:
  * K-major (rows are n, dims are k: X Y^T over the head dim), k-step kk 32*kk
  * bytes into the panel; N-major (rows are k: A Y over the tile's rows), k-step
@@ -171,7 +211,12 @@
 /* ==== dK, dV ================================================================================ */
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 2
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm90(BWD_DKDV_ARGS) {
+#if USE_TMA
+#define DKDV_TMA_ARGS TMA_ARGS(q, dout)
+#else
+#define DKDV_TMA_ARGS
+#endif
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm90(BWD_DKDV_ARGS DKDV_TMA_ARGS) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
     /* per row of a stage's tile: LSE in log2 units (+inf: the row contributes nothing), D_i */
     __local float stats[STAGES][2][BLOCK_M];
@@ -191,6 +236,18 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     COPY_TILE(OWN_BYTES, vb, v_ss, n_rows, OWN, ROWS_16B(vb, v_ss));
 
     NV_KEY_BLOCK_ROW_TILES(OWN);
+#if USE_TMA
+    TMA_SETUP(q, q + q_off, dout, dout + dout_off);
+    /* Issues the copies of tile `it` into stage `st` (Q, dO by TMA; LSE and
+     * D_i by plain loads, visible after the next barrier). */
+#define ISSUE_TILE(it, st)                                                                         \
+    do {                                                                                           \
+        const int hq_ = hk * group + (it) / m_tiles;                                               \
+        const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
+        TMA_PAIR(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES, st, q, dout, m0_, hq_);                  \
+        NV_TILE_STATS(stats[st], m0_, hq_);                                                        \
+    } while (0)
+#else
     NV_QDO_VEC;
 
     /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
@@ -207,6 +264,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
                   dout_ss, rows_, BLOCK_M, do_vec);                                                \
         NV_TILE_STATS(stats[st], m0_, hq_);                                                        \
     } while (0)
+#endif
 
     float dk_acc[D_FRAGS][4], dv_acc[D_FRAGS][4];
     ZERO_ACC(dk_acc);
@@ -231,6 +289,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 
         /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
+        TMA_PAIR_WAIT(stage, it);
         SCORES(s, dp, k_own, q_tile, v_own, do_tile);
 
         /* ---- P^T into s, dS^T into dp ---- */
@@ -273,7 +332,12 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 /* ==== dQ ==================================================================================== */
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 3
 
-__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(BWD_DQ_ARGS) {
+#if USE_TMA
+#define DQ_TMA_ARGS TMA_ARGS(k, v)
+#else
+#define DQ_TMA_ARGS
+#endif
+__kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(BWD_DQ_ARGS DQ_TMA_ARGS) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
 
     const int tid = (int)get_local_id(0);
@@ -287,10 +351,12 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 
     __global const ushort *qb = (__global const ushort *)q + ROW_AT(q, b, m0, hq);
     __global const ushort *ob = (__global const ushort *)dout + ROW_AT(dout, b, m0, hq);
+#if !USE_TMA
     __global const ushort *kb = (__global const ushort *)k + ROW_AT(k, b, 0, hk);
     __global const ushort *vb = (__global const ushort *)v + ROW_AT(v, b, 0, hk);
     const int k_vec = ROWS_16B(kb, k_ss);
     const int v_vec = ROWS_16B(vb, v_ss);
+#endif
 
     /* Q and dO of the block, once. */
     COPY_TILE(0u, qb, q_ss, rows_q, OWN, ROWS_16B(qb, q_ss));
@@ -302,16 +368,25 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
     float dq_acc[D_FRAGS][4];
     ZERO_ACC(dq_acc);
 
+#if USE_TMA
+    TMA_SETUP(k, k + k_off, v, v + v_off);
+    /* K and V of the keys n.. into stage st, by TMA (K's tile first). */
+#define ISSUE_PAIR(n, st) TMA_PAIR(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES, st, k, v, n, hk)
+#else
     /* K or V (x) of the keys n.. into stage st: K's tile first (slot 0), V's after it (slot 1). */
 #define ISSUE(x, slot, n, st)                                                                      \
     COPY_TILE(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES + (slot)*T_BYTES, x##b + (ulong)(n)*x##_ss,  \
               x##_ss, min(BLOCK_N, nk - (n)), BLOCK_N, x##_vec)
-    if (n_start <= n_end) {
-        ISSUE(k, 0u, n_start, 0);
-        ISSUE(v, 1u, n_start, 0);
-    }
+#define ISSUE_PAIR(n, st)                                                                          \
+    do {                                                                                           \
+        ISSUE(k, 0u, n, st);                                                                       \
+        ISSUE(v, 1u, n, st);                                                                       \
+    } while (0)
+#endif
+    if (n_start <= n_end)
+        ISSUE_PAIR(n_start, 0);
     int stage = 0;
-    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+    for (int n0 = n_start, it = 0; n0 <= n_end; n0 += BLOCK_N, ++it) {
         const int n1 = n0 + BLOCK_N, more = n1 <= n_end;
         /* K(n0) and V(n0) (and, the first time, Q and dO) have landed for
          * everyone; with two stages every warp is also done with the previous
@@ -319,15 +394,14 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
 #if STAGES == 2
-        if (more) {
-            ISSUE(k, 0u, n1, stage ^ 1);
-            ISSUE(v, 1u, n1, stage ^ 1);
-        }
+        if (more)
+            ISSUE_PAIR(n1, stage ^ 1);
 #endif
         const uint k_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, v_tile = k_tile + T_BYTES;
 
         /* ---- S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
+        TMA_PAIR_WAIT(stage, it);
         SCORES(s, dp, q_own, k_tile, do_own, v_tile);
 #if STAGES == 1
         /* Every warp is done with V(n0): V(n1) lands during the rest. */
@@ -362,6 +436,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
         stage ^= STAGES - 1;
     }
 #undef ISSUE
+#undef ISSUE_PAIR
     cp_wait(); /* Q and dO when there was no tile */
 
     if (w_rows > 0)

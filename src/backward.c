@@ -179,7 +179,7 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
             ctx->no_sm90a_bwd = 1;
             if ((st = flashcl_backward_params(ctx, r, deterministic, 0, &k->choice)) != FLASHCL_SUCCESS)
                 return st;
-            k->dkdv = k->dq = k->store = NULL;
+            k->dkdv = k->dq = k->store = k->dkdv_tma = k->dq_tma = NULL;
             i = -1;
             continue;
         }
@@ -197,12 +197,30 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
             if (nv && (st = flashcl_backward_params(ctx, r, deterministic, 1, &k->choice)) != FLASHCL_SUCCESS)
                 return st;
             k->choice.variant = FLASHCL_BWD_PORTABLE;
-            k->dkdv = k->dq = k->store = NULL;
+            k->dkdv = k->dq = k->store = k->dkdv_tma = k->dq_tma = NULL;
             i = -1;
             continue;
         }
         if (st != FLASHCL_SUCCESS)
             return st;
+        if (sm90a && (i == 1 || i == 2) && !atomic && c->block_m == 32 && c->block_n == 32 &&
+            flashcl_tma_usable(ctx)) {
+            /* The same kernel with its streamed tiles copied by TMA (two
+             * stages of 32 rows, cl/flash_bwd_sm90.cl). If it does not
+             * build, the cp.async kernel just built answers. */
+            char with_tma[540];
+            snprintf(with_tma, sizeof with_tma, "%s -DUSE_TMA=1", options);
+            st = flashcl_get_kernel(ctx, file, name, with_tma, i == 1 ? &k->dkdv_tma : &k->dq_tma);
+            if (st == FLASHCL_ERROR_BUILD_FAILED) {
+                flashcl_log("the nv-wgmma backward kernel %s with TMA copies did not build, using it without: %.300s",
+                            name, flashcl_last_error(ctx));
+                flashcl_clear_error(ctx);
+                ctx->no_tma = 1;
+                k->dkdv_tma = k->dq_tma = NULL;
+            } else if (st != FLASHCL_SUCCESS) {
+                return st;
+            }
+        }
         if (tiled && c->variant == FLASHCL_BWD_PORTABLE) {
             size_t kernel_wg = 0;
             clGetKernelWorkGroupInfo(*slot[i], ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
@@ -222,6 +240,17 @@ static cl_int set_layout_args(cl_kernel kernel, cl_uint *a, const flashcl_layout
     cl_int err = CL_SUCCESS;
     for (int i = 0; i < 4; ++i)
         err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_ulong), &u[i]);
+    return err;
+}
+
+/* USE_TMA's arguments after the kernel's others (maps: its two tensor maps
+ * by value, then the work-groups' slots); nothing when maps is NULL. */
+static cl_int set_tma_args(cl_kernel kernel, cl_uint *a, const flashcl_tensor_map *maps, cl_mem slots) {
+    if (!maps)
+        return CL_SUCCESS;
+    cl_int err = clSetKernelArg(kernel, (*a)++, sizeof maps[0].words, maps[0].words);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof maps[1].words, maps[1].words);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &slots);
     return err;
 }
 
@@ -302,6 +331,14 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     cl_int err = CL_SUCCESS;
     cl_uint a = 0;
 
+    /* the cpu kernels: one work-item per work-group */
+    const size_t wg = c->variant == FLASHCL_BWD_CPU ? 1 : (size_t)c->work_group_size;
+    const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
+    const size_t rows_global[3] = {(size_t)nq, (size_t)r->heads_q, (size_t)r->batch};
+    const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
+    const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
+                                 (size_t)r->batch};
+
     /* flash_bwd_pre(o, dout, scratch, o:4, dout:4, di_off, dq_acc_off, zero_dq, nq, head_dim) */
     cl_kernel kp = k->pre;
     err |= clSetKernelArg(kp, a++, sizeof(cl_mem), &out);
@@ -315,9 +352,25 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(kp, a++, sizeof(cl_int), &nq);
     err |= clSetKernelArg(kp, a++, sizeof(cl_int), &D);
 
+    /* The nv-wgmma kernels copy by TMA where both built so and every map
+     * encodes: Q's and dO's for dK/dV, K's and V's for the dQ pass. */
+    flashcl_tensor_map maps[2][2];
+    const int tma = k->dkdv_tma && k->dq_tma && dq_pass &&
+                    flashcl_tma_encode_pair(&r->q, &o->dout, r->batch, nq, r->heads_q, D, (unsigned)c->block_m,
+                                            maps[0]) &&
+                    flashcl_tma_encode_pair(&r->k, &r->v, r->batch, nk, r->heads_k, D, (unsigned)c->block_n,
+                                            maps[1]);
+    if (tma) {
+        const size_t main_groups = main_global[0] / wg * main_global[1] * main_global[2];
+        const size_t dq_groups = dq_global[0] / wg * dq_global[1] * dq_global[2];
+        flashcl_status st = flashcl_ensure_tma_slots(ctx, main_groups > dq_groups ? main_groups : dq_groups);
+        if (st != FLASHCL_SUCCESS)
+            return st;
+    }
+
     /* flash_bwd_dkdv, flash_bwd_dkdv_cpu or flash_bwd_dkdv_nv(q, k, v, dout, lse, scratch, dk, dv, six layouts,
      *                lse_off, di_off, dq_acc_off, use_atomics, nq, nk, group, scale, softcap, wl, wr) */
-    cl_kernel km = k->dkdv;
+    cl_kernel km = tma ? k->dkdv_tma : k->dkdv;
     a = 0;
     const cl_mem main_bufs[8] = {q, kk, v, dout, lse, scratch, dk, dv};
     for (int i = 0; i < 8; ++i)
@@ -336,11 +389,12 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(km, a++, sizeof(cl_float), &softcap);
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wl);
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
+    err |= set_tma_args(km, &a, tma ? maps[0] : NULL, ctx->tma_slots);
 
+    cl_kernel kd = tma ? k->dq_tma : k->dq;
     if (dq_pass) {
         /* flash_bwd_dq, flash_bwd_dq_cpu or flash_bwd_dq_nv(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off,
          *              nq, nk, group, scale, softcap, wl, wr) */
-        cl_kernel kd = k->dq;
         a = 0;
         const cl_mem dq_bufs[7] = {q, kk, v, dout, lse, scratch, dq};
         for (int i = 0; i < 7; ++i)
@@ -357,17 +411,10 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
         err |= clSetKernelArg(kd, a++, sizeof(cl_float), &softcap);
         err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wl);
         err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wr);
+        err |= set_tma_args(kd, &a, tma ? maps[1] : NULL, ctx->tma_slots);
     }
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
-
-    /* the cpu kernels: one work-item per work-group */
-    const size_t wg = c->variant == FLASHCL_BWD_CPU ? 1 : (size_t)c->work_group_size;
-    const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
-    const size_t rows_global[3] = {(size_t)nq, (size_t)r->heads_q, (size_t)r->batch};
-    const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
-    const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
-                                 (size_t)r->batch};
     const size_t local[3] = {wg, 1, 1};
     cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
     err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, NULL, num_wait, num_wait ? wait : NULL,
@@ -375,7 +422,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && dq_pass)
-        err = clEnqueueNDRangeKernel(ctx->queue, k->dq, 3, NULL, dq_global, local, 1, &e_main, &e_last);
+        err = clEnqueueNDRangeKernel(ctx->queue, kd, 3, NULL, dq_global, local, 1, &e_main, &e_last);
     if (err == CL_SUCCESS)
         profile_kernels(e_pre, e_main, e_last);
     if (e_pre)

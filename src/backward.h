@@ -16,6 +16,10 @@ typedef struct flashcl_backward_kernels {
     cl_kernel pre, dkdv;
     cl_kernel dq;    /* flash_bwd_dq: deterministic mode only, else NULL          */
     cl_kernel store; /* flash_bwd_dq_store: atomic mode or when asked, else NULL  */
+    /* nv-wgmma: dkdv and dq copying their streamed tiles by TMA (USE_TMA),
+     * where the driver encodes tensor maps; each call runs them where its
+     * tensors' maps encode, else dkdv and dq. NULL otherwise. */
+    cl_kernel dkdv_tma, dq_tma;
 } flashcl_backward_kernels;
 
 /* Scratch bytes of one launch for a resolved desc (rows = batch * heads_q *
