@@ -175,23 +175,11 @@ typedef struct tf32_pair {
 #define FAST_SPLIT 1
 #endif
 
-#ifndef SMALL_RAW
-/* 1: small goes to the mma as the float x - big, its 13 low bits not
- * cleared: the tensor core reads a .tf32 operand's top 19 bits (whatever it
- * does with the rest, small is then within one TF32 ulp of its own size,
- * < 2^-21 |x|, as truncated), and one instruction of four per split goes. */
-#define SMALL_RAW 1
-#endif
-
 inline tf32_pair split_tf32(float x) {
     tf32_pair p;
 #if FAST_SPLIT
     p.big = (as_uint(x) + 0x1000u) & 0xffffe000u;
-#if SMALL_RAW
-    p.small = as_uint(x - as_float(p.big));
-#else
     p.small = as_uint(x - as_float(p.big)) & 0xffffe000u;
-#endif
 #else
     p.big = tf32(x);
     p.small = tf32(x - as_float(p.big));
