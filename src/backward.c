@@ -121,6 +121,14 @@ flashcl_status flashcl_backward_check_buffers(flashcl_context *ctx, const flashc
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
+/* Work-items a row in the D_i pre-pass (cl/flash_bwd.cl says why): 32 on
+ * GPUs, in groups of PRE_WG; 1 with the CPU kernels, or where a group of
+ * PRE_WG does not fit. */
+#define PRE_WG 128 /* as cl/flash_bwd.cl */
+static int pre_lanes(const flashcl_context *ctx, const flashcl_backward_choice *c) {
+    return c->variant == FLASHCL_BWD_CPU || ctx->info.max_wg < PRE_WG ? 1 : 32;
+}
+
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
                                         int deterministic, int with_store, flashcl_backward_kernels *k) {
     memset(k, 0, sizeof *k);
@@ -166,8 +174,11 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                  c->block_m, c->block_n, c->work_group_size,
                  !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX",
                  sm90a ? " -DFLASHCL_SM90A" : "", cap, order);
-        snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s",
-                 (int)r->dtype, i + 1, tiled ? tiles : "", extra ? " " : "", extra ? extra : "");
+        char lanes[24] = "";
+        if (i == 0)
+            snprintf(lanes, sizeof lanes, " -DPRE_LANES=%d", pre_lanes(ctx, c));
+        snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s%s",
+                 (int)r->dtype, i + 1, tiled ? tiles : "", lanes, extra ? " " : "", extra ? extra : "");
         st = flashcl_get_kernel(ctx, file, name, options, slot[i]);
         const int forced = !strcmp(c->source, "FLASHCL_BWD_PARAMS");
         if (st == FLASHCL_ERROR_BUILD_FAILED && tiled && sm90a && !forced) {
@@ -334,7 +345,11 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     /* the cpu kernels: one work-item per work-group */
     const size_t wg = c->variant == FLASHCL_BWD_CPU ? 1 : (size_t)c->work_group_size;
     const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
-    const size_t rows_global[3] = {(size_t)nq, (size_t)r->heads_q, (size_t)r->batch};
+    /* The pre-pass: PRE_LANES work-items a row in groups of PRE_WG (cl/flash_bwd.cl). */
+    const size_t lanes = (size_t)pre_lanes(ctx, c), pre_wg = lanes > 1 ? PRE_WG : 1;
+    const size_t rows_global[3] = {((size_t)nq * lanes + pre_wg - 1) / pre_wg * pre_wg, (size_t)r->heads_q,
+                                   (size_t)r->batch};
+    const size_t pre_local[3] = {pre_wg, 1, 1};
     const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
     const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
                                  (size_t)r->batch};
@@ -417,8 +432,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
     const size_t local[3] = {wg, 1, 1};
     cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
-    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, NULL, num_wait, num_wait ? wait : NULL,
-                                 &e_pre);
+    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, lanes > 1 ? pre_local : NULL, num_wait,
+                                 num_wait ? wait : NULL, &e_pre);
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && dq_pass)
