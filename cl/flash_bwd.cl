@@ -72,7 +72,9 @@
  * on a GPU neighbouring work-items then read neighbouring bytes. With one
  * work-item a row (PRE_LANES 1, the CPU's choice: each reads its row from
  * its own cache lines), a warp's loads hit 32 rows each and the H200 took
- * 350 us for the 134 MB of O and dO at (4,32,4096,64), about 0.4 TB/s. */
+ * 350 us for the 134 MB of O and dO at (4,32,4096,64), about 0.4 TB/s;
+ * 32 lanes a row (4 rows a group) took 186 us, most of it the many small
+ * groups and the 32-term sums; the host asks for 8 (16 rows a group). */
 #ifndef PRE_LANES
 #define PRE_LANES 1
 #endif

@@ -189,7 +189,7 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     /* Longest blocks first where they differ (not nv-wgmma: slower there). */
     const int lpt_variant = !strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32");
-    flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", lpt_variant ? flashcl_lpt_heads(r) : 0);
+    flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", lpt_variant ? flashcl_lpt_heads(r, v->name) : 0);
     flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", flashcl_nv_wgmma_max_registers(p, r->head_dim));
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",

@@ -121,12 +121,12 @@ flashcl_status flashcl_backward_check_buffers(flashcl_context *ctx, const flashc
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
-/* Work-items a row in the D_i pre-pass (cl/flash_bwd.cl says why): 32 on
+/* Work-items a row in the D_i pre-pass (cl/flash_bwd.cl says why): 8 on
  * GPUs, in groups of PRE_WG; 1 with the CPU kernels, or where a group of
  * PRE_WG does not fit. */
 #define PRE_WG 128 /* as cl/flash_bwd.cl */
 static int pre_lanes(const flashcl_context *ctx, const flashcl_backward_choice *c) {
-    return c->variant == FLASHCL_BWD_CPU || ctx->info.max_wg < PRE_WG ? 1 : 32;
+    return c->variant == FLASHCL_BWD_CPU || ctx->info.max_wg < PRE_WG ? 1 : 8;
 }
 
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
@@ -169,7 +169,7 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
          * slower (BENCHMARKS.md). */
         const int capped = nv && !(sm90a && i == 2);
         flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", capped ? c->nv_max_registers : 0);
-        flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", nv ? flashcl_lpt_heads(r) : 0);
+        flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", nv ? flashcl_lpt_heads(r, NULL) : 0);
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s%s", r->head_dim,
                  c->block_m, c->block_n, c->work_group_size,
                  !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX",

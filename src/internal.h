@@ -176,10 +176,11 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
 /* LPT_HEADS (cl/common.cl) for the nv-mma and nv-tf32 forward and the
- * nv-mma backward on a resolved desc: 8 where later rows see more keys (a
- * causal mask, or a window bounded on the right only), so that the longest
- * blocks run first; 0 elsewhere, where each head's blocks take turns. */
-int flashcl_lpt_heads(const flashcl_attention_desc *resolved);
+ * nv-mma backward on a resolved desc: 8 (16 for `variant` "nv-tf32") where
+ * later rows see more keys (a causal mask, or a window bounded on the right
+ * only), so that the longest blocks run first; 0 elsewhere, where each
+ * head's blocks take turns. */
+int flashcl_lpt_heads(const flashcl_attention_desc *resolved, const char *variant);
 /* The register cap (-DFLASHCL_NV_MAXNREG) the nv-wgmma kernel is built with
  * under params at head_dim; 0: none. */
 int flashcl_nv_wgmma_max_registers(const flashcl_params *params, int head_dim);

@@ -213,13 +213,17 @@ static int wgmma_q_own_block(int head_dim, int block_m, int block_n) {
     return dpad == 64 || ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= 48000;
 }
 
-int flashcl_lpt_heads(const flashcl_attention_desc *r) {
+int flashcl_lpt_heads(const flashcl_attention_desc *r, const char *variant) {
     /* Chunks of 8 pairs: on the H200 causal (4,32,4096,64) nv-mma ran 273-274
      * TFLOP/s at 8, 32 and 128 pairs a chunk, against 256 by head; the
      * smallest keeps the fewest heads' K and V in L2 at a time. The nv-mma
      * backward gained 1-4 %, nv-tf32 2-3 %; nv-wgmma lost 1-11 %, so it is
-     * not asked (BENCHMARKS.md). */
-    return r->window_left < 0 && r->window_right >= 0 ? 8 : 0;
+     * not asked (BENCHMARKS.md). nv-tf32 takes chunks of 16: causal f32
+     * (4,32,4096,128) ran 46.1 TFLOP/s at 16 against 44.7 at 8, 42.5 at 4
+     * and 41.4 at 2 (D=64: 50.0 against 49.4). */
+    if (!(r->window_left < 0 && r->window_right >= 0))
+        return 0;
+    return variant && !strcmp(variant, "nv-tf32") ? 16 : 8;
 }
 
 int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
