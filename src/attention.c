@@ -187,8 +187,8 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     char define[32] = "", cap[40], order[32], options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
-    /* Longest blocks first where they differ (not nv-wgmma: slower there). */
-    const int lpt_variant = !strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32");
+    /* Longest blocks first where they differ, on the tensor-core kernels. */
+    const int lpt_variant = !strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32") || !strcmp(v->name, "nv-wgmma");
     flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", lpt_variant ? flashcl_lpt_heads(r, v->name) : 0);
     flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", flashcl_nv_wgmma_max_registers(p, r->head_dim));
     snprintf(options, sizeof options,

@@ -175,7 +175,7 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
-/* LPT_HEADS (cl/common.cl) for the nv-mma and nv-tf32 forward and the
+/* LPT_HEADS (cl/common.cl) for the tensor-core forward kernels and the
  * nv-mma backward on a resolved desc: 8 (16 for `variant` "nv-tf32") where
  * later rows see more keys (a causal mask, or a window bounded on the right
  * only), so that the longest blocks run first; 0 elsewhere, where each

@@ -217,8 +217,10 @@ int flashcl_lpt_heads(const flashcl_attention_desc *r, const char *variant) {
     /* Chunks of 8 pairs: on the H200 causal (4,32,4096,64) nv-mma ran 273-274
      * TFLOP/s at 8, 32 and 128 pairs a chunk, against 256 by head; the
      * smallest keeps the fewest heads' K and V in L2 at a time. The nv-mma
-     * backward gained 1-4 %, nv-tf32 2-3 %; nv-wgmma lost 1-11 %, so it is
-     * not asked (BENCHMARKS.md). nv-tf32 takes chunks of 16: causal f32
+     * backward gained 1-4 %, nv-tf32 2-3 %. nv-wgmma lost 1-11 % with its
+     * cp.async tiles; with one warpgroup of 64-key TMA tiles it gains 1-2 %
+     * (causal f16 (4,32,4096,128) 501 against 494 TFLOP/s, D=64 396 against
+     * 388; 16 and 32 pairs no better). nv-tf32 takes chunks of 16: causal f32
      * (4,32,4096,128) ran 46.1 TFLOP/s at 16 against 44.7 at 8, 42.5 at 4
      * and 41.4 at 2 (D=64: 50.0 against 49.4). */
     if (!(r->window_left < 0 && r->window_right >= 0))
