@@ -11,7 +11,7 @@
  *
  * Four kernels, one per launch (BWD_KERNEL selects which one a build holds,
  * so each build compiles only what it launches; without it all four build):
- *   1 flash_bwd_pre      PRE_LANES work-items a query row: D_i into scratch, and,
+ *   1 flash_bwd_pre      ROW_LANES work-items a query row: D_i into scratch, and,
  *                        in atomic mode, zeroes the row's float dQ accumulator
  *   2 flash_bwd_dkdv     one work-group per BLOCK_N keys of one (batch, kv
  *                        head); it loops over the `group` query heads sharing
@@ -61,54 +61,58 @@
 #define KV_PER ((BLOCK_N * HEAD_DIM + WG - 1) / WG) /* dK/dV elements per work-item */
 #define Q_PER ((BLOCK_M * HEAD_DIM + WG - 1) / WG)  /* dQ elements per work-item    */
 
+#if !defined(BWD_KERNEL) || BWD_KERNEL == 1 || BWD_KERNEL == 4
+/* Work-items a row of the row kernels (pre-pass, dQ store), see below. */
+#ifndef ROW_LANES
+#define ROW_LANES 1
+#endif
+#define ROW_WG 128 /* work-items a group when ROW_LANES > 1 */
+#if ROW_LANES > 1 && (ROW_WG % ROW_LANES != 0)
+#error "ROW_LANES must divide ROW_WG"
+#endif
+#endif
+
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 1
 /* D_i = sum_d dO[i][d] * O[i][d] in float, into di[(b*Hq + h)*Nq + i]; with
  * zero_dq, the float dQ accumulator row (head_dim floats at dq_acc +
  * ((b*Hq + h)*Nq + i)*head_dim) is cleared. head_dim is an argument so this
  * kernel builds once per dtype.
  *
- * PRE_LANES work-items share a row (the host launches work-groups of
- * PRE_WG = PRE_LANES * rows), lane l reading elements l, l + PRE_LANES, ...:
+ * ROW_LANES work-items share a row (the host launches work-groups of
+ * ROW_WG = ROW_LANES * rows), lane l reading elements l, l + ROW_LANES, ...:
  * on a GPU neighbouring work-items then read neighbouring bytes. With one
- * work-item a row (PRE_LANES 1, the CPU's choice: each reads its row from
+ * work-item a row (ROW_LANES 1, the CPU's choice: each reads its row from
  * its own cache lines), a warp's loads hit 32 rows each and the H200 took
  * 350 us for the 134 MB of O and dO at (4,32,4096,64), about 0.4 TB/s;
  * 32 lanes a row (4 rows a group) took 186 us, most of it the many small
  * groups and the 32-term sums; the host asks for 8 (16 rows a group). */
-#ifndef PRE_LANES
-#define PRE_LANES 1
-#endif
-#define PRE_WG 128 /* work-items a group when PRE_LANES > 1 */
-#if PRE_LANES > 1 && (PRE_WG % PRE_LANES != 0)
-#error "PRE_LANES must divide PRE_WG"
-#endif
 __kernel void flash_bwd_pre(__global const elem_t *restrict o, __global const elem_t *restrict dout,
                             __global float *restrict scratch, TENSOR_ARGS(o), TENSOR_ARGS(dout),
                             ulong di_off, ulong dq_acc_off, int zero_dq, int nq, int head_dim) {
-    const int i = (int)get_global_id(0) / PRE_LANES, lane = (int)get_global_id(0) % PRE_LANES;
+    const int i = (int)get_global_id(0) / ROW_LANES, lane = (int)get_global_id(0) % ROW_LANES;
     const int h = (int)get_global_id(1), b = (int)get_global_id(2);
     const ulong r = ((ulong)b * get_global_size(1) + h) * (ulong)nq + i;
     float acc = 0.0f;
     if (i < nq) {
         const ulong orow = ROW_AT(o, b, i, h), grow = ROW_AT(dout, b, i, h);
-        for (int d = lane; d < head_dim; d += PRE_LANES)
+        for (int d = lane; d < head_dim; d += ROW_LANES)
             acc = fma(LOAD_ELEM(dout, grow + d), LOAD_ELEM(o, orow + d), acc);
         if (zero_dq)
-            for (int d = lane; d < head_dim; d += PRE_LANES)
+            for (int d = lane; d < head_dim; d += ROW_LANES)
                 scratch[dq_acc_off + r * head_dim + d] = 0.0f;
     }
-#if PRE_LANES > 1
+#if ROW_LANES > 1
     /* The row's partial sums meet in __local; its first lane adds them in
      * lane order (a fixed order: the same bits every run). Rows past nq take
      * part in the barrier and store nothing. */
-    __local float part[PRE_WG];
+    __local float part[ROW_WG];
     const int lid = (int)get_local_id(0);
     part[lid] = acc;
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lane != 0 || i >= nq)
         return;
     acc = 0.0f;
-    for (int l = 0; l < PRE_LANES; ++l)
+    for (int l = 0; l < ROW_LANES; ++l)
         acc += part[lid + l];
 #else
     if (i >= nq)
@@ -119,15 +123,18 @@ __kernel void flash_bwd_pre(__global const elem_t *restrict o, __global const el
 #endif
 
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 4
-/* dQ[i][d] = dq_acc[...] rounded to DTYPE (scale is already folded in). */
+/* dQ[i][d] = dq_acc[...] rounded to DTYPE (scale is already folded in),
+ * ROW_LANES work-items a row as in the pre-pass (where it runs, atomic mode,
+ * its GPU time was not measured: the H200 runs the dQ pass). */
 __kernel void flash_bwd_dq_store(__global const float *restrict scratch, __global elem_t *restrict dq,
                                  TENSOR_ARGS(dq), ulong dq_acc_off, int nq, int head_dim) {
-    const int i = (int)get_global_id(0), h = (int)get_global_id(1), b = (int)get_global_id(2);
+    const int i = (int)get_global_id(0) / ROW_LANES, lane = (int)get_global_id(0) % ROW_LANES;
+    const int h = (int)get_global_id(1), b = (int)get_global_id(2);
     if (i >= nq)
         return;
     const ulong r = ((ulong)b * get_global_size(1) + h) * (ulong)nq + i;
     const ulong out = ROW_AT(dq, b, i, h);
-    for (int d = 0; d < head_dim; ++d)
+    for (int d = lane; d < head_dim; d += ROW_LANES)
         STORE_ELEM(dq, out + d, scratch[dq_acc_off + r * head_dim + d]);
 }
 #endif

@@ -121,12 +121,20 @@ flashcl_status flashcl_backward_check_buffers(flashcl_context *ctx, const flashc
 
 /* ---- kernels ------------------------------------------------------------------------- */
 
-/* Work-items a row in the D_i pre-pass (cl/flash_bwd.cl says why): 8 on
- * GPUs, in groups of PRE_WG; 1 with the CPU kernels, or where a group of
- * PRE_WG does not fit. */
-#define PRE_WG 128 /* as cl/flash_bwd.cl */
-static int pre_lanes(const flashcl_context *ctx, const flashcl_backward_choice *c) {
-    return c->variant == FLASHCL_BWD_CPU || ctx->info.max_wg < PRE_WG ? 1 : 8;
+/* Work-items a row in the row kernels, the D_i pre-pass and the dQ store
+ * (cl/flash_bwd.cl says why): 8 on GPUs, in groups of ROW_WG; 1 with the
+ * CPU kernels, or where a group of ROW_WG does not fit. */
+#define ROW_WG 128 /* as cl/flash_bwd.cl */
+static int row_lanes(const flashcl_context *ctx, const flashcl_backward_choice *c) {
+    return c->variant == FLASHCL_BWD_CPU || ctx->info.max_wg < ROW_WG ? 1 : 8;
+}
+
+/* The NDRange of a row kernel over rows x heads x batch, `lanes` work-items a row. */
+static void row_range(int lanes, int rows, int heads, int batch, size_t global[3], size_t local[3]) {
+    const size_t wg = lanes > 1 ? ROW_WG : 1;
+    global[0] = ((size_t)rows * (size_t)lanes + wg - 1) / wg * wg;
+    global[1] = (size_t)heads, global[2] = (size_t)batch;
+    local[0] = wg, local[1] = local[2] = 1;
 }
 
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
@@ -175,8 +183,10 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                  !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX",
                  sm90a ? " -DFLASHCL_SM90A" : "", cap, order);
         char lanes[24] = "";
-        if (i == 0)
-            snprintf(lanes, sizeof lanes, " -DPRE_LANES=%d", pre_lanes(ctx, c));
+        if (i == 0) /* the first kernel of each pass over the choice */
+            k->row_lanes = row_lanes(ctx, c);
+        if (i == 0 || i == 3)
+            snprintf(lanes, sizeof lanes, " -DROW_LANES=%d", k->row_lanes);
         snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s%s",
                  (int)r->dtype, i + 1, tiled ? tiles : "", lanes, extra ? " " : "", extra ? extra : "");
         st = flashcl_get_kernel(ctx, file, name, options, slot[i]);
@@ -299,11 +309,12 @@ static void hand_over(cl_event e, cl_event *event) {
         clReleaseEvent(e);
 }
 
-flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, cl_kernel store, cl_mem scratch,
+flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, const flashcl_backward_kernels *k, cl_mem scratch,
                                               size_t acc_offset, cl_mem dst, const flashcl_layout *l,
                                               int batch, int seqlen, int heads, int head_dim, cl_uint num_wait,
                                               const cl_event *wait, cl_event *event) {
     /* flash_bwd_dq_store(scratch, dq, dq:4, dq_acc_off, nq, head_dim) */
+    cl_kernel store = k->store;
     const cl_ulong acc_off = acc_offset;
     const cl_int n = seqlen, D = head_dim;
     cl_uint a = 0;
@@ -315,9 +326,11 @@ flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, cl_kernel st
     err |= clSetKernelArg(store, a++, sizeof(cl_int), &D);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for flash_bwd_dq_store");
-    const size_t global[3] = {(size_t)seqlen, (size_t)heads, (size_t)batch};
+    size_t global[3], local[3];
+    row_range(k->row_lanes, seqlen, heads, batch, global, local);
     cl_event e = NULL;
-    err = clEnqueueNDRangeKernel(ctx->queue, store, 3, NULL, global, NULL, num_wait, num_wait ? wait : NULL, &e);
+    err = clEnqueueNDRangeKernel(ctx->queue, store, 3, NULL, global, k->row_lanes > 1 ? local : NULL, num_wait,
+                                 num_wait ? wait : NULL, &e);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching flash_bwd_dq_store: %s", flashcl_status_string(err));
     hand_over(e, event);
@@ -345,11 +358,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     /* the cpu kernels: one work-item per work-group */
     const size_t wg = c->variant == FLASHCL_BWD_CPU ? 1 : (size_t)c->work_group_size;
     const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
-    /* The pre-pass: PRE_LANES work-items a row in groups of PRE_WG (cl/flash_bwd.cl). */
-    const size_t lanes = (size_t)pre_lanes(ctx, c), pre_wg = lanes > 1 ? PRE_WG : 1;
-    const size_t rows_global[3] = {((size_t)nq * lanes + pre_wg - 1) / pre_wg * pre_wg, (size_t)r->heads_q,
-                                   (size_t)r->batch};
-    const size_t pre_local[3] = {pre_wg, 1, 1};
+    size_t rows_global[3], rows_local[3];
+    row_range(k->row_lanes, nq, r->heads_q, r->batch, rows_global, rows_local);
     const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
     const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
                                  (size_t)r->batch};
@@ -432,8 +442,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
     const size_t local[3] = {wg, 1, 1};
     cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
-    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, lanes > 1 ? pre_local : NULL, num_wait,
-                                 num_wait ? wait : NULL, &e_pre);
+    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, k->row_lanes > 1 ? rows_local : NULL,
+                                 num_wait, num_wait ? wait : NULL, &e_pre);
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && dq_pass)
@@ -455,7 +465,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
         return FLASHCL_SUCCESS;
     }
     /* Atomic mode: the accumulator rounded into dQ. */
-    flashcl_status st = flashcl_backward_enqueue_store(ctx, k->store, scratch, dq_acc_off, dq, &o->dq, r->batch,
+    flashcl_status st = flashcl_backward_enqueue_store(ctx, k, scratch, dq_acc_off, dq, &o->dq, r->batch,
                                                        nq, r->heads_q, D, 1, &e_main, event);
     clReleaseEvent(e_main);
     return st;

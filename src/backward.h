@@ -20,6 +20,7 @@ typedef struct flashcl_backward_kernels {
      * where the driver encodes tensor maps; each call runs them where its
      * tensors' maps encode, else dkdv and dq. NULL otherwise. */
     cl_kernel dkdv_tma, dq_tma;
+    int row_lanes; /* work-items a row of pre and store (ROW_LANES, cl/flash_bwd.cl) */
 } flashcl_backward_kernels;
 
 /* Scratch bytes of one launch for a resolved desc (rows = batch * heads_q *
@@ -53,10 +54,10 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
                                         cl_mem scratch, size_t scratch_offset, cl_uint num_wait,
                                         const cl_event *wait, cl_event *event);
 
-/* flash_bwd_dq_store: rounds float rows scratch[acc_offset ..] ([batch]
+/* k's flash_bwd_dq_store: rounds float rows scratch[acc_offset ..] ([batch]
  * [heads][seqlen][head_dim]) into dst at layout l, in the kernel's dtype.
  * Waits and returns an event as flashcl_backward_enqueue does. */
-flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, cl_kernel store, cl_mem scratch,
+flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, const flashcl_backward_kernels *k, cl_mem scratch,
                                               size_t acc_offset, cl_mem dst, const flashcl_layout *l,
                                               int batch, int seqlen, int heads, int head_dim, cl_uint num_wait,
                                               const cl_event *wait, cl_event *event);

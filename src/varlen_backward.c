@@ -196,13 +196,13 @@ static flashcl_status enqueue_sequence(flashcl_context *ctx, const varlen_plan *
         st = flashcl_backward_enqueue(ctx, &d, &o, k, view, lse_at, scratch, 0, mid || nw ? 1 : 0,
                                       mid ? &mid : prev, &next);
     } else if (d.seqlen_q > 0) { /* no key: dq = 0 */
-        st = flashcl_backward_enqueue_store(ctx, k->store, scratch, zero_at, bufs[FLASHCL_BWD_DQ], &o.dq, 1,
+        st = flashcl_backward_enqueue_store(ctx, k, scratch, zero_at, bufs[FLASHCL_BWD_DQ], &o.dq, 1,
                                             d.seqlen_q, d.heads_q, d.head_dim, nw, prev, &next);
     } else if (d.seqlen_k > 0) { /* no query: dk = dv = 0 */
-        st = flashcl_backward_enqueue_store(ctx, k->store, scratch, zero_at, bufs[FLASHCL_BWD_DK], &o.dk, 1,
+        st = flashcl_backward_enqueue_store(ctx, k, scratch, zero_at, bufs[FLASHCL_BWD_DK], &o.dk, 1,
                                             d.seqlen_k, d.heads_k, d.head_dim, nw, prev, &mid);
         if (st == FLASHCL_SUCCESS)
-            st = flashcl_backward_enqueue_store(ctx, k->store, scratch, zero_at, bufs[FLASHCL_BWD_DV], &o.dv, 1,
+            st = flashcl_backward_enqueue_store(ctx, k, scratch, zero_at, bufs[FLASHCL_BWD_DV], &o.dv, 1,
                                                 d.seqlen_k, d.heads_k, d.head_dim, 1, &mid, &next);
     }
     if (mid)
