@@ -188,8 +188,8 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     /* Longest blocks first where they differ, on the tensor-core kernels. */
-    const int lpt_variant = !strcmp(v->name, "nv-mma") || !strcmp(v->name, "nv-tf32") || !strcmp(v->name, "nv-wgmma");
-    flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", lpt_variant ? flashcl_lpt_heads(r, v->name) : 0);
+    flashcl_host_define(order, sizeof order, extra, "LPT_HEADS",
+                        flashcl_variant_is_nv(v->name) ? flashcl_lpt_heads(r, v->name) : 0);
     flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", flashcl_nv_wgmma_max_registers(p, r->head_dim));
     snprintf(options, sizeof options,
              "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
@@ -352,11 +352,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &wl);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &wr);
-    if (tma) { /* USE_TMA's arguments: the maps by value, the work-groups' slots */
-        err |= clSetKernelArg(kernel, a++, sizeof maps[0].words, maps[0].words);
-        err |= clSetKernelArg(kernel, a++, sizeof maps[1].words, maps[1].words);
-        err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &ctx->tma_slots);
-    }
+    err |= flashcl_set_tma_args(kernel, &a, tma ? maps : NULL, ctx->tma_slots);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed");
     err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL, event);

@@ -129,12 +129,14 @@ static int row_lanes(const flashcl_context *ctx, const flashcl_backward_choice *
     return c->variant == FLASHCL_BWD_CPU || ctx->info.max_wg < ROW_WG ? 1 : 8;
 }
 
-/* The NDRange of a row kernel over rows x heads x batch, `lanes` work-items a row. */
-static void row_range(int lanes, int rows, int heads, int batch, size_t global[3], size_t local[3]) {
+/* The NDRange of a row kernel over rows x heads x batch, `lanes` work-items a
+ * row; returns the local size to launch with (local, or NULL for one a row). */
+static const size_t *row_range(int lanes, int rows, int heads, int batch, size_t global[3], size_t local[3]) {
     const size_t wg = lanes > 1 ? ROW_WG : 1;
     global[0] = ((size_t)rows * (size_t)lanes + wg - 1) / wg * wg;
     global[1] = (size_t)heads, global[2] = (size_t)batch;
     local[0] = wg, local[1] = local[2] = 1;
+    return lanes > 1 ? local : NULL;
 }
 
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
@@ -264,17 +266,6 @@ static cl_int set_layout_args(cl_kernel kernel, cl_uint *a, const flashcl_layout
     return err;
 }
 
-/* USE_TMA's arguments after the kernel's others (maps: its two tensor maps
- * by value, then the work-groups' slots); nothing when maps is NULL. */
-static cl_int set_tma_args(cl_kernel kernel, cl_uint *a, const flashcl_tensor_map *maps, cl_mem slots) {
-    if (!maps)
-        return CL_SUCCESS;
-    cl_int err = clSetKernelArg(kernel, (*a)++, sizeof maps[0].words, maps[0].words);
-    err |= clSetKernelArg(kernel, (*a)++, sizeof maps[1].words, maps[1].words);
-    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &slots);
-    return err;
-}
-
 /* FLASHCL_PROFILE=1 with the log on (FLASHCL_LOG=1 or flashcl_set_log; a
  * diagnostic: a backward call then waits for its kernels): the log gets each
  * backward kernel's time from the queue's profiling events, when the queue
@@ -327,10 +318,9 @@ flashcl_status flashcl_backward_enqueue_store(flashcl_context *ctx, const flashc
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for flash_bwd_dq_store");
     size_t global[3], local[3];
-    row_range(k->row_lanes, seqlen, heads, batch, global, local);
+    const size_t *use_local = row_range(k->row_lanes, seqlen, heads, batch, global, local);
     cl_event e = NULL;
-    err = clEnqueueNDRangeKernel(ctx->queue, store, 3, NULL, global, k->row_lanes > 1 ? local : NULL, num_wait,
-                                 num_wait ? wait : NULL, &e);
+    err = clEnqueueNDRangeKernel(ctx->queue, store, 3, NULL, global, use_local, num_wait, num_wait ? wait : NULL, &e);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching flash_bwd_dq_store: %s", flashcl_status_string(err));
     hand_over(e, event);
@@ -359,7 +349,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     const size_t wg = c->variant == FLASHCL_BWD_CPU ? 1 : (size_t)c->work_group_size;
     const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
     size_t rows_global[3], rows_local[3];
-    row_range(k->row_lanes, nq, r->heads_q, r->batch, rows_global, rows_local);
+    const size_t *pre_local = row_range(k->row_lanes, nq, r->heads_q, r->batch, rows_global, rows_local);
     const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
     const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
                                  (size_t)r->batch};
@@ -414,7 +404,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     err |= clSetKernelArg(km, a++, sizeof(cl_float), &softcap);
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wl);
     err |= clSetKernelArg(km, a++, sizeof(cl_int), &wr);
-    err |= set_tma_args(km, &a, tma ? maps[0] : NULL, ctx->tma_slots);
+    err |= flashcl_set_tma_args(km, &a, tma ? maps[0] : NULL, ctx->tma_slots);
 
     cl_kernel kd = tma ? k->dq_tma : k->dq;
     if (dq_pass) {
@@ -436,14 +426,14 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
         err |= clSetKernelArg(kd, a++, sizeof(cl_float), &softcap);
         err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wl);
         err |= clSetKernelArg(kd, a++, sizeof(cl_int), &wr);
-        err |= set_tma_args(kd, &a, tma ? maps[1] : NULL, ctx->tma_slots);
+        err |= flashcl_set_tma_args(kd, &a, tma ? maps[1] : NULL, ctx->tma_slots);
     }
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed for the backward kernels");
     const size_t local[3] = {wg, 1, 1};
     cl_event e_pre = NULL, e_main = NULL, e_last = NULL;
-    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, k->row_lanes > 1 ? rows_local : NULL,
-                                 num_wait, num_wait ? wait : NULL, &e_pre);
+    err = clEnqueueNDRangeKernel(ctx->queue, kp, 3, NULL, rows_global, pre_local, num_wait, num_wait ? wait : NULL,
+                                 &e_pre);
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, km, 3, NULL, main_global, local, 1, &e_pre, &e_main);
     if (err == CL_SUCCESS && dq_pass)

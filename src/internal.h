@@ -157,6 +157,9 @@ int flashcl_tma_encode_pair(const flashcl_layout *a, const flashcl_layout *b, in
                             int dim, unsigned box_rows, flashcl_tensor_map maps[2]);
 /* ctx->tma_slots holds at least groups work-groups' maps. */
 flashcl_status flashcl_ensure_tma_slots(flashcl_context *ctx, size_t groups);
+/* USE_TMA's kernel arguments after the kernel's others, from *a on: the two
+ * maps by value, then the work-groups' slots; nothing when maps is NULL. */
+cl_int flashcl_set_tma_args(cl_kernel kernel, cl_uint *a, const flashcl_tensor_map maps[2], cl_mem slots);
 
 /* ---- parameters (params.c) ---- */
 /* The built-in choice for a resolved desc on this context's device. */

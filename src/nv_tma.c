@@ -152,3 +152,12 @@ flashcl_status flashcl_ensure_tma_slots(flashcl_context *ctx, size_t groups) {
     ctx->tma_slots_bytes = bytes;
     return FLASHCL_SUCCESS;
 }
+
+cl_int flashcl_set_tma_args(cl_kernel kernel, cl_uint *a, const flashcl_tensor_map maps[2], cl_mem slots) {
+    if (!maps)
+        return CL_SUCCESS;
+    cl_int err = clSetKernelArg(kernel, (*a)++, sizeof maps[0].words, maps[0].words);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof maps[1].words, maps[1].words);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &slots);
+    return err;
+}
