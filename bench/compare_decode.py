@@ -6,13 +6,24 @@ contexts 4k..128k. flashcl is timed by its own CLI (`flashcl bench --decode`:
 paged cache with shuffled pages, one query per sequence, profiling events from
 a marker before the call to the end of its last kernel, median of --iters;
 also its kernel's own START->END, `last_us`, which leaves out NVIDIA OpenCL's
-~12 us from the marker to a kernel's start);
+~12 us from the marker to a kernel's start; and pipe_us, the same calls
+enqueued back to back, total / iters);
 PyTorch by CUDA events around scaled_dot_product_attention over a contiguous
 cache ([B, 8, ctx, 128] K and V, q [B, 32, 1, 128], enable_gqa=True,
 is_causal=False: one query sees every key). The card's copy bandwidth is
 measured in the same run (a 1 GiB device-to-device copy, read + write bytes /
 time), so "% copy" says how close the K/V read gets to what the memory
 system delivers. K+V bytes = B * ctx * 8 * 128 * 2 * 2.
+
+Two timings of each side, two verdicts:
+  one call   events around a single call, the queue idle before it (each
+             side's launch latency included: NVIDIA OpenCL's ~12 us, PyTorch's
+             Python and dispatcher path);
+  pipelined  `iters` calls back to back between two events, / iters: what a
+             call costs when the host stays ahead of the device, as in a
+             serving loop (and as flash-attn's benchmarks time). The bar's
+             "reads K/V at 80 % of copy" is judged here: the launch is not
+             reading.
 
     python3 bench/compare_decode.py --flashcl build-gpu/flashcl [--json out.json]
 """
@@ -27,7 +38,7 @@ HQ, HK, D = 32, 8, 128
 
 
 def flashcl_rows(exe, device, batches, contexts, iters, extra):
-    """{(batch, context): (median_us, min_us, splits, last_us)} from `flashcl bench --decode`."""
+    """{(batch, context): (median_us, min_us, splits, last_us, pipe_us)} from `flashcl bench --decode`."""
     cmd = [exe, "bench", "--decode", "--device", device, "--dtype", "f16", "--heads", f"{HQ},{HK}",
            "--head-dim", str(D), "--batch", ",".join(map(str, batches)),
            "--context", ",".join(map(str, contexts)), "--iters", str(iters)] + extra
@@ -36,15 +47,16 @@ def flashcl_rows(exe, device, batches, contexts, iters, extra):
     rows = {}
     for line in out.stdout.splitlines():
         f = line.split()
-        if len(f) >= 6 and all(x.replace(".", "", 1).isdigit() for x in f[:6]):
-            last = float(f[7]) if len(f) > 7 and f[7].replace(".", "", 1).isdigit() else None
-            rows[(int(f[0]), int(f[1]))] = (float(f[3]), float(f[4]), int(f[2]), last)
+        if len(f) >= 6 and all(x.replace(".", "", 1).isdigit() for x in f[:6]) and "INVALID" not in f:
+            num = lambda i: float(f[i]) if len(f) > i and f[i].replace(".", "", 1).isdigit() else None
+            rows[(int(f[0]), int(f[1]))] = (float(f[3]), float(f[4]), int(f[2]), num(7), num(8))
     if not rows:
         sys.stderr.write("flashcl bench --decode printed no rows:\n" + out.stdout)
     return rows
 
 
 def torch_us(batch, context, iters):
+    """(one call, pipelined) median / mean microseconds of SDPA flash."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     q = torch.randn(batch, HQ, 1, D, device="cuda", dtype=torch.float16)
@@ -63,14 +75,21 @@ def torch_us(batch, context, iters):
                 e.record()
                 torch.cuda.synchronize()
                 times.append(s.elapsed_time(e) * 1e3)
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record()
+            for _ in range(iters):
+                f()
+            e.record()
+            torch.cuda.synchronize()
+            pipe = s.elapsed_time(e) * 1e3 / iters
     except RuntimeError as err:
         sys.stderr.write(f"torch B{batch} ctx {context}: {err}\n")
-        return None
+        return None, None
     finally:
         del q, k, v
         torch.cuda.empty_cache()
     times.sort()
-    return times[len(times) // 2]
+    return times[len(times) // 2], pipe
 
 
 def copy_gbps(iters=20):
@@ -106,27 +125,32 @@ def main():
     fl = flashcl_rows(args.flashcl, args.device, batches, contexts, args.iters, args.extra)
     copy = copy_gbps()
     print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
-    print(f"{'batch':>5} {'context':>7} {'KV_MB':>7} {'splits':>6} {'flashcl_us':>10} {'torch_us':>9} "
-          f"{'speedup':>7} {'GB/s':>7} {'%copy':>6} {'kernel_us':>9} {'%copy_k':>7}  verdict")
+    print("one: a single call (us); pipe: back to back (us a call); x: torch / flashcl; %copy: K+V bytes / time "
+          "against the copy; kernel: flashcl's kernel alone (last_us)")
+    print(f"{'batch':>5} {'context':>7} {'KV_MB':>6} {'splits':>6} {'fl_one':>8} {'pt_one':>8} {'x_one':>5} "
+          f"{'%copy':>5} {'fl_pipe':>8} {'pt_pipe':>8} {'x_pipe':>6} {'%copy':>5} {'kernel':>7} {'%copy':>5}  "
+          f"verdict: pipelined; one call")
     rows = []
+    fmt = lambda x, p: "-" if x is None else f"{x:.{p}f}"
+    pct = lambda kv, us: 100 * kv / (us * 1e-6) / 1e9 / copy if us else None
+    meets = lambda kv, fu, tu: fu is not None and tu is not None and fu <= tu and (kv < 256e6 or pct(kv, fu) >= 80)
     for b in batches:
         for c in contexts:
             kv = b * c * HK * D * 2 * 2
-            t = torch_us(b, c, args.iters)
-            f = fl.get((b, c))
-            fu = f[0] if f else None
-            gbps = kv / (fu * 1e-6) / 1e9 if fu else None
-            pct = 100 * gbps / copy if gbps else None
-            ku = f[3] if f else None  # the kernel alone: the rate it reads K/V at
-            pct_k = 100 * kv / (ku * 1e-6) / 1e9 / copy if ku else None
-            ok = fu is not None and t is not None and fu <= t and (kv < 256e6 or pct >= 80)
-            rows.append(dict(batch=b, context=c, kv_bytes=kv, splits=f[2] if f else None, flashcl_us=fu,
-                             torch_us=t, gbps=gbps, pct_copy=pct, kernel_us=ku, pct_copy_kernel=pct_k,
-                             meets_bar=ok))
-            fmt = lambda x, p: "-" if x is None else f"{x:.{p}f}"
-            print(f"{b:>5} {c:>7} {kv / 1e6:>7.0f} {fmt(f[2] if f else None, 0):>6} {fmt(fu, 1):>10} "
-                  f"{fmt(t, 1):>9} {fmt(t / fu if fu and t else None, 2):>7} {fmt(gbps, 0):>7} "
-                  f"{fmt(pct, 0):>6} {fmt(ku, 1):>9} {fmt(pct_k, 0):>7}  {'ok' if ok else 'BELOW BAR'}")
+            t_one, t_pipe = torch_us(b, c, args.iters)
+            f = fl.get((b, c)) or (None, None, None, None, None)
+            f_one, _, splits, ku, f_pipe = f
+            ok, ok_one = meets(kv, f_pipe, t_pipe), meets(kv, f_one, t_one)
+            rows.append(dict(batch=b, context=c, kv_bytes=kv, splits=splits, flashcl_us=f_one, torch_us=t_one,
+                             pct_copy=pct(kv, f_one), flashcl_pipe_us=f_pipe, torch_pipe_us=t_pipe,
+                             pct_copy_pipe=pct(kv, f_pipe), kernel_us=ku, pct_copy_kernel=pct(kv, ku),
+                             meets_bar=ok, meets_bar_one_call=ok_one))
+            ratio = lambda fu, tu: tu / fu if fu and tu else None
+            print(f"{b:>5} {c:>7} {kv / 1e6:>6.0f} {fmt(splits, 0):>6} {fmt(f_one, 1):>8} {fmt(t_one, 1):>8} "
+                  f"{fmt(ratio(f_one, t_one), 2):>5} {fmt(pct(kv, f_one), 0):>5} {fmt(f_pipe, 1):>8} "
+                  f"{fmt(t_pipe, 1):>8} {fmt(ratio(f_pipe, t_pipe), 2):>6} {fmt(pct(kv, f_pipe), 0):>5} "
+                  f"{fmt(ku, 1):>7} {fmt(pct(kv, ku), 0):>5}  {'ok' if ok else 'BELOW BAR'}; "
+                  f"{'ok' if ok_one else 'below'}")
             sys.stdout.flush()
     if args.json:
         with open(args.json, "w") as fh:

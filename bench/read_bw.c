@@ -16,6 +16,11 @@
  *   page32k  32 KB pages (a 16-token page of all 8 heads)
  *   cpasync  (NVIDIA) slab, but through cp.async into __local as the decode kernel copies:
  *            64 work-items, each warp streams its own 8 KB tiles, two stages
+ *   heads    flashcl's paged K: 32 KB pages of [16 tokens][8 heads][256 B] in shuffled order,
+ *            group g reading head g % 8 of its pages (256-byte rows 2 KB apart), 8 groups
+ *            sharing each page
+ *   cp128, cp256  cpasync with an L2 prefetch hint (.L2::128B, .L2::256B) on each copy, as
+ *            CUTLASS's sm80 cp.async issues it
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -60,7 +65,30 @@ static const char *src =
     "  for (; i < n; i += ls) acc ^= AT(i);\n"
     "  OUT(acc);\n"
     "}\n"
+    /* The paged cache's own pattern: 32 KB pages of [16 tokens][8 heads][256 B]; group g reads
+       head g % 8 of the pages in table slice g / 8: 256-byte rows 2 KB apart. */
+    "__kernel void heads(__global const uint4 *restrict a, __global const uint *restrict table, ulong per,\n"
+    "                    __global uint *out) {\n"
+    "  const uint g = get_group_id(0), head = g % 8;\n"
+    "  __global const uint *t = table + (g / 8) * per;\n"
+    "  const ulong ls = get_local_size(0), n = per * 256; /* uint4 of this head: 16 rows x 16 a page */\n"
+    "  ulong i = get_local_id(0);\n"
+    "  uint4 acc = 0;\n"
+    "#define AH(e) a[((ulong)t[(e) >> 8] << 11) + (((e) >> 4) & 15) * 128 + head * 16 + ((e) & 15)]\n"
+    "  for (; i + 7 * ls < n; i += 8 * ls)\n"
+    "    acc ^= AH(i) ^ AH(i + ls) ^ AH(i + 2 * ls) ^ AH(i + 3 * ls) ^ AH(i + 4 * ls) ^ AH(i + 5 * ls) ^\n"
+    "           AH(i + 6 * ls) ^ AH(i + 7 * ls);\n"
+    "  for (; i < n; i += ls) acc ^= AH(i);\n"
+    "  OUT(acc);\n"
+    "}\n"
     "#ifdef NV\n"
+    "#if CP_L2 == 128\n"
+    "#define CPA \"cp.async.cg.shared.global.L2::128B\"\n"
+    "#elif CP_L2 == 256\n"
+    "#define CPA \"cp.async.cg.shared.global.L2::256B\"\n"
+    "#else\n"
+    "#define CPA \"cp.async.cg.shared.global\"\n"
+    "#endif\n"
     /* A __local pointer as a .shared address (its generic form converted), as common.cl's shared_addr. */
     "uint saddr(__local const void *p) {\n"
     "  uint a;\n"
@@ -82,7 +110,7 @@ static const char *src =
     "      __global const uint4 *s = p + (warp + 2 * i) * 512;\n"
     "      const uint d = saddr(wb + (i % 2) * 512);\n"
     "      for (int j = 0; j < 16; ++j)\n"
-    "        __asm__ __volatile__(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(d + (uint)(lane + 32 * j) * 16u),\n"
+    "        __asm__ __volatile__(CPA \" [%0], [%1], 16;\" :: \"r\"(d + (uint)(lane + 32 * j) * 16u),\n"
     "                             \"l\"(s + lane + 32 * j) : \"memory\");\n"
     "    }\n"
     "    __asm__ __volatile__(\"cp.async.commit_group;\" ::: \"memory\");\n"
@@ -149,11 +177,17 @@ int main(int argc, char **argv) {
     cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
     cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
-    if (clBuildProgram(prog, 1, &dev, nv ? "-DNV" : "", NULL, NULL) != CL_SUCCESS) {
-        char log[16384] = "";
-        clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
-        fprintf(stderr, "build failed:\n%s\n", log);
-        return 1;
+    /* One program per cp.async hint (the plain patterns come from the first). */
+    cl_program progs[3];
+    const char *hints[] = {"-DNV -DCP_L2=0", "-DNV -DCP_L2=128", "-DNV -DCP_L2=256"};
+    for (int h = 0; h < (nv ? 3 : 1); ++h) {
+        progs[h] = h ? clCreateProgramWithSource(ctx, 1, &src, NULL, &err) : prog;
+        if (clBuildProgram(progs[h], 1, &dev, nv ? hints[h] : "", NULL, NULL) != CL_SUCCESS) {
+            char log[16384] = "";
+            clGetProgramBuildInfo(progs[h], dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+            fprintf(stderr, "build failed:\n%s\n", log);
+            return 1;
+        }
     }
     const size_t bytes = mib << 20, n4 = bytes / 16;
     cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_ONLY, bytes, NULL, &err);
@@ -186,17 +220,21 @@ int main(int argc, char **argv) {
 
     printf("%u compute units, %zu MiB read per run; GB/s (median of 10, START -> END)\n", cus, mib);
     printf("%-8s %5s %7s %9s\n", "pattern", "local", "wgs/cu", "GB/s");
-    const char *names[] = {"stride", "slab", "page4k", "page32k", "cpasync"};
-    for (int pat = 0; pat < (nv ? 5 : 4); ++pat) {
-        cl_kernel k = clCreateKernel(prog, pat == 0 ? "stride" : pat == 1 ? "slab" : pat == 4 ? "cpasync" : "pages", &err);
+    const char *names[] = {"stride", "slab", "page4k", "page32k", "heads", "cpasync", "cp128", "cp256"};
+    for (int pat = 0; pat < (nv ? 8 : 5); ++pat) {
+        cl_kernel k = clCreateKernel(pat >= 5 ? progs[pat - 5] : prog,
+                                     pat == 0 ? "stride" : pat == 1 ? "slab" : pat == 4 ? "heads"
+                                     : pat >= 5 ? "cpasync" : "pages", &err);
         const size_t locals[] = {64, 128, 256};
         for (int li = 0; li < 3; ++li) {
-            const size_t local = pat == 4 ? 64 : locals[li];
-            if (pat == 4 && li > 0)
+            const size_t local = pat >= 5 ? 64 : locals[li];
+            if (pat >= 5 && li > 0)
                 break;
             const int per_cu[] = {1, 2, 4, 8, 16};
             for (int wi = 0; wi < 5; ++wi) {
-                const size_t groups = (size_t)cus * (size_t)per_cu[wi];
+                size_t groups = (size_t)cus * (size_t)per_cu[wi];
+                if (pat == 4) /* whole pages: 8 groups, one a head, per table slice */
+                    groups = groups < 8 ? 8 : groups / 8 * 8;
                 double read = (double)bytes;
                 cl_ulong per;
                 if (pat == 0) {
@@ -204,12 +242,19 @@ int main(int argc, char **argv) {
                     clSetKernelArg(k, 0, sizeof buf, &buf);
                     clSetKernelArg(k, 1, sizeof per, &per);
                     clSetKernelArg(k, 2, sizeof out, &out);
-                } else if (pat == 1 || pat == 4) {
+                } else if (pat == 1 || pat >= 5) {
                     per = n4 / groups / 512 * 512; /* whole 8 KB tiles for cpasync */
                     read = (double)per * groups * 16;
                     clSetKernelArg(k, 0, sizeof buf, &buf);
                     clSetKernelArg(k, 1, sizeof per, &per);
                     clSetKernelArg(k, 2, sizeof out, &out);
+                } else if (pat == 4) {
+                    per = (bytes >> 15) / (groups / 8); /* 32 KB pages per 8 groups */
+                    read = (double)per * (groups / 8) * 32768;
+                    clSetKernelArg(k, 0, sizeof buf, &buf);
+                    clSetKernelArg(k, 1, sizeof tables[1], &tables[1]);
+                    clSetKernelArg(k, 2, sizeof per, &per);
+                    clSetKernelArg(k, 3, sizeof out, &out);
                 } else {
                     const cl_uint shift = pat == 2 ? 8 : 11; /* 256 or 2048 uint4 a page */
                     per = (bytes >> (shift + 4)) / groups;

@@ -94,6 +94,20 @@
 #ifndef Q_IN_LOCAL
 #define Q_IN_LOCAL (HEAD_DIM > 128)
 #endif
+/* EARLY_TILES: the first tiles' copies are issued before Q is read, so that
+ * the group's first wait on memory overlaps Q's load instead of following
+ * it (a work-group's whole life is one or two such waits per tile on short
+ * slices). Q then needs its own __local after the tiles. */
+/* DIAG: timing-only builds that take work out of the cp.async loop, to tell
+ * where a short slice's time goes (their results are wrong): bit 1 computes
+ * nothing (the tiles are still copied and waited for), bit 2 copies nothing
+ * (the products run on whatever __local holds). 0, the default: neither. */
+#ifndef DIAG
+#define DIAG 0
+#endif
+#ifndef EARLY_TILES
+#define EARLY_TILES 0
+#endif
 #if K_IN_REGS
 /* Per warp V_STAGES V tiles, then Q (read every tile: its fragments would
  * take 32 more registers beside two sets of K), then over it all, after the
@@ -104,7 +118,7 @@
 #define Q_BASE V_AREA
 #define MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
 #define SMEM_HALFS MAX3(V_AREA + 16 * Q_PITCH, WARPS * 16 * HEAD_DIM * 2, BLOCK_M * MAX_SPLITS * 2)
-#elif Q_IN_LOCAL
+#elif Q_IN_LOCAL || EARLY_TILES
 #define Q_BASE (WARPS * WARP_HALFS)
 #define SMEM_HALFS (WARPS * WARP_HALFS + Q_HALFS)
 #else
@@ -139,6 +153,10 @@
 inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __global const int *tables, int k_base,
                        __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
+#if DIAG & 2
+    __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+    return;
+#endif
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
@@ -311,6 +329,33 @@ inline uint q_word(__local const ushort *qs, int r, int d) {
 #define Q_PITCH PITCH
 #endif
 
+/* Q rows -> __local (zero rows past the block) -> A fragments, once. At
+ * function scope: it declares q_lane (and qf) for the loop. Where Q shares
+ * the tile area (Q_BASE 0), every warp takes its fragments before any tile
+ * is copied over them. */
+#if !Q_IN_LOCAL && !K_IN_REGS
+#define Q_FRAGS()                                                                                  \
+    uint qf[K_STEPS][4];                                                                           \
+    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                         \
+        LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);                                        \
+    if (Q_BASE == 0)                                                                               \
+        barrier(CLK_LOCAL_MEM_FENCE);
+#else
+#define Q_FRAGS()
+#endif
+#define Q_LOAD()                                                                                   \
+    for (int i = tid; i < 16 * HEAD_DIM; i += WG_SIZE) {                                           \
+        const int r = i / HEAD_DIM, d = i % HEAD_DIM, row = m0 + r;                                \
+        ushort x = 0;                                                                              \
+        if (r < nrows)                                                                             \
+            x = ((__global const ushort *)q)[q_off + (ulong)(b.q_start + row / group) * q_ss +    \
+                                             (ulong)(hk * group + row % group) * q_sh + d];        \
+        smem[Q_BASE + r * Q_PITCH + d] = x;                                                        \
+    }                                                                                              \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
+    const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;      \
+    Q_FRAGS()
+
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
                 int counters_off SERVING_META_ARG) { /* meta[counters_off + block * heads_k + hk]: finished splits */
@@ -330,24 +375,6 @@ paged_decode_nv(SERVING_ARGS,
     const int nrows = min(BLOCK_M, rows - m0);
     const uint s_base = shared_addr(smem);
 
-    /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
-    for (int i = tid; i < 16 * HEAD_DIM; i += WG_SIZE) {
-        const int r = i / HEAD_DIM, d = i % HEAD_DIM, row = m0 + r;
-        ushort x = 0;
-        if (r < nrows)
-            x = ((__global const ushort *)q)[q_off + (ulong)(b.q_start + row / group) * q_ss +
-                                             (ulong)(hk * group + row % group) * q_sh + d];
-        smem[Q_BASE + r * Q_PITCH + d] = x;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;
-#if !Q_IN_LOCAL && !K_IN_REGS
-    uint qf[K_STEPS][4];
-#pragma unroll
-    for (int kk = 0; kk < K_STEPS; ++kk)
-        LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
-    barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
-#endif
     const uint k_lane = (uint)((lane % 8 + (lane / 16) * 8) * PITCH + ((lane / 8) % 2) * 8) * 2u;
     const uint v_lane = (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
 
@@ -409,11 +436,19 @@ paged_decode_nv(SERVING_ARGS,
         WARP_SYNC(); /* done reading V(i) before a later issue refills its buffer */               \
     } while (0)
     lane_k xa, xb;
-#pragma unroll
-    for (int i = 0; i < V_STAGES - 1; ++i)
-        ISSUE_V(i);
-    if (my_tiles > 0)
-        load_lane_k(&xa, N0(0), s_lo, s_hi, tables, b.k_base, kb, k_ss, g, t);
+#define PROLOGUE()                                                                                 \
+    do {                                                                                           \
+        _Pragma("unroll") for (int i = 0; i < V_STAGES - 1; ++i) ISSUE_V(i);                       \
+        if (my_tiles > 0)                                                                          \
+            load_lane_k(&xa, N0(0), s_lo, s_hi, tables, b.k_base, kb, k_ss, g, t);                 \
+    } while (0)
+#if EARLY_TILES
+    PROLOGUE();
+#endif
+    Q_LOAD();
+#if !EARLY_TILES
+    PROLOGUE();
+#endif
     for (int i = 0; i < my_tiles; i += 2) { /* unrolled by two: the sets are registers */
         K_REGS_TILE(xa, xb, i);
         if (i + 1 == my_tiles)
@@ -429,13 +464,20 @@ paged_decode_nv(SERVING_ARGS,
     /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES: K, then V. */
 #define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
 #define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
-#pragma unroll
-    for (int i = 0; i < STAGES - 1; ++i) {
-        if (i < my_tiles)
-            issue_tile(warp + i * WARPS, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
-        else
-            COMMIT_EMPTY();
+#define PROLOGUE()                                                                                 \
+    _Pragma("unroll") for (int i = 0; i < STAGES - 1; ++i) {                                       \
+        if (i < my_tiles)                                                                          \
+            issue_tile(warp + i * WARPS, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss); \
+        else                                                                                       \
+            COMMIT_EMPTY();                                                                        \
     }
+#if EARLY_TILES
+    PROLOGUE();
+#endif
+    Q_LOAD();
+#if !EARLY_TILES
+    PROLOGUE();
+#endif
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
         if (ahead < my_tiles)
@@ -445,6 +487,7 @@ paged_decode_nv(SERVING_ARGS,
             COMMIT_EMPTY();
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
         WARP_SYNC(); /* every lane's part of tile i has landed */
+#if !(DIAG & 1)
         const uint k_tile = K_BUF(i), v_tile = V_BUF(i);
         const int n0 = s_lo + (warp + i * WARPS) * BLOCK_N;
 
@@ -496,6 +539,7 @@ paged_decode_nv(SERVING_ARGS,
                 MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
             }
         }
+#endif
         WARP_SYNC(); /* done reading this buffer before a later issue refills it */
     }
     __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
