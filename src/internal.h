@@ -292,6 +292,8 @@ typedef struct flashcl_decode_choice {
                           * straight into registers (cl/paged_decode_nv.cl
                           * K_IN_REGS); 0: never                               */
     int k_in_regs;       /* decode-mma: that choice, made with the split count */
+    int l2_prefetch;     /* decode kernels: bytes of L2 prefetch on each cp.async
+                          * (common.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
     int meta_args;       /* decode kernels: 1 passes the batch description as a
                           * by-value kernel argument when it fits (no upload)  */
     const char *source;  /* where the numbers came from                       */

@@ -782,7 +782,8 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  * the decode kernels' batch description, and an append's slot list, as a
  * by-value kernel argument when it fits the device's argument space, instead
  * of an upload (serving.c, kv_cache.c).
- * Derived, not stored: rows per block (the smallest power of two >= the
+ * Derived, not stored: K_REGS_MIN_KEYS and L2_PREFETCH (the mma kernel's,
+ * see decode_derive; FLASHCL_DECODE_PARAMS may set them); rows per block (the smallest power of two >= the
  * longest sequence's rows, so decode with a GQA group of 4 gets 4 rows and
  * every K/V element loaded serves the 4 heads that share it), the decode
  * kernel's lanes per key (one 16-byte chunk each, up to 32), and the tiled
@@ -893,6 +894,7 @@ static const struct {
     {"MIN_SPLIT_KEYS", offsetof(flashcl_decode_choice, min_split_keys)},
     {"META_ARGS", offsetof(flashcl_decode_choice, meta_args)},
     {"K_REGS_MIN_KEYS", offsetof(flashcl_decode_choice, k_regs_min_keys)},
+    {"L2_PREFETCH", offsetof(flashcl_decode_choice, l2_prefetch)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
 
@@ -926,12 +928,17 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS, "
-                                    "K_REGS_MIN_KEYS)",
+                                    "K_REGS_MIN_KEYS, L2_PREFETCH)",
                                     kv.at);
-            const int is_switch = decode_keys[k].offset == offsetof(flashcl_decode_choice, meta_args);
-            if (!flashcl_kv_int(&kv, is_switch ? 0 : 1, is_switch ? 1 : 1 << 20, DECODE_FIELD(c, k)))
+            const size_t off = decode_keys[k].offset;
+            const int is_switch = off == offsetof(flashcl_decode_choice, meta_args);
+            const int is_l2 = off == offsetof(flashcl_decode_choice, l2_prefetch);
+            int *field = DECODE_FIELD(c, k);
+            if (!flashcl_kv_int(&kv, is_switch || is_l2 ? 0 : 1, is_switch ? 1 : 1 << 20, field) ||
+                (is_l2 && *field != 0 && *field != 64 && *field != 128 && *field != 256))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s needs %s at '%s'",
-                                    decode_keys[k].key, is_switch ? "0 or 1" : "an integer 1..1048576", kv.at);
+                                    decode_keys[k].key,
+                                    is_switch ? "0 or 1" : is_l2 ? "0, 64, 128 or 256" : "an integer 1..1048576", kv.at);
         }
         c->source = "FLASHCL_DECODE_PARAMS";
     }
@@ -1020,6 +1027,12 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * ((16, 131072) 2029 against 2089 us, (64, 131072) 8054 against
          * 8270), 1024 level, 256-512 up to 12 % slower (BENCHMARKS.md). */
         c->k_regs_min_keys = 2048; /* where the kernel takes it: decode_k_in_regs */
+        /* An L2 prefetch of 128 bytes on each 16-byte cp.async, as CUTLASS's
+         * sm80 copies issue it. H200, batch 1-16 x context 4k-128k, calls
+         * back to back: 1-2.5 % faster at all 12 shapes ((16, 4096) 84.0 ->
+         * 82.1 us, (1, 131072) 149.6 -> 146.9); 256 bytes mixed
+         * (BENCHMARKS.md, stop 26). */
+        c->l2_prefetch = 128;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
         /* The entry's work-groups per CU count 2-warp groups: 4 on sm_80+,
@@ -1113,7 +1126,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     flashcl_decode_choice env;
     memset(c, 0, sizeof *c);
     memset(&env, 0, sizeof env);
-    env.meta_args = -1; /* unset: the switch's 0 is a value */
+    env.meta_args = env.l2_prefetch = -1; /* unset: their 0 is a value */
     int forced_kernel;
     flashcl_status st = decode_env(ctx, &env, &forced_kernel);
     if (st != FLASHCL_SUCCESS)
@@ -1126,11 +1139,13 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     /* Explicit values replace the derived ones and must fit as given. */
     if (env.source) {
         for (size_t i = 0; i < COUNT(decode_keys); ++i)
-            if (*DECODE_FIELD(&env, i) && decode_keys[i].offset != offsetof(flashcl_decode_choice, work_group_size) &&
+            if (*DECODE_FIELD(&env, i) > 0 && decode_keys[i].offset != offsetof(flashcl_decode_choice, work_group_size) &&
                 decode_keys[i].offset != offsetof(flashcl_decode_choice, meta_args))
                 *DECODE_FIELD(c, i) = *DECODE_FIELD(&env, i);
         if (env.meta_args >= 0)
             c->meta_args = env.meta_args;
+        if (env.l2_prefetch >= 0)
+            c->l2_prefetch = env.l2_prefetch;
         if (c->kernel == FLASHCL_SERVING_TILED)
             c->work_group_size = c->block_m * c->tpr;
         else if (env.work_group_size)

@@ -589,7 +589,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
                             "serving kernel (%d rows, %d work-items) does not fit the device", c->block_m,
                             c->work_group_size);
 
-    char options[512], tiles[128];
+    char options[512], tiles[192];
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
     /* The decode kernels merge their own splits (counters_off, and with
      * META_ARGS the description, after the shared arguments). */
@@ -597,14 +597,15 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     static const char *const files[] = {"paged_attention.cl", "paged_decode.cl", "paged_decode_nv.cl"};
     static const char *const names[] = {"paged_attention", "paged_decode", "paged_decode_nv"};
     if (c->kernel == FLASHCL_SERVING_DECODE) /* shuffles through PTX on NVIDIA, through __local elsewhere */
-        snprintf(tiles, sizeof tiles, "-DLANES=%d -DWG_SIZE=%d -DUNROLL=%d -DSTAGES=%d -DPAGE_SIZE=%d%s",
-                 c->lanes, c->work_group_size, c->unroll, c->stages, page_size,
+        snprintf(tiles, sizeof tiles, "-DLANES=%d -DWG_SIZE=%d -DUNROLL=%d -DSTAGES=%d -DPAGE_SIZE=%d -DCP_ASYNC_L2=%d%s",
+                 c->lanes, c->work_group_size, c->unroll, c->stages, page_size, c->l2_prefetch,
                  ctx->info.is_nvidia ? " -DFLASHCL_NV_PTX" : "");
     else if (c->kernel == FLASHCL_SERVING_DECODE_MMA)
         /* K_IN_REGS: V alone in __local, one stage deeper (flashcl_decode_local_bytes) */
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DWARPS=%d -DSTAGES=%d -DPAGE_SIZE=%d -DFLASHCL_NV_PTX -DK_IN_REGS=%d "
-                 "-DV_STAGES=%d",
-                 c->block_n, c->work_group_size / 32, c->stages, page_size, c->k_in_regs, c->stages + 1);
+                 "-DV_STAGES=%d -DCP_ASYNC_L2=%d",
+                 c->block_n, c->work_group_size / 32, c->stages, page_size, c->k_in_regs, c->stages + 1,
+                 c->l2_prefetch);
     else
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
     const int arg_ints = by_value_ints(ctx, p);

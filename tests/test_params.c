@@ -977,6 +977,13 @@ static void test_decode_levels(void) {
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && !c.k_in_regs,
            "... but not at D=80, which K_IN_REGS does not take", &failures);
+    expect(c.l2_prefetch == 128, "... with an L2 prefetch of 128 bytes on each cp.async", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "L2_PREFETCH=0", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS && c.l2_prefetch == 0,
+           "... FLASHCL_DECODE_PARAMS L2_PREFETCH=0 takes it off", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "L2_PREFETCH=100", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_ERROR_INVALID_PARAMS,
+           "... and refuses a size the hint does not have (100)", &failures);
     setenv("FLASHCL_DECODE_PARAMS", "K_REGS_MIN_KEYS=8192", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.k_in_regs,
            "... FLASHCL_DECODE_PARAMS K_REGS_MIN_KEYS moves the threshold", &failures);
