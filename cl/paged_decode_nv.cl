@@ -329,6 +329,64 @@ inline uint q_word(__local const ushort *qs, int r, int d) {
 #define Q_PITCH PITCH
 #endif
 
+/* The block's 16 Q rows -> __local at Q_BASE (rows past nrows zero).
+ *
+ * Why it is written this way: with one element a work-item a pass and the
+ * store after each load, the loads ran one after another, each a round trip
+ * to memory before the group could start, on a kernel that is one wave of
+ * short-lived groups at long contexts. Here the passes are unrolled and a
+ * work-item's 16-byte chunks (8 elements of a row) are all asked for before
+ * any is stored; element by element only where Q's rows are not 16-byte
+ * aligned (uniform per call). */
+#define Q_ROW_CHUNKS (HEAD_DIM / 8)
+inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, ulong q_ss, ulong q_sh, int q_start,
+                   int m0, int nrows, int group, int hk) {
+    const int tid = (int)get_local_id(0);
+    /* Chunk c (of width elements) of the 16 rows, from global memory; zero past nrows. */
+#define Q_AT(c, width) (q + q_off + (ulong)(q_start + (m0 + (c) / (HEAD_DIM / (width))) / group) * q_ss +           \
+                        (ulong)(hk * group + (m0 + (c) / (HEAD_DIM / (width))) % group) * q_sh +                 \
+                        (width) * ((c) % (HEAD_DIM / (width))))
+    if ((ulong)q % 16 == 0 && q_off % 8 == 0 && q_ss % 8 == 0 && q_sh % 8 == 0) {
+        /* At most 4 chunks (16 registers) in flight a work-item: D=256's one-warp groups would
+         * otherwise hold 16. */
+        enum { TOTAL = 16 * Q_ROW_CHUNKS, PASSES = (TOTAL + WG_SIZE - 1) / WG_SIZE, BATCH = PASSES < 4 ? PASSES : 4 };
+        for (int p0 = 0; p0 < PASSES; p0 += BATCH) {
+            uint4 x[BATCH];
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) {
+                const int c = tid + (p0 + j) * WG_SIZE;
+                x[j] = c < TOTAL && c / Q_ROW_CHUNKS < nrows ? *(__global const uint4 *)Q_AT(c, 8) : (uint4)(0u);
+            }
+#pragma unroll
+            for (int j = 0; j < BATCH; ++j) { /* 4-byte stores: Q_PITCH keeps rows 4-byte, not always 16-byte, aligned */
+                const int c = tid + (p0 + j) * WG_SIZE;
+                if (c >= TOTAL)
+                    break;
+                __local uint *dst = (__local uint *)(smem + Q_BASE + (c / Q_ROW_CHUNKS) * Q_PITCH + 8 * (c % Q_ROW_CHUNKS));
+                dst[0] = x[j].x, dst[1] = x[j].y, dst[2] = x[j].z, dst[3] = x[j].w;
+            }
+        }
+        return;
+    }
+    enum { TOTAL1 = 16 * HEAD_DIM, PASSES1 = (TOTAL1 + WG_SIZE - 1) / WG_SIZE, BATCH1 = PASSES1 < 8 ? PASSES1 : 8 };
+    for (int p0 = 0; p0 < PASSES1; p0 += BATCH1) {
+        ushort x[BATCH1];
+#pragma unroll
+        for (int j = 0; j < BATCH1; ++j) {
+            const int i = tid + (p0 + j) * WG_SIZE;
+            x[j] = i < TOTAL1 && i / HEAD_DIM < nrows ? *Q_AT(i, 1) : 0;
+        }
+#pragma unroll
+        for (int j = 0; j < BATCH1; ++j) {
+            const int i = tid + (p0 + j) * WG_SIZE;
+            if (i >= TOTAL1)
+                break;
+            smem[Q_BASE + (i / HEAD_DIM) * Q_PITCH + i % HEAD_DIM] = x[j];
+        }
+    }
+#undef Q_AT
+}
+
 /* Q rows -> __local (zero rows past the block) -> A fragments, once. At
  * function scope: it declares q_lane (and qf) for the loop. Where Q shares
  * the tile area (Q_BASE 0), every warp takes its fragments before any tile
@@ -344,14 +402,7 @@ inline uint q_word(__local const ushort *qs, int r, int d) {
 #define Q_FRAGS()
 #endif
 #define Q_LOAD()                                                                                   \
-    for (int i = tid; i < 16 * HEAD_DIM; i += WG_SIZE) {                                           \
-        const int r = i / HEAD_DIM, d = i % HEAD_DIM, row = m0 + r;                                \
-        ushort x = 0;                                                                              \
-        if (r < nrows)                                                                             \
-            x = ((__global const ushort *)q)[q_off + (ulong)(b.q_start + row / group) * q_ss +    \
-                                             (ulong)(hk * group + row % group) * q_sh + d];        \
-        smem[Q_BASE + r * Q_PITCH + d] = x;                                                        \
-    }                                                                                              \
+    load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);   \
     barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
     const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;      \
     Q_FRAGS()

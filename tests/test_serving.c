@@ -268,6 +268,11 @@ static int mirror_matches(flashcl_context *ctx, mirror *m) {
 /* Paged attention of nq[i] new queries per listed mirror slot against the
  * cache, checked against the dense reference; returns the output (caller
  * frees) so split counts can be compared. */
+/* Set: paged_check's queries sit at an offset of 3 elements with padded
+ * strides, so that no Q row is 16-byte aligned (the kernels' element-wise Q
+ * loads). */
+static int q_padded;
+
 static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots, const int *nq, int heads_q,
                        int causal, int splits, uint64_t q_seed, const char *name, void **out_host) {
     const flashcl_dtype dt = m->desc.dtype;
@@ -281,7 +286,9 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     }
     const int total_q = cu_q[n], total_k = cu_k[n];
     size_t q_el = (size_t)total_q * heads_q * D, lse_n = (size_t)total_q * heads_q;
-    void *q = test_xmalloc(q_el * es), *out = test_xmalloc(q_el * es);
+    const size_t q_sh = q_padded ? (size_t)D + 3 : (size_t)D, q_ss = q_padded ? heads_q * q_sh + 1 : heads_q * q_sh;
+    const size_t q_off = q_padded ? 3 : 0, q_alloc = q_off + (size_t)total_q * q_ss;
+    void *q = test_xmalloc(q_alloc * es), *out = test_xmalloc(q_el * es);
     void *k = test_xmalloc((size_t)total_k * Hk * D * es), *v = test_xmalloc((size_t)total_k * Hk * D * es);
     float *lse = test_xmalloc(lse_n * 4);
     for (int i = 0; i < n; ++i) {
@@ -290,7 +297,7 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     }
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, q_seed ? q_seed : next_seed());
-    flashcl_ref_fill_normal(&rng, q, dt, q_el, 1.0);
+    flashcl_ref_fill_normal(&rng, q, dt, q_alloc, 1.0);
     flashcl_ref_poison(out, dt, q_el);
     flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
     flashcl_varlen_desc d;
@@ -303,13 +310,16 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     d.cu_seqlens_q = cu_q;
     d.causal = causal;
     d.num_splits = splits;
+    d.q.offset = q_off;
+    d.q.stride_seq = q_ss;
+    d.q.stride_head = q_sh;
     size_t scratch_bytes = 0;
     flashcl_status st = flashcl_paged_scratch_size(ctx, &d, m->cache, ids, &scratch_bytes);
     int used_splits = 0;
     flashcl_params params;
     if (!st)
         st = flashcl_serving_params(ctx, &d, m->cache, ids, &params, &used_splits);
-    cl_mem bq = test_upload(ctx, q, q_el * es), bo = test_upload(ctx, out, q_el * es), bl = test_upload(ctx, lse, lse_n * 4);
+    cl_mem bq = test_upload(ctx, q, q_alloc * es), bo = test_upload(ctx, out, q_el * es), bl = test_upload(ctx, lse, lse_n * 4);
     cl_mem scratch = scratch_bytes ? test_upload(ctx, NULL, scratch_bytes) : NULL;
     if (!st)
         st = flashcl_paged_attention(ctx, &d, m->cache, ids, bq, bo, bl, 0, scratch, NULL);
@@ -379,6 +389,10 @@ static void paged_suite(flashcl_context *ctx, flashcl_dtype dt, int hk, int grou
     paged_check(ctx, &m, 5, slots, ones, hk * group, 1, 20, q_seed, what, NULL);
     snprintf(what, sizeof what, "%s: decode, 128 splits", tag);
     paged_check(ctx, &m, 5, slots, ones, hk * group, 1, 128, q_seed, what, NULL);
+    q_padded = 1;
+    snprintf(what, sizeof what, "%s: decode, Q at an offset with padded strides", tag);
+    paged_check(ctx, &m, 5, slots, ones, hk * group, 1, 3, 0, what, NULL);
+    q_padded = 0;
     int nq[5] = {1, lens[1], 3, lens[3], 7};
     snprintf(what, sizeof what, "%s: prompt chunks, causal, auto splits", tag);
     paged_check(ctx, &m, 5, slots, nq, hk * group, 1, 0, 0, what, NULL);
