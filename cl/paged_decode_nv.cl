@@ -94,19 +94,12 @@
 #ifndef Q_IN_LOCAL
 #define Q_IN_LOCAL (HEAD_DIM > 128)
 #endif
-/* EARLY_TILES: the first tiles' copies are issued before Q is read, so that
- * the group's first wait on memory overlaps Q's load instead of following
- * it (a work-group's whole life is one or two such waits per tile on short
- * slices). Q then needs its own __local after the tiles. */
 /* DIAG: timing-only builds that take work out of the cp.async loop, to tell
  * where a short slice's time goes (their results are wrong): bit 1 computes
  * nothing (the tiles are still copied and waited for), bit 2 copies nothing
  * (the products run on whatever __local holds). 0, the default: neither. */
 #ifndef DIAG
 #define DIAG 0
-#endif
-#ifndef EARLY_TILES
-#define EARLY_TILES 0
 #endif
 #if K_IN_REGS
 /* Per warp V_STAGES V tiles, then Q (read every tile: its fragments would
@@ -118,7 +111,7 @@
 #define Q_BASE V_AREA
 #define MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
 #define SMEM_HALFS MAX3(V_AREA + 16 * Q_PITCH, WARPS * 16 * HEAD_DIM * 2, BLOCK_M * MAX_SPLITS * 2)
-#elif Q_IN_LOCAL || EARLY_TILES
+#elif Q_IN_LOCAL
 #define Q_BASE (WARPS * WARP_HALFS)
 #define SMEM_HALFS (WARPS * WARP_HALFS + Q_HALFS)
 #else
@@ -487,19 +480,12 @@ paged_decode_nv(SERVING_ARGS,
         WARP_SYNC(); /* done reading V(i) before a later issue refills its buffer */               \
     } while (0)
     lane_k xa, xb;
-#define PROLOGUE()                                                                                 \
-    do {                                                                                           \
-        _Pragma("unroll") for (int i = 0; i < V_STAGES - 1; ++i) ISSUE_V(i);                       \
-        if (my_tiles > 0)                                                                          \
-            load_lane_k(&xa, N0(0), s_lo, s_hi, tables, b.k_base, kb, k_ss, g, t);                 \
-    } while (0)
-#if EARLY_TILES
-    PROLOGUE();
-#endif
     Q_LOAD();
-#if !EARLY_TILES
-    PROLOGUE();
-#endif
+#pragma unroll
+    for (int i = 0; i < V_STAGES - 1; ++i)
+        ISSUE_V(i);
+    if (my_tiles > 0)
+        load_lane_k(&xa, N0(0), s_lo, s_hi, tables, b.k_base, kb, k_ss, g, t);
     for (int i = 0; i < my_tiles; i += 2) { /* unrolled by two: the sets are registers */
         K_REGS_TILE(xa, xb, i);
         if (i + 1 == my_tiles)
@@ -515,20 +501,14 @@ paged_decode_nv(SERVING_ARGS,
     /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES: K, then V. */
 #define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
 #define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
-#define PROLOGUE()                                                                                 \
-    _Pragma("unroll") for (int i = 0; i < STAGES - 1; ++i) {                                       \
-        if (i < my_tiles)                                                                          \
-            issue_tile(warp + i * WARPS, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss); \
-        else                                                                                       \
-            COMMIT_EMPTY();                                                                        \
-    }
-#if EARLY_TILES
-    PROLOGUE();
-#endif
     Q_LOAD();
-#if !EARLY_TILES
-    PROLOGUE();
-#endif
+#pragma unroll
+    for (int i = 0; i < STAGES - 1; ++i) {
+        if (i < my_tiles)
+            issue_tile(warp + i * WARPS, K_BUF(i), V_BUF(i), s_lo, s_hi, tables, b.k_base, kb, k_ss, vb, v_ss);
+        else
+            COMMIT_EMPTY();
+    }
     for (int i = 0; i < my_tiles; ++i) {
         const int ahead = i + STAGES - 1;
         if (ahead < my_tiles)
