@@ -138,6 +138,20 @@
 
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
 
+/* Where a tile never crosses a page (pages a multiple of BLOCK_N tokens; a
+ * tile starts at a multiple of BLOCK_N, slices at multiples of 32), the rows
+ * of its keys follow from its first key's: one page-table read a tile
+ * instead of one per key row a lane copies (10 of a lane's 26 memory
+ * instructions a tile under K_IN_REGS). TILE_ROW0 is that first row (0
+ * where tiles may cross pages), TILE_ROW the row of key n of the tile at n0. */
+#if defined(PAGE_SIZE) && PAGE_SIZE && PAGE_SIZE % BLOCK_N == 0 && 32 % BLOCK_N == 0
+#define TILE_ROW0(n0, tables, k_base) key_row((n0), (tables), (k_base))
+#define TILE_ROW(n, n0, row0, tables, k_base) ((row0) + (uint)((n) - (n0)))
+#else
+#define TILE_ROW0(n0, tables, k_base) 0u
+#define TILE_ROW(n, n0, row0, tables, k_base) key_row((n), (tables), (k_base))
+#endif
+
 /* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile *
  * BLOCK_N ..), its K rows into k_dst and its V rows into v_dst (shared
  * addresses), then commits them as one group. Keys past s_hi are
@@ -150,12 +164,14 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
     return;
 #endif
+    const int n0 = s_lo + tile * BLOCK_N;
+    const uint row0 = TILE_ROW0(n0, tables, k_base);
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
-        const int key = s_lo + tile * BLOCK_N + r;
+        const int key = n0 + r;
         const int live = key <= s_hi;
-        const uint kr = key_row(live ? key : s_lo, tables, k_base);
+        const uint kr = TILE_ROW(live ? key : n0, n0, row0, tables, k_base);
         const uint off = (uint)(r * PITCH + 8 * c) * 2u;
         const int bytes = live ? 16 : 0;
         __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(k_dst + off),
@@ -202,12 +218,13 @@ inline uint4 chunk_or_zero(int live, __global const ushort *p) {
 }
 
 /* Lane (g, t)'s K of the tile of keys n0 .. n0 + 15 (keys past s_hi: zero). */
-inline void load_lane_k(lane_k *x, int n0, int s_lo, int s_hi, __global const int *tables, int k_base,
+inline void load_lane_k(lane_k *x, int n0, int s_hi, __global const int *tables, int k_base,
                         __global const ushort *kb, ulong k_ss, int g, int t) {
+    const uint row0 = TILE_ROW0(n0, tables, k_base);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = n0 + g + 8 * h, live = key <= s_hi;
-        __global const ushort *row = kb + (ulong)key_row(live ? key : s_lo, tables, k_base) * k_ss;
+        __global const ushort *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * k_ss;
 #pragma unroll
         for (int p = 0; p < K_CHUNKS; ++p)
             x->k[h][p] = chunk_or_zero(live, row + 8 * (4 * p + t));
@@ -220,11 +237,12 @@ inline void load_lane_k(lane_k *x, int n0, int s_lo, int s_hi, __global const in
 inline void issue_v_tile(int n0, uint dst, int s_hi, __global const int *tables, int k_base,
                          __global const ushort *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
+    const uint row0 = TILE_ROW0(n0, tables, k_base);
 #pragma unroll
     for (int it = 0; it < 16 * D_CHUNKS / 32; ++it) {
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS, key = n0 + r;
         const int live = key <= s_hi;
-        const uint row = key_row(live ? key : n0, tables, k_base);
+        const uint row = TILE_ROW(live ? key : n0, n0, row0, tables, k_base);
         __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst + (uint)(r * PITCH + 8 * c) * 2u),
                              "l"((ulong)(vb + (ulong)row * v_ss + 8 * c)), "r"(live ? 16 : 0)
                              : "memory");
@@ -471,7 +489,7 @@ paged_decode_nv(SERVING_ARGS,
     do {                                                                                           \
         ISSUE_V((i) + V_STAGES - 1);                                                               \
         if ((i) + 1 < my_tiles)                                                                    \
-            load_lane_k(&(xn), N0((i) + 1), s_lo, s_hi, tables, b.k_base, kb, k_ss, g, t);        \
+            load_lane_k(&(xn), N0((i) + 1), s_hi, tables, b.k_base, kb, k_ss, g, t);        \
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(V_STAGES - 1) : "memory");            \
         WARP_SYNC(); /* every lane's part of V(i) has landed */                                    \
         REG_S(xk, s);                                                                              \
@@ -485,7 +503,7 @@ paged_decode_nv(SERVING_ARGS,
     for (int i = 0; i < V_STAGES - 1; ++i)
         ISSUE_V(i);
     if (my_tiles > 0)
-        load_lane_k(&xa, N0(0), s_lo, s_hi, tables, b.k_base, kb, k_ss, g, t);
+        load_lane_k(&xa, N0(0), s_hi, tables, b.k_base, kb, k_ss, g, t);
     for (int i = 0; i < my_tiles; i += 2) { /* unrolled by two: the sets are registers */
         K_REGS_TILE(xa, xb, i);
         if (i + 1 == my_tiles)
