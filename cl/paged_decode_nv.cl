@@ -348,7 +348,8 @@ inline uint q_word(__local const ushort *qs, int r, int d) {
  * short-lived groups at long contexts. Here the passes are unrolled and a
  * work-item's 16-byte chunks (8 elements of a row) are all asked for before
  * any is stored; element by element only where Q's rows are not 16-byte
- * aligned (uniform per call). */
+ * aligned (uniform per call). On the H200 about 4 us came off each call whose
+ * slices are 1024 keys or shorter (BENCHMARKS.md, stop 26). */
 #define Q_ROW_CHUNKS (HEAD_DIM / 8)
 inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, ulong q_ss, ulong q_sh, int q_start,
                    int m0, int nrows, int group, int hk) {
@@ -399,16 +400,15 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
 }
 
 /* Q rows -> __local (zero rows past the block) -> A fragments, once. At
- * function scope: it declares q_lane (and qf) for the loop. Where Q shares
- * the tile area (Q_BASE 0), every warp takes its fragments before any tile
- * is copied over them. */
+ * function scope: it declares q_lane (and qf) for the loop. Where the
+ * fragments are taken, Q shares the tile area (Q_BASE 0): every warp has
+ * taken its own before any tile is copied over them. */
 #if !Q_IN_LOCAL && !K_IN_REGS
 #define Q_FRAGS()                                                                                  \
     uint qf[K_STEPS][4];                                                                           \
     _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                         \
         LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);                                        \
-    if (Q_BASE == 0)                                                                               \
-        barrier(CLK_LOCAL_MEM_FENCE);
+    barrier(CLK_LOCAL_MEM_FENCE);
 #else
 #define Q_FRAGS()
 #endif
