@@ -783,10 +783,10 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  * by-value kernel argument when it fits the device's argument space, instead
  * of an upload (serving.c, kv_cache.c).
  * Derived, not stored: K_REGS_MIN_KEYS and L2_PREFETCH (the mma kernel's,
- * see decode_derive; FLASHCL_DECODE_PARAMS may set them); rows per block (the smallest power of two >= the
- * longest sequence's rows, so decode with a GQA group of 4 gets 4 rows and
- * every K/V element loaded serves the 4 heads that share it), the decode
- * kernel's lanes per key (one 16-byte chunk each, up to 32), and the tiled
+ * see decode_derive; FLASHCL_DECODE_PARAMS may set them); rows per block
+ * (the smallest power of two >= the longest sequence's rows, so decode
+ * with a GQA group of 4 gets 4 rows and every K/V element loaded serves the
+ * 4 heads that share it), the decode kernel's lanes per key (one 16-byte chunk each, up to 32), and the tiled
  * kernel's tiles: 128 work-items on GPUs (tpr = 128 / rows, at most 32),
  * one per row on CPUs (no reductions); 32-key tiles, 16 above D=128, halved
  * until they fit __local with 1 KB to spare.
