@@ -399,25 +399,6 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
 #undef Q_AT
 }
 
-/* Q rows -> __local (zero rows past the block) -> A fragments, once. At
- * function scope: it declares q_lane (and qf) for the loop. Where the
- * fragments are taken, Q shares the tile area (Q_BASE 0): every warp has
- * taken its own before any tile is copied over them. */
-#if !Q_IN_LOCAL && !K_IN_REGS
-#define Q_FRAGS()                                                                                  \
-    uint qf[K_STEPS][4];                                                                           \
-    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                         \
-        LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);                                        \
-    barrier(CLK_LOCAL_MEM_FENCE);
-#else
-#define Q_FRAGS()
-#endif
-#define Q_LOAD()                                                                                   \
-    load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);   \
-    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
-    const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;      \
-    Q_FRAGS()
-
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
                 int counters_off SERVING_META_ARG) { /* meta[counters_off + block * heads_k + hk]: finished splits */
@@ -470,6 +451,18 @@ paged_decode_nv(SERVING_ARGS,
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
+    /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
+    load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);
+    barrier(CLK_LOCAL_MEM_FENCE);
+    const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;
+#if !Q_IN_LOCAL && !K_IN_REGS
+    uint qf[K_STEPS][4];
+#pragma unroll
+    for (int kk = 0; kk < K_STEPS; ++kk)
+        LDMATRIX_X4(qf[kk], q_lane + (uint)(kk * 16) * 2u);
+    barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
+#endif
+
 #if K_IN_REGS
     /* Tile i of this warp is the slice's tile warp + i * WARPS: its K in
      * register set i % 2, asked for while the tile before is computed, its V
@@ -498,7 +491,6 @@ paged_decode_nv(SERVING_ARGS,
         WARP_SYNC(); /* done reading V(i) before a later issue refills its buffer */               \
     } while (0)
     lane_k xa, xb;
-    Q_LOAD();
 #pragma unroll
     for (int i = 0; i < V_STAGES - 1; ++i)
         ISSUE_V(i);
@@ -519,7 +511,6 @@ paged_decode_nv(SERVING_ARGS,
     /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES: K, then V. */
 #define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
 #define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
-    Q_LOAD();
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
