@@ -316,8 +316,8 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
             clReleaseEvent(before);
         clReleaseEvent(after);
     }
-    /* Back to back: iters calls, one wait. Under --step each call appends
-     * first, so the pool has room for another iters tokens (grown). */
+    /* Back to back: iters calls, one wait (not under --step, whose appends
+     * grow the context from call to call). */
     double pipe_us = -1.0;
     if (!wall && !o->step) {
         cl_event before = NULL, after = NULL;
