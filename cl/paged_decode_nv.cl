@@ -60,7 +60,11 @@
  * cp.async.bulk, and K a tile further ahead than V in its own cp.async group
  * (half a tile more in flight per warp): none faster. The copy stream is
  * not short of requests in flight: cp.async itself tops out near 3.9 TB/s
- * on the H200 (bench/read_bw.c), hence K_IN_REGS. */
+ * on the H200 (bench/read_bw.c), hence K_IN_REGS. Nor under K_IN_REGS (stop
+ * 27): V_STAGES 4 or 5, K by ld.global.nc with or without L2 prefetch hints,
+ * K in registers from 1024-key slices, and five groups a CU (register cap
+ * 200) were level or slower, and one kv head's rows laid out contiguously (as
+ * FA2's cache) read within 1.5 % of the shuffled pages. */
 
 /* K_IN_REGS: K goes from global memory straight into the mma operands, V
  * through V_STAGES __local buffers per warp (below). The host asks for it
