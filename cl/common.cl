@@ -279,6 +279,19 @@ inline void cp_wait(void) {
                          : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
                          : "memory")
 
+/* One wgmma with both operands in __local: d = A B (plus d when scale_d is
+ * 1), A and B by descriptor; tnsp_a 1: A M-major (its rows are k), tnsp_b 1:
+ * B N-major. N as for WGMMA_RS. */
+#define WG_N32_SS "%16, %17"
+#define WG_N64_SS "%32, %33"
+#define WGMMA_SS(N, d, desc_a, desc_b, scale_d, tnsp_a, tnsp_b)                                    \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned." N##_SHAPE ".f32." MMA_TYPE          \
+                               "." MMA_TYPE " " N##_D ", " N##_SS ", " #scale_d ", 1, 1, " #tnsp_a \
+                               ", " #tnsp_b ";\n"                                                  \
+                         : N##_OUT(d)                                                              \
+                         : "l"(desc_a), "l"(desc_b)                                                \
+                         : "memory")
+
 /* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
  * that no use of an accumulator is scheduled above the wait; before
  * wgmma.fence, so that no write of an operand (the rescaled O, packed P)

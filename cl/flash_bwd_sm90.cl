@@ -4,7 +4,8 @@
  * <= 64 on compute capability 9.0. Same arguments, semantics and D_i pre-pass
  * as flash_bwd_nv.cl (whose comment gives the formulas), and the same two
  * kernels: dK/dV per key block, then dQ by a pass over query blocks (a fixed
- * order: deterministic). The sm_90a instructions sit behind common.cl's
+ * order: deterministic); with DQ_ATOMIC (FLASHCL_BWD_PARAMS=DQ=atomic) the
+ * dK/dV kernel adds dQ into a float accumulator itself instead (below). The sm_90a instructions sit behind common.cl's
  * SM90A marker; src/program.c rebuilds the program for sm_90a and the host
  * falls back to flash_bwd_nv.cl when that fails.
  *
@@ -92,8 +93,18 @@
 #define STAGES 1
 #endif
 #endif
+/* DQ_ATOMIC (dK/dV kernel only): dQ += dS K inside the dK/dV kernel, added
+ * into the float accumulator in scratch by red.global.add, instead of the dQ
+ * pass (below). */
+#ifndef DQ_ATOMIC
+#define DQ_ATOMIC 0
+#endif
+#if DQ_ATOMIC && BWD_KERNEL != 2
+#error "DQ_ATOMIC is the dK/dV kernel's"
+#endif
 #define STAGE_BYTES (2 * T_BYTES)
-#define SMEM_BYTES (2 * OWN_BYTES + STAGES * STAGE_BYTES + 1024)
+#define DS_AT (2 * OWN_BYTES + STAGES * STAGE_BYTES) /* bytes: dS, DQ_ATOMIC only */
+#define SMEM_BYTES (DS_AT + DQ_ATOMIC * T_BYTES + 1024)
 
 #if WG != 128 || (TROWS != 32 && TROWS != 64) || (STAGES != 1 && STAGES != 2)
 #error "flash_bwd_sm90 is one warpgroup (WG 128) streaming 32- or 64-row tiles in one or two stages"
@@ -102,10 +113,13 @@
 #error "the tiles exceed NVIDIA's ~47 KB of __local memory"
 #endif
 /* A wgmma whose n is a streamed tile's rows (its B K-major). */
+/* WGMMA_SS_NT: the same n, both operands in __local, A M-major (DQ_ATOMIC's dQ^T = K^T dS^T). */
 #if TROWS == 64
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N64, d, a, desc, scale_d, 0)
+#define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N64, d, desc_a, desc_b, scale_d, 1, 0)
 #else
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N32, d, a, desc, scale_d, 0)
+#define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N32, d, desc_a, desc_b, scale_d, 1, 0)
 #endif
 #if HEAD_DIM < 32 || HEAD_DIM > 64
 #error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 64 (one 128-byte panel)"
@@ -212,6 +226,60 @@
 /* ==== dK, dV ================================================================================ */
 #if !defined(BWD_KERNEL) || BWD_KERNEL == 2
 
+#if DQ_ATOMIC
+/* dQ += dS K for the tile's rows, from the dK/dV kernel.
+ *
+ * Why: the dQ pass recomputes S and dP for every (row block, key block), 3
+ * products where this adds 1 (FA2 sums dQ the same way). wgmma's M is 64, the
+ * tile has 32 rows, so the product is dQ^T = K^T dS^T: M = 64 head dims, k =
+ * the 64 keys, n = the tile's rows; both operands from __local: A = K^T is the
+ * own K tile read M-major, B = dS^T is dS stored [rows][keys] (K-major, one
+ * 128-byte panel of 64 keys a row, SW128). Warp w holds dims 16w.. of the
+ * result, which it adds into dq_acc ([row][head_dim] floats, scaled as dQ).
+ * On the H200 at (4,32,4096,64) f16 the dK/dV kernel then took 7.8 ms
+ * against 5.0 ms + 2.9 ms for the dQ pass: level without a mask, 2-3 %
+ * faster causal (BENCHMARKS.md, stop 27), so the host asks for it only
+ * under FLASHCL_BWD_PARAMS=DQ=atomic. Adding 4 floats a red (a 4 x 4
+ * exchange among lanes first) was slower (8.3 / 4.5 ms against 8.0 / 4.0):
+ * the added time is not the reds' count.
+ *
+ * DS_STORE: this warp's dS^T fragments (keys 16w.., the tile's rows) into the
+ * dS tile as dS[row][key], rounded to DTYPE. */
+#define DS_STORE(ds)                                                                               \
+    _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j)                                            \
+        _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                            \
+            const int r_ = 8 * j + 2 * t + (e & 1), c_ = 16 * warp + g + 8 * (e >> 1);            \
+            smem[(DS_AT + SW128_OFFSET(r_, c_ >> 3, TROWS)) / 2u + (uint)(c_ & 7)] =               \
+                (ushort)(pack2((ds)[j][e], 0.0f) & 0xFFFFu);                                       \
+        }
+/* dQ^T = K^T dS^T (fresh), waited for; then this lane's part added into the
+ * accumulator rows of tile rows m0_.. of query head hq_. */
+#define DQ_ADD(m0_, hq_)                                                                           \
+    do {                                                                                           \
+        float dq_[S_FRAGS][4];                                                                     \
+        WGMMA_FENCE();                                                                             \
+        _Pragma("unroll") for (int kk = 0; kk < OWN / 16; ++kk) {                                  \
+            if (kk == 0)                                                                           \
+                WGMMA_SS_NT(dq_, B_N_MAJOR(k_own, kk), B_K_MAJOR(s_base + DS_AT, kk), 0);          \
+            else                                                                                   \
+                WGMMA_SS_NT(dq_, B_N_MAJOR(k_own, kk), B_K_MAJOR(s_base + DS_AT, kk), 1);          \
+        }                                                                                          \
+        WGMMA_COMMIT();                                                                            \
+        WGMMA_WAIT_ALL();                                                                          \
+        WG_FENCE_REGS(dq_, S_FRAGS);                                                               \
+        __global float *acc_ = scratch + dq_acc_off + ((ulong)b * heads_q + (hq_)) * (ulong)nq * HEAD_DIM; \
+        _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j)                                        \
+            _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                        \
+                const int row_ = (m0_) + 8 * j + 2 * t + (e & 1), d_ = 16 * warp + g + 8 * (e >> 1); \
+                if (row_ < nq && d_ < HEAD_DIM)                                                    \
+                    __asm__ __volatile__("red.global.add.f32 [%0], %1;" ::"l"(                     \
+                                             acc_ + (ulong)row_ * HEAD_DIM + d_),                  \
+                                         "f"(dq_[j][e])                                            \
+                                         : "memory");                                              \
+            }                                                                                      \
+    } while (0)
+#endif
+
 #if USE_TMA
 #define DKDV_TMA_ARGS TMA_ARGS(q, dout)
 #else
@@ -297,6 +365,9 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
         const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
         const int masked = rel_min < rel.x || rel_max > rel.y || kw0 + 15 >= nk;
         NV_P_DS_T(s, dp, stats[stage], m0, masked);
+#if DQ_ATOMIC
+        DS_STORE(dp); /* read by the dQ product below, after the barrier */
+#endif
 
         /* ---- dV += P^T dO and dK += dS^T Q, k = the tile's rows ---- */
         {
@@ -315,6 +386,13 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
             WG_FENCE_REGS(dv_acc, D_FRAGS);
             WG_FENCE_REGS(dk_acc, D_FRAGS);
         }
+#if DQ_ATOMIC
+        /* Every warp's dS is in __local and visible to wgmma; the next tile's
+         * first barrier keeps it until every warp's product is done. */
+        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        DQ_ADD(m0, hk * group + it / m_tiles);
+#endif
 #if STAGES == 1
         /* Every warp is done with tile it: its buffers take tile it+1. */
         barrier(CLK_LOCAL_MEM_FENCE);

@@ -496,7 +496,8 @@ typedef struct flashcl_backward_options {
      * dq's last bits may then differ between runs. dk and dv are always
      * deterministic. The host path is always deterministic, and so is the
      * NVIDIA tensor-core backward (f16/bf16, head_dim <= 128 on sm_80+),
-     * whose dq pass measured faster than its atomics.                     */
+     * whose dq pass measured faster than, or level with, its atomics
+     * (FLASHCL_BWD_PARAMS=DQ=atomic asks for those: README).              */
     int deterministic;
 } flashcl_backward_options;
 

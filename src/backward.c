@@ -226,7 +226,7 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
         }
         if (st != FLASHCL_SUCCESS)
             return st;
-        if (sm90a && (i == 1 || i == 2) && !atomic && c->block_m == 32 && c->block_n == 32 &&
+        if (sm90a && (i == 1 || i == 2) && c->block_m == 32 && c->block_n == 32 &&
             flashcl_tma_usable(ctx)) {
             /* The same kernel with its streamed tiles copied by TMA (two
              * stages of 32 rows, cl/flash_bwd_sm90.cl). If it does not
@@ -370,11 +370,11 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     /* The nv-wgmma kernels copy by TMA where both built so and every map
      * encodes: Q's and dO's for dK/dV, K's and V's for the dQ pass. */
     flashcl_tensor_map maps[2][2];
-    const int tma = k->dkdv_tma && k->dq_tma && dq_pass &&
+    const int tma = k->dkdv_tma && (k->dq_tma || !dq_pass) &&
                     flashcl_tma_encode_pair(&r->q, &o->dout, r->batch, nq, r->heads_q, D, (unsigned)c->block_m,
                                             maps[0]) &&
-                    flashcl_tma_encode_pair(&r->k, &r->v, r->batch, nk, r->heads_k, D, (unsigned)c->block_n,
-                                            maps[1]);
+                    (!dq_pass || flashcl_tma_encode_pair(&r->k, &r->v, r->batch, nk, r->heads_k, D,
+                                                         (unsigned)c->block_n, maps[1]));
     if (tma) {
         const size_t main_groups = main_global[0] / wg * main_global[1] * main_global[2];
         const size_t dq_groups = dq_global[0] / wg * dq_global[1] * dq_global[2];

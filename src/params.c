@@ -1352,7 +1352,9 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
     if (variant == FLASHCL_BWD_NV_MMA)
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
     if (variant == FLASHCL_BWD_NV_WGMMA) {
-        const size_t dkdv = backward_wgmma_bytes(block_m, 1), dq = backward_wgmma_bytes(block_n, 0);
+        /* DQ=atomic: the dK/dV kernel holds a tile of dS (block_m rows of 128 bytes) as well */
+        const size_t dkdv = backward_wgmma_bytes(block_m, 1) + (dq_atomic == 1 ? (size_t)block_m * 128 : 0);
+        const size_t dq = backward_wgmma_bytes(block_n, 0);
         return dkdv > dq ? dkdv : dq;
     }
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
@@ -1396,8 +1398,6 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
                                                  (block_n != 32 && block_n != 64)))
         snprintf(why, n, "the nv-wgmma backward is one warpgroup (WG 128) streaming tiles of 32 or 64 rows "
                  "(BLOCK_M, BLOCK_N), not WG %d, BLOCK_M %d, BLOCK_N %d", work_group_size, block_m, block_n);
-    else if (variant == FLASHCL_BWD_NV_WGMMA && dq_atomic == 1)
-        snprintf(why, n, "the nv-wgmma backward sums dQ by its own pass only (DQ=pass)");
     else if (variant == FLASHCL_BWD_NV_MMA && (work_group_size % 32 || block_m % 16 || block_n % 16))
         snprintf(why, n, "the nv-mma backward needs WG a multiple of 32 and BLOCK_M, BLOCK_N multiples of 16 "
                  "(WG %d, BLOCK_M %d, BLOCK_N %d)", work_group_size, block_m, block_n);
@@ -1546,7 +1546,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->block_n = e->block_n;
     c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
-    c->nv_dq_pass = 1; /* nv-mma: measured faster than atomics, see backward_arch; nv-wgmma: its only way */
+    c->nv_dq_pass = 1; /* nv-mma: faster than atomics, see backward_arch; nv-wgmma: level with them (stop 27) */
     c->variant = backward_variant_of(e->variant);
     c->nv_max_registers = flashcl_backward_nv(c) ? e->nv_max_registers : 0;
     c->source = source;

@@ -583,6 +583,8 @@ static void wgmma(flashcl_context *ctx) {
         {40, "VARIANT=nv-wgmma,BLOCK_M=64"},
         {48, "VARIANT=nv-wgmma,BLOCK_N=64"},
         {64, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64"},
+        {64, "VARIANT=nv-wgmma,DQ=atomic"},               /* dQ = dS K inside the dK/dV kernel */
+        {40, "VARIANT=nv-wgmma,DQ=atomic,BLOCK_M=64"},    /* 64-row tiles, padded head dims */
     };
     for (int i = 0; i < COUNT(configs); ++i)
         run_config_shapes(ctx, i, configs[i].d, configs[i].env);
@@ -592,6 +594,7 @@ static void wgmma(flashcl_context *ctx) {
     setenv("FLASHCL_TMA", "0", 1);
     run_config_shapes(ctx, 0, 64, env);
     run_config_shapes(ctx, 1, 40, env);
+    run_config_shapes(ctx, 2, 59, "VARIANT=nv-wgmma,DQ=atomic");
     unsetenv("FLASHCL_TMA");
     test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
     run_with(ctx, &tc, 0, env);
@@ -608,16 +611,20 @@ static void wgmma(flashcl_context *ctx) {
     tc.softcap = 30.0f; /* the soft-cap's derivative */
     tc.input_scale = 4.0;
     run_with(ctx, &tc, 0, env);
+    run_with(ctx, &tc, 0, "VARIANT=nv-wgmma,DQ=atomic");
     tc = test_case_basic(FLASHCL_FLOAT16, 1, 1000, 64); /* one query row */
     run_with(ctx, &tc, 0, env);
+    run_with(ctx, &tc, 0, "VARIANT=nv-wgmma,DQ=atomic");
     tc = test_case_basic(FLASHCL_FLOAT16, 1000, 1, 32); /* one key */
     tc.causal = 1;
     run_with(ctx, &tc, 0, env);
+    run_with(ctx, &tc, 0, "VARIANT=nv-wgmma,DQ=atomic");
     tc = test_case_basic(FLASHCL_BFLOAT16, 1024, 1024, 64); /* whole tiles only, many of them */
     tc.heads_q = 8;
     tc.heads_k = 2;
     tc.causal = 1;
     run_with(ctx, &tc, 1, env);
+    run_with(ctx, &tc, 1, "VARIANT=nv-wgmma,DQ=atomic");
     tc.causal = 0;
     run_with(ctx, &tc, 0, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64");
 #ifdef FLASHCL_SOURCE_CL_DIR

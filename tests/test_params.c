@@ -859,6 +859,18 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=64,BLOCK_M=32", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_keys_per_group(&c) == 32 && c.block_m == 32,
            "FLASHCL_BWD_PARAMS resizes the nv-mma kernels", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && flashcl_backward_dq_atomic(&c),
+           "FLASHCL_BWD_PARAMS=DQ=atomic at sm_90 D=64: nv-wgmma sums dQ with atomics", &failures);
+    {
+        flashcl_attention_desc r = desc_of(FLASHCL_FLOAT16, 100, 64, 0);
+        flashcl_attention_desc_resolve(&r);
+        setenv("FLASHCL_BWD_PARAMS", "DQ=atomic", 1);
+        expect(flashcl_backward_params(ctx, &r, 1, 0, &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_NV_WGMMA &&
+                   !flashcl_backward_dq_atomic(&c),
+               "... but not in deterministic mode", &failures);
+        unsetenv("FLASHCL_BWD_PARAMS");
+    }
     static const struct {
         flashcl_dtype dt;
         int d;
@@ -867,7 +879,6 @@ static void test_backward_levels(void) {
                    {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,WG=48", "multiple of 32"},
                    {FLASHCL_FLOAT16, 64, "BLOCK_M=48", "32 or 64 rows"},
                    {FLASHCL_FLOAT16, 48, "WG=256", "32 or 64 rows"},
-                   {FLASHCL_FLOAT16, 64, "DQ=atomic", "dQ by its own pass"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "head_dim 32..64"},
                    {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
