@@ -5,9 +5,10 @@
  * as flash_bwd_nv.cl (whose comment gives the formulas), and the same two
  * kernels: dK/dV per key block, then dQ by a pass over query blocks (a fixed
  * order: deterministic); with DQ_ATOMIC (FLASHCL_BWD_PARAMS=DQ=atomic) the
- * dK/dV kernel adds dQ into a float accumulator itself instead (below). The sm_90a instructions sit behind common.cl's
- * SM90A marker; src/program.c rebuilds the program for sm_90a and the host
- * falls back to flash_bwd_nv.cl when that fails.
+ * dK/dV kernel adds dQ into a float accumulator itself instead (below). The
+ * sm_90a instructions sit behind common.cl's SM90A marker; src/program.c
+ * rebuilds the program for sm_90a and the host falls back to flash_bwd_nv.cl
+ * when that fails.
  *
  * Why wgmma here. flash_bwd_nv.cl gives each warp 16 keys, so every warp
  * reads the whole Q and dO tile from __local through ldmatrix, twice a tile
@@ -112,8 +113,8 @@
 #if SMEM_BYTES + STAGES * 2 * TROWS * 4 > 48000
 #error "the tiles exceed NVIDIA's ~47 KB of __local memory"
 #endif
-/* A wgmma whose n is a streamed tile's rows (its B K-major). */
-/* WGMMA_SS_NT: the same n, both operands in __local, A M-major (DQ_ATOMIC's dQ^T = K^T dS^T). */
+/* A wgmma whose n is a streamed tile's rows (its B K-major); WGMMA_SS_NT the
+ * same with both operands in __local, A M-major (DQ_ATOMIC's dQ^T = K^T dS^T). */
 #if TROWS == 64
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N64, d, a, desc, scale_d, 0)
 #define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N64, d, desc_a, desc_b, scale_d, 1, 0)
