@@ -696,17 +696,22 @@ static void test_levels(void) {
 
 /* flashcl_backward_params for a resolved desc of dtype dt and head_dim d under FLASHCL_BWD_PARAMS=env
  * (NULL: unset); skip_nv as the build-failure fallback passes it. */
-static flashcl_status backward_choice_of(flashcl_context *ctx, flashcl_dtype dt, int d, const char *env, int skip_nv,
-                                         flashcl_backward_choice *c) {
+static flashcl_status backward_choice_with(flashcl_context *ctx, flashcl_dtype dt, int d, const char *env,
+                                           int deterministic, int skip_nv, flashcl_backward_choice *c) {
     flashcl_attention_desc r = desc_of(dt, 100, d, 0);
     flashcl_attention_desc_resolve(&r);
     if (env)
         setenv("FLASHCL_BWD_PARAMS", env, 1);
     else
         unsetenv("FLASHCL_BWD_PARAMS");
-    flashcl_status st = flashcl_backward_params(ctx, &r, 0, skip_nv, c);
+    flashcl_status st = flashcl_backward_params(ctx, &r, deterministic, skip_nv, c);
     unsetenv("FLASHCL_BWD_PARAMS");
     return st;
+}
+
+static flashcl_status backward_choice_of(flashcl_context *ctx, flashcl_dtype dt, int d, const char *env, int skip_nv,
+                                         flashcl_backward_choice *c) {
+    return backward_choice_with(ctx, dt, d, env, 0, skip_nv, c);
 }
 
 /* ... for float32. */
@@ -862,15 +867,9 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && flashcl_backward_dq_atomic(&c),
            "FLASHCL_BWD_PARAMS=DQ=atomic at sm_90 D=64: nv-wgmma sums dQ with atomics", &failures);
-    {
-        flashcl_attention_desc r = desc_of(FLASHCL_FLOAT16, 100, 64, 0);
-        flashcl_attention_desc_resolve(&r);
-        setenv("FLASHCL_BWD_PARAMS", "DQ=atomic", 1);
-        expect(flashcl_backward_params(ctx, &r, 1, 0, &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_NV_WGMMA &&
-                   !flashcl_backward_dq_atomic(&c),
-               "... but not in deterministic mode", &failures);
-        unsetenv("FLASHCL_BWD_PARAMS");
-    }
+    expect(backward_choice_with(ctx, FLASHCL_FLOAT16, 64, "DQ=atomic", 1, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && !flashcl_backward_dq_atomic(&c),
+           "... but not in deterministic mode", &failures);
     static const struct {
         flashcl_dtype dt;
         int d;
