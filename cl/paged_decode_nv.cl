@@ -21,13 +21,12 @@
  * through STAGES private __local buffers with cp.async (page lookups per key,
  * zero-fill past the slice), so the loop needs no work-group barrier, only
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
- * what other lanes copied. On long slices the host builds it with K_IN_REGS
- * instead: each lane loads its K operands straight into registers and only
- * V goes through __local (below).
+ * what other lanes copied. On long slices the host builds it with REG_COPY
+ * instead: the same tiles, copied by plain loads staged through registers
+ * (below).
  *
  *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first;
  *            after the tiles when Q_IN_LOCAL)
- *   K_IN_REGS: warp 0: V_STAGES x V tile  |  warp 1: ...  |  Q (16 x Q_PITCH halves)
  *   after the loop the tile area holds the warps' O rows for their merge,
  *   then the split weights for the last split's merge.
  *
@@ -57,26 +56,26 @@
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
 /* Tried on the H200 and taken out (BENCHMARKS.md): page-table reads a tile
  * ahead, L2 prefetches of the tiles ahead (up to 15 % slower), rows by
- * cp.async.bulk, and K a tile further ahead than V in its own cp.async group
- * (half a tile more in flight per warp): none faster. The copy stream is
- * not short of requests in flight: cp.async itself tops out near 3.9 TB/s
- * on the H200 (bench/read_bw.c), hence K_IN_REGS. Nor under K_IN_REGS (stop
- * 27): V_STAGES 4 or 5, K by ld.global.nc with or without L2 prefetch hints,
- * K in registers from 1024-key slices, and five groups a CU (register cap
- * 200) were level or slower, and one kv head's rows laid out contiguously (as
- * FA2's cache) read within 1.5 % of the shuffled pages. */
+ * cp.async.bulk, K a tile further ahead than V in its own cp.async group,
+ * deeper rings, five groups a CU (register caps: spills), and K loaded
+ * straight into the mma operands' registers with V by cp.async (K_IN_REGS,
+ * stops 22-27: REG_COPY below is 3-4 % faster). One kv head's rows laid out
+ * contiguously (as FA2's cache) read within 1.5 % of the shuffled pages. */
 
-/* K_IN_REGS: K goes from global memory straight into the mma operands, V
- * through V_STAGES __local buffers per warp (below). The host asks for it
- * where slices are long (flashcl_decode_params). */
-#ifndef K_IN_REGS
-#define K_IN_REGS 0
+/* REG_COPY: K and V by plain 16-byte loads, a tile ahead in registers,
+ * stored to the warp's other tile buffer when the tile starts, instead of by
+ * cp.async. Why: on the H200, cp.async from OpenCL reads at 3.9 TB/s at most
+ * whatever its tiles (per warp or group-wide, 4-16 KB, 2-4 buffers, 1-6
+ * groups a CU), while loads staged through registers into __local read at
+ * 4.45-4.55 TB/s with 64 KB in flight an SM (bench/copy_tiles.c). It costs
+ * 64 registers a thread at D=128 (254 in all: still 4 groups an SM) and
+ * the overlap of a second tile in flight, which slices of 512 keys miss
+ * (8 % slower there); the host asks for it from 1024 keys. */
+#ifndef REG_COPY
+#define REG_COPY 0
 #endif
-#ifndef V_STAGES
-#define V_STAGES STAGES /* K_IN_REGS: V tiles per warp in flight + 1 */
-#endif
-#if K_IN_REGS && (HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_N != 16)
-#error "K_IN_REGS takes HEAD_DIM 32, 64, 96 or 128 and 16-key tiles"
+#if REG_COPY && STAGES != 2
+#error "REG_COPY takes STAGES 2: two tile buffers a warp"
 #endif
 
 #define WG_SIZE (WARPS * 32)
@@ -105,17 +104,7 @@
 #ifndef DIAG
 #define DIAG 0
 #endif
-#if K_IN_REGS
-/* Per warp V_STAGES V tiles, then Q (read every tile: its fragments would
- * take 32 more registers beside two sets of K), then over it all, after the
- * loop, the warps' O rows and the split weights. An odd pitch in words: the
- * lanes' Q reads fall in distinct banks. */
-#define Q_PITCH (HEAD_DIM + 2)
-#define V_AREA (WARPS * V_STAGES * TILE_HALFS)
-#define Q_BASE V_AREA
-#define MAX3(a, b, c) ((a) > (b) ? ((a) > (c) ? (a) : (c)) : ((b) > (c) ? (b) : (c)))
-#define SMEM_HALFS MAX3(V_AREA + 16 * Q_PITCH, WARPS * 16 * HEAD_DIM * 2, BLOCK_M * MAX_SPLITS * 2)
-#elif Q_IN_LOCAL
+#if Q_IN_LOCAL
 #define Q_BASE (WARPS * WARP_HALFS)
 #define SMEM_HALFS (WARPS * WARP_HALFS + Q_HALFS)
 #else
@@ -132,8 +121,7 @@
 #if HEAD_DIM % 16 != 0 || BLOCK_N % 16 != 0 || BLOCK_M > 16
 #error "HEAD_DIM and BLOCK_N must be multiples of 16, BLOCK_M at most 16"
 #endif
-#if !K_IN_REGS && (WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 ||                          \
-                    WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4)
+#if WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 || WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
 #error "the tile area must hold the warps' O rows and the split weights for the final merges"
 #endif
 #if SMEM_HALFS * 2 > 48000
@@ -142,11 +130,32 @@
 
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
 
+/* Blocks of at most 8 rows (decode's GQA groups: 4 at 32/8 heads) leave rows
+ * g + 8 of every fragment padding. TOP_ROWS computes rows g only: TOP_MMA
+ * takes A's rows g + 8 as zero and throws C's away, so that Q's fragments
+ * of those rows and the accumulators of O's are never held (48 registers at
+ * D=128) and the softmax runs for one row a lane. */
+#ifndef TOP_ROWS
+#define TOP_ROWS (BLOCK_M <= 8)
+#endif
+#define TOP_MMA(c, a0, a2, b0, b1)                                                                 \
+    do {                                                                                           \
+        float lost0_, lost1_;                                                                      \
+        __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "             \
+                "{%0,%1,%2,%3}, {%4,%8,%5,%8}, {%6,%7}, {%0,%1,%9,%9};"                            \
+                : "+f"((c)[0]), "+f"((c)[1]), "=f"(lost0_), "=f"(lost1_)                           \
+                : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));                         \
+    } while (0)
+#if TOP_ROWS
+#define ROWS_MMA(c, a0, a1, a2, a3, b0, b1) TOP_MMA(c, a0, a2, b0, b1)
+#else
+#define ROWS_MMA(c, a0, a1, a2, a3, b0, b1) MMA_16816(c, a0, a1, a2, a3, b0, b1)
+#endif
+
 /* Where a tile never crosses a page (pages a multiple of BLOCK_N tokens; a
  * tile starts at a multiple of BLOCK_N, slices at multiples of 32), the rows
  * of its keys follow from its first key's: one page-table read a tile
- * instead of one per key row a lane copies (10 of a lane's 26 memory
- * instructions a tile under K_IN_REGS). TILE_ROW0 is that first row (0
+ * instead of one per key row a lane copies. TILE_ROW0 is that first row (0
  * where tiles may cross pages), TILE_ROW the row of key n of the tile at n0. */
 #if defined(PAGE_SIZE) && PAGE_SIZE && PAGE_SIZE % BLOCK_N == 0 && 32 % BLOCK_N == 0
 #define TILE_ROW0(n0, tables, k_base) key_row((n0), (tables), (k_base))
@@ -190,159 +199,38 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
 
 #define COMMIT_EMPTY() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
 
-#if K_IN_REGS
-/* K straight into registers (K_IN_REGS).
- *
- * Why: on the H200 a read through cp.async into __local, as the #else loop
- * copies K and V, topped out at 3.9 TB/s in bench/read_bw.c whatever the
- * number of work-groups, and plain 16-byte loads of the same shuffled 4 KB
- * pages at 4.4-4.5. Here each lane loads, 16 bytes at a time, exactly the K
- * elements its mma operands need, a tile ahead in a second set of
- * registers, while V still comes through cp.async: two ways to the memory,
- * each with its own requests in flight. Slices of 4096 keys and more ran
- * 1.5-3 % faster than the #else loop, short ones slower (BENCHMARKS.md).
- * (V in registers as well, by the same trick with the output's columns
- * permuted, measured no faster and needs 193 registers; two sets of both
- * spilled.)
- *
- * That works because a dot product does not care in which order its terms
- * are summed. In k-step kk = 2p + s of S = Q K^T the B fragment of lane
- * (g, t) holds, for key g of each n8 block, k indices 2t, 2t+1 (b0) and
- * 2t+8, 2t+9 (b1). Let those stand for dims 8(4p+t) + 4s + {0,1} and
- * {2,3}: one 16-byte chunk, dims 8(4p+t) .. +7, then gives b0, b1 of
- * k-step 2p (.x, .y) and of 2p+1 (.z, .w), and Q's A fragment is read from
- * __local at the same dims. Keys past the slice load as zero. */
-#define K_CHUNKS (HEAD_DIM / 32) /* 16-byte chunks a lane loads of each of its 2 K rows */
-typedef struct {
-    uint4 k[2][K_CHUNKS]; /* keys g, g + 8 of the tile */
-} lane_k;
-
 inline uint4 chunk_or_zero(int live, __global const ushort *p) {
     return live ? *(__global const uint4 *)p : (uint4)(0u);
 }
 
-/* Lane (g, t)'s K of the tile of keys n0 .. n0 + 15 (keys past s_hi: zero). */
-inline void load_lane_k(lane_k *x, int n0, int s_hi, __global const int *tables, int k_base,
-                        __global const ushort *kb, ulong k_ss, int g, int t) {
-    const uint row0 = TILE_ROW0(n0, tables, k_base);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = n0 + g + 8 * h, live = key <= s_hi;
-        __global const ushort *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * k_ss;
-#pragma unroll
-        for (int p = 0; p < K_CHUNKS; ++p)
-            x->k[h][p] = chunk_or_zero(live, row + 8 * (4 * p + t));
-    }
-}
+#if REG_COPY
+/* Copies staged through registers (REG_COPY): a lane's share of a tile of BLOCK_N rows
+ * is chunks lane + 32 * it, row (lane + 32 * it) / D_CHUNKS, 16 bytes at column 8 * ((lane + 32 *
+ * it) % D_CHUNKS), as issue_tile copies them. */
+#define LANE_CHUNKS (BLOCK_N * D_CHUNKS / 32)
 
-/* This lane's cp.async copies of the V rows of keys n0 .. n0 + 15 into the
- * 16-row tile at shared address dst (keys past s_hi zero-filled), committed
- * as one group. */
-inline void issue_v_tile(int n0, uint dst, int s_hi, __global const int *tables, int k_base,
-                         __global const ushort *vb, ulong v_ss) {
-    const int lane = (int)get_local_id(0) % 32;
+/* This lane's chunks of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi: zero). */
+inline void load_lane_rows(uint4 *x, int n0, int s_hi, __global const int *tables, int k_base,
+                           __global const ushort *base, ulong ss, int lane) {
     const uint row0 = TILE_ROW0(n0, tables, k_base);
 #pragma unroll
-    for (int it = 0; it < 16 * D_CHUNKS / 32; ++it) {
+    for (int it = 0; it < LANE_CHUNKS; ++it) {
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS, key = n0 + r;
         const int live = key <= s_hi;
-        const uint row = TILE_ROW(live ? key : n0, n0, row0, tables, k_base);
-        __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(dst + (uint)(r * PITCH + 8 * c) * 2u),
-                             "l"((ulong)(vb + (ulong)row * v_ss + 8 * c)), "r"(live ? 16 : 0)
-                             : "memory");
+        x[it] = chunk_or_zero(live, base + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * ss + 8 * c);
     }
-    __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
 }
 
-inline uint u4_at(uint4 v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
-/* Blocks of at most 8 rows (decode's GQA groups) leave rows g + 8 of every
- * fragment padding: TOP_MMA computes rows g only, its A rows g + 8 zero and
- * its C rows g + 8 thrown away, so that the accumulators of rows g + 8 stay
- * the constant 0 and take no registers (32 at D=128, which the second set
- * of K needs). */
-#define TOP_ROWS (BLOCK_M <= 8)
-#define TOP_MMA(c, a0, a2, b0, b1)                                                                 \
-    do {                                                                                           \
-        float lost0_, lost1_;                                                                      \
-        __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "             \
-                "{%0,%1,%2,%3}, {%4,%8,%5,%8}, {%6,%7}, {%0,%1,%9,%9};"                            \
-                : "+f"((c)[0]), "+f"((c)[1]), "=f"(lost0_), "=f"(lost1_)                           \
-                : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));                         \
-    } while (0)
-#if TOP_ROWS
-#define REG_MMA(c, a0, a1, a2, a3, b0, b1) TOP_MMA(c, a0, a2, b0, b1)
-#else
-#define REG_MMA(c, a0, a1, a2, a3, b0, b1) MMA_16816(c, a0, a1, a2, a3, b0, b1)
-#endif
-
-/* S = Q K^T of this warp's tile from the K registers of x (a fresh s[S_FRAGS][4]). */
-#define REG_S(x, s)                                                                                \
-    float s[S_FRAGS][4];                                                                           \
-    _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j)                                            \
-        s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;                                              \
-    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \
-        const int p = kk / 2, d0 = 8 * (4 * p + t) + 4 * (kk % 2);                                 \
-        const uint a0 = q_word(smem, g, d0), a2 = q_word(smem, g, d0 + 2);                         \
-        const uint a1 = TOP_ROWS ? 0u : q_word(smem, g + 8, d0);                                   \
-        const uint a3 = TOP_ROWS ? 0u : q_word(smem, g + 8, d0 + 2);                               \
-        _Pragma("unroll") for (int h = 0; h < 2; ++h)                                              \
-            REG_MMA(s[h], a0, a1, a2, a3, u4_at((x).k[h][p], 2 * (kk % 2)),                        \
-                    u4_at((x).k[h][p], 2 * (kk % 2) + 1));                                         \
+/* ... and into the tile at `tile` (rows PITCH halves apart: a multiple of 16 bytes). */
+inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
+#pragma unroll
+    for (int it = 0; it < LANE_CHUNKS; ++it) {
+        const int i = lane + 32 * it;
+        *(__local uint4 *)(tile + (i / D_CHUNKS) * PITCH + 8 * (i % D_CHUNKS)) = x[it];
     }
-
-/* Soft-cap, the mask of keys past a row's last visible key or past the
- * slice, the online softmax. */
-#define REG_SCORES(s, n0)                                                                          \
-    do {                                                                                           \
-        if (softcap)                                                                               \
-            SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);                                           \
-        _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j)                                        \
-            _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                        \
-                const int key = (n0) + 8 * j + 2 * t + (e & 1);                                    \
-                if (key > min(row_hi[e >> 1], s_hi))                                               \
-                    s[j][e] = -INFINITY;                                                           \
-            }                                                                                      \
-        REG_SOFTMAX(s);                                                                            \
-    } while (0)
-
-/* O += P V, P from s (rows g + 8: zero under TOP_ROWS), V from the __local
- * tile at v_tile by ldmatrix.trans, as the #else loop. */
-#define LOCAL_PV(s, v_tile)                                                                        \
-    do {                                                                                           \
-        const uint p0 = pack2(s[0][0], s[0][1]), p2 = pack2(s[1][0], s[1][1]);                     \
-        const uint p1 = TOP_ROWS ? 0u : pack2(s[0][2], s[0][3]);                                   \
-        const uint p3 = TOP_ROWS ? 0u : pack2(s[1][2], s[1][3]);                                   \
-        _Pragma("unroll") for (int dp = 0; dp < O_FRAGS / 2; ++dp) {                               \
-            uint vf[4];                                                                            \
-            LDMATRIX_X4_TRANS(vf, (v_tile) + v_lane + (uint)(dp * 16) * 2u);                       \
-            REG_MMA(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);                                    \
-            REG_MMA(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);                                \
-        }                                                                                          \
-    } while (0)
-
-/* The online softmax of rows g (and g + 8 unless TOP_ROWS, whose rows g + 8
- * keep m = -inf, l = 0 and O = 0 as padding rows do). */
-#if TOP_ROWS
-#define REG_SOFTMAX(s)                                                                             \
-    do {                                                                                           \
-        SOFTMAX_ROW_16(s, S_FRAGS, m_run, l_run, sc, 0, alpha_);                                   \
-        _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
-            acc[j_][0] *= alpha_;                                                                  \
-            acc[j_][1] *= alpha_;                                                                  \
-        }                                                                                          \
-    } while (0)
-#else
-#define REG_SOFTMAX(s) ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc)
-#endif
-
-/* Q's 32-bit word at row r, dims d, d + 1 (d even). */
-inline uint q_word(__local const ushort *qs, int r, int d) {
-    return *(__local const uint *)(qs + Q_BASE + r * Q_PITCH + d);
 }
-#else
-#define Q_PITCH PITCH
 #endif
+
 
 /* The block's 16 Q rows -> __local at Q_BASE (rows past nrows zero).
  *
@@ -374,11 +262,11 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
                 x[j] = c < TOTAL && c / Q_ROW_CHUNKS < nrows ? *(__global const uint4 *)Q_AT(c, 8) : (uint4)(0u);
             }
 #pragma unroll
-            for (int j = 0; j < BATCH; ++j) { /* 4-byte stores: Q_PITCH keeps rows 4-byte, not always 16-byte, aligned */
+            for (int j = 0; j < BATCH; ++j) { /* 4-byte stores, as the element path's */
                 const int c = tid + (p0 + j) * WG_SIZE;
                 if (c >= TOTAL)
                     break;
-                __local uint *dst = (__local uint *)(smem + Q_BASE + (c / Q_ROW_CHUNKS) * Q_PITCH + 8 * (c % Q_ROW_CHUNKS));
+                __local uint *dst = (__local uint *)(smem + Q_BASE + (c / Q_ROW_CHUNKS) * PITCH + 8 * (c % Q_ROW_CHUNKS));
                 dst[0] = x[j].x, dst[1] = x[j].y, dst[2] = x[j].z, dst[3] = x[j].w;
             }
         }
@@ -397,7 +285,7 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
             const int i = tid + (p0 + j) * WG_SIZE;
             if (i >= TOTAL1)
                 break;
-            smem[Q_BASE + (i / HEAD_DIM) * Q_PITCH + i % HEAD_DIM] = x[j];
+            smem[Q_BASE + (i / HEAD_DIM) * PITCH + i % HEAD_DIM] = x[j];
         }
     }
 #undef Q_AT
@@ -459,7 +347,7 @@ paged_decode_nv(SERVING_ARGS,
     load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);
     barrier(CLK_LOCAL_MEM_FENCE);
     const uint q_lane = s_base + (uint)(Q_BASE + (lane % 16) * PITCH + (lane / 16) * 8) * 2u;
-#if !Q_IN_LOCAL && !K_IN_REGS
+#if !Q_IN_LOCAL
     uint qf[K_STEPS][4];
 #pragma unroll
     for (int kk = 0; kk < K_STEPS; ++kk)
@@ -467,54 +355,30 @@ paged_decode_nv(SERVING_ARGS,
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
 #endif
 
-#if K_IN_REGS
-    /* Tile i of this warp is the slice's tile warp + i * WARPS: its K in
-     * register set i % 2, asked for while the tile before is computed, its V
-     * in buffer i % V_STAGES of this warp. */
-    const uint v_base = s_base + (uint)(warp * V_STAGES * TILE_HALFS) * 2u;
-#define N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
-#define V_BUF(i) (v_base + (uint)(((i) % V_STAGES) * TILE_HALFS) * 2u)
-#define ISSUE_V(i)                                                                                 \
-    do {                                                                                           \
-        if ((i) < my_tiles)                                                                        \
-            issue_v_tile(N0(i), V_BUF(i), s_hi, tables, b.k_base, vb, v_ss);                       \
-        else                                                                                       \
-            COMMIT_EMPTY();                                                                        \
-    } while (0)
-/* Tile i from the K set xk, the next tile's K into xn. */
-#define K_REGS_TILE(xk, xn, i)                                                                     \
-    do {                                                                                           \
-        ISSUE_V((i) + V_STAGES - 1);                                                               \
-        if ((i) + 1 < my_tiles)                                                                    \
-            load_lane_k(&(xn), N0((i) + 1), s_hi, tables, b.k_base, kb, k_ss, g, t);        \
-        __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(V_STAGES - 1) : "memory");            \
-        WARP_SYNC(); /* every lane's part of V(i) has landed */                                    \
-        REG_S(xk, s);                                                                              \
-        REG_SCORES(s, N0(i));                                                                      \
-        LOCAL_PV(s, V_BUF(i));                                                                     \
-        WARP_SYNC(); /* done reading V(i) before a later issue refills its buffer */               \
-    } while (0)
-    lane_k xa, xb;
-#pragma unroll
-    for (int i = 0; i < V_STAGES - 1; ++i)
-        ISSUE_V(i);
-    if (my_tiles > 0)
-        load_lane_k(&xa, N0(0), s_hi, tables, b.k_base, kb, k_ss, g, t);
-    for (int i = 0; i < my_tiles; i += 2) { /* unrolled by two: the sets are registers */
-        K_REGS_TILE(xa, xb, i);
-        if (i + 1 == my_tiles)
-            break;
-        K_REGS_TILE(xb, xa, i + 1);
-    }
-    __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
-#undef K_REGS_TILE
-#undef ISSUE_V
-#undef V_BUF
-#undef N0
-#else
     /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES: K, then V. */
 #define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
 #define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
+#if REG_COPY
+    /* Tile i + 1 arrives in xk, xv while tile i is computed and goes to its buffer when tile
+     * i + 1 starts; the warp sync after that store also tells that every lane is done reading
+     * tile i - 1's buffer, which it reused. */
+#define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
+    __local ushort *const warp_tiles = smem + warp * WARP_HALFS;
+    uint4 xk[LANE_CHUNKS], xv[LANE_CHUNKS];
+    if (my_tiles > 0) {
+        load_lane_rows(xk, TILE_N0(0), s_hi, tables, b.k_base, kb, k_ss, lane);
+        load_lane_rows(xv, TILE_N0(0), s_hi, tables, b.k_base, vb, v_ss, lane);
+    }
+    for (int i = 0; i < my_tiles; ++i) {
+        store_lane_rows(xk, warp_tiles + (i % 2) * 2 * TILE_HALFS, lane);
+        store_lane_rows(xv, warp_tiles + (i % 2) * 2 * TILE_HALFS + TILE_HALFS, lane);
+        WARP_SYNC();
+        if (i + 1 < my_tiles) {
+            load_lane_rows(xk, TILE_N0(i + 1), s_hi, tables, b.k_base, kb, k_ss, lane);
+            load_lane_rows(xv, TILE_N0(i + 1), s_hi, tables, b.k_base, vb, v_ss, lane);
+        }
+#undef TILE_N0
+#else
 #pragma unroll
     for (int i = 0; i < STAGES - 1; ++i) {
         if (i < my_tiles)
@@ -531,6 +395,7 @@ paged_decode_nv(SERVING_ARGS,
             COMMIT_EMPTY();
         __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory");
         WARP_SYNC(); /* every lane's part of tile i has landed */
+#endif
 #if !(DIAG & 1)
         const uint k_tile = K_BUF(i), v_tile = V_BUF(i);
         const int n0 = s_lo + (warp + i * WARPS) * BLOCK_N;
@@ -552,7 +417,8 @@ paged_decode_nv(SERVING_ARGS,
             for (int np = 0; np < S_FRAGS / 2; ++np) {
                 uint kf[4];
                 LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
-                MMA_16816_X2(s[2 * np], s[2 * np + 1], qa, kf);
+                ROWS_MMA(s[2 * np], qa[0], qa[1], qa[2], qa[3], kf[0], kf[1]);
+                ROWS_MMA(s[2 * np + 1], qa[0], qa[1], qa[2], qa[3], kf[2], kf[3]);
             }
         }
         if (softcap)
@@ -567,7 +433,16 @@ paged_decode_nv(SERVING_ARGS,
                     s[j][e] = -INFINITY;
             }
         /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
+#if TOP_ROWS /* rows g + 8 keep m = -inf, l = 0 and O = 0, as padding rows do */
+        {
+            SOFTMAX_ROW_16(s, S_FRAGS, m_run, l_run, sc, 0, alpha_);
+#pragma unroll
+            for (int j = 0; j < O_FRAGS; ++j)
+                acc[j][0] *= alpha_, acc[j][1] *= alpha_;
+        }
+#else
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+#endif
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
@@ -579,15 +454,16 @@ paged_decode_nv(SERVING_ARGS,
             for (int dp = 0; dp < O_FRAGS / 2; ++dp) {
                 uint vf[4];
                 LDMATRIX_X4_TRANS(vf, v_tile + v_lane + (uint)(kk * 16 * PITCH + dp * 16) * 2u);
-                MMA_16816(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
-                MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
+                ROWS_MMA(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
+                ROWS_MMA(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
             }
         }
 #endif
+#if !REG_COPY
         WARP_SYNC(); /* done reading this buffer before a later issue refills it */
+#endif
     }
     __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
-#endif
 
     /* ---- merge the warps: per row the max, the sum, then O ---- */
 #pragma unroll

@@ -288,10 +288,10 @@ typedef struct flashcl_decode_choice {
     int wgs_per_cu;      /* split-KV: work-groups wanted per compute unit     */
     int min_split_keys;  /* split-KV: no slice shorter than this              */
     int splits;          /* key slices per (block, kv head); 1 = no combine   */
-    int k_regs_min_keys; /* decode-mma: slices of at least this many keys take K
-                          * straight into registers (cl/paged_decode_nv.cl
-                          * K_IN_REGS); 0: never                               */
-    int k_in_regs;       /* decode-mma: that choice, made with the split count */
+    int reg_copy_min_keys; /* decode-mma: slices of at least this many keys copy
+                            * K/V by loads staged through registers instead of
+                            * cp.async (cl/paged_decode_nv.cl REG_COPY)        */
+    int reg_copy;          /* decode-mma: that choice, made with the split count */
     int l2_prefetch;     /* decode kernels: bytes of L2 prefetch on each cp.async
                           * (common.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
     int meta_args;       /* decode kernels: 1 passes the batch description as a

@@ -782,7 +782,7 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
  * the decode kernels' batch description, and an append's slot list, as a
  * by-value kernel argument when it fits the device's argument space, instead
  * of an upload (serving.c, kv_cache.c).
- * Derived, not stored: K_REGS_MIN_KEYS and L2_PREFETCH (the mma kernel's,
+ * Derived, not stored: REG_COPY_MIN_KEYS and L2_PREFETCH (the mma kernel's,
  * see decode_derive; FLASHCL_DECODE_PARAMS may set them); rows per block
  * (the smallest power of two >= the longest sequence's rows, so decode
  * with a GQA group of 4 gets 4 rows and every K/V element loaded serves the
@@ -841,13 +841,7 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp stages x (K, V); merge floats */
         const size_t warps = (size_t)(c->work_group_size / 32);
         size_t q = 16 * (d + 8), tiles = warps * (size_t)c->stages * 2 * n * (d + 8);
-        size_t halves = d > 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL above D=128 */
-        if (c->k_in_regs) { /* V only, one stage more, then Q; after the loop the O rows, split weights */
-            const size_t v_q = warps * (size_t)(c->stages + 1) * n * (d + 8) + 16 * (d + 2);
-            const size_t o_rows = warps * 16 * d * 2, weights = m * FLASHCL_MAX_SPLITS * 2;
-            halves = v_q > o_rows ? v_q : o_rows;
-            halves = halves > weights ? halves : weights;
-        }
+        const size_t halves = d > 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL above D=128 */
         return halves * 2 + (warps * 32 + 33) * sizeof(float);
     }
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
@@ -893,7 +887,7 @@ static const struct {
     {"WGS_PER_CU", offsetof(flashcl_decode_choice, wgs_per_cu)},
     {"MIN_SPLIT_KEYS", offsetof(flashcl_decode_choice, min_split_keys)},
     {"META_ARGS", offsetof(flashcl_decode_choice, meta_args)},
-    {"K_REGS_MIN_KEYS", offsetof(flashcl_decode_choice, k_regs_min_keys)},
+    {"REG_COPY_MIN_KEYS", offsetof(flashcl_decode_choice, reg_copy_min_keys)},
     {"L2_PREFETCH", offsetof(flashcl_decode_choice, l2_prefetch)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
@@ -928,7 +922,7 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS, "
-                                    "K_REGS_MIN_KEYS, L2_PREFETCH)",
+                                    "REG_COPY_MIN_KEYS, L2_PREFETCH)",
                                     kv.at);
             const size_t off = decode_keys[k].offset;
             const int is_switch = off == offsetof(flashcl_decode_choice, meta_args);
@@ -1022,11 +1016,12 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
         c->block_n = 16;
-        /* K straight into registers where slices are long. H200, batch 1-64
-         * x context 4k-128k: slices of 4096 keys and more 1.5-3 % faster
-         * ((16, 131072) 2029 against 2089 us, (64, 131072) 8054 against
-         * 8270), 1024 level, 256-512 up to 12 % slower (BENCHMARKS.md). */
-        c->k_regs_min_keys = 2048; /* where the kernel takes it: decode_k_in_regs */
+        /* Copies staged through registers where slices are long: cp.async
+         * from OpenCL reads at 3.9 TB/s at most on the H200, loads at 4.5.
+         * Batch 1-16 x context 4k-128k: slices of 1024 keys and more 3-6 %
+         * faster than cp.async ((16, 65536) 997 against 1035 us, (1, 65536)
+         * 78 against 83), 512 keys 8 % slower (BENCHMARKS.md, stop 28). */
+        c->reg_copy_min_keys = 1024; /* where the kernel takes it: decode_reg_copy */
         /* An L2 prefetch of 128 bytes on each 16-byte cp.async, as CUTLASS's
          * sm80 copies issue it. H200, batch 1-16 x context 4k-128k, calls
          * back to back: 1-2.5 % faster at all 12 shapes ((16, 4096) 84.0 ->
@@ -1092,15 +1087,17 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
     return 0;
 }
 
-/* The mma decode kernel's K_IN_REGS, once the split count is known: the
+/* The mma decode kernel's REG_COPY, once the split count is known: the
  * longest sequence's slice (cut as the kernel cuts it) against
- * k_regs_min_keys, where the kernel takes it (head dims 32..128 in steps of
- * 32, 16-key tiles). */
-static void decode_k_in_regs(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
+ * reg_copy_min_keys, where the kernel takes it (two tile buffers a warp,
+ * 16-key tiles), at head dims 64..128. H200, batch 1-16 x 16k-64k keys:
+ * 2-8 % faster than stop 27's kernel at D=64, 96 and 128; at D=32 9 % slower
+ * (a 16-key tile is 1 KB of K: too little in flight); at D=256 (one warp a
+ * group) 2.3x slower (BENCHMARKS.md, stop 28). */
+static void decode_reg_copy(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
     const long slice = ((pb->max_keys + c->splits - 1) / c->splits + 31) / 32 * 32;
-    c->k_in_regs = c->kernel == FLASHCL_SERVING_DECODE_MMA && c->k_regs_min_keys > 0 &&
-                   slice >= c->k_regs_min_keys && pb->head_dim % 32 == 0 && pb->head_dim <= 128 &&
-                   c->block_n == 16;
+    c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && c->reg_copy_min_keys > 0 && slice >= c->reg_copy_min_keys &&
+                  pb->head_dim >= 64 && pb->head_dim <= 128 && c->block_n == 16 && c->stages == 2;
 }
 
 /* The first entry for this device and problem, most specific level first. */
@@ -1159,7 +1156,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
 
     if (pb->requested_splits > 0) {
         c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
-        decode_k_in_regs(pb, c);
+        decode_reg_copy(pb, c);
         return FLASHCL_SUCCESS;
     }
     long groups = 0;
@@ -1187,7 +1184,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     if (splits > FLASHCL_MAX_SPLITS)
         splits = FLASHCL_MAX_SPLITS;
     c->splits = splits < 1 ? 1 : (int)splits;
-    decode_k_in_regs(pb, c);
+    decode_reg_copy(pb, c);
     return FLASHCL_SUCCESS;
 }
 

@@ -601,11 +601,9 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
                  c->lanes, c->work_group_size, c->unroll, c->stages, page_size, c->l2_prefetch,
                  ctx->info.is_nvidia ? " -DFLASHCL_NV_PTX" : "");
     else if (c->kernel == FLASHCL_SERVING_DECODE_MMA)
-        /* K_IN_REGS: V alone in __local, one stage deeper (flashcl_decode_local_bytes) */
-        snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DWARPS=%d -DSTAGES=%d -DPAGE_SIZE=%d -DFLASHCL_NV_PTX -DK_IN_REGS=%d "
-                 "-DV_STAGES=%d -DCP_ASYNC_L2=%d",
-                 c->block_n, c->work_group_size / 32, c->stages, page_size, c->k_in_regs, c->stages + 1,
-                 c->l2_prefetch);
+        snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DWARPS=%d -DSTAGES=%d -DPAGE_SIZE=%d -DFLASHCL_NV_PTX -DREG_COPY=%d "
+                 "-DCP_ASYNC_L2=%d",
+                 c->block_n, c->work_group_size / 32, c->stages, page_size, c->reg_copy, c->l2_prefetch);
     else
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
     const int arg_ints = by_value_ints(ctx, p);
@@ -837,7 +835,7 @@ flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen
                               : p.choice.kernel == FLASHCL_SERVING_TILED ? p.choice.tpr
                                                                           : 0;
     params->work_group_size = p.choice.work_group_size;
-    params->variant = p.choice.k_in_regs ? "decode-mma-kregs" : variants[p.choice.kernel];
+    params->variant = p.choice.reg_copy ? "decode-mma-regcopy" : variants[p.choice.kernel];
     params->source = p.choice.source;
     if (splits)
         *splits = p.choice.splits;

@@ -979,14 +979,20 @@ static void test_decode_levels(void) {
                c.splits == 8,
            "decode on sm_90, D=128: tensor cores, 2 warps, 4 groups per CU, splits capped by 512-key slices",
            &failures);
-    expect(!c.k_in_regs, "... K through __local on those 512-key slices", &failures);
+    expect(!c.reg_copy, "... copies by cp.async on those 512-key slices", &failures);
     choice_heads_k = 528; /* one slice of all 4096 keys */
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 1 && c.k_in_regs &&
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 1 && c.reg_copy &&
                flashcl_decode_local_bytes(&c, 128) <= 48000,
-           "... K straight into registers on 4096-key slices, V alone in __local (one stage deeper)", &failures);
+           "... copies staged through registers on 4096-key slices", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS &&
-               c.kernel == FLASHCL_SERVING_DECODE_MMA && !c.k_in_regs,
-           "... but not at D=80, which K_IN_REGS does not take", &failures);
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && c.reg_copy,
+           "... at D=80 too", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS &&
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && !c.reg_copy,
+           "... but not at D=256, whose one warp has no registers to stage a tile in", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 32, 4, &c) == FLASHCL_SUCCESS &&
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && !c.reg_copy,
+           "... nor at D=32, whose 1 KB tiles keep too little in flight", &failures);
     expect(c.l2_prefetch == 128, "... with an L2 prefetch of 128 bytes on each cp.async", &failures);
     setenv("FLASHCL_DECODE_PARAMS", "L2_PREFETCH=0", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS && c.l2_prefetch == 0,
@@ -994,9 +1000,9 @@ static void test_decode_levels(void) {
     setenv("FLASHCL_DECODE_PARAMS", "L2_PREFETCH=100", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_ERROR_INVALID_PARAMS,
            "... and refuses a size the hint does not have (100)", &failures);
-    setenv("FLASHCL_DECODE_PARAMS", "K_REGS_MIN_KEYS=8192", 1);
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.k_in_regs,
-           "... FLASHCL_DECODE_PARAMS K_REGS_MIN_KEYS moves the threshold", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "REG_COPY_MIN_KEYS=8192", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.reg_copy,
+           "... FLASHCL_DECODE_PARAMS REG_COPY_MIN_KEYS moves the threshold", &failures);
     unsetenv("FLASHCL_DECODE_PARAMS");
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,

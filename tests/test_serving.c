@@ -1301,16 +1301,15 @@ int main(int argc, char **argv) {
             paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
                         shapes[i].long_len, what);
         }
-        /* K straight into registers (K_IN_REGS), which the host asks for on
-         * slices of 2048 keys and more, here on every slice: head dims 32..128
-         * in steps of 32, blocks of at most 8 rows (rows g + 8 dropped) and
-         * of 16. */
+        /* Copies staged through registers (REG_COPY), which the host asks
+         * for on slices of 1024 keys and more, here on every slice: head dims
+         * up to 128, blocks of 4 to 16 rows, pages of 1 to 32 tokens. */
         if (mma)
-            force_params("KERNEL=mma,K_REGS_MIN_KEYS=1");
+            force_params("KERNEL=mma,REG_COPY_MIN_KEYS=1");
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
-            if (shapes[i].d % 32 || shapes[i].d > 128)
+            if (shapes[i].d < 64 || shapes[i].d > 128)
                 continue;
-            snprintf(what, sizeof what, "%s, K in registers: %s", k, shapes[i].name);
+            snprintf(what, sizeof what, "%s, copies through registers: %s", k, shapes[i].name);
             paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
                         shapes[i].long_len, what);
         }

@@ -1,0 +1,227 @@
+/* copy_tiles.c: how fast a work-group can stream device memory through __local, by tile shape,
+ * to choose the decode kernel's (bench/read_bw.c measures the plain access patterns). NVIDIA
+ * only (inline PTX cp.async); not part of the build. On the GPU machine:
+ *
+ *   gcc -O2 -std=c11 bench/copy_tiles.c -o /tmp/copy_tiles -lOpenCL && /tmp/copy_tiles [MiB]
+ *
+ * Each work-group streams its share of a zero-filled buffer (default 4096 MiB) tile by tile
+ * through NBUF __local buffers and folds one word a work-item of each landed tile, so nothing is
+ * written and nothing can be optimised away. Printed: the median GB/s of 10 runs (profiling
+ * events, START -> END) per copy method, access pattern, work-group size, tile bytes, buffers
+ * and work-groups per compute unit.
+ *   methods  cp      cp.async.cg 16 bytes a copy, the whole group copying each tile, then
+ *                    cp.async.wait_group + a barrier (FA2's copies, one group-wide tile)
+ *            warp    the same per warp: each warp streams its own tiles through its own buffers,
+ *                    bar.warp.sync only (flashcl's decode kernel at 4 KB tiles a warp)
+ *            ldst    16-byte loads of the next tile into registers while the current one is
+ *                    read, then stored to __local (the register-staged copy, NBUF 1)
+ *   patterns slab    each group a contiguous run of the buffer
+ *            heads   flashcl's paged K: shuffled 32 KB pages of [16 tokens][8 heads][256 B],
+ *                    group g reading head g % 8 (256-byte rows 2 KB apart)
+ */
+#define CL_TARGET_OPENCL_VERSION 120
+#include <CL/cl.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *src =
+    "uint saddr(__local const void *p) {\n"
+    "  uint a;\n"
+    "  __asm__(\"{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\" : \"=r\"(a) : \"l\"((ulong)p));\n"
+    "  return a;\n"
+    "}\n"
+    /* ADDR(e): the uint4 at index e of this group's stream; n: its length in uint4. */
+    "#if HEADS\n"
+    "#define STREAM const uint head = get_group_id(0) % 8; \\\n"
+    "  __global const uint *t = table + (get_group_id(0) / 8) * per; const long n = per * 256\n"
+    "#define ADDR(e) (a + (((ulong)t[(e) >> 8] << 11) + (((e) >> 4) & 15) * 128 + head * 16 + ((e) & 15)))\n"
+    "#else\n"
+    "#define STREAM __global const uint4 *p = a + get_group_id(0) * per; const long n = per\n"
+    "#define ADDR(e) (p + (e))\n"
+    "#endif\n"
+    "#define CP(dst, src) __asm__ __volatile__(\"cp.async.cg.shared.global [%0], [%1], 16;\" :: \"r\"(dst), \"l\"(src) : \"memory\")\n"
+    "#define COMMIT() __asm__ __volatile__(\"cp.async.commit_group;\" ::: \"memory\")\n"
+    "#define WAIT(n) __asm__ __volatile__(\"cp.async.wait_group %0;\" :: \"n\"(n) : \"memory\")\n"
+    "#define WSYNC() __asm__ __volatile__(\"bar.warp.sync 0xffffffff;\" ::: \"memory\")\n"
+    "#define OUT(acc) if ((acc.x | acc.y | acc.z | acc.w) != 0u) out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w\n"
+    "__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))\n"
+    "void copy(__global const uint4 *restrict a, __global const uint *restrict table, ulong per,\n"
+    "          __global uint *out) {\n"
+    "  __local uint4 buf[NBUF * TILE * (METHOD == 1 ? WG / 32 : 1)];\n"
+    "  const int tid = get_local_id(0);\n"
+    "  STREAM;\n"
+    "  uint4 acc = 0;\n"
+    "#if METHOD == 0\n" /* the group's tiles */
+    "  const long tiles = n / TILE;\n"
+    "  const uint d0 = saddr(buf);\n"
+    "  for (long i = 0; i < tiles + NBUF - 1; ++i) {\n"
+    "    if (i < tiles)\n"
+    "      for (int j = 0; j < TILE / WG; ++j)\n"
+    "        CP(d0 + (uint)((i % NBUF) * TILE + tid + WG * j) * 16u, ADDR(i * TILE + tid + WG * j));\n"
+    "    COMMIT();\n"
+    "    if (i >= NBUF - 1) {\n"
+    "      WAIT(NBUF - 1);\n"
+    "      barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "      acc ^= buf[((i - NBUF + 1) % NBUF) * TILE + tid];\n"
+    "      barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    }\n"
+    "  }\n"
+    "#elif METHOD == 1\n" /* each warp its own tiles of TILE uint4 through its own NBUF buffers */
+    "  const int warp = tid / 32, lane = tid % 32, warps = WG / 32;\n"
+    "  const long tiles = n / TILE, mine = (tiles - warp + warps - 1) / warps;\n"
+    "  __local uint4 *wb = buf + warp * NBUF * TILE;\n"
+    "  const uint d0 = saddr(wb);\n"
+    "  for (long i = 0; i < mine + NBUF - 1; ++i) {\n"
+    "    if (i < mine)\n"
+    "      for (int j = 0; j < TILE / 32; ++j)\n"
+    "        CP(d0 + (uint)((i % NBUF) * TILE + lane + 32 * j) * 16u, ADDR((warp + i * warps) * TILE + lane + 32 * j));\n"
+    "    COMMIT();\n"
+    "    if (i >= NBUF - 1) {\n"
+    "      WAIT(NBUF - 1);\n"
+    "      WSYNC();\n"
+    "      acc ^= wb[((i - NBUF + 1) % NBUF) * TILE + lane];\n"
+    "      WSYNC();\n"
+    "    }\n"
+    "  }\n"
+    "#else\n" /* register-staged */
+    "  const long tiles = n / TILE;\n"
+    "  uint4 r[TILE / WG];\n"
+    "  for (int j = 0; j < TILE / WG; ++j) r[j] = tiles ? *ADDR(tid + WG * j) : (uint4)0;\n"
+    "  for (long i = 0; i < tiles; ++i) {\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    for (int j = 0; j < TILE / WG; ++j) buf[tid + WG * j] = r[j];\n"
+    "    if (i + 1 < tiles)\n"
+    "      for (int j = 0; j < TILE / WG; ++j) r[j] = *ADDR((i + 1) * TILE + tid + WG * j);\n"
+    "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+    "    acc ^= buf[(tid * 7) % TILE];\n"
+    "  }\n"
+    "#endif\n"
+    "  OUT(acc);\n"
+    "}\n";
+
+static int cmp(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median GB/s of 10 timed runs (after 2 untimed). */
+static double time_gbps(cl_command_queue q, cl_kernel kern, size_t global, size_t local, double bytes) {
+    double t[10];
+    for (int it = -2; it < 10; ++it) {
+        cl_event e;
+        if (clEnqueueNDRangeKernel(q, kern, 1, NULL, &global, &local, 0, NULL, &e) != CL_SUCCESS)
+            return -1.0;
+        clWaitForEvents(1, &e);
+        cl_ulong s = 0, f = 0;
+        clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof s, &s, NULL);
+        clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof f, &f, NULL);
+        clReleaseEvent(e);
+        if (it >= 0)
+            t[it] = (double)(f - s) * 1e-9;
+    }
+    qsort(t, 10, sizeof t[0], cmp);
+    return bytes / (0.5 * (t[4] + t[5])) / 1e9;
+}
+
+int main(int argc, char **argv) {
+    const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 4096;
+    cl_platform_id plats[8];
+    cl_uint np = 0;
+    clGetPlatformIDs(8, plats, &np);
+    cl_device_id dev = NULL;
+    for (cl_uint i = 0; i < np && !dev; ++i) {
+        char name[256];
+        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof name, name, NULL);
+        if (strstr(name, "NVIDIA"))
+            clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_GPU, 1, &dev, NULL);
+    }
+    if (!dev) {
+        fprintf(stderr, "no NVIDIA device\n");
+        return 1;
+    }
+    cl_uint cus = 0;
+    clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+    cl_int err;
+    cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+    cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
+    const size_t bytes = mib << 20;
+    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_ONLY, bytes, NULL, &err);
+    cl_mem out = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (size_t)cus * 64 * 1024 * 4, NULL, &err);
+    if (err != CL_SUCCESS) {
+        fprintf(stderr, "cannot allocate %zu MiB (%d)\n", mib, err);
+        return 1;
+    }
+    const cl_uint zero = 0;
+    clEnqueueFillBuffer(q, buf, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
+    /* Every 32 KB page once, in a shuffled order (xorshift, fixed seed). */
+    const size_t pages = bytes / 32768;
+    uint32_t *perm = malloc(pages * sizeof *perm);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (size_t i = 0; i < pages; ++i)
+        perm[i] = (uint32_t)i;
+    for (size_t i = pages - 1; i > 0; --i) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        const size_t j = x % (i + 1);
+        const uint32_t tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    cl_mem table = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pages * 4, perm, &err);
+    free(perm);
+    clFinish(q);
+
+    /* method, work-group size, tile KB (per warp for "warp"), buffers (each warp's for "warp") */
+    static const struct {
+        int method, wg, tile_kb, nbuf;
+    } cfg[] = {
+        {1, 64, 8, 2},   {1, 64, 4, 4},   {1, 128, 4, 2},  {1, 64, 4, 2},   {0, 64, 8, 2},
+        {0, 64, 16, 2},  {0, 128, 8, 2},  {0, 128, 16, 2}, {0, 128, 8, 4},  {0, 128, 12, 3},
+        {0, 256, 16, 2}, {0, 128, 4, 4},  {2, 128, 8, 1},  {2, 128, 16, 1}, {2, 256, 16, 1},
+        {2, 256, 32, 1},
+    };
+    static const char *methods[] = {"cp", "warp", "ldst"};
+    printf("%u compute units, %zu MiB read per run; GB/s (median of 10, START -> END)\n", cus, mib);
+    printf("%-5s %-6s %5s %8s %5s %7s %9s\n", "meth", "pat", "local", "tile_kb", "nbuf", "wgs/cu", "GB/s");
+    for (int heads = 0; heads < 2; ++heads)
+        for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; ++c) {
+            const int tile = cfg[c].tile_kb * 64; /* uint4 */
+            char opts[256];
+            snprintf(opts, sizeof opts, "-DHEADS=%d -DMETHOD=%d -DWG=%d -DTILE=%d -DNBUF=%d", heads, cfg[c].method,
+                     cfg[c].wg, tile, cfg[c].nbuf);
+            cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
+            if (clBuildProgram(prog, 1, &dev, opts, NULL, NULL) != CL_SUCCESS) {
+                char log[16384] = "";
+                clGetProgramBuildInfo(prog, dev, CL_PROGRAM_BUILD_LOG, sizeof log - 1, log, NULL);
+                fprintf(stderr, "build failed (%s):\n%s\n", opts, log);
+                return 1;
+            }
+            cl_kernel k = clCreateKernel(prog, "copy", &err);
+            static const int per_cu[] = {1, 2, 3, 4, 6};
+            for (int wi = 0; wi < 5; ++wi) {
+                size_t groups = (size_t)cus * (size_t)per_cu[wi];
+                cl_ulong per;
+                double read;
+                if (heads) { /* whole tables slices of 32 KB pages, 8 groups (one a head) a slice */
+                    groups = groups / 8 * 8;
+                    per = pages / (groups / 8);
+                    per = per * 256 / (cl_ulong)tile * (cl_ulong)tile / 256; /* whole tiles */
+                    read = (double)per * (double)(groups / 8) * 32768;
+                } else {
+                    per = bytes / 16 / groups / (cl_ulong)tile * (cl_ulong)tile;
+                    read = (double)per * (double)groups * 16;
+                }
+                clSetKernelArg(k, 0, sizeof buf, &buf);
+                clSetKernelArg(k, 1, sizeof table, &table);
+                clSetKernelArg(k, 2, sizeof per, &per);
+                clSetKernelArg(k, 3, sizeof out, &out);
+                const double gbps = time_gbps(q, k, groups * (size_t)cfg[c].wg, (size_t)cfg[c].wg, read);
+                printf("%-5s %-6s %5d %8d %5d %7d %9.1f\n", methods[cfg[c].method], heads ? "heads" : "slab",
+                       cfg[c].wg, cfg[c].tile_kb, cfg[c].nbuf, per_cu[wi], gbps);
+                fflush(stdout);
+            }
+            clReleaseKernel(k);
+            clReleaseProgram(prog);
+        }
+    return 0;
+}
