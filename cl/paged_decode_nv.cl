@@ -343,6 +343,15 @@ paged_decode_nv(SERVING_ARGS,
         acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
+#if REG_COPY
+    /* The first tile's loads go out before Q's: registers, not the __local Q passes through. */
+#define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
+    uint4 xk[LANE_CHUNKS], xv[LANE_CHUNKS];
+    if (my_tiles > 0) {
+        load_lane_rows(xk, TILE_N0(0), s_hi, tables, b.k_base, kb, k_ss, lane);
+        load_lane_rows(xv, TILE_N0(0), s_hi, tables, b.k_base, vb, v_ss, lane);
+    }
+#endif
     /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
     load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -362,13 +371,7 @@ paged_decode_nv(SERVING_ARGS,
     /* Tile i + 1 arrives in xk, xv while tile i is computed and goes to its buffer when tile
      * i + 1 starts; the warp sync after that store also tells that every lane is done reading
      * tile i - 1's buffer, which it reused. */
-#define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
     __local ushort *const warp_tiles = smem + warp * WARP_HALFS;
-    uint4 xk[LANE_CHUNKS], xv[LANE_CHUNKS];
-    if (my_tiles > 0) {
-        load_lane_rows(xk, TILE_N0(0), s_hi, tables, b.k_base, kb, k_ss, lane);
-        load_lane_rows(xv, TILE_N0(0), s_hi, tables, b.k_base, vb, v_ss, lane);
-    }
     for (int i = 0; i < my_tiles; ++i) {
         store_lane_rows(xk, warp_tiles + (i % 2) * 2 * TILE_HALFS, lane);
         store_lane_rows(xv, warp_tiles + (i % 2) * 2 * TILE_HALFS + TILE_HALFS, lane);
