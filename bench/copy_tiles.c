@@ -26,6 +26,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe.h"
+
 static const char *src =
     "uint saddr(__local const void *p) {\n"
     "  uint a;\n"
@@ -100,30 +102,6 @@ static const char *src =
     "#endif\n"
     "  OUT(acc);\n"
     "}\n";
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median GB/s of 10 timed runs (after 2 untimed). */
-static double time_gbps(cl_command_queue q, cl_kernel kern, size_t global, size_t local, double bytes) {
-    double t[10];
-    for (int it = -2; it < 10; ++it) {
-        cl_event e;
-        if (clEnqueueNDRangeKernel(q, kern, 1, NULL, &global, &local, 0, NULL, &e) != CL_SUCCESS)
-            return -1.0;
-        clWaitForEvents(1, &e);
-        cl_ulong s = 0, f = 0;
-        clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof s, &s, NULL);
-        clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof f, &f, NULL);
-        clReleaseEvent(e);
-        if (it >= 0)
-            t[it] = (double)(f - s) * 1e-9;
-    }
-    qsort(t, 10, sizeof t[0], cmp);
-    return bytes / (0.5 * (t[4] + t[5])) / 1e9;
-}
 
 int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 4096;
@@ -215,7 +193,7 @@ int main(int argc, char **argv) {
                 clSetKernelArg(k, 1, sizeof table, &table);
                 clSetKernelArg(k, 2, sizeof per, &per);
                 clSetKernelArg(k, 3, sizeof out, &out);
-                const double gbps = time_gbps(q, k, groups * (size_t)cfg[c].wg, (size_t)cfg[c].wg, read);
+                const double gbps = probe_median_gbps(q, k, groups * (size_t)cfg[c].wg, (size_t)cfg[c].wg, read);
                 printf("%-5s %-6s %5d %8d %5d %7d %9.1f\n", methods[cfg[c].method], heads ? "heads" : "slab",
                        cfg[c].wg, cfg[c].tile_kb, cfg[c].nbuf, per_cu[wi], gbps);
                 fflush(stdout);

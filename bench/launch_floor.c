@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe.h"
+
 static const char *src =
     "__kernel void k(__global int *a) { if (get_global_id(0) == 0) a[1] = a[0]; }\n"
     "__kernel void k31(__global int *a, __global int *b, __global int *c, __global int *d,\n"
@@ -39,11 +41,6 @@ static const char *src =
     "typedef struct { int v[256]; } blob;\n"
     "__kernel void kblob(__global int *a, blob b) { if (get_global_id(0) == 0) a[1] = b.v[a[0] & 255]; }\n"
     "__kernel void kread(__global int *a, __global const int *h) { if (get_global_id(0) == 0) a[1] = h[a[0] & 1023]; }";
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
 
 static void CL_CALLBACK noop(cl_event e, cl_int s, void *p) {
     (void)e, (void)s, (void)p;
@@ -171,8 +168,8 @@ int main(int argc, char **argv) {
             if (k1)
                 clReleaseEvent(k1);
         }
-        qsort(t, N, sizeof t[0], cmp);
-        qsort(own, N, sizeof own[0], cmp);
+        qsort(t, N, sizeof t[0], probe_cmp_double);
+        qsort(own, N, sizeof own[0], probe_cmp_double);
         printf("%-20s median %7.1f us  min %7.1f us  last kernel START->END median %5.1f us\n", names[mode],
                t[N / 2], t[0], own[N / 2]);
     }

@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe.h"
+
 static const char *src =
     "#define FOLD(acc, v) acc ^= (v)\n"
     "#define OUT(acc) if ((acc.x | acc.y | acc.z | acc.w) != 0u) out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w\n"
@@ -124,30 +126,6 @@ static const char *src =
     "  OUT(acc);\n"
     "}\n"
     "#endif\n";
-
-static int cmp(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Median GB/s of 10 timed runs (after 2 untimed) of kern over global x local work-items. */
-static double time_gbps(cl_command_queue q, cl_kernel kern, size_t global, size_t local, double bytes) {
-    double t[10];
-    for (int it = -2; it < 10; ++it) {
-        cl_event e;
-        if (clEnqueueNDRangeKernel(q, kern, 1, NULL, &global, &local, 0, NULL, &e) != CL_SUCCESS)
-            return -1.0;
-        clWaitForEvents(1, &e);
-        cl_ulong s = 0, f = 0;
-        clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_START, sizeof s, &s, NULL);
-        clGetEventProfilingInfo(e, CL_PROFILING_COMMAND_END, sizeof f, &f, NULL);
-        clReleaseEvent(e);
-        if (it >= 0)
-            t[it] = (double)(f - s) * 1e-9;
-    }
-    qsort(t, 10, sizeof t[0], cmp);
-    return bytes / (0.5 * (t[4] + t[5])) / 1e9;
-}
 
 int main(int argc, char **argv) {
     const char *want = argc > 1 ? argv[1] : "";
@@ -265,7 +243,7 @@ int main(int argc, char **argv) {
                     clSetKernelArg(k, 3, sizeof shift, &shift);
                     clSetKernelArg(k, 4, sizeof out, &out);
                 }
-                const double gbps = time_gbps(q, k, groups * local, local, read);
+                const double gbps = probe_median_gbps(q, k, groups * local, local, read);
                 printf("%-8s %5zu %7d %9.1f\n", names[pat], local, per_cu[wi], gbps);
                 fflush(stdout);
             }

@@ -29,6 +29,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "probe.h"
+
 #define COLS 128     /* float16 columns: 256-byte rows */
 #define BOX_ROWS 64  /* rows of the checked tile */
 #define SBOX_ROWS 32 /* rows of a streamed tile: 32 x 256 B = 8 KB */
@@ -172,18 +174,13 @@ static double run_ms(cl_kernel k, size_t groups) {
     return (double)(b - a) * 1e-6;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    const double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* Median GB/s of 10 runs of k over groups work-groups reading bytes. */
 static double gbps(cl_kernel k, size_t groups, double bytes) {
     double t[10];
     run_ms(k, groups);
     for (int i = 0; i < 10; ++i)
         t[i] = run_ms(k, groups);
-    qsort(t, 10, sizeof t[0], cmp_double);
+    qsort(t, 10, sizeof t[0], probe_cmp_double);
     return bytes / (0.5 * (t[4] + t[5]) * 1e-3) / 1e9;
 }
 
