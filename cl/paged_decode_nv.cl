@@ -130,28 +130,6 @@
 
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
 
-/* Blocks of at most 8 rows (decode's GQA groups: 4 at 32/8 heads) leave rows
- * g + 8 of every fragment padding. TOP_ROWS computes rows g only: TOP_MMA
- * takes A's rows g + 8 as zero and throws C's away, so that Q's fragments
- * of those rows and the accumulators of O's are never held (48 registers at
- * D=128) and the softmax runs for one row a lane. */
-#ifndef TOP_ROWS
-#define TOP_ROWS (BLOCK_M <= 8)
-#endif
-#define TOP_MMA(c, a0, a2, b0, b1)                                                                 \
-    do {                                                                                           \
-        float lost0_, lost1_;                                                                      \
-        __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "             \
-                "{%0,%1,%2,%3}, {%4,%8,%5,%8}, {%6,%7}, {%0,%1,%9,%9};"                            \
-                : "+f"((c)[0]), "+f"((c)[1]), "=f"(lost0_), "=f"(lost1_)                           \
-                : "r"(a0), "r"(a2), "r"(b0), "r"(b1), "r"(0u), "f"(0.0f));                         \
-    } while (0)
-#if TOP_ROWS
-#define ROWS_MMA(c, a0, a1, a2, a3, b0, b1) TOP_MMA(c, a0, a2, b0, b1)
-#else
-#define ROWS_MMA(c, a0, a1, a2, a3, b0, b1) MMA_16816(c, a0, a1, a2, a3, b0, b1)
-#endif
-
 /* Where a tile never crosses a page (pages a multiple of BLOCK_N tokens; a
  * tile starts at a multiple of BLOCK_N, slices at multiples of 32), the rows
  * of its keys follow from its first key's: one page-table read a tile
@@ -420,8 +398,7 @@ paged_decode_nv(SERVING_ARGS,
             for (int np = 0; np < S_FRAGS / 2; ++np) {
                 uint kf[4];
                 LDMATRIX_X4(kf, k_tile + k_lane + (uint)(np * 16 * PITCH + kk * 16) * 2u);
-                ROWS_MMA(s[2 * np], qa[0], qa[1], qa[2], qa[3], kf[0], kf[1]);
-                ROWS_MMA(s[2 * np + 1], qa[0], qa[1], qa[2], qa[3], kf[2], kf[3]);
+                MMA_16816_X2(s[2 * np], s[2 * np + 1], qa, kf);
             }
         }
         if (softcap)
@@ -436,16 +413,7 @@ paged_decode_nv(SERVING_ARGS,
                     s[j][e] = -INFINITY;
             }
         /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
-#if TOP_ROWS /* rows g + 8 keep m = -inf, l = 0 and O = 0, as padding rows do */
-        {
-            SOFTMAX_ROW_16(s, S_FRAGS, m_run, l_run, sc, 0, alpha_);
-#pragma unroll
-            for (int j = 0; j < O_FRAGS; ++j)
-                acc[j][0] *= alpha_, acc[j][1] *= alpha_;
-        }
-#else
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
-#endif
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
@@ -457,8 +425,8 @@ paged_decode_nv(SERVING_ARGS,
             for (int dp = 0; dp < O_FRAGS / 2; ++dp) {
                 uint vf[4];
                 LDMATRIX_X4_TRANS(vf, v_tile + v_lane + (uint)(kk * 16 * PITCH + dp * 16) * 2u);
-                ROWS_MMA(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
-                ROWS_MMA(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
+                MMA_16816(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
+                MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
             }
         }
 #endif

@@ -1091,9 +1091,10 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
  * longest sequence's slice (cut as the kernel cuts it) against
  * reg_copy_min_keys, where the kernel takes it (two tile buffers a warp,
  * 16-key tiles), at head dims 64..128. H200, batch 1-16 x 16k-64k keys:
- * 2-8 % faster than stop 27's kernel at D=64, 96 and 128; at D=32 9 % slower
- * (a 16-key tile is 1 KB of K: too little in flight); at D=256 (one warp a
- * group) 2.3x slower (BENCHMARKS.md, stop 28). */
+ * 2-8 % faster than stop 27's kernel at D=64, 96 and 128; at D=32 slower
+ * than it and than the cp.async loop (a 16-key tile is 1 KB of K: too
+ * little in flight); at D=256 (one warp a group) 2.3x slower (BENCHMARKS.md,
+ * stop 28). */
 static void decode_reg_copy(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
     const long slice = ((pb->max_keys + c->splits - 1) / c->splits + 31) / 32 * 32;
     c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && c->reg_copy_min_keys > 0 && slice >= c->reg_copy_min_keys &&
