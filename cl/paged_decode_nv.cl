@@ -59,7 +59,7 @@
  * cp.async.bulk, K a tile further ahead than V in its own cp.async group,
  * deeper rings, five groups a CU (register caps: spills), and K loaded
  * straight into the mma operands' registers with V by cp.async (K_IN_REGS,
- * stops 22-27: REG_COPY below is 3-4 % faster). One kv head's rows laid out
+ * stops 22-27: REG_COPY below is 3 % faster at D=128). One kv head's rows laid out
  * contiguously (as FA2's cache) read within 1.5 % of the shuffled pages. */
 
 /* REG_COPY: K and V by plain 16-byte loads, a tile ahead in registers,

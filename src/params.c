@@ -1018,9 +1018,10 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         c->block_n = 16;
         /* Copies staged through registers where slices are long: cp.async
          * from OpenCL reads at 3.9 TB/s at most on the H200, loads at 4.5.
-         * Batch 1-16 x context 4k-128k: slices of 1024 keys and more 3-6 %
-         * faster than cp.async ((16, 65536) 997 against 1035 us, (1, 65536)
-         * 78 against 83), 512 keys 8 % slower (BENCHMARKS.md, stop 28). */
+         * Batch 1-16 x context 4k-128k, D=128: slices of 1024 keys and more
+         * 3-6 % faster than stop 27's kernel ((16, 65536) 997 against 1035
+         * us, (1, 65536) 78 against 83), 512 keys 8 % slower than cp.async
+         * (BENCHMARKS.md, stop 28). */
         c->reg_copy_min_keys = 1024; /* where the kernel takes it: decode_reg_copy */
         /* An L2 prefetch of 128 bytes on each 16-byte cp.async, as CUTLASS's
          * sm80 copies issue it. H200, batch 1-16 x context 4k-128k, calls
