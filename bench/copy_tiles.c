@@ -105,16 +105,7 @@ static const char *src =
 
 int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 4096;
-    cl_platform_id plats[8];
-    cl_uint np = 0;
-    clGetPlatformIDs(8, plats, &np);
-    cl_device_id dev = NULL;
-    for (cl_uint i = 0; i < np && !dev; ++i) {
-        char name[256];
-        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof name, name, NULL);
-        if (strstr(name, "NVIDIA"))
-            clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_GPU, 1, &dev, NULL);
-    }
+    cl_device_id dev = probe_device("nvidia", NULL);
     if (!dev) {
         fprintf(stderr, "no NVIDIA device\n");
         return 1;
@@ -135,16 +126,8 @@ int main(int argc, char **argv) {
     clEnqueueFillBuffer(q, buf, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
     /* Every 32 KB page once, in a shuffled order (xorshift, fixed seed). */
     const size_t pages = bytes / 32768;
-    uint32_t *perm = malloc(pages * sizeof *perm);
-    uint64_t x = 0x9e3779b97f4a7c15ull;
-    for (size_t i = 0; i < pages; ++i)
-        perm[i] = (uint32_t)i;
-    for (size_t i = pages - 1; i > 0; --i) {
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        const size_t j = x % (i + 1);
-        const uint32_t tmp = perm[i];
-        perm[i] = perm[j], perm[j] = tmp;
-    }
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
+    uint32_t *perm = probe_shuffled(pages, &seed);
     cl_mem table = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pages * 4, perm, &err);
     free(perm);
     clFinish(q);

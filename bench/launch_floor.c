@@ -48,18 +48,7 @@ static void CL_CALLBACK noop(cl_event e, cl_int s, void *p) {
 
 int main(int argc, char **argv) {
     const char *want = argc > 1 ? argv[1] : "";
-    cl_platform_id plats[8];
-    cl_uint np = 0;
-    clGetPlatformIDs(8, plats, &np);
-    cl_device_id dev = NULL;
-    for (cl_uint i = 0; i < np && !dev; ++i) {
-        char name[256];
-        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof name, name, NULL);
-        for (char *c = name; *c; ++c)
-            *c = (char)(*c | 32);
-        if (!want[0] || strstr(name, want))
-            clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, 1, &dev, NULL);
-    }
+    cl_device_id dev = probe_device(want, NULL);
     if (!dev) {
         fprintf(stderr, "no device matching '%s'\n", want);
         return 1;

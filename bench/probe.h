@@ -4,7 +4,9 @@
 #define FLASHCL_BENCH_PROBE_H
 
 #include <CL/cl.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* qsort's order for doubles. */
 static inline int probe_cmp_double(const void *a, const void *b) {
@@ -30,6 +32,49 @@ static inline double probe_median_gbps(cl_command_queue q, cl_kernel kern, size_
     }
     qsort(t, 10, sizeof t[0], probe_cmp_double);
     return bytes / (0.5 * (t[4] + t[5])) / 1e9;
+}
+
+/* The first device of the first platform whose name contains `want`, in any case ("": the
+ * first platform); *is_nvidia (if not NULL) says whether that platform is NVIDIA's. NULL if none. */
+static inline cl_device_id probe_device(const char *want, int *is_nvidia) {
+    cl_platform_id plats[8];
+    cl_uint np = 0;
+    clGetPlatformIDs(8, plats, &np);
+    for (cl_uint i = 0; i < np && i < 8; ++i) {
+        char name[256] = "", low[256] = "";
+        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
+        for (size_t c = 0; name[c]; ++c)
+            low[c] = (char)(name[c] | 32);
+        char w[256] = "";
+        for (size_t c = 0; want[c] && c < sizeof w - 1; ++c)
+            w[c] = (char)(want[c] | 32);
+        cl_device_id dev = NULL;
+        if ((!w[0] || strstr(low, w)) && clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, 1, &dev, NULL) == CL_SUCCESS) {
+            if (is_nvidia)
+                *is_nvidia = strstr(low, "nvidia") != NULL;
+            return dev;
+        }
+    }
+    return NULL;
+}
+
+/* 0 .. n - 1 in a shuffled order (Fisher-Yates on xorshift64 from *state, which advances);
+ * the caller frees it. */
+static inline uint32_t *probe_shuffled(size_t n, uint64_t *state) {
+    uint32_t *perm = malloc(n * sizeof *perm);
+    if (!perm)
+        return NULL;
+    for (size_t i = 0; i < n; ++i)
+        perm[i] = (uint32_t)i;
+    for (size_t i = n - 1; i > 0 && n > 1; --i) {
+        uint64_t x = *state;
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        *state = x;
+        const size_t j = x % (i + 1);
+        const uint32_t tmp = perm[i];
+        perm[i] = perm[j], perm[j] = tmp;
+    }
+    return perm;
 }
 
 #endif

@@ -130,21 +130,8 @@ static const char *src =
 int main(int argc, char **argv) {
     const char *want = argc > 1 ? argv[1] : "";
     const size_t mib = argc > 2 ? (size_t)atol(argv[2]) : 4096;
-    cl_platform_id plats[8];
-    cl_uint np = 0;
-    clGetPlatformIDs(8, plats, &np);
-    cl_device_id dev = NULL;
     int nv = 0;
-    for (cl_uint i = 0; i < np && !dev; ++i) {
-        char name[256];
-        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof name, name, NULL);
-        for (char *c = name; *c; ++c)
-            *c = (char)(*c | 32);
-        if (!want[0] || strstr(name, want)) {
-            clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_ALL, 1, &dev, NULL);
-            nv = strstr(name, "nvidia") != NULL;
-        }
-    }
+    cl_device_id dev = probe_device(want, &nv);
     if (!dev) {
         fprintf(stderr, "no device matching '%s'\n", want);
         return 1;
@@ -178,22 +165,14 @@ int main(int argc, char **argv) {
     clEnqueueFillBuffer(q, buf, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
     /* Page tables: every page of the buffer once, in a shuffled order (xorshift, fixed seed). */
     const size_t pages4k = bytes / 4096;
-    uint32_t *perm = malloc(pages4k * sizeof *perm);
     cl_mem tables[2];
-    uint64_t x = 0x9e3779b97f4a7c15ull;
+    uint64_t seed = 0x9e3779b97f4a7c15ull;
     for (int k = 0; k < 2; ++k) {
         const size_t np_k = k ? bytes / 32768 : pages4k;
-        for (size_t i = 0; i < np_k; ++i)
-            perm[i] = (uint32_t)i;
-        for (size_t i = np_k - 1; i > 0; --i) {
-            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-            const size_t j = x % (i + 1);
-            const uint32_t tmp = perm[i];
-            perm[i] = perm[j], perm[j] = tmp;
-        }
+        uint32_t *perm = probe_shuffled(np_k, &seed);
         tables[k] = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, np_k * 4, perm, &err);
+        free(perm);
     }
-    free(perm);
     clFinish(q);
 
     printf("%u compute units, %zu MiB read per run; GB/s (median of 10, START -> END)\n", cus, mib);
