@@ -22,7 +22,7 @@
  * zero-fill past the slice), so the loop needs no work-group barrier, only
  * the warp's own bar.warp.sync between a tile landing and ldmatrix reading
  * what other lanes copied. On long slices the host builds it with REG_COPY
- * instead: the same tiles, copied by plain loads staged through registers
+ * instead: the same tiles, copied by 16-byte loads staged through registers
  * (below).
  *
  *   __local: warp 0: STAGES x (K tile, V tile)  |  warp 1: ...   (Q, 16 x PITCH halves, first;
@@ -177,6 +177,12 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
 
 #define COMMIT_EMPTY() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
 
+#if REG_COPY
+/* Copies staged through registers (REG_COPY): a lane's share of a tile of BLOCK_N rows
+ * is chunks lane + 32 * it, row (lane + 32 * it) / D_CHUNKS, 16 bytes at column 8 * ((lane + 32 *
+ * it) % D_CHUNKS), as issue_tile copies them. */
+#define LANE_CHUNKS (BLOCK_N * D_CHUNKS / 32)
+
 /* 16 bytes at p, or zero where !live. K and V are read once, and nothing writes them while the
  * kernel runs: through the non-coherent path, without a place in L1 (H200, REG_COPY: 1-5 %
  * faster than a plain load; an L2 prefetch of the tile after next, 12 % slower; BENCHMARKS.md). */
@@ -188,12 +194,6 @@ inline uint4 chunk_or_zero(int live, __global const ushort *p) {
                              : "l"((ulong)p));
     return v;
 }
-
-#if REG_COPY
-/* Copies staged through registers (REG_COPY): a lane's share of a tile of BLOCK_N rows
- * is chunks lane + 32 * it, row (lane + 32 * it) / D_CHUNKS, 16 bytes at column 8 * ((lane + 32 *
- * it) % D_CHUNKS), as issue_tile copies them. */
-#define LANE_CHUNKS (BLOCK_N * D_CHUNKS / 32)
 
 /* This lane's chunks of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi: zero). */
 inline void load_lane_rows(uint4 *x, int n0, int s_hi, __global const int *tables, int k_base,
