@@ -807,9 +807,10 @@ static const decode_entry decode_arch[] = {
      * context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
      * slower everywhere; slices of at least 512 keys beat 256 at 6 of 9
      * shapes ((1, 32768) 88 against 110 µs; (1, 4096) 56 against 52).
-     * 4 work-groups per compute unit: at 204-208 registers a thread, 4 of
-     * these 64-thread groups fit an SM's registers at once, so the splits
-     * fill exactly one wave. Against 16 (nearly 4 waves) at batch 1/4/16 x
+     * 4 work-groups per compute unit: at up to 254 registers a thread (REG_COPY;
+     * 168 with cp.async), 4 of these 64-thread groups fit an SM's registers
+     * at once, so the splits fill exactly one wave (8, two waves: level or
+     * 1 % slower at batch 16, stop 28). Against 16 (nearly 4 waves) at batch 1/4/16 x
      * context 16k/64k/128k: 6 shapes 3-9 % faster ((1, 65536) 127 against
      * 139-143 µs), 3 level; 5, 8, 10 and 32 were slower. */
     {"sm_80+", NULL, DECODE_MMA, 16, 64, 0, 2, 4, 512, "measured on the H200, see BENCHMARKS.md"},
