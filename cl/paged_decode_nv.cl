@@ -59,10 +59,11 @@
  * cp.async.bulk, K a tile further ahead than V in its own cp.async group,
  * deeper rings, five groups a CU (register caps: spills), and K loaded
  * straight into the mma operands' registers with V by cp.async (K_IN_REGS,
- * stops 22-27: REG_COPY below is 3 % faster at D=128). One kv head's rows laid out
- * contiguously (as FA2's cache) read within 1.5 % of the shuffled pages. */
+ * stops 22-27: REG_COPY below is 3 % faster at D=128). One kv head's rows
+ * laid out contiguously (as FA2's cache) read within 1.5 % of the shuffled
+ * pages. */
 
-/* REG_COPY: K and V by plain 16-byte loads, a tile ahead in registers,
+/* REG_COPY: K and V by 16-byte loads (chunk_or_zero), a tile ahead in registers,
  * stored to the warp's other tile buffer when the tile starts, instead of by
  * cp.async. Why: on the H200, cp.async from OpenCL reads at 3.9 TB/s at most
  * whatever its tiles (per warp or group-wide, 4-16 KB, 2-4 buffers, 1-6
