@@ -15,6 +15,8 @@
  *                    bar.warp.sync only (flashcl's decode kernel at 4 KB tiles a warp)
  *            ldst    16-byte loads of the next tile into registers while the current one is
  *                    read, then stored to __local (the register-staged copy, NBUF 1)
+ *            wldst   the same per warp, by ld.global.nc.L1::no_allocate, bar.warp.sync only
+ *                    (the decode kernel's REG_COPY; tile KB a warp)
  *   patterns slab    each group a contiguous run of the buffer
  *            heads   flashcl's paged K: shuffled 32 KB pages of [16 tokens][8 heads][256 B],
  *                    group g reading head g % 8 (256-byte rows 2 KB apart)
@@ -47,11 +49,22 @@ static const char *src =
     "#define COMMIT() __asm__ __volatile__(\"cp.async.commit_group;\" ::: \"memory\")\n"
     "#define WAIT(n) __asm__ __volatile__(\"cp.async.wait_group %0;\" :: \"n\"(n) : \"memory\")\n"
     "#define WSYNC() __asm__ __volatile__(\"bar.warp.sync 0xffffffff;\" ::: \"memory\")\n"
+    "uint4 ldnc(__global const uint4 *p) {\n"
+    "  uint4 v;\n"
+    "  __asm__ __volatile__(\"ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];\"\n"
+    "                       : \"=r\"(v.x), \"=r\"(v.y), \"=r\"(v.z), \"=r\"(v.w) : \"l\"((ulong)p));\n"
+    "  return v;\n"
+    "}\n"
+    "#if METHOD == 1 || METHOD == 3\n" /* per-warp buffers */
+    "#define BUF_COPIES (WG / 32)\n"
+    "#else\n"
+    "#define BUF_COPIES 1\n"
+    "#endif\n"
     "#define OUT(acc) if ((acc.x | acc.y | acc.z | acc.w) != 0u) out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w\n"
     "__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))\n"
     "void copy(__global const uint4 *restrict a, __global const uint *restrict table, ulong per,\n"
     "          __global uint *out) {\n"
-    "  __local uint4 buf[NBUF * TILE * (METHOD == 1 ? WG / 32 : 1)];\n"
+    "  __local uint4 buf[NBUF * TILE * BUF_COPIES];\n"
     "  const int tid = get_local_id(0);\n"
     "  STREAM;\n"
     "  uint4 acc = 0;\n"
@@ -86,6 +99,23 @@ static const char *src =
     "      acc ^= wb[((i - NBUF + 1) % NBUF) * TILE + lane];\n"
     "      WSYNC();\n"
     "    }\n"
+    "  }\n"
+    "#elif METHOD == 3\n" /* register-staged per warp, non-coherent loads (the decode kernel's REG_COPY) */
+    "  const int warp = tid / 32, lane = tid % 32, warps = WG / 32;\n"
+    "  const long tiles = n / TILE, mine = (tiles - warp + warps - 1) / warps;\n"
+    "  __local uint4 *wb = buf + warp * TILE;\n"
+    "  uint4 r[TILE / 32];\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < TILE / 32; ++j) r[j] = mine > 0 ? ldnc(ADDR(warp * TILE + lane + 32 * j)) : (uint4)0;\n"
+    "  for (long i = 0; i < mine; ++i) {\n"
+    "    WSYNC();\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < TILE / 32; ++j) wb[lane + 32 * j] = r[j];\n"
+    "    if (i + 1 < mine)\n"
+    "#pragma unroll\n"
+    "      for (int j = 0; j < TILE / 32; ++j) r[j] = ldnc(ADDR((warp + (i + 1) * warps) * TILE + lane + 32 * j));\n"
+    "    WSYNC();\n"
+    "    acc ^= wb[(lane * 7) % TILE];\n"
     "  }\n"
     "#else\n" /* register-staged */
     "  const long tiles = n / TILE;\n"
@@ -139,9 +169,9 @@ int main(int argc, char **argv) {
         {1, 64, 8, 2},   {1, 64, 4, 4},   {1, 128, 4, 2},  {1, 64, 4, 2},   {0, 64, 8, 2},
         {0, 64, 16, 2},  {0, 128, 8, 2},  {0, 128, 16, 2}, {0, 128, 8, 4},  {0, 128, 12, 3},
         {0, 256, 16, 2}, {0, 128, 4, 4},  {2, 128, 8, 1},  {2, 128, 16, 1}, {2, 256, 16, 1},
-        {2, 256, 32, 1},
+        {2, 256, 32, 1}, {3, 64, 8, 1},   {3, 64, 4, 1},   {3, 128, 8, 1},
     };
-    static const char *methods[] = {"cp", "warp", "ldst"};
+    static const char *methods[] = {"cp", "warp", "ldst", "wldst"};
     printf("%u compute units, %zu MiB read per run; GB/s (median of 10, START -> END)\n", cus, mib);
     printf("%-5s %-6s %5s %8s %5s %7s %9s\n", "meth", "pat", "local", "tile_kb", "nbuf", "wgs/cu", "GB/s");
     for (int heads = 0; heads < 2; ++heads)
