@@ -146,14 +146,9 @@ int main(int argc, char **argv) {
     cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
     cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
     const size_t bytes = mib << 20;
-    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_ONLY, bytes, NULL, &err);
-    cl_mem out = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (size_t)cus * 64 * 1024 * 4, NULL, &err);
-    if (err != CL_SUCCESS) {
-        fprintf(stderr, "cannot allocate %zu MiB (%d)\n", mib, err);
+    cl_mem buf, out;
+    if (probe_stream_buffers(ctx, q, cus, bytes, &buf, &out))
         return 1;
-    }
-    const cl_uint zero = 0;
-    clEnqueueFillBuffer(q, buf, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
     /* Every 32 KB page once, in a shuffled order (xorshift, fixed seed). */
     const size_t pages = bytes / 32768;
     uint64_t seed = 0x9e3779b97f4a7c15ull;

@@ -5,6 +5,7 @@
 
 #include <CL/cl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -56,6 +57,23 @@ static inline cl_device_id probe_device(const char *want, int *is_nvidia) {
         }
     }
     return NULL;
+}
+
+/* The buffers a read probe streams: *buf, `bytes` of zeros to read, and *out, room for one word
+ * a work-item of up to 64 Ki work-items a compute unit (written only where a fold is not zero,
+ * which never happens). 0, or an error message printed and 1. */
+static inline int probe_stream_buffers(cl_context ctx, cl_command_queue q, cl_uint cus, size_t bytes, cl_mem *buf,
+                                       cl_mem *out) {
+    cl_int err_buf, err_out;
+    *buf = clCreateBuffer(ctx, CL_MEM_READ_ONLY, bytes, NULL, &err_buf);
+    *out = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (size_t)cus * 64 * 1024 * 4, NULL, &err_out);
+    if (err_buf != CL_SUCCESS || err_out != CL_SUCCESS) {
+        fprintf(stderr, "cannot allocate %zu MiB (%d, %d)\n", bytes >> 20, err_buf, err_out);
+        return 1;
+    }
+    const cl_uint zero = 0;
+    clEnqueueFillBuffer(q, *buf, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
+    return 0;
 }
 
 /* 0 .. n - 1 in a shuffled order (Fisher-Yates on xorshift64 from *state, which advances);

@@ -155,14 +155,9 @@ int main(int argc, char **argv) {
         }
     }
     const size_t bytes = mib << 20, n4 = bytes / 16;
-    cl_mem buf = clCreateBuffer(ctx, CL_MEM_READ_ONLY, bytes, NULL, &err);
-    cl_mem out = clCreateBuffer(ctx, CL_MEM_READ_WRITE, (size_t)cus * 64 * 1024 * 4, NULL, &err);
-    if (err != CL_SUCCESS) {
-        fprintf(stderr, "cannot allocate %zu MiB (%d)\n", mib, err);
+    cl_mem buf, out;
+    if (probe_stream_buffers(ctx, q, cus, bytes, &buf, &out))
         return 1;
-    }
-    const cl_uint zero = 0;
-    clEnqueueFillBuffer(q, buf, &zero, sizeof zero, 0, bytes, 0, NULL, NULL);
     /* Page tables: every page of the buffer once, in a shuffled order (xorshift, fixed seed). */
     const size_t pages4k = bytes / 4096;
     cl_mem tables[2];
