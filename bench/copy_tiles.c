@@ -2,7 +2,7 @@
  * to choose the decode kernel's (bench/read_bw.c measures the plain access patterns). NVIDIA
  * only (inline PTX cp.async); not part of the build. On the GPU machine:
  *
- *   gcc -O2 -std=c11 bench/copy_tiles.c -o /tmp/copy_tiles -lOpenCL && /tmp/copy_tiles [MiB]
+ *   gcc -O2 -std=c11 bench/copy_tiles.c -o /tmp/copy_tiles -lOpenCL && /tmp/copy_tiles [MiB [methods]]
  *
  * Each work-group streams its share of a zero-filled buffer (default 4096 MiB) tile by tile
  * through NBUF __local buffers and folds one word a work-item of each landed tile, so nothing is
@@ -17,9 +17,15 @@
  *                    read, then stored to __local (the register-staged copy, NBUF 1)
  *            wldst   the same per warp, by ld.global.nc.L1::no_allocate, bar.warp.sync only
  *                    (the decode kernel's REG_COPY; tile KB a warp)
+ *            wld     the same loads a tile ahead, folded straight from registers: no __local
+ *                    (a decode loop whose tiles go into the mma operands as loaded)
+ *   pad KB   an extra __local array a group (touched once), as a kernel's other buffers: it
+ *            takes its share of the SM's L1 for the shared-memory carveout
  *   patterns slab    each group a contiguous run of the buffer
  *            heads   flashcl's paged K: shuffled 32 KB pages of [16 tokens][8 heads][256 B],
  *                    group g reading head g % 8 (256-byte rows 2 KB apart)
+ *            hseq    the same rows, the pages in order
+ *            h2mb    the same rows, the pages shuffled within 2 MB runs, the runs shuffled
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -60,14 +66,22 @@ static const char *src =
     "#else\n"
     "#define BUF_COPIES 1\n"
     "#endif\n"
+    "#if PAD\n"
+    "#define PAD_TOUCH __local uint4 pad[PAD * 64]; pad[tid % (PAD * 64)] = (uint4)(uint)(per >> 62); barrier(CLK_LOCAL_MEM_FENCE); acc ^= pad[(tid + 1) % (PAD * 64)]\n"
+    "#else\n"
+    "#define PAD_TOUCH\n"
+    "#endif\n"
     "#define OUT(acc) if ((acc.x | acc.y | acc.z | acc.w) != 0u) out[get_global_id(0)] = acc.x ^ acc.y ^ acc.z ^ acc.w\n"
     "__kernel __attribute__((reqd_work_group_size(WG, 1, 1)))\n"
     "void copy(__global const uint4 *restrict a, __global const uint *restrict table, ulong per,\n"
     "          __global uint *out) {\n"
+    "#if METHOD != 4\n"
     "  __local uint4 buf[NBUF * TILE * BUF_COPIES];\n"
+    "#endif\n"
     "  const int tid = get_local_id(0);\n"
     "  STREAM;\n"
     "  uint4 acc = 0;\n"
+    "  PAD_TOUCH;\n"
     "#if METHOD == 0\n" /* the group's tiles */
     "  const long tiles = n / TILE;\n"
     "  const uint d0 = saddr(buf);\n"
@@ -117,6 +131,22 @@ static const char *src =
     "    WSYNC();\n"
     "    acc ^= wb[(lane * 7) % TILE];\n"
     "  }\n"
+    "#elif METHOD == 4\n" /* per warp, a tile ahead in registers, folded from them */
+    "  const int warp = tid / 32, lane = tid % 32, warps = WG / 32;\n"
+    "  const long tiles = n / TILE, mine = (tiles - warp + warps - 1) / warps;\n"
+    "  uint4 r[TILE / 32];\n"
+    "#pragma unroll\n"
+    "  for (int j = 0; j < TILE / 32; ++j) r[j] = mine > 0 ? ldnc(ADDR(warp * TILE + lane + 32 * j)) : (uint4)0;\n"
+    "  for (long i = 0; i < mine; ++i) {\n"
+    "    uint4 cur[TILE / 32];\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < TILE / 32; ++j) cur[j] = r[j];\n"
+    "    if (i + 1 < mine)\n"
+    "#pragma unroll\n"
+    "      for (int j = 0; j < TILE / 32; ++j) r[j] = ldnc(ADDR((warp + (i + 1) * warps) * TILE + lane + 32 * j));\n"
+    "#pragma unroll\n"
+    "    for (int j = 0; j < TILE / 32; ++j) acc ^= cur[j];\n"
+    "  }\n"
     "#else\n" /* register-staged */
     "  const long tiles = n / TILE;\n"
     "  uint4 r[TILE / WG];\n"
@@ -149,32 +179,65 @@ int main(int argc, char **argv) {
     cl_mem buf, out;
     if (probe_stream_buffers(ctx, q, cus, bytes, &buf, &out))
         return 1;
-    /* Every 32 KB page once, in a shuffled order (xorshift, fixed seed). */
-    const size_t pages = bytes / 32768;
+    /* Page tables of the "heads" patterns, every 32 KB page once: shuffled (xorshift, fixed seed),
+     * in order, and shuffled within 2 MB runs of 64 pages whose order is shuffled too (a table
+     * that jumps as often as the shuffled one but stays in a run for 64 pages: what an
+     * allocator keeping a sequence's pages together would give). */
+    const size_t pages = bytes / 32768, runs = pages / 64;
     uint64_t seed = 0x9e3779b97f4a7c15ull;
-    uint32_t *perm = probe_shuffled(pages, &seed);
-    cl_mem table = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pages * 4, perm, &err);
-    free(perm);
+    uint32_t *perm[3] = {probe_shuffled(pages, &seed), malloc(pages * 4), malloc(pages * 4)};
+    uint32_t *run_order = probe_shuffled(runs, &seed);
+    if (!perm[0] || !perm[1] || !perm[2] || !run_order)
+        return 1;
+    for (size_t i = 0; i < pages; ++i)
+        perm[1][i] = (uint32_t)i;
+    for (size_t r = 0; r < runs; ++r) {
+        uint32_t *in_run = probe_shuffled(64, &seed);
+        for (size_t j = 0; j < 64; ++j)
+            perm[2][r * 64 + j] = run_order[r] * 64 + in_run[j];
+        free(in_run);
+    }
+    cl_mem tables[3];
+    for (int i = 0; i < 3; ++i) {
+        tables[i] = clCreateBuffer(ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, pages * 4, perm[i], &err);
+        free(perm[i]);
+    }
+    free(run_order);
     clFinish(q);
+    static const char *patterns[] = {"slab", "heads", "hseq", "h2mb"};
 
-    /* method, work-group size, tile KB (per warp for "warp"), buffers (each warp's for "warp") */
+    /* method, work-group size, tile KB (per warp for "warp", "wldst", "wld"), buffers (each
+     * warp's for "warp"), extra __local KB */
     static const struct {
-        int method, wg, tile_kb, nbuf;
+        int method, wg, tile_kb, nbuf, pad_kb;
     } cfg[] = {
-        {1, 64, 8, 2},   {1, 64, 4, 4},   {1, 128, 4, 2},  {1, 64, 4, 2},   {0, 64, 8, 2},
-        {0, 64, 16, 2},  {0, 128, 8, 2},  {0, 128, 16, 2}, {0, 128, 8, 4},  {0, 128, 12, 3},
-        {0, 256, 16, 2}, {0, 128, 4, 4},  {2, 128, 8, 1},  {2, 128, 16, 1}, {2, 256, 16, 1},
-        {2, 256, 32, 1}, {3, 64, 8, 1},   {3, 64, 4, 1},   {3, 128, 8, 1},
+        {1, 64, 8, 2, 0},  {1, 64, 4, 4, 0},   {1, 128, 4, 2, 0},  {1, 64, 4, 2, 0},  {0, 64, 8, 2, 0},
+        {0, 64, 16, 2, 0}, {0, 128, 8, 2, 0},  {0, 128, 16, 2, 0}, {0, 128, 8, 4, 0}, {0, 128, 12, 3, 0},
+        {0, 256, 16, 2, 0}, {0, 128, 4, 4, 0}, {2, 128, 8, 1, 0},  {2, 128, 16, 1, 0}, {2, 256, 16, 1, 0},
+        {2, 256, 32, 1, 0}, {3, 64, 8, 1, 0},  {3, 64, 8, 1, 16},  {3, 64, 4, 1, 0},  {3, 128, 8, 1, 0},
+        {4, 64, 8, 1, 0},   {4, 64, 8, 1, 32}, {4, 64, 4, 1, 0},   {4, 128, 8, 1, 0}, {4, 64, 16, 1, 0},
     };
-    static const char *methods[] = {"cp", "warp", "ldst", "wldst"};
+    static const char *methods[] = {"cp", "warp", "ldst", "wldst", "wld"};
+    const char *only = argc > 2 ? argv[2] : NULL; /* a comma list of methods to run */
     printf("%u compute units, %zu MiB read per run; GB/s (median of 10, START -> END)\n", cus, mib);
-    printf("%-5s %-6s %5s %8s %5s %7s %9s\n", "meth", "pat", "local", "tile_kb", "nbuf", "wgs/cu", "GB/s");
-    for (int heads = 0; heads < 2; ++heads)
+    printf("%-5s %-6s %5s %8s %5s %6s %7s %9s\n", "meth", "pat", "local", "tile_kb", "nbuf", "pad_kb", "wgs/cu",
+           "GB/s");
+    for (int pat = 0; pat < 4; ++pat)
         for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; ++c) {
+            const int heads = pat > 0;
+            cl_mem table = tables[heads ? pat - 1 : 0];
+            if (only) {
+                char list[256];
+                snprintf(list, sizeof list, ",%s,", only);
+                char name[16];
+                snprintf(name, sizeof name, ",%s,", methods[cfg[c].method]);
+                if (!strstr(list, name))
+                    continue;
+            }
             const int tile = cfg[c].tile_kb * 64; /* uint4 */
             char opts[256];
-            snprintf(opts, sizeof opts, "-DHEADS=%d -DMETHOD=%d -DWG=%d -DTILE=%d -DNBUF=%d", heads, cfg[c].method,
-                     cfg[c].wg, tile, cfg[c].nbuf);
+            snprintf(opts, sizeof opts, "-DHEADS=%d -DMETHOD=%d -DWG=%d -DTILE=%d -DNBUF=%d -DPAD=%d", heads,
+                     cfg[c].method, cfg[c].wg, tile, cfg[c].nbuf, cfg[c].pad_kb);
             cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
             if (clBuildProgram(prog, 1, &dev, opts, NULL, NULL) != CL_SUCCESS) {
                 char log[16384] = "";
@@ -202,8 +265,8 @@ int main(int argc, char **argv) {
                 clSetKernelArg(k, 2, sizeof per, &per);
                 clSetKernelArg(k, 3, sizeof out, &out);
                 const double gbps = probe_median_gbps(q, k, groups * (size_t)cfg[c].wg, (size_t)cfg[c].wg, read);
-                printf("%-5s %-6s %5d %8d %5d %7d %9.1f\n", methods[cfg[c].method], heads ? "heads" : "slab",
-                       cfg[c].wg, cfg[c].tile_kb, cfg[c].nbuf, per_cu[wi], gbps);
+                printf("%-5s %-6s %5d %8d %5d %6d %7d %9.1f\n", methods[cfg[c].method], patterns[pat],
+                       cfg[c].wg, cfg[c].tile_kb, cfg[c].nbuf, cfg[c].pad_kb, per_cu[wi], gbps);
                 fflush(stdout);
             }
             clReleaseKernel(k);

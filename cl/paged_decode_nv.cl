@@ -75,8 +75,14 @@
 #ifndef REG_COPY
 #define REG_COPY 0
 #endif
-#if REG_COPY && STAGES != 2
-#error "REG_COPY takes STAGES 2: two tile buffers a warp"
+/* REG_COPY keeps one tile buffer a warp: the tile in flight is in registers. Half the __local
+ * of two buffers (17.8 KB a group at D=128, against 35.2); on the H200 as fast as two (stop 29),
+ * though bench/copy_tiles.c reads flashcl's paged rows 7 % slower with 16 KB more __local a
+ * group, at 4 groups a CU (the SM's L1, where loads in flight land, gives way to __local). */
+#if REG_COPY
+#define TILE_BUFS 1
+#else
+#define TILE_BUFS STAGES
 #endif
 
 #define WG_SIZE (WARPS * 32)
@@ -87,7 +93,7 @@
 #define P_STEPS (BLOCK_N / 16)  /* k16 steps of O = P V */
 #define O_FRAGS (HEAD_DIM / 8)  /* n8 blocks of O */
 #define TILE_HALFS (BLOCK_N * PITCH)
-#define WARP_HALFS (STAGES * 2 * TILE_HALFS)
+#define WARP_HALFS (TILE_BUFS * 2 * TILE_HALFS)
 #define Q_HALFS (16 * PITCH)
 /* Up to D=128 Q's A fragments stay in registers and Q only passes through
  * the tile area before the first copy. Above, one warp's O accumulators
@@ -196,10 +202,10 @@ inline uint4 chunk_or_zero(int live, __global const ushort *p) {
     return v;
 }
 
-/* This lane's chunks of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi: zero). */
-inline void load_lane_rows(uint4 *x, int n0, int s_hi, __global const int *tables, int k_base,
+/* This lane's chunks of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi: zero);
+ * row0 is TILE_ROW0(n0, ...), read by the caller a tile ahead. */
+inline void load_lane_rows(uint4 *x, int n0, uint row0, int s_hi, __global const int *tables, int k_base,
                            __global const ushort *base, ulong ss, int lane) {
-    const uint row0 = TILE_ROW0(n0, tables, k_base);
 #pragma unroll
     for (int it = 0; it < LANE_CHUNKS; ++it) {
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS, key = n0 + r;
@@ -331,13 +337,20 @@ paged_decode_nv(SERVING_ARGS,
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
 #if REG_COPY
-    /* The first tile's loads go out before Q's: registers, not the __local Q passes through. */
+    /* The first tile's loads go out before Q's: registers, not the __local Q passes through.
+     * row_next is the next tile's first row (where tiles stay in a page), read from the page
+     * table a tile ahead of its loads, so that they wait on no table read (H200: 0.4-0.5 %
+     * faster at batch 16, stop 29). */
 #define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
     uint4 xk[LANE_CHUNKS], xv[LANE_CHUNKS];
+    uint row_next = 0;
     if (my_tiles > 0) {
-        load_lane_rows(xk, TILE_N0(0), s_hi, tables, b.k_base, kb, k_ss, lane);
-        load_lane_rows(xv, TILE_N0(0), s_hi, tables, b.k_base, vb, v_ss, lane);
+        const uint row0 = TILE_ROW0(TILE_N0(0), tables, b.k_base);
+        load_lane_rows(xk, TILE_N0(0), row0, s_hi, tables, b.k_base, kb, k_ss, lane);
+        load_lane_rows(xv, TILE_N0(0), row0, s_hi, tables, b.k_base, vb, v_ss, lane);
     }
+    if (my_tiles > 1)
+        row_next = TILE_ROW0(TILE_N0(1), tables, b.k_base);
 #endif
     /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
     load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);
@@ -351,22 +364,29 @@ paged_decode_nv(SERVING_ARGS,
     barrier(CLK_LOCAL_MEM_FENCE); /* every warp has its Q before the tiles overwrite it */
 #endif
 
-    /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % STAGES: K, then V. */
-#define K_BUF(i) (warp_buf + (uint)(((i) % STAGES) * 2 * TILE_HALFS) * 2u)
+    /* Tile i of this warp is the slice's tile warp + i * WARPS, in buffer i % TILE_BUFS: K, then V. */
+#define K_BUF(i) (warp_buf + (uint)(((i) % TILE_BUFS) * 2 * TILE_HALFS) * 2u)
 #define V_BUF(i) (K_BUF(i) + TILE_HALFS * 2u)
 #if REG_COPY
-    /* Tile i + 1 arrives in xk, xv while tile i is computed and goes to its buffer when tile
-     * i + 1 starts; the warp sync after that store also tells that every lane is done reading
-     * tile i - 1's buffer, which it reused. */
+    /* Tile i + 1 arrives in xk, xv while tile i is computed and goes to the warp's buffer when
+     * tile i + 1 starts, after a warp sync: every lane is done reading tile i - 1 (at i = 0, the
+     * work-group barrier after Q's fragments stands for it). The sync after the stores makes
+     * the tile whole for ldmatrix. (Issuing the next K loads between the K and V stores, so
+     * that they go out while V's data may still be arriving, was 0.1 % slower: stop 29.) */
     __local ushort *const warp_tiles = smem + warp * WARP_HALFS;
     for (int i = 0; i < my_tiles; ++i) {
-        store_lane_rows(xk, warp_tiles + (i % 2) * 2 * TILE_HALFS, lane);
-        store_lane_rows(xv, warp_tiles + (i % 2) * 2 * TILE_HALFS + TILE_HALFS, lane);
-        WARP_SYNC();
-        if (i + 1 < my_tiles) {
-            load_lane_rows(xk, TILE_N0(i + 1), s_hi, tables, b.k_base, kb, k_ss, lane);
-            load_lane_rows(xv, TILE_N0(i + 1), s_hi, tables, b.k_base, vb, v_ss, lane);
+        if (i > 0)
+            WARP_SYNC();
+        const int more = i + 1 < my_tiles;
+        store_lane_rows(xk, warp_tiles, lane);
+        store_lane_rows(xv, warp_tiles + TILE_HALFS, lane);
+        if (more) {
+            load_lane_rows(xk, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, kb, k_ss, lane);
+            load_lane_rows(xv, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, vb, v_ss, lane);
         }
+        if (i + 2 < my_tiles)
+            row_next = TILE_ROW0(TILE_N0(i + 2), tables, b.k_base);
+        WARP_SYNC();
 
 #undef TILE_N0
 #else

@@ -839,9 +839,10 @@ static int next_pow2(int x) {
 
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
-    if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp stages x (K, V); merge floats */
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp buffers x (K, V); merge floats */
         const size_t warps = (size_t)(c->work_group_size / 32);
-        size_t q = 16 * (d + 8), tiles = warps * (size_t)c->stages * 2 * n * (d + 8);
+        const size_t bufs = c->reg_copy ? 1 : (size_t)c->stages; /* REG_COPY: the next tile is in registers */
+        size_t q = 16 * (d + 8), tiles = warps * bufs * 2 * n * (d + 8);
         const size_t halves = d > 128 ? q + tiles : (q > tiles ? q : tiles); /* Q_IN_LOCAL above D=128 */
         return halves * 2 + (warps * 32 + 33) * sizeof(float);
     }
