@@ -104,10 +104,11 @@
 #ifndef Q_IN_LOCAL
 #define Q_IN_LOCAL (HEAD_DIM > 128)
 #endif
-/* DIAG: timing-only builds that take work out of the cp.async loop, to tell
- * where a short slice's time goes (their results are wrong): bit 1 computes
- * nothing (the tiles are still copied and waited for), bit 2 copies nothing
- * (the products run on whatever __local holds). 0, the default: neither. */
+/* DIAG: timing-only builds that take work out of the kernel, to tell where
+ * its time goes (their results are wrong): bit 1 computes nothing (the
+ * tiles are still copied and waited for), bit 2 copies nothing in the
+ * cp.async loop (the products run on whatever __local holds), bit 4 leaves
+ * out the last split's merge. 0, the default: none. */
 #ifndef DIAG
 #define DIAG 0
 #endif
@@ -529,7 +530,7 @@ paged_decode_nv(SERVING_ARGS,
         else if (has_lse)
             lse[lse_off + (ulong)hq * total_q + token] = row_lse[tid];
     }
-    if (splits == 1)
+    if (splits == 1 || (DIAG & 4))
         return;
     const split_rows sr = {o_off,   o_ss,  o_sh, lse_off,   part_lse_off, has_lse, total_q,
                            heads_q, group, hk,   b.q_start, m0,           nrows};
