@@ -25,7 +25,11 @@ Two timings of each side, two verdicts:
              "reads K/V at 80 % of copy" is judged here: the launch is not
              reading.
 
-    python3 bench/compare_decode.py --flashcl build-gpu/flashcl [--json out.json]
+Both sides are timed in --rounds rounds (default 3: flashcl's CLI over every shape, then
+PyTorch over every shape), and each figure is the median over the rounds: FA2's own time moves by
+a few percent from one run to the next, as much as the margins this bar is decided by.
+
+    python3 bench/compare_decode.py --flashcl build-gpu/flashcl [--rounds N] [--json out.json] [-- --page-size 256]
 """
 import argparse
 import json
@@ -92,6 +96,15 @@ def torch_us(batch, context, iters):
     return times[len(times) // 2], pipe
 
 
+def median(xs):
+    """The median of the values that are not None (None if there are none)."""
+    xs = sorted(x for x in xs if x is not None)
+    if not xs:
+        return None
+    mid = len(xs) // 2
+    return xs[mid] if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2
+
+
 def copy_gbps(iters=20):
     import torch
     a = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
@@ -117,14 +130,24 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--batch", default=",".join(map(str, BATCHES)))
     ap.add_argument("--context", default=",".join(map(str, CONTEXTS)))
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of both sides; figures are medians over them")
     ap.add_argument("--json")
     ap.add_argument("extra", nargs="*", help="more options for flashcl bench --decode (after --)")
     args = ap.parse_args()
     batches = [int(x) for x in args.batch.split(",")]
     contexts = [int(x) for x in args.context.split(",")]
-    fl = flashcl_rows(args.flashcl, args.device, batches, contexts, args.iters, args.extra)
+    fl_rounds, pt_rounds = [], {}
+    for _ in range(max(1, args.rounds)):
+        fl_rounds.append(flashcl_rows(args.flashcl, args.device, batches, contexts, args.iters, args.extra))
+        for b in batches:
+            for c in contexts:
+                pt_rounds.setdefault((b, c), []).append(torch_us(b, c, args.iters))
+    fl = {}
+    for key in {k for r in fl_rounds for k in r}:
+        got = [r[key] for r in fl_rounds if key in r]
+        fl[key] = tuple(median([g[i] for g in got]) for i in range(5))
     copy = copy_gbps()
-    print(f"device-to-device copy: {copy:.0f} GB/s (read + write)")
+    print(f"device-to-device copy: {copy:.0f} GB/s (read + write); medians over {max(1, args.rounds)} rounds")
     print("one: a single call (us); pipe: back to back (us a call); x: torch / flashcl; %copy: K+V bytes / time "
           "against the copy; kernel: flashcl's kernel alone (last_us)")
     print(f"{'batch':>5} {'context':>7} {'KV_MB':>6} {'splits':>6} {'fl_one':>8} {'pt_one':>8} {'x_one':>5} "
@@ -137,10 +160,12 @@ def main():
     for b in batches:
         for c in contexts:
             kv = b * c * HK * D * 2 * 2
-            t_one, t_pipe = torch_us(b, c, args.iters)
+            pt = pt_rounds[(b, c)]
+            t_one, t_pipe = median([x[0] for x in pt]), median([x[1] for x in pt])
             f = fl.get((b, c)) or (None, None, None, None, None)
             f_one, _, splits, ku, f_pipe = f
             ok, ok_one = meets(kv, f_pipe, t_pipe), meets(kv, f_one, t_one)
+            splits = None if splits is None else int(splits)
             rows.append(dict(batch=b, context=c, kv_bytes=kv, splits=splits, flashcl_us=f_one, torch_us=t_one,
                              pct_copy=pct(kv, f_one), flashcl_pipe_us=f_pipe, torch_pipe_us=t_pipe,
                              pct_copy_pipe=pct(kv, f_pipe), kernel_us=ku, pct_copy_kernel=pct(kv, ku),
