@@ -26,6 +26,8 @@
  *                    group g reading head g % 8 (256-byte rows 2 KB apart)
  *            hseq    the same rows, the pages in order
  *            h2mb    the same rows, the pages shuffled within 2 MB runs, the runs shuffled
+ *            pairs   shuffled pages, each group reading two neighbouring heads (512-byte rows)
+ *            pages   shuffled pages, each group reading whole 32 KB pages
  */
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
@@ -43,10 +45,12 @@ static const char *src =
     "  return a;\n"
     "}\n"
     /* ADDR(e): the uint4 at index e of this group's stream; n: its length in uint4. */
+    /* HEADS (1, 2 or 8): the kv heads a group reads side by side, rows of HEADS x 256 bytes. */
     "#if HEADS\n"
-    "#define STREAM const uint head = get_group_id(0) % 8; \\\n"
-    "  __global const uint *t = table + (get_group_id(0) / 8) * per; const long n = per * 256\n"
-    "#define ADDR(e) (a + (((ulong)t[(e) >> 8] << 11) + (((e) >> 4) & 15) * 128 + head * 16 + ((e) & 15)))\n"
+    "#define STREAM const uint hsel = get_group_id(0) % (8 / HEADS); \\\n"
+    "  __global const uint *t = table + (get_group_id(0) / (8 / HEADS)) * per; const long n = per * 256 * HEADS\n"
+    "#define ADDR(e) (a + (((ulong)t[(e) / (256 * HEADS)] << 11) + (((e) / (16 * HEADS)) % 16) * 128 + \\\n"
+    "                      hsel * 16 * HEADS + (e) % (16 * HEADS)))\n"
     "#else\n"
     "#define STREAM __global const uint4 *p = a + get_group_id(0) * per; const long n = per\n"
     "#define ADDR(e) (p + (e))\n"
@@ -204,7 +208,11 @@ int main(int argc, char **argv) {
     }
     free(run_order);
     clFinish(q);
-    static const char *patterns[] = {"slab", "heads", "hseq", "h2mb"};
+    /* name, kv heads a group reads side by side (0: a slab), page table */
+    static const struct {
+        const char *name;
+        int heads, table;
+    } patterns[] = {{"slab", 0, 0}, {"heads", 1, 0}, {"hseq", 1, 1}, {"h2mb", 1, 2}, {"pairs", 2, 0}, {"pages", 8, 0}};
 
     /* method, work-group size, tile KB (per warp for "warp", "wldst", "wld"), buffers (each
      * warp's for "warp"), extra __local KB */
@@ -222,10 +230,10 @@ int main(int argc, char **argv) {
     printf("%u compute units, %zu MiB read per run; GB/s (median of 10, START -> END)\n", cus, mib);
     printf("%-5s %-6s %5s %8s %5s %6s %7s %9s\n", "meth", "pat", "local", "tile_kb", "nbuf", "pad_kb", "wgs/cu",
            "GB/s");
-    for (int pat = 0; pat < 4; ++pat)
+    for (size_t pat = 0; pat < sizeof patterns / sizeof patterns[0]; ++pat)
         for (size_t c = 0; c < sizeof cfg / sizeof cfg[0]; ++c) {
-            const int heads = pat > 0;
-            cl_mem table = tables[heads ? pat - 1 : 0];
+            const int heads = patterns[pat].heads, slices = heads ? 8 / heads : 1; /* groups a page slice */
+            cl_mem table = tables[patterns[pat].table];
             if (only) {
                 char list[256];
                 snprintf(list, sizeof list, ",%s,", only);
@@ -251,11 +259,12 @@ int main(int argc, char **argv) {
                 size_t groups = (size_t)cus * (size_t)per_cu[wi];
                 cl_ulong per;
                 double read;
-                if (heads) { /* whole tables slices of 32 KB pages, 8 groups (one a head) a slice */
-                    groups = groups / 8 * 8;
-                    per = pages / (groups / 8);
-                    per = per * 256 / (cl_ulong)tile * (cl_ulong)tile / 256; /* whole tiles */
-                    read = (double)per * (double)(groups / 8) * 32768;
+                if (heads) { /* slices of the table's 32 KB pages, 8 / heads groups a slice */
+                    groups = groups / (size_t)slices * (size_t)slices;
+                    const cl_ulong page_uint4 = 256 * (cl_ulong)heads; /* a group's part of a page */
+                    per = pages / (groups / (size_t)slices);
+                    per = per * page_uint4 / (cl_ulong)tile * (cl_ulong)tile / page_uint4; /* whole tiles */
+                    read = (double)per * (double)(groups / (size_t)slices) * 32768;
                 } else {
                     per = bytes / 16 / groups / (cl_ulong)tile * (cl_ulong)tile;
                     read = (double)per * (double)groups * 16;
@@ -265,7 +274,7 @@ int main(int argc, char **argv) {
                 clSetKernelArg(k, 2, sizeof per, &per);
                 clSetKernelArg(k, 3, sizeof out, &out);
                 const double gbps = probe_median_gbps(q, k, groups * (size_t)cfg[c].wg, (size_t)cfg[c].wg, read);
-                printf("%-5s %-6s %5d %8d %5d %6d %7d %9.1f\n", methods[cfg[c].method], patterns[pat],
+                printf("%-5s %-6s %5d %8d %5d %6d %7d %9.1f\n", methods[cfg[c].method], patterns[pat].name,
                        cfg[c].wg, cfg[c].tile_kb, cfg[c].nbuf, cfg[c].pad_kb, per_cu[wi], gbps);
                 fflush(stdout);
             }
