@@ -64,12 +64,12 @@
  * pages. */
 
 /* REG_COPY: K and V by 16-byte loads (chunk_or_zero), a tile ahead in registers,
- * stored to the warp's other tile buffer when the tile starts, instead of by
+ * stored to the warp's tile buffer when the tile starts, instead of by
  * cp.async. Why: on the H200, cp.async from OpenCL reads at 3.9 TB/s at most
  * whatever its tiles (per warp or group-wide, 4-16 KB, 2-4 buffers, 1-6
  * groups a CU), while loads staged through registers into __local read at
  * 4.45-4.55 TB/s with 64 KB in flight an SM (bench/copy_tiles.c). It costs
- * 64 registers a thread at D=128 (254 in all: still 4 groups an SM) and
+ * 64 registers a thread at D=128 (255 in all: still 4 groups an SM) and
  * the overlap of a second tile in flight, which slices of 512 keys miss
  * (8 % slower there); the host asks for it from 1024 keys. */
 #ifndef REG_COPY
