@@ -75,6 +75,16 @@
 #ifndef REG_COPY
 #define REG_COPY 0
 #endif
+/* HEAD_GROUP: a work-group of HEAD_GROUP warps takes as many neighbouring kv heads of one
+ * decoding token (a warp each), so that an SM reads whole rows of the pool's
+ * [page][token][head][dim] pages at once rather than one head's 256 bytes of every 2 KB
+ * (bench/copy_tiles.c: whole pages a group stream 2.6 % faster on the H200). On the H200 this
+ * kernel was level at batch 16 and slower at batch 1-4 (stop 29), so the host takes it only
+ * when FLASHCL_DECODE_PARAMS asks. The kernel at the end of this file. 0, the default: one kv
+ * head a group. */
+#ifndef HEAD_GROUP
+#define HEAD_GROUP 0
+#endif
 /* REG_COPY keeps one tile buffer a warp: the tile in flight is in registers. Half the __local
  * of two buffers (17.8 KB a group at D=128, against 35.2); on the H200 as fast as two (stop 29),
  * though bench/copy_tiles.c reads flashcl's paged rows 7 % slower with 16 KB more __local a
@@ -112,7 +122,9 @@
 #ifndef DIAG
 #define DIAG 0
 #endif
-#if Q_IN_LOCAL
+#if HEAD_GROUP
+/* HEAD_GROUP's own checks are with its kernel. */
+#elif Q_IN_LOCAL
 #define Q_BASE (WARPS * WARP_HALFS)
 #define SMEM_HALFS (WARPS * WARP_HALFS + Q_HALFS)
 #else
@@ -129,10 +141,10 @@
 #if HEAD_DIM % 16 != 0 || BLOCK_N % 16 != 0 || BLOCK_M > 16
 #error "HEAD_DIM and BLOCK_N must be multiples of 16, BLOCK_M at most 16"
 #endif
-#if WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 || WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4
+#if !HEAD_GROUP && (WARPS * WARP_HALFS * 2 < WARPS * 16 * HEAD_DIM * 4 || WARPS * WARP_HALFS * 2 < BLOCK_M * MAX_SPLITS * 4)
 #error "the tile area must hold the warps' O rows and the split weights for the final merges"
 #endif
-#if SMEM_HALFS * 2 > 48000
+#if !HEAD_GROUP && SMEM_HALFS * 2 > 48000
 #error "Q and the warps' K/V stages exceed NVIDIA's ~47 KB of __local memory"
 #endif
 
@@ -151,6 +163,7 @@
 #define TILE_ROW(n, n0, row0, tables, k_base) key_row((n), (tables), (k_base))
 #endif
 
+#if !HEAD_GROUP
 /* Issues this lane's cp.async copies of tile `tile` (keys s_lo + tile *
  * BLOCK_N ..), its K rows into k_dst and its V rows into v_dst (shared
  * addresses), then commits them as one group. Keys past s_hi are
@@ -184,8 +197,9 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
 }
 
 #define COMMIT_EMPTY() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
+#endif
 
-#if REG_COPY
+#if REG_COPY || HEAD_GROUP
 /* Copies staged through registers (REG_COPY): a lane's share of a tile of BLOCK_N rows
  * is chunks lane + 32 * it, row (lane + 32 * it) / D_CHUNKS, 16 bytes at column 8 * ((lane + 32 *
  * it) % D_CHUNKS), as issue_tile copies them. */
@@ -226,6 +240,7 @@ inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
 #endif
 
 
+#if !HEAD_GROUP
 /* The block's 16 Q rows -> __local at Q_BASE (rows past nrows zero).
  *
  * Why it is written this way: with one element a work-item a pass and the
@@ -284,7 +299,9 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
     }
 #undef Q_AT
 }
+#endif
 
+#if !HEAD_GROUP
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
                 int counters_off SERVING_META_ARG) { /* meta[counters_off + block * heads_k + hk]: finished splits */
@@ -530,7 +547,10 @@ paged_decode_nv(SERVING_ARGS,
         else if (has_lse)
             lse[lse_off + (ulong)hq * total_q + token] = row_lse[tid];
     }
-    if (splits == 1 || (DIAG & 4))
+#if DIAG & 4
+    return;
+#endif
+    if (splits == 1)
         return;
     const split_rows sr = {o_off,   o_ss,  o_sh, lse_off,   part_lse_off, has_lse, total_q,
                            heads_q, group, hk,   b.q_start, m0,           nrows};
@@ -538,3 +558,203 @@ paged_decode_nv(SERVING_ARGS,
     const int counter_at = counters_off + (blk * (int)get_global_size(1) + hk) * split_counters(splits);
     merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, red_o, red_m, &is_last);
 }
+#else /* HEAD_GROUP */
+
+/* ==== HEAD_GROUP: a warp a kv head ===========================================================
+ * Grid (block, group of HEAD_GROUP kv heads, split); warp w takes kv head
+ * get_group_id(1) * HEAD_GROUP + w over the split's whole slice, so the
+ * group's warps go through the same pages side by side. Only for decoding:
+ * every block is the GQA group of one token (rows = group <= BLOCK_M <= 8),
+ * HEAD_DIM a multiple of 32 up to 128 (the host's decode_head_group).
+ *
+ * Each warp keeps its own online softmax and ends with its own rows, so no
+ * warps merge. Only V passes through __local (a tile a warp, by the
+ * REG_COPY loads): Q and K go straight into the mma operands, with the head
+ * dims permuted alike on both sides of S = Q K^T, which leaves the sums
+ * unchanged. Lane (g, t) loads 16-byte chunks c = 4j + t (j < HEAD_DIM / 32)
+ * of its key rows (g and g + 8 of the tile) and of Q's row g; chunk j's four
+ * words are k-steps 2j and 2j + 1 of the fragments:
+ *   word x: k-step 2j, B's b0 / A's a0      word y: k-step 2j, b1 / a2
+ *   word z: k-step 2j+1, b0 / a0            word w: k-step 2j+1, b1 / a2
+ * (A's rows g + 8, a1 and a3, are padding: zero.) */
+#if HEAD_GROUP != WARPS
+#error "HEAD_GROUP is built with WARPS = HEAD_GROUP"
+#endif
+#if HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_M > 8 || BLOCK_N != 16
+#error "HEAD_GROUP needs HEAD_DIM a multiple of 32 up to 128, BLOCK_M <= 8 and 16-key tiles"
+#endif
+#define HG_CHUNKS (HEAD_DIM / 32) /* a lane's chunks of one key row */
+/* The warps' V tiles; after the loop, the final merge's split weights. */
+#define HG_HALFS (WARPS * TILE_HALFS > WARPS * BLOCK_M * MAX_SPLITS * 2 ? WARPS * TILE_HALFS : WARPS * BLOCK_M * MAX_SPLITS * 2)
+#if HG_HALFS * 2 + WARPS * 16 * 4 > 48000
+#error "the warps' V tiles exceed NVIDIA's ~47 KB of __local memory"
+#endif
+
+/* Chunks c = 4j + t of the rows of keys n0 + g and n0 + 8 + g (past s_hi: zero). */
+inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, uint row0, int s_hi, __global const int *tables, int k_base,
+                         __global const ushort *kb, ulong k_ss, int g, int t) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+        const int key = n0 + 8 * h + g, live = key <= s_hi;
+        __global const ushort *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * k_ss;
+#pragma unroll
+        for (int j = 0; j < HG_CHUNKS; ++j)
+            x[h][j] = chunk_or_zero(live, row + 8 * (4 * j + t));
+    }
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+paged_decode_nv(SERVING_ARGS,
+                int counters_off SERVING_META_ARG) { /* meta[counters_off + block * heads_k / HEAD_GROUP + group]: finished splits */
+    __local ushort smem[HG_HALFS] __attribute__((aligned(16)));
+    __local float red_lse[WARPS * 16];
+    __local int is_last;
+
+    const int tid = (int)get_local_id(0);
+    const int warp = tid / 32, lane = tid % 32;
+    const int g = lane / 4, t = lane % 4;
+    const int blk = (int)get_group_id(0);
+    const int hg = (int)get_global_id(1), hk = hg * HEAD_GROUP + warp;
+    const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
+    const serving_block b = SERVING_BLOCK(blocks_off, blk);
+    const int nrows = min(BLOCK_M, b.nq * group - b.m0); /* = group: one token */
+
+    /* Every row sees every key of the sequence: one query token, causal or not. */
+    const long chunk_keys = (((long)b.nk + splits - 1) / splits + 31) / 32 * 32;
+    const int s_lo = (int)min((long)split * chunk_keys, (long)b.nk);
+    const int s_hi = (int)min(s_lo + chunk_keys - 1, (long)b.nk - 1);
+    const int tiles = s_hi >= s_lo ? (s_hi - s_lo) / BLOCK_N + 1 : 0;
+
+    const int softcap = softcap_log2 > 0.0f;
+    const float sc = softcap ? 1.0f : q_mul;
+    __global const ushort *kb = (__global const ushort *)k + k_off + (ulong)hk * k_sh;
+    __global const ushort *vb = (__global const ushort *)v + v_off + (ulong)hk * v_sh;
+    __local ushort *const v_tile = smem + warp * TILE_HALFS;
+    const uint v_frag = shared_addr(v_tile) + (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
+
+    /* The first tile's loads, then Q's row g (A's a0 and a2 words, per k-step). */
+#define TILE_N0(i) (s_lo + (i) * BLOCK_N)
+    uint4 xk[2][HG_CHUNKS], xv[LANE_CHUNKS];
+    uint row_next = 0;
+    if (tiles > 0) {
+        const uint row0 = TILE_ROW0(TILE_N0(0), tables, b.k_base);
+        load_k_frags(xk, TILE_N0(0), row0, s_hi, tables, b.k_base, kb, k_ss, g, t);
+        load_lane_rows(xv, TILE_N0(0), row0, s_hi, tables, b.k_base, vb, v_ss, lane);
+    }
+    if (tiles > 1)
+        row_next = TILE_ROW0(TILE_N0(1), tables, b.k_base);
+    uint qa[K_STEPS][2];
+    {
+        const int r = b.m0 + g;
+        __global const ushort *qrow = (__global const ushort *)q + q_off + (ulong)(b.q_start + r / group) * q_ss +
+                                      (ulong)(hk * group + r % group) * q_sh;
+#pragma unroll
+        for (int j = 0; j < HG_CHUNKS; ++j) {
+            uint e[4];
+#pragma unroll
+            for (int w = 0; w < 4; ++w) { /* element loads: Q's rows need not be 16-byte aligned */
+                const int d = 8 * (4 * j + t) + 2 * w;
+                e[w] = g < nrows ? (uint)qrow[d] | ((uint)qrow[d + 1] << 16) : 0u;
+            }
+            qa[2 * j][0] = e[0], qa[2 * j][1] = e[1], qa[2 * j + 1][0] = e[2], qa[2 * j + 1][1] = e[3];
+        }
+    }
+
+    float acc[O_FRAGS][4];
+#pragma unroll
+    for (int j = 0; j < O_FRAGS; ++j)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+
+    /* Tile i: V to the warp's tile, S from K's registers, then tile i + 1's
+     * loads into both, then softmax and P V while they are in flight. */
+    for (int i = 0; i < tiles; ++i) {
+        if (i > 0)
+            WARP_SYNC(); /* every lane is done reading tile i - 1's V */
+        store_lane_rows(xv, v_tile, lane);
+        float s[S_FRAGS][4];
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+            s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < HG_CHUNKS; ++j)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                MMA_16816(s[h], qa[2 * j][0], 0u, qa[2 * j][1], 0u, xk[h][j].x, xk[h][j].y);
+                MMA_16816(s[h], qa[2 * j + 1][0], 0u, qa[2 * j + 1][1], 0u, xk[h][j].z, xk[h][j].w);
+            }
+        const int n0 = TILE_N0(i);
+        if (i + 1 < tiles) {
+            load_k_frags(xk, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, kb, k_ss, g, t);
+            load_lane_rows(xv, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, vb, v_ss, lane);
+        }
+        if (i + 2 < tiles)
+            row_next = TILE_ROW0(TILE_N0(i + 2), tables, b.k_base);
+        WARP_SYNC(); /* the V tile is whole */
+
+        if (softcap)
+            SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);
+        /* keys past the slice; rows g + 8 are padding */
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                if (n0 + 8 * j + 2 * t + (e & 1) > s_hi || (e >> 1) || g >= nrows)
+                    s[j][e] = -INFINITY;
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        /* ---- O += P V ---- */
+        const uint p0 = pack2(s[0][0], s[0][1]), p1 = pack2(s[0][2], s[0][3]);
+        const uint p2 = pack2(s[1][0], s[1][1]), p3 = pack2(s[1][2], s[1][3]);
+#pragma unroll
+        for (int dp = 0; dp < O_FRAGS / 2; ++dp) {
+            uint vf[4];
+            LDMATRIX_X4_TRANS(vf, v_frag + (uint)(dp * 16) * 2u);
+            MMA_16816(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
+            MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
+        }
+    }
+#undef TILE_N0
+
+    /* ---- this warp's rows g: O / l (or the split's part) and the LSE ---- */
+    l_run[0] += shfl_xor(l_run[0], 1);
+    l_run[0] += shfl_xor(l_run[0], 2);
+    const float inv = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;
+    const float row_lse = l_run[0] > 0.0f ? (m_run[0] * sc + log2(l_run[0])) * LN2 : -INFINITY;
+    if (g < nrows) {
+        const int r = b.m0 + g;
+        const ulong token = (ulong)(b.q_start + r / group);
+        const int hq = hk * group + r % group;
+        if (splits == 1) {
+            __global elem_t *orow = o + o_off + token * o_ss + (ulong)hq * o_sh;
+#pragma unroll
+            for (int j = 0; j < O_FRAGS; ++j) {
+                STORE_ELEM(orow, 8 * j + 2 * t, acc[j][0] * inv);
+                STORE_ELEM(orow, 8 * j + 2 * t + 1, acc[j][1] * inv);
+            }
+            if (has_lse && t == 0)
+                lse[lse_off + (ulong)hq * total_q + token] = row_lse;
+        } else { /* partial results stay in float: merged, then rounded once */
+            __global float *prow = part + (((ulong)split * total_q + token) * heads_q + hq) * HEAD_DIM;
+#pragma unroll
+            for (int j = 0; j < O_FRAGS; ++j)
+                *(__global float2 *)(prow + 8 * j + 2 * t) = (float2)(acc[j][0] * inv, acc[j][1] * inv);
+            if (t == 0)
+                part[part_lse_off + ((ulong)split * total_q + token) * heads_q + hq] = row_lse;
+        }
+    }
+#if DIAG & 4
+    return;
+#endif
+    if (splits == 1)
+        return;
+    /* The group's rows as one block of HEAD_GROUP * group rows of kv head "hg" with a GQA
+     * group of HEAD_GROUP * group: row r is query head hg * HEAD_GROUP * group + r, of the
+     * block's one token. The split weights reuse the V tiles (read after the merge's first
+     * barrier, when every warp is past its loop). */
+    const split_rows sr = {o_off,   o_ss,  o_sh, lse_off, part_lse_off, has_lse, total_q,
+                           heads_q, HEAD_GROUP * group, hg, b.q_start, 0, HEAD_GROUP * nrows};
+    const int counter_at = counters_off + (blk * (int)get_global_size(1) + hg) * split_counters(splits);
+    merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, (__local float *)smem, red_lse,
+                        &is_last);
+}
+#endif /* HEAD_GROUP */

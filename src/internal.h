@@ -274,6 +274,7 @@ typedef struct flashcl_decode_problem {
     int vec_aligned;         /* K/V rows start on 16 bytes (offsets, strides)    */
     int force_tiled;         /* the tiled kernel whatever else applies (a decode
                               * kernel failed to build)                         */
+    int group;               /* query heads per kv head                          */
 } flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
     int kernel;          /* FLASHCL_SERVING_TILED, _DECODE or _DECODE_MMA      */
@@ -292,6 +293,8 @@ typedef struct flashcl_decode_choice {
                             * K/V by loads staged through registers instead of
                             * cp.async (cl/paged_decode_nv.cl REG_COPY)        */
     int reg_copy;          /* decode-mma: that choice, made with the split count */
+    int head_group;        /* decode-mma: kv heads a work-group takes, a warp each
+                            * (cl/paged_decode_nv.cl HEAD_GROUP); 0: one      */
     int l2_prefetch;     /* decode kernels: bytes of L2 prefetch on each cp.async
                           * (common.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
     int meta_args;       /* decode kernels: 1 passes the batch description as a

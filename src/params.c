@@ -839,6 +839,12 @@ static int next_pow2(int x) {
 
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && c->head_group > 0) {
+        /* halves: a V tile a warp, or the final merge's split weights; rows' LSEs, a flag */
+        const size_t warps = (size_t)c->head_group, tiles = warps * n * (d + 8),
+                     weights = warps * m * FLASHCL_MAX_SPLITS * 2;
+        return (tiles > weights ? tiles : weights) * 2 + (warps * 16 + 1) * sizeof(float);
+    }
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) { /* halves: Q, then per warp buffers x (K, V); merge floats */
         const size_t warps = (size_t)(c->work_group_size / 32);
         const size_t bufs = c->reg_copy ? 1 : (size_t)c->stages; /* REG_COPY: the next tile is in registers */
@@ -890,6 +896,7 @@ static const struct {
     {"MIN_SPLIT_KEYS", offsetof(flashcl_decode_choice, min_split_keys)},
     {"META_ARGS", offsetof(flashcl_decode_choice, meta_args)},
     {"REG_COPY_MIN_KEYS", offsetof(flashcl_decode_choice, reg_copy_min_keys)},
+    {"HEAD_GROUP", offsetof(flashcl_decode_choice, head_group)},
     {"L2_PREFETCH", offsetof(flashcl_decode_choice, l2_prefetch)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
@@ -950,7 +957,12 @@ static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_p
 
 /* Checks an explicit decode-kernel choice; "" when it fits. */
 static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem *pb,
-                       const flashcl_decode_choice *c, char *why, size_t n) {
+                       const flashcl_decode_choice *choice, char *why, size_t n) {
+    /* HEAD_GROUP applies only where it fits (decode_head_group); the kernel
+     * it falls back to must fit always. */
+    flashcl_decode_choice one_head = *choice;
+    one_head.head_group = 0;
+    const flashcl_decode_choice *c = &one_head;
     const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
     why[0] = '\0';
     if (c->kernel == FLASHCL_SERVING_DECODE) {
@@ -1090,6 +1102,30 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
     return 0;
 }
 
+/* The mma decode kernel's HEAD_GROUP (c->head_group kv heads a work-group,
+ * a warp each), kept where it applies, else 0: decoding only (one query
+ * token a sequence, a GQA group of at most 8 rows), kv heads in whole
+ * groups, head dims a multiple of 32 up to 128, 16-key tiles, and the
+ * group's V tiles within __local. Sets the work-group to a warp a head. */
+static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_problem *pb,
+                              flashcl_decode_choice *c) {
+    if (c->head_group <= 0 || c->kernel != FLASHCL_SERVING_DECODE_MMA) {
+        c->head_group = 0;
+        return;
+    }
+    int ok = pb->group >= 1 && pb->group <= 8 && c->block_m >= pb->group && c->block_m <= 8 &&
+             pb->heads_k % c->head_group == 0 && pb->head_dim % 32 == 0 && pb->head_dim <= 128 &&
+             c->block_n == 16 && (size_t)(32 * c->head_group) <= ctx->info.max_wg;
+    for (int i = 0; ok && i < pb->num_seqs; ++i)
+        ok = pb->rows_per_seq[i] == pb->group;
+    const size_t local = flashcl_decode_local_bytes(c, pb->head_dim);
+    if (!ok || local > 48000 || local > ctx->info.local_mem) {
+        c->head_group = 0;
+        return;
+    }
+    c->work_group_size = 32 * c->head_group;
+}
+
 /* The mma decode kernel's REG_COPY, once the split count is known: the
  * longest sequence's slice (cut as the kernel cuts it) against
  * reg_copy_min_keys, where the kernel takes it (in place of the two-stage
@@ -1100,7 +1136,8 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
  * stop 28). */
 static void decode_reg_copy(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
     const long slice = ((pb->max_keys + c->splits - 1) / c->splits + 31) / 32 * 32;
-    c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && c->reg_copy_min_keys > 0 && slice >= c->reg_copy_min_keys &&
+    c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && !c->head_group && c->reg_copy_min_keys > 0 &&
+                  slice >= c->reg_copy_min_keys &&
                   pb->head_dim >= 64 && pb->head_dim <= 128 && c->block_n == 16 && c->stages == 2;
 }
 
@@ -1158,6 +1195,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s", why);
     }
 
+    decode_head_group(ctx, pb, c);
     if (pb->requested_splits > 0) {
         c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
         decode_reg_copy(pb, c);
@@ -1171,6 +1209,10 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
      * has the same keys), and one more than a whole number of waves adds a
      * nearly empty last wave. */
     long target = (long)ctx->info.compute_units * c->wgs_per_cu;
+    if (c->head_group > 0) { /* the entry counts 2-warp groups: as many warps a CU */
+        groups /= c->head_group;
+        target = (long)ctx->info.compute_units * (c->wgs_per_cu * 2 / c->head_group > 0 ? c->wgs_per_cu * 2 / c->head_group : 1);
+    }
     long splits = groups > 0 && groups < target ? target / groups : 1;
     long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
     /* A grid with fewer work-groups than compute units leaves some idle:

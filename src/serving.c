@@ -374,7 +374,7 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     /* The decode kernel reads K/V rows as 16-byte chunks. */
     const size_t vec = 16 / flashcl_dtype_size(r->dtype);
     flashcl_decode_problem pb = {r->dtype, r->head_dim, r->heads_k, n, rows, p->max_keys,
-                                 splits > 0 ? splits : r->num_splits, 1, force_tiled};
+                                 splits > 0 ? splits : r->num_splits, 1, force_tiled, p->group};
     for (int i = 2; i < 4; ++i)
         if (ls[i]->offset % vec || ls[i]->stride_seq % vec || ls[i]->stride_head % vec)
             pb.vec_aligned = 0;
@@ -602,8 +602,9 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
                  ctx->info.is_nvidia ? " -DFLASHCL_NV_PTX" : "");
     else if (c->kernel == FLASHCL_SERVING_DECODE_MMA)
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DWARPS=%d -DSTAGES=%d -DPAGE_SIZE=%d -DFLASHCL_NV_PTX -DREG_COPY=%d "
-                 "-DCP_ASYNC_L2=%d",
-                 c->block_n, c->work_group_size / 32, c->stages, page_size, c->reg_copy, c->l2_prefetch);
+                 "-DCP_ASYNC_L2=%d -DHEAD_GROUP=%d",
+                 c->block_n, c->work_group_size / 32, c->stages, page_size, c->reg_copy, c->l2_prefetch,
+                 c->head_group);
     else
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
     const int arg_ints = by_value_ints(ctx, p);
@@ -683,7 +684,8 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
             err |= clSetKernelArg(kernel, a++, (size_t)arg_ints * sizeof(int), arg_meta);
     }
     size_t local[3] = {(size_t)c->work_group_size, 1, 1};
-    size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)r->heads_k, (size_t)c->splits};
+    const int heads_per_group = c->head_group > 0 ? c->head_group : 1;
+    size_t global[3] = {(size_t)p->num_blocks * local[0], (size_t)(r->heads_k / heads_per_group), (size_t)c->splits};
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, num_waits, num_waits ? waits : NULL,
                                      &attended);
@@ -835,7 +837,9 @@ flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen
                               : p.choice.kernel == FLASHCL_SERVING_TILED ? p.choice.tpr
                                                                           : 0;
     params->work_group_size = p.choice.work_group_size;
-    params->variant = p.choice.reg_copy ? "decode-mma-regcopy" : variants[p.choice.kernel];
+    params->variant = p.choice.head_group ? "decode-mma-heads"
+                      : p.choice.reg_copy ? "decode-mma-regcopy"
+                                          : variants[p.choice.kernel];
     params->source = p.choice.source;
     if (splits)
         *splits = p.choice.splits;

@@ -943,7 +943,7 @@ static void test_backward_levels(void) {
  * choice_heads_k KV heads (1 unless a check sets it). */
 static int choice_heads_k = 1;
 static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, int d, int rows,
-                                     flashcl_decode_choice *c) {
+                                     flashcl_decode_choice *c) { /* a GQA group of 4 */
     static int rows_per_seq[1];
     flashcl_decode_problem pb;
     memset(&pb, 0, sizeof pb);
@@ -955,6 +955,7 @@ static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, 
     pb.rows_per_seq = rows_per_seq;
     pb.max_keys = 4096;
     pb.vec_aligned = 1;
+    pb.group = 4;
     return flashcl_decode_params(ctx, &pb, c);
 }
 
@@ -1003,6 +1004,28 @@ static void test_decode_levels(void) {
     setenv("FLASHCL_DECODE_PARAMS", "REG_COPY_MIN_KEYS=8192", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.reg_copy,
            "... FLASHCL_DECODE_PARAMS REG_COPY_MIN_KEYS moves the threshold", &failures);
+    /* HEAD_GROUP: 8 kv heads a work-group, a warp each, where it applies. One sequence over 8 kv
+     * heads is one group: 132 slices would fill the CUs, but 512-key slices give 8, and 8 groups
+     * leave CUs idle, so 256-key ones: 16. */
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=8", 1);
+    choice_heads_k = 8;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 8 &&
+               c.work_group_size == 256 && !c.reg_copy && c.splits == 16 &&
+               flashcl_decode_local_bytes(&c, 128) <= 48000,
+           "... FLASHCL_DECODE_PARAMS HEAD_GROUP=8: a warp a kv head, 8 a group, 16 slices", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 8,
+           "... at D=64 too", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 16, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 64,
+           "... not for 4 query tokens a sequence (one kv head a group, as before)", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
+           "... nor at D=80 (not a multiple of 32)", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 32,
+           "... nor at D=256", &failures);
+    choice_heads_k = 12;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
+           "... nor over 12 kv heads, not whole groups of 8", &failures);
     unsetenv("FLASHCL_DECODE_PARAMS");
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,

@@ -1313,6 +1313,23 @@ int main(int argc, char **argv) {
             paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
                         shapes[i].long_len, what);
         }
+        /* A warp a kv head (HEAD_GROUP), every kv head of a shape in one work-group: head dims
+         * 64 to 128 that are multiples of 32; the suites' prompt chunks keep one head a group. */
+        for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+            if (shapes[i].d % 32 || shapes[i].d > 128 || shapes[i].group > 8)
+                continue;
+            char params[64];
+            snprintf(params, sizeof params, "KERNEL=mma,HEAD_GROUP=%d", shapes[i].hk);
+            if (mma)
+                force_params(params);
+            snprintf(what, sizeof what, "%s, a warp a kv head: %s", k, shapes[i].name);
+            paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
+                        shapes[i].long_len, what);
+        }
+        if (mma) /* eight kv heads a group: eight warps */
+            force_params("KERNEL=mma,HEAD_GROUP=8");
+        snprintf(what, sizeof what, "%s, a warp a kv head: f16 D128 page 16, 8 kv heads", k);
+        paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
         if (mma)
             force_params("KERNEL=mma");
         snprintf(what, sizeof what, "%s: varlen causal equals each sequence alone", k);
