@@ -803,8 +803,8 @@ static const decode_entry decode_arch[] = {
     /* Tensor cores (cl/paged_decode_nv.cl) for f16/bf16 with D a multiple
      * of 16; other problems fall to the SIMT decode kernel, then the tiled
      * one. 2 warps, 16-key tiles, 2 stages: 35 KB of __local at D=128, 17.8
-     * under REG_COPY (1 warp above D=128). H200, `bench/h200.sh decode`, µs at batch 1/8/64 x
-     * context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
+     * under REG_COPY (1 warp above D=128). H200, `bench/h200.sh decode`, µs
+     * at batch 1/8/64 x context 4k/32k/128k: 1 warp with 4 stages or 32-key tiles 5-20 %
      * slower everywhere; slices of at least 512 keys beat 256 at 6 of 9
      * shapes ((1, 32768) 88 against 110 µs; (1, 4096) 56 against 52).
      * 4 work-groups per compute unit: at up to 255 registers a thread (REG_COPY;
@@ -1129,8 +1129,8 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
 /* The mma decode kernel's REG_COPY, once the split count is known: the
  * longest sequence's slice (cut as the kernel cuts it) against
  * reg_copy_min_keys, where the kernel takes it (in place of the two-stage
- * cp.async loop of 16-key tiles), at head dims 64..128. H200, batch 1-16 x 16k-64k keys:
- * 2-8 % faster than stop 27's kernel at D=64, 96 and 128; at D=32 slower
+ * cp.async loop of 16-key tiles), at head dims 64..128. H200, batch 1-16 x
+ * 16k-64k keys: 2-8 % faster than stop 27's kernel at D=64, 96 and 128; at D=32 slower
  * than it and than the cp.async loop (a 16-key tile is 1 KB of K: too
  * little in flight); at D=256 (one warp a group) 2.3x slower (BENCHMARKS.md,
  * stop 28). */
@@ -1210,8 +1210,9 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
      * nearly empty last wave. */
     long target = (long)ctx->info.compute_units * c->wgs_per_cu;
     if (c->head_group > 0) { /* the entry counts 2-warp groups: as many warps a CU */
+        const int per_cu = c->wgs_per_cu * 2 / c->head_group;
         groups /= c->head_group;
-        target = (long)ctx->info.compute_units * (c->wgs_per_cu * 2 / c->head_group > 0 ? c->wgs_per_cu * 2 / c->head_group : 1);
+        target = (long)ctx->info.compute_units * (per_cu > 0 ? per_cu : 1);
     }
     long splits = groups > 0 && groups < target ? target / groups : 1;
     long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
