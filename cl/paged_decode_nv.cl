@@ -301,6 +301,21 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
 }
 #endif
 
+/* Both kernels' last step once their rows' parts are written: with several
+ * splits, the last split of the block and grid row gy to finish merges them
+ * (common.cl), sr naming the rows, wts and row_lse its __local scratch. */
+inline void merge_splits(__global int *meta, int counters_off, int blk, int gy, int splits, __global float *part,
+                         __global elem_t *o, __global float *lse, split_rows sr, __local float *wts,
+                         __local float *row_lse, __local int *flag) {
+#if DIAG & 4
+    return;
+#endif
+    if (splits == 1)
+        return;
+    const int counter_at = counters_off + (blk * (int)get_global_size(1) + gy) * split_counters(splits);
+    merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, wts, row_lse, flag);
+}
+
 #if !HEAD_GROUP
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
@@ -547,16 +562,10 @@ paged_decode_nv(SERVING_ARGS,
         else if (has_lse)
             lse[lse_off + (ulong)hq * total_q + token] = row_lse[tid];
     }
-#if DIAG & 4
-    return;
-#endif
-    if (splits == 1)
-        return;
     const split_rows sr = {o_off,   o_ss,  o_sh, lse_off,   part_lse_off, has_lse, total_q,
                            heads_q, group, hk,   b.q_start, m0,           nrows};
     /* The split weights reuse the tile area (red_o is read before its first barrier). */
-    const int counter_at = counters_off + (blk * (int)get_global_size(1) + hk) * split_counters(splits);
-    merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, red_o, red_m, &is_last);
+    merge_splits(meta, counters_off, blk, hk, splits, part, o, lse, sr, red_o, red_m, &is_last);
 }
 #else /* HEAD_GROUP */
 
@@ -742,19 +751,12 @@ paged_decode_nv(SERVING_ARGS,
                 part[part_lse_off + ((ulong)split * total_q + token) * heads_q + hq] = row_lse;
         }
     }
-#if DIAG & 4
-    return;
-#endif
-    if (splits == 1)
-        return;
     /* The group's rows as one block of HEAD_GROUP * group rows of kv head "hg" with a GQA
      * group of HEAD_GROUP * group: row r is query head hg * HEAD_GROUP * group + r, of the
      * block's one token. The split weights reuse the V tiles (read after the merge's first
      * barrier, when every warp is past its loop). */
     const split_rows sr = {o_off,   o_ss,  o_sh, lse_off, part_lse_off, has_lse, total_q,
                            heads_q, HEAD_GROUP * group, hg, b.q_start, 0, HEAD_GROUP * nrows};
-    const int counter_at = counters_off + (blk * (int)get_global_size(1) + hg) * split_counters(splits);
-    merge_if_last_split(&meta[counter_at], splits, part, o, lse, sr, HEAD_DIM, (__local float *)smem, red_lse,
-                        &is_last);
+    merge_splits(meta, counters_off, blk, hg, splits, part, o, lse, sr, (__local float *)smem, red_lse, &is_last);
 }
 #endif /* HEAD_GROUP */
