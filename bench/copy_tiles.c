@@ -174,11 +174,12 @@ int main(int argc, char **argv) {
         fprintf(stderr, "no NVIDIA device\n");
         return 1;
     }
-    cl_uint cus = 0;
-    clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+    cl_uint cus;
+    cl_context ctx;
+    cl_command_queue q = probe_queue(dev, &ctx, &cus);
+    if (!q)
+        return 1;
     cl_int err;
-    cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-    cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
     const size_t bytes = mib << 20;
     cl_mem buf, out;
     if (probe_stream_buffers(ctx, q, cus, bytes, &buf, &out))

@@ -53,9 +53,11 @@ int main(int argc, char **argv) {
         fprintf(stderr, "no device matching '%s'\n", want);
         return 1;
     }
+    cl_context ctx;
+    cl_command_queue q = probe_queue(dev, &ctx, NULL);
+    if (!q)
+        return 1;
     cl_int err;
-    cl_context ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-    cl_command_queue q = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
     cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     clBuildProgram(prog, 1, &dev, "", NULL, NULL);
     cl_kernel kern = clCreateKernel(prog, "k", &err), k31 = clCreateKernel(prog, "k31", &err);

@@ -187,27 +187,15 @@ static double gbps(cl_kernel k, size_t groups, double bytes) {
 int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 1024;
     const size_t rows = mib * 1024 * 1024 / (COLS * 2);
-    cl_platform_id plats[8];
-    cl_uint np = 0;
-    cl_device_id dev = NULL;
-    CHECK(clGetPlatformIDs(8, plats, &np));
-    for (cl_uint i = 0; i < np && !dev; ++i) {
-        char name[256];
-        clGetPlatformInfo(plats[i], CL_PLATFORM_NAME, sizeof name, name, NULL);
-        if (strstr(name, "NVIDIA") && clGetDeviceIDs(plats[i], CL_DEVICE_TYPE_GPU, 1, &dev, NULL) != CL_SUCCESS)
-            dev = NULL;
-    }
+    cl_device_id dev = probe_device("nvidia", NULL);
     if (!dev) {
         fprintf(stderr, "no NVIDIA OpenCL GPU\n");
         return 1;
     }
-    cl_uint cus = 0;
-    clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof cus, &cus, NULL);
+    cl_uint cus;
+    if (!(queue = probe_queue(dev, &ctx, &cus)))
+        return 1;
     cl_int err;
-    ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-    CHECK(err);
-    queue = clCreateCommandQueue(ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err);
-    CHECK(err);
     prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
     CHECK(err);
     char opts[128];
