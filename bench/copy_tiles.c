@@ -169,14 +169,10 @@ static const char *src =
 
 int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atol(argv[1]) : 4096;
-    cl_device_id dev = probe_device("nvidia", NULL);
-    if (!dev) {
-        fprintf(stderr, "no NVIDIA device\n");
-        return 1;
-    }
+    cl_device_id dev;
     cl_uint cus;
     cl_context ctx;
-    cl_command_queue q = probe_queue(dev, &ctx, &cus);
+    cl_command_queue q = probe_open("nvidia", NULL, &dev, &ctx, &cus);
     if (!q)
         return 1;
     cl_int err;

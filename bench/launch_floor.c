@@ -48,13 +48,9 @@ static void CL_CALLBACK noop(cl_event e, cl_int s, void *p) {
 
 int main(int argc, char **argv) {
     const char *want = argc > 1 ? argv[1] : "";
-    cl_device_id dev = probe_device(want, NULL);
-    if (!dev) {
-        fprintf(stderr, "no device matching '%s'\n", want);
-        return 1;
-    }
+    cl_device_id dev;
     cl_context ctx;
-    cl_command_queue q = probe_queue(dev, &ctx, NULL);
+    cl_command_queue q = probe_open(want, NULL, &dev, &ctx, NULL);
     if (!q)
         return 1;
     cl_int err;

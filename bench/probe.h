@@ -59,16 +59,21 @@ static inline cl_device_id probe_device(const char *want, int *is_nvidia) {
     return NULL;
 }
 
-/* A context on dev and a profiling queue in it, and dev's compute units (if cus is not NULL);
- * NULL, with a message printed, if either cannot be made. */
-static inline cl_command_queue probe_queue(cl_device_id dev, cl_context *ctx, cl_uint *cus) {
+/* probe_device(want, is_nvidia) in *dev, a context on it and a profiling queue in that, and its
+ * compute units (if cus is not NULL); NULL, with a message printed, if any cannot be had. */
+static inline cl_command_queue probe_open(const char *want, int *is_nvidia, cl_device_id *dev, cl_context *ctx,
+                                          cl_uint *cus) {
+    if (!(*dev = probe_device(want, is_nvidia))) {
+        fprintf(stderr, "no OpenCL device matching '%s'\n", want);
+        return NULL;
+    }
     if (cus) {
         *cus = 0;
-        clGetDeviceInfo(dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof *cus, cus, NULL);
+        clGetDeviceInfo(*dev, CL_DEVICE_MAX_COMPUTE_UNITS, sizeof *cus, cus, NULL);
     }
     cl_int err = CL_SUCCESS;
-    *ctx = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
-    cl_command_queue q = *ctx ? clCreateCommandQueue(*ctx, dev, CL_QUEUE_PROFILING_ENABLE, &err) : NULL;
+    *ctx = clCreateContext(NULL, 1, dev, NULL, NULL, &err);
+    cl_command_queue q = *ctx ? clCreateCommandQueue(*ctx, *dev, CL_QUEUE_PROFILING_ENABLE, &err) : NULL;
     if (!q)
         fprintf(stderr, "cannot open a profiling queue on the device (%d)\n", err);
     return q;

@@ -131,14 +131,10 @@ int main(int argc, char **argv) {
     const char *want = argc > 1 ? argv[1] : "";
     const size_t mib = argc > 2 ? (size_t)atol(argv[2]) : 4096;
     int nv = 0;
-    cl_device_id dev = probe_device(want, &nv);
-    if (!dev) {
-        fprintf(stderr, "no device matching '%s'\n", want);
-        return 1;
-    }
+    cl_device_id dev;
     cl_uint cus;
     cl_context ctx;
-    cl_command_queue q = probe_queue(dev, &ctx, &cus);
+    cl_command_queue q = probe_open(want, &nv, &dev, &ctx, &cus);
     if (!q)
         return 1;
     cl_int err;

@@ -187,13 +187,9 @@ static double gbps(cl_kernel k, size_t groups, double bytes) {
 int main(int argc, char **argv) {
     const size_t mib = argc > 1 ? (size_t)atoi(argv[1]) : 1024;
     const size_t rows = mib * 1024 * 1024 / (COLS * 2);
-    cl_device_id dev = probe_device("nvidia", NULL);
-    if (!dev) {
-        fprintf(stderr, "no NVIDIA OpenCL GPU\n");
-        return 1;
-    }
+    cl_device_id dev;
     cl_uint cus;
-    if (!(queue = probe_queue(dev, &ctx, &cus)))
+    if (!(queue = probe_open("nvidia", NULL, &dev, &ctx, &cus)))
         return 1;
     cl_int err;
     prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
