@@ -55,7 +55,8 @@
 #endif
 #define MAX_SPLITS 128 /* FLASHCL_MAX_SPLITS (src/internal.h) */
 /* Tried on the H200 and taken out (BENCHMARKS.md): page-table reads a tile
- * ahead, L2 prefetches of the tiles ahead (up to 15 % slower), rows by
+ * ahead in the cp.async loop (REG_COPY's loop keeps one: there its loads
+ * waited on the read), L2 prefetches of the tiles ahead (up to 15 % slower), rows by
  * cp.async.bulk, K a tile further ahead than V in its own cp.async group,
  * deeper rings, five groups a CU (register caps: spills), and K loaded
  * straight into the mma operands' registers with V by cp.async (K_IN_REGS,
@@ -238,7 +239,6 @@ inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
     }
 }
 #endif
-
 
 #if !HEAD_GROUP
 /* The block's 16 Q rows -> __local at Q_BASE (rows past nrows zero).
