@@ -592,6 +592,9 @@ paged_decode_nv(SERVING_ARGS,
 #if HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_M > 8 || BLOCK_N != 16
 #error "HEAD_GROUP needs HEAD_DIM a multiple of 32 up to 128, BLOCK_M <= 8 and 16-key tiles"
 #endif
+#ifndef HG_LOCKSTEP
+#define HG_LOCKSTEP 0
+#endif
 #define HG_CHUNKS (HEAD_DIM / 32) /* a lane's chunks of one key row */
 /* The warps' V tiles; after the loop, the final merge's split weights. */
 #define HG_HALFS (WARPS * TILE_HALFS > WARPS * BLOCK_M * MAX_SPLITS * 2 ? WARPS * TILE_HALFS : WARPS * BLOCK_M * MAX_SPLITS * 2)
@@ -678,8 +681,12 @@ paged_decode_nv(SERVING_ARGS,
     /* Tile i: V to the warp's tile, S from K's registers, then tile i + 1's
      * loads into both, then softmax and P V while they are in flight. */
     for (int i = 0; i < tiles; ++i) {
+#if HG_LOCKSTEP
+        barrier(CLK_LOCAL_MEM_FENCE); /* the group's warps in step: the same page at once */
+#else
         if (i > 0)
             WARP_SYNC(); /* every lane is done reading tile i - 1's V */
+#endif
         store_lane_rows(xv, v_tile, lane);
         float s[S_FRAGS][4];
 #pragma unroll

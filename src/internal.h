@@ -302,6 +302,10 @@ typedef struct flashcl_decode_choice {
     const char *source;  /* where the numbers came from                       */
 } flashcl_decode_choice;
 #define FLASHCL_MAX_SPLITS 128
+/* Bytes of __local a kernel may declare statically on NVIDIA's OpenCL: 48 KB
+ * less the driver's own share (../shared/gpu/NVIDIA-OPENCL.md: ~47 KB). Every
+ * NVIDIA kernel's tiles are sized against it; their .cl files check it too. */
+#define FLASHCL_NV_LOCAL_LIMIT 48000
 /* The decode kernels merge their splits in two levels above twice
  * FLASHCL_MERGE_GROUP splits, with one counter per (block, kv head) and one
  * per run of that many splits: cl/common.cl's MERGE_GROUP, TWO_LEVELS and

@@ -205,12 +205,12 @@ static const char *intern(const flashcl_context *ctx, const char *fmt, const cha
 /* ---- fitting ----------------------------------------------------------------------------- */
 
 /* cl/flash_fwd_sm90.cl's Q_PER_TILE: Q keeps a __local block of its own
- * beside one K and one V tile wherever the three fit in 48000 bytes (with
+ * beside one K and one V tile wherever the three fit in FLASHCL_NV_LOCAL_LIMIT bytes (with
  * the kernel's 1024 of alignment room), which is every head dim <= 64 and,
  * above, one warpgroup with 48-key tiles. */
 static int wgmma_q_own_block(int head_dim, int block_m, int block_n) {
     const size_t dpad = ((size_t)head_dim + 63) / 64 * 64;
-    return dpad == 64 || ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= 48000;
+    return dpad == 64 || ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= FLASHCL_NV_LOCAL_LIMIT;
 }
 
 int flashcl_lpt_heads(const flashcl_attention_desc *r, const char *variant) {
@@ -253,7 +253,7 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * tpr * rpt;
     } else if (!strcmp(p->variant, "nv-mma")) { /* halves: max(Q block, K + V stages), see SMEM_HALFS */
         size_t pitch = (d + 15) / 16 * 16 + 8, qh = m * pitch;
-        size_t stages = 4 * n * pitch * 2 <= 48000 ? 2 : 1; /* the kernel double-buffers when it fits */
+        size_t stages = 4 * n * pitch * 2 <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1; /* the kernel double-buffers when it fits */
         size_t kv = 2 * stages * n * pitch;
         return (qh > kv ? qh : kv) * 2;
     } else if (!strcmp(p->variant, "nv-wgmma")) { /* bytes, see SMEM_BYTES: max(Q, K + V) + 1024 */
@@ -266,7 +266,7 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         size_t k_pitch = d > 64 && dpad % 16 == 0 ? (dpad + 16) / 32 * 32 + 16 : pitch; /* DIM_PERM */
         size_t qf = m * k_pitch, stage = n * (k_pitch + pitch);
         size_t kv_at = d > 64 ? qf : 0; /* Q_IN_SMEM: Q stays, the tiles follow it */
-        size_t stages = (kv_at + 2 * stage) * 4 <= 48000 ? 2 : 1;
+        size_t stages = (kv_at + 2 * stage) * 4 <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
         size_t kv = kv_at + stages * stage;
         return (qf > kv ? qf : kv) * 4;
     } else {
@@ -309,7 +309,7 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                  "multiple of 8", p->block_m, p->work_group_size / 32, p->block_n);
     else if (!strcmp(v, "nv-tf32") && head_dim > 128)
         snprintf(why, n, "float32 tensor-core kernel: head_dim %d over 128", head_dim);
-    else if (flashcl_variant_is_nv(v) && flashcl_forward_local_bytes(p, head_dim) > 48000)
+    else if (flashcl_variant_is_nv(v) && flashcl_forward_local_bytes(p, head_dim) > FLASHCL_NV_LOCAL_LIMIT)
         snprintf(why, n, "tensor-core kernel: %zu bytes of tiles, over its 48000-byte limit",
                  flashcl_forward_local_bytes(p, head_dim));
     else if (!ctx->is_host && (local = flashcl_forward_local_bytes(p, head_dim)) > ctx->info.local_mem)
@@ -982,7 +982,7 @@ static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem 
             snprintf(why, n, "mma decode: BLOCK_N %d (multiple of 16), WG %d (of 32), BLOCK_M %d (<= 16), "
                              "STAGES %d (2..8)",
                      c->block_n, c->work_group_size, c->block_m, c->stages);
-        else if (flashcl_decode_local_bytes(c, pb->head_dim) > 48000)
+        else if (flashcl_decode_local_bytes(c, pb->head_dim) > FLASHCL_NV_LOCAL_LIMIT)
             snprintf(why, n, "mma decode: %zu bytes of __local, over NVIDIA's ~47 KB",
                      flashcl_decode_local_bytes(c, pb->head_dim));
     } else if (c->block_n % c->tpr) {
@@ -1119,7 +1119,7 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
     for (int i = 0; ok && i < pb->num_seqs; ++i)
         ok = pb->rows_per_seq[i] == pb->group;
     const size_t local = flashcl_decode_local_bytes(c, pb->head_dim);
-    if (!ok || local > 48000 || local > ctx->info.local_mem) {
+    if (!ok || local > FLASHCL_NV_LOCAL_LIMIT || local > ctx->info.local_mem) {
         c->head_group = 0;
         return;
     }
@@ -1139,6 +1139,44 @@ static void decode_reg_copy(const flashcl_decode_problem *pb, flashcl_decode_cho
     c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && !c->head_group && c->reg_copy_min_keys > 0 &&
                   slice >= c->reg_copy_min_keys &&
                   pb->head_dim >= 64 && pb->head_dim <= 128 && c->block_n == 16 && c->stages == 2;
+}
+
+/* The split count: the caller's, else enough work-groups to fill the device once. */
+static void decode_splits(const flashcl_context *ctx, const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
+    if (pb->requested_splits > 0) {
+        c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
+        return;
+    }
+    long groups = 0;
+    for (int i = 0; i < pb->num_seqs; ++i)
+        groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
+    groups *= pb->heads_k;
+    /* Rounded down: work-groups run in waves of equal length (every slice
+     * has the same keys), and one more than a whole number of waves adds a
+     * nearly empty last wave. */
+    long target = (long)ctx->info.compute_units * c->wgs_per_cu;
+    if (c->head_group > 0) { /* the entry counts 2-warp groups: as many warps a CU */
+        const int per_cu = c->wgs_per_cu * 2 / c->head_group;
+        groups /= c->head_group;
+        target = (long)ctx->info.compute_units * (per_cu > 0 ? per_cu : 1);
+    }
+    long splits = groups > 0 && groups < target ? target / groups : 1;
+    long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
+    /* A grid with fewer work-groups than compute units leaves some idle:
+     * then slices may be half as long. H200, one sequence of 4096 keys
+     * (64 work-groups with 512-key slices): 16 slices of 256 keys took
+     * 35.8 / 37.3 us against 39.5 / 43.2 for 8 (two calls); where the
+     * device is covered (batch 4, or 16384 keys) 256-key slices were level
+     * or slower (BENCHMARKS.md). */
+    if (groups * (splits < by_keys ? splits : by_keys) < ctx->info.compute_units && c->min_split_keys > 1) {
+        const long half = c->min_split_keys / 2;
+        by_keys = (pb->max_keys + half - 1) / half;
+    }
+    if (splits > by_keys)
+        splits = by_keys;
+    if (splits > FLASHCL_MAX_SPLITS)
+        splits = FLASHCL_MAX_SPLITS;
+    c->splits = splits < 1 ? 1 : (int)splits;
 }
 
 /* The first entry for this device and problem, most specific level first. */
@@ -1189,48 +1227,22 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         else if (env.work_group_size)
             c->work_group_size = env.work_group_size;
         c->source = env.source;
+    }
+
+    if (env.source) {
+        /* The one-head kernel (what HEAD_GROUP falls back to) must fit as given, checked with
+         * its split count and so its REG_COPY known: one tile buffer a warp lets wider groups fit. */
+        flashcl_decode_choice one_head = *c;
+        one_head.head_group = 0;
+        decode_splits(ctx, pb, &one_head);
+        decode_reg_copy(pb, &one_head);
         char why[200];
-        decode_fit(ctx, pb, c, why, sizeof why);
+        decode_fit(ctx, pb, &one_head, why, sizeof why);
         if (why[0])
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s", why);
     }
-
     decode_head_group(ctx, pb, c);
-    if (pb->requested_splits > 0) {
-        c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
-        decode_reg_copy(pb, c);
-        return FLASHCL_SUCCESS;
-    }
-    long groups = 0;
-    for (int i = 0; i < pb->num_seqs; ++i)
-        groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
-    groups *= pb->heads_k;
-    /* Rounded down: work-groups run in waves of equal length (every slice
-     * has the same keys), and one more than a whole number of waves adds a
-     * nearly empty last wave. */
-    long target = (long)ctx->info.compute_units * c->wgs_per_cu;
-    if (c->head_group > 0) { /* the entry counts 2-warp groups: as many warps a CU */
-        const int per_cu = c->wgs_per_cu * 2 / c->head_group;
-        groups /= c->head_group;
-        target = (long)ctx->info.compute_units * (per_cu > 0 ? per_cu : 1);
-    }
-    long splits = groups > 0 && groups < target ? target / groups : 1;
-    long by_keys = (pb->max_keys + c->min_split_keys - 1) / c->min_split_keys;
-    /* A grid with fewer work-groups than compute units leaves some idle:
-     * then slices may be half as long. H200, one sequence of 4096 keys
-     * (64 work-groups with 512-key slices): 16 slices of 256 keys took
-     * 35.8 / 37.3 us against 39.5 / 43.2 for 8 (two calls); where the
-     * device is covered (batch 4, or 16384 keys) 256-key slices were level
-     * or slower (BENCHMARKS.md). */
-    if (groups * (splits < by_keys ? splits : by_keys) < ctx->info.compute_units && c->min_split_keys > 1) {
-        const long half = c->min_split_keys / 2;
-        by_keys = (pb->max_keys + half - 1) / half;
-    }
-    if (splits > by_keys)
-        splits = by_keys;
-    if (splits > FLASHCL_MAX_SPLITS)
-        splits = FLASHCL_MAX_SPLITS;
-    c->splits = splits < 1 ? 1 : (int)splits;
+    decode_splits(ctx, pb, c);
     decode_reg_copy(pb, c);
     return FLASHCL_SUCCESS;
 }
@@ -1343,7 +1355,7 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
                                        int dq_atomic) {
     /* halves per row: head_dim padded to 16, plus 8 (cl/flash_bwd_nv.cl's PITCH) */
     const size_t row = ((size_t)head_dim + 15) / 16 * 16 + 8, own = 16 * (size_t)(work_group_size / 32);
-    const size_t m = (size_t)block_m, n = (size_t)block_n, limit = 48000;
+    const size_t m = (size_t)block_m, n = (size_t)block_n, limit = FLASHCL_NV_LOCAL_LIMIT;
     /* dK/dV: K, V of the group's keys; Q, dO tiles (two stages when they fit) + LSE, D_i;
      * with atomic dQ, the dS^T tile (16-byte rows) */
     const size_t ds = dq_atomic ? own * (m + 8) * 2 : 0;
@@ -1364,7 +1376,7 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
  * D_i per streamed row (stats: 1). */
 static size_t backward_wgmma_bytes(int rows, int stats) {
     const size_t own = 2 * 64 * 128, pair = 2 * (size_t)rows * 128, row_stats = 2 * (size_t)rows * sizeof(float);
-    const size_t stages = own + 2 * pair + 1024 + 2 * row_stats <= 48000 ? 2 : 1;
+    const size_t stages = own + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
     return own + stages * (pair + (stats ? row_stats : 0)) + 1024;
 }
 
@@ -1445,7 +1457,7 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (variant == FLASHCL_BWD_NV_MMA && (work_group_size % 32 || block_m % 16 || block_n % 16))
         snprintf(why, n, "the nv-mma backward needs WG a multiple of 32 and BLOCK_M, BLOCK_N multiples of 16 "
                  "(WG %d, BLOCK_M %d, BLOCK_N %d)", work_group_size, block_m, block_n);
-    else if (variant == FLASHCL_BWD_NV_MMA && local > 48000)
+    else if (variant == FLASHCL_BWD_NV_MMA && local > FLASHCL_NV_LOCAL_LIMIT)
         snprintf(why, n, "nv-mma backward tiles (WG %d, BLOCK_M %d, BLOCK_N %d) need %zu bytes of local memory, "
                  "over NVIDIA's 48000", work_group_size, block_m, block_n, local);
     else if (local > ctx->info.local_mem)

@@ -1004,6 +1004,17 @@ static void test_decode_levels(void) {
     setenv("FLASHCL_DECODE_PARAMS", "REG_COPY_MIN_KEYS=8192", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.reg_copy,
            "... FLASHCL_DECODE_PARAMS REG_COPY_MIN_KEYS moves the threshold", &failures);
+    /* Four-warp groups fit NVIDIA's 48 KB only with REG_COPY's one tile buffer a warp (35 KB at
+     * D=128; two cp.async buffers a warp take 70 KB): so the fit is checked with the slices'
+     * length known. */
+    setenv("FLASHCL_DECODE_PARAMS", "WG=128", 1);
+    choice_heads_k = 528; /* one slice of all 4096 keys: REG_COPY */
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.work_group_size == 128 &&
+               c.reg_copy && flashcl_decode_local_bytes(&c, 128) <= 48000,
+           "... FLASHCL_DECODE_PARAMS WG=128 fits where the slices take REG_COPY", &failures);
+    choice_heads_k = 1; /* 256-key slices: the cp.async loop */
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_ERROR_INVALID_PARAMS,
+           "... and is refused where they take the cp.async loop", &failures);
     /* HEAD_GROUP: 8 kv heads a work-group, a warp each, where it applies. One sequence over 8 kv
      * heads is one group: 132 slices would fill the CUs, but 512-key slices give 8, and 8 groups
      * leave CUs idle, so 256-key ones: 16. */
