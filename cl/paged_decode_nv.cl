@@ -586,8 +586,18 @@ paged_decode_nv(SERVING_ARGS,
  *   word x: k-step 2j, B's b0 / A's a0      word y: k-step 2j, b1 / a2
  *   word z: k-step 2j+1, b0 / a0            word w: k-step 2j+1, b1 / a2
  * (A's rows g + 8, a1 and a3, are padding: zero.) */
-#if HEAD_GROUP != WARPS
-#error "HEAD_GROUP is built with WARPS = HEAD_GROUP"
+/* HG_WPH: warps a kv head (1, the default). Above 1, the head's warps take every HG_WPH-th tile
+ * of its slice and merge at the end through __local, as the one-head kernel's warps do: one
+ * work-group of HG_WPH warps then takes a whole (token, kv head), so that a batch that covers
+ * the device once needs no split and no merge across work-groups. */
+#ifndef HG_WPH
+#define HG_WPH 1
+#endif
+#if HEAD_GROUP * HG_WPH != WARPS
+#error "HEAD_GROUP is built with WARPS = HEAD_GROUP * HG_WPH"
+#endif
+#if HG_LOCKSTEP && HG_WPH > 1
+#error "HG_LOCKSTEP needs one warp a head (the warps of a head take different tile counts)"
 #endif
 #if HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_M > 8 || BLOCK_N != 16
 #error "HEAD_GROUP needs HEAD_DIM a multiple of 32 up to 128, BLOCK_M <= 8 and 16-key tiles"
@@ -598,6 +608,9 @@ paged_decode_nv(SERVING_ARGS,
 #define HG_CHUNKS (HEAD_DIM / 32) /* a lane's chunks of one key row */
 /* The warps' V tiles; after the loop, the final merge's split weights. */
 #define HG_HALFS (WARPS * TILE_HALFS > WARPS * BLOCK_M * MAX_SPLITS * 2 ? WARPS * TILE_HALFS : WARPS * BLOCK_M * MAX_SPLITS * 2)
+#if HG_WPH > 1 && WARPS * BLOCK_M * HEAD_DIM * 2 > HG_HALFS
+#error "the warps' O rows for their merge exceed the V tiles' __local"
+#endif
 #if HG_HALFS * 2 + WARPS * 16 * 4 > 48000
 #error "the warps' V tiles exceed NVIDIA's ~47 KB of __local memory"
 #endif
@@ -626,7 +639,7 @@ paged_decode_nv(SERVING_ARGS,
     const int warp = tid / 32, lane = tid % 32;
     const int g = lane / 4, t = lane % 4;
     const int blk = (int)get_group_id(0);
-    const int hg = (int)get_global_id(1), hk = hg * HEAD_GROUP + warp;
+    const int hg = (int)get_global_id(1), hk = hg * HEAD_GROUP + warp / HG_WPH, sub = warp % HG_WPH;
     const int split = (int)get_global_id(2), splits = (int)get_global_size(2);
     const serving_block b = SERVING_BLOCK(blocks_off, blk);
     const int nrows = min(BLOCK_M, b.nq * group - b.m0); /* = group: one token */
@@ -635,7 +648,9 @@ paged_decode_nv(SERVING_ARGS,
     const long chunk_keys = (((long)b.nk + splits - 1) / splits + 31) / 32 * 32;
     const int s_lo = (int)min((long)split * chunk_keys, (long)b.nk);
     const int s_hi = (int)min(s_lo + chunk_keys - 1, (long)b.nk - 1);
-    const int tiles = s_hi >= s_lo ? (s_hi - s_lo) / BLOCK_N + 1 : 0;
+    const int slice_tiles = s_hi >= s_lo ? (s_hi - s_lo) / BLOCK_N + 1 : 0;
+    /* This warp's tiles: sub, sub + HG_WPH, ... of the slice (warp-uniform). */
+    const int tiles = slice_tiles > sub ? (slice_tiles - sub + HG_WPH - 1) / HG_WPH : 0;
 
     const int softcap = softcap_log2 > 0.0f;
     const float sc = softcap ? 1.0f : q_mul;
@@ -645,7 +660,7 @@ paged_decode_nv(SERVING_ARGS,
     const uint v_frag = shared_addr(v_tile) + (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
 
     /* The first tile's loads, then Q's row g (A's a0 and a2 words, per k-step). */
-#define TILE_N0(i) (s_lo + (i) * BLOCK_N)
+#define TILE_N0(i) (s_lo + (sub + (i) * HG_WPH) * BLOCK_N)
     uint4 xk[2][HG_CHUNKS], xv[LANE_CHUNKS];
     uint row_next = 0;
     if (tiles > 0) {
@@ -734,6 +749,45 @@ paged_decode_nv(SERVING_ARGS,
     /* ---- this warp's rows g: O / l (or the split's part) and the LSE ---- */
     l_run[0] += shfl_xor(l_run[0], 1);
     l_run[0] += shfl_xor(l_run[0], 2);
+#if HG_WPH > 1
+    /* The head's warps merge, as the one-head kernel's do: the row's max and sum over them,
+     * then their O rows, weighted, through __local; warp `sub` of the head sums and writes the
+     * n8 blocks j with j % HG_WPH == sub. */
+    __local float *red_m = red_lse, *red_l = red_lse + WARPS * 8;
+    if (t == 0)
+        red_m[warp * 8 + g] = m_run[0], red_l[warp * 8 + g] = l_run[0];
+    barrier(CLK_LOCAL_MEM_FENCE); /* also: every warp is past its V tile */
+    const int w0 = warp - sub;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int w = w0; w < w0 + HG_WPH; ++w)
+        mx = fmax(mx, red_m[w * 8 + g]);
+    for (int w = w0; w < w0 + HG_WPH; ++w)
+        if (red_m[w * 8 + g] != -INFINITY)
+            sum += red_l[w * 8 + g] * ex2((red_m[w * 8 + g] - mx) * sc);
+    const float wgt = m_run[0] == -INFINITY ? 0.0f : ex2((m_run[0] - mx) * sc);
+    __local float *red_o = (__local float *)smem; /* [warp][BLOCK_M][HEAD_DIM] */
+    if (g < nrows) {
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j)
+            *(__local float2 *)(red_o + (warp * BLOCK_M + g) * HEAD_DIM + 8 * j + 2 * t) =
+                (float2)(acc[j][0] * wgt, acc[j][1] * wgt);
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (g < nrows) {
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j)
+            if (j % HG_WPH == sub) {
+                float2 x = (float2)(0.0f);
+                for (int w = w0; w < w0 + HG_WPH; ++w)
+                    x += *(__local const float2 *)(red_o + (w * BLOCK_M + g) * HEAD_DIM + 8 * j + 2 * t);
+                acc[j][0] = x.x, acc[j][1] = x.y;
+            }
+    }
+    m_run[0] = mx, l_run[0] = sum;
+#define OWNS(j) ((j) % HG_WPH == sub)
+#else
+#define OWNS(j) 1
+#endif
     const float inv = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;
     const float row_lse = l_run[0] > 0.0f ? (m_run[0] * sc + log2(l_run[0])) * LN2 : -INFINITY;
     if (g < nrows) {
@@ -743,18 +797,20 @@ paged_decode_nv(SERVING_ARGS,
         if (splits == 1) {
             __global elem_t *orow = o + o_off + token * o_ss + (ulong)hq * o_sh;
 #pragma unroll
-            for (int j = 0; j < O_FRAGS; ++j) {
-                STORE_ELEM(orow, 8 * j + 2 * t, acc[j][0] * inv);
-                STORE_ELEM(orow, 8 * j + 2 * t + 1, acc[j][1] * inv);
-            }
-            if (has_lse && t == 0)
+            for (int j = 0; j < O_FRAGS; ++j)
+                if (OWNS(j)) {
+                    STORE_ELEM(orow, 8 * j + 2 * t, acc[j][0] * inv);
+                    STORE_ELEM(orow, 8 * j + 2 * t + 1, acc[j][1] * inv);
+                }
+            if (has_lse && t == 0 && sub == 0)
                 lse[lse_off + (ulong)hq * total_q + token] = row_lse;
         } else { /* partial results stay in float: merged, then rounded once */
             __global float *prow = part + (((ulong)split * total_q + token) * heads_q + hq) * HEAD_DIM;
 #pragma unroll
             for (int j = 0; j < O_FRAGS; ++j)
-                *(__global float2 *)(prow + 8 * j + 2 * t) = (float2)(acc[j][0] * inv, acc[j][1] * inv);
-            if (t == 0)
+                if (OWNS(j))
+                    *(__global float2 *)(prow + 8 * j + 2 * t) = (float2)(acc[j][0] * inv, acc[j][1] * inv);
+            if (t == 0 && sub == 0)
                 part[part_lse_off + ((ulong)split * total_q + token) * heads_q + hq] = row_lse;
         }
     }
@@ -765,5 +821,6 @@ paged_decode_nv(SERVING_ARGS,
     const split_rows sr = {o_off,   o_ss,  o_sh, lse_off, part_lse_off, has_lse, total_q,
                            heads_q, HEAD_GROUP * group, hg, b.q_start, 0, HEAD_GROUP * nrows};
     merge_splits(meta, counters_off, blk, hg, splits, part, o, lse, sr, (__local float *)smem, red_lse, &is_last);
+#undef OWNS
 }
 #endif /* HEAD_GROUP */

@@ -295,6 +295,7 @@ typedef struct flashcl_decode_choice {
     int reg_copy;          /* decode-mma: that choice, made with the split count */
     int head_group;        /* decode-mma: kv heads a work-group takes, a warp each
                             * (cl/paged_decode_nv.cl HEAD_GROUP); 0: one      */
+    int head_warps;        /* ... and warps a kv head there (HG_WPH; 0: 1)    */
     int l2_prefetch;     /* decode kernels: bytes of L2 prefetch on each cp.async
                           * (common.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
     int meta_args;       /* decode kernels: 1 passes the batch description as a

@@ -840,8 +840,9 @@ static int next_pow2(int x) {
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)c->block_m, n = (size_t)c->block_n;
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA && c->head_group > 0) {
-        /* halves: a V tile a warp, or the final merge's split weights; rows' LSEs, a flag */
-        const size_t warps = (size_t)c->head_group, tiles = warps * n * (d + 8),
+        /* halves: a V tile a warp (then the warps' O rows), or the final merge's split weights;
+         * rows' LSEs, a flag */
+        const size_t warps = (size_t)c->head_group * (size_t)(c->head_warps > 1 ? c->head_warps : 1), tiles = warps * n * (d + 8),
                      weights = warps * m * FLASHCL_MAX_SPLITS * 2;
         return (tiles > weights ? tiles : weights) * 2 + (warps * 16 + 1) * sizeof(float);
     }
@@ -897,6 +898,7 @@ static const struct {
     {"META_ARGS", offsetof(flashcl_decode_choice, meta_args)},
     {"REG_COPY_MIN_KEYS", offsetof(flashcl_decode_choice, reg_copy_min_keys)},
     {"HEAD_GROUP", offsetof(flashcl_decode_choice, head_group)},
+    {"HEAD_WARPS", offsetof(flashcl_decode_choice, head_warps)},
     {"L2_PREFETCH", offsetof(flashcl_decode_choice, l2_prefetch)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
@@ -1110,20 +1112,23 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
 static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
     if (c->head_group <= 0 || c->kernel != FLASHCL_SERVING_DECODE_MMA) {
-        c->head_group = 0;
+        c->head_group = c->head_warps = 0;
         return;
     }
+    if (c->head_warps < 1)
+        c->head_warps = 1;
+    const int warps = c->head_group * c->head_warps;
     int ok = pb->group >= 1 && pb->group <= 8 && c->block_m >= pb->group && c->block_m <= 8 &&
              pb->heads_k % c->head_group == 0 && pb->head_dim % 32 == 0 && pb->head_dim <= 128 &&
-             c->block_n == 16 && (size_t)(32 * c->head_group) <= ctx->info.max_wg;
+             c->block_n == 16 && (size_t)(32 * warps) <= ctx->info.max_wg;
     for (int i = 0; ok && i < pb->num_seqs; ++i)
         ok = pb->rows_per_seq[i] == pb->group;
     const size_t local = flashcl_decode_local_bytes(c, pb->head_dim);
     if (!ok || local > FLASHCL_NV_LOCAL_LIMIT || local > ctx->info.local_mem) {
-        c->head_group = 0;
+        c->head_group = c->head_warps = 0;
         return;
     }
-    c->work_group_size = 32 * c->head_group;
+    c->work_group_size = 32 * warps;
 }
 
 /* The mma decode kernel's REG_COPY, once the split count is known: the
@@ -1156,7 +1161,7 @@ static void decode_splits(const flashcl_context *ctx, const flashcl_decode_probl
      * nearly empty last wave. */
     long target = (long)ctx->info.compute_units * c->wgs_per_cu;
     if (c->head_group > 0) { /* the entry counts 2-warp groups: as many warps a CU */
-        const int per_cu = c->wgs_per_cu * 2 / c->head_group;
+        const int per_cu = c->wgs_per_cu * 2 / (c->head_group * c->head_warps);
         groups /= c->head_group;
         target = (long)ctx->info.compute_units * (per_cu > 0 ? per_cu : 1);
     }

@@ -602,9 +602,9 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
                  ctx->info.is_nvidia ? " -DFLASHCL_NV_PTX" : "");
     else if (c->kernel == FLASHCL_SERVING_DECODE_MMA)
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DWARPS=%d -DSTAGES=%d -DPAGE_SIZE=%d -DFLASHCL_NV_PTX -DREG_COPY=%d "
-                 "-DCP_ASYNC_L2=%d -DHEAD_GROUP=%d",
+                 "-DCP_ASYNC_L2=%d -DHEAD_GROUP=%d -DHG_WPH=%d",
                  c->block_n, c->work_group_size / 32, c->stages, page_size, c->reg_copy, c->l2_prefetch,
-                 c->head_group);
+                 c->head_group, c->head_warps > 1 ? c->head_warps : 1);
     else
         snprintf(tiles, sizeof tiles, "-DBLOCK_N=%d -DTPR=%d", c->block_n, c->tpr);
     const int arg_ints = by_value_ints(ctx, p);

@@ -1026,6 +1026,18 @@ static void test_decode_levels(void) {
            "... FLASHCL_DECODE_PARAMS HEAD_GROUP=8: a warp a kv head, 8 a group, 16 slices", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 8,
            "... at D=64 too", &failures);
+    /* HEAD_WARPS: 8 warps on each kv head, one head a group: as many warps a CU as the default's
+     * 4 two-warp groups, so 8 groups fill 132 CUs by 16 slices (256 keys each, as above). */
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 8 && c.work_group_size == 256 && c.splits == 16 &&
+               flashcl_decode_local_bytes(&c, 128) <= 48000,
+           "... HEAD_GROUP=1,HEAD_WARPS=8: 8 warps a kv head, a work-group of 256", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=8,HEAD_WARPS=8", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 64,
+           "... and not where the work-group would exceed the device's (64 warps)", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=8", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 16, &c) == FLASHCL_SUCCESS && !c.head_group &&
                c.work_group_size == 64,
            "... not for 4 query tokens a sequence (one kv head a group, as before)", &failures);

@@ -1330,6 +1330,21 @@ int main(int argc, char **argv) {
             force_params("KERNEL=mma,HEAD_GROUP=8");
         snprintf(what, sizeof what, "%s, a warp a kv head: f16 D128 page 16, 8 kv heads", k);
         paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
+        /* Several warps a kv head (HEAD_WARPS), which merge in the work-group: 8 warps on one
+         * head (short sequences leave some without a tile), 4 on each of 2 heads; GPU only. */
+        for (size_t i = 0; mma && i < sizeof shapes / sizeof shapes[0]; ++i) {
+            if (shapes[i].d % 32 || shapes[i].d > 128 || shapes[i].group > 8)
+                continue;
+            force_params("KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8");
+            snprintf(what, sizeof what, "%s, 8 warps a kv head: %s", k, shapes[i].name);
+            paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
+                        shapes[i].long_len, what);
+        }
+        if (mma) {
+            force_params("KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=4");
+            snprintf(what, sizeof what, "%s, 4 warps a kv head, 2 heads a group: f16 D128 page 16, 8 kv heads", k);
+            paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
+        }
         if (mma)
             force_params("KERNEL=mma");
         snprintf(what, sizeof what, "%s: varlen causal equals each sequence alone", k);
