@@ -933,17 +933,22 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS, "
-                                    "REG_COPY_MIN_KEYS, L2_PREFETCH)",
+                                    "REG_COPY_MIN_KEYS, HEAD_GROUP, HEAD_WARPS, L2_PREFETCH)",
                                     kv.at);
             const size_t off = decode_keys[k].offset;
             const int is_switch = off == offsetof(flashcl_decode_choice, meta_args);
             const int is_l2 = off == offsetof(flashcl_decode_choice, l2_prefetch);
+            const int may_be_0 = is_switch || is_l2 || off == offsetof(flashcl_decode_choice, head_group);
             int *field = DECODE_FIELD(c, k);
-            if (!flashcl_kv_int(&kv, is_switch || is_l2 ? 0 : 1, is_switch ? 1 : 1 << 20, field) ||
+            if (!flashcl_kv_int(&kv, may_be_0 ? 0 : 1, is_switch ? 1 : 1 << 20, field) ||
                 (is_l2 && *field != 0 && *field != 64 && *field != 128 && *field != 256))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s needs %s at '%s'",
                                     decode_keys[k].key,
-                                    is_switch ? "0 or 1" : is_l2 ? "0, 64, 128 or 256" : "an integer 1..1048576", kv.at);
+                                    is_switch ? "0 or 1"
+                                    : is_l2   ? "0, 64, 128 or 256"
+                                    : may_be_0 ? "an integer 0..1048576"
+                                               : "an integer 1..1048576",
+                                    kv.at);
         }
         c->source = "FLASHCL_DECODE_PARAMS";
     }
@@ -1131,6 +1136,23 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
     c->work_group_size = 32 * warps;
 }
 
+/* Where the one-head kernel's grid before splitting (blocks x kv heads) is at most an eighth
+ * of the compute units, the mma decode kernel takes a work-group of 8 warps a kv head
+ * (HEAD_GROUP=1, HEAD_WARPS=8; decode_head_group keeps it where it applies): the same warps a
+ * CU as 4 two-warp groups, with a quarter of the splits to merge. H200, D=128, 32/8 heads,
+ * three rounds: batch 1 at 16384 keys 26.9-27.2 us against 30.7-31.1, at 65536 71.7-72.5
+ * against 74.2-74.4; but at batch 4 (32 groups) 1 % slower at 65536 keys and at batch 16
+ * 1 % slower with 16-token pages (BENCHMARKS.md, stop 30). Measured at D=128 only. */
+static void decode_few_groups(const flashcl_context *ctx, const flashcl_decode_problem *pb,
+                              flashcl_decode_choice *c) {
+    long groups = 0;
+    for (int i = 0; i < pb->num_seqs; ++i)
+        groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
+    groups *= pb->heads_k;
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && pb->head_dim == 128 && groups * 8 <= (long)ctx->info.compute_units)
+        c->head_group = 1, c->head_warps = 8;
+}
+
 /* The mma decode kernel's REG_COPY, once the split count is known: the
  * longest sequence's slice (cut as the kernel cuts it) against
  * reg_copy_min_keys, where the kernel takes it (in place of the two-stage
@@ -1207,7 +1229,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     flashcl_decode_choice env;
     memset(c, 0, sizeof *c);
     memset(&env, 0, sizeof env);
-    env.meta_args = env.l2_prefetch = -1; /* unset: their 0 is a value */
+    env.meta_args = env.l2_prefetch = env.head_group = -1; /* unset: their 0 is a value */
     int forced_kernel;
     flashcl_status st = decode_env(ctx, &env, &forced_kernel);
     if (st != FLASHCL_SUCCESS)
@@ -1221,8 +1243,11 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     if (env.source) {
         for (size_t i = 0; i < COUNT(decode_keys); ++i)
             if (*DECODE_FIELD(&env, i) > 0 && decode_keys[i].offset != offsetof(flashcl_decode_choice, work_group_size) &&
-                decode_keys[i].offset != offsetof(flashcl_decode_choice, meta_args))
+                decode_keys[i].offset != offsetof(flashcl_decode_choice, meta_args) &&
+                decode_keys[i].offset != offsetof(flashcl_decode_choice, head_group))
                 *DECODE_FIELD(c, i) = *DECODE_FIELD(&env, i);
+        if (env.head_group >= 0)
+            c->head_group = env.head_group;
         if (env.meta_args >= 0)
             c->meta_args = env.meta_args;
         if (env.l2_prefetch >= 0)
@@ -1246,6 +1271,8 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         if (why[0])
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s", why);
     }
+    if (env.head_group < 0 && env.head_warps <= 0)
+        decode_few_groups(ctx, pb, c);
     decode_head_group(ctx, pb, c);
     decode_splits(ctx, pb, c);
     decode_reg_copy(pb, c);

@@ -1053,6 +1053,28 @@ static void test_decode_levels(void) {
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,
            "... and by 256-key slices where 512-key ones would leave compute units idle", &failures);
+    /* A grid of at most CUs / 8 one-head groups takes 8 warps a kv head (decode_few_groups):
+     * here 1 group and, over 16 kv heads, 16 <= 132 / 8; over 17, not. */
+    expect(c.head_group == 1 && c.head_warps == 8 && c.work_group_size == 256,
+           "... 8 warps a kv head where the grid has at most CUs / 8 groups", &failures);
+    choice_heads_k = 16;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_warps == 8,
+           "... 16 kv heads: still", &failures);
+    choice_heads_k = 17;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 64,
+           "... 17: one head a group of 2 warps", &failures);
+    choice_heads_k = 1;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
+           "... only at D=128 (where it was measured)", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=0", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 64,
+           "... FLASHCL_DECODE_PARAMS HEAD_GROUP=0 keeps one head a group of 2 warps", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_WARPS=4", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
+           "... as does HEAD_WARPS without HEAD_GROUP", &failures);
+    unsetenv("FLASHCL_DECODE_PARAMS");
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && c.work_group_size == 32 && c.wgs_per_cu == 5,
            "decode on sm_90, D=256: one warp, 5 groups per CU", &failures);
