@@ -79,10 +79,13 @@
 /* HEAD_GROUP: a work-group of HEAD_GROUP warps takes as many neighbouring kv heads of one
  * decoding token (a warp each), so that an SM reads whole rows of the pool's
  * [page][token][head][dim] pages at once rather than one head's 256 bytes of every 2 KB
- * (bench/copy_tiles.c: whole pages a group stream 2.6 % faster on the H200). On the H200 this
- * kernel was level at batch 16 and slower at batch 1-4 (stop 29), so the host takes it only
- * when FLASHCL_DECODE_PARAMS asks. The kernel at the end of this file. 0, the default: one kv
- * head a group. */
+ * (bench/copy_tiles.c: whole pages a group stream 2.6 % faster on the H200). On the H200 that
+ * was level at batch 16 and slower at batch 1-4 (stop 29), and as level with a work-group
+ * barrier every tile to keep the warps on the same page (stop 30). With
+ * HG_WPH warps a head (below), HEAD_GROUP=1 and 8 warps is what the host picks for grids too
+ * small to fill the device without many splits: a work-group of 8 warps on one slice keeps as
+ * much in flight as four 2-warp groups with a quarter of the splits to merge (batch 1: 3-13 %
+ * faster, stop 30). The kernel at the end of this file. 0, the default: one kv head a group. */
 #ifndef HEAD_GROUP
 #define HEAD_GROUP 0
 #endif
@@ -596,14 +599,8 @@ paged_decode_nv(SERVING_ARGS,
 #if HEAD_GROUP * HG_WPH != WARPS
 #error "HEAD_GROUP is built with WARPS = HEAD_GROUP * HG_WPH"
 #endif
-#if HG_LOCKSTEP && HG_WPH > 1
-#error "HG_LOCKSTEP needs one warp a head (the warps of a head take different tile counts)"
-#endif
 #if HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_M > 8 || BLOCK_N != 16
 #error "HEAD_GROUP needs HEAD_DIM a multiple of 32 up to 128, BLOCK_M <= 8 and 16-key tiles"
-#endif
-#ifndef HG_LOCKSTEP
-#define HG_LOCKSTEP 0
 #endif
 #define HG_CHUNKS (HEAD_DIM / 32) /* a lane's chunks of one key row */
 /* The warps' V tiles; after the loop, the final merge's split weights. */
@@ -696,12 +693,8 @@ paged_decode_nv(SERVING_ARGS,
     /* Tile i: V to the warp's tile, S from K's registers, then tile i + 1's
      * loads into both, then softmax and P V while they are in flight. */
     for (int i = 0; i < tiles; ++i) {
-#if HG_LOCKSTEP
-        barrier(CLK_LOCAL_MEM_FENCE); /* the group's warps in step: the same page at once */
-#else
         if (i > 0)
             WARP_SYNC(); /* every lane is done reading tile i - 1's V */
-#endif
         store_lane_rows(xv, v_tile, lane);
         float s[S_FRAGS][4];
 #pragma unroll
