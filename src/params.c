@@ -1136,6 +1136,14 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
     c->work_group_size = 32 * warps;
 }
 
+/* The decode grid before splitting, one kv head a work-group: blocks x kv heads. */
+static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_decode_choice *c) {
+    long blocks = 0;
+    for (int i = 0; i < pb->num_seqs; ++i)
+        blocks += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
+    return blocks * pb->heads_k;
+}
+
 /* Where the one-head kernel's grid before splitting (blocks x kv heads) is at most an eighth
  * of the compute units, the mma decode kernel takes a work-group of 8 warps a kv head
  * (HEAD_GROUP=1, HEAD_WARPS=8; decode_head_group keeps it where it applies): the same warps a
@@ -1145,11 +1153,8 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
  * 1 % slower with 16-token pages (BENCHMARKS.md, stop 30). Measured at D=128 only. */
 static void decode_few_groups(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
-    long groups = 0;
-    for (int i = 0; i < pb->num_seqs; ++i)
-        groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
-    groups *= pb->heads_k;
-    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && pb->head_dim == 128 && groups * 8 <= (long)ctx->info.compute_units)
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && pb->head_dim == 128 &&
+        one_head_groups(pb, c) * 8 <= (long)ctx->info.compute_units)
         c->head_group = 1, c->head_warps = 8;
 }
 
@@ -1174,10 +1179,7 @@ static void decode_splits(const flashcl_context *ctx, const flashcl_decode_probl
         c->splits = pb->requested_splits < FLASHCL_MAX_SPLITS ? pb->requested_splits : FLASHCL_MAX_SPLITS;
         return;
     }
-    long groups = 0;
-    for (int i = 0; i < pb->num_seqs; ++i)
-        groups += (pb->rows_per_seq[i] + c->block_m - 1) / c->block_m;
-    groups *= pb->heads_k;
+    long groups = one_head_groups(pb, c);
     /* Rounded down: work-groups run in waves of equal length (every slice
      * has the same keys), and one more than a whole number of waves adds a
      * nearly empty last wave. */
