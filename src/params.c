@@ -1145,15 +1145,16 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
 }
 
 /* Where the one-head kernel's grid before splitting (blocks x kv heads) is at most an eighth
- * of the compute units, the mma decode kernel takes a work-group of 8 warps a kv head
- * (HEAD_GROUP=1, HEAD_WARPS=8; decode_head_group keeps it where it applies): the same warps a
- * CU as 4 two-warp groups, with a quarter of the splits to merge. H200, D=128, 32/8 heads,
- * three rounds: batch 1 at 16384 keys 26.9-27.2 us against 30.7-31.1, at 65536 71.7-72.5
- * against 74.2-74.4; but at batch 4 (32 groups) 1 % slower at 65536 keys and at batch 16
- * 1 % slower with 16-token pages (BENCHMARKS.md, stop 30). Measured at D=128 only. */
+ * of the compute units, from 8192 keys, the mma decode kernel takes a work-group of 8 warps a
+ * kv head (HEAD_GROUP=1, HEAD_WARPS=8; decode_head_group keeps it where it applies): the same
+ * warps a CU as 4 two-warp groups, with a quarter of the splits to merge. H200, D=128, 32/8
+ * heads (BENCHMARKS.md, stop 30): batch 1 at 16384 keys 27.8 us against 31.3-31.4, batch 2
+ * 41.8 against 48.1-48.3, batch 1 at 65536 3 % faster, 131072 level; at 4096 keys 0.5-1 us
+ * slower, at batch 4 (32 groups) up to 1 % slower, at batch 16 1 % slower with 16-token pages.
+ * Measured at D=128 only. */
 static void decode_few_groups(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
-    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && pb->head_dim == 128 &&
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && pb->head_dim == 128 && pb->max_keys >= 8192 &&
         one_head_groups(pb, c) * 8 <= (long)ctx->info.compute_units)
         c->head_group = 1, c->head_warps = 8;
 }

@@ -942,6 +942,7 @@ static void test_backward_levels(void) {
 /* flashcl_decode_params on ctx for one sequence of `rows` rows, head_dim d, 4096 keys, over
  * choice_heads_k KV heads (1 unless a check sets it). */
 static int choice_heads_k = 1;
+static int choice_max_keys = 4096;
 static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, int d, int rows,
                                      flashcl_decode_choice *c) { /* a GQA group of 4 */
     static int rows_per_seq[1];
@@ -953,7 +954,7 @@ static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, 
     pb.heads_k = choice_heads_k;
     pb.num_seqs = 1;
     pb.rows_per_seq = rows_per_seq;
-    pb.max_keys = 4096;
+    pb.max_keys = choice_max_keys;
     pb.vec_aligned = 1;
     pb.group = 4;
     return flashcl_decode_params(ctx, &pb, c);
@@ -1053,10 +1054,13 @@ static void test_decode_levels(void) {
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,
            "... and by 256-key slices where 512-key ones would leave compute units idle", &failures);
-    /* A grid of at most CUs / 8 one-head groups takes 8 warps a kv head (decode_few_groups):
-     * here 1 group and, over 16 kv heads, 16 <= 132 / 8; over 17, not. */
-    expect(c.head_group == 1 && c.head_warps == 8 && c.work_group_size == 256,
-           "... 8 warps a kv head where the grid has at most CUs / 8 groups", &failures);
+    /* A grid of at most CUs / 8 one-head groups takes 8 warps a kv head from 8192 keys
+     * (decode_few_groups): here 1 group and, over 16 kv heads, 16 <= 132 / 8; over 17, not. */
+    expect(!c.head_group && c.work_group_size == 64, "... one head a group of 2 warps over 4096 keys", &failures);
+    choice_max_keys = 16384;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 8 && c.work_group_size == 256,
+           "... 8 warps a kv head over 16384, where the grid has at most CUs / 8 groups", &failures);
     choice_heads_k = 16;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_warps == 8,
            "... 16 kv heads: still", &failures);
@@ -1075,6 +1079,7 @@ static void test_decode_levels(void) {
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
            "... as does HEAD_WARPS without HEAD_GROUP", &failures);
     unsetenv("FLASHCL_DECODE_PARAMS");
+    choice_max_keys = 4096;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && c.work_group_size == 32 && c.wgs_per_cu == 5,
            "decode on sm_90, D=256: one warp, 5 groups per CU", &failures);
