@@ -500,7 +500,9 @@ paged_decode_nv(SERVING_ARGS,
         WARP_SYNC(); /* done reading this buffer before a later issue refills it */
 #endif
     }
+#if !REG_COPY /* (REG_COPY's loop issues no cp.async) */
     __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
+#endif
 
     /* ---- merge the warps: per row the max, the sum, then O ---- */
 #pragma unroll
