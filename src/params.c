@@ -1274,7 +1274,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         if (why[0])
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s", why);
     }
-    if (env.head_group < 0 && env.head_warps <= 0)
+    if (env.head_group < 0 && env.head_warps <= 0 && !env.work_group_size) /* an explicit choice wins */
         decode_few_groups(ctx, pb, c);
     decode_head_group(ctx, pb, c);
     decode_splits(ctx, pb, c);

@@ -1078,6 +1078,10 @@ static void test_decode_levels(void) {
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_WARPS=4", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
            "... as does HEAD_WARPS without HEAD_GROUP", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "WG=32", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 32,
+           "... and an explicit WG", &failures);
     unsetenv("FLASHCL_DECODE_PARAMS");
     choice_max_keys = 4096;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS &&
