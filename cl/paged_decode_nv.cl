@@ -304,6 +304,19 @@ inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, 
 }
 #endif
 
+/* The warps' merge for one row: over warps w0 .. w0 + n - 1, whose running max and sum
+ * are at m[w * stride + r] and l[...], the greatest max (.x) and the sum rescaled to it (.y). */
+inline float2 warps_max_sum(__local const float *m, __local const float *l, int w0, int n, int stride, int r,
+                            float sc) {
+    float mx = -INFINITY, sum = 0.0f;
+    for (int w = w0; w < w0 + n; ++w)
+        mx = fmax(mx, m[w * stride + r]);
+    for (int w = w0; w < w0 + n; ++w)
+        if (m[w * stride + r] != -INFINITY)
+            sum += l[w * stride + r] * ex2((m[w * stride + r] - mx) * sc);
+    return (float2)(mx, sum);
+}
+
 /* Both kernels' last step once their rows' parts are written: with several
  * splits, the last split of the block and grid row gy to finish merges them
  * (common.cl), sr naming the rows, wts and row_lse its __local scratch. */
@@ -520,14 +533,9 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int r = g + 8 * h;
-        float mx = -INFINITY, sum = 0.0f;
-        for (int w = 0; w < WARPS; ++w)
-            mx = fmax(mx, red_m[w * 16 + r]);
-        for (int w = 0; w < WARPS; ++w)
-            if (red_m[w * 16 + r] != -INFINITY)
-                sum += red_l[w * 16 + r] * ex2((red_m[w * 16 + r] - mx) * sc);
-        row_m[h] = mx, row_l[h] = sum;
-        const float wgt = m_run[h] == -INFINITY ? 0.0f : ex2((m_run[h] - mx) * sc);
+        const float2 ms = warps_max_sum(red_m, red_l, 0, WARPS, 16, r, sc);
+        row_m[h] = ms.x, row_l[h] = ms.y;
+        const float wgt = m_run[h] == -INFINITY ? 0.0f : ex2((m_run[h] - ms.x) * sc);
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j) {
             red_o[(warp * 16 + r) * HEAD_DIM + 8 * j + 2 * t] = acc[j][2 * h] * wgt;
@@ -753,13 +761,8 @@ paged_decode_nv(SERVING_ARGS,
         red_m[warp * 8 + g] = m_run[0], red_l[warp * 8 + g] = l_run[0];
     barrier(CLK_LOCAL_MEM_FENCE); /* also: every warp is past its V tile */
     const int w0 = warp - sub;
-    float mx = -INFINITY, sum = 0.0f;
-    for (int w = w0; w < w0 + HG_WPH; ++w)
-        mx = fmax(mx, red_m[w * 8 + g]);
-    for (int w = w0; w < w0 + HG_WPH; ++w)
-        if (red_m[w * 8 + g] != -INFINITY)
-            sum += red_l[w * 8 + g] * ex2((red_m[w * 8 + g] - mx) * sc);
-    const float wgt = m_run[0] == -INFINITY ? 0.0f : ex2((m_run[0] - mx) * sc);
+    const float2 ms = warps_max_sum(red_m, red_l, w0, HG_WPH, 8, g, sc);
+    const float wgt = m_run[0] == -INFINITY ? 0.0f : ex2((m_run[0] - ms.x) * sc);
     __local float *red_o = (__local float *)smem; /* [warp][BLOCK_M][HEAD_DIM] */
     if (g < nrows) {
 #pragma unroll
@@ -778,7 +781,7 @@ paged_decode_nv(SERVING_ARGS,
                 acc[j][0] = x.x, acc[j][1] = x.y;
             }
     }
-    m_run[0] = mx, l_run[0] = sum;
+    m_run[0] = ms.x, l_run[0] = ms.y;
 #define OWNS(j) ((j) % HG_WPH == sub)
 #else
 #define OWNS(j) 1
