@@ -962,14 +962,10 @@ static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_p
            pb->dtype != FLASHCL_FLOAT32 && pb->head_dim % 16 == 0 && pb->vec_aligned;
 }
 
-/* Checks an explicit decode-kernel choice; "" when it fits. */
+/* Checks an explicit decode-kernel choice, one kv head a group; "" when it fits. HEAD_GROUP
+ * is kept after, only where it fits (decode_head_group): what it falls back to is checked here. */
 static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem *pb,
-                       const flashcl_decode_choice *choice, char *why, size_t n) {
-    /* HEAD_GROUP applies only where it fits (decode_head_group); the kernel
-     * it falls back to must fit always. */
-    flashcl_decode_choice one_head = *choice;
-    one_head.head_group = 0;
-    const flashcl_decode_choice *c = &one_head;
+                       const flashcl_decode_choice *c, char *why, size_t n) {
     const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
     why[0] = '\0';
     if (c->kernel == FLASHCL_SERVING_DECODE) {
