@@ -62,7 +62,9 @@
  * straight into the mma operands' registers with V by cp.async (K_IN_REGS,
  * stops 22-27: REG_COPY below is 3 % faster at D=128). One kv head's rows
  * laid out contiguously (as FA2's cache) read within 1.5 % of the shuffled
- * pages. */
+ * pages. Under REG_COPY, one prefetch.global.L2 of the K and V rows of the tile after next
+ * (to have the shuffled page's address translated before its loads): 6 % slower at batch
+ * 4-16, even over 256-token pages (stop 31). */
 
 /* REG_COPY: K and V by 16-byte loads (chunk_or_zero), a tile ahead in registers,
  * stored to the warp's tile buffer when the tile starts, instead of by

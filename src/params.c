@@ -1056,6 +1056,12 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * level, (1, 16384) 11 % slower; 10 and 20 in between. */
         if (c->work_group_size == 32)
             c->wgs_per_cu = c->wgs_per_cu * 5 / 4;
+        /* At D=64 the kernels take 164 registers a thread (one head a group) and 139 (HEAD_GROUP):
+         * 12 warps fit an SM, so 6 two-warp groups (4 * 3 / 2). H200, batch 4-32 at 65536 keys
+         * and more: 15-17 % faster than with 4 ((16, 131072) 1103 us against 1329); batch 64 has
+         * a group for every slot already (stop 31). */
+        if (pb->head_dim == 64)
+            c->wgs_per_cu = c->wgs_per_cu * 3 / 2;
     } else if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (c->block_m > 8) /* q and the accumulators of 8 rows already take 128 registers */
             c->block_m = 8;
@@ -1140,19 +1146,42 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
     return blocks * pb->heads_k;
 }
 
-/* Where the one-head kernel's grid before splitting (blocks x kv heads) is at most an eighth
- * of the compute units, from 8192 keys, the mma decode kernel takes a work-group of 8 warps a
- * kv head (HEAD_GROUP=1, HEAD_WARPS=8; decode_head_group keeps it where it applies): the same
- * warps a CU as 4 two-warp groups, with a quarter of the splits to merge. H200, D=128, 32/8
- * heads (BENCHMARKS.md, stop 30): batch 1 at 16384 keys 27.8 us against 31.3-31.4, batch 2
- * 41.8 against 48.1-48.3, batch 1 at 65536 3 % faster, 131072 level; at 4096 keys 0.5-1 us
- * slower, at batch 4 (32 groups) up to 1 % slower, at batch 16 1 % slower with 16-token pages.
- * Measured at D=128 only. */
-static void decode_few_groups(const flashcl_context *ctx, const flashcl_decode_problem *pb,
+/* The mma decode kernel's warps for decoding, from the one-head grid (blocks x kv heads, G) at
+ * the head dims where they were measured (H200, f16, 32 query over 8 kv heads, batch 1-64 x
+ * 4k-128k keys, 16-token shuffled pages; BENCHMARKS.md, stops 30-31). decode_head_group keeps
+ * the choice only where the HEAD_GROUP kernel applies (one token a sequence, D a multiple of
+ * 32 up to 128), else the one-head kernel of 2 warps stays.
+ *   D=128 (242 registers a thread: one 8-warp group a CU):
+ *     G <= CUs / 8, from 8192 keys: 8 warps on one kv head (HEAD_GROUP=1, HEAD_WARPS=8), as many
+ *       warps a CU as 4 two-warp groups with a quarter of the splits to merge: batch 1 at 16384
+ *       keys 27.8 us against 31.3, batch 2 41.8 against 48.1 (under 8192 keys 0.5-1 us slower);
+ *     else G <= CUs, an even number of kv heads: 4 warps on each of two neighbouring heads
+ *       (HEAD_GROUP=2, HEAD_WARPS=4), whose rows of the pool's pages are read together, one
+ *       group a CU: batch 4 at 4096 keys 26.8 us against 29.6, batch 8 44.2 against 48.3, 0-2 %
+ *       faster at batch 1-16 up to 16384 keys, level (+-0.5 %) at 65536 keys and more. At batch
+ *       32 (G = 256) level to 10 % slower at 4096 keys: there the one-head kernel stays.
+ *   D=64 (139 registers: three 4-warp groups a CU, decode_derive): 4 warps on one kv head, or on
+ *     each of two heads where G is between CUs / 4 and 2 x CUs (batch 8-32), 14-24 % faster
+ *     than the one-head kernel at 65536 keys and more ((16, 131072) 1011 us against 1331,
+ *     (64, 131072) 4171 against 5274); pairs are 2-3 % faster than one head at batch 16-32 and
+ *     up to 9 % slower at batch 64, one head up to 5 % faster at batch 1-4. */
+static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
-    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && pb->head_dim == 128 && pb->max_keys >= 8192 &&
-        one_head_groups(pb, c) * 8 <= (long)ctx->info.compute_units)
-        c->head_group = 1, c->head_warps = 8;
+    if (c->kernel != FLASHCL_SERVING_DECODE_MMA)
+        return;
+    const long g = one_head_groups(pb, c), cus = (long)ctx->info.compute_units;
+    const int pairs = pb->heads_k % 2 == 0;
+    if (pb->head_dim == 128) {
+        if (g * 8 <= cus && pb->max_keys >= 8192)
+            c->head_group = 1, c->head_warps = 8;
+        else if (g <= cus && pairs)
+            c->head_group = 2, c->head_warps = 4;
+    } else if (pb->head_dim == 64) {
+        if (pairs && g * 4 > cus && g <= 2 * cus)
+            c->head_group = 2, c->head_warps = 2;
+        else
+            c->head_group = 1, c->head_warps = 4;
+    }
 }
 
 /* The mma decode kernel's REG_COPY, once the split count is known: the
@@ -1271,7 +1300,7 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s", why);
     }
     if (env.head_group < 0 && env.head_warps <= 0 && !env.work_group_size) /* an explicit choice wins */
-        decode_few_groups(ctx, pb, c);
+        decode_head_warps(ctx, pb, c);
     decode_head_group(ctx, pb, c);
     decode_splits(ctx, pb, c);
     decode_reg_copy(pb, c);

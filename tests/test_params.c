@@ -972,10 +972,11 @@ static void test_decode_levels(void) {
     pretend_h200(ctx);
     ctx->info.compute_units = 132;
     flashcl_decode_choice c;
-    /* One sequence, GQA group 4 (one block), 4096 keys: over 32 KV heads 528 / 32 groups, at most
-     * 8 slices of 512 keys (256 work-groups, every compute unit busy); over one KV head 8 such
-     * slices would leave 124 of the 132 idle, so the slices halve: 16 of 256 keys. */
-    choice_heads_k = 32;
+    /* One sequence, GQA group 4 (one block), 4096 keys: over 33 KV heads (odd: one head a group,
+     * decode_head_warps) 528 / 33 slices, at most 8 of 512 keys (264 work-groups, every compute
+     * unit busy); over one KV head 8 such slices would leave 124 of the 132 idle, so the slices
+     * halve: 16 of 256 keys. */
+    choice_heads_k = 33;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && c.work_group_size == 64 && c.wgs_per_cu == 4 &&
                c.splits == 8,
@@ -1054,9 +1055,15 @@ static void test_decode_levels(void) {
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,
            "... and by 256-key slices where 512-key ones would leave compute units idle", &failures);
-    /* A grid of at most CUs / 8 one-head groups takes 8 warps a kv head from 8192 keys
-     * (decode_few_groups): here 1 group and, over 16 kv heads, 16 <= 132 / 8; over 17, not. */
+    /* The warps for decoding follow the one-head grid G (here one sequence: G = kv heads) on the
+     * pretend H200's 132 CUs (decode_head_warps). D=128: G <= 132 / 8 takes 8 warps a kv head
+     * from 8192 keys; else G <= 132 over an even number of kv heads, 4 warps on each of 2. */
     expect(!c.head_group && c.work_group_size == 64, "... one head a group of 2 warps over 4096 keys", &failures);
+    choice_heads_k = 2;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 4 && c.work_group_size == 256 && c.splits == 16,
+           "... over 2 kv heads: 4 warps on each, 16 slices for the one group", &failures);
+    choice_heads_k = 1;
     choice_max_keys = 16384;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.head_warps == 8 && c.work_group_size == 256,
@@ -1067,10 +1074,40 @@ static void test_decode_levels(void) {
     choice_heads_k = 17;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
                c.work_group_size == 64,
-           "... 17: one head a group of 2 warps", &failures);
+           "... 17: one head a group of 2 warps (no pairs of heads)", &failures);
+    choice_heads_k = 18;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 4 && c.splits == 14,
+           "... 18: 4 warps on each of 2 heads, 9 groups in 14 slices (one group a CU)", &failures);
+    choice_heads_k = 132;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 4 && c.splits == 2,
+           "... 132 (as many as CUs): still, 66 groups in 2 slices", &failures);
+    choice_heads_k = 134;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 64,
+           "... 134: one head a group of 2 warps", &failures);
+    /* D=64: 12 warps a CU; 4 warps on one kv head, or on each of 2 where 33 <= G <= 264. */
     choice_heads_k = 1;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
-           "... only at D=128 (where it was measured)", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 4 && c.work_group_size == 128 && c.wgs_per_cu == 6,
+           "... D=64: 4 warps a kv head, 6 two-warp groups' worth a CU", &failures);
+    choice_heads_k = 34;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 2 && c.work_group_size == 128 && c.splits == 23,
+           "... 34 kv heads: 2 warps on each of 2, 17 groups in 23 slices (3 groups a CU)", &failures);
+    choice_heads_k = 32;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 4,
+           "... 32 (at most CUs / 4): one head a group", &failures);
+    choice_heads_k = 266;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 4 && c.splits == 1,
+           "... 266 (over 2 x CUs): one head a group", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+               c.work_group_size == 64 && c.wgs_per_cu == 4,
+           "... not at D=96 (not measured)", &failures);
+    choice_heads_k = 1;
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=0", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
                c.work_group_size == 64,

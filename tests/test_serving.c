@@ -1330,16 +1330,24 @@ int main(int argc, char **argv) {
             force_params("KERNEL=mma,HEAD_GROUP=8");
         snprintf(what, sizeof what, "%s, a warp a kv head: f16 D128 page 16, 8 kv heads", k);
         paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
-        /* Several warps a kv head (HEAD_WARPS), which merge in the work-group: 8 warps on one
-         * head (short sequences leave some without a tile), 4 on each of 2 heads; GPU only. */
-        for (size_t i = 0; mma && i < sizeof shapes / sizeof shapes[0]; ++i) {
-            if (shapes[i].d % 32 || shapes[i].d > 128 || shapes[i].group > 8)
-                continue;
-            force_params("KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8");
-            snprintf(what, sizeof what, "%s, 8 warps a kv head: %s", k, shapes[i].name);
-            paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
-                        shapes[i].long_len, what);
-        }
+        /* Several warps a kv head (HEAD_WARPS), which merge in the work-group: 8 or 4 warps on
+         * one head (short sequences leave some without a tile), 4 or 2 on each of 2 heads (the
+         * host's choices at D=128 and 64, decode_head_warps); GPU only. */
+        static const struct {
+            int heads, warps;
+        } hw[] = {{1, 8}, {1, 4}, {2, 4}, {2, 2}};
+        for (size_t w = 0; mma && w < sizeof hw / sizeof hw[0]; ++w)
+            for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+                if (shapes[i].d % 32 || shapes[i].d > 128 || shapes[i].group > 8 || shapes[i].hk % hw[w].heads)
+                    continue;
+                char params[64];
+                snprintf(params, sizeof params, "KERNEL=mma,HEAD_GROUP=%d,HEAD_WARPS=%d", hw[w].heads, hw[w].warps);
+                force_params(params);
+                snprintf(what, sizeof what, "%s, %d warps a kv head, %d heads a group: %s", k, hw[w].warps,
+                         hw[w].heads, shapes[i].name);
+                paged_suite(ctx, shapes[i].dt, shapes[i].hk, shapes[i].group, shapes[i].d, shapes[i].ps,
+                            shapes[i].long_len, what);
+            }
         if (mma) {
             force_params("KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=4");
             snprintf(what, sizeof what, "%s, 4 warps a kv head, 2 heads a group: f16 D128 page 16, 8 kv heads", k);
