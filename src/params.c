@@ -1062,6 +1062,10 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * a group for every slot already (stop 31). */
         if (pb->head_dim == 64)
             c->wgs_per_cu = c->wgs_per_cu * 3 / 2;
+        /* At D=32 (HEAD_GROUP: 101 registers, 4 four-warp groups fit an SM) splits for 5 of them
+         * (10 two-warp groups' worth) were 16-26 % faster than for 2 from 65536 keys (stop 31). */
+        else if (pb->head_dim == 32)
+            c->wgs_per_cu = c->wgs_per_cu * 5 / 2;
     } else if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (c->block_m > 8) /* q and the accumulators of 8 rows already take 128 registers */
             c->block_m = 8;
@@ -1151,7 +1155,7 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
  * 4k-128k keys, 16-token shuffled pages; BENCHMARKS.md, stops 30-31). decode_head_group keeps
  * the choice only where the HEAD_GROUP kernel applies (one token a sequence, D a multiple of
  * 32 up to 128), else the one-head kernel of 2 warps stays.
- *   D=128 (242 registers a thread: one 8-warp group a CU):
+ *   D=128 and 96 (242 and 183 registers a thread: one 8-warp group a CU):
  *     G <= CUs / 8, from 8192 keys: 8 warps on one kv head (HEAD_GROUP=1, HEAD_WARPS=8), as many
  *       warps a CU as 4 two-warp groups with a quarter of the splits to merge: batch 1 at 16384
  *       keys 27.8 us against 31.3, batch 2 41.8 against 48.1 (under 8192 keys 0.5-1 us slower);
@@ -1164,20 +1168,31 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
  *     each of two heads where G is between CUs / 4 and 2 x CUs (batch 8-32), 14-24 % faster
  *     than the one-head kernel at 65536 keys and more ((16, 131072) 1011 us against 1331,
  *     (64, 131072) 4171 against 5274); pairs are 2-3 % faster than one head at batch 16-32 and
- *     up to 9 % slower at batch 64, one head up to 5 % faster at batch 1-4. */
+ *     up to 9 % slower at batch 64, one head up to 5 % faster at batch 1-4.
+ *   D=96, the same as D=128: 0.5-1 % faster than the one-head kernel at batch 4-16 over 65536
+ *     keys and more, 8 % at (4, 4096), batch 1 at 16384 keys 9 % (8 warps a head).
+ *   D=32 (101 registers; the splits for 5 four-warp groups a CU, decode_derive): 2 warps on each
+ *     of two kv heads at every batch, 16-26 % faster than the one-head kernel from 65536 keys
+ *     ((16, 131072) 540 us against 698, (64, 131072) 2253 against 3053), one head (4 warps) 5-44 %
+ *     slower than pairs there. */
 static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
     if (c->kernel != FLASHCL_SERVING_DECODE_MMA)
         return;
     const long g = one_head_groups(pb, c), cus = (long)ctx->info.compute_units;
     const int pairs = pb->heads_k % 2 == 0;
-    if (pb->head_dim == 128) {
+    if (pb->head_dim == 96 || pb->head_dim == 128) {
         if (g * 8 <= cus && pb->max_keys >= 8192)
             c->head_group = 1, c->head_warps = 8;
         else if (g <= cus && pairs)
             c->head_group = 2, c->head_warps = 4;
     } else if (pb->head_dim == 64) {
         if (pairs && g * 4 > cus && g <= 2 * cus)
+            c->head_group = 2, c->head_warps = 2;
+        else
+            c->head_group = 1, c->head_warps = 4;
+    } else if (pb->head_dim == 32) {
+        if (pairs)
             c->head_group = 2, c->head_warps = 2;
         else
             c->head_group = 1, c->head_warps = 4;

@@ -1104,9 +1104,20 @@ static void test_decode_levels(void) {
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.head_warps == 4 && c.splits == 1,
            "... 266 (over 2 x CUs): one head a group", &failures);
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 32, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 2 && c.wgs_per_cu == 10,
+           "... D=32: 2 warps on each of 2 kv heads, 10 two-warp groups' worth a CU", &failures);
+    choice_heads_k = 3;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 32, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 4,
+           "... over 3 kv heads, 4 warps on one", &failures);
+    choice_heads_k = 18;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 4 && c.wgs_per_cu == 4,
+           "... D=96 as D=128: 4 warps on each of 2 kv heads", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
                c.work_group_size == 64 && c.wgs_per_cu == 4,
-           "... not at D=96 (not measured)", &failures);
+           "... not at D=80 (not a multiple of 32)", &failures);
     choice_heads_k = 1;
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=0", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
