@@ -1170,7 +1170,8 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
  *     (64, 131072) 4171 against 5274); pairs are 2-3 % faster than one head at batch 16-32 and
  *     up to 9 % slower at batch 64, one head up to 5 % faster at batch 1-4.
  *   D=96, the same as D=128: 0.5-1 % faster than the one-head kernel at batch 4-16 over 65536
- *     keys and more, 8 % at (4, 4096), batch 1 at 16384 keys 9 % (8 warps a head).
+ *     keys and more, batch 1 at 16384 keys 9 % (8 warps a head); at 4096 keys within 2 us
+ *     either way.
  *   D=32 (101 registers; the splits for 5 four-warp groups a CU, decode_derive): 2 warps on each
  *     of two kv heads at every batch, 16-26 % faster than the one-head kernel from 65536 keys
  *     ((16, 131072) 540 us against 698, (64, 131072) 2253 against 3053), one head (4 warps) 5-44 %
