@@ -1062,8 +1062,9 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * a group for every slot already (stop 31). */
         if (pb->head_dim == 64)
             c->wgs_per_cu = c->wgs_per_cu * 3 / 2;
-        /* At D=32 (HEAD_GROUP: 101 registers, 4 four-warp groups fit an SM) splits for 5 of them
-         * (10 two-warp groups' worth) were 16-26 % faster than for 2 from 65536 keys (stop 31). */
+        /* At D=32 (HEAD_GROUP: 101 registers, 4 four-warp groups fit an SM) two warps on each of
+         * two heads with splits for 5 such groups (10 two-warp groups' worth) were 16-26 % faster
+         * than the one-head kernel's 4 from 65536 keys (stop 31). */
         else if (pb->head_dim == 32)
             c->wgs_per_cu = c->wgs_per_cu * 5 / 2;
     } else if (c->kernel == FLASHCL_SERVING_DECODE) {
@@ -1161,11 +1162,11 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
  *       keys 27.8 us against 31.3, batch 2 41.8 against 48.1 (under 8192 keys 0.5-1 us slower);
  *     else G <= CUs, an even number of kv heads: 4 warps on each of two neighbouring heads
  *       (HEAD_GROUP=2, HEAD_WARPS=4), whose rows of the pool's pages are read together, one
- *       group a CU: batch 4 at 4096 keys 26.8 us against 29.6, batch 8 44.2 against 48.3, 0-2 %
+ *       group a CU: batch 4 at 4096 keys 26.9 us against 29.7, batch 8 44.9 against 47.9, 0-2 %
  *       faster at batch 1-16 up to 16384 keys, level (+-0.5 %) at 65536 keys and more. At batch
  *       32 (G = 256) level to 10 % slower at 4096 keys: there the one-head kernel stays.
  *   D=64 (139 registers: three 4-warp groups a CU, decode_derive): 4 warps on one kv head, or on
- *     each of two heads where G is between CUs / 4 and 2 x CUs (batch 8-32), 14-24 % faster
+ *     each of two heads where G is between CUs / 4 and 2 x CUs (batch 8-32), 20-24 % faster
  *     than the one-head kernel at 65536 keys and more ((16, 131072) 1011 us against 1331,
  *     (64, 131072) 4171 against 5274); pairs are 2-3 % faster than one head at batch 16-32 and
  *     up to 9 % slower at batch 64, one head up to 5 % faster at batch 1-4.
@@ -1174,8 +1175,8 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
  *     either way.
  *   D=32 (101 registers; the splits for 5 four-warp groups a CU, decode_derive): 2 warps on each
  *     of two kv heads at every batch, 16-26 % faster than the one-head kernel from 65536 keys
- *     ((16, 131072) 540 us against 698, (64, 131072) 2253 against 3053), one head (4 warps) 5-44 %
- *     slower than pairs there. */
+ *     ((16, 131072) 540 us against 698, (64, 131072) 2253 against 3053); one head (4 warps) up to
+ *     45 % slower than pairs from batch 4, 2-4 % faster at batch 1. */
 static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
     if (c->kernel != FLASHCL_SERVING_DECODE_MMA)
