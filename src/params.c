@@ -1188,16 +1188,9 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
             c->head_group = 1, c->head_warps = 8;
         else if (g <= cus && pairs)
             c->head_group = 2, c->head_warps = 4;
-    } else if (pb->head_dim == 64) {
-        if (pairs && g * 4 > cus && g <= 2 * cus)
-            c->head_group = 2, c->head_warps = 2;
-        else
-            c->head_group = 1, c->head_warps = 4;
-    } else if (pb->head_dim == 32) {
-        if (pairs)
-            c->head_group = 2, c->head_warps = 2;
-        else
-            c->head_group = 1, c->head_warps = 4;
+    } else if (pb->head_dim == 32 || pb->head_dim == 64) { /* 4-warp groups: on two heads or on one */
+        const int two = pairs && (pb->head_dim == 32 || (g * 4 > cus && g <= 2 * cus));
+        c->head_group = two ? 2 : 1, c->head_warps = two ? 2 : 4;
     }
 }
 

@@ -1332,8 +1332,8 @@ int main(int argc, char **argv) {
         snprintf(what, sizeof what, "%s, a warp a kv head: f16 D128 page 16, 8 kv heads", k);
         paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
         /* Several warps a kv head (HEAD_WARPS), which merge in the work-group: 8 or 4 warps on
-         * one head (short sequences leave some without a tile), 4 or 2 on each of 2 heads (the
-         * host's choices at D=128 and 64, decode_head_warps); GPU only. */
+         * one head (short sequences leave some without a tile), 4 or 2 on each of 2 heads (what
+         * the host picks for decoding, decode_head_warps in src/params.c); GPU only. */
         static const struct {
             int heads, warps;
         } hw[] = {{1, 8}, {1, 4}, {2, 4}, {2, 2}};
