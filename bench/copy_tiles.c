@@ -26,6 +26,8 @@
  *                    group g reading head g % 8 (256-byte rows 2 KB apart)
  *            hseq    the same rows, the pages in order
  *            h2mb    the same rows, the pages shuffled within 2 MB runs, the runs shuffled
+ *            hmaj    shuffled pages laid out [8 heads][16 tokens][256 B]: group g reads head
+ *                    g % 8's 4 KB run of each page
  *            pairs   shuffled pages, each group reading two neighbouring heads (512-byte rows)
  *            pages   shuffled pages, each group reading whole 32 KB pages
  */
@@ -49,8 +51,12 @@ static const char *src =
     "#if HEADS\n"
     "#define STREAM const uint hsel = get_group_id(0) % (8 / HEADS); \\\n"
     "  __global const uint *t = table + (get_group_id(0) / (8 / HEADS)) * per; const long n = per * 256 * HEADS\n"
+    "#if HEAD_MAJOR\n" /* pages laid out [head][token][dim]: a head's part of a page is one 4 KB run */
+    "#define ADDR(e) (a + (((ulong)t[(e) / (256 * HEADS)] << 11) + hsel * 256 * HEADS + (e) % (256 * HEADS)))\n"
+    "#else\n"
     "#define ADDR(e) (a + (((ulong)t[(e) / (256 * HEADS)] << 11) + (((e) / (16 * HEADS)) % 16) * 128 + \\\n"
     "                      hsel * 16 * HEADS + (e) % (16 * HEADS)))\n"
+    "#endif\n"
     "#else\n"
     "#define STREAM __global const uint4 *p = a + get_group_id(0) * per; const long n = per\n"
     "#define ADDR(e) (p + (e))\n"
@@ -208,8 +214,9 @@ int main(int argc, char **argv) {
     /* name, kv heads a group reads side by side (0: a slab), page table */
     static const struct {
         const char *name;
-        int heads, table;
-    } patterns[] = {{"slab", 0, 0}, {"heads", 1, 0}, {"hseq", 1, 1}, {"h2mb", 1, 2}, {"pairs", 2, 0}, {"pages", 8, 0}};
+        int heads, table, head_major;
+    } patterns[] = {{"slab", 0, 0, 0},  {"heads", 1, 0, 0}, {"hseq", 1, 1, 0}, {"h2mb", 1, 2, 0},
+                    {"hmaj", 1, 0, 1}, {"pairs", 2, 0, 0}, {"pages", 8, 0, 0}};
 
     /* method, work-group size, tile KB (per warp for "warp", "wldst", "wld"), buffers (each
      * warp's for "warp"), extra __local KB */
@@ -241,7 +248,8 @@ int main(int argc, char **argv) {
             }
             const int tile = cfg[c].tile_kb * 64; /* uint4 */
             char opts[256];
-            snprintf(opts, sizeof opts, "-DHEADS=%d -DMETHOD=%d -DWG=%d -DTILE=%d -DNBUF=%d -DPAD=%d", heads,
+            snprintf(opts, sizeof opts, "-DHEADS=%d -DHEAD_MAJOR=%d -DMETHOD=%d -DWG=%d -DTILE=%d -DNBUF=%d -DPAD=%d", heads,
+                     patterns[pat].head_major,
                      cfg[c].method, cfg[c].wg, tile, cfg[c].nbuf, cfg[c].pad_kb);
             cl_program prog = clCreateProgramWithSource(ctx, 1, &src, NULL, &err);
             if (clBuildProgram(prog, 1, &dev, opts, NULL, NULL) != CL_SUCCESS) {

@@ -64,7 +64,10 @@
  * laid out contiguously (as FA2's cache) read within 1.5 % of the shuffled
  * pages. Under REG_COPY, one prefetch.global.L2 of the K and V rows of the tile after next
  * (to have the shuffled page's address translated before its loads): 6 % slower at batch
- * 4-16, even over 256-token pages (stop 31). */
+ * 4-16, even over 256-token pages (stop 31). In the HEAD_GROUP kernel, the keys as the mma
+ * rows (S^T = K Q^T, O^T += V^T P^T, P^T by movmatrix: half the mma, 167 registers instead of
+ * 242 at D=128) with K two tiles ahead: level from 65536 keys, 1-6 % slower at batch 1-4 with
+ * 16384; pages read as [head][token][dim]: level at batch 16 (stop 32). */
 
 /* REG_COPY: K and V by 16-byte loads (chunk_or_zero), a tile ahead in registers,
  * stored to the warp's tile buffer when the tile starts, instead of by
