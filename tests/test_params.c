@@ -1065,59 +1065,38 @@ static void test_decode_levels(void) {
            "... over 2 kv heads: 4 warps on each, 16 slices for the one group", &failures);
     choice_heads_k = 1;
     choice_max_keys = 16384;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
-               c.head_warps == 8 && c.work_group_size == 256,
-           "... 8 warps a kv head over 16384, where the grid has at most CUs / 8 groups", &failures);
-    choice_heads_k = 16;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_warps == 8,
-           "... 16 kv heads: still", &failures);
-    choice_heads_k = 17;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
-               c.work_group_size == 64,
-           "... 17: one head a group of 2 warps (no pairs of heads)", &failures);
-    choice_heads_k = 18;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
-               c.head_warps == 4 && c.splits == 14,
-           "... 18: 4 warps on each of 2 heads, 9 groups in 14 slices (one group a CU)", &failures);
-    choice_heads_k = 132;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
-               c.head_warps == 4 && c.splits == 2,
-           "... 132 (as many as CUs): still, 66 groups in 2 slices", &failures);
-    choice_heads_k = 134;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
-               c.work_group_size == 64,
-           "... 134: one head a group of 2 warps", &failures);
-    /* D=64: 12 warps a CU; 4 warps on one kv head, or on each of 2 where 33 <= G <= 264. */
-    choice_heads_k = 1;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
-               c.head_warps == 4 && c.work_group_size == 128 && c.wgs_per_cu == 6,
-           "... D=64: 4 warps a kv head, 6 two-warp groups' worth a CU", &failures);
-    choice_heads_k = 34;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
-               c.head_warps == 2 && c.work_group_size == 128 && c.splits == 23,
-           "... 34 kv heads: 2 warps on each of 2, 17 groups in 23 slices (3 groups a CU)", &failures);
-    choice_heads_k = 32;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
-               c.head_warps == 4,
-           "... 32 (at most CUs / 4): one head a group", &failures);
-    choice_heads_k = 266;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
-               c.head_warps == 4 && c.splits == 1,
-           "... 266 (over 2 x CUs): one head a group", &failures);
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 32, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
-               c.head_warps == 2 && c.wgs_per_cu == 10,
-           "... D=32: 2 warps on each of 2 kv heads, 10 two-warp groups' worth a CU", &failures);
-    choice_heads_k = 3;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 32, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
-               c.head_warps == 4,
-           "... over 3 kv heads, 4 warps on one", &failures);
-    choice_heads_k = 18;
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
-               c.head_warps == 4 && c.wgs_per_cu == 4,
-           "... D=96 as D=128: 4 warps on each of 2 kv heads", &failures);
-    expect(serving_choice(ctx, FLASHCL_FLOAT16, 80, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
-               c.work_group_size == 64 && c.wgs_per_cu == 4,
-           "... not at D=80 (not a multiple of 32)", &failures);
+    /* The rule over 16384 keys, case by case: kv heads and head dim, then the choice expected
+     * (head_group 0: the one-head kernel; -1: not checked). */
+    static const struct {
+        int heads_k, head_dim, head_group, head_warps, wg, wgs_per_cu, splits;
+        const char *what;
+    } warps[] = {
+        {1, 128, 1, 8, 256, -1, -1, "... 8 warps a kv head over 16384, where the grid has at most CUs / 8 groups"},
+        {16, 128, 1, 8, -1, -1, -1, "... 16 kv heads: still"},
+        {17, 128, 0, -1, 64, -1, -1, "... 17: one head a group of 2 warps (no pairs of heads)"},
+        {18, 128, 2, 4, -1, -1, 14, "... 18: 4 warps on each of 2 heads, 9 groups in 14 slices (one group a CU)"},
+        {132, 128, 2, 4, -1, -1, 2, "... 132 (as many as CUs): still, 66 groups in 2 slices"},
+        {134, 128, 0, -1, 64, -1, -1, "... 134: one head a group of 2 warps"},
+        /* D=64: 12 warps a CU; 4 warps on one kv head, or on each of 2 where 33 <= G <= 264. */
+        {1, 64, 1, 4, 128, 6, -1, "... D=64: 4 warps a kv head, 6 two-warp groups' worth a CU"},
+        {34, 64, 2, 2, 128, -1, 23, "... 34 kv heads: 2 warps on each of 2, 17 groups in 23 slices (3 groups a CU)"},
+        {32, 64, 1, 4, -1, -1, -1, "... 32 (at most CUs / 4): one head a group"},
+        {266, 64, 1, 4, -1, -1, 1, "... 266 (over 2 x CUs): one head a group"},
+        {266, 32, 2, 2, -1, 10, -1, "... D=32: 2 warps on each of 2 kv heads, 10 two-warp groups' worth a CU"},
+        {3, 32, 1, 4, -1, -1, -1, "... over 3 kv heads, 4 warps on one"},
+        {18, 96, 2, 4, -1, 4, -1, "... D=96 as D=128: 4 warps on each of 2 kv heads"},
+        {18, 80, 0, -1, 64, 4, -1, "... not at D=80 (not a multiple of 32)"},
+    };
+    for (size_t i = 0; i < sizeof warps / sizeof warps[0]; ++i) {
+        choice_heads_k = warps[i].heads_k;
+        const int ok = serving_choice(ctx, FLASHCL_FLOAT16, warps[i].head_dim, 4, &c) == FLASHCL_SUCCESS;
+        expect(ok && c.head_group == warps[i].head_group &&
+                   (warps[i].head_warps < 0 || c.head_warps == warps[i].head_warps) &&
+                   (warps[i].wg < 0 || c.work_group_size == warps[i].wg) &&
+                   (warps[i].wgs_per_cu < 0 || c.wgs_per_cu == warps[i].wgs_per_cu) &&
+                   (warps[i].splits < 0 || c.splits == warps[i].splits),
+               warps[i].what, &failures);
+    }
     choice_heads_k = 1;
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=0", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group &&
