@@ -1295,9 +1295,6 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         else if (env.work_group_size)
             c->work_group_size = env.work_group_size;
         c->source = env.source;
-    }
-
-    if (env.source) {
         /* The one-head kernel (what HEAD_GROUP falls back to) must fit as given, checked with
          * its split count and so its REG_COPY known: one tile buffer a warp lets wider groups fit. */
         flashcl_decode_choice one_head = *c;
