@@ -62,6 +62,21 @@ FLASHCL_API const char *flashcl_status_string(flashcl_status status);
 /* ------------------------------------------------------------------------
  * Contexts
  * ---------------------------------------------------------------------- */
+/* Threads. Every function that takes a context, or a KV cache or scheduler
+ * made on one, may be called from several threads at once on the same
+ * context: the calls run one after another under the context's lock (the
+ * kernels then run in the order the calls took it), with the results each
+ * would give alone. Holding it, a `_host` call waits for its own copies and
+ * kernels, so host-memory calls on one context do not overlap; use a context
+ * per thread for calls that should. Contexts are independent of each other.
+ * A KV cache or scheduler object is safe to share the same way (its calls
+ * take its context's lock).
+ * On a context adopted from the application (flashcl_context_adopt), the
+ * application may keep using its queue from other threads, as OpenCL allows:
+ * flashcl's commands and the application's are ordered by the queue (on an
+ * in-order queue, in the order they were enqueued) and by the events passed
+ * and returned, never by flashcl's lock. flashcl_set_log is process-wide:
+ * call it before other threads use the library. */
 typedef struct flashcl_context flashcl_context;
 
 /* Creates a context on a device chosen by `spec` (NULL or "" means the
@@ -88,9 +103,13 @@ FLASHCL_API flashcl_status flashcl_context_adopt(flashcl_context **out, cl_conte
 /* Destroys a context and everything it built. NULL is a no-op. */
 FLASHCL_API void flashcl_context_destroy(flashcl_context *ctx);
 
-/* The message of the last failed call on this context (with the OpenCL build
- * log when a build failed); "" after a success. Owned by the context, valid
- * until the next call on it. Safe on NULL (returns a static string). */
+/* The message of the calling thread's last call on `ctx` when that call
+ * failed (with the OpenCL build log when a build failed); "" after a success,
+ * or when this thread's last call was on another context. ctx NULL: why the
+ * thread's last flashcl_context_create or flashcl_context_adopt failed (no
+ * context exists to hold it). Messages are per thread, so threads sharing a
+ * context never see each other's. Owned by the library, valid until this
+ * thread's next call. */
 FLASHCL_API const char *flashcl_last_error(const flashcl_context *ctx);
 
 /* 1 when the context runs the pure-C host path instead of OpenCL. */

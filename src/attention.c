@@ -168,6 +168,7 @@ static flashcl_status choose_params(flashcl_context *ctx, const flashcl_attentio
 
 flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                         flashcl_params *params) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx || !params)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -294,6 +295,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
 flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                          cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
                                          size_t lse_offset, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -366,6 +368,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
 flashcl_status flashcl_attention_forward_host(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                               const void *q, const void *k, const void *v, void *out,
                                               float *lse) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);

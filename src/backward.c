@@ -465,6 +465,7 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
 
 flashcl_status flashcl_attention_backward_scratch_size(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                                        const flashcl_backward_options *opts, size_t *bytes) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -491,6 +492,7 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
                                           cl_mem v, cl_mem out, cl_mem dout, cl_mem lse,
                                           size_t lse_offset, cl_mem dq, cl_mem dk, cl_mem dv,
                                           cl_mem scratch, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -518,6 +520,7 @@ flashcl_status flashcl_attention_backward_host(flashcl_context *ctx, const flash
                                                const void *k, const void *v, const void *out,
                                                const void *dout, const float *lse, void *dq, void *dk,
                                                void *dv) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);

@@ -1,6 +1,8 @@
 /* context.c: choosing or adopting a device, the host fallback, errors and logging. */
 #define _POSIX_C_SOURCE 200809L
 #include <ctype.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,28 +46,77 @@ void flashcl_log(const char *fmt, ...) {
 
 /* ---- errors ------------------------------------------------------------------- */
 
-static void set_error(flashcl_context *ctx, const char *text, int append) {
-    size_t old = append && ctx->error ? strlen(ctx->error) : 0;
+/* The last error is kept per thread, tagged with the context it was recorded
+ * on (NULL for a failed create or adopt). Two threads sharing a context then
+ * never see each other's messages, and a failed creation, which leaves no
+ * context to hold one, still has a message for flashcl_last_error(NULL).
+ * The text is on the heap because a build log can be long; a thread's record
+ * is freed when the thread exits. */
+typedef struct error_record {
+    const flashcl_context *ctx;
+    char *text;
+    size_t cap;
+} error_record;
+
+static pthread_key_t error_key;
+static pthread_once_t error_key_once = PTHREAD_ONCE_INIT;
+static int error_key_ok;
+
+static void free_error_record(void *p) {
+    error_record *r = p;
+    if (r)
+        free(r->text);
+    free(r);
+}
+
+static void make_error_key(void) {
+    error_key_ok = pthread_key_create(&error_key, free_error_record) == 0;
+}
+
+/* The calling thread's record, made on first use; NULL when memory runs out. */
+static error_record *thread_error(int create) {
+    pthread_once(&error_key_once, make_error_key);
+    if (!error_key_ok)
+        return NULL;
+    error_record *r = pthread_getspecific(error_key);
+    if (!r && create) {
+        r = calloc(1, sizeof *r);
+        if (r && pthread_setspecific(error_key, r) != 0) {
+            free(r);
+            r = NULL;
+        }
+    }
+    return r;
+}
+
+static void set_error(const flashcl_context *ctx, const char *text, int append) {
+    error_record *r = thread_error(1);
+    if (!r)
+        return;
+    if (r->ctx != ctx)
+        append = 0; /* a message on another context is not continued */
+    size_t old = append && r->text ? strlen(r->text) : 0;
     size_t need = old + strlen(text) + 1;
-    if (need > ctx->error_cap) {
-        char *grown = realloc(ctx->error, need);
+    if (need > r->cap) {
+        char *grown = realloc(r->text, need);
         if (!grown)
             return; /* keep the old message rather than lose the status */
-        ctx->error = grown;
-        ctx->error_cap = need;
+        r->text = grown;
+        r->cap = need;
     }
-    memcpy(ctx->error + old, text, strlen(text) + 1);
+    r->ctx = ctx;
+    memcpy(r->text + old, text, strlen(text) + 1);
 }
 
 flashcl_status flashcl_fail(flashcl_context *ctx, flashcl_status status, const char *fmt, ...) {
-    if (!ctx)
-        return status;
     char text[1024];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     set_error(ctx, text, 0);
+    if (!ctx)
+        flashcl_log("%s", text); /* a creation failure: FLASHCL_LOG=1 shows it too */
     return status;
 }
 
@@ -74,14 +125,32 @@ void flashcl_append_error(flashcl_context *ctx, const char *text) {
 }
 
 void flashcl_clear_error(flashcl_context *ctx) {
-    if (ctx && ctx->error)
-        ctx->error[0] = '\0';
+    error_record *r = thread_error(0);
+    if (r && r->text) {
+        r->text[0] = '\0';
+        r->ctx = ctx;
+    }
 }
 
 const char *flashcl_last_error(const flashcl_context *ctx) {
-    if (!ctx)
-        return "no context";
-    return ctx->error ? ctx->error : "";
+    const error_record *r = thread_error(0);
+    return r && r->text && r->ctx == ctx ? r->text : "";
+}
+
+/* ---- the context's lock --------------------------------------------------------- */
+
+void flashcl_lock(flashcl_context *ctx) {
+    if (ctx)
+        pthread_mutex_lock(&ctx->lock);
+}
+
+void flashcl_unlock(flashcl_context *ctx) {
+    if (ctx)
+        pthread_mutex_unlock(&ctx->lock);
+}
+
+void flashcl_unlock_scope(flashcl_context **ctx) {
+    flashcl_unlock(*ctx);
 }
 
 /* ---- device properties ---------------------------------------------------------- */
@@ -144,9 +213,16 @@ static flashcl_context *alloc_context(void) {
     flashcl_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return NULL;
-    ctx->error = calloc(1, 256);
-    ctx->error_cap = ctx->error ? 256 : 0;
-    if (!ctx->error) {
+    /* Recursive: a public call may make others on the same context (the
+     * _host variants call the device ones, a KV cache's calls its context's). */
+    pthread_mutexattr_t attr;
+    int ok = pthread_mutexattr_init(&attr) == 0;
+    if (ok) {
+        ok = pthread_mutexattr_settype(&attr, PTHREAD_MUTEX_RECURSIVE) == 0 &&
+             pthread_mutex_init(&ctx->lock, &attr) == 0;
+        pthread_mutexattr_destroy(&attr);
+    }
+    if (!ok) {
         free(ctx);
         return NULL;
     }
@@ -167,9 +243,8 @@ static void describe(flashcl_context *ctx) {
 
 static flashcl_status make_host(flashcl_context *ctx, const char *why) {
     /* Said once per process, not per context: tests create many. */
-    static int said;
-    if (!said) {
-        said = 1;
+    static atomic_flag said = ATOMIC_FLAG_INIT;
+    if (!atomic_flag_test_and_set(&said)) {
         flashcl_log("%s: using the multi-threaded host C path", why);
     }
     ctx->is_host = 1;
@@ -247,81 +322,91 @@ static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_pla
 
 flashcl_status flashcl_context_create(flashcl_context **out, const char *spec) {
     if (!out)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
+        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_context_create: out is NULL");
     *out = NULL;
-    flashcl_context *ctx = alloc_context();
-    if (!ctx)
-        return FLASHCL_ERROR_OUT_OF_HOST_MEMORY;
-
-    if (!spec || !spec[0])
+    const char *from = "";
+    if (!spec || !spec[0]) {
         spec = getenv("FLASHCL_DEVICE");
+        from = spec && spec[0] ? " (from FLASHCL_DEVICE)" : "";
+    }
     char lowered[256] = "";
     for (size_t i = 0; spec && spec[i] && i + 1 < sizeof lowered; ++i) {
         lowered[i] = (char)tolower((unsigned char)spec[i]);
         lowered[i + 1] = '\0';
     }
     if (!strcmp(lowered, "host")) {
+        flashcl_context *ctx = alloc_context();
+        if (!ctx)
+            return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
         *out = ctx;
         return make_host(ctx, "device spec 'host'");
     }
 
+    /* Failures before the context exists are recorded for flashcl_last_error(NULL). */
     cl_platform_id platform = NULL;
     cl_device_id device = NULL;
-    flashcl_status st = pick_device(ctx, lowered, &platform, &device);
+    flashcl_status st = pick_device(NULL, lowered, &platform, &device);
     if (st != FLASHCL_SUCCESS) {
         cl_uint nplat = 0;
         /* No OpenCL at all and no device demanded: the host path. */
         if (lowered[0] == '\0' && (clGetPlatformIDs(0, NULL, &nplat) != CL_SUCCESS || nplat == 0)) {
+            flashcl_context *ctx = alloc_context();
+            if (!ctx)
+                return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
             *out = ctx;
             return make_host(ctx, "no OpenCL platform");
         }
-        flashcl_context_destroy(ctx);
+        if (from[0])
+            flashcl_append_error(NULL, from);
         return st;
     }
     cl_int err;
     cl_context clctx = clCreateContext(NULL, 1, &device, NULL, NULL, &err);
-    if (!clctx) {
-        flashcl_context_destroy(ctx);
-        return err;
-    }
+    if (!clctx)
+        return flashcl_fail(NULL, err, "device spec '%s'%s: clCreateContext failed (%s)", spec ? spec : "",
+                            from, flashcl_status_string(err));
     cl_command_queue queue = clCreateCommandQueue(clctx, device, CL_QUEUE_PROFILING_ENABLE, &err);
     if (!queue) {
         clReleaseContext(clctx);
-        flashcl_context_destroy(ctx);
-        return err;
+        return flashcl_fail(NULL, err, "device spec '%s'%s: clCreateCommandQueue failed (%s)",
+                            spec ? spec : "", from, flashcl_status_string(err));
     }
     st = flashcl_context_adopt(out, clctx, device, queue);
     /* adopt retained both; drop the creation references. */
     clReleaseCommandQueue(queue);
     clReleaseContext(clctx);
-    flashcl_context_destroy(ctx);
     return st;
 }
 
 flashcl_status flashcl_context_adopt(flashcl_context **out, cl_context context, cl_device_id device,
                                      cl_command_queue queue) {
     if (!out)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
+        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_context_adopt: out is NULL");
     *out = NULL;
     if (!context || !device || !queue)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
+        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_context_adopt: %s is NULL",
+                            !context ? "context" : !device ? "device" : "queue");
     cl_context qctx = NULL;
     cl_device_id qdev = NULL;
     cl_int err = clGetCommandQueueInfo(queue, CL_QUEUE_CONTEXT, sizeof qctx, &qctx, NULL);
     if (err == CL_SUCCESS)
         err = clGetCommandQueueInfo(queue, CL_QUEUE_DEVICE, sizeof qdev, &qdev, NULL);
     if (err != CL_SUCCESS)
-        return err;
+        return flashcl_fail(NULL, err, "flashcl_context_adopt: the queue cannot be queried (%s)",
+                            flashcl_status_string(err));
     if (qctx != context || qdev != device)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
+        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "flashcl_context_adopt: the queue belongs to another %s",
+                            qctx != context ? "context" : "device");
     cl_platform_id platform = NULL;
     err = clGetDeviceInfo(device, CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
     if (err != CL_SUCCESS)
-        return err;
+        return flashcl_fail(NULL, err, "flashcl_context_adopt: the device cannot be queried (%s)",
+                            flashcl_status_string(err));
 
     flashcl_context *ctx = alloc_context();
     if (!ctx)
-        return FLASHCL_ERROR_OUT_OF_HOST_MEMORY;
+        return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
     clRetainContext(context);
     clRetainCommandQueue(queue);
     clRetainDevice(device);
@@ -331,6 +416,7 @@ flashcl_status flashcl_context_adopt(flashcl_context **out, cl_context context, 
     ctx->platform = platform;
     read_device_info(platform, device, &ctx->info);
     describe(ctx);
+    flashcl_clear_error(NULL);
     *out = ctx;
     return FLASHCL_SUCCESS;
 }
@@ -361,7 +447,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseDevice(ctx->device);
     if (ctx->cl_ctx)
         clReleaseContext(ctx->cl_ctx);
-    free(ctx->error);
+    pthread_mutex_destroy(&ctx->lock);
+    flashcl_clear_error(ctx); /* a later context at the same address starts clean */
     free(ctx);
 }
 

@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stddef.h>
+#include <pthread.h>
 #include <stdint.h>
 
 #include "flashcl.h"
@@ -59,8 +60,11 @@ struct flashcl_context {
     cl_command_queue queue;
     flashcl_device_info info;
     char description[1100];
-    char *error;      /* last error text, heap, never NULL after create  */
-    size_t error_cap;
+    /* Held by every public call on the context (flashcl_lock): calls from
+     * several threads run one after another, so the program cache, kernel
+     * arguments, staging buffers, TMA slots and parameter database below are
+     * only ever touched by one thread at a time. Recursive. */
+    pthread_mutex_t lock;
     flashcl_program *programs;
     int host_threads; /* threads of the host path                        */
     struct flashcl_param_db *params_db; /* params.c: tuning file, overrides; lazy */
@@ -84,7 +88,21 @@ struct flashcl_context {
     size_t tma_slots_bytes;
 };
 
+/* ---- the context's lock (context.c) ---- */
+/* NULL-safe; recursive. Public functions take the lock for their whole body
+ * with FLASHCL_LOCKED(ctx), which unlocks on every return (GCC's and Clang's
+ * cleanup attribute: no unlock can be missed on an early error return). */
+void flashcl_lock(flashcl_context *ctx);
+void flashcl_unlock(flashcl_context *ctx);
+void flashcl_unlock_scope(flashcl_context **ctx);
+#define FLASHCL_LOCKED(ctx)                                                                       \
+    flashcl_context *flashcl_locked_ __attribute__((cleanup(flashcl_unlock_scope), unused)) = (ctx); \
+    flashcl_lock(flashcl_locked_)
+
 /* ---- errors and logging (context.c) ---- */
+/* The last error is per thread and per context (context.c): a call records
+ * its message with flashcl_fail; flashcl_last_error(ctx) returns it to the
+ * same thread. ctx NULL: a creation failure. */
 /* Records a formatted message as the context's last error; returns status. */
 flashcl_status flashcl_fail(flashcl_context *ctx, flashcl_status status, const char *fmt, ...)
 #if defined(__GNUC__)

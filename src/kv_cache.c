@@ -183,6 +183,7 @@ static flashcl_status reserve_regions(flashcl_kv_cache *c, long ints) {
 
 flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_cache_desc *desc,
                                        flashcl_kv_cache **out) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx || !out)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     *out = NULL;
@@ -253,6 +254,7 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
 }
 
 void flashcl_kv_cache_destroy(flashcl_kv_cache *c) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return;
     if (c->k_pool)
@@ -286,16 +288,19 @@ const flashcl_kv_cache_desc *flashcl_kv_cache_get_desc(const flashcl_kv_cache *c
 }
 
 int flashcl_kv_cache_free_pages(const flashcl_kv_cache *c) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     return c ? c->free_count : 0;
 }
 
 int flashcl_kv_cache_length(const flashcl_kv_cache *c, int seq) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     const flashcl_kv_sequence *s = flashcl_kv_cache_sequence(c, seq);
     return s ? s->length : -1;
 }
 
 flashcl_status flashcl_kv_cache_page_table(const flashcl_kv_cache *c, int seq, int *pages, int capacity,
                                            int *count) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(c->ctx);
@@ -313,6 +318,7 @@ flashcl_status flashcl_kv_cache_page_table(const flashcl_kv_cache *c, int seq, i
 /* ---- sequences ---------------------------------------------------------------------- */
 
 flashcl_status flashcl_kv_cache_add_sequence(flashcl_kv_cache *c, int *seq) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(c->ctx);
@@ -331,6 +337,7 @@ flashcl_status flashcl_kv_cache_add_sequence(flashcl_kv_cache *c, int *seq) {
 }
 
 flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *c, int src, int *seq) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(c->ctx);
@@ -380,6 +387,7 @@ flashcl_status flashcl_kv_cache_fork(flashcl_kv_cache *c, int src, int *seq) {
 }
 
 flashcl_status flashcl_kv_cache_free_sequence(flashcl_kv_cache *c, int seq) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(c->ctx);
@@ -442,6 +450,7 @@ static flashcl_status check_new_tokens(flashcl_kv_cache *c, const char *name, cl
 flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const int *seq_ids,
                                        const int *num_tokens, cl_mem k, const flashcl_layout *k_layout,
                                        cl_mem v, const flashcl_layout *v_layout, cl_event *event) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_context *ctx = c->ctx;

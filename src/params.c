@@ -668,6 +668,7 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
 
 flashcl_status flashcl_set_params(flashcl_context *ctx, const flashcl_attention_desc *desc,
                                   const flashcl_params *params) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -710,6 +711,7 @@ flashcl_status flashcl_set_params(flashcl_context *ctx, const flashcl_attention_
 }
 
 const char *flashcl_tuning_file(flashcl_context *ctx, const char **problem) {
+    FLASHCL_LOCKED(ctx);
     if (problem)
         *problem = NULL;
     if (!ctx || ctx->is_host)
@@ -725,6 +727,7 @@ const char *flashcl_tuning_file(flashcl_context *ctx, const char **problem) {
 flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
                                         const flashcl_attention_desc *desc,
                                         const flashcl_params *params, const char *comment) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx || !params)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);

@@ -68,6 +68,7 @@ static int pages_for(long tokens, int page_size) {
 /* ---- KV truncation --------------------------------------------------------------------- */
 
 flashcl_status flashcl_kv_cache_truncate(flashcl_kv_cache *c, int seq, int length) {
+    FLASHCL_LOCKED(c ? c->ctx : NULL);
     if (!c)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(c->ctx);
@@ -94,6 +95,7 @@ static flashcl_status fail(flashcl_scheduler *s, flashcl_status st, const char *
 
 flashcl_status flashcl_scheduler_create(flashcl_kv_cache *cache, const flashcl_scheduler_desc *desc,
                                         flashcl_scheduler **out) {
+    FLASHCL_LOCKED(cache ? cache->ctx : NULL);
     if (!cache || !out)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     *out = NULL;
@@ -133,6 +135,7 @@ flashcl_status flashcl_scheduler_create(flashcl_kv_cache *cache, const flashcl_s
 }
 
 void flashcl_scheduler_destroy(flashcl_scheduler *s) {
+    FLASHCL_LOCKED(s ? s->cache->ctx : NULL);
     if (!s)
         return;
     for (int i = 0; i < s->num_reqs; ++i)
@@ -146,6 +149,7 @@ void flashcl_scheduler_destroy(flashcl_scheduler *s) {
 }
 
 void flashcl_scheduler_get_stats(const flashcl_scheduler *s, flashcl_scheduler_stats *st) {
+    FLASHCL_LOCKED(s ? s->cache->ctx : NULL);
     if (!st)
         return;
     memset(st, 0, sizeof *st);
@@ -185,6 +189,7 @@ static int full_pages(const flashcl_scheduler *s, const request *r) {
 }
 
 flashcl_status flashcl_scheduler_add(flashcl_scheduler *s, int request_id, int prompt_len, int max_new) {
+    FLASHCL_LOCKED(s ? s->cache->ctx : NULL);
     if (!s)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(s->cache->ctx);
@@ -333,6 +338,7 @@ static flashcl_status admit_front(flashcl_scheduler *s) {
 }
 
 flashcl_status flashcl_scheduler_step(flashcl_scheduler *s, flashcl_schedule *out) {
+    FLASHCL_LOCKED(s ? s->cache->ctx : NULL);
     if (!s)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(s->cache->ctx);
@@ -414,6 +420,7 @@ flashcl_status flashcl_scheduler_step(flashcl_scheduler *s, flashcl_schedule *ou
 
 flashcl_status flashcl_scheduler_complete(flashcl_scheduler *s, const int *produced, int *finished_ids,
                                           int *num_finished) {
+    FLASHCL_LOCKED(s ? s->cache->ctx : NULL);
     if (!s)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(s->cache->ctx);

@@ -71,6 +71,7 @@ static flashcl_status resolve_merge(flashcl_context *ctx, const flashcl_merge_de
 flashcl_status flashcl_attention_merge(flashcl_context *ctx, const flashcl_merge_desc *desc, cl_mem o1,
                                        cl_mem lse1, cl_mem o2, cl_mem lse2, cl_mem out, cl_mem lse_out,
                                        cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -209,6 +210,7 @@ static void host_merge(const flashcl_merge_desc *r, const void *o1, const float 
 flashcl_status flashcl_attention_merge_host(flashcl_context *ctx, const flashcl_merge_desc *desc,
                                             const void *o1, const float *lse1, const void *o2,
                                             const float *lse2, void *out, float *lse_out) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -743,6 +745,7 @@ static flashcl_status begin(flashcl_context *ctx, const char *what) {
 
 flashcl_status flashcl_varlen_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                            size_t *bytes) {
+    FLASHCL_LOCKED(ctx);
     flashcl_status st = begin(ctx, "varlen attention");
     if (st)
         return st;
@@ -782,6 +785,7 @@ static flashcl_status plan_and_launch(flashcl_context *ctx, const flashcl_varlen
 flashcl_status flashcl_varlen_forward(flashcl_context *ctx, const flashcl_varlen_desc *desc, cl_mem q,
                                       cl_mem k, cl_mem v, cl_mem out, cl_mem lse, size_t lse_offset,
                                       cl_mem scratch, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     flashcl_status st = begin(ctx, "varlen attention");
     if (st)
         return st;
@@ -790,6 +794,7 @@ flashcl_status flashcl_varlen_forward(flashcl_context *ctx, const flashcl_varlen
 
 flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                           const flashcl_kv_cache *cache, const int *seq_ids, size_t *bytes) {
+    FLASHCL_LOCKED(ctx);
     flashcl_status st = begin(ctx, "paged attention");
     if (st)
         return st;
@@ -806,6 +811,7 @@ flashcl_status flashcl_paged_attention(flashcl_context *ctx, const flashcl_varle
                                        const flashcl_kv_cache *cache, const int *seq_ids, cl_mem q,
                                        cl_mem out, cl_mem lse, size_t lse_offset, cl_mem scratch,
                                        cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     flashcl_status st = begin(ctx, "paged attention");
     if (st)
         return st;
@@ -820,6 +826,7 @@ flashcl_status flashcl_paged_attention(flashcl_context *ctx, const flashcl_varle
 flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                       const flashcl_kv_cache *cache, const int *seq_ids,
                                       flashcl_params *params, int *splits) {
+    FLASHCL_LOCKED(ctx);
     flashcl_status st = begin(ctx, "serving attention");
     if (st)
         return st;

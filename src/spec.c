@@ -89,6 +89,7 @@ static flashcl_status pick_wg(flashcl_context *ctx, int vocab, int *wg) {
 
 flashcl_status flashcl_spec_verify(flashcl_context *ctx, const flashcl_spec_desc *desc, cl_mem draft, cl_mem q,
                                    cl_mem p, cl_mem accepted, cl_mem tokens, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);
@@ -159,6 +160,7 @@ static const char *bad_reason(int code) {
 
 flashcl_status flashcl_spec_verify_host(flashcl_context *ctx, const flashcl_spec_desc *desc, const int *draft,
                                         const float *q, const float *p, int *accepted, int *tokens) {
+    FLASHCL_LOCKED(ctx);
     if (!ctx)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     flashcl_clear_error(ctx);

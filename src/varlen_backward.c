@@ -156,6 +156,7 @@ static flashcl_status plan(flashcl_context *ctx, const flashcl_varlen_desc *desc
 
 flashcl_status flashcl_varlen_backward_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                                     const flashcl_backward_options *opts, size_t *bytes) {
+    FLASHCL_LOCKED(ctx);
     varlen_plan p;
     flashcl_status st = plan(ctx, desc, opts, &p);
     if (st)
@@ -219,6 +220,7 @@ flashcl_status flashcl_varlen_backward(flashcl_context *ctx, const flashcl_varle
                                        const flashcl_backward_options *opts, cl_mem q, cl_mem k, cl_mem v,
                                        cl_mem out, cl_mem dout, cl_mem lse, size_t lse_offset, cl_mem dq,
                                        cl_mem dk, cl_mem dv, cl_mem scratch, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
     varlen_plan p;
     flashcl_status st = plan(ctx, desc, opts, &p);
     if (st)

@@ -188,6 +188,15 @@ int main(void) {
     flashcl_context *none = NULL;
     expect(flashcl_context_create(&none, "no-such-device-anywhere") == FLASHCL_ERROR_NO_DEVICE && !none,
            "unknown device spec -> no device", &failures);
+    /* A failed creation leaves no context: its message is the thread's, under NULL. */
+    expect(strstr(flashcl_last_error(NULL), "no-such-device-anywhere") != NULL,
+           "a failed create says why through flashcl_last_error(NULL)", &failures);
+    setenv("FLASHCL_DEVICE", "nvidiaa-nowhere", 1);
+    expect(flashcl_context_create(&none, NULL) == FLASHCL_ERROR_NO_DEVICE && !none &&
+               strstr(flashcl_last_error(NULL), "nvidiaa-nowhere") &&
+               strstr(flashcl_last_error(NULL), "FLASHCL_DEVICE"),
+           "a FLASHCL_DEVICE that matches nothing is named with where it came from", &failures);
+    unsetenv("FLASHCL_DEVICE");
     expect(flashcl_context_create(&none, "99:0") == FLASHCL_ERROR_NO_DEVICE && !none,
            "platform index out of range -> no device", &failures);
     expect(flashcl_context_create(NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT, "NULL out pointer",
@@ -196,8 +205,21 @@ int main(void) {
                FLASHCL_ERROR_INVALID_ARGUMENT,
            "NULL context", &failures);
     expect(flashcl_context_adopt(&none, flashcl_context_cl_context(f.ctx), flashcl_context_cl_device(f.ctx),
-                                 NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+                                 NULL) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(NULL), "queue is NULL"),
            "adopt without a queue", &failures);
+    if (!flashcl_context_is_host(f.ctx)) {
+        /* A queue of another OpenCL context than the one passed. */
+        cl_int err;
+        cl_device_id dev = flashcl_context_cl_device(f.ctx);
+        cl_context other = clCreateContext(NULL, 1, &dev, NULL, NULL, &err);
+        expect(other && flashcl_context_adopt(&none, other, dev, flashcl_context_cl_queue(f.ctx)) ==
+                            FLASHCL_ERROR_INVALID_ARGUMENT &&
+                   !none && strstr(flashcl_last_error(NULL), "belongs to another context"),
+               "adopt with a queue of another context says so", &failures);
+        if (other)
+            clReleaseContext(other);
+    }
     flashcl_context_destroy(NULL);
     expect(flashcl_last_error(NULL)[0] != '\0' && strcmp(flashcl_status_string(-2099), "unknown status") == 0 &&
                strcmp(flashcl_status_string(CL_OUT_OF_RESOURCES), "CL_OUT_OF_RESOURCES") == 0,

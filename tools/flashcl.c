@@ -175,9 +175,9 @@ static flashcl_context *open_context(const char *spec) {
     flashcl_context *ctx = NULL;
     flashcl_status status = flashcl_context_create(&ctx, spec);
     if (status != FLASHCL_SUCCESS) {
-        /* A failed create leaves no context to hold a message: the status is all. */
-        cli_errorf("cannot open device '%s': %s (%d); 'flashcl devices' lists them",
-                   spec ? spec : "(default)", flashcl_status_string(status), status);
+        /* A failed create leaves no context: its message is the thread's, under NULL. */
+        cli_errorf("cannot open device: %s (%s); 'flashcl devices' lists them", flashcl_last_error(NULL),
+                   flashcl_status_string(status));
         return NULL;
     }
     return ctx;
