@@ -1,5 +1,5 @@
 /* test_threads.c: one context shared by several threads. Each thread runs the
- * forward, the backward, speculative verification, paged attention through a
+ * forward (float32 and float16), the backward, speculative verification, paged attention through a
  * shared KV cache, and a forward on an adopted context whose queue the
  * application also uses, over and over with inputs of its own; every result
  * must equal, bit for bit, what the same call gave when run alone. Errors are
@@ -19,17 +19,23 @@ enum {
     B = 1, HQ = 4, HK = 2, N = 64, D = 32,
     /* Speculative verification. */
     SPEC_BATCH = 2, SPEC_K = 4, VOCAB = 50,
+    /* A float16 forward (on NVIDIA's Hopper, the tensor-core kernel with its TMA slots). */
+    HN = 128, HD = 64,
     /* Paged attention: a prompt's last rows against its keys, 16-token pages. */
     PAGE = 16, PAGED_Q = 3, PAGES = 96
 };
 #define DENSE (B * N * HQ * D)
 #define DENSE_K (B * N * HK * D)
 #define LSE (B * HQ * N)
+#define HALF (B * HN * HQ * HD)
+#define HALF_K (B * HN * HK * HD)
 
 /* One thread's inputs and the results its calls gave when run alone. */
 typedef struct job {
     int id, paged_keys;
-    flashcl_attention_desc desc;
+    flashcl_attention_desc desc, half_desc;
+    uint16_t hq[HALF], hk[HALF_K], hv[HALF_K], hout[HALF];
+    float hlse[B * HQ * HN];
     float q[DENSE], k[DENSE_K], v[DENSE_K], dout[DENSE];
     float out[DENSE], lse[LSE], dq[DENSE], dk[DENSE_K], dv[DENSE_K];
     int draft[SPEC_BATCH * SPEC_K], accepted[SPEC_BATCH], tokens[SPEC_BATCH * (SPEC_K + 1)];
@@ -72,6 +78,13 @@ static void job_init(job *j, int id, uint64_t seed) {
     flashcl_ref_fill_normal(&rng, j->k, FLASHCL_FLOAT32, DENSE_K, 1.0);
     flashcl_ref_fill_normal(&rng, j->v, FLASHCL_FLOAT32, DENSE_K, 1.0);
     flashcl_ref_fill_normal(&rng, j->dout, FLASHCL_FLOAT32, DENSE, 1.0);
+    j->half_desc = *d;
+    j->half_desc.dtype = FLASHCL_FLOAT16;
+    j->half_desc.seqlen_q = j->half_desc.seqlen_k = HN;
+    j->half_desc.head_dim = HD;
+    flashcl_ref_fill_normal(&rng, j->hq, FLASHCL_FLOAT16, HALF, 1.0);
+    flashcl_ref_fill_normal(&rng, j->hk, FLASHCL_FLOAT16, HALF_K, 1.0);
+    flashcl_ref_fill_normal(&rng, j->hv, FLASHCL_FLOAT16, HALF_K, 1.0);
     for (int i = 0; i < SPEC_BATCH * SPEC_K; ++i)
         j->draft[i] = (int)(flashcl_ref_rng_next(&rng) % VOCAB);
     fill_probs(&rng, j->spec_q, SPEC_BATCH * SPEC_K);
@@ -140,6 +153,8 @@ static flashcl_status run_adopted(job *j, float *out) {
 /* The results of one round of j's calls. */
 typedef struct results {
     float out[DENSE], lse[LSE], dq[DENSE], dk[DENSE_K], dv[DENSE_K];
+    uint16_t hout[HALF];
+    float hlse[B * HQ * HN];
     int accepted[SPEC_BATCH], tokens[SPEC_BATCH * (SPEC_K + 1)];
     float paged_out[PAGED_Q * HQ * D], adopted_out[DENSE];
 } results;
@@ -159,6 +174,10 @@ static int run_round(job *j, results *r, int round) {
     if (flashcl_attention_backward_host(shared_ctx, &j->desc, &opts, j->q, j->k, j->v, r->out, j->dout, r->lse,
                                         r->dq, r->dk, r->dv)) {
         fail(j, "backward_host failed", round);
+        return 1;
+    }
+    if (flashcl_attention_forward_host(shared_ctx, &j->half_desc, j->hq, j->hk, j->hv, r->hout, r->hlse)) {
+        fail(j, "float16 forward_host failed", round);
         return 1;
     }
     if (flashcl_spec_verify_host(shared_ctx, &spec, j->draft, j->spec_q, j->spec_p, r->accepted, r->tokens)) {
@@ -192,6 +211,8 @@ static void compare(job *j, const results *r, int round) {
     SAME(dq, "dq")
     SAME(dk, "dk")
     SAME(dv, "dv")
+    SAME(hout, "float16 forward out")
+    SAME(hlse, "float16 forward lse")
     SAME(accepted, "spec accepted")
     SAME(tokens, "spec tokens")
     if (device) {
@@ -243,12 +264,15 @@ int main(void) {
         memcpy(j->dq, alone->dq, sizeof j->dq);
         memcpy(j->dk, alone->dk, sizeof j->dk);
         memcpy(j->dv, alone->dv, sizeof j->dv);
+        memcpy(j->hout, alone->hout, sizeof j->hout);
+        memcpy(j->hlse, alone->hlse, sizeof j->hlse);
         memcpy(j->accepted, alone->accepted, sizeof j->accepted);
         memcpy(j->tokens, alone->tokens, sizeof j->tokens);
         memcpy(j->paged_out, alone->paged_out, sizeof j->paged_out);
         /* ... and those single-threaded results are right. */
         flashcl_ref_report report;
         int ok = flashcl_ref_check_forward(&j->desc, j->q, j->k, j->v, j->out, j->lse, 1, &report);
+        ok = ok && flashcl_ref_check_forward(&j->half_desc, j->hq, j->hk, j->hv, j->hout, j->hlse, 1, &report);
         if (ok && device)
             ok = !memcmp(alone->adopted_out, j->out, sizeof j->out);
         flashcl_ref_grad_report grads;
