@@ -108,14 +108,31 @@ static int extra_value(const forward_variant *v, const flashcl_params *p) {
 
 /* FLASHCL_PARAMS="BLOCK_M=32,BLOCK_N=16,TPR=4": strict; any unknown key,
  * missing value or trailing garbage is an error naming the entry. */
-static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) {
+static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_attention_desc *r, flashcl_params *p) {
     const char *env = getenv("FLASHCL_PARAMS");
     if (!env || !env[0])
         return FLASHCL_SUCCESS;
-    const forward_variant *v = find_variant(p->variant);
     flashcl_kv kv;
     int item, value;
+    /* VARIANT first, wherever it stands: the other keys are that kernel's. */
+    for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) == FLASHCL_KV_ITEM;) {
+        if (!flashcl_kv_key(&kv, "VARIANT"))
+            continue;
+        char name[16] = "";
+        if (kv.value_len < sizeof name)
+            memcpy(name, kv.value, kv.value_len);
+        if (!find_variant(name))
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: VARIANT must be portable, cpu, nv-mma, nv-tf32 or nv-wgmma in '%s'",
+                                env);
+        if (!flashcl_variant_params(ctx, r, name, p))
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "FLASHCL_PARAMS: the %s kernel does not apply to this problem on this device", name);
+    }
+    const forward_variant *v = find_variant(p->variant);
     for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
+        if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT"))
+            continue;
         if (item == FLASHCL_KV_NO_EQUALS)
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_PARAMS: expected KEY=VALUE at '%s'", kv.at);
@@ -136,7 +153,7 @@ static flashcl_status apply_env_params(flashcl_context *ctx, flashcl_params *p) 
         else
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_PARAMS: unknown parameter '%.*s' for the %s kernel "
-                                "(BLOCK_M, BLOCK_N%s%s)",
+                                "(VARIANT, BLOCK_M, BLOCK_N%s%s)",
                                 (int)kv.key_len, kv.key, p->variant, v && v->extra ? ", " : "",
                                 v && v->extra ? v->extra : "");
         p->source = "FLASHCL_PARAMS";
@@ -162,7 +179,7 @@ static flashcl_status choose_params(flashcl_context *ctx, const flashcl_attentio
     flashcl_default_params(ctx, r, p);
     if (ctx->is_host)
         return FLASHCL_SUCCESS;
-    flashcl_status st = apply_env_params(ctx, p);
+    flashcl_status st = apply_env_params(ctx, r, p);
     return st != FLASHCL_SUCCESS ? st : check_params(ctx, r, p);
 }
 
@@ -255,35 +272,25 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     }
     if (st != FLASHCL_SUCCESS)
         return st;
-    size_t wg = (size_t)p.work_group_size, kernel_wg = 0;
-    cl_ulong kernel_local = 0;
-    clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                             &kernel_wg, NULL);
-    clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof kernel_local,
-                             &kernel_local, NULL);
-    if (((kernel_wg && wg > kernel_wg) || kernel_local > ctx->info.local_mem) &&
-        !flashcl_params_explicit(&p) && strncmp(p.source, "default: ", 9) != 0) {
-        /* A database entry the built kernel cannot run: use the type default. */
-        flashcl_log("parameters from %s need a work-group of %zu (kernel limit %zu) and %llu bytes "
-                    "of local memory: using the default", p.source, wg, kernel_wg,
-                    (unsigned long long)kernel_local);
-        flashcl_fallback_params(ctx, r, &p);
+    /* The driver has the last word on what the built kernel needs: where its
+     * count exceeds the host's estimate, a database entry gives way to the
+     * type default, which is then halved until it fits. */
+    size_t wg = (size_t)p.work_group_size;
+    char why[200];
+    while (!flashcl_kernel_fits(ctx, *kernel, wg, why, sizeof why) && !flashcl_params_explicit(&p)) {
+        if (strncmp(p.source, "default: ", 9) != 0) {
+            flashcl_log("parameters from %s do not fit the built kernel (%s): using the default", p.source, why);
+            flashcl_fallback_params(ctx, r, &p);
+        } else if (!flashcl_params_halve(&p)) {
+            break;
+        }
         *tma = 0;
         if ((st = build_forward(ctx, r, &p, 0, kernel)) != FLASHCL_SUCCESS)
             return st;
         wg = (size_t)p.work_group_size;
-        clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg,
-                                 &kernel_wg, NULL);
-        clGetKernelWorkGroupInfo(*kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE,
-                                 sizeof kernel_local, &kernel_local, NULL);
     }
-    if (kernel_wg && wg > kernel_wg)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "work-group of %zu exceeds the built kernel's limit of %zu", wg, kernel_wg);
-    if (kernel_local > ctx->info.local_mem)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "the built kernel needs %llu bytes of local memory, the device has %llu",
-                            (unsigned long long)kernel_local, (unsigned long long)ctx->info.local_mem);
+    if (why[0])
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     local[0] = wg;
     local[1] = local[2] = 1;
     global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;

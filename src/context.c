@@ -188,6 +188,8 @@ static void read_device_info(cl_platform_id platform, cl_device_id dev, flashcl_
     clGetDeviceInfo(dev, CL_DEVICE_TYPE, sizeof info->type, &info->type, NULL);
     clGetDeviceInfo(dev, CL_DEVICE_LOCAL_MEM_SIZE, sizeof info->local_mem, &info->local_mem, NULL);
     clGetDeviceInfo(dev, CL_DEVICE_MAX_WORK_GROUP_SIZE, sizeof info->max_wg, &info->max_wg, NULL);
+    info->device_local_mem = info->local_mem;
+    info->local_scale = 1;
     if (clGetDeviceInfo(dev, CL_DEVICE_MAX_PARAMETER_SIZE, sizeof info->max_param, &info->max_param, NULL) !=
         CL_SUCCESS)
         info->max_param = 1024; /* the minimum OpenCL guarantees */
@@ -196,6 +198,7 @@ static void read_device_info(cl_platform_id platform, cl_device_id dev, flashcl_
     info->is_nvidia = contains_nocase(info->vendor, "nvidia") || contains_nocase(info->platform_name, "nvidia");
     info->is_pocl = contains_nocase(info->platform_name, "portable computing") ||
                     contains_nocase(info->platform_version, "pocl");
+    info->is_rusticl = contains_nocase(info->platform_name, "rusticl");
     char ext[8192];
     read_string(dev, CL_DEVICE_EXTENSIONS, ext, sizeof ext);
     if (strstr(ext, "cl_nv_device_attribute_query")) {
@@ -205,6 +208,72 @@ static void read_device_info(cl_platform_id platform, cl_device_id dev, flashcl_
         info->nv_cc_major = (int)major;
         info->nv_cc_minor = (int)minor;
     }
+}
+
+/* ---- what kernels may really use ------------------------------------------------- */
+
+/* A positive integer from the environment, or 0. */
+static unsigned long env_limit(const char *name) {
+    const char *v = getenv(name);
+    char *end;
+    unsigned long n = v && v[0] ? strtoul(v, &end, 10) : 0;
+    return n && *end == '\0' ? n : 0;
+}
+
+/* Drivers differ from what the device reports in two ways that matter here,
+ * so a tiny kernel with 1 KB of __local and a barrier is built once per
+ * context and asked: Mesa's rusticl on llvmpipe counts a kernel's __local
+ * bytes twice (a kernel declaring 23456 bytes reports 46912, and launching
+ * one past the device's 32 KB corrupts results or crashes), and limits every
+ * kernel's work-group to 32 although the device says 1024. The budgets the
+ * parameter code fits tiles to are lowered to match. NVIDIA's driver is not
+ * probed: its numbers are exact, and its kernels' work-group limits come from
+ * their registers, which each kernel family checks itself. */
+static void probe_kernel_limits(flashcl_context *ctx) {
+    static const char source[] =
+        "__kernel void flashcl_probe(__global float *out) {\n"
+        "    __local float tile[256];\n"
+        "    tile[get_local_id(0) % 256] = (float)get_local_id(0);\n"
+        "    barrier(CLK_LOCAL_MEM_FENCE);\n"
+        "    out[get_global_id(0)] = tile[(get_local_id(0) + 1) % 256];\n"
+        "}\n";
+    flashcl_device_info *info = &ctx->info;
+    const char *text = source;
+    cl_int err;
+    cl_program program = clCreateProgramWithSource(ctx->cl_ctx, 1, &text, NULL, &err);
+    if (!program)
+        return;
+    cl_kernel kernel = NULL;
+    if (clBuildProgram(program, 1, &ctx->device, "", NULL, NULL) == CL_SUCCESS)
+        kernel = clCreateKernel(program, "flashcl_probe", &err);
+    if (kernel) {
+        cl_ulong local = 0;
+        size_t wg = 0;
+        clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+        clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof wg, &wg, NULL);
+        if (local > 1024) {
+            info->local_scale = (unsigned)((local + 1023) / 1024);
+            info->local_mem /= info->local_scale;
+        }
+        if (wg && wg < info->max_wg)
+            info->max_wg = wg;
+        clReleaseKernel(kernel);
+    }
+    clReleaseProgram(program);
+}
+
+/* The device's limits as parameters see them: probed, then capped. */
+static void kernel_limits(flashcl_context *ctx) {
+    flashcl_device_info *info = &ctx->info;
+    if (!info->is_nvidia)
+        probe_kernel_limits(ctx);
+    unsigned long cap_local = env_limit("FLASHCL_MAX_LOCAL_MEM"), cap_wg = env_limit("FLASHCL_MAX_WORK_GROUP");
+    if (cap_local && cap_local < info->device_local_mem) {
+        info->device_local_mem = cap_local;
+        info->local_mem = cap_local / info->local_scale;
+    }
+    if (cap_wg && cap_wg < info->max_wg)
+        info->max_wg = cap_wg;
 }
 
 /* ---- creation ------------------------------------------------------------------ */
@@ -415,6 +484,7 @@ flashcl_status flashcl_context_adopt(flashcl_context **out, cl_context context, 
     ctx->device = device;
     ctx->platform = platform;
     read_device_info(platform, device, &ctx->info);
+    kernel_limits(ctx);
     describe(ctx);
     flashcl_clear_error(NULL);
     *out = ctx;

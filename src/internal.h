@@ -14,13 +14,39 @@ typedef struct flashcl_device_info {
     char name[256], vendor[256], version[256], driver[256];
     char platform_name[256], platform_version[256];
     cl_device_type type;
-    cl_ulong local_mem;  /* CL_DEVICE_LOCAL_MEM_SIZE                    */
-    size_t max_wg;       /* CL_DEVICE_MAX_WORK_GROUP_SIZE               */
+    /* The budgets parameters are fitted to, in the host's count of a
+     * kernel's __local bytes (flashcl_forward_local_bytes and the like):
+     * CL_DEVICE_LOCAL_MEM_SIZE and CL_DEVICE_MAX_WORK_GROUP_SIZE, lowered by
+     * what a probe kernel shows of the driver (context.c, probe_kernel_limits)
+     * and by FLASHCL_MAX_LOCAL_MEM / FLASHCL_MAX_WORK_GROUP (tests emulate
+     * small devices with them). */
+    cl_ulong local_mem;
+    size_t max_wg;
+    /* The driver's own numbers, which a built kernel's CL_KERNEL_LOCAL_MEM_SIZE
+     * is compared with (flashcl_kernel_fits). local_scale: the driver's count
+     * of a kernel's __local bytes per declared byte (1; 2 on rusticl). */
+    cl_ulong device_local_mem;
+    unsigned local_scale;
     size_t max_param;    /* CL_DEVICE_MAX_PARAMETER_SIZE (bytes of kernel arguments) */
     cl_uint compute_units;
     int nv_cc_major, nv_cc_minor; /* 0 unless cl_nv_device_attribute_query */
     int is_nvidia, is_pocl;
+    /* Mesa's rusticl: it miscompiles a by-value struct argument indexed in
+     * non-uniform control flow ("Treating load_kernel_arg in control flow as
+     * uniform, results may be incorrect": the KV append and decode kernels'
+     * by-value lists gave garbage or crashed in Mesa 22.3-23), so those
+     * lists are uploaded there instead (flashcl_by_value_ints). */
+    int is_rusticl;
 } flashcl_device_info;
+/* Mesa's rusticl (22.3, llvmpipe) returns wrong rows from the cpu forward and
+ * backward kernels (cl/flash_fwd_cpu.cl, cl/flash_bwd_cpu.cl) once a block
+ * sees more than about 128 keys (flashcl check: 4 of 30 random cases, NaN or
+ * errors ~0.1; test_backward: dk, dv inf), where PoCL, Intel's runtime and
+ * Oclgrind run them clean and the portable kernels pass on rusticl: there
+ * the portable kernels run, and asking for the cpu ones is refused with this. */
+#define FLASHCL_RUSTICL_NO_CPU                                                                   \
+    "the cpu kernels are not used on Mesa's rusticl, which returns wrong rows from them past "    \
+    "about 128 keys: the portable kernels run there"
 
 /* A kernel object of a program, created on first use. */
 typedef struct flashcl_kernel_entry {
@@ -122,6 +148,10 @@ void flashcl_log(const char *fmt, ...)
     ;
 
 /* ---- programs (program.c) ---- */
+/* 1 when a built kernel can be launched with work-groups of `wg` on ctx's
+ * device (its CL_KERNEL_WORK_GROUP_SIZE and CL_KERNEL_LOCAL_MEM_SIZE, within
+ * the emulated limits); else 0 and *why says why. */
+int flashcl_kernel_fits(const flashcl_context *ctx, cl_kernel kernel, size_t wg, char *why, size_t why_size);
 /* The kernel `kernel_name` of cl/`file` (prefixed by cl/common.cl) built
  * with `options`: from memory, else the disk cache, else source. */
 flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
@@ -210,6 +240,14 @@ size_t flashcl_forward_local_bytes(const flashcl_params *params, int head_dim);
 /* 1 when params can run on the device for this head_dim; else 0 and *why says why. */
 int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_params *params,
                        char *why, size_t why_size);
+/* The built-in tiles of one forward variant ("portable", "cpu", or a
+ * tensor-core one where it applies to desc on this device), shrunk to fit:
+ * FLASHCL_PARAMS=VARIANT=...; 0 when the variant does not apply. */
+int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
+                           flashcl_params *params);
+/* The next smaller tiles of a portable or cpu choice (keys per tile first,
+ * then rows): 1, or 0 when there is none (or a tensor-core variant). */
+int flashcl_params_halve(flashcl_params *params);
 /* 1 when params were asked for explicitly (flashcl_set_params, FLASHCL_PARAMS):
  * those are refused when they do not fit, never replaced by a fallback. */
 int flashcl_params_explicit(const flashcl_params *params);

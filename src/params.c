@@ -284,6 +284,8 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
         snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma)", v);
     else if (p->block_m < 1 || p->block_m > 4096 || p->block_n < 1 || p->block_n > 4096)
         snprintf(why, n, "BLOCK_M %d / BLOCK_N %d outside 1..4096", p->block_m, p->block_n);
+    else if (!strcmp(v, "cpu") && ctx->info.is_rusticl)
+        snprintf(why, n, "%s", FLASHCL_RUSTICL_NO_CPU);
     else if (!strcmp(v, "cpu") && p->block_n % 8)
         snprintf(why, n, "cpu kernel: BLOCK_N %d is not a multiple of 8", p->block_n);
     else if (!strcmp(v, "portable") && (p->threads_per_row < 1 || p->block_n % p->threads_per_row))
@@ -348,6 +350,9 @@ static int class_match(const flashcl_param_entry *e, const flashcl_attention_des
 }
 
 static int variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d, const char *v) {
+    /* See FLASHCL_RUSTICL_NO_CPU. */
+    if (v && !strcmp(v, "cpu") && ctx->info.is_rusticl)
+        return 0;
     if (v && !strcmp(v, "nv-mma"))
         return flashcl_nv_mma_eligible(ctx, d);
     if (v && !strcmp(v, "nv-wgmma"))
@@ -531,7 +536,32 @@ static int shrink_to_fit(const flashcl_context *ctx, int head_dim, flashcl_param
         p->block_m /= 2, shrunk = 1;
     if (p->threads_per_row)
         p->work_group_size = p->block_m * p->threads_per_row;
+    if (!strcmp(p->variant, "cpu") && flashcl_forward_local_bytes(p, head_dim) > budget) {
+        /* The CPU kernel keeps a work-item's rows and 8 keys of D floats each:
+         * where even one row does not fit (D=256 in 16 KB), the portable
+         * kernel, whose work-items share their tiles, does. */
+        const char *source = p->source;
+        entry_params(&builtin_global[head_dim > 128], p);
+        shrink_to_fit(ctx, head_dim, p);
+        p->source = source;
+        return 1;
+    }
     return shrunk;
+}
+
+int flashcl_params_halve(flashcl_params *p) {
+    int min_n = !strcmp(p->variant, "cpu") ? 8 : p->threads_per_row ? p->threads_per_row : 1;
+    if (flashcl_variant_is_nv(p->variant))
+        return 0;
+    if (p->block_n / 2 >= min_n && (p->block_n / 2) % min_n == 0)
+        p->block_n /= 2;
+    else if (p->block_m > 1)
+        p->block_m /= 2;
+    else
+        return 0;
+    if (p->threads_per_row)
+        p->work_group_size = p->block_m * p->threads_per_row;
+    return 1;
 }
 
 /* Walks the levels; returns 1 with *p filled (always, unless out of memory). */
@@ -581,6 +611,27 @@ static int lookup(const flashcl_context *ctx, const flashcl_attention_desc *desc
         return 1;
     }
     return 0;
+}
+
+int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
+                           flashcl_params *p) {
+    /* The tensor-core variants' tiles are the architecture table's, where
+     * one of its entries applies to the problem on this device. */
+    for (size_t i = 0; i < COUNT(builtin_arch); ++i) {
+        const flashcl_param_entry *e = &builtin_arch[i];
+        if (!strcmp(e->variant, variant) && flashcl_variant_is_nv(variant) && variant_applies(ctx, desc, variant) &&
+            class_match(e, desc) >= 0) {
+            entry_params(e, p);
+            p->source = "FLASHCL_PARAMS";
+            return 1;
+        }
+    }
+    if (strcmp(variant, "cpu") && strcmp(variant, "portable"))
+        return 0;
+    entry_params(!strcmp(variant, "cpu") ? &builtin_type[0] : &builtin_global[desc->head_dim > 128], p);
+    shrink_to_fit(ctx, desc->head_dim, p);
+    p->source = "FLASHCL_PARAMS";
+    return 1;
 }
 
 /* The kernel that cannot fail to apply: the type default (cl/flash_fwd_cpu.cl
@@ -1011,7 +1062,11 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     for (int i = 0; i < pb->num_seqs; ++i)
         if (pb->rows_per_seq[i] > max_rows)
             max_rows = pb->rows_per_seq[i];
-    const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0;
+    /* rusticl (a CPU device) is given the GPU shape of the tiled kernel:
+     * with one work-item a row, a row's D floats of private state gave wrong
+     * results there at D=96 (test_serving, f32 page 256), with 4 or more
+     * work-items a row none did. */
+    const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0 && !ctx->info.is_rusticl;
     const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
@@ -1080,6 +1135,11 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
             c->block_m = 8;
         if (c->work_group_size < c->lanes)
             c->work_group_size = c->lanes;
+        /* A derived work-group (not an entry's own) fits the device: rusticl's
+         * kernels take 32 work-items. */
+        while (e->kernel != FLASHCL_SERVING_DECODE && c->work_group_size / 2 >= c->lanes &&
+               (size_t)c->work_group_size > ctx->info.max_wg)
+            c->work_group_size /= 2;
         c->unroll = e->kernel == FLASHCL_SERVING_DECODE ? e->unroll : 4;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE ? e->stages : 2;
         c->vec = vec;
@@ -1505,6 +1565,7 @@ static int backward_variant_applies(const flashcl_context *ctx, const flashcl_at
                                     flashcl_backward_variant variant) {
     return variant == FLASHCL_BWD_NV_MMA     ? backward_nv_applies(ctx, d)
            : variant == FLASHCL_BWD_NV_WGMMA ? backward_wgmma_applies(ctx, d)
+           : variant == FLASHCL_BWD_CPU      ? !ctx->info.is_rusticl /* as the forward's cpu kernel */
                                              : 1;
 }
 
@@ -1513,7 +1574,9 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
                         int block_m, int block_n, int work_group_size, int dq_atomic, char *why, size_t n) {
     size_t local = backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim, dq_atomic);
     why[0] = '\0';
-    if (variant == FLASHCL_BWD_CPU && block_n % 8)
+    if (variant == FLASHCL_BWD_CPU && ctx->info.is_rusticl)
+        snprintf(why, n, "%s", FLASHCL_RUSTICL_NO_CPU);
+    else if (variant == FLASHCL_BWD_CPU && block_n % 8)
         snprintf(why, n, "the cpu backward kernel needs BLOCK_N a multiple of 8, not %d", block_n);
     else if (variant == FLASHCL_BWD_NV_MMA && !backward_nv_applies(ctx, d))
         snprintf(why, n, "the nv-mma backward needs NVIDIA sm_80+, float16 or bfloat16 and head_dim <= 128");
@@ -1568,8 +1631,9 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     char why[200];
     if (w->desc->head_dim < e->head_dim_min || w->desc->head_dim > e->head_dim_max)
         return 0;
-    if (backward_variant_nv(variant) && (w->skip_nv || (w->only_nv >= 0 && (int)variant != w->only_nv) ||
-               !backward_variant_applies(ctx, w->desc, variant)))
+    if (backward_variant_nv(variant) && (w->skip_nv || (w->only_nv >= 0 && (int)variant != w->only_nv)))
+        return 0;
+    if (!backward_variant_applies(ctx, w->desc, variant))
         return 0;
     if (level >= LVL_TYPE ||
         backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, why, sizeof why))
@@ -1676,6 +1740,8 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->variant = backward_variant_of(e->variant);
     c->nv_max_registers = flashcl_backward_nv(c) ? e->nv_max_registers : 0;
     c->source = source;
+    if (env.variant >= 0) /* VARIANT alone: that kernel's tiles shrink to fit as a default's */
+        c->variant = (flashcl_backward_variant)env.variant;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         size_t budget = ctx->info.local_mem > 2048 ? (size_t)ctx->info.local_mem - 1024 : 0;
         const int min_n = c->variant == FLASHCL_BWD_CPU ? 8 : 1; /* the cpu kernel's key vectors */

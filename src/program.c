@@ -549,3 +549,19 @@ void flashcl_release_programs(flashcl_context *ctx) {
     }
     ctx->programs = NULL;
 }
+
+int flashcl_kernel_fits(const flashcl_context *ctx, cl_kernel kernel, size_t wg, char *why, size_t why_size) {
+    size_t kernel_wg = 0;
+    cl_ulong local = 0;
+    clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_WORK_GROUP_SIZE, sizeof kernel_wg, &kernel_wg, NULL);
+    clGetKernelWorkGroupInfo(kernel, ctx->device, CL_KERNEL_LOCAL_MEM_SIZE, sizeof local, &local, NULL);
+    if (!kernel_wg || kernel_wg > ctx->info.max_wg)
+        kernel_wg = ctx->info.max_wg;
+    why[0] = '\0';
+    if (wg > kernel_wg)
+        snprintf(why, why_size, "a work-group of %zu exceeds the built kernel's limit of %zu", wg, kernel_wg);
+    else if (local > ctx->info.device_local_mem)
+        snprintf(why, why_size, "the built kernel needs %llu bytes of local memory, the device has %llu",
+                 (unsigned long long)local, (unsigned long long)ctx->info.device_local_mem);
+    return why[0] == '\0';
+}

@@ -522,7 +522,7 @@ static flashcl_status upload_meta(flashcl_context *ctx, serving_plan *p, cl_even
 /* Rounded up to a power of two from 64 so that each size is its own build
  * and a batch of one does not pass 4 KB per launch. */
 int flashcl_by_value_ints(const flashcl_context *ctx, size_t ints) {
-    if (ctx->info.max_param < 256 + 256)
+    if (ctx->info.max_param < 256 + 256 || ctx->info.is_rusticl)
         return 0;
     const size_t room = (ctx->info.max_param - 256) / 4;
     size_t n = 64;

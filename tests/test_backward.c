@@ -343,6 +343,29 @@ static void run(flashcl_context *ctx, test_case tc, int deterministic) {
 static void run_with(flashcl_context *ctx, const test_case *tc, int deterministic, const char *env) {
     if (flashcl_context_is_host(ctx))
         return;
+    if (strstr(env, "VARIANT=cpu") && strstr(flashcl_context_device_name(ctx), "rusticl")) {
+        /* The cpu kernels are refused there (src/internal.h, FLASHCL_RUSTICL_NO_CPU). */
+        setenv("FLASHCL_BWD_PARAMS", env, 1);
+        flashcl_attention_desc d;
+        size_t elems[4], most = 0;
+        case_desc(tc, &d, elems);
+        for (int i = 0; i < 4; ++i)
+            most = elems[i] > most ? elems[i] : most;
+        void *t[8];
+        for (int i = 0; i < 8; ++i) /* q, k, v, out, dout, dq, dk, dv: zeros are fine */
+            t[i] = calloc(most, 4);
+        float *lse = calloc((size_t)d.batch * d.heads_q * d.seqlen_q, sizeof(float));
+        flashcl_status st = flashcl_attention_backward_host(ctx, &d, NULL, t[0], t[1], t[2], t[3], t[4], lse, t[5],
+                                                            t[6], t[7]);
+        char what[160];
+        snprintf(what, sizeof what, "FLASHCL_BWD_PARAMS=%s refused on rusticl", env);
+        expect(st == FLASHCL_ERROR_INVALID_PARAMS && strstr(flashcl_last_error(ctx), "rusticl"), what, &failures);
+        for (int i = 0; i < 8; ++i)
+            free(t[i]);
+        free(lse);
+        unsetenv("FLASHCL_BWD_PARAMS");
+        return;
+    }
     printf("FLASHCL_BWD_PARAMS=%s:\n", env);
     setenv("FLASHCL_BWD_PARAMS", env, 1);
     run(ctx, *tc, deterministic);

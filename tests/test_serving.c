@@ -1135,16 +1135,20 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, what);
     snprintf(what, sizeof what, "%s, description by value: out-of-order queue, four calls", kernel);
     ooo_suite(ctx, 0, what);
-    snprintf(what, sizeof what, "%s, description by value: taken (the split-counter buffer exists)", kernel);
-    expect(ctx->serving_counters != NULL, what, &failures);
+    /* rusticl miscompiles by-value lists (internal.h, is_rusticl): uploaded there. */
+    const int by_value = !ctx->info.is_rusticl;
+    snprintf(what, sizeof what, "%s, description by value: %s", kernel,
+             by_value ? "taken (the split-counter buffer exists)" : "not on rusticl (uploaded)");
+    expect((ctx->serving_counters != NULL) == by_value, what, &failures);
     /* Appends go by value under the same switch: forks with copy-on-write,
      * tables that move and a rebuilt table buffer, the out-of-order queue. */
     fork_suite(ctx);
     device_tables_suite(ctx);
     ooo_fork_case(ctx);
     ooo_appends_case(ctx);
-    snprintf(what, sizeof what, "%s, slot list by value: a small append uploads nothing", kernel);
-    expect(small_append_uploads(ctx) == 0, what, &failures);
+    snprintf(what, sizeof what, "%s, slot list by value: a small append uploads %s", kernel,
+             by_value ? "nothing" : "its list on rusticl");
+    expect((small_append_uploads(ctx) == 0) == by_value, what, &failures);
     /* 300 one-token sequences: 1800 ints of description, more than any
      * device's argument space: uploaded (the upload buffer holds them). */
     mirror m;

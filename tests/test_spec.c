@@ -3,7 +3,7 @@
  * 1. Philox4x32-10 against Random123's known answers; mulhi64; the fixed exp2.
  * 2. Device, host path and host_ref emit identical tokens for the same seed
  *    (probabilities, logits, greedy; vocabularies 1 .. 256k, not powers of
- *    two; forced work-group sizes 1, 4, 256 give the same tokens).
+ *    two; forced work-group sizes 1, 4, 32 give the same tokens).
  * 3. Losslessness: the first emitted token's histogram over 2*10^5 trials
  *    passes a chi-square goodness-of-fit test against p_0 (p-value > 1e-3,
  *    several seeds, host path and one device launch), and the same test
@@ -316,8 +316,9 @@ static void test_identical(flashcl_context *dev, flashcl_context *host) {
     }
     if (!dev)
         return;
-    /* The work-group size must not change a token. */
-    static const char *const wgs[] = {"1", "4", "256"};
+    /* The work-group size must not change a token (32: the largest every
+     * supported device takes; rusticl's kernels stop there). */
+    static const char *const wgs[] = {"1", "4", "32"};
     problem pr = make_problem(seed + 999, 60, 4, 1500, 0, 0);
     problem pl = make_problem(seed + 998, 30, 3, 777, 1, 0);
     for (int i = 0; i < 3; ++i) {
