@@ -3,7 +3,7 @@
  *
  *   gcc -O2 -std=c11 bench/tma_probe.c -o /tmp/tma_probe -lOpenCL -ldl && /tmp/tma_probe [MiB]
  *
- * Why: stop 23's diagnostics (BENCHMARKS.md) showed the wgmma forward's per-thread cp.async tile
+ * Why: 034269e's diagnostics (BENCHMARKS.md) showed the wgmma forward's per-thread cp.async tile
  * copies running serially with its tensor-core products, 1.1 of 3.3 ms at (4,32,4096,128). FA3
  * and cuDNN copy a tile with one cp.async.bulk.tensor issued by one thread. That instruction
  * reads a tensor map, a 128-byte descriptor that only the CUDA driver encodes

@@ -120,7 +120,7 @@ inline uint pack2(float lo, float hi) {
  * (PTX ISA 7.4+); 0, the default, none. The tensor-core decode kernel is
  * built with 128 (its L2_PREFETCH parameter, src/params.c: 1-2.5 % faster on
  * the H200); the forward and backward did not move with it (BENCHMARKS.md,
- * stop 26), so they keep 0. */
+ * 2026-12-03, b0f15f5), so they keep 0. */
 #ifndef CP_ASYNC_L2
 #define CP_ASYNC_L2 0
 #endif
@@ -335,7 +335,7 @@ inline void cp_wait_async_proxy(void) {
  * Built by the host (src/attention.c, src/backward.c) when the CUDA driver
  * encodes tensor maps (src/nv_tma.c). Why: with cp.async, 16 bytes per
  * work-item, the forward's copies ran serially with its products
- * (BENCHMARKS.md, stop 23); one cp.async.bulk.tensor per 64-dim panel,
+ * (BENCHMARKS.md, 2026-12-02, 034269e); one cp.async.bulk.tensor per 64-dim panel,
  * issued by one work-item, lands a tile in the SW128 layout, rows past the
  * tensor's end and dims past its head dim zero (bench/tma_probe.c checked
  * that on the H200). A kernel gets two maps as arguments with a placeholder

@@ -239,7 +239,7 @@
  * result, which it adds into dq_acc ([row][head_dim] floats, scaled as dQ).
  * On the H200 at (4,32,4096,64) f16 the dK/dV kernel then took 7.8 ms
  * against 5.0 ms + 2.9 ms for the dQ pass: level without a mask, 2-3 %
- * faster causal (BENCHMARKS.md, stop 27), so the host asks for it only
+ * faster causal (BENCHMARKS.md, 2026-12-03, d9da259), so the host asks for it only
  * under FLASHCL_BWD_PARAMS=DQ=atomic. Adding 4 floats a red (a 4 x 4
  * exchange among lanes first) was slower (8.3 / 4.5 ms against 8.0 / 4.0):
  * the added time is not the reds' count.

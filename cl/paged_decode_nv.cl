@@ -60,14 +60,14 @@
  * cp.async.bulk, K a tile further ahead than V in its own cp.async group,
  * deeper rings, five groups a CU (register caps: spills), and K loaded
  * straight into the mma operands' registers with V by cp.async (K_IN_REGS,
- * stops 22-27: REG_COPY below is 3 % faster at D=128). One kv head's rows
+ * 2026-12-02..03, 5c69a4b-1d15059: REG_COPY below is 3 % faster at D=128). One kv head's rows
  * laid out contiguously (as FA2's cache) read within 1.5 % of the shuffled
  * pages. Under REG_COPY, one prefetch.global.L2 of the K and V rows of the tile after next
  * (to have the shuffled page's address translated before its loads): 6 % slower at batch
- * 4-16, even over 256-token pages (stop 31). In the HEAD_GROUP kernel, the keys as the mma
+ * 4-16, even over 256-token pages (8ee2e34). In the HEAD_GROUP kernel, the keys as the mma
  * rows (S^T = K Q^T, O^T += V^T P^T, P^T by movmatrix: half the mma, 167 registers instead of
  * 242 at D=128) with K two tiles ahead: level from 65536 keys, 1-6 % slower at batch 1-4 with
- * 16384; pages read as [head][token][dim]: level at batch 16 (stop 32). */
+ * 16384; pages read as [head][token][dim]: level at batch 16 (2026-12-03, 64aef0e). */
 
 /* REG_COPY: K and V by 16-byte loads (chunk_or_zero), a tile ahead in registers,
  * stored to the warp's tile buffer when the tile starts, instead of by
@@ -85,17 +85,17 @@
  * decoding token (a warp each), so that an SM reads whole rows of the pool's
  * [page][token][head][dim] pages at once rather than one head's 256 bytes of every 2 KB
  * (bench/copy_tiles.c: whole pages a group stream 2.6 % faster on the H200). On the H200 that
- * was level at batch 16 and slower at batch 1-4 (stop 29), and as level with a work-group
- * barrier every tile to keep the warps on the same page (stop 30). With
+ * was level at batch 16 and slower at batch 1-4 (75bc46b), and as level with a work-group
+ * barrier every tile to keep the warps on the same page (2026-12-03, a762927). With
  * HG_WPH warps a head (below), HEAD_GROUP=1 and 8 warps is what the host picks for grids too
  * small to fill the device without many splits: a work-group of 8 warps on one slice keeps as
  * much in flight as four 2-warp groups with a quarter of the splits to merge (batch 1: 3-13 %
- * faster, stop 30). The kernel at the end of this file. 0, the default: one kv head a group. */
+ * faster, a762927). The kernel at the end of this file. 0, the default: one kv head a group. */
 #ifndef HEAD_GROUP
 #define HEAD_GROUP 0
 #endif
 /* REG_COPY keeps one tile buffer a warp: the tile in flight is in registers. Half the __local
- * of two buffers (17.8 KB a group at D=128, against 35.2); on the H200 as fast as two (stop 29),
+ * of two buffers (17.8 KB a group at D=128, against 35.2); on the H200 as fast as two (75bc46b),
  * though bench/copy_tiles.c reads flashcl's paged rows 7 % slower with 16 KB more __local a
  * group, at 4 groups a CU (the SM's L1, where loads in flight land, gives way to __local). */
 #if REG_COPY
@@ -258,7 +258,7 @@ inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
  * work-item's 16-byte chunks (8 elements of a row) are all asked for before
  * any is stored; element by element only where Q's rows are not 16-byte
  * aligned (uniform per call). On the H200 about 4 us came off each call whose
- * slices are 1024 keys or shorter (BENCHMARKS.md, stop 26). */
+ * slices are 1024 keys or shorter (BENCHMARKS.md, 2026-12-03, b0f15f5). */
 #define Q_ROW_CHUNKS (HEAD_DIM / 8)
 inline void load_q(__local ushort *smem, __global const ushort *q, ulong q_off, ulong q_ss, ulong q_sh, int q_start,
                    int m0, int nrows, int group, int hk) {
@@ -394,7 +394,7 @@ paged_decode_nv(SERVING_ARGS,
     /* The first tile's loads go out before Q's: registers, not the __local Q passes through.
      * row_next is the next tile's first row (where tiles stay in a page), read from the page
      * table a tile ahead of its loads, so that they wait on no table read (H200: 0.4-0.5 %
-     * faster at batch 16, stop 29). */
+     * faster at batch 16, 2026-12-03, 75bc46b). */
 #define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
     uint4 xk[LANE_CHUNKS], xv[LANE_CHUNKS];
     uint row_next = 0;
@@ -426,7 +426,7 @@ paged_decode_nv(SERVING_ARGS,
      * tile i + 1 starts, after a warp sync: every lane is done reading tile i - 1 (at i = 0, the
      * work-group barrier after Q's fragments stands for it). The sync after the stores makes
      * the tile whole for ldmatrix. (Issuing the next K loads between the K and V stores, so
-     * that they go out while V's data may still be arriving, was 0.1 % slower: stop 29.) */
+     * that they go out while V's data may still be arriving, was 0.1 % slower: 75bc46b.) */
     __local ushort *const warp_tiles = smem + warp * WARP_HALFS;
     for (int i = 0; i < my_tiles; ++i) {
         if (i > 0)

@@ -3,7 +3,7 @@
  * Why. On the H200 the wgmma forward's tile copies, 16 bytes per work-item
  * through cp.async, ran serially with its tensor-core products: at
  * (4,32,4096,128) the kernel took 3.34 ms, 2.24 without copying tiles
- * (BENCHMARKS.md, stop 23). One cp.async.bulk.tensor, issued by one
+ * (BENCHMARKS.md, 2026-12-02, 034269e). One cp.async.bulk.tensor, issued by one
  * work-item, copies a whole tile in the kernels' 128-byte-swizzled layout,
  * but it reads a tensor map: a 128-byte descriptor that only the CUDA driver
  * encodes (cuTensorMapEncodeTiled), and OpenCL has no call for it.

@@ -64,7 +64,7 @@ static const flashcl_param_entry builtin_arch[] = {
      * over the sm_80+ entries of the same class on compute capability 9.0.
      * One warpgroup of 64 query rows over 64-key tiles, which arrive by TMA
      * (USE_TMA). H200, f16, `flashcl bench --device nvidia`, TFLOP/s at
-     * (4,32,4096,D) / (1,32,16384,128), no mask | causal (stop 24):
+     * (4,32,4096,D) / (1,32,16384,128), no mask | causal (2026-12-02, a2db0d7):
      *   D=128  one warpgroup, 64 keys   547 / 569 | 491 / 532
      *          one warpgroup, 48 keys             | 437 / 451
      *          two warpgroups in turns  463 / 482 | 355 / 409
@@ -864,7 +864,7 @@ static const decode_entry decode_arch[] = {
      * 4 work-groups per compute unit: at up to 255 registers a thread (REG_COPY;
      * 168 with cp.async), 4 of these 64-thread groups fit an SM's registers
      * at once, so the splits fill exactly one wave (8, two waves: level or
-     * 1 % slower at batch 16, stop 28). Against 16 (nearly 4 waves) at batch 1/4/16 x
+     * 1 % slower at batch 16, 2026-12-03, b4f8851). Against 16 (nearly 4 waves) at batch 1/4/16 x
      * context 16k/64k/128k: 6 shapes 3-9 % faster ((1, 65536) 127 against
      * 139-143 µs), 3 level; 5, 8, 10 and 32 were slower. */
     {"sm_80+", NULL, DECODE_MMA, 16, 64, 0, 2, 4, 512, "measured on the H200, see BENCHMARKS.md"},
@@ -1094,15 +1094,15 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         /* Copies staged through registers where slices are long: cp.async
          * from OpenCL reads at 3.9 TB/s at most on the H200, loads at 4.5.
          * Batch 1-16 x context 4k-128k, D=128: slices of 1024 keys and more
-         * 3-6 % faster than stop 27's kernel ((16, 65536) 997 against 1035
+         * 3-6 % faster than 1d15059's kernel ((16, 65536) 997 against 1035
          * us, (1, 65536) 78 against 83), 512 keys 8 % slower than cp.async
-         * (BENCHMARKS.md, stop 28). */
+         * (BENCHMARKS.md, 2026-12-03, b4f8851). */
         c->reg_copy_min_keys = 1024; /* where the kernel takes it: decode_reg_copy */
         /* An L2 prefetch of 128 bytes on each 16-byte cp.async, as CUTLASS's
          * sm80 copies issue it. H200, batch 1-16 x context 4k-128k, calls
          * back to back: 1-2.5 % faster at all 12 shapes ((16, 4096) 84.0 ->
          * 82.1 us, (1, 131072) 149.6 -> 146.9); 256 bytes mixed
-         * (BENCHMARKS.md, stop 26). */
+         * (BENCHMARKS.md, 2026-12-03, b0f15f5). */
         c->l2_prefetch = 128;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE_MMA ? e->stages : 2;
         c->work_group_size = pb->head_dim > 128 ? 32 : 64; /* K/V stages of 2 warps exceed 48 KB above D=128 */
@@ -1117,12 +1117,12 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         /* At D=64 the kernels take 164 registers a thread (one head a group) and 139 (HEAD_GROUP):
          * 12 warps fit an SM, so 6 two-warp groups (4 * 3 / 2). H200, batch 4-32 at 65536 keys
          * and more: 15-17 % faster than with 4 ((16, 131072) 1103 us against 1329); batch 64 has
-         * a group for every slot already (stop 31). */
+         * a group for every slot already (2026-12-03, 8ee2e34). */
         if (pb->head_dim == 64)
             c->wgs_per_cu = c->wgs_per_cu * 3 / 2;
         /* At D=32 (HEAD_GROUP: 101 registers, 4 four-warp groups fit an SM) two warps on each of
          * two heads with splits for 5 such groups (10 two-warp groups' worth) were 16-26 % faster
-         * than the one-head kernel's 4 from 65536 keys (stop 31). */
+         * than the one-head kernel's 4 from 65536 keys (2026-12-03, 8ee2e34). */
         else if (pb->head_dim == 32)
             c->wgs_per_cu = c->wgs_per_cu * 5 / 2;
     } else if (c->kernel == FLASHCL_SERVING_DECODE) {
@@ -1216,7 +1216,7 @@ static long one_head_groups(const flashcl_decode_problem *pb, const flashcl_deco
 
 /* The mma decode kernel's warps for decoding, from the one-head grid (blocks x kv heads, G) at
  * the head dims where they were measured (H200, f16, 32 query over 8 kv heads, batch 1-64 x
- * 4k-128k keys, 16-token shuffled pages; BENCHMARKS.md, stops 30-31). decode_head_group keeps
+ * 4k-128k keys, 16-token shuffled pages; BENCHMARKS.md, a762927, 8ee2e34). decode_head_group keeps
  * the choice only where the HEAD_GROUP kernel applies (one token a sequence, D a multiple of
  * 32 up to 128), else the one-head kernel of 2 warps stays.
  *   D=128 and 96 (242 and 183 registers a thread: one 8-warp group a CU):
@@ -1261,10 +1261,10 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
  * longest sequence's slice (cut as the kernel cuts it) against
  * reg_copy_min_keys, where the kernel takes it (in place of the two-stage
  * cp.async loop of 16-key tiles), at head dims 64..128. H200, batch 1-16 x
- * 16k-64k keys: 2-8 % faster than stop 27's kernel at D=64, 96 and 128; at D=32 slower
+ * 16k-64k keys: 2-8 % faster than 1d15059's kernel at D=64, 96 and 128; at D=32 slower
  * than it and than the cp.async loop (a 16-key tile is 1 KB of K: too
  * little in flight); at D=256 (one warp a group) 2.3x slower (BENCHMARKS.md,
- * stop 28). */
+ * 2026-12-03, b4f8851). */
 static void decode_reg_copy(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
     const long slice = ((pb->max_keys + c->splits - 1) / c->splits + 31) / 32 * 32;
     c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && !c->head_group && c->reg_copy_min_keys > 0 &&
@@ -1736,7 +1736,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->block_n = e->block_n;
     c->work_group_size = e->work_group_size;
     c->deterministic = deterministic != 0;
-    c->nv_dq_pass = 1; /* nv-mma: faster than atomics, see backward_arch; nv-wgmma: level with them (stop 27) */
+    c->nv_dq_pass = 1; /* nv-mma: faster than atomics, see backward_arch; nv-wgmma: level with them (d9da259) */
     c->variant = backward_variant_of(e->variant);
     c->nv_max_registers = flashcl_backward_nv(c) ? e->nv_max_registers : 0;
     c->source = source;

@@ -962,7 +962,7 @@ static void ooo_suite(flashcl_context *base, int grow, const char *name) {
         flashcl_ref_poison(out[i], dt, q_el);
         bq[i] = test_upload(ctx, q[i], q_el * es), bo[i] = test_upload(ctx, out[i], q_el * es);
     }
-    /* Call i describes sequences first(i) .. 1: with grow, call 0 only the second. */
+    /* The i-th call describes sequences first(i) .. 1: with grow, the first only the second. */
 #define FIRST(i) (grow && (i) == 0 ? 1 : 0)
     for (int i = 0; !st && i < CALLS; ++i) {
         flashcl_varlen_desc di = d;
