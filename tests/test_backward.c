@@ -407,7 +407,7 @@ static void build_failure(flashcl_context *ctx, const char *missing, test_case t
 static void cpu_build_failure(flashcl_context *ctx) {
     test_case tc = test_case_basic(FLASHCL_FLOAT32, 37, 53, 16);
     tc.causal = 1;
-    build_failure(ctx, "flash_bwd_cpu.cl", tc, "VARIANT=cpu,BLOCK_M=16,BLOCK_N=24,WG=16");
+    build_failure(ctx, "flash_bwd_cpu.cl", tc, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=16,WG=16");
 }
 #endif
 
