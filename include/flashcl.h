@@ -116,7 +116,10 @@ FLASHCL_API cl_context flashcl_context_cl_context(const flashcl_context *ctx);
 FLASHCL_API cl_device_id flashcl_context_cl_device(const flashcl_context *ctx);
 FLASHCL_API cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx);
 
-/* A one-line description: "NVIDIA H200 (NVIDIA CUDA, OpenCL 3.0 ...)". */
+/* A one-line description: "NVIDIA H200 (NVIDIA CUDA, OpenCL 3.0 ...)". On the host C path it
+ * says why that path runs, e.g. "host (pure C, 8 threads, no OpenCL) because no OpenCL platform
+ * was found (...)": the library prints nothing, so an application that wants to tell its user
+ * about the fallback prints this. Owned by the context. */
 FLASHCL_API const char *flashcl_context_device_name(const flashcl_context *ctx);
 
 /* Optional log sink for notes such as "no OpenCL platform: using host path"
