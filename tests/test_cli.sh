@@ -263,16 +263,33 @@ expect_status 0 "help attention" help attention
 expect_status 0 "attention --help" attention --help
 expect_status 2 "no arguments"
 expect_status 2 "unknown command" frobnicate
-if ! grep -q "unknown command 'frobnicate'" err.txt || ! grep -q '^usage:' err.txt; then
-    bad "unknown command: no message and usage on stderr"
-fi
+# A usage error is two lines: the message and a pointer to --help, not the whole help text.
+short_usage_error() { # NAME
+    if [ "$(wc -l <err.txt)" -eq 2 ] && grep -q "^Try 'flashcl.* --help'" err.txt && ! grep -q '^usage:' err.txt; then
+        ok "$1: the error and a --help hint, no help text"
+    else bad "$1: stderr is not the error and a hint: $(head -c 300 err.txt)"; fi
+}
+grep -q "unknown command 'frobnicate'" err.txt || bad "unknown command: no message on stderr"
+short_usage_error "unknown command"
 expect_status 2 "unknown option" attention --bogus
+short_usage_error "unknown option"
+expect_status 2 "misspelt option" attention --casual
+if grep -q "did you mean '--causal'" err.txt; then ok "--casual: did you mean '--causal'"; else
+    bad "--casual: no suggestion: $(cat err.txt)"; fi
+short_usage_error "misspelt option"
+expect_status 2 "misspelt command" atention
+grep -q "did you mean 'attention'" err.txt && ok "atention: did you mean 'attention'" ||
+    bad "atention: no suggestion: $(cat err.txt)"
+expect_status 2 "misspelt bench --decode option" bench --decode --stpe
+grep -q "did you mean '--step'" err.txt && grep -q "flashcl bench --decode --help" err.txt &&
+    ok "bench --decode --stpe: suggestion and the mode's own --help" || bad "bench --decode --stpe: $(cat err.txt)"
 expect_status 2 "help for an unknown command" help frobnicate
 expect_status 2 "attention without inputs" attention --out o.npy
 expect_status 2 "option without its value" attention --q
 expect_status 2 "bad --window" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy \
     --window 3
 expect_status 2 "bad --cases" check --cases zero
+short_usage_error "bad --cases"
 expect_status 2 "bad --shape" bench --shape 1,2,3
 no_outputs_left || bad "usage errors left output files"
 

@@ -140,8 +140,7 @@ int cli_attention_backward(int argc, char **argv) {
         } else if (!strcmp(arg, "--deterministic")) {
             deterministic = 1;
         } else if (strcmp(arg, "--backward") != 0) {
-            cli_errorf("unknown option '%s' for 'flashcl attention --backward'", arg);
-            return CLI_EXIT_USAGE;
+            return cli_unknown_option(cli_usage_attention_backward, arg);
         }
     }
     for (int n = 0; n < 7; ++n)
@@ -521,8 +520,7 @@ int cli_bench_backward(int argc, char **argv) {
         } else if (!strcmp(arg, "--json")) {
             json = 1;
         } else if (strcmp(arg, "--backward") != 0) {
-            cli_errorf("unknown option '%s' for 'flashcl bench --backward'", arg);
-            return CLI_EXIT_USAGE;
+            return cli_unknown_option(cli_usage_bench_backward, arg);
         }
     }
     if (!causal_mask) {

@@ -168,3 +168,126 @@ void cli_json_number(FILE *f, double value, int valid) {
     else
         fputs("null", f);
 }
+
+/* ---- usage errors: the message, a "did you mean", and a pointer to --help -------------------- */
+
+/* Levenshtein distance, capped: words longer than 63 characters count as far from everything. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    if (na > 63 || nb > 63)
+        return 1000;
+    int row[64];
+    for (size_t j = 0; j <= nb; ++j)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= na; ++i) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; ++j) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+static int word_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+}
+
+int cli_nearest_word(const char *word, const char *text, char *buf, size_t size) {
+    const char *eq = strchr(word, '='); /* "--casual=1": compare the name only */
+    size_t nw = eq && word[0] == '-' ? (size_t)(eq - word) : strlen(word);
+    int dashed = nw > 2 && word[0] == '-' && word[1] == '-';
+    int best = 3;
+    size_t best_len = 0;
+    const char *best_at = NULL;
+    for (const char *p = text; *p;) {
+        if (!word_char(*p) || (p > text && word_char(p[-1]))) {
+            ++p;
+            continue;
+        }
+        size_t n = 0;
+        while (word_char(p[n]))
+            ++n;
+        int candidate_dashed = n > 2 && p[0] == '-' && p[1] == '-';
+        if (candidate_dashed == dashed && (dashed || p[0] != '-')) {
+            int d = edit_distance(word, nw, p, n);
+            /* Close enough to be a typo: at most 2 edits, and fewer than half the word's letters. */
+            if (d > 0 && d < best && 2 * d <= (int)nw - 2 * dashed) {
+                best = d;
+                best_at = p;
+                best_len = n;
+            }
+        }
+        p += n;
+    }
+    if (!best_at || best_len + 1 > size)
+        return 0;
+    memcpy(buf, best_at, best_len);
+    buf[best_len] = '\0';
+    return 1;
+}
+
+/* "flashcl bench --decode" from "usage: flashcl bench --decode [options]": the words of the usage
+ * line up to its first argument (an option that is followed by more arguments is one). */
+static void usage_command(const char *usage, char *buf, size_t size) {
+    const char *p = strstr(usage, "usage: ");
+    snprintf(buf, size, "flashcl");
+    if (!p || strncmp(p + 7, "flashcl ", 8) != 0)
+        return;
+    p += 15;
+    size_t len = strlen(buf);
+    for (int words = 0; *p && *p != '\n'; ++words) {
+        size_t n = 0;
+        while (p[n] && p[n] != ' ' && p[n] != '\n')
+            ++n;
+        /* a command, or a mode option right after it, one without a value (bench --decode [options],
+         * attention --backward --q ...) */
+        const char *next = p + n;
+        while (*next == ' ')
+            ++next;
+        int mode = words == 1 && p[0] == '-' && (*next == '[' || *next == '-');
+        if (n == 0 || p[0] == '[' || p[0] == '<' || (p[0] == '-' && !mode) || len + n + 2 > size)
+            break;
+        buf[len++] = ' ';
+        memcpy(buf + len, p, n);
+        len += n;
+        buf[len] = '\0';
+        p += n;
+        while (*p == ' ')
+            ++p;
+    }
+}
+
+static void print_help_hint(const char *usage) {
+    char command[96];
+    usage_command(usage, command, sizeof command);
+    fprintf(stderr, "Try '%s --help'.\n", command);
+}
+
+int cli_usage_error(const char *usage, const char *fmt, ...) {
+    va_list ap;
+    fputs("flashcl: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    print_help_hint(usage);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_unknown_option(const char *usage, const char *arg) {
+    char command[96], near[64];
+    usage_command(usage, command, sizeof command);
+    if (cli_nearest_word(arg, usage, near, sizeof near))
+        cli_errorf("unknown option '%s' for '%s'; did you mean '%s'?", arg, command, near);
+    else
+        cli_errorf("unknown option '%s' for '%s'", arg, command);
+    print_help_hint(usage);
+    return CLI_EXIT_USAGE;
+}

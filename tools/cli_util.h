@@ -21,6 +21,17 @@
 /* Prints "flashcl: <message>\n" to stderr. */
 void cli_errorf(const char *fmt, ...) CLI_PRINTF(1, 2);
 
+/* Usage errors print one line and a pointer to --help, never the whole help text.
+ * cli_usage_error: "flashcl: <message>" then "Try 'flashcl CMD --help' for its options.", CMD read
+ * from the first line of `usage`; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *usage, const char *fmt, ...) CLI_PRINTF(2, 3);
+/* The same for an unknown option, with "did you mean '--x'?" when an option named in `usage` is
+ * within two edits of it (--casual: --causal). */
+int cli_unknown_option(const char *usage, const char *arg);
+/* The word of `text` nearest to `word` (options with options, plain words with plain words), if
+ * it is within two edits and fewer than half the word's letters: copies it to buf, returns 1. */
+int cli_nearest_word(const char *word, const char *text, char *buf, size_t size);
+
 /* Seconds on CLOCK_MONOTONIC. */
 double cli_now(void);
 

@@ -143,19 +143,17 @@ static const char usage_bench[] =
  * Shared helpers
  * ==================================================================== */
 
-/* Prints "flashcl: <message>", a blank line and the usage text to stderr;
- * returns the usage exit status. */
+/* Prints "flashcl: <message>" and a one-line pointer to the command's --help (not the whole
+ * help) to stderr; returns the usage exit status. */
 static int usage_error(const char *usage, const char *fmt, ...) CLI_PRINTF(2, 3);
 
 static int usage_error(const char *usage, const char *fmt, ...) {
+    char message[512];
     va_list ap;
-    fputs("flashcl: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    vsnprintf(message, sizeof message, fmt, ap);
     va_end(ap);
-    fputs("\n\n", stderr);
-    fputs(usage, stderr);
-    return CLI_EXIT_USAGE;
+    return cli_usage_error(usage, "%s", message);
 }
 
 static int is_help(const char *arg) {
@@ -357,7 +355,7 @@ static int cmd_devices(int argc, char **argv) {
             fputs(usage_devices, stdout);
             return CLI_EXIT_OK;
         }
-        return usage_error(usage_devices, "unknown option '%s' for 'flashcl devices'", argv[i]);
+        return cli_unknown_option(usage_devices, argv[i]);
     }
 
     err = clGetPlatformIDs(0, NULL, &num_platforms);
@@ -616,7 +614,7 @@ static int cmd_attention(int argc, char **argv) {
         } else if (strcmp(arg, "--causal") == 0) {
             causal = 1;
         } else {
-            return usage_error(usage_attention, "unknown option '%s' for 'flashcl attention'", arg);
+            return cli_unknown_option(usage_attention, arg);
         }
     }
     if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
@@ -909,7 +907,7 @@ static int cmd_check(int argc, char **argv) {
             if (cli_parse_long(value, 1, 1000000, &cases) != 0)
                 return usage_error(usage_check, "--cases wants an integer >= 1, not '%s'", value);
         } else {
-            return usage_error(usage_check, "unknown option '%s' for 'flashcl check'", arg);
+            return cli_unknown_option(usage_check, arg);
         }
     }
 
@@ -1574,7 +1572,7 @@ static int cmd_bench(int argc, char **argv) {
         } else if (strcmp(arg, "--json") == 0) {
             opt.json = 1;
         } else {
-            return usage_error(usage_bench, "unknown option '%s' for 'flashcl bench'", arg);
+            return cli_unknown_option(usage_bench, arg);
         }
     }
 
@@ -1740,9 +1738,15 @@ int main(int argc, char **argv) {
         return CLI_EXIT_OK;
     }
     cmd = find_command(argv[1]);
-    if (cmd == NULL)
-        return usage_error(usage_main,
-                           argv[1][0] == '-' ? "unknown option '%s'" : "unknown command '%s'",
-                           argv[1]);
+    if (cmd == NULL && argv[1][0] == '-')
+        return cli_unknown_option(usage_main, argv[1]);
+    if (cmd == NULL) {
+        char names[160] = "help", near[32];
+        for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+            snprintf(names + strlen(names), sizeof names - strlen(names), " %s", commands[i].name);
+        if (cli_nearest_word(argv[1], names, near, sizeof near))
+            return usage_error(usage_main, "unknown command '%s'; did you mean '%s'?", argv[1], near);
+        return usage_error(usage_main, "unknown command '%s'", argv[1]);
+    }
     return cmd->run(argc, argv);
 }

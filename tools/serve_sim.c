@@ -76,10 +76,7 @@ const char usage_spec_sim[] =
 /* ---- small helpers ------------------------------------------------------------------------- */
 
 static int usage_fail(const char *usage, const char *msg, const char *arg) {
-    cli_errorf("%s%s%s", msg, arg ? " " : "", arg ? arg : "");
-    fputs("\n", stderr);
-    fputs(usage, stderr);
-    return CLI_EXIT_USAGE;
+    return cli_usage_error(usage, "%s%s%s", msg, arg ? " " : "", arg ? arg : "");
 }
 
 static int parse_pair(const char *text, long min, long max, long out[2]) {
@@ -693,7 +690,7 @@ int cmd_serve_sim(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             plot = v;
         } else {
-            return usage_fail(usage_serve_sim, "unknown option for 'flashcl serve-sim':", argv[i]);
+            return cli_unknown_option(usage_serve_sim, argv[i]);
         }
     }
     if (o.heads_q % o.heads_k)
@@ -884,7 +881,7 @@ int cmd_spec_sim(int argc, char **argv) {
             if (t < 0 || cli_parse_long(v, 0, 0x7fffffffL, &seed))
                 return usage_fail(usage_spec_sim, "--seed wants an integer >= 0, not", v);
         } else {
-            return usage_fail(usage_spec_sim, "unknown option for 'flashcl spec-sim':", argv[i]);
+            return cli_unknown_option(usage_spec_sim, argv[i]);
         }
     }
     if (!target || !draft_path)

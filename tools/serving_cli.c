@@ -446,9 +446,7 @@ int cli_bench_decode(int argc, char **argv) {
             shuffled = !strcmp(value, "shuffled");
             continue;
         }
-        cli_errorf("unknown option '%s' for 'flashcl bench --decode'", argv[i]);
-        fputs(cli_usage_bench_decode, stderr);
-        return CLI_EXIT_USAGE;
+        return cli_unknown_option(cli_usage_bench_decode, argv[i]);
     }
     if (nh != 2 || heads[0] % heads[1] != 0) {
         cli_errorf("--heads wants HQ,HK with HK dividing HQ");

@@ -503,8 +503,7 @@ int cmd_tune(int argc, char **argv) {
         } else if (!strcmp(arg, "--no-write")) {
             no_write = 1;
         } else {
-            cli_errorf("unknown option '%s' for 'flashcl tune'\n\n%s", arg, usage_tune);
-            return CLI_EXIT_USAGE;
+            return cli_unknown_option(usage_tune, arg);
         }
 #undef TAKE
     }
