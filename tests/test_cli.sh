@@ -302,6 +302,12 @@ expect_status 0 "bench --json, one small shape" bench --shape 1,2,64,32 --iters 
 if head -c 1 out.txt | grep -q '{' && grep -q '"validated": "pass"' out.txt; then
     ok "bench --json prints a validated JSON object"
 else bad "bench --json output: $(head -c 300 out.txt)"; fi
+grep -q '"params": {"variant": "[a-z0-9-]*", "block_m": [0-9]*, .*"source": "' out.txt &&
+    ok "bench --json names the parameters each row ran and their source" ||
+    bad "bench --json has no params/source: $(head -c 300 out.txt)"
+expect_status 0 "bench table, one small shape" bench --shape 1,2,64,32 --iters 1 --warmup 0
+grep -Eq 'params \(source\)' out.txt && grep -Eq ' [0-9]+x[0-9]+ wg [0-9]+ \((default|built-in|tuned|set|FLASHCL_PARAMS)' out.txt &&
+    ok "the bench table names the parameters and their source" || bad "bench table: $(cat out.txt)"
 
 # bench --decode: a row per shape naming the serving kernel; FLASHCL_DECODE_PARAMS
 # picks it, and a malformed one stops the run with a message.

@@ -958,7 +958,9 @@ typedef struct bench_row {
     double median_ms, min_ms, tflops; /* < 0 when not timed */
     double ref_ms;                    /* < 0 when the reference was not run */
     size_t device_bytes, naive_bytes, peak_rss;
-    char error[1024]; /* empty when the row ran */
+    flashcl_params params; /* what the row ran with; params.source points into params_source */
+    char params_variant[32], params_source[160]; /* empty when unknown */
+    char error[1024];                            /* empty when the row ran */
 } bench_row;
 
 typedef struct bench_options {
@@ -1024,6 +1026,18 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         row_error(row, NULL, "descriptor rejected", status);
         return;
     }
+    /* The parameters this shape runs with and where they came from (tuned, built-in, default):
+     * the strings are the context's, so the row keeps copies. */
+    memset(&row->params, 0, sizeof row->params);
+    row->params_variant[0] = row->params_source[0] = '\0';
+    if (flashcl_attention_params(ctx, &desc, &row->params) == FLASHCL_SUCCESS) {
+        snprintf(row->params_variant, sizeof row->params_variant, "%s",
+                 row->params.variant ? row->params.variant : "?");
+        snprintf(row->params_source, sizeof row->params_source, "%s",
+                 row->params.source ? row->params.source : "?");
+    }
+    row->params.variant = row->params_variant;
+    row->params.source = row->params_source;
     if (count4((size_t)s->batch, (size_t)s->seqlen_q, (size_t)s->heads_q, (size_t)s->head_dim,
                &nq) != 0 ||
         count4((size_t)s->batch, (size_t)s->seqlen_k, (size_t)s->heads_k, (size_t)s->head_dim,
@@ -1248,7 +1262,7 @@ static void print_bench_header(const bench_options *opt) {
            "speedup");
     if (opt->memory)
         printf(" %12s %11s %12s", "peak_rss_MiB", "device_MiB", "naive_S_MiB");
-    printf("\n");
+    printf("  params (source)\n");
 }
 
 static void print_bench_row(const bench_options *opt, const bench_row *row) {
@@ -1272,6 +1286,11 @@ static void print_bench_row(const bench_options *opt, const bench_row *row) {
     if (opt->memory)
         printf(" %12.1f %11.1f %12.1f", mib(row->peak_rss), mib(row->device_bytes),
                mib(row->naive_bytes));
+    if (row->params_variant[0])
+        printf("  %s %dx%d wg %d (%s)", row->params_variant, row->params.block_m, row->params.block_n,
+               row->params.work_group_size, row->params_source);
+    else
+        printf("  -");
     printf("\n");
     if (row->error[0])
         printf("      error: %s\n", row->error);
@@ -1308,8 +1327,20 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
         cli_json_number(stdout, r->median_ms > 0 ? r->ref_ms / r->median_ms : 0.0,
                     r->ref_ms >= 0 && r->median_ms > 0);
         printf(", \"peak_rss_bytes\": %zu, \"device_bytes\": %zu, \"naive_scores_bytes\": %zu, "
-               "\"error\": ",
+               "\"params\": ",
                r->peak_rss, r->device_bytes, r->naive_bytes);
+        if (r->params_variant[0]) {
+            printf("{\"variant\": ");
+            cli_json_string(stdout, r->params_variant);
+            printf(", \"block_m\": %d, \"block_n\": %d, \"threads_per_row\": %d, \"work_group_size\": %d, "
+                   "\"source\": ",
+                   r->params.block_m, r->params.block_n, r->params.threads_per_row,
+                   r->params.work_group_size);
+            cli_json_string(stdout, r->params_source);
+            printf("}");
+        } else
+            fputs("null", stdout);
+        printf(", \"error\": ");
         if (r->error[0])
             cli_json_string(stdout, r->error);
         else
