@@ -135,6 +135,11 @@ if run_attention "f32 GQA" --q q32.npy --k k32.npy --v v32.npy; then
     if check_out o.npy f4 4 4 "7 7 7 7 7" && check_lse lse.npy 4 0.5 "7 7 7 7 7"; then
         ok "attention f32 GQA: out = v row, lse = 0.5 + ln 7"
     else bad "attention f32 GQA: wrong values"; fi
+grep -q 'ms on .*untimed first run of [0-9.]* ms' out.txt &&
+    ok "attention: the printed time leaves out the first run's kernel build, and says so" ||
+    bad "attention's time line: $(cat out.txt)"
+"$BIN" attention --help | grep -q 'dense one' && "$BIN" attention --help | grep -q 'within rounding' &&
+    ok "--paged's help says within rounding" || bad "--paged help: $("$BIN" attention --help | grep -A2 -- --paged)"
 fi
 
 if run_attention "f32 host path" --q q32.npy --k k32.npy --v v32.npy --device host; then
