@@ -595,7 +595,8 @@ static int write_plot(const char *path, const sim_result *r, int count, int max_
     }
     char title[128], err[256];
     snprintf(title, sizeof title, "Batch slots doing work (of %d), static vs continuous batching", max_batch);
-    int rc = svg_plot_write(path, title, "time (s)", "busy slots", series, count, 0, err, sizeof err);
+    int rc = svg_plot_write_ytop(path, title, "time (s)", "busy slots", series, count, 0, (double)max_batch, err,
+                                 sizeof err);
     if (rc != 0)
         cli_errorf("--plot %s: %s", path, err);
     free(x);
