@@ -4,6 +4,7 @@
 #include "cli_util.h"
 
 #include <errno.h>
+#include <stdint.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdlib.h>
@@ -11,13 +12,17 @@
 #include <sys/resource.h>
 #include <time.h>
 
+static void verrorf(const char *fmt, va_list ap) {
+    fputs("flashcl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 void cli_errorf(const char *fmt, ...) {
     va_list ap;
-    fputs("flashcl: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    verrorf(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 double cli_now(void) {
@@ -272,11 +277,9 @@ static void print_help_hint(const char *usage) {
 
 int cli_usage_error(const char *usage, const char *fmt, ...) {
     va_list ap;
-    fputs("flashcl: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    verrorf(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
     print_help_hint(usage);
     return CLI_EXIT_USAGE;
 }
@@ -290,4 +293,69 @@ int cli_unknown_option(const char *usage, const char *arg) {
         cli_errorf("unknown option '%s' for '%s'", arg, command);
     print_help_hint(usage);
     return CLI_EXIT_USAGE;
+}
+
+/* ---- what the subcommands share: help, contexts, descriptors, sizes -------------------------- */
+
+int cli_is_help(const char *arg) {
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+/* Prints a library error with the context's message, which may carry a build log. */
+void cli_report_status(const flashcl_context *ctx, const char *what, flashcl_status status) {
+    const char *detail = ctx != NULL ? flashcl_last_error(ctx) : "";
+    if (detail == NULL)
+        detail = "";
+    cli_errorf("%s: %s (%d)%s%s", what, flashcl_status_string(status), status, *detail ? ": " : "",
+               detail);
+}
+
+flashcl_context *cli_open_context(const char *spec) {
+    flashcl_context *ctx = NULL;
+    flashcl_status status = flashcl_context_create(&ctx, spec);
+    if (status != FLASHCL_SUCCESS) {
+        /* A failed create leaves no context to hold a message: the status is all. */
+        cli_errorf("cannot open device '%s': %s (%d); 'flashcl devices' lists them",
+                   spec ? spec : "(default)", flashcl_status_string(status), status);
+        return NULL;
+    }
+    return ctx;
+}
+
+/* a*b*c*d elements without overflowing size_t; -1 if it would. */
+int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
+    size_t n = a;
+    if (b != 0 && n > SIZE_MAX / b)
+        return -1;
+    n *= b;
+    if (c != 0 && n > SIZE_MAX / c)
+        return -1;
+    n *= c;
+    if (d != 0 && n > SIZE_MAX / d)
+        return -1;
+    *out = n * d;
+    return 0;
+}
+
+/* A zeroed descriptor with the mask fields meaning "no mask": zero windows
+ * would mean "the diagonal only", so unbounded sides are set explicitly. */
+flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
+                                           int seqlen_q, int seqlen_k, int head_dim) {
+    flashcl_attention_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.dtype = dtype;
+    desc.batch = batch;
+    desc.heads_q = heads_q;
+    desc.heads_k = heads_k;
+    desc.seqlen_q = seqlen_q;
+    desc.seqlen_k = seqlen_k;
+    desc.head_dim = head_dim;
+    desc.window_left = -1;
+    desc.window_right = -1;
+    return desc;
+}
+
+int cli_compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }

@@ -86,11 +86,6 @@ static int parse_pair(const char *text, long min, long max, long out[2]) {
     return 0;
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* ---- the trace ------------------------------------------------------------------------------ */
 
 typedef struct sim_req {
@@ -406,7 +401,7 @@ static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_
             sum += lat[i];
         }
         if (lat) {
-            qsort(lat, (size_t)n, sizeof(double), cmp_double);
+            qsort(lat, (size_t)n, sizeof(double), cli_compare_doubles);
             res->mean_latency = sum / n;
             res->p99_latency = lat[(size_t)ceil(0.99 * n) - 1];
         }
@@ -615,7 +610,7 @@ int cmd_serve_sim(int argc, char **argv) {
         const char *v = NULL;
         long l;
         int t;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (cli_is_help(argv[i])) {
             fputs(usage_serve_sim, stdout);
             return CLI_EXIT_OK;
         } else if (!strcmp(argv[i], "--json")) {
@@ -856,7 +851,7 @@ int cmd_spec_sim(int argc, char **argv) {
     for (int i = 2; i < argc; ++i) {
         const char *v = NULL;
         int t;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (cli_is_help(argv[i])) {
             fputs(usage_spec_sim, stdout);
             return CLI_EXIT_OK;
         } else if ((t = cli_take_value(argc, argv, &i, "--target", &v))) {

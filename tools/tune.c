@@ -133,11 +133,6 @@ static int same_params(const flashcl_params *a, const flashcl_params *b) {
            (!is_nv_variant(a->variant) || a->work_group_size == b->work_group_size);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void fmt_secs(double s, char *buf, size_t n) {
     if (s < 0 || !isfinite(s))
         snprintf(buf, n, "?");
@@ -248,7 +243,7 @@ static int time_candidate(flashcl_context *ctx, tune_problem *t, candidate *c, d
         free(times);
         return -1;
     }
-    qsort(times, (size_t)n, sizeof *times, cmp_double);
+    qsort(times, (size_t)n, sizeof *times, cli_compare_doubles);
     *min = times[0];
     *median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
     free(times);
@@ -455,7 +450,7 @@ int cmd_tune(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r, k;
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+        if (cli_is_help(arg)) {
             fputs(usage_tune, stdout);
             return CLI_EXIT_OK;
         }
@@ -693,7 +688,7 @@ int cmd_tune(int argc, char **argv) {
             best = -1;
             for (int f = 0; f < nfin; f++) {
                 candidate *c = &list[finalists[f]];
-                qsort(rounds[f], (size_t)confirm, sizeof(double), cmp_double);
+                qsort(rounds[f], (size_t)confirm, sizeof(double), cli_compare_doubles);
                 c->confirmed_ms = confirm % 2 ? rounds[f][confirm / 2]
                                               : 0.5 * (rounds[f][confirm / 2 - 1] + rounds[f][confirm / 2]);
                 if (best < 0 || c->confirmed_ms < list[best].confirmed_ms)
