@@ -115,6 +115,20 @@ static void finish_times(bench_row *row, double *times, int n, double flops) {
     row->tflops = row->median_ms > 0 ? flops / (row->median_ms * 1e-3) / 1e12 : -1.0;
 }
 
+/* Host copies of out and lse, poisoned so that elements a kernel skips fail validation;
+ * -1 with the row's error set when memory runs out (the caller frees what was allocated). */
+static int alloc_outputs(bench_row *row, flashcl_dtype dtype, size_t nq, size_t nlse, void **out, float **lse) {
+    *out = malloc(nq * flashcl_dtype_size(dtype));
+    *lse = malloc(nlse * sizeof **lse);
+    if (*out == NULL || *lse == NULL) {
+        snprintf(row->error, sizeof row->error, "out of host memory for the outputs");
+        return -1;
+    }
+    flashcl_ref_poison(*out, dtype, nq);
+    flashcl_ref_poison(*lse, FLASHCL_FLOAT32, nlse);
+    return 0;
+}
+
 /* Runs one shape: validate, warm up, time; fills row. */
 static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_row *row) {
     const bench_shape *s = &row->s;
@@ -215,14 +229,8 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
 
     if (is_host) {
         /* No OpenCL: the blocking host entry point, timed by wall clock. */
-        out = malloc(nq * esz);
-        lse = malloc(nlse * sizeof *lse);
-        if (out == NULL || lse == NULL) {
-            snprintf(row->error, sizeof row->error, "out of host memory for the outputs");
+        if (alloc_outputs(row, opt->dtype, nq, nlse, &out, &lse) != 0)
             goto done;
-        }
-        flashcl_ref_poison(out, opt->dtype, nq);
-        flashcl_ref_poison(lse, FLASHCL_FLOAT32, nlse);
         status = flashcl_attention_forward_host(ctx, &desc, q, k, v, out, lse);
         if (status != FLASHCL_SUCCESS) {
             row_error(row, ctx, "forward failed", status);
@@ -258,14 +266,8 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         }
         /* Poisoned outputs, so that a kernel that skips elements fails validation. */
         if (feasible) {
-            out = malloc(nq * esz);
-            lse = malloc(nlse * sizeof *lse);
-            if (out == NULL || lse == NULL) {
-                snprintf(row->error, sizeof row->error, "out of host memory for the outputs");
+            if (alloc_outputs(row, opt->dtype, nq, nlse, &out, &lse) != 0)
                 goto done;
-            }
-            flashcl_ref_poison(out, opt->dtype, nq);
-            flashcl_ref_poison(lse, FLASHCL_FLOAT32, nlse);
             err = clEnqueueWriteBuffer(queue, bufs[3], CL_TRUE, 0, sizes[3], out, 0, NULL, NULL);
             if (err == CL_SUCCESS)
                 err =
