@@ -1,4 +1,5 @@
-/* attention_cli.c: `flashcl attention`: attention on .npy files (the forward; --backward is in backward_cli.c). */
+/* attention_cli.c: `flashcl attention`: attention on .npy files (the forward; --backward is in
+ * backward_cli.c). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
@@ -40,7 +41,6 @@ const char usage_attention[] =
     "  --device SPEC   see 'flashcl --help'\n"
     "  --backward      gradients dq, dk, dv instead (its own options:\n"
     "                  flashcl attention --backward --help)\n";
-
 
 static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
 
@@ -173,7 +173,7 @@ int cmd_attention(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             if (cli_parse_long_list(value, -(long)INT_MAX, INT_MAX, w, 2, &n) != 0 || n != 2)
                 return cli_usage_error(usage_attention, "--window wants L,R (integers), not '%s'",
-                                   value);
+                                       value);
             window_left = w[0] < 0 ? -1 : (int)w[0];
             window_right = w[1] < 0 ? -1 : (int)w[1];
         } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
@@ -181,19 +181,20 @@ int cmd_attention(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             if (cli_parse_double(value, &softcap) != 0 || softcap < 0)
                 return cli_usage_error(usage_attention, "--softcap wants a number >= 0, not '%s'",
-                                   value);
+                                       value);
         } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
             if (cli_parse_double(value, &scale) != 0)
                 return cli_usage_error(usage_attention, "--scale wants a finite number, not '%s'",
-                                   value);
+                                       value);
         } else if ((r = cli_take_value(argc, argv, &i, "--paged", &value)) != 0) {
             long p;
             if (r < 0)
                 return CLI_EXIT_USAGE;
             if (cli_parse_long(value, 1, 256, &p) != 0)
-                return cli_usage_error(usage_attention, "--paged wants a page size 1..256, not '%s'", value);
+                return cli_usage_error(usage_attention,
+                                       "--paged wants a page size 1..256, not '%s'", value);
             paged = (int)p;
         } else if (strcmp(arg, "--causal") == 0) {
             causal = 1;
@@ -204,7 +205,8 @@ int cmd_attention(int argc, char **argv) {
     if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
         return cli_usage_error(usage_attention, "%s", "attention needs --q, --k, --v and --out");
     if (lse_path != NULL && strcmp(lse_path, out_path) == 0)
-        return cli_usage_error(usage_attention, "--lse and --out name the same file '%s'", out_path);
+        return cli_usage_error(usage_attention, "--lse and --out name the same file '%s'",
+                               out_path);
 
     /* Each file is checked on its own first, then against q, so that every
      * message names the file at fault. */
@@ -241,9 +243,9 @@ int cmd_attention(int argc, char **argv) {
         goto done;
     }
 
-    desc = cli_make_desc(q.dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32, (int)q.shape[0],
-                     (int)q.shape[2], (int)k.shape[2], (int)q.shape[1], (int)k.shape[1],
-                     (int)q.shape[3]);
+    desc = cli_make_desc(q.dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32,
+                         (int)q.shape[0], (int)q.shape[2], (int)k.shape[2], (int)q.shape[1],
+                         (int)k.shape[1], (int)q.shape[3]);
     desc.causal = causal;
     desc.windowed = window_left >= 0 || window_right >= 0;
     desc.window_left = window_left;
@@ -295,7 +297,8 @@ int cmd_attention(int argc, char **argv) {
         /* The device's name, without the "(platform, version...)" tail. */
         const char *name = flashcl_context_device_name(ctx);
         const char *paren = strstr(name, " (");
-        printf("%s: %s %s, %.1f ms on %.*s (after an untimed first run of %.1f ms, which builds or loads "
+        printf("%s: %s %s, %.1f ms on %.*s (after an untimed first run of %.1f ms, which builds or "
+               "loads "
                "the kernels)\n",
                out_path, q_shape, npy_dtype_name(q.dtype), elapsed * 1e3,
                paren ? (int)(paren - name) : (int)strlen(name), name, first * 1e3);

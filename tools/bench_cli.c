@@ -1,4 +1,5 @@
-/* bench_cli.c: `flashcl bench`: validate, then time the forward kernel; sweeps, JSON, CSV and a plot. */
+/* bench_cli.c: `flashcl bench`: validate, then time the forward kernel; sweeps, JSON, CSV and a
+ * plot. */
 #define _POSIX_C_SOURCE 200809L
 
 #include <limits.h>
@@ -59,7 +60,6 @@ const char usage_bench[] =
     "                         (its own options: flashcl bench --backward --help)\n"
     "  --device SPEC\n";
 
-
 typedef struct bench_shape {
     int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim;
 } bench_shape;
@@ -117,7 +117,8 @@ static void finish_times(bench_row *row, double *times, int n, double flops) {
 
 /* Host copies of out and lse, poisoned so that elements a kernel skips fail validation;
  * -1 with the row's error set when memory runs out (the caller frees what was allocated). */
-static int alloc_outputs(bench_row *row, flashcl_dtype dtype, size_t nq, size_t nlse, void **out, float **lse) {
+static int alloc_outputs(bench_row *row, flashcl_dtype dtype, size_t nq, size_t nlse, void **out,
+                         float **lse) {
     *out = malloc(nq * flashcl_dtype_size(dtype));
     *lse = malloc(nlse * sizeof **lse);
     if (*out == NULL || *lse == NULL) {
@@ -133,7 +134,7 @@ static int alloc_outputs(bench_row *row, flashcl_dtype dtype, size_t nq, size_t 
 static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_row *row) {
     const bench_shape *s = &row->s;
     flashcl_attention_desc desc = cli_make_desc(opt->dtype, s->batch, s->heads_q, s->heads_k,
-                                            s->seqlen_q, s->seqlen_k, s->head_dim);
+                                                s->seqlen_q, s->seqlen_k, s->head_dim);
     size_t esz = flashcl_dtype_size(opt->dtype), nq, nk, nlse, naive;
     double macs = (double)s->batch * s->heads_q * s->seqlen_q * s->seqlen_k * s->head_dim;
     double flops = 4.0 * macs * (row->causal ? 0.5 : 1.0);
@@ -169,9 +170,9 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
     row->params.variant = row->params_variant;
     row->params.source = row->params_source;
     if (cli_count4((size_t)s->batch, (size_t)s->seqlen_q, (size_t)s->heads_q, (size_t)s->head_dim,
-               &nq) != 0 ||
+                   &nq) != 0 ||
         cli_count4((size_t)s->batch, (size_t)s->seqlen_k, (size_t)s->heads_k, (size_t)s->head_dim,
-               &nk) != 0 ||
+                   &nk) != 0 ||
         cli_count4((size_t)s->batch, (size_t)s->heads_q, (size_t)s->seqlen_q, 1, &nlse) != 0 ||
         nq > SIZE_MAX / 8 || nk > SIZE_MAX / 8) {
         snprintf(row->error, sizeof row->error, "shape too large for this machine");
@@ -179,7 +180,7 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
     }
     row->device_bytes = (2 * nq + 2 * nk) * esz + nlse * sizeof(float);
     row->naive_bytes = cli_count4((size_t)s->batch, (size_t)s->heads_q, (size_t)s->seqlen_q,
-                              (size_t)s->seqlen_k, &naive) == 0 &&
+                                  (size_t)s->seqlen_k, &naive) == 0 &&
                                naive <= SIZE_MAX / 4
                            ? naive * 4
                            : SIZE_MAX;
@@ -376,8 +377,8 @@ static double bench_gbps(const bench_row *row) {
 
 static void print_bench_header(const bench_options *opt) {
     printf("%-5s %3s %4s %4s %7s %7s %4s  %-7s %-5s %10s %10s %8s %8s %10s %8s", "dtype", "B", "Hq",
-           "Hk", "Nq", "Nk", "D", "mask", "check", "median_ms", "min_ms", "TFLOP/s", "GB/s", "ref_ms",
-           "speedup");
+           "Hk", "Nq", "Nk", "D", "mask", "check", "median_ms", "min_ms", "TFLOP/s", "GB/s",
+           "ref_ms", "speedup");
     if (opt->memory)
         printf(" %12s %11s %12s", "peak_rss_MiB", "device_MiB", "naive_S_MiB");
     printf("  params (source)\n");
@@ -405,8 +406,8 @@ static void print_bench_row(const bench_options *opt, const bench_row *row) {
         printf(" %12.1f %11.1f %12.1f", mib(row->peak_rss), mib(row->device_bytes),
                mib(row->naive_bytes));
     if (row->params_variant[0])
-        printf("  %s %dx%d wg %d (%s)", row->params_variant, row->params.block_m, row->params.block_n,
-               row->params.work_group_size, row->params_source);
+        printf("  %s %dx%d wg %d (%s)", row->params_variant, row->params.block_m,
+               row->params.block_n, row->params.work_group_size, row->params_source);
     else
         printf("  -");
     printf("\n");
@@ -443,14 +444,15 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
         cli_json_number(stdout, r->ref_ms, r->ref_ms >= 0);
         printf(", \"speedup\": ");
         cli_json_number(stdout, r->median_ms > 0 ? r->ref_ms / r->median_ms : 0.0,
-                    r->ref_ms >= 0 && r->median_ms > 0);
+                        r->ref_ms >= 0 && r->median_ms > 0);
         printf(", \"peak_rss_bytes\": %zu, \"device_bytes\": %zu, \"naive_scores_bytes\": %zu, "
                "\"params\": ",
                r->peak_rss, r->device_bytes, r->naive_bytes);
         if (r->params_variant[0]) {
             printf("{\"variant\": ");
             cli_json_string(stdout, r->params_variant);
-            printf(", \"block_m\": %d, \"block_n\": %d, \"threads_per_row\": %d, \"work_group_size\": %d, "
+            printf(", \"block_m\": %d, \"block_n\": %d, \"threads_per_row\": %d, "
+                   "\"work_group_size\": %d, "
                    "\"source\": ",
                    r->params.block_m, r->params.block_n, r->params.threads_per_row,
                    r->params.work_group_size);
@@ -475,9 +477,11 @@ static void print_bench_csv(const bench_row *rows, int count) {
     for (int i = 0; i < count; i++) {
         const bench_row *r = &rows[i];
         const bench_shape *s = &r->s;
-        printf("%s,%d,%d,%d,%d,%d,%d,%d,%s,", cli_dtype_name(r->dtype), s->batch, s->heads_q, s->heads_k,
-               s->seqlen_q, s->seqlen_k, s->head_dim, r->causal,
-               r->validated > 0 ? "pass" : r->validated == 0 ? "fail" : "skipped");
+        printf("%s,%d,%d,%d,%d,%d,%d,%d,%s,", cli_dtype_name(r->dtype), s->batch, s->heads_q,
+               s->heads_k, s->seqlen_q, s->seqlen_k, s->head_dim, r->causal,
+               r->validated > 0    ? "pass"
+               : r->validated == 0 ? "fail"
+                                   : "skipped");
         if (r->validated >= 0)
             printf("%.6g,%.6g,", r->max_err, r->tolerance);
         else
@@ -504,7 +508,8 @@ static void print_bench_csv(const bench_row *rows, int count) {
 }
 
 /* TFLOP/s against seqlen_q, one line per configuration (all but the seqlen). */
-static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_row *rows, int count) {
+static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_row *rows,
+                            int count) {
     svg_series *series = calloc((size_t)count, sizeof *series);
     double *xs = calloc((size_t)count, sizeof *xs), *ys = calloc((size_t)count, sizeof *ys);
     char(*labels)[96] = calloc((size_t)count, sizeof *labels);
@@ -520,17 +525,20 @@ static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_
         for (int j = 0; j < i && owner[i] < 0; j++) {
             const bench_row *o = &rows[j];
             if (o->dtype == r->dtype && o->s.batch == r->s.batch && o->s.heads_q == r->s.heads_q &&
-                o->s.heads_k == r->s.heads_k && o->s.head_dim == r->s.head_dim && o->causal == r->causal)
+                o->s.heads_k == r->s.heads_k && o->s.head_dim == r->s.head_dim &&
+                o->causal == r->causal)
                 owner[i] = owner[j];
         }
         if (owner[i] < 0) {
             owner[i] = num;
             if (r->s.heads_q == r->s.heads_k)
-                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d D=%d%s", cli_dtype_name(r->dtype),
-                         r->s.batch, r->s.heads_q, r->s.head_dim, r->causal ? " causal" : "");
+                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d D=%d%s",
+                         cli_dtype_name(r->dtype), r->s.batch, r->s.heads_q, r->s.head_dim,
+                         r->causal ? " causal" : "");
             else
-                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d:%d D=%d%s", cli_dtype_name(r->dtype),
-                         r->s.batch, r->s.heads_q, r->s.heads_k, r->s.head_dim, r->causal ? " causal" : "");
+                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d:%d D=%d%s",
+                         cli_dtype_name(r->dtype), r->s.batch, r->s.heads_q, r->s.heads_k,
+                         r->s.head_dim, r->causal ? " causal" : "");
             num++;
         }
     }
@@ -554,11 +562,11 @@ static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_
     }
     {
         const char *name = flashcl_context_device_name(ctx), *paren = strstr(name, " (");
-        snprintf(title, sizeof title, "flashcl forward, %.*s", paren ? (int)(paren - name) : (int)strlen(name),
-                 name);
+        snprintf(title, sizeof title, "flashcl forward, %.*s",
+                 paren ? (int)(paren - name) : (int)strlen(name), name);
     }
-    if (svg_plot_write(path, title, "sequence length (seqlen_q = seqlen_k)", "TFLOP/s (median)", series, num, 1,
-                       err, sizeof err) != 0) {
+    if (svg_plot_write(path, title, "sequence length (seqlen_q = seqlen_k)", "TFLOP/s (median)",
+                       series, num, 1, err, sizeof err) != 0) {
         cli_errorf("--plot: %s", err);
         goto done;
     }
@@ -598,7 +606,8 @@ static const char *parse_shape(const char *text, bench_shape *s) {
  * when argv[*i] was one, 0 when not, -1 after a message. */
 static const char *const sweep_names[4] = {"--seqlen", "--head-dim", "--batch", "--heads"};
 
-static int sweep_option(int argc, char **argv, int *i, long lists[4][BENCH_MAX_LIST], int counts[4]) {
+static int sweep_option(int argc, char **argv, int *i, long lists[4][BENCH_MAX_LIST],
+                        int counts[4]) {
     static const long hi[4] = {1 << 24, 256, 1 << 16, 1 << 16};
     const char *value;
     for (int k = 0; k < 4; k++) {
@@ -609,8 +618,9 @@ static int sweep_option(int argc, char **argv, int *i, long lists[4][BENCH_MAX_L
             continue;
         if (cli_parse_long_list(value, 1, hi[k], lists[k], BENCH_MAX_LIST, &counts[k]) != 0 ||
             counts[k] < 1) {
-            cli_usage_error(usage_bench, "%s wants up to %d integers in 1..%ld separated by commas, not '%s'",
-                        sweep_names[k], BENCH_MAX_LIST, hi[k], value);
+            cli_usage_error(usage_bench,
+                            "%s wants up to %d integers in 1..%ld separated by commas, not '%s'",
+                            sweep_names[k], BENCH_MAX_LIST, hi[k], value);
             return -1;
         }
         return 1;
@@ -671,8 +681,9 @@ int cmd_bench(int argc, char **argv) {
             num_dtypes = 0;
             for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
                 if (num_dtypes == 3 || cli_parse_dtype(tok, &dtypes[num_dtypes]) != 0)
-                    return cli_usage_error(usage_bench, "--dtype wants f16, bf16 or f32 (a list of up to 3), not '%s'",
-                                       value);
+                    return cli_usage_error(
+                        usage_bench, "--dtype wants f16, bf16 or f32 (a list of up to 3), not '%s'",
+                        value);
                 num_dtypes++;
             }
             if (num_dtypes == 0)
@@ -683,7 +694,7 @@ int cmd_bench(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             if (num_shapes >= BENCH_MAX_SHAPES)
                 return cli_usage_error(usage_bench, "too many --shape options (at most %d)",
-                                   BENCH_MAX_SHAPES);
+                                       BENCH_MAX_SHAPES);
             if ((problem = parse_shape(value, &shapes[num_shapes])) != NULL)
                 return cli_usage_error(usage_bench, "--shape %s %s", value, problem);
             num_shapes++;
@@ -691,14 +702,16 @@ int cmd_bench(int argc, char **argv) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
             if (cli_parse_long(value, 1, 1000000, &number) != 0)
-                return cli_usage_error(usage_bench, "--iters wants an integer >= 1, not '%s'", value);
+                return cli_usage_error(usage_bench, "--iters wants an integer >= 1, not '%s'",
+                                       value);
             opt.iters = (int)number;
             iters_set = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--warmup", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
             if (cli_parse_long(value, 0, 1000000, &number) != 0)
-                return cli_usage_error(usage_bench, "--warmup wants an integer >= 0, not '%s'", value);
+                return cli_usage_error(usage_bench, "--warmup wants an integer >= 0, not '%s'",
+                                       value);
             opt.warmup = (int)number;
             warmup_set = 1;
         } else if (strcmp(arg, "--causal") == 0) {
@@ -768,7 +781,7 @@ int cmd_bench(int argc, char **argv) {
                         if (num_shapes >= BENCH_MAX_SHAPES) {
                             flashcl_context_destroy(ctx);
                             return cli_usage_error(usage_bench, "the sweep has more than %d shapes",
-                                               BENCH_MAX_SHAPES);
+                                                   BENCH_MAX_SHAPES);
                         }
                         shapes[num_shapes++] = sh;
                     }
@@ -795,25 +808,26 @@ int cmd_bench(int argc, char **argv) {
     if (!opt.json && !opt.csv) {
         printf("flashcl bench: %s%s; %s%s%s%s%s, %d warm-up + %d timed runs (%s)\n",
                flashcl_context_device_name(ctx), flashcl_context_is_host(ctx) ? " [host path]" : "",
-               cli_dtype_name(dtypes[0]), num_dtypes > 1 ? "," : "", num_dtypes > 1 ? cli_dtype_name(dtypes[1]) : "",
-               num_dtypes > 2 ? "," : "", num_dtypes > 2 ? cli_dtype_name(dtypes[2]) : "", opt.warmup, opt.iters,
+               cli_dtype_name(dtypes[0]), num_dtypes > 1 ? "," : "",
+               num_dtypes > 1 ? cli_dtype_name(dtypes[1]) : "", num_dtypes > 2 ? "," : "",
+               num_dtypes > 2 ? cli_dtype_name(dtypes[2]) : "", opt.warmup, opt.iters,
                flashcl_context_is_host(ctx) ? "wall clock" : "OpenCL profiling events");
         print_bench_header(&opt);
     }
     for (int t = 0; t < num_dtypes; t++)
-    for (int i = 0; i < num_shapes; i++) {
-        for (int causal = causal_only; causal <= (no_causal ? 0 : 1); causal++) {
-            bench_row *row = &rows[num_rows++];
-            opt.dtype = dtypes[t];
-            row->s = shapes[i];
-            row->causal = causal;
-            run_bench_row(ctx, &opt, row);
-            if (row->error[0])
-                failures++;
-            if (!opt.json && !opt.csv)
-                print_bench_row(&opt, row);
+        for (int i = 0; i < num_shapes; i++) {
+            for (int causal = causal_only; causal <= (no_causal ? 0 : 1); causal++) {
+                bench_row *row = &rows[num_rows++];
+                opt.dtype = dtypes[t];
+                row->s = shapes[i];
+                row->causal = causal;
+                run_bench_row(ctx, &opt, row);
+                if (row->error[0])
+                    failures++;
+                if (!opt.json && !opt.csv)
+                    print_bench_row(&opt, row);
+            }
         }
-    }
     if (opt.plot && write_bench_plot(ctx, opt.plot, rows, num_rows) != 0)
         failures++;
     else if (opt.plot && !opt.json && !opt.csv)

@@ -1,4 +1,5 @@
-/* check_cli.c: `flashcl check`: random problems on a device against the double-precision reference. */
+/* check_cli.c: `flashcl check`: random problems on a device against the double-precision reference.
+ */
 #define _POSIX_C_SOURCE 200809L
 
 #include <limits.h>
@@ -25,7 +26,6 @@ const char usage_check[] =
     "  --seed N    seed of inputs and random shapes (default 1)\n"
     "  --cases N   number of cases (default 12: the fixed set; more adds random shapes)\n"
     "  --device SPEC\n";
-
 
 /* "none", "causal", "causal,L=32", "win(8,8)", then "+cap30" and "+s0.08". */
 static void mask_label(int causal, int window_left, int window_right, double softcap, double scale,
@@ -123,8 +123,8 @@ static void random_case(flashcl_ref_rng *rng, check_case *c) {
 
 /* Runs one case; returns 1 on pass. Prints its table row. */
 static int run_check_case(flashcl_context *ctx, int index, const check_case *c, uint64_t seed) {
-    flashcl_attention_desc desc = cli_make_desc(c->dtype, c->batch, c->heads_q, c->heads_k, c->seqlen_q,
-                                            c->seqlen_k, c->head_dim);
+    flashcl_attention_desc desc = cli_make_desc(c->dtype, c->batch, c->heads_q, c->heads_k,
+                                                c->seqlen_q, c->seqlen_k, c->head_dim);
     flashcl_ref_report report;
     flashcl_ref_rng rng;
     flashcl_status status;
@@ -228,12 +228,13 @@ int cmd_check(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             if (cli_parse_long(value, 0, LONG_MAX, &seed_long) != 0)
                 return cli_usage_error(usage_check, "--seed wants a non-negative integer, not '%s'",
-                                   value);
+                                       value);
         } else if ((r = cli_take_value(argc, argv, &i, "--cases", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
             if (cli_parse_long(value, 1, 1000000, &cases) != 0)
-                return cli_usage_error(usage_check, "--cases wants an integer >= 1, not '%s'", value);
+                return cli_usage_error(usage_check, "--cases wants an integer >= 1, not '%s'",
+                                       value);
         } else {
             return cli_unknown_option(usage_check, arg);
         }

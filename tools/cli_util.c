@@ -4,9 +4,9 @@
 #include "cli_util.h"
 
 #include <errno.h>
-#include <stdint.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
@@ -142,7 +142,8 @@ void cli_json_string(FILE *f, const char *text) {
     fputc('"', f);
 }
 
-void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters, long warmup) {
+void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters,
+                         long warmup) {
     const int host = flashcl_context_is_host(ctx);
     printf("{\"tool\": ");
     cli_json_string(stdout, tool);
@@ -150,7 +151,8 @@ void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dty
     cli_json_string(stdout, flashcl_version());
     printf(", \"device\": ");
     cli_json_string(stdout, flashcl_context_device_name(ctx));
-    printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, \"warmup\": %ld,\n"
+    printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, "
+           "\"warmup\": %ld,\n"
            " \"rows\": [",
            host ? "true" : "false", host ? "wall-clock" : "opencl-profiling", dtype, iters, warmup);
 }
@@ -222,7 +224,8 @@ int cli_nearest_word(const char *word, const char *text, char *buf, size_t size)
         int candidate_dashed = n > 2 && p[0] == '-' && p[1] == '-';
         if (candidate_dashed == dashed && (dashed || p[0] != '-')) {
             int d = edit_distance(word, nw, p, n);
-            /* Close enough to be a typo: at most 2 edits, and fewer than half the word's letters. */
+            /* Close enough to be a typo: at most 2 edits, and fewer than half the word's letters.
+             */
             if (d > 0 && d < best && 2 * d <= (int)nw - 2 * dashed) {
                 best = d;
                 best_at = p;
@@ -251,8 +254,8 @@ static void usage_command(const char *usage, char *buf, size_t size) {
         size_t n = 0;
         while (p[n] && p[n] != ' ' && p[n] != '\n')
             ++n;
-        /* a command, or a mode option right after it, one without a value (bench --decode [options],
-         * attention --backward --q ...) */
+        /* a command, or a mode option right after it, one without a value (bench --decode
+         * [options], attention --backward --q ...) */
         const char *next = p + n;
         while (*next == ' ')
             ++next;
@@ -340,7 +343,7 @@ int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
 /* A zeroed descriptor with the mask fields meaning "no mask": zero windows
  * would mean "the diagonal only", so unbounded sides are set explicitly. */
 flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
-                                           int seqlen_q, int seqlen_k, int head_dim) {
+                                     int seqlen_q, int seqlen_k, int head_dim) {
     flashcl_attention_desc desc;
     memset(&desc, 0, sizeof desc);
     desc.dtype = dtype;

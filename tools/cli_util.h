@@ -64,11 +64,13 @@ void cli_json_number(FILE *f, double value, int valid);
 /* Opens a bench document on stdout: {"tool": tool, "version", "device", "host_path",
  * "timing", "dtype", "iters", "warmup", then "rows": [ (the caller writes the rows
  * and closes with "]}"). */
-void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters, long warmup);
+void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters,
+                         long warmup);
 
 /* 1 for --help and -h. */
 int cli_is_help(const char *arg);
-/* Prints "flashcl: what: status (code): <the context's last error>" (which may carry a build log). */
+/* Prints "flashcl: what: status (code): <the context's last error>" (which may carry a build log).
+ */
 void cli_report_status(const flashcl_context *ctx, const char *what, flashcl_status status);
 /* A context for a device spec (NULL: the default), or NULL after printing why. */
 flashcl_context *cli_open_context(const char *spec);
@@ -76,8 +78,8 @@ flashcl_context *cli_open_context(const char *spec);
 int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out);
 /* A zeroed descriptor with the mask fields meaning "no mask": zero windows would mean "the
  * diagonal only", so unbounded sides are set explicitly. */
-flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k, int seqlen_q,
-                                     int seqlen_k, int head_dim);
+flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
+                                     int seqlen_q, int seqlen_k, int head_dim);
 /* qsort's comparison for doubles, ascending. */
 int cli_compare_doubles(const void *a, const void *b);
 

@@ -1,4 +1,5 @@
-/* devices_cli.c: `flashcl devices`: platforms, devices, and the parameters flashcl picks for each. */
+/* devices_cli.c: `flashcl devices`: platforms, devices, and the parameters flashcl picks for each.
+ */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdio.h>
@@ -20,7 +21,6 @@ const char usage_devices[] =
     "compute units, local memory, max work-group size) and the kernel parameters\n"
     "flashcl picks on each for float16, head_dim 64 and 128, causal and not.\n"
     "Without any OpenCL platform it says so: flashcl then runs its host path.\n";
-
 
 static void platform_string(cl_platform_id platform, cl_platform_info what, char *buf,
                             size_t size) {
@@ -81,9 +81,9 @@ static void print_params(flashcl_context *ctx, const char *indent) {
     const char *problem = NULL, *tuning = flashcl_tuning_file(ctx, &problem);
     if (tuning != NULL)
         printf("%stuning file: %s (%s)\n", indent, tuning,
-               problem != NULL                  ? problem
-               : access(tuning, F_OK) == 0      ? "read"
-                                                : "none yet: 'flashcl tune' writes it");
+               problem != NULL             ? problem
+               : access(tuning, F_OK) == 0 ? "read"
+                                           : "none yet: 'flashcl tune' writes it");
     printf("%s%-5s %-4s %-7s %-5s %7s %7s %11s %4s  %-9s %s\n", indent, "dtype", "D", "mask", "Nq",
            "block_m", "block_n", "threads/row", "wg", "variant", "source");
     for (size_t i = 0; i < sizeof reps / sizeof reps[0]; i++) {
@@ -102,9 +102,9 @@ static void print_params(flashcl_context *ctx, const char *indent) {
                    detail && *detail ? ": " : "", detail ? detail : "");
             continue;
         }
-        printf("%7d %7d %11d %4d  %-9s %s\n", params.block_m, params.block_n, params.threads_per_row,
-               params.work_group_size, params.variant ? params.variant : "?",
-               params.source ? params.source : "?");
+        printf("%7d %7d %11d %4d  %-9s %s\n", params.block_m, params.block_n,
+               params.threads_per_row, params.work_group_size,
+               params.variant ? params.variant : "?", params.source ? params.source : "?");
     }
 }
 

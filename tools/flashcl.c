@@ -38,7 +38,6 @@ static const char usage_main[] =
     "  gpu, cpu, accelerator, host (no OpenCL), P:D (platform:device index from\n"
     "  'flashcl devices'), or a word of the platform or device name (nvidia, pocl...).\n";
 
-
 /* ======================================================================
  * main
  * ==================================================================== */
@@ -99,7 +98,8 @@ int main(int argc, char **argv) {
         for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
             snprintf(names + strlen(names), sizeof names - strlen(names), " %s", commands[i].name);
         if (cli_nearest_word(argv[1], names, near, sizeof near))
-            return cli_usage_error(usage_main, "unknown command '%s'; did you mean '%s'?", argv[1], near);
+            return cli_usage_error(usage_main, "unknown command '%s'; did you mean '%s'?", argv[1],
+                                   near);
         return cli_usage_error(usage_main, "unknown command '%s'", argv[1]);
     }
     return cmd->run(argc, argv);
