@@ -22,7 +22,9 @@ if command -v pkg-config >/dev/null; then
     pcdir=$(dirname "$(find "$prefix" -name flashcl.pc | head -1)")
     export PKG_CONFIG_PATH=$pcdir
     libdir=$(pkg-config --variable=libdir flashcl)
-    if [ -e "$libdir/libflashcl.so" ]; then
+    real_libdir=$(cd "$libdir" 2>/dev/null && pwd -P)
+    real_prefix=$(cd "$prefix" && pwd -P)
+    if [ -e "$libdir/libflashcl.so" ] && [ "${real_libdir#"$real_prefix"/}" != "$real_libdir" ]; then
         ok "flashcl.pc's libdir follows the install prefix ($libdir)"
     else
         bad "flashcl.pc's libdir is $libdir, not under $prefix"
