@@ -2,7 +2,12 @@
 #ifndef FLASHCL_H
 #define FLASHCL_H
 
+/* The OpenCL API level flashcl's declarations need is 1.2. An application that targets
+ * another version (say 300) defines CL_TARGET_OPENCL_VERSION before including this header or
+ * on the command line; flashcl then leaves it as it is. */
+#ifndef CL_TARGET_OPENCL_VERSION
 #define CL_TARGET_OPENCL_VERSION 120
+#endif
 #ifdef __APPLE__
 #include <OpenCL/cl.h>
 #else
@@ -24,6 +29,16 @@ extern "C" {
 #endif
 #else
 #define FLASHCL_API __attribute__((visibility("default")))
+#endif
+
+/* Zero-initialises any flashcl descriptor in C and C++ alike:
+ *   flashcl_attention_desc d = FLASHCL_ZERO_INIT;
+ * It is `{0}` in C and `{}` in C++, where `{0}` does not compile for a struct whose first
+ * member is an enum (flashcl_dtype). Zero means "default" in every descriptor field. */
+#ifdef __cplusplus
+#define FLASHCL_ZERO_INIT {}
+#else
+#define FLASHCL_ZERO_INIT {0}
 #endif
 
 #define FLASHCL_VERSION_MAJOR 0
@@ -120,7 +135,10 @@ FLASHCL_API cl_context flashcl_context_cl_context(const flashcl_context *ctx);
 FLASHCL_API cl_device_id flashcl_context_cl_device(const flashcl_context *ctx);
 FLASHCL_API cl_command_queue flashcl_context_cl_queue(const flashcl_context *ctx);
 
-/* A one-line description: "NVIDIA H200 (NVIDIA CUDA, OpenCL 3.0 ...)". */
+/* A one-line description: "NVIDIA H200 (NVIDIA CUDA, OpenCL 3.0 ...)". On the host C path it
+ * says why that path runs, e.g. "host (pure C, 8 threads, no OpenCL) because no OpenCL platform
+ * was found (...)": the library prints nothing, so an application that wants to tell its user
+ * about the fallback prints this. Owned by the context. */
 FLASHCL_API const char *flashcl_context_device_name(const flashcl_context *ctx);
 
 /* Optional log sink for notes such as "no OpenCL platform: using host path"

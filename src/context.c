@@ -300,10 +300,12 @@ static flashcl_context *alloc_context(void) {
     return ctx;
 }
 
-static void describe(flashcl_context *ctx) {
+/* why: for the host path, the reason it runs (NULL on the OpenCL path). */
+static void describe(flashcl_context *ctx, const char *why) {
     if (ctx->is_host) {
         snprintf(ctx->description, sizeof ctx->description,
-                 "host (pure C, %d threads, no OpenCL)", ctx->host_threads);
+                 "host (pure C, %d threads, no OpenCL) because %s", ctx->host_threads,
+                 why ? why : "it was asked for");
         return;
     }
     snprintf(ctx->description, sizeof ctx->description, "%s (%s, %s, driver %s)", ctx->info.name,
@@ -318,7 +320,7 @@ static flashcl_status make_host(flashcl_context *ctx, const char *why) {
     }
     ctx->is_host = 1;
     flashcl_clear_error(ctx);
-    describe(ctx);
+    describe(ctx, why);
     return FLASHCL_SUCCESS;
 }
 
@@ -408,7 +410,7 @@ flashcl_status flashcl_context_create(flashcl_context **out, const char *spec) {
         if (!ctx)
             return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
         *out = ctx;
-        return make_host(ctx, "device spec 'host'");
+        return make_host(ctx, "the device spec is 'host'");
     }
 
     /* Failures before the context exists are recorded for flashcl_last_error(NULL). */
@@ -417,13 +419,18 @@ flashcl_status flashcl_context_create(flashcl_context **out, const char *spec) {
     flashcl_status st = pick_device(NULL, lowered, &platform, &device);
     if (st != FLASHCL_SUCCESS) {
         cl_uint nplat = 0;
-        /* No OpenCL at all and no device demanded: the host path. */
-        if (lowered[0] == '\0' && (clGetPlatformIDs(0, NULL, &nplat) != CL_SUCCESS || nplat == 0)) {
+        /* No OpenCL at all and no device demanded: the host path, which says why in its
+         * description (the library prints nothing; FLASHCL_LOG=1 logs it too). */
+        cl_int perr = lowered[0] == '\0' ? clGetPlatformIDs(0, NULL, &nplat) : CL_SUCCESS;
+        if (lowered[0] == '\0' && (perr != CL_SUCCESS || nplat == 0)) {
+            char why[160];
+            snprintf(why, sizeof why, "no OpenCL platform was found (clGetPlatformIDs: %s)",
+                     flashcl_status_string(perr == CL_SUCCESS ? -1001 : perr));
             flashcl_context *ctx = alloc_context();
             if (!ctx)
                 return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
             *out = ctx;
-            return make_host(ctx, "no OpenCL platform");
+            return make_host(ctx, why);
         }
         if (from[0])
             flashcl_append_error(NULL, from);
@@ -485,7 +492,7 @@ flashcl_status flashcl_context_adopt(flashcl_context **out, cl_context context, 
     ctx->platform = platform;
     read_device_info(platform, device, &ctx->info);
     kernel_limits(ctx);
-    describe(ctx);
+    describe(ctx, NULL);
     flashcl_clear_error(NULL);
     *out = ctx;
     return FLASHCL_SUCCESS;

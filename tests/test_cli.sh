@@ -135,6 +135,11 @@ if run_attention "f32 GQA" --q q32.npy --k k32.npy --v v32.npy; then
     if check_out o.npy f4 4 4 "7 7 7 7 7" && check_lse lse.npy 4 0.5 "7 7 7 7 7"; then
         ok "attention f32 GQA: out = v row, lse = 0.5 + ln 7"
     else bad "attention f32 GQA: wrong values"; fi
+grep -q 'ms on .*untimed first run of [0-9.]* ms' out.txt &&
+    ok "attention: the printed time leaves out the first run's kernel build, and says so" ||
+    bad "attention's time line: $(cat out.txt)"
+"$BIN" attention --help | grep -q 'dense one' && "$BIN" attention --help | grep -q 'within rounding' &&
+    ok "--paged's help says within rounding" || bad "--paged help: $("$BIN" attention --help | grep -A2 -- --paged)"
 fi
 
 if run_attention "f32 host path" --q q32.npy --k k32.npy --v v32.npy --device host; then
@@ -263,16 +268,33 @@ expect_status 0 "help attention" help attention
 expect_status 0 "attention --help" attention --help
 expect_status 2 "no arguments"
 expect_status 2 "unknown command" frobnicate
-if ! grep -q "unknown command 'frobnicate'" err.txt || ! grep -q '^usage:' err.txt; then
-    bad "unknown command: no message and usage on stderr"
-fi
+# A usage error is two lines: the message and a pointer to --help, not the whole help text.
+short_usage_error() { # NAME
+    if [ "$(wc -l <err.txt)" -eq 2 ] && grep -q "^Try 'flashcl.* --help'" err.txt && ! grep -q '^usage:' err.txt; then
+        ok "$1: the error and a --help hint, no help text"
+    else bad "$1: stderr is not the error and a hint: $(head -c 300 err.txt)"; fi
+}
+grep -q "unknown command 'frobnicate'" err.txt || bad "unknown command: no message on stderr"
+short_usage_error "unknown command"
 expect_status 2 "unknown option" attention --bogus
+short_usage_error "unknown option"
+expect_status 2 "misspelt option" attention --casual
+if grep -q "did you mean '--causal'" err.txt; then ok "--casual: did you mean '--causal'"; else
+    bad "--casual: no suggestion: $(cat err.txt)"; fi
+short_usage_error "misspelt option"
+expect_status 2 "misspelt command" atention
+grep -q "did you mean 'attention'" err.txt && ok "atention: did you mean 'attention'" ||
+    bad "atention: no suggestion: $(cat err.txt)"
+expect_status 2 "misspelt bench --decode option" bench --decode --stpe
+grep -q "did you mean '--step'" err.txt && grep -q "flashcl bench --decode --help" err.txt &&
+    ok "bench --decode --stpe: suggestion and the mode's own --help" || bad "bench --decode --stpe: $(cat err.txt)"
 expect_status 2 "help for an unknown command" help frobnicate
 expect_status 2 "attention without inputs" attention --out o.npy
 expect_status 2 "option without its value" attention --q
 expect_status 2 "bad --window" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy \
     --window 3
 expect_status 2 "bad --cases" check --cases zero
+short_usage_error "bad --cases"
 expect_status 2 "bad --shape" bench --shape 1,2,3
 no_outputs_left || bad "usage errors left output files"
 
@@ -285,6 +307,12 @@ expect_status 0 "bench --json, one small shape" bench --shape 1,2,64,32 --iters 
 if head -c 1 out.txt | grep -q '{' && grep -q '"validated": "pass"' out.txt; then
     ok "bench --json prints a validated JSON object"
 else bad "bench --json output: $(head -c 300 out.txt)"; fi
+grep -q '"params": {"variant": "[a-z0-9-]*", "block_m": [0-9]*, .*"source": "' out.txt &&
+    ok "bench --json names the parameters each row ran and their source" ||
+    bad "bench --json has no params/source: $(head -c 300 out.txt)"
+expect_status 0 "bench table, one small shape" bench --shape 1,2,64,32 --iters 1 --warmup 0
+grep -Eq 'params \(source\)' out.txt && grep -Eq ' [0-9]+x[0-9]+ wg [0-9]+ \((default|built-in|tuned|set|FLASHCL_PARAMS)' out.txt &&
+    ok "the bench table names the parameters and their source" || bad "bench table: $(cat out.txt)"
 
 # bench --decode: a row per shape naming the serving kernel; FLASHCL_DECODE_PARAMS
 # picks it, and a malformed one stops the run with a message.

@@ -1,4 +1,5 @@
-/* test_host.c: with no OpenCL platform at all, the default context runs the host C path and says so once. */
+/* test_host.c: with no OpenCL platform at all, the default context runs the host C path, says why in its description,
+ * and logs it once. */
 #include <stdio.h>
 #include <string.h>
 
@@ -27,6 +28,14 @@ int main(void) {
     expect(flashcl_context_create(&gpu, "gpu") == FLASHCL_ERROR_NO_DEVICE && !gpu,
            "an explicit device spec still fails without OpenCL", &failures);
     expect(strstr(flashcl_context_device_name(a), "host") != NULL, "the name says host", &failures);
+    printf("description: %s\n", flashcl_context_device_name(a));
+    expect(strstr(flashcl_context_device_name(a), "no OpenCL platform was found") != NULL,
+           "the description says why the C path runs (the library prints nothing)", &failures);
+    flashcl_context *asked = NULL;
+    expect(flashcl_context_create(&asked, "host") == FLASHCL_SUCCESS &&
+               strstr(flashcl_context_device_name(asked), "device spec is 'host'") != NULL,
+           "spec 'host': the description says it was asked for", &failures);
+    flashcl_context_destroy(asked);
 
     /* Same semantics as the device path: masks, GQA, dtypes, empty rows. */
     uint64_t seed = test_seed();

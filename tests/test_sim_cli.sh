@@ -23,6 +23,15 @@ if "$BIN" serve-sim --trace trace.csv --json >sim.json 2>err.txt; then
     else bad "serve-sim --trace JSON: $(head -c 400 sim.json)"; fi
 else bad "serve-sim --trace failed: $(cat err.txt)"; fi
 
+# The plot: lines without thousands of markers, the y axis ending at the slot count (16, not 20).
+if "$BIN" serve-sim --trace trace.csv --max-batch 16 --plot busy.svg >out.txt 2>err.txt && [ -s busy.svg ]; then
+    circles=$(grep -c '<circle' busy.svg)
+    top=$(grep -o 'text-anchor="end" fill="#333">[0-9.]*<' busy.svg | grep -o '>[0-9.]*<' | tr -d '<>' | sort -n | tail -1)
+    if [ "$circles" -le 128 ] && [ "$top" = 16 ] && grep -q '<polyline' busy.svg; then
+        ok "serve-sim --plot: lines, $circles markers, y axis 0..16"
+    else bad "serve-sim --plot: $circles markers, y axis to $top"; fi
+else bad "serve-sim --plot failed: $(cat err.txt)"; fi
+
 printf '0,16,10\n0,abc,5\n' >bad.csv
 "$BIN" serve-sim --trace bad.csv >out.txt 2>err.txt
 if [ $? -ne 0 ] && grep -q 'bad.csv:2' err.txt; then

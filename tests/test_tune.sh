@@ -32,6 +32,16 @@ if "$BIN" tune "${SMALL[@]}" --budget 2 >out.txt 2>err.txt && grep -q '^winner:'
     grep -q '"flashcl_tuning": 1' tuning.json; then
     ok "tune with a 2 s budget writes the tuning file"
 else bad "tune: $(tail -5 out.txt) $(tail -5 err.txt)"; fi
+# The winner line's speedup is the ratio of the two times it prints (timed the same way).
+winner=$(grep '^winner:' out.txt | head -1)
+if [ -z "$winner" ] || echo "$winner" | grep -q 'current parameters failed' ||
+    echo "$winner" | awk '{
+        match($0, /[0-9.]+ ms vs [0-9.]+ ms now/); split(substr($0, RSTART, RLENGTH), t, " ");
+        rest = substr($0, RSTART + RLENGTH); match(rest, /: [0-9.]+x/);
+        r = substr(rest, RSTART + 2, RLENGTH - 3) + 0; want = t[4] / t[1];
+        exit !(t[1] > 0 && (r - want < 0.006 * want + 0.006) && (want - r < 0.006 * want + 0.006)) }'; then
+    ok "the winner's speedup is the ratio of the times it names"
+else bad "winner line's speedup does not match its times: $winner"; fi
 grep -q 'ok (now)' out.txt && ok "the current parameters are validated and timed first" ||
     bad "no baseline row: $(cat out.txt)"
 # The library (a fresh process) reads the entry back for that class only.

@@ -99,7 +99,7 @@ int cli_attention_backward(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r = 0, matched = 0;
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+        if (cli_is_help(arg)) {
             fputs(cli_usage_attention_backward, stdout);
             return CLI_EXIT_OK;
         }
@@ -140,8 +140,7 @@ int cli_attention_backward(int argc, char **argv) {
         } else if (!strcmp(arg, "--deterministic")) {
             deterministic = 1;
         } else if (strcmp(arg, "--backward") != 0) {
-            cli_errorf("unknown option '%s' for 'flashcl attention --backward'", arg);
-            return CLI_EXIT_USAGE;
+            return cli_unknown_option(cli_usage_attention_backward, arg);
         }
     }
     for (int n = 0; n < 7; ++n)
@@ -289,11 +288,6 @@ typedef struct brow {
     char error[640];                  /* "forward error: ...", empty when the row ran */
 } brow;
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static const char *validated_name(int validated) {
     return validated < 0 ? "not validated" : validated ? "valid" : "INVALID";
 }
@@ -402,7 +396,7 @@ static int bench_row(flashcl_context *ctx, const bshape *s, flashcl_dtype dt, in
             times[it] = ms;
         }
     }
-    qsort(times, (size_t)iters, sizeof *times, cmp_double);
+    qsort(times, (size_t)iters, sizeof *times, cli_compare_doubles);
     row->timed = 1;
     row->median_ms = iters % 2 ? times[iters / 2] : 0.5 * (times[iters / 2 - 1] + times[iters / 2]);
     row->min_ms = times[0];
@@ -477,7 +471,7 @@ int cli_bench_backward(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+        if (cli_is_help(arg)) {
             fputs(cli_usage_bench_backward, stdout);
             return CLI_EXIT_OK;
         } else if ((r = cli_take_value(argc, argv, &i, "--shape", &value)) != 0) {
@@ -521,8 +515,7 @@ int cli_bench_backward(int argc, char **argv) {
         } else if (!strcmp(arg, "--json")) {
             json = 1;
         } else if (strcmp(arg, "--backward") != 0) {
-            cli_errorf("unknown option '%s' for 'flashcl bench --backward'", arg);
-            return CLI_EXIT_USAGE;
+            return cli_unknown_option(cli_usage_bench_backward, arg);
         }
     }
     if (!causal_mask) {

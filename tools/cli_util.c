@@ -6,18 +6,23 @@
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include <time.h>
 
+static void verrorf(const char *fmt, va_list ap) {
+    fputs("flashcl: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+}
+
 void cli_errorf(const char *fmt, ...) {
     va_list ap;
-    fputs("flashcl: ", stderr);
     va_start(ap, fmt);
-    vfprintf(stderr, fmt, ap);
+    verrorf(fmt, ap);
     va_end(ap);
-    fputc('\n', stderr);
 }
 
 double cli_now(void) {
@@ -137,7 +142,8 @@ void cli_json_string(FILE *f, const char *text) {
     fputc('"', f);
 }
 
-void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters, long warmup) {
+void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters,
+                         long warmup) {
     const int host = flashcl_context_is_host(ctx);
     printf("{\"tool\": ");
     cli_json_string(stdout, tool);
@@ -145,7 +151,8 @@ void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dty
     cli_json_string(stdout, flashcl_version());
     printf(", \"device\": ");
     cli_json_string(stdout, flashcl_context_device_name(ctx));
-    printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, \"warmup\": %ld,\n"
+    printf(", \"host_path\": %s, \"timing\": \"%s\", \"dtype\": \"%s\", \"iters\": %ld, "
+           "\"warmup\": %ld,\n"
            " \"rows\": [",
            host ? "true" : "false", host ? "wall-clock" : "opencl-profiling", dtype, iters, warmup);
 }
@@ -167,4 +174,191 @@ void cli_json_number(FILE *f, double value, int valid) {
         fprintf(f, "%.6g", value);
     else
         fputs("null", f);
+}
+
+/* ---- usage errors: the message, a "did you mean", and a pointer to --help -------------------- */
+
+/* Levenshtein distance, capped: words longer than 63 characters count as far from everything. */
+static int edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    if (na > 63 || nb > 63)
+        return 1000;
+    int row[64];
+    for (size_t j = 0; j <= nb; ++j)
+        row[j] = (int)j;
+    for (size_t i = 1; i <= na; ++i) {
+        int diag = row[0];
+        row[0] = (int)i;
+        for (size_t j = 1; j <= nb; ++j) {
+            int up = row[j];
+            int best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+static int word_char(char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-';
+}
+
+int cli_nearest_word(const char *word, const char *text, char *buf, size_t size) {
+    const char *eq = strchr(word, '='); /* "--casual=1": compare the name only */
+    size_t nw = eq && word[0] == '-' ? (size_t)(eq - word) : strlen(word);
+    int dashed = nw > 2 && word[0] == '-' && word[1] == '-';
+    int best = 3;
+    size_t best_len = 0;
+    const char *best_at = NULL;
+    for (const char *p = text; *p;) {
+        if (!word_char(*p) || (p > text && word_char(p[-1]))) {
+            ++p;
+            continue;
+        }
+        size_t n = 0;
+        while (word_char(p[n]))
+            ++n;
+        int candidate_dashed = n > 2 && p[0] == '-' && p[1] == '-';
+        if (candidate_dashed == dashed && (dashed || p[0] != '-')) {
+            int d = edit_distance(word, nw, p, n);
+            /* Close enough to be a typo: at most 2 edits, and fewer than half the word's letters.
+             */
+            if (d > 0 && d < best && 2 * d <= (int)nw - 2 * dashed) {
+                best = d;
+                best_at = p;
+                best_len = n;
+            }
+        }
+        p += n;
+    }
+    if (!best_at || best_len + 1 > size)
+        return 0;
+    memcpy(buf, best_at, best_len);
+    buf[best_len] = '\0';
+    return 1;
+}
+
+/* "flashcl bench --decode" from "usage: flashcl bench --decode [options]": the words of the usage
+ * line up to its first argument (an option that is followed by more arguments is one). */
+static void usage_command(const char *usage, char *buf, size_t size) {
+    const char *p = strstr(usage, "usage: ");
+    snprintf(buf, size, "flashcl");
+    if (!p || strncmp(p + 7, "flashcl ", 8) != 0)
+        return;
+    p += 15;
+    size_t len = strlen(buf);
+    for (int words = 0; *p && *p != '\n'; ++words) {
+        size_t n = 0;
+        while (p[n] && p[n] != ' ' && p[n] != '\n')
+            ++n;
+        /* a command, or a mode option right after it, one without a value (bench --decode
+         * [options], attention --backward --q ...) */
+        const char *next = p + n;
+        while (*next == ' ')
+            ++next;
+        int mode = words == 1 && p[0] == '-' && (*next == '[' || *next == '-');
+        if (n == 0 || p[0] == '[' || p[0] == '<' || (p[0] == '-' && !mode) || len + n + 2 > size)
+            break;
+        buf[len++] = ' ';
+        memcpy(buf + len, p, n);
+        len += n;
+        buf[len] = '\0';
+        p += n;
+        while (*p == ' ')
+            ++p;
+    }
+}
+
+static void print_help_hint(const char *usage) {
+    char command[96];
+    usage_command(usage, command, sizeof command);
+    fprintf(stderr, "Try '%s --help'.\n", command);
+}
+
+int cli_usage_error(const char *usage, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    verrorf(fmt, ap);
+    va_end(ap);
+    print_help_hint(usage);
+    return CLI_EXIT_USAGE;
+}
+
+int cli_unknown_option(const char *usage, const char *arg) {
+    char command[96], near[64];
+    usage_command(usage, command, sizeof command);
+    if (cli_nearest_word(arg, usage, near, sizeof near))
+        cli_errorf("unknown option '%s' for '%s'; did you mean '%s'?", arg, command, near);
+    else
+        cli_errorf("unknown option '%s' for '%s'", arg, command);
+    print_help_hint(usage);
+    return CLI_EXIT_USAGE;
+}
+
+/* ---- what the subcommands share: help, contexts, descriptors, sizes -------------------------- */
+
+int cli_is_help(const char *arg) {
+    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+}
+
+/* Prints a library error with the context's message, which may carry a build log. */
+void cli_report_status(const flashcl_context *ctx, const char *what, flashcl_status status) {
+    const char *detail = ctx != NULL ? flashcl_last_error(ctx) : "";
+    if (detail == NULL)
+        detail = "";
+    cli_errorf("%s: %s (%d)%s%s", what, flashcl_status_string(status), status, *detail ? ": " : "",
+               detail);
+}
+
+flashcl_context *cli_open_context(const char *spec) {
+    flashcl_context *ctx = NULL;
+    flashcl_status status = flashcl_context_create(&ctx, spec);
+    if (status != FLASHCL_SUCCESS) {
+        /* A failed create leaves no context: its message is the thread's, under NULL. */
+        cli_errorf("cannot open device: %s (%s); 'flashcl devices' lists them", flashcl_last_error(NULL),
+                   flashcl_status_string(status));
+        return NULL;
+    }
+    return ctx;
+}
+
+/* a*b*c*d elements without overflowing size_t; -1 if it would. */
+int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
+    size_t n = a;
+    if (b != 0 && n > SIZE_MAX / b)
+        return -1;
+    n *= b;
+    if (c != 0 && n > SIZE_MAX / c)
+        return -1;
+    n *= c;
+    if (d != 0 && n > SIZE_MAX / d)
+        return -1;
+    *out = n * d;
+    return 0;
+}
+
+/* A zeroed descriptor with the mask fields meaning "no mask": zero windows
+ * would mean "the diagonal only", so unbounded sides are set explicitly. */
+flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
+                                     int seqlen_q, int seqlen_k, int head_dim) {
+    flashcl_attention_desc desc;
+    memset(&desc, 0, sizeof desc);
+    desc.dtype = dtype;
+    desc.batch = batch;
+    desc.heads_q = heads_q;
+    desc.heads_k = heads_k;
+    desc.seqlen_q = seqlen_q;
+    desc.seqlen_k = seqlen_k;
+    desc.head_dim = head_dim;
+    desc.window_left = -1;
+    desc.window_right = -1;
+    return desc;
+}
+
+int cli_compare_doubles(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
 }

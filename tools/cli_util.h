@@ -21,6 +21,17 @@
 /* Prints "flashcl: <message>\n" to stderr. */
 void cli_errorf(const char *fmt, ...) CLI_PRINTF(1, 2);
 
+/* Usage errors print one line and a pointer to --help, never the whole help text.
+ * cli_usage_error: "flashcl: <message>" then "Try 'flashcl CMD --help' for its options.", CMD read
+ * from the first line of `usage`; returns CLI_EXIT_USAGE. */
+int cli_usage_error(const char *usage, const char *fmt, ...) CLI_PRINTF(2, 3);
+/* The same for an unknown option, with "did you mean '--x'?" when an option named in `usage` is
+ * within two edits of it (--casual: --causal). */
+int cli_unknown_option(const char *usage, const char *arg);
+/* The word of `text` nearest to `word` (options with options, plain words with plain words), if
+ * it is within two edits and fewer than half the word's letters: copies it to buf, returns 1. */
+int cli_nearest_word(const char *word, const char *text, char *buf, size_t size);
+
 /* Seconds on CLOCK_MONOTONIC. */
 double cli_now(void);
 
@@ -53,6 +64,23 @@ void cli_json_number(FILE *f, double value, int valid);
 /* Opens a bench document on stdout: {"tool": tool, "version", "device", "host_path",
  * "timing", "dtype", "iters", "warmup", then "rows": [ (the caller writes the rows
  * and closes with "]}"). */
-void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters, long warmup);
+void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters,
+                         long warmup);
+
+/* 1 for --help and -h. */
+int cli_is_help(const char *arg);
+/* Prints "flashcl: what: status (code): <the context's last error>" (which may carry a build log).
+ */
+void cli_report_status(const flashcl_context *ctx, const char *what, flashcl_status status);
+/* A context for a device spec (NULL: the default), or NULL after printing why. */
+flashcl_context *cli_open_context(const char *spec);
+/* a*b*c*d elements without overflowing size_t: 0, or -1 if it would overflow. */
+int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out);
+/* A zeroed descriptor with the mask fields meaning "no mask": zero windows would mean "the
+ * diagonal only", so unbounded sides are set explicitly. */
+flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
+                                     int seqlen_q, int seqlen_k, int head_dim);
+/* qsort's comparison for doubles, ascending. */
+int cli_compare_doubles(const void *a, const void *b);
 
 #endif /* FLASHCL_TOOLS_CLI_UTIL_H */

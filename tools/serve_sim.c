@@ -76,10 +76,7 @@ const char usage_spec_sim[] =
 /* ---- small helpers ------------------------------------------------------------------------- */
 
 static int usage_fail(const char *usage, const char *msg, const char *arg) {
-    cli_errorf("%s%s%s", msg, arg ? " " : "", arg ? arg : "");
-    fputs("\n", stderr);
-    fputs(usage, stderr);
-    return CLI_EXIT_USAGE;
+    return cli_usage_error(usage, "%s%s%s", msg, arg ? " " : "", arg ? arg : "");
 }
 
 static int parse_pair(const char *text, long min, long max, long out[2]) {
@@ -87,11 +84,6 @@ static int parse_pair(const char *text, long min, long max, long out[2]) {
     if (cli_parse_long_list(text, min, max, out, 2, &n) != 0 || n != 2 || out[0] > out[1])
         return -1;
     return 0;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
 }
 
 /* ---- the trace ------------------------------------------------------------------------------ */
@@ -409,7 +401,7 @@ static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_
             sum += lat[i];
         }
         if (lat) {
-            qsort(lat, (size_t)n, sizeof(double), cmp_double);
+            qsort(lat, (size_t)n, sizeof(double), cli_compare_doubles);
             res->mean_latency = sum / n;
             res->p99_latency = lat[(size_t)ceil(0.99 * n) - 1];
         }
@@ -598,7 +590,8 @@ static int write_plot(const char *path, const sim_result *r, int count, int max_
     }
     char title[128], err[256];
     snprintf(title, sizeof title, "Batch slots doing work (of %d), static vs continuous batching", max_batch);
-    int rc = svg_plot_write(path, title, "time (s)", "busy slots", series, count, 0, err, sizeof err);
+    int rc = svg_plot_write_ytop(path, title, "time (s)", "busy slots", series, count, 0, (double)max_batch, err,
+                                 sizeof err);
     if (rc != 0)
         cli_errorf("--plot %s: %s", path, err);
     free(x);
@@ -617,7 +610,7 @@ int cmd_serve_sim(int argc, char **argv) {
         const char *v = NULL;
         long l;
         int t;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (cli_is_help(argv[i])) {
             fputs(usage_serve_sim, stdout);
             return CLI_EXIT_OK;
         } else if (!strcmp(argv[i], "--json")) {
@@ -693,7 +686,7 @@ int cmd_serve_sim(int argc, char **argv) {
                 return CLI_EXIT_USAGE;
             plot = v;
         } else {
-            return usage_fail(usage_serve_sim, "unknown option for 'flashcl serve-sim':", argv[i]);
+            return cli_unknown_option(usage_serve_sim, argv[i]);
         }
     }
     if (o.heads_q % o.heads_k)
@@ -858,7 +851,7 @@ int cmd_spec_sim(int argc, char **argv) {
     for (int i = 2; i < argc; ++i) {
         const char *v = NULL;
         int t;
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (cli_is_help(argv[i])) {
             fputs(usage_spec_sim, stdout);
             return CLI_EXIT_OK;
         } else if ((t = cli_take_value(argc, argv, &i, "--target", &v))) {
@@ -884,7 +877,7 @@ int cmd_spec_sim(int argc, char **argv) {
             if (t < 0 || cli_parse_long(v, 0, 0x7fffffffL, &seed))
                 return usage_fail(usage_spec_sim, "--seed wants an integer >= 0, not", v);
         } else {
-            return usage_fail(usage_spec_sim, "unknown option for 'flashcl spec-sim':", argv[i]);
+            return cli_unknown_option(usage_spec_sim, argv[i]);
         }
     }
     if (!target || !draft_path)

@@ -161,11 +161,6 @@ const char cli_usage_bench_decode[] =
     "  --warmup N        untimed runs (default 3; 1 on a CPU)\n"
     "  --device SPEC\n";
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 /* One element of value x in the storage type, as a fill pattern. */
 static void pattern(flashcl_dtype dt, float x, unsigned char *buf, size_t *size) {
     if (dt == FLASHCL_FLOAT32) {
@@ -342,9 +337,9 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
         if (st)
             goto fail;
     }
-    qsort(times, (size_t)iters, sizeof(double), cmp_double);
-    qsort(host_us, (size_t)iters, sizeof(double), cmp_double);
-    qsort(last_us, (size_t)iters, sizeof(double), cmp_double);
+    qsort(times, (size_t)iters, sizeof(double), cli_compare_doubles);
+    qsort(host_us, (size_t)iters, sizeof(double), cli_compare_doubles);
+    qsort(last_us, (size_t)iters, sizeof(double), cli_compare_doubles);
     double median = times[iters / 2], kv_bytes = (double)batch * context * (double)row * 2.0 * (double)es;
     char last[16] = "-", pipe[16] = "-"; /* no profiling: no kernel time */
     if (!wall)
@@ -391,7 +386,7 @@ int cli_bench_decode(int argc, char **argv) {
             step = 1;
             continue;
         }
-        if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+        if (cli_is_help(argv[i])) {
             fputs(cli_usage_bench_decode, stdout);
             return CLI_EXIT_OK;
         }
@@ -446,20 +441,15 @@ int cli_bench_decode(int argc, char **argv) {
             shuffled = !strcmp(value, "shuffled");
             continue;
         }
-        cli_errorf("unknown option '%s' for 'flashcl bench --decode'", argv[i]);
-        fputs(cli_usage_bench_decode, stderr);
-        return CLI_EXIT_USAGE;
+        return cli_unknown_option(cli_usage_bench_decode, argv[i]);
     }
     if (nh != 2 || heads[0] % heads[1] != 0) {
         cli_errorf("--heads wants HQ,HK with HK dividing HQ");
         return CLI_EXIT_USAGE;
     }
-    flashcl_context *ctx = NULL;
-    flashcl_status st = flashcl_context_create(&ctx, device);
-    if (st != FLASHCL_SUCCESS) {
-        cli_errorf("cannot open device '%s': %s", device ? device : "(default)", flashcl_status_string(st));
+    flashcl_context *ctx = cli_open_context(device);
+    if (!ctx)
         return CLI_EXIT_FAIL;
-    }
     if (flashcl_context_is_host(ctx)) {
         cli_errorf("bench --decode needs an OpenCL device");
         flashcl_context_destroy(ctx);

@@ -49,8 +49,31 @@ static int usable(double x, double y, int log_x) {
     return isfinite(x) && isfinite(y) && y >= 0 && (!log_x || x > 0);
 }
 
+/* A series with more points than this is drawn as a line without markers (thousands of
+ * circles bury the line and bloat the file). */
+enum { MARKER_MAX = 64 };
+
+/* The y step for an axis that ends exactly at top: 1, 2, 4 or 5 times a power of ten, at most
+ * 8 intervals, dividing top; 0 when none does. */
+static double step_dividing(double top) {
+    static const double mult[] = {1, 2, 4, 5};
+    for (double p = 1e-3; p <= top; p *= 10)
+        for (int i = 0; i < 4; i++) {
+            double step = mult[i] * p, n = top / step;
+            if (n <= 8 && fabs(n - round(n)) < 1e-9)
+                return step;
+        }
+    return 0;
+}
+
 int svg_plot_write(const char *path, const char *title, const char *x_label, const char *y_label,
                    const svg_series *series, int count, int log_x, char *err, size_t err_size) {
+    return svg_plot_write_ytop(path, title, x_label, y_label, series, count, log_x, 0.0, err, err_size);
+}
+
+int svg_plot_write_ytop(const char *path, const char *title, const char *x_label, const char *y_label,
+                        const svg_series *series, int count, int log_x, double y_top, char *err,
+                        size_t err_size) {
     double xmin = INFINITY, xmax = -INFINITY, ymax = 0;
     for (int s = 0; s < count; s++)
         for (int i = 0; i < series[s].n; i++) {
@@ -71,6 +94,12 @@ int svg_plot_write(const char *path, const char *title, const char *x_label, con
         xmax += log_x ? 1 : 0.5 * (fabs(xmax) + 1);
     }
     double ystep = nice_step((ymax > 0 ? ymax : 1) / 5), ytop = ceil((ymax > 0 ? ymax : 1) / ystep) * ystep;
+    if (y_top > 0 && y_top >= ymax) { /* the caller's bound (16 slots: 0..16, not 0..20) */
+        ytop = y_top;
+        ystep = step_dividing(y_top);
+        if (ystep == 0)
+            ystep = nice_step(y_top / 5);
+    }
     double pw = WIDTH - LEFT - RIGHT, ph = HEIGHT - TOP - BOTTOM;
 #define PX(x) (LEFT + ((log_x ? log2(x) : (x)) - xmin) / (xmax - xmin) * pw)
 #define PY(y) (TOP + ph - (y) / ytop * ph)
@@ -158,7 +187,7 @@ int svg_plot_write(const char *path, const char *title, const char *x_label, con
         }
         if (open)
             fputs("\"/>\n", f);
-        for (int i = 0; i < series[s].n; i++)
+        for (int i = 0; i < series[s].n && series[s].n <= MARKER_MAX; i++)
             if (usable(series[s].x[i], series[s].y[i], log_x))
                 fprintf(f, "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"><title>%g: %.4g</title></circle>\n",
                         PX(series[s].x[i]), PY(series[s].y[i]), color, series[s].x[i], series[s].y[i]);

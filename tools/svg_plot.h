@@ -17,5 +17,10 @@ typedef struct svg_series {
  * with a message in err. */
 int svg_plot_write(const char *path, const char *title, const char *x_label, const char *y_label,
                    const svg_series *series, int count, int log_x, char *err, size_t err_size);
+/* The same with the y axis running from 0 to exactly y_top (when y_top > 0 and no point is
+ * above it), e.g. the number of batch slots. Series of more than 64 points get no markers. */
+int svg_plot_write_ytop(const char *path, const char *title, const char *x_label, const char *y_label,
+                        const svg_series *series, int count, int log_x, double y_top, char *err,
+                        size_t err_size);
 
 #endif /* FLASHCL_TOOLS_SVG_PLOT_H */

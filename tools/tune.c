@@ -133,11 +133,6 @@ static int same_params(const flashcl_params *a, const flashcl_params *b) {
            (!is_nv_variant(a->variant) || a->work_group_size == b->work_group_size);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static void fmt_secs(double s, char *buf, size_t n) {
     if (s < 0 || !isfinite(s))
         snprintf(buf, n, "?");
@@ -248,7 +243,7 @@ static int time_candidate(flashcl_context *ctx, tune_problem *t, candidate *c, d
         free(times);
         return -1;
     }
-    qsort(times, (size_t)n, sizeof *times, cmp_double);
+    qsort(times, (size_t)n, sizeof *times, cli_compare_doubles);
     *min = times[0];
     *median = n % 2 ? times[n / 2] : 0.5 * (times[n / 2 - 1] + times[n / 2]);
     free(times);
@@ -455,7 +450,7 @@ int cmd_tune(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r, k;
-        if (!strcmp(arg, "--help") || !strcmp(arg, "-h")) {
+        if (cli_is_help(arg)) {
             fputs(usage_tune, stdout);
             return CLI_EXIT_OK;
         }
@@ -503,8 +498,7 @@ int cmd_tune(int argc, char **argv) {
         } else if (!strcmp(arg, "--no-write")) {
             no_write = 1;
         } else {
-            cli_errorf("unknown option '%s' for 'flashcl tune'\n\n%s", arg, usage_tune);
-            return CLI_EXIT_USAGE;
+            return cli_unknown_option(usage_tune, arg);
         }
 #undef TAKE
     }
@@ -522,13 +516,9 @@ int cmd_tune(int argc, char **argv) {
         }
     }
 
-    flashcl_context *ctx = NULL;
-    flashcl_status st = flashcl_context_create(&ctx, device);
-    if (st != FLASHCL_SUCCESS) {
-        cli_errorf("cannot open device '%s': %s (%d)", device ? device : "(default)",
-                   flashcl_status_string(st), st);
+    flashcl_context *ctx = cli_open_context(device);
+    if (!ctx)
         return CLI_EXIT_FAIL;
-    }
     if (flashcl_context_is_host(ctx)) {
         cli_errorf("the host path has no kernel parameters to tune: pick an OpenCL device");
         flashcl_context_destroy(ctx);
@@ -564,6 +554,7 @@ int cmd_tune(int argc, char **argv) {
 
     const char *problem = NULL, *path = output ? output : flashcl_tuning_file(ctx, &problem);
     flashcl_params base;
+    flashcl_status st;
     if ((st = flashcl_attention_params(ctx, d, &base)) != FLASHCL_SUCCESS) {
         cli_errorf("the current parameters: %s: %s", flashcl_status_string(st), flashcl_last_error(ctx));
         goto done;
@@ -682,8 +673,11 @@ int cmd_tune(int argc, char **argv) {
         double rounds[4][100];
         int complete = 1;
         fprintf(stderr, "tune: confirming %d finalists, %ld interleaved rounds\n", nfin, confirm);
+        /* Each round starts with a different finalist, so none (the current parameters were
+         * always first) is timed right after the same neighbour every time. */
         for (int r = 0; r < confirm && complete; r++)
-            for (int f = 0; f < nfin && complete; f++) {
+            for (int j = 0; j < nfin && complete; j++) {
+                int f = (r + j) % nfin;
                 double mn;
                 complete = time_candidate(ctx, &t, &list[finalists[f]], &rounds[f][r], &mn) == 0;
             }
@@ -691,7 +685,7 @@ int cmd_tune(int argc, char **argv) {
             best = -1;
             for (int f = 0; f < nfin; f++) {
                 candidate *c = &list[finalists[f]];
-                qsort(rounds[f], (size_t)confirm, sizeof(double), cmp_double);
+                qsort(rounds[f], (size_t)confirm, sizeof(double), cli_compare_doubles);
                 c->confirmed_ms = confirm % 2 ? rounds[f][confirm / 2]
                                               : 0.5 * (rounds[f][confirm / 2 - 1] + rounds[f][confirm / 2]);
                 if (best < 0 || c->confirmed_ms < list[best].confirmed_ms)
@@ -733,10 +727,14 @@ int cmd_tune(int argc, char **argv) {
     }
     char best_text[64], comment[512];
     describe(&list[best].p, best_text, sizeof best_text);
+    /* The speedup compares the winner and the current parameters timed the same way: both by
+     * the confirmation rounds, or both by the search; with both, the search's ratio is shown too. */
     if (list[0].ok && list[best].confirmed_ms > 0 && list[0].confirmed_ms > 0)
-        printf("\nwinner: %s  %.3f ms vs %.3f ms now (%s), medians of %ld interleaved rounds: %.2fx\n",
+        printf("\nwinner: %s  %.3f ms vs %.3f ms now (%s), medians of %ld interleaved rounds: %.2fx "
+               "(the search's own times: %.3f vs %.3f ms, %.2fx)\n",
                best_text, list[best].confirmed_ms, list[0].confirmed_ms, base_source, confirm,
-               list[0].confirmed_ms / list[best].confirmed_ms);
+               list[0].confirmed_ms / list[best].confirmed_ms, list[best].median_ms, list[0].median_ms,
+               list[0].median_ms / list[best].median_ms);
     else if (list[0].ok)
         printf("\nwinner: %s  %.3f ms vs %.3f ms now (%s): %.2fx\n", best_text, list[best].median_ms,
                list[0].median_ms, base_source, list[0].median_ms / list[best].median_ms);
@@ -749,14 +747,15 @@ int cmd_tune(int argc, char **argv) {
         rc = CLI_EXIT_OK;
         goto done;
     }
+    int both_confirmed = list[best].confirmed_ms > 0 && list[0].confirmed_ms > 0;
     snprintf(comment, sizeof comment,
              "flashcl tune: B=%ld H=%ld N=%ld D=%ld %s%s: %.4g ms; before (%s) %s%.4g ms; %d of %d candidates "
              "run%s",
              batch, heads, seqlen, head_dim, cli_dtype_name(dtype), causal ? " causal" : "",
-             list[best].confirmed_ms > 0 ? list[best].confirmed_ms : list[best].median_ms, base_source,
+             both_confirmed ? list[best].confirmed_ms : list[best].median_ms, base_source,
              list[0].ok ? "" : "failed, ",
-             list[0].confirmed_ms > 0 ? list[0].confirmed_ms : list[0].ok ? list[0].median_ms : 0.0,
-             done_count, count, list[best].confirmed_ms > 0 ? ", confirmed in interleaved rounds" : "");
+             both_confirmed ? list[0].confirmed_ms : list[0].ok ? list[0].median_ms : 0.0,
+             done_count, count, both_confirmed ? ", confirmed in interleaved rounds" : "");
     st = flashcl_tuning_file_save(ctx, path, d, &list[best].p, comment);
     if (st != FLASHCL_SUCCESS) {
         cli_errorf("writing %s: %s", path, flashcl_last_error(ctx));

@@ -1,0 +1,315 @@
+/* attention_cli.c: `flashcl attention`: attention on .npy files (the forward; --backward is in
+ * backward_cli.c). */
+#define _POSIX_C_SOURCE 200809L
+
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "attention_cli.h"
+#include "backward_cli.h"
+#include "cli_util.h"
+#include "flashcl.h"
+#include "npy.h"
+#include "serving_cli.h"
+
+const char usage_attention[] =
+    "usage: flashcl attention --q Q.npy --k K.npy --v V.npy --out O.npy [options]\n"
+    "\n"
+    "Computes out = softmax(scale * q k^T + mask) v on .npy files, float32 ('<f4')\n"
+    "or float16 ('<f2'), C order, all three of one dtype:\n"
+    "  q    (batch, seqlen_q, heads_q, head_dim)\n"
+    "  k, v (batch, seqlen_k, heads_k, head_dim)   heads_q a multiple of heads_k\n"
+    "  out  like q, in q's dtype;  lse (batch, heads_q, seqlen_q) float32\n"
+    "Outputs appear only once complete: nothing is left behind on an error.\n"
+    "\n"
+    "options:\n"
+    "  --lse LSE.npy   also write each row's log-sum-exp (-inf for a row that sees no key)\n"
+    "  --causal        causal mask, aligned bottom-right when seqlen_q != seqlen_k\n"
+    "  --window L,R    local attention: row i sees keys i-L .. i+R (shifted by\n"
+    "                  seqlen_k - seqlen_q); a negative side is unbounded; with\n"
+    "                  --causal, R is 0\n"
+    "  --softcap C     scores become C * tanh(s / C) (C > 0)\n"
+    "  --scale S       score scale (default 1/sqrt(head_dim))\n"
+    "  --paged P       store K/V in a paged KV cache of P-token pages (1..256) handed\n"
+    "                  out in shuffled order and attend through the page tables\n"
+    "                  (flashcl_paged_attention); the output equals the dense one\n"
+    "                  within rounding (its sums run in another order)\n"
+    "  --device SPEC   see 'flashcl --help'\n"
+    "  --backward      gradients dq, dk, dv instead (its own options:\n"
+    "                  flashcl attention --backward --help)\n";
+
+static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
+
+/* Reads one input and checks what does not depend on the other inputs. */
+static int load_input(const char *path, npy_array *array, char *shape_text, size_t shape_size) {
+    char err[512];
+    if (npy_read(path, array, err, sizeof err) != 0) {
+        cli_errorf("%s: %s", path, err);
+        return -1;
+    }
+    npy_format_shape(array->shape, array->ndim, shape_text, shape_size);
+    if (array->ndim != 4) {
+        cli_errorf("%s: shape %s has %d dimension%s, expected 4: (batch, seqlen, heads, head_dim)",
+                   path, shape_text, array->ndim, array->ndim == 1 ? "" : "s");
+        return -1;
+    }
+    for (int i = 0; i < 4; i++) {
+        if (array->shape[i] == 0) {
+            cli_errorf("%s: shape %s has a zero dimension (%s)", path, shape_text, dim_names[i]);
+            return -1;
+        }
+        if (array->shape[i] > INT_MAX) {
+            cli_errorf("%s: shape %s: %s %zu is too large", path, shape_text, dim_names[i],
+                       array->shape[i]);
+            return -1;
+        }
+    }
+    if (array->shape[3] > 256) {
+        cli_errorf("%s: shape %s: head_dim %zu exceeds flashcl's limit of 256", path, shape_text,
+                   array->shape[3]);
+        return -1;
+    }
+    return 0;
+}
+
+/* Writes both outputs to temporary files, then renames them into place, so
+ * that an output path names either a complete result or nothing new. */
+static int write_outputs(const char *out_path, const npy_array *q, const void *out,
+                         const char *lse_path, const size_t *lse_shape, const float *lse) {
+    char err[512];
+    char *tmp_out = NULL, *tmp_lse = NULL;
+    int rc = -1, out_renamed = 0;
+
+    if (npy_write_temp(out_path, q->dtype, q->shape, 4, out, &tmp_out, err, sizeof err) != 0) {
+        cli_errorf("%s: %s", out_path, err);
+        goto done;
+    }
+    if (lse_path != NULL &&
+        npy_write_temp(lse_path, NPY_FLOAT32, lse_shape, 3, lse, &tmp_lse, err, sizeof err) != 0) {
+        cli_errorf("%s: %s", lse_path, err);
+        goto done;
+    }
+    if (rename(tmp_out, out_path) != 0) {
+        cli_errorf("%s: cannot move the finished file into place: %s", out_path, strerror(errno));
+        goto done;
+    }
+    out_renamed = 1;
+    if (tmp_lse != NULL && rename(tmp_lse, lse_path) != 0) {
+        cli_errorf("%s: cannot move the finished file into place: %s", lse_path, strerror(errno));
+        /* Keep the pair consistent: no out without the lse that was asked for. */
+        unlink(out_path);
+        goto done;
+    }
+    rc = 0;
+done:
+    if (tmp_out != NULL && !out_renamed)
+        unlink(tmp_out);
+    if (tmp_lse != NULL && rc != 0)
+        unlink(tmp_lse);
+    free(tmp_out);
+    free(tmp_lse);
+    return rc;
+}
+
+int cmd_attention(int argc, char **argv) {
+    const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *out_path = NULL;
+    const char *lse_path = NULL, *device = NULL, *value;
+    int causal = 0, window_left = -1, window_right = -1, paged = 0;
+    double softcap = 0.0, scale = 0.0, t0, elapsed = 0.0, first = 0.0;
+    npy_array q, k, v;
+    char q_shape[256], k_shape[256], v_shape[256];
+    flashcl_attention_desc desc;
+    flashcl_context *ctx = NULL;
+    flashcl_status status;
+    void *out = NULL;
+    float *lse = NULL;
+    size_t lse_shape[3], lse_count;
+    int rc = CLI_EXIT_FAIL;
+
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--backward") == 0) /* gradients: tools/backward_cli.c */
+            return cli_attention_backward(argc, argv);
+    memset(&q, 0, sizeof q);
+    memset(&k, 0, sizeof k);
+    memset(&v, 0, sizeof v);
+    for (int i = 2; i < argc; i++) {
+        const char *arg = argv[i];
+        int r;
+        if (cli_is_help(arg)) {
+            fputs(usage_attention, stdout);
+            return CLI_EXIT_OK;
+        } else if ((r = cli_take_value(argc, argv, &i, "--q", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            q_path = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--k", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            k_path = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--v", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            v_path = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--out", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            out_path = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--lse", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            lse_path = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            device = value;
+        } else if ((r = cli_take_value(argc, argv, &i, "--window", &value)) != 0) {
+            long w[2];
+            int n = 0;
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (cli_parse_long_list(value, -(long)INT_MAX, INT_MAX, w, 2, &n) != 0 || n != 2)
+                return cli_usage_error(usage_attention, "--window wants L,R (integers), not '%s'",
+                                       value);
+            window_left = w[0] < 0 ? -1 : (int)w[0];
+            window_right = w[1] < 0 ? -1 : (int)w[1];
+        } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (cli_parse_double(value, &softcap) != 0 || softcap < 0)
+                return cli_usage_error(usage_attention, "--softcap wants a number >= 0, not '%s'",
+                                       value);
+        } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (cli_parse_double(value, &scale) != 0)
+                return cli_usage_error(usage_attention, "--scale wants a finite number, not '%s'",
+                                       value);
+        } else if ((r = cli_take_value(argc, argv, &i, "--paged", &value)) != 0) {
+            long p;
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (cli_parse_long(value, 1, 256, &p) != 0)
+                return cli_usage_error(usage_attention,
+                                       "--paged wants a page size 1..256, not '%s'", value);
+            paged = (int)p;
+        } else if (strcmp(arg, "--causal") == 0) {
+            causal = 1;
+        } else {
+            return cli_unknown_option(usage_attention, arg);
+        }
+    }
+    if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
+        return cli_usage_error(usage_attention, "%s", "attention needs --q, --k, --v and --out");
+    if (lse_path != NULL && strcmp(lse_path, out_path) == 0)
+        return cli_usage_error(usage_attention, "--lse and --out name the same file '%s'",
+                               out_path);
+
+    /* Each file is checked on its own first, then against q, so that every
+     * message names the file at fault. */
+    if (load_input(q_path, &q, q_shape, sizeof q_shape) != 0 ||
+        load_input(k_path, &k, k_shape, sizeof k_shape) != 0)
+        goto done;
+    if (k.dtype != q.dtype) {
+        cli_errorf("%s: dtype %s does not match q's %s", k_path, npy_dtype_name(k.dtype),
+                   npy_dtype_name(q.dtype));
+        goto done;
+    }
+    if (k.shape[0] != q.shape[0]) {
+        cli_errorf("%s: shape %s does not match q's batch %zu", k_path, k_shape, q.shape[0]);
+        goto done;
+    }
+    if (k.shape[3] != q.shape[3]) {
+        cli_errorf("%s: shape %s does not match q's head_dim %zu", k_path, k_shape, q.shape[3]);
+        goto done;
+    }
+    if (q.shape[2] % k.shape[2] != 0) {
+        cli_errorf("%s: shape %s: heads_k %zu does not divide q's heads %zu", k_path, k_shape,
+                   k.shape[2], q.shape[2]);
+        goto done;
+    }
+    if (load_input(v_path, &v, v_shape, sizeof v_shape) != 0)
+        goto done;
+    if (v.dtype != q.dtype) {
+        cli_errorf("%s: dtype %s does not match q's %s", v_path, npy_dtype_name(v.dtype),
+                   npy_dtype_name(q.dtype));
+        goto done;
+    }
+    if (memcmp(v.shape, k.shape, 4 * sizeof k.shape[0]) != 0) {
+        cli_errorf("%s: shape %s does not match k's shape %s", v_path, v_shape, k_shape);
+        goto done;
+    }
+
+    desc = cli_make_desc(q.dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32,
+                         (int)q.shape[0], (int)q.shape[2], (int)k.shape[2], (int)q.shape[1],
+                         (int)k.shape[1], (int)q.shape[3]);
+    desc.causal = causal;
+    desc.windowed = window_left >= 0 || window_right >= 0;
+    desc.window_left = window_left;
+    desc.window_right = window_right;
+    desc.softcap = (float)softcap;
+    desc.scale = (float)scale;
+    status = flashcl_attention_desc_resolve(&desc);
+    if (status != FLASHCL_SUCCESS) {
+        cli_report_status(NULL, "invalid attention problem", status);
+        goto done;
+    }
+
+    lse_shape[0] = q.shape[0];
+    lse_shape[1] = q.shape[2];
+    lse_shape[2] = q.shape[1];
+    lse_count = lse_shape[0] * lse_shape[1] * lse_shape[2];
+    out = malloc(q.count * npy_dtype_size(q.dtype));
+    lse = lse_path != NULL ? malloc(lse_count * sizeof *lse) : NULL;
+    if (out == NULL || (lse_path != NULL && lse == NULL)) {
+        cli_errorf("out of memory for the outputs");
+        goto done;
+    }
+
+    ctx = cli_open_context(device);
+    if (ctx == NULL)
+        goto done;
+    /* Two runs: the first builds (or loads) the kernels and is not what the printed time
+     * measures; the second is timed and its outputs are written. */
+    for (int run = 0; run < 2; run++) {
+        t0 = cli_now();
+        if (paged) /* prints its own reason on failure */
+            status = cli_paged_forward_host(ctx, &desc, paged, q.data, k.data, v.data, out, lse);
+        else
+            status = flashcl_attention_forward_host(ctx, &desc, q.data, k.data, v.data, out, lse);
+        if (run == 0)
+            first = cli_now() - t0;
+        elapsed = cli_now() - t0;
+        if (status != FLASHCL_SUCCESS)
+            break;
+    }
+    if (status != FLASHCL_SUCCESS) {
+        if (!paged)
+            cli_report_status(ctx, "attention failed", status);
+        goto done;
+    }
+    if (write_outputs(out_path, &q, out, lse_path, lse_shape, lse) != 0)
+        goto done;
+    {
+        /* The device's name, without the "(platform, version...)" tail. */
+        const char *name = flashcl_context_device_name(ctx);
+        const char *paren = strstr(name, " (");
+        printf("%s: %s %s, %.1f ms on %.*s (after an untimed first run of %.1f ms, which builds or "
+               "loads "
+               "the kernels)\n",
+               out_path, q_shape, npy_dtype_name(q.dtype), elapsed * 1e3,
+               paren ? (int)(paren - name) : (int)strlen(name), name, first * 1e3);
+    }
+    rc = CLI_EXIT_OK;
+done:
+    flashcl_context_destroy(ctx);
+    free(out);
+    free(lse);
+    npy_free(&q);
+    npy_free(&k);
+    npy_free(&v);
+    return rc;
+}
