@@ -91,7 +91,9 @@ FLASHCL_API int flashcl_cp_global_row(int seqlen, int nranks, int rank, int loca
  * [batch][heads_q][local_seqlen_q] from element lse_offset, the global
  * log-sum-exp of each local row. stats (may be NULL) receives timings. The
  * result equals the single-device forward on the gathered tensors up to float
- * rounding (f16/bf16 outputs are rounded once per merge: at most 2P times). */
+ * rounding. float32 partials are merged on the device (flashcl_attention_merge);
+ * f16/bf16 partials are read back and merged on the host in float32, so the
+ * output is rounded to its storage type once, not once per merge. */
 FLASHCL_API flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx,
                                                         const flashcl_attention_desc *desc,
                                                         MPI_Comm comm, cl_mem q, cl_mem k, cl_mem v,
@@ -104,7 +106,9 @@ FLASHCL_API flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx,
  * from element offset 0 (dout, dq like q; dk, dv like k). K/V travel the ring
  * as in the forward and the float32 partial sums of dK/dV travel with them,
  * arriving back at the block's owner after P hops; dQ, dK and dV are summed in
- * float32 on the host and rounded once into the outputs. */
+ * float32 on the host and rounded once into the outputs (each pair's partial
+ * gradient comes out of flashcl's backward in the storage type, so f16/bf16
+ * partials carry one rounding each into that sum). */
 FLASHCL_API flashcl_status flashcl_cp_attention_backward(flashcl_context *ctx,
                                                          const flashcl_attention_desc *desc,
                                                          MPI_Comm comm, cl_mem q, cl_mem k, cl_mem v,

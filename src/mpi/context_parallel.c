@@ -365,6 +365,32 @@ static cl_int lse_rect(cl_command_queue q, cl_mem seg_buf, cl_mem shard, size_t 
 
 /* ---- forward ---------------------------------------------------------------- */
 
+/* The host merge (f16/bf16): the float32 accumulators of one run, (o, l) in
+ * [batch][nq][heads][dim] and [batch][heads][nq], take in a partial result
+ * (o2 in dtype [batch][len][heads][dim], l2 float [batch][heads][len]) by
+ * flashcl_attention_merge's rule. Keeping these sums in float32 rounds the
+ * output once, where merging on the device in the storage type would round
+ * it once a pair (measured: up to 2 f16 ulps over the single-device result
+ * at P = 4, past flash-attn's tolerance now and then). */
+static void host_merge(float *o, float *l, const void *o2, const float *l2, const seg *qs, int nq, int batch,
+                       int heads, int dim, flashcl_dtype dtype) {
+    for (int b = 0; b < batch; ++b)
+        for (int h = 0; h < heads; ++h)
+            for (int i = 0; i < qs->len; ++i) {
+                float *li = &l[((size_t)b * heads + h) * nq + qs->lstart + i];
+                float lb = l2[((size_t)b * heads + h) * qs->len + i];
+                if (lb == -INFINITY)
+                    continue; /* the partial saw no key */
+                float m = *li > lb ? *li : lb;
+                float w1 = *li == -INFINITY ? 0.0f : expf(*li - m), w2 = expf(lb - m), inv = 1.0f / (w1 + w2);
+                float *oi = o + (((size_t)b * nq + qs->lstart + i) * heads + h) * dim;
+                size_t src = (((size_t)b * qs->len + i) * heads + h) * dim;
+                for (int d = 0; d < dim; ++d)
+                    oi[d] = (w1 * oi[d] + w2 * flashcl_host_load(o2, dtype, src + d)) * inv;
+                *li = m + logf(w1 + w2);
+            }
+}
+
 flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc, MPI_Comm comm,
                                             cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
                                             size_t lse_offset, flashcl_cp_stats *stats) {
@@ -412,7 +438,22 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
     /* Device buffers: the received block's K and V, the output accumulator,
      * each run's LSE accumulator (ping-pong: merge's lse_out must not be its
      * input), and one partial (O, LSE) for the run being computed. */
-    enum { DK, DV, OACC, OTMP, LTMP, L00, L01, L10, L11, NBUF };
+    enum { DK, DV, OACC, OTMP, LTMP, L00, L01, L10, L11, PO0, PL0 = PO0 + 4, NBUF = PL0 + 4 };
+    /* f16/bf16 merge on the host in float32 (host_merge): each pair of a step
+     * gets its own partial buffers, read back and merged after the step. */
+    const int on_host = p.g.dtype != FLASHCL_FLOAT32;
+    const size_t part_o = B * (size_t)qmax * p.qrow * p.es, part_l = B * HQ * (size_t)qmax * 4;
+    float *hacc_o = NULL, *hacc_l = NULL;
+    char *hpart = NULL;
+    if (on_host) {
+        hacc_o = calloc(B * (size_t)p.nq * p.qrow + 1, 4);
+        hacc_l = malloc((B * HQ * (size_t)p.nq + 1) * 4);
+        hpart = malloc(4 * (part_o + part_l) + 1);
+        if (!hacc_o || !hacc_l || !hpart)
+            st = flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "context-parallel: out of host memory");
+        for (size_t i = 0; hacc_l && i < B * HQ * (size_t)p.nq; ++i)
+            hacc_l[i] = -INFINITY;
+    }
     cl_mem b[NBUF] = {0};
     if (!host[0] || !host[1])
         st = flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "context-parallel: out of host memory");
@@ -422,18 +463,22 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
         b[OACC] = make_buffer(ctx, B * (size_t)p.nq * p.qrow * p.es, &st);
         b[OTMP] = make_buffer(ctx, B * (size_t)qmax * p.qrow * p.es, &st);
         b[LTMP] = make_buffer(ctx, B * HQ * (size_t)qmax * 4, &st);
-        for (int i = 0; i < nqseg; ++i)
+        for (int i = 0; i < nqseg && !on_host; ++i)
             for (int j = 0; j < 2; ++j)
                 b[L00 + 2 * i + j] = make_buffer(ctx, B * HQ * (size_t)qsegs[i].len * 4, &st);
+        for (int i = 0; i < 4 && on_host; ++i) {
+            b[PO0 + i] = make_buffer(ctx, part_o, &st);
+            b[PL0 + i] = make_buffer(ctx, part_l, &st);
+        }
     }
     int lcur[2] = {0, 0}; /* which LSE accumulator of each run is current */
     if (!st) {
         /* Rows that no key reaches end as out 0 and LSE -inf, like flashcl's forward. */
         const float zero = 0.0f, minus_inf = -INFINITY;
         cl_int err = CL_SUCCESS;
-        if (p.nq)
+        if (p.nq && !on_host)
             err |= clEnqueueFillBuffer(queue, b[OACC], &zero, 1, 0, B * (size_t)p.nq * p.qrow * p.es, 0, NULL, NULL);
-        for (int i = 0; i < nqseg; ++i)
+        for (int i = 0; i < nqseg && !on_host; ++i)
             err |= clEnqueueFillBuffer(queue, b[L00 + 2 * i], &minus_inf, 4, 0, B * HQ * (size_t)qsegs[i].len * 4, 0,
                                        NULL, NULL);
         /* This rank's own block, staged for its first trip around the ring. */
@@ -482,6 +527,7 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
         }
         seg ksegs[2];
         int nkseg = shard_segments(p.g.seqlen_k, P, src, p.masked, ksegs);
+        int pair_q[4], npairs = 0;
         for (int i = 0; i < nqseg && !lst; ++i)
             for (int j = 0; j < nkseg && !lst; ++j) {
                 flashcl_attention_desc sub;
@@ -492,6 +538,21 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
                 }
                 sub.k.offset += koff;
                 sub.v.offset += voff;
+                if (on_host) {
+                    int pi = npairs;
+                    lst = flashcl_attention_forward(ctx, &sub, q, kb, vb, b[PO0 + pi], b[PL0 + pi], 0, NULL);
+                    if (lst)
+                        break;
+                    char *stage = hpart + (size_t)pi * (part_o + part_l);
+                    size_t ob = B * (size_t)qsegs[i].len * p.qrow * p.es, lb = B * HQ * (size_t)qsegs[i].len * 4;
+                    cl_int err = clEnqueueReadBuffer(queue, b[PO0 + pi], CL_FALSE, 0, ob, stage, 0, NULL, NULL);
+                    err |= clEnqueueReadBuffer(queue, b[PL0 + pi], CL_FALSE, 0, lb, stage + part_o, 0, NULL, NULL);
+                    if (err != CL_SUCCESS)
+                        lst = flashcl_fail(ctx, err, "reading a partial result failed");
+                    pair_q[npairs++] = i;
+                    s.pairs_computed++;
+                    continue;
+                }
                 lst = flashcl_attention_forward(ctx, &sub, q, kb, vb, b[OTMP], b[LTMP], 0, NULL);
                 if (lst)
                     break;
@@ -531,15 +592,37 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
             lst = cls;
             snprintf(msg, sizeof msg, "the step's kernels failed (%s)", flashcl_status_string(cls));
         }
+        for (int n = 0; n < npairs && !lst; ++n) {
+            const char *stage = hpart + (size_t)n * (part_o + part_l);
+            host_merge(hacc_o, hacc_l, stage, (const float *)(stage + part_o), &qsegs[pair_q[n]], p.nq, p.g.batch,
+                       p.g.heads_q, p.g.head_dim, p.g.dtype);
+        }
         st = share_status(ctx, comm, rank, lst, step, msg);
     }
     if (!st) {
         /* Only now, with every rank done, are the outputs written. */
         cl_int err = CL_SUCCESS;
-        if (p.nq)
+        size_t oel = B * (size_t)p.nq * p.qrow;
+        if (on_host && p.nq) {
+            /* Rounded once, into the staging area (large enough: it held whole runs). */
+            char *ob = oel * p.es <= 4 * (part_o + part_l) ? hpart : malloc(oel * p.es);
+            if (!ob) {
+                st = flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "context-parallel: out of host memory");
+                goto done;
+            }
+            for (size_t i = 0; i < oel; ++i)
+                flashcl_host_store(ob, p.g.dtype, i, hacc_o[i]);
+            err |= clEnqueueWriteBuffer(queue, out, CL_TRUE, p.g.out.offset * p.es, oel * p.es, ob, 0, NULL, NULL);
+            if (lse)
+                err |= clEnqueueWriteBuffer(queue, lse, CL_TRUE, lse_offset * 4, B * HQ * (size_t)p.nq * 4, hacc_l, 0,
+                                            NULL, NULL);
+            if (ob != hpart)
+                free(ob);
+        }
+        if (p.nq && !on_host)
             err |= clEnqueueCopyBuffer(queue, b[OACC], out, 0, p.g.out.offset * p.es,
                                        B * (size_t)p.nq * p.qrow * p.es, 0, NULL, NULL);
-        for (int i = 0; lse && i < nqseg; ++i)
+        for (int i = 0; lse && !on_host && i < nqseg; ++i)
             err |= lse_rect(queue, b[L00 + 2 * i + lcur[i]], lse, lse_offset, &qsegs[i], p.nq, B * HQ, 1);
         err |= clFinish(queue);
         if (err != CL_SUCCESS)
@@ -550,6 +633,9 @@ done:
     release(b, NBUF);
     free(host[0]);
     free(host[1]);
+    free(hacc_o);
+    free(hacc_l);
+    free(hpart);
     s.steps = P;
     s.total_s = now_s() - t_start;
     if (stats)
