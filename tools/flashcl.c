@@ -17,6 +17,16 @@
 #include "npy.h"
 #include "serving_cli.h"
 #include "backward_cli.h"
+#ifdef FLASHCL_WITH_MPI
+#include "cp_cli.h" /* --context-parallel: tools/cp_cli.c */
+#else
+/* Built without MPI (FLASHCL_WITH_MPI off): --context-parallel says so. */
+static int cli_context_parallel(int argc, char **argv, int bench) {
+    fprintf(stderr, "flashcl: --context-parallel needs MPI, and this flashcl was built without it "
+                    "(install libopenmpi-dev and rebuild with -DFLASHCL_WITH_MPI=ON)\n");
+    return 2;
+}
+#endif
 #include "svg_plot.h"
 #include "serve_sim.h"
 #include "tune.h"
@@ -85,7 +95,9 @@ static const char usage_attention[] =
     "                  (flashcl_paged_attention); the output equals the dense one\n"
     "  --device SPEC   see 'flashcl --help'\n"
     "  --backward      gradients dq, dk, dv instead (its own options:\n"
-    "                  flashcl attention --backward --help)\n";
+    "                  flashcl attention --backward --help)\n"
+    "  --context-parallel  under mpirun: ring attention across ranks (its own\n"
+    "                  options: flashcl attention --context-parallel --help)\n";
 
 static const char usage_check[] =
     "usage: flashcl check [--device SPEC] [--seed N] [--cases N]\n"
@@ -548,6 +560,9 @@ static int cmd_attention(int argc, char **argv) {
     size_t lse_shape[3], lse_count;
     int rc = CLI_EXIT_FAIL;
 
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--context-parallel") == 0) /* ring attention over MPI: tools/cp_cli.c */
+            return cli_context_parallel(argc, argv, 0);
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--backward") == 0) /* gradients: tools/backward_cli.c */
             return cli_attention_backward(argc, argv);
@@ -1472,6 +1487,9 @@ static int sweep_option(int argc, char **argv, int *i, long lists[4][BENCH_MAX_L
 }
 
 static int cmd_bench(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--context-parallel") == 0) /* ring attention over MPI: tools/cp_cli.c */
+            return cli_context_parallel(argc, argv, 1);
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--decode") == 0) /* decode throughput: tools/serving_cli.c */
             return cli_bench_decode(argc, argv);
