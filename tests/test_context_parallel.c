@@ -65,6 +65,7 @@ typedef struct cp_case {
     const char *name;
     flashcl_dtype dtype;
     int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, causal;
+    int window_right1; /* 0: no window; else a window of window_right1 - 1 keys right of the diagonal, unbounded left */
 } cp_case;
 
 /* One case, forward then backward, on every rank; rank 0 checks. Returns 1 when it passed (same on every rank). */
@@ -79,6 +80,11 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
     d.seqlen_k = c->seqlen_k;
     d.head_dim = c->head_dim;
     d.causal = c->causal;
+    if (c->window_right1) {
+        d.windowed = 1;
+        d.window_left = -1;
+        d.window_right = c->window_right1 - 1;
+    }
     const size_t es = flashcl_dtype_size(d.dtype), qrow = (size_t)d.heads_q * d.head_dim * es,
                  krow = (size_t)d.heads_k * d.head_dim * es;
     const size_t nqe = (size_t)d.batch * d.seqlen_q * d.heads_q * d.head_dim,
@@ -182,10 +188,11 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
     return ok;
 }
 
-/* One rank's call differs (a shape, or a NULL buffer): every rank must
- * return the same status with a message naming it, and leave its output
- * poisoned. `which` 0: the last rank adds a query row; 1: the last rank
- * passes no q buffer. Returns 1 when it behaved. */
+/* One rank's call differs (a shape, or a NULL buffer), or every rank's is
+ * refused: every rank must return the same status with a message naming it,
+ * and leave its output poisoned. `which` 0: the last rank adds a query row;
+ * 1: the last rank passes no q buffer; 2: a window bounded on the left.
+ * Returns 1 when it behaved. */
 static int run_mismatch(flashcl_context *ctx, int which) {
     flashcl_attention_desc d;
     memset(&d, 0, sizeof d);
@@ -198,6 +205,11 @@ static int run_mismatch(flashcl_context *ctx, int which) {
     int last = g_rank == g_size - 1;
     if (which == 0 && last)
         d.seqlen_q = 17;
+    if (which == 2) { /* every rank alike: a window bounded on the left, which the ring does not take */
+        d.windowed = 1;
+        d.window_left = 4;
+        d.window_right = 0;
+    }
     size_t bytes = 4 * 17 * 8;
     float *poison = test_xmalloc(bytes);
     flashcl_ref_poison(poison, FLASHCL_FLOAT32, bytes / 4);
@@ -206,14 +218,18 @@ static int run_mismatch(flashcl_context *ctx, int which) {
     flashcl_status st = flashcl_cp_attention_forward(ctx, &d, MPI_COMM_WORLD, (which == 1 && last) ? NULL : q, k, v,
                                                      o, NULL, 0, NULL);
     const char *msg = flashcl_last_error(ctx);
-    flashcl_status want = which == 0 ? FLASHCL_ERROR_INVALID_SHAPE : FLASHCL_ERROR_INVALID_ARGUMENT;
-    const char *needle = which == 0 ? "seqlen_q" : "q buffer is NULL";
+    static const flashcl_status wants[3] = {FLASHCL_ERROR_INVALID_SHAPE, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                            FLASHCL_ERROR_UNSUPPORTED};
+    static const char *const needles[3] = {"seqlen_q", "q buffer is NULL", "window_left"};
+    static const char *const names[3] = {"shape", "null-q", "left window"};
+    flashcl_status want = wants[which];
+    const char *needle = needles[which];
     int ok = st == want && strstr(msg, needle) != NULL;
     float *after = test_xmalloc(bytes);
     test_download(ctx, o, after, bytes);
     for (size_t i = 0; i < bytes / 4; ++i)
         ok = ok && isnan(after[i]);
-    printf("P=%d rank %d mismatch %s: status %d, \"%s\": %s\n", g_size, g_rank, which == 0 ? "shape" : "null-q", st,
+    printf("P=%d rank %d mismatch %s: status %d, \"%s\": %s\n", g_size, g_rank, names[which], st,
            msg, ok ? "ok" : "FAILED");
     int statuses_min = 0, statuses_max = 0;
     MPI_Allreduce(&st, &statuses_min, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
@@ -241,19 +257,21 @@ int main(int argc, char **argv) {
     /* Lengths that 2P does not divide, Nq != Nk both ways, GQA, chunks that
      * are empty (Nq = 3 over 8 chunks), f32, f16 and bf16. */
     static const cp_case cases[] = {
-        {"f32 causal gqa 37x37", FLASHCL_FLOAT32, 1, 4, 2, 37, 37, 16, 1},
-        {"f32 full 19x45 batch 2", FLASHCL_FLOAT32, 2, 2, 2, 19, 45, 8, 0},
-        {"f32 causal 50x23 (nq > nk)", FLASHCL_FLOAT32, 1, 2, 1, 50, 23, 8, 1},
-        {"f32 causal 3x5 (empty chunks)", FLASHCL_FLOAT32, 1, 1, 1, 3, 5, 8, 1},
-        {"f16 causal gqa 23x50", FLASHCL_FLOAT16, 1, 4, 2, 23, 50, 32, 1},
-        {"f16 full 30x30", FLASHCL_FLOAT16, 1, 2, 1, 30, 30, 16, 0},
-        {"bf16 causal 41x41", FLASHCL_BFLOAT16, 1, 2, 2, 41, 41, 16, 1},
+        {"f32 causal gqa 37x37", FLASHCL_FLOAT32, 1, 4, 2, 37, 37, 16, 1, 0},
+        {"f32 full 19x45 batch 2", FLASHCL_FLOAT32, 2, 2, 2, 19, 45, 8, 0, 0},
+        {"f32 causal 50x23 (nq > nk)", FLASHCL_FLOAT32, 1, 2, 1, 50, 23, 8, 1, 0},
+        {"f32 causal 3x5 (empty chunks)", FLASHCL_FLOAT32, 1, 1, 1, 3, 5, 8, 1, 0},
+        {"f16 causal gqa 23x50", FLASHCL_FLOAT16, 1, 4, 2, 23, 50, 32, 1, 0},
+        {"f16 full 30x30", FLASHCL_FLOAT16, 1, 2, 1, 30, 30, 16, 0, 0},
+        {"bf16 causal 41x41", FLASHCL_BFLOAT16, 1, 2, 2, 41, 41, 16, 1, 0},
+        {"f32 window right 5, 29x34", FLASHCL_FLOAT32, 1, 2, 1, 29, 34, 8, 0, 6},
     };
     int failures = 0;
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
         failures += !run_cp_case(ctx, &cases[i], seed + 1000 * i);
     failures += !run_mismatch(ctx, 0);
     failures += !run_mismatch(ctx, 1);
+    failures += !run_mismatch(ctx, 2);
     if (g_rank == 0)
         printf("%d failure(s)\n", failures);
     flashcl_context_destroy(ctx);
