@@ -191,7 +191,8 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
 /* One rank's call differs (a shape, or a NULL buffer), or every rank's is
  * refused: every rank must return the same status with a message naming it,
  * and leave its output poisoned. `which` 0: the last rank adds a query row;
- * 1: the last rank passes no q buffer; 2: a window bounded on the left.
+ * 1: the last rank passes no q buffer; 2: a window bounded on the left;
+ * 3: the last rank passes no context (its message: flashcl_last_error(NULL)).
  * Returns 1 when it behaved. */
 static int run_mismatch(flashcl_context *ctx, int which) {
     flashcl_attention_desc d;
@@ -215,13 +216,14 @@ static int run_mismatch(flashcl_context *ctx, int which) {
     flashcl_ref_poison(poison, FLASHCL_FLOAT32, bytes / 4);
     cl_mem q = test_upload(ctx, poison, bytes), k = test_upload(ctx, poison, bytes), v = test_upload(ctx, poison, bytes),
            o = test_upload(ctx, poison, bytes);
-    flashcl_status st = flashcl_cp_attention_forward(ctx, &d, MPI_COMM_WORLD, (which == 1 && last) ? NULL : q, k, v,
+    flashcl_context *use = (which == 3 && last) ? NULL : ctx;
+    flashcl_status st = flashcl_cp_attention_forward(use, &d, MPI_COMM_WORLD, (which == 1 && last) ? NULL : q, k, v,
                                                      o, NULL, 0, NULL);
-    const char *msg = flashcl_last_error(ctx);
-    static const flashcl_status wants[3] = {FLASHCL_ERROR_INVALID_SHAPE, FLASHCL_ERROR_INVALID_ARGUMENT,
-                                            FLASHCL_ERROR_UNSUPPORTED};
-    static const char *const needles[3] = {"seqlen_q", "q buffer is NULL", "window_left"};
-    static const char *const names[3] = {"shape", "null-q", "left window"};
+    const char *msg = flashcl_last_error(use);
+    static const flashcl_status wants[4] = {FLASHCL_ERROR_INVALID_SHAPE, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                            FLASHCL_ERROR_UNSUPPORTED, FLASHCL_ERROR_INVALID_ARGUMENT};
+    static const char *const needles[4] = {"seqlen_q", "q buffer is NULL", "window_left", "ctx is NULL"};
+    static const char *const names[4] = {"shape", "null-q", "left window", "null-ctx"};
     flashcl_status want = wants[which];
     const char *needle = needles[which];
     int ok = st == want && strstr(msg, needle) != NULL;
@@ -272,6 +274,7 @@ int main(int argc, char **argv) {
     failures += !run_mismatch(ctx, 0);
     failures += !run_mismatch(ctx, 1);
     failures += !run_mismatch(ctx, 2);
+    failures += !run_mismatch(ctx, 3);
     if (g_rank == 0)
         printf("%d failure(s)\n", failures);
     flashcl_context_destroy(ctx);

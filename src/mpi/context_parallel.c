@@ -190,9 +190,12 @@ static flashcl_status share_status(flashcl_context *ctx, MPI_Comm comm, int rank
         return mpi_fail(ctx, err, "MPI_Allreduce of the step's status");
     if (out[0] == 0)
         return FLASHCL_SUCCESS;
+    char where[32] = "set-up";
+    if (step >= 0)
+        snprintf(where, sizeof where, "ring step %d", step);
     if (out[1] == rank)
-        return flashcl_fail(ctx, out[0], "context-parallel: rank %d, ring step %d: %s", rank, step, local_msg);
-    return flashcl_fail(ctx, out[0], "context-parallel: rank %d failed at ring step %d: %s", out[1], step,
+        return flashcl_fail(ctx, out[0], "context-parallel: rank %d, %s: %s", rank, where, local_msg);
+    return flashcl_fail(ctx, out[0], "context-parallel: rank %d failed at %s: %s", out[1], where,
                         flashcl_status_string(out[0]));
 }
 
@@ -413,11 +416,10 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
             (lse && (st = check_buf(ctx, "lse", lse, (lse_offset + rows_lse * (size_t)p.nq) * 4, msg, sizeof msg))));
     }
     fields[F_STATUS] = st;
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT; /* nowhere to put a message; the others fail on our status */
+    /* Even without a context this rank takes part, or the others would wait
+     * for it; its message then goes where flashcl_last_error(NULL) reads it. */
     if ((st = agree(ctx, comm, p.rank, fields, msg)) != FLASHCL_SUCCESS)
         return st;
-    (void)fields;
 
     const int P = p.nranks, rank = p.rank, right = (rank + 1) % P, left = (rank + P - 1) % P;
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
@@ -688,8 +690,8 @@ flashcl_status flashcl_cp_attention_backward(flashcl_context *ctx, const flashcl
             (st = check_buf(ctx, "dv", dv, kbytes, msg, sizeof msg)));
     }
     fields[F_STATUS] = st;
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    /* Even without a context this rank takes part, or the others would wait
+     * for it; its message then goes where flashcl_last_error(NULL) reads it. */
     if ((st = agree(ctx, comm, p.rank, fields, msg)) != FLASHCL_SUCCESS)
         return st;
 
