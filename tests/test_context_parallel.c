@@ -105,13 +105,14 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
 
     /* This rank's shards; outputs poisoned. */
     size_t sq = (size_t)d.batch * nq * qrow, sk = (size_t)d.batch * nk * krow, sl = (size_t)outer_lse * nq * 4;
-    void *hq = test_xmalloc(sq), *hk = test_xmalloc(sk), *hv = test_xmalloc(sk), *hdo = test_xmalloc(sq);
+    /* +4: a rank may hold no rows, and test_upload copies 4 bytes for an empty buffer. */
+    void *hq = test_xmalloc(sq + 4), *hk = test_xmalloc(sk + 4), *hv = test_xmalloc(sk + 4), *hdo = test_xmalloc(sq + 4);
     take_shard(q, hq, d.batch, d.seqlen_q, qrow);
     take_shard(k, hk, d.batch, d.seqlen_k, krow);
     take_shard(v, hv, d.batch, d.seqlen_k, krow);
     take_shard(dout, hdo, d.batch, d.seqlen_q, qrow);
-    void *ho = test_xmalloc(sq), *hdq = test_xmalloc(sq), *hdk = test_xmalloc(sk), *hdv = test_xmalloc(sk);
-    float *hl = test_xmalloc(sl);
+    void *ho = test_xmalloc(sq + 4), *hdq = test_xmalloc(sq + 4), *hdk = test_xmalloc(sk + 4), *hdv = test_xmalloc(sk + 4);
+    float *hl = test_xmalloc(sl + 4);
     flashcl_ref_poison(ho, d.dtype, sq / es);
     flashcl_ref_poison(hdq, d.dtype, sq / es);
     flashcl_ref_poison(hdk, d.dtype, sk / es);
