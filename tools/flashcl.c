@@ -149,6 +149,8 @@ static const char usage_bench[] =
     "                         (its own options: flashcl bench --decode --help)\n"
     "  --backward             time the backward pass instead\n"
     "                         (its own options: flashcl bench --backward --help)\n"
+    "  --context-parallel     under mpirun: ring attention across ranks instead\n"
+    "                         (its own options: flashcl bench --context-parallel --help)\n"
     "  --device SPEC\n";
 
 /* ======================================================================
