@@ -46,7 +46,7 @@ extern "C" {
  * off the call, so the right-hand window is never negative); fully masked
  * pairs are skipped. Windows bounded on the right only (window_left < 0) are
  * supported the same way; a window bounded on the left returns
- * FLASHCL_ERROR_UNSUPPORTED. GQA/MQA, soft-cap, scale and every dtype pass
+ * FLASHCL_ERROR_INVALID_ARGUMENT. GQA/MQA, soft-cap, scale and every dtype pass
  * through.
  *
  * Agreement. Before any other communication the ranks exchange their desc,

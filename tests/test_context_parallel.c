@@ -222,7 +222,7 @@ static int run_mismatch(flashcl_context *ctx, int which) {
                                                      o, NULL, 0, NULL);
     const char *msg = flashcl_last_error(use);
     static const flashcl_status wants[4] = {FLASHCL_ERROR_INVALID_SHAPE, FLASHCL_ERROR_INVALID_ARGUMENT,
-                                            FLASHCL_ERROR_UNSUPPORTED, FLASHCL_ERROR_INVALID_ARGUMENT};
+                                            FLASHCL_ERROR_INVALID_ARGUMENT, FLASHCL_ERROR_INVALID_ARGUMENT};
     static const char *const needles[4] = {"seqlen_q", "q buffer is NULL", "window_left", "ctx is NULL"};
     static const char *const names[4] = {"shape", "null-q", "left window", "null-ctx"};
     flashcl_status want = wants[which];

@@ -328,7 +328,7 @@ static flashcl_status local_checks(flashcl_context *ctx, const flashcl_attention
     }
     if (p->g.window_left >= 0) {
         snprintf(msg, msg_size, "a window bounded on the left (window_left %d) is not supported", p->g.window_left);
-        return FLASHCL_ERROR_UNSUPPORTED;
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
     }
     p->masked = p->g.window_right >= 0;
     p->nq = flashcl_cp_local_len(p->g.seqlen_q, p->nranks, p->rank);
