@@ -102,4 +102,12 @@ else
     bad "bench --context-parallel (rc $rc)"
     cat log
 fi
+"${MPI[@]}" -np 2 "$BIN" bench --context-parallel --backward --shape 1,2,1,30,40,16 --iters 2 --warmup 1 >log 2>&1
+rc=$?
+if [ $rc -eq 0 ] && grep -q "backward median" log && [ "$(grep -c ' ok$' log)" -eq 2 ]; then
+    ok "bench --context-parallel --backward"
+else
+    bad "bench --context-parallel --backward (rc $rc)"
+    cat log
+fi
 finish

@@ -50,6 +50,9 @@ const char cli_usage_bench_cp[] =
     "  --dtype f16|bf16|f32   storage type (default f32)\n"
     "  --causal / --no-causal only one of the two (default: both)\n"
     "  --iters N, --warmup N  timed and untimed runs (default 5 and 1)\n"
+    "  --backward             time flashcl_cp_attention_backward instead (after one\n"
+    "                         forward; baseline: the single-device backward; TFLOP/s\n"
+    "                         counts 2.5x the forward's)\n"
     "  --device SPEC\n";
 
 static int g_rank, g_size;
@@ -486,9 +489,156 @@ done:
     return rc;
 }
 
+/* The same for the backward: the forward once for out and LSE, then the
+ * timed flashcl_cp_attention_backward calls; the baseline is the
+ * single-device backward on rank 0 (its forward untimed). TFLOP/s counts
+ * 2.5x the forward's, as `flashcl bench --backward` does. */
+static int bench_one_backward(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtype, int causal, long iters,
+                              long warmup) {
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = dtype;
+    d.batch = s->batch;
+    d.heads_q = s->heads_q;
+    d.heads_k = s->heads_k;
+    d.seqlen_q = s->seqlen_q;
+    d.seqlen_k = s->seqlen_k;
+    d.head_dim = s->head_dim;
+    d.causal = causal;
+    const size_t es = flashcl_dtype_size(dtype), qrow = (size_t)d.heads_q * d.head_dim * es,
+                 krow = (size_t)d.heads_k * d.head_dim * es;
+    const size_t nqe = (size_t)d.batch * d.seqlen_q * d.heads_q * d.head_dim,
+                 nke = (size_t)d.batch * d.seqlen_k * d.heads_k * d.head_dim;
+    const int nq = flashcl_cp_local_len(d.seqlen_q, g_size, g_rank), nk = flashcl_cp_local_len(d.seqlen_k, g_size, g_rank);
+    const size_t sq = (size_t)d.batch * nq * qrow, sk = (size_t)d.batch * nk * krow,
+                 sl = (size_t)d.batch * d.heads_q * nq * 4;
+    /* Host: global q k v dout, shards q k v dout dq dk dv, gathered dq dk dv, single-device dq dk dv. */
+    enum { GQ, GK, GV, GDO, SQ, SK, SV, SDO, SDQ, SDK, SDV, AQ, AK, AV, BQ1, BK1, BV1, NH };
+    size_t hs[NH] = {nqe * es, nke * es, nke * es, nqe * es, sq, sk, sk, sq, sq, sk, sk,
+                     nqe * es, nke * es, nke * es, nqe * es, nke * es, nke * es};
+    void *h[NH] = {0};
+    double *times = malloc(sizeof(double) * (size_t)(iters + 1)), *single = malloc(sizeof(double) * (size_t)(iters + 1));
+    int ok = times && single, rc = -1;
+    for (int i = 0; i < NH; ++i)
+        ok = ok && (h[i] = malloc(hs[i] + 4)) != NULL;
+    /* Device: shards q k v out lse dout dq dk dv; rank 0's whole problem the same, plus scratch. */
+    cl_mem b[9] = {0}, full[10] = {0};
+    if (ok) {
+        flashcl_ref_rng rng;
+        flashcl_ref_rng_seed(&rng, 39);
+        flashcl_ref_fill_normal(&rng, h[GQ], dtype, nqe, 1.0);
+        flashcl_ref_fill_normal(&rng, h[GK], dtype, nke, 1.0);
+        flashcl_ref_fill_normal(&rng, h[GV], dtype, nke, 1.0);
+        flashcl_ref_fill_normal(&rng, h[GDO], dtype, nqe, 1.0);
+        take_shard(h[GQ], h[SQ], d.batch, d.seqlen_q, qrow);
+        take_shard(h[GK], h[SK], d.batch, d.seqlen_k, krow);
+        take_shard(h[GV], h[SV], d.batch, d.seqlen_k, krow);
+        take_shard(h[GDO], h[SDO], d.batch, d.seqlen_q, qrow);
+        size_t bs[9] = {sq, sk, sk, sq, sl, sq, sq, sk, sk};
+        const void *init[9] = {h[SQ], h[SK], h[SV], NULL, NULL, h[SDO], NULL, NULL, NULL};
+        for (int i = 0; i < 9; ++i)
+            ok = ok && (b[i] = upload(ctx, init[i], bs[i])) != NULL;
+    }
+    if (!all_ok(ok)) {
+        ROOT_ERROR("out of memory for the shape");
+        goto done;
+    }
+    flashcl_cp_stats s0;
+    flashcl_status st = flashcl_cp_attention_forward(ctx, &d, MPI_COMM_WORLD, b[0], b[1], b[2], b[3], b[4], 0, &s0);
+    for (long w = 0; w < warmup && !st; ++w)
+        st = flashcl_cp_attention_backward(ctx, &d, MPI_COMM_WORLD, b[0], b[1], b[2], b[3], b[5], b[4], 0, b[6], b[7],
+                                           b[8], &s0);
+    double comm = 0, exposed = 0;
+    for (long it = 0; it < iters && !st; ++it) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = cli_now();
+        st = flashcl_cp_attention_backward(ctx, &d, MPI_COMM_WORLD, b[0], b[1], b[2], b[3], b[5], b[4], 0, b[6], b[7],
+                                           b[8], &s0);
+        double t = cli_now() - t0, tmax = 0, c[2] = {s0.comm_s, s0.comm_exposed_s}, csum[2];
+        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        MPI_Allreduce(c, csum, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        times[it] = tmax;
+        comm += csum[0];
+        exposed += csum[1];
+    }
+    if (st) {
+        ROOT_ERROR("context-parallel backward failed (%s): %s", flashcl_status_string(st), flashcl_last_error(ctx));
+        goto done;
+    }
+    ok = download(ctx, b[6], h[SDQ], sq) == 0 && download(ctx, b[7], h[SDK], sk) == 0 &&
+         download(ctx, b[8], h[SDV], sk) == 0;
+    if (!all_ok(ok) || gather_shards(h[SDQ], h[AQ], d.batch, d.seqlen_q, qrow) ||
+        gather_shards(h[SDK], h[AK], d.batch, d.seqlen_k, krow) || gather_shards(h[SDV], h[AV], d.batch, d.seqlen_k, krow))
+        goto done;
+    int valid = 1;
+    if (g_rank == 0) {
+        size_t scratch = 0;
+        st = flashcl_attention_backward_scratch_size(ctx, &d, NULL, &scratch);
+        size_t fs[10] = {nqe * es, nke * es, nke * es, nqe * es, (size_t)d.batch * d.heads_q * d.seqlen_q * 4,
+                         nqe * es, nqe * es, nke * es, nke * es, scratch};
+        const void *init[10] = {h[GQ], h[GK], h[GV], NULL, NULL, h[GDO], NULL, NULL, NULL, NULL};
+        for (int i = 0; i < 10; ++i)
+            valid = valid && (full[i] = upload(ctx, init[i], fs[i])) != NULL;
+        cl_command_queue queue = flashcl_context_cl_queue(ctx);
+        if (!st && valid)
+            st = flashcl_attention_forward(ctx, &d, full[0], full[1], full[2], full[3], full[4], 0, NULL);
+        for (long w = 0; valid && w < warmup + iters && !st; ++w) {
+            clFinish(queue);
+            double t0 = cli_now();
+            st = flashcl_attention_backward(ctx, &d, NULL, full[0], full[1], full[2], full[3], full[5], full[4], 0,
+                                            full[6], full[7], full[8], full[9], NULL);
+            clFinish(queue);
+            if (w >= warmup)
+                single[w - warmup] = cli_now() - t0;
+        }
+        if (!valid || st || download(ctx, full[6], h[BQ1], nqe * es) || download(ctx, full[7], h[BK1], nke * es) ||
+            download(ctx, full[8], h[BV1], nke * es)) {
+            cli_errorf("single-device backward failed: %s", flashcl_last_error(ctx));
+            valid = 0;
+        }
+        double err = 0;
+        size_t counts[3] = {nqe, nke, nke};
+        for (int t = 0; valid && t < 3; ++t)
+            for (size_t i = 0; i < counts[t]; ++i) {
+                double e = fabs(flashcl_ref_load(h[AQ + t], dtype, i) - flashcl_ref_load(h[BQ1 + t], dtype, i));
+                if (!(e <= err))
+                    err = isnan(e) ? INFINITY : e;
+            }
+        double tol = dtype == FLASHCL_FLOAT32 ? 1e-4 : dtype == FLASHCL_FLOAT16 ? 8e-3 : 6e-2;
+        valid = valid && err <= tol;
+        qsort(times, (size_t)iters, sizeof *times, cmp_double);
+        qsort(single, (size_t)iters, sizeof *single, cmp_double);
+        double tp = times[iters / 2], t1 = single[iters / 2];
+        double flops = 2.5 * 4.0 * d.batch * d.heads_q * (double)d.seqlen_q * d.seqlen_k * d.head_dim *
+                       (causal ? 0.5 : 1.0);
+        printf("%d,%d,%d,%d,%d,%d  %-4s %-6s P=%d  backward median %9.3f ms  min %9.3f ms  %8.4f TFLOP/s  | 1 rank "
+               "%9.3f ms  | comm hidden %5.1f %%  scaling eff %5.1f %%  | max|cp-single| %.2g %s\n",
+               d.batch, d.heads_q, d.heads_k, d.seqlen_q, d.seqlen_k, d.head_dim, cli_dtype_name(dtype),
+               causal ? "causal" : "full", g_size, 1e3 * tp, 1e3 * times[0], flops / tp * 1e-12, 1e3 * t1,
+               comm > 0 ? 100.0 * (1.0 - exposed / comm) : 100.0, 100.0 * t1 / (g_size * tp), err,
+               valid ? "ok" : "INVALID");
+        fflush(stdout);
+    }
+    quiet_barrier();
+    MPI_Bcast(&valid, 1, MPI_INT, 0, MPI_COMM_WORLD);
+    rc = valid ? 0 : -1;
+done:
+    for (int i = 0; i < 10; ++i) {
+        if (i < 9 && b[i])
+            clReleaseMemObject(b[i]);
+        if (full[i])
+            clReleaseMemObject(full[i]);
+    }
+    for (int i = 0; i < NH; ++i)
+        free(h[i]);
+    free(times);
+    free(single);
+    return rc;
+}
+
 static int bench_cp(int argc, char **argv) {
     cp_shape shapes[16];
-    int nshapes = 0, want_causal = -1;
+    int nshapes = 0, want_causal = -1, backward = 0;
     long iters = 5, warmup = 1;
     flashcl_dtype dtype = FLASHCL_FLOAT32;
     const char *device = NULL, *value;
@@ -503,6 +653,8 @@ static int bench_cp(int argc, char **argv) {
             want_causal = 1;
         } else if (strcmp(argv[i], "--no-causal") == 0) {
             want_causal = 0;
+        } else if (strcmp(argv[i], "--backward") == 0) {
+            backward = 1;
         } else if ((r = cli_take_value(argc, argv, &i, "--shape", &value)) != 0) {
             long x[6];
             int n = 0;
@@ -547,13 +699,14 @@ static int bench_cp(int argc, char **argv) {
     }
     if (g_rank == 0)
         printf("flashcl bench --context-parallel: %d ranks, device of rank 0: %s\n"
-               "wall clock (CPU timer), median of %ld after %ld warm-up; 1 rank = the single-device forward on rank 0\n",
-               g_size, flashcl_context_device_name(ctx), iters, warmup);
+               "wall clock (CPU timer), median of %ld after %ld warm-up; 1 rank = the single-device %s on rank 0\n",
+               g_size, flashcl_context_device_name(ctx), iters, warmup, backward ? "backward" : "forward");
     int failures = 0;
     for (int i = 0; i < nshapes; ++i)
         for (int c = 0; c < 2; ++c)
             if (want_causal < 0 || want_causal == c)
-                failures += bench_one(ctx, &shapes[i], dtype, c, iters, warmup) != 0;
+                failures += (backward ? bench_one_backward(ctx, &shapes[i], dtype, c, iters, warmup)
+                                      : bench_one(ctx, &shapes[i], dtype, c, iters, warmup)) != 0;
     flashcl_context_destroy(ctx);
     return failures ? CLI_EXIT_FAIL : CLI_EXIT_OK;
 }
