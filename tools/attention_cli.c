@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "attention_cli.h"
+#include "cp_cli.h"
 #include "backward_cli.h"
 #include "cli_util.h"
 #include "flashcl.h"
@@ -40,7 +41,9 @@ const char usage_attention[] =
     "                  within rounding (its sums run in another order)\n"
     "  --device SPEC   see 'flashcl --help'\n"
     "  --backward      gradients dq, dk, dv instead (its own options:\n"
-    "                  flashcl attention --backward --help)\n";
+    "                  flashcl attention --backward --help)\n"
+    "  --context-parallel  under mpirun: ring attention across ranks (its own\n"
+    "                  options: flashcl attention --context-parallel --help)\n";
 
 static const char *const dim_names[4] = {"batch", "seqlen", "heads", "head_dim"};
 
@@ -130,6 +133,9 @@ int cmd_attention(int argc, char **argv) {
     size_t lse_shape[3], lse_count;
     int rc = CLI_EXIT_FAIL;
 
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--context-parallel") == 0) /* ring attention over MPI: tools/cp_cli.c */
+            return cli_context_parallel(argc, argv, 0);
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--backward") == 0) /* gradients: tools/backward_cli.c */
             return cli_attention_backward(argc, argv);

@@ -11,6 +11,7 @@
 
 #include "backward_cli.h"
 #include "bench_cli.h"
+#include "cp_cli.h"
 #include "cli_util.h"
 #include "flashcl.h"
 #include "flashcl_ref.h"
@@ -58,6 +59,8 @@ const char usage_bench[] =
     "                         (its own options: flashcl bench --decode --help)\n"
     "  --backward             time the backward pass instead\n"
     "                         (its own options: flashcl bench --backward --help)\n"
+    "  --context-parallel     under mpirun: ring attention across ranks instead\n"
+    "                         (its own options: flashcl bench --context-parallel --help)\n"
     "  --device SPEC\n";
 
 typedef struct bench_shape {
@@ -629,6 +632,9 @@ static int sweep_option(int argc, char **argv, int *i, long lists[4][BENCH_MAX_L
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 2; i < argc; i++)
+        if (strcmp(argv[i], "--context-parallel") == 0) /* ring attention over MPI: tools/cp_cli.c */
+            return cli_context_parallel(argc, argv, 1);
     for (int i = 2; i < argc; i++)
         if (strcmp(argv[i], "--decode") == 0) /* decode throughput: tools/serving_cli.c */
             return cli_bench_decode(argc, argv);
