@@ -118,7 +118,7 @@ inline uint pack2(float lo, float hi) {
 /* The 16-byte global -> __local copy every NVIDIA kernel issues. CP_ASYNC_L2
  * = 64, 128 or 256 adds an L2 prefetch of that many bytes around each chunk
  * (PTX ISA 7.4+); 0, the default, none. The tensor-core decode kernel is
- * built with 128 (its L2_PREFETCH parameter, src/params.c: 1-2.5 % faster on
+ * built with 128 (its L2_PREFETCH parameter, src/params_serving.c: 1-2.5 % faster on
  * the H200); the forward and backward did not move with it (BENCHMARKS.md,
  * 2026-12-03, b0f15f5), so they keep 0. */
 #ifndef CP_ASYNC_L2

@@ -55,7 +55,7 @@
  * it reads from __local feeds RPT multiply-adds, and every Q or P value
  * feeds N_PER or D_PER: __local reads per multiply-add drop from about 1 to
  * (RPT + D_PER) / (RPT * D_PER). The work-group stays BLOCK_M*TPR work-items
- * (the host sizes it so); flashcl_forward_local_bytes (src/params.c)
+ * (the host sizes it so); flashcl_forward_local_bytes (src/params_forward.c)
  * mirrors this rule for the __local it reserves. */
 #ifndef RPT
 #if BLOCK_M % 2 == 0 && BLOCK_N % (2 * TPR) == 0

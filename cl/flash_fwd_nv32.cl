@@ -50,7 +50,7 @@
 #endif
 #ifndef WARPS
 /* warps per work-group, 16 query rows each (the host always passes it; these
- * are src/params.c's H200 entries) */
+ * are src/params_forward.c's H200 entries) */
 #if HEAD_DIM <= 64
 #define WARPS 4
 #else

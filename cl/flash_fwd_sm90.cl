@@ -97,7 +97,7 @@
 /* Three tiles do not fit beside Q's own block (one warpgroup of 48-key
  * tiles above D=64), or at all (64 keys at D=128): the plain loop, so that
  * a test run under -DOVERLAP=1 still builds those cases and the host's
- * rules (src/params.c: its __local estimate, the register cap) hold; a
+ * rules (src/params_forward.c: its __local estimate, the register cap) hold; a
  * timing of OVERLAP above D=64 must ask for two warpgroups of 48 keys. */
 #undef OVERLAP
 #define OVERLAP 0
@@ -109,7 +109,7 @@
  * ordered measured 235 at (4,32,4096,128), below one warpgroup's 288. Once
  * the tiles came by TMA, one warpgroup of 64 keys beat it with a mask and
  * without (547 against 463 at (4,32,4096,128)), so the host's table runs one
- * (src/params.c). */
+ * (src/params_forward.c). */
 #define PINGPONG (WARPS == 8)
 #endif
 #if PINGPONG && (WARPS != 8 || OVERLAP)
@@ -123,7 +123,7 @@
  * K and V overwrite Q once its fragments are in registers. Above HEAD_DIM
  * 64 the reload frees Q's 32 registers outside the S chain: one warpgroup
  * then fits 168 registers without spilling, three groups an SM, which the
- * host asks for (flashcl_nv_wgmma_max_registers, src/params.c). At
+ * host asks for (flashcl_nv_wgmma_max_registers, src/params_forward.c). At
  * HEAD_DIM <= 64 (one 128-byte panel) the reload is a fix, not a choice:
  * there, fragments loaded once gave wrong scores from
  * the second tile on on the H200 (exact with K of those tiles zero, wrong

@@ -119,7 +119,7 @@
  * alone take 128 registers and Q's would take 64 more (ptxas spilled 284
  * bytes at D=256): Q stays in __local after the tiles and each k-step reads
  * its fragment, one ldmatrix more per 16 keys. flashcl_decode_local_bytes
- * (src/params.c) reserves __local by the same rule. */
+ * (src/params_serving.c) reserves __local by the same rule. */
 #ifndef Q_IN_LOCAL
 #define Q_IN_LOCAL (HEAD_DIM > 128)
 #endif

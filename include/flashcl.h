@@ -224,7 +224,7 @@ FLASHCL_API flashcl_status flashcl_attention_forward_host(flashcl_context *ctx,
                                                           const void *v, void *out, float *lse);
 
 /* ------------------------------------------------------------------------
- * Kernel parameters (what flashcl picks for a device; see src/params.c)
+ * Kernel parameters (what flashcl picks for a device; see src/params_forward.c)
  * ---------------------------------------------------------------------- */
 typedef struct flashcl_params {
     int block_m;         /* query rows per work-group                      */
@@ -244,7 +244,7 @@ FLASHCL_API flashcl_status flashcl_attention_params(flashcl_context *ctx,
                                                     const flashcl_attention_desc *desc,
                                                     flashcl_params *params);
 
-/* Parameters are looked up in a database (src/params.c), first match wins:
+/* Parameters are looked up in a database (src/params_forward.c), first match wins:
  * flashcl_set_params on this context; the user tuning file; built-in entries
  * for the exact device, its architecture, its vendor; the default for its
  * type (CPU/GPU); a global default. Entries are keyed by variant and problem

@@ -250,7 +250,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         st = build_forward(ctx, r, &p, 0, kernel);
     }
     /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
-     * database entry falls back (see src/params.c). */
+     * database entry falls back (see src/params_forward.c). */
     if (st == FLASHCL_ERROR_BUILD_FAILED && !strcmp(p.variant, "nv-wgmma") && !flashcl_params_explicit(&p)) {
         /* sm_90a needs a driver that takes the retargeted PTX back; without
          * it the mma.sync kernel (or whatever the database picks next) runs. */

@@ -209,7 +209,7 @@ flashcl_status flashcl_ensure_tma_slots(flashcl_context *ctx, size_t groups);
  * maps by value, then the work-groups' slots; nothing when maps is NULL. */
 cl_int flashcl_set_tma_args(cl_kernel kernel, cl_uint *a, const flashcl_tensor_map maps[2], cl_mem slots);
 
-/* ---- parameters (params.c) ---- */
+/* ---- parameters (params_forward.c; the shared database in params.c) ---- */
 /* The built-in choice for a resolved desc on this context's device. */
 void flashcl_default_params(const flashcl_context *ctx, const flashcl_attention_desc *desc,
                             flashcl_params *params);
@@ -257,7 +257,7 @@ void flashcl_device_arch(const flashcl_context *ctx, char *buf, size_t size);
 void flashcl_head_dim_bucket(int head_dim, int *lo, int *hi);
 void flashcl_param_db_free(struct flashcl_param_db *db);
 
-/* One database entry: where it applies and the parameters (see params.c). */
+/* One database entry: where it applies and the parameters (see params_forward.c). */
 enum { FLASHCL_PHASE_ANY = 0, FLASHCL_PHASE_PREFILL = 1, FLASHCL_PHASE_DECODE = 2 };
 typedef struct flashcl_param_entry {
     const char *match;   /* the level's key: device name, "sm_80+", "NVIDIA", "CPU"...  */
@@ -271,7 +271,7 @@ typedef struct flashcl_param_entry {
     const char *why;     /* built-in entries: where the numbers came from             */
 } flashcl_param_entry;
 
-/* A serving-kernel entry (params.c's tables, the tuning file's "serving"):
+/* A serving-kernel entry (params_serving.c's tables, the tuning file's "serving"):
  * the kernel (FLASHCL_SERVING_*) and what it is launched with. */
 typedef struct flashcl_serving_entry {
     const char *match;  /* the level key, as flashcl_param_entry's           */
@@ -280,7 +280,7 @@ typedef struct flashcl_serving_entry {
     const char *why;    /* where the numbers came from (the file: its comment) */
 } flashcl_serving_entry;
 
-/* A backward-kernel entry (params.c's table, the tuning file's "backward"). */
+/* A backward-kernel entry (params_backward.c's table, the tuning file's "backward"). */
 typedef struct flashcl_backward_entry {
     const char *match, *driver; /* as flashcl_serving_entry's */
     int head_dim_min, head_dim_max, block_m, block_n, work_group_size;
@@ -315,7 +315,7 @@ void flashcl_tuning_free(flashcl_tuning_data *tf);
 int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const char *comment,
                          char *err, size_t n);
 
-/* ---- serving kernels' parameters (params.c, flashcl_decode_params) ---- */
+/* ---- serving kernels' parameters (params_serving.c, flashcl_decode_params) ---- */
 /* The three serving kernels: cl/paged_attention.cl (__local tiles, any
  * shape, any alignment), cl/paged_decode.cl (few rows per sequence, 16-byte
  * loads, SIMT: the memory-bound decode kernel for any GPU) and
@@ -384,7 +384,7 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_
  * report. */
 int flashcl_serving_by_value(void);
 
-/* ---- backward kernels' parameters (params.c, flashcl_backward_params) ---- */
+/* ---- backward kernels' parameters (params_backward.c, flashcl_backward_params) ---- */
 /* Tiles of cl/flash_bwd.cl and how dQ is reduced. */
 /* The dK/dV and dQ kernels of a backward (pre and store are always cl/flash_bwd.cl's). */
 typedef enum flashcl_backward_variant {

@@ -9,7 +9,7 @@
  * cl/paged_decode.cl (few rows per sequence, any GPU: memory-bound SIMT) or
  * cl/paged_attention.cl (anything else). A call:
  *   1. checks the descriptor (make_plan) and asks flashcl_decode_params
- *      (params.c) for the kernel, its tiles and the split count;
+ *      (params_serving.c) for the kernel, its tiles and the split count;
  *   2. writes `meta` on the host (fill_meta): per sequence {q_start, nq,
  *      k_base, nk} and the block list (the page tables are on the device
  *      already: the cache keeps them there, kv_cache.c);

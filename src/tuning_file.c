@@ -17,7 +17,7 @@
  *       "warps": 4,                       required for "nv-mma", "nv-tf32" and "nv-wgmma"
  *       "comment": "..."}                 anything else is kept but not read
  *    ],
- *    "serving": [                         optional: the paged/varlen kernels (params.c's
+ *    "serving": [                         optional: the paged/varlen kernels (params_serving.c's
  *      {"device": "NVIDIA H200",          decode_entry, flashcl_decode_params); device and
  *       "driver": "550.54.15",            driver as above
  *       "kernel": "mma",                  "tiled", "decode" or "mma" (required)
@@ -30,7 +30,7 @@
  *       "min_split_keys": 512,            shortest key slice, 1..1048576 (required)
  *       "comment": "..."}                 optional string, shown in the source
  *    ],
- *    "backward": [                        optional: the backward kernels (params.c's backward table)
+ *    "backward": [                        optional: the backward kernels (params_backward.c's table)
  *      {"device": "NVIDIA H200", "driver": "550.54.15",    as above
  *       "head_dim_min": 1, "head_dim_max": 128,   the head_dim range (optional: 1..256)
  *       "block_m": 16, "block_n": 16,     required, 1..1024
@@ -47,7 +47,7 @@
  * A value a kernel does not read (unroll on a tiled entry) is still checked
  * when present. Values that pass these checks but do not fit the device
  * (local memory, work-group size, the kernel's rules) pass the entry over at
- * lookup, with a log line (src/params.c); they are not errors here.
+ * lookup, with a log line (src/params_*.c); they are not errors here.
  *
  * Error policy (documented in the header too): the file is used whole or not
  * at all. A file over FLASHCL_TUNING_MAX_BYTES, one that is not valid JSON
@@ -577,7 +577,7 @@ static int read_serving(const jval *e, size_t index, flashcl_serving_entry *out,
         return -1;
     if ((out->kernel = name_index(kernel, NAMES(kernel_names))) < 0)
         return entry_fail(&a, jget(e, "kernel"), "\"kernel\" must be tiled, decode or mma");
-    /* Required where the kernel reads them (see params.c); checked when present. */
+    /* Required where the kernel reads them (see params_serving.c); checked when present. */
     const int decode = out->kernel == FLASHCL_SERVING_DECODE, tiled = out->kernel == FLASHCL_SERVING_TILED;
     if (int_field(&a, "max_rows", 1, decode ? 8 : 16, decode ? 8 : 16, &out->max_rows) ||
         int_field(&a, "work_group_size", 1, 1024, decode ? -1 : 0, &out->work_group_size) ||

@@ -1337,7 +1337,7 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
         /* Several warps a kv head (HEAD_WARPS), which merge in the work-group: 8 or 4 warps on
          * one head (short sequences leave some without a tile), 4 or 2 on each of 2 heads (what
-         * the host picks for decoding, decode_head_warps in src/params.c); GPU only. */
+         * the host picks for decoding, decode_head_warps in src/params_serving.c); GPU only. */
         static const struct {
             int heads, warps;
         } hw[] = {{1, 8}, {1, 4}, {2, 4}, {2, 2}};
