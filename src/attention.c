@@ -320,6 +320,16 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
         (st = flashcl_check_buffer(ctx, "v", v, e.v)) || (st = flashcl_check_buffer(ctx, "out", out, e.out)) ||
         (lse && (st = flashcl_check_buffer(ctx, "lse", lse, e.lse))))
         return st;
+    /* Where the driver ends loops early, refuse rather than return part of a sum. */
+    const long cap = flashcl_loop_limit_keys(ctx, r.head_dim);
+    long row_keys = r.seqlen_k;
+    if (r.window_left >= 0 && r.window_right >= 0 && (long)r.window_left + r.window_right + 1 < row_keys)
+        row_keys = (long)r.window_left + r.window_right + 1;
+    if (cap > 0 && row_keys > cap)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "%s ends a kernel's loops after 65535 iterations: rows of %ld keys exceed the %ld one "
+                            "work-item may walk at head_dim %d (the paged and varlen calls split the keys)",
+                            ctx->info.name, row_keys, cap, r.head_dim);
 
     cl_kernel kernel;
     size_t local[3], global[3];

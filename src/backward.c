@@ -142,6 +142,14 @@ static const size_t *row_range(int lanes, int rows, int heads, int batch, size_t
 flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_attention_desc *r,
                                         int deterministic, int with_store, flashcl_backward_kernels *k) {
     memset(k, 0, sizeof *k);
+    /* A work-item walks a key block's query rows (dK/dV) and a row block's
+     * keys (dQ): where the driver ends loops early, refuse both lengths past it. */
+    const long walk = flashcl_loop_limit_keys(ctx, r->head_dim);
+    if (walk > 0 && (r->seqlen_q > walk || r->seqlen_k > walk))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "%s ends a kernel's loops after 65535 iterations: the backward's %d query rows and "
+                            "%d keys exceed the %ld one work-item may walk at head_dim %d",
+                            ctx->info.name, r->seqlen_q, r->seqlen_k, walk, r->head_dim);
     const flashcl_backward_choice *c = &k->choice;
     flashcl_status st = flashcl_backward_params(ctx, r, deterministic, 0, &k->choice);
     if (st != FLASHCL_SUCCESS)

@@ -42,11 +42,13 @@ typedef struct flashcl_device_info {
  * backward kernels (cl/flash_fwd_cpu.cl, cl/flash_bwd_cpu.cl) once a block
  * sees more than about 128 keys (flashcl check: 4 of 30 random cases, NaN or
  * errors ~0.1; test_backward: dk, dv inf), where PoCL, Intel's runtime and
- * Oclgrind run them clean and the portable kernels pass on rusticl: there
- * the portable kernels run, and asking for the cpu ones is refused with this. */
+ * Oclgrind run them clean: one work-item walks a whole block of rows there,
+ * past llvmpipe's 65535 loop iterations (flashcl_loop_limit_keys). The
+ * portable kernels spread that work over more work-items and pass; asking
+ * for the cpu ones there is refused with this. */
 #define FLASHCL_RUSTICL_NO_CPU                                                                   \
-    "the cpu kernels are not used on Mesa's rusticl, which returns wrong rows from them past "    \
-    "about 128 keys: the portable kernels run there"
+    "the cpu kernels are not used on Mesa's rusticl, whose loops end after 65535 iterations, "    \
+    "which their work-items pass: the portable kernels run there"
 
 /* A kernel object of a program, created on first use. */
 typedef struct flashcl_kernel_entry {
@@ -245,6 +247,10 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
  * FLASHCL_PARAMS=VARIANT=...; 0 when the variant does not apply. */
 int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
                            flashcl_params *params);
+/* The most keys (or query rows) one work-item of the forward, backward or
+ * tiled serving kernels may walk on ctx's driver; 0: no limit. Mesa's rusticl
+ * (llvmpipe) ends loops after 65535 iterations: params_forward.c. */
+long flashcl_loop_limit_keys(const flashcl_context *ctx, int head_dim);
 /* The next smaller tiles of a portable or cpu choice (keys per tile first,
  * then rows): 1, or 0 when there is none (or a tensor-core variant). */
 int flashcl_params_halve(flashcl_params *params);

@@ -608,3 +608,18 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
         return flashcl_fail(ctx, FLASHCL_ERROR_TUNING_FILE, "%s", err);
     return FLASHCL_SUCCESS;
 }
+
+long flashcl_loop_limit_keys(const flashcl_context *ctx, int head_dim) {
+    /* llvmpipe (gallivm, behind Mesa's rusticl) ends a kernel's loops once
+     * they have run LP_MAX_TGSI_LOOP_ITERATIONS = 65535 iterations together
+     * (src/gallium/auxiliary/gallivm/lp_bld_limits.h), with no error; OpenCL
+     * sets no such limit. A work-item of the forward, backward and tiled
+     * serving kernels iterates about head_dim / 4 + a few times a key
+     * (22.3.6, f32, D=128: 1500 keys right, 2048 wrong; flashcl bench
+     * --device rusticl --shape 1,1,4096,128: max_err 0.18), so the keys one
+     * work-item may walk are capped at twice that estimate's cost: 819 at
+     * D=128, 1365 at D=64. */
+    if (!ctx || ctx->is_host || !ctx->info.is_rusticl)
+        return 0;
+    return 65535L / (head_dim / 2 + 16);
+}

@@ -259,9 +259,9 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         if (pb->rows_per_seq[i] > max_rows)
             max_rows = pb->rows_per_seq[i];
     /* rusticl (a CPU device) is given the GPU shape of the tiled kernel:
-     * with one work-item a row, a row's D floats of private state gave wrong
-     * results there at D=96 (test_serving, f32 page 256), with 4 or more
-     * work-items a row none did. */
+     * with one work-item a row, its loops over D=96 and 256-token pages ran
+     * past llvmpipe's 65535 iterations (test_serving, f32 page 256: wrong);
+     * with 4 or more work-items a row each iterates a quarter as often. */
     const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0 && !ctx->info.is_rusticl;
     const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
     c->wgs_per_cu = e->wgs_per_cu;
@@ -571,6 +571,19 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
         decode_head_warps(ctx, pb, c);
     decode_head_group(ctx, pb, c);
     decode_splits(ctx, pb, c);
+    /* Where loops stop early (flashcl_loop_limit_keys): slices short enough,
+     * else an error, never a result over part of the keys. */
+    const long cap = flashcl_loop_limit_keys(ctx, pb->head_dim);
+    if (cap > 0) {
+        const long need = (pb->max_keys + cap - 1) / cap;
+        if (pb->requested_splits <= 0 && need > c->splits)
+            c->splits = need < FLASHCL_MAX_SPLITS ? (int)need : FLASHCL_MAX_SPLITS;
+        if (c->kernel == FLASHCL_SERVING_TILED ? need > c->splits : pb->max_keys > cap)
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                "%s ends a kernel's loops after 65535 iterations: %ld keys in %d slices exceed "
+                                "the %ld one work-item may walk at head_dim %d",
+                                ctx->info.name, pb->max_keys, c->splits, cap, pb->head_dim);
+    }
     decode_reg_copy(pb, c);
     return FLASHCL_SUCCESS;
 }

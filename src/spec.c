@@ -90,7 +90,9 @@ static flashcl_status pick_wg(flashcl_context *ctx, int vocab, int *wg) {
 /* Mesa's rusticl (22.3, llvmpipe) returns wrong tokens from the kernel at
  * vocabularies of 2^17 and more (tests/test_spec.c: V=200003 logits at every
  * work-group size, V=262144 probabilities below 32 work-items), where PoCL,
- * Intel's runtime and host_ref agree bit for bit: there the buffers are read,
+ * Intel's runtime and host_ref agree bit for bit: a work-item's passes over
+ * the vocabulary run past llvmpipe's 65535 loop iterations
+ * (flashcl_loop_limit_keys). There the buffers are read,
  * verified by the C implementation, which host_ref checks too, and the
  * results written back, blocking. */
 static flashcl_status verify_on_host(flashcl_context *ctx, const flashcl_spec_desc *desc, const spec_sizes *n,

@@ -25,7 +25,33 @@ static void run(flashcl_context *ctx, test_case tc) {
         ++failures;
 }
 
+/* Mesa's rusticl ends a kernel's loops after 65535 iterations: a row longer
+ * than one work-item may walk is refused there, never summed in part. */
+static void loop_limit(flashcl_context *ctx) {
+    if (!strstr(flashcl_context_device_name(ctx), "rusticl"))
+        return;
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 4096, 4096, 128);
+    flashcl_attention_desc d;
+    size_t elems[4];
+    case_desc(&tc, &d, elems);
+    float *q = calloc(elems[0], 4), *k = calloc(elems[1], 4), *v = calloc(elems[2], 4);
+    float *out = malloc(elems[3] * 4);
+    memset(out, 0x7f, elems[3] * 4);
+    const unsigned char first = ((unsigned char *)out)[0];
+    flashcl_status st = flashcl_attention_forward_host(ctx, &d, q, k, v, out, NULL);
+    ++cases;
+    if (st != FLASHCL_ERROR_INVALID_PARAMS || !strstr(flashcl_last_error(ctx), "65535") ||
+        ((unsigned char *)out)[0] != first) {
+        ++failures;
+        printf("rusticl: 4096 keys at D=128 not refused (%d: %s) FAILED\n", (int)st, flashcl_last_error(ctx));
+    } else {
+        printf("rusticl: rows of 4096 keys at D=128 refused, output untouched ok\n");
+    }
+    free(q), free(k), free(v), free(out);
+}
+
 static void quick(flashcl_context *ctx) {
+    loop_limit(ctx);
     /* Every head dim, rotating dtype, shape and causality. */
     for (int i = 0; i < COUNT(head_dims); ++i) {
         const int *s = seqlens[i % COUNT(seqlens)];
