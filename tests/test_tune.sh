@@ -38,8 +38,11 @@ if [ -z "$winner" ] || echo "$winner" | grep -q 'current parameters failed' ||
     echo "$winner" | awk '{
         match($0, /[0-9.]+ ms vs [0-9.]+ ms now/); split(substr($0, RSTART, RLENGTH), t, " ");
         rest = substr($0, RSTART + RLENGTH); match(rest, /: [0-9.]+x/);
-        r = substr(rest, RSTART + 2, RLENGTH - 3) + 0; want = t[4] / t[1];
-        exit !(t[1] > 0 && (r - want < 0.006 * want + 0.006) && (want - r < 0.006 * want + 0.006)) }'; then
+        r = substr(rest, RSTART + 2, RLENGTH - 3) + 0;
+        # The times are printed to 0.001 ms: the ratio they allow, widened by that rounding,
+        # then by the ratio'"'"'s own two decimals.
+        lo = (t[4] - 0.0005) / (t[1] + 0.0005); hi = (t[4] + 0.0005) / (t[1] - 0.0005);
+        exit !(t[1] > 0.0005 && r >= lo - 0.006 && r <= hi + 0.006) }'; then
     ok "the winner's speedup is the ratio of the times it names"
 else bad "winner line's speedup does not match its times: $winner"; fi
 grep -q 'ok (now)' out.txt && ok "the current parameters are validated and timed first" ||
