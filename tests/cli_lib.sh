@@ -17,6 +17,18 @@ npy_header() {
     printf '%s%*s\n' "$dict" "$pad" '' >>"$1"
 }
 
+# cli_start NAME BINARY TMPDIR: the start every `NAME.sh FLASHCL_BINARY TMPDIR` script shares:
+# sets BIN and TMP (a missing argument ends the script with the usage line), makes a fresh
+# work folder W under TMPDIR and enters it.
+cli_start() {
+    local usage="usage: $1.sh FLASHCL_BINARY TMPDIR"
+    BIN=${2:?$usage}
+    TMP=${3:?$usage}
+    mkdir -p "$TMP" || exit 1
+    W=$(mktemp -d "$TMP/$1.XXXXXX") || exit 1
+    cd "$W" || exit 1
+}
+
 # finish: the exit status every script ends with.
 finish() {
     if [ "$failures" -ne 0 ]; then

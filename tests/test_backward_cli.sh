@@ -11,11 +11,7 @@
 set -u
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
-BIN=${1:?usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR}
-TMP=${2:?usage: test_backward_cli.sh FLASHCL_BINARY TMPDIR}
-mkdir -p "$TMP" || exit 1
-W=$(mktemp -d "$TMP/test_backward_cli.XXXXXX") || exit 1
-cd "$W" || exit 1
+cli_start test_backward_cli "$@"
 
 # const_npy FILE SHAPE COUNT BYTES: float32, COUNT copies of BYTES.
 const_npy() {

@@ -5,11 +5,7 @@
 set -u
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
-BIN=${1:?usage: test_bench_sweep.sh FLASHCL_BINARY TMPDIR}
-TMP=${2:?usage: test_bench_sweep.sh FLASHCL_BINARY TMPDIR}
-mkdir -p "$TMP" || exit 1
-W=$(mktemp -d "$TMP/test_bench.XXXXXX") || exit 1
-cd "$W" || exit 1
+cli_start test_bench_sweep "$@"
 FAST=(--iters 1 --warmup 0 --heads 2 --head-dim 16)
 
 # CSV: a header and one line per (seqlen, mask), every row validated.

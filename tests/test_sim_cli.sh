@@ -5,11 +5,7 @@
 set -u
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
-BIN=${1:?usage: test_sim_cli.sh FLASHCL_BINARY TMPDIR}
-TMP=${2:?usage: test_sim_cli.sh FLASHCL_BINARY TMPDIR}
-mkdir -p "$TMP" || exit 1
-W=$(mktemp -d "$TMP/test_sim_cli.XXXXXX") || exit 1
-cd "$W" || exit 1
+cli_start test_sim_cli "$@"
 
 # ---- serve-sim --trace ------------------------------------------------------------
 # Three requests with 10 + 20 + 5 output tokens: both modes must emit exactly 35.

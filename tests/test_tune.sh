@@ -5,11 +5,7 @@
 set -u
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
-BIN=${1:?usage: test_tune.sh FLASHCL_BINARY TMPDIR}
-TMP=${2:?usage: test_tune.sh FLASHCL_BINARY TMPDIR}
-mkdir -p "$TMP" || exit 1
-W=$(mktemp -d "$TMP/test_tune.XXXXXX") || exit 1
-cd "$W" || exit 1
+cli_start test_tune "$@"
 # The class `flashcl devices` shows first: f16, D=64, non-causal prefill.
 SMALL=(--dtype f16 --head-dim 64 --seqlen 64 --heads 2 --iters 2 --warmup 0)
 
