@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -148,30 +149,14 @@ int cmd_attention(int argc, char **argv) {
         if (cli_is_help(arg)) {
             fputs(usage_attention, stdout);
             return CLI_EXIT_OK;
-        } else if ((r = cli_take_value(argc, argv, &i, "--q", &value)) != 0) {
+        } else if ((r = cli_take_value(argc, argv, &i, "--q", &q_path)) != 0 ||
+                   (r = cli_take_value(argc, argv, &i, "--k", &k_path)) != 0 ||
+                   (r = cli_take_value(argc, argv, &i, "--v", &v_path)) != 0 ||
+                   (r = cli_take_value(argc, argv, &i, "--out", &out_path)) != 0 ||
+                   (r = cli_take_value(argc, argv, &i, "--lse", &lse_path)) != 0 ||
+                   (r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            q_path = value;
-        } else if ((r = cli_take_value(argc, argv, &i, "--k", &value)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            k_path = value;
-        } else if ((r = cli_take_value(argc, argv, &i, "--v", &value)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            v_path = value;
-        } else if ((r = cli_take_value(argc, argv, &i, "--out", &value)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            out_path = value;
-        } else if ((r = cli_take_value(argc, argv, &i, "--lse", &value)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            lse_path = value;
-        } else if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            device = value;
         } else if ((r = cli_take_value(argc, argv, &i, "--window", &value)) != 0) {
             long w[2];
             int n = 0;
@@ -182,18 +167,14 @@ int cmd_attention(int argc, char **argv) {
                                        value);
             window_left = w[0] < 0 ? -1 : (int)w[0];
             window_right = w[1] < 0 ? -1 : (int)w[1];
-        } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
+        } else if ((r = cli_take_double(usage_attention, argc, argv, &i, "--softcap", 0.0, HUGE_VAL,
+                                        "a number >= 0", &softcap)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_double(value, &softcap) != 0 || softcap < 0)
-                return cli_usage_error(usage_attention, "--softcap wants a number >= 0, not '%s'",
-                                       value);
-        } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
+        } else if ((r = cli_take_double(usage_attention, argc, argv, &i, "--scale", -HUGE_VAL,
+                                        HUGE_VAL, "a finite number", &scale)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_double(value, &scale) != 0)
-                return cli_usage_error(usage_attention, "--scale wants a finite number, not '%s'",
-                                       value);
         } else if ((r = cli_take_value(argc, argv, &i, "--paged", &value)) != 0) {
             long p;
             if (r < 0)

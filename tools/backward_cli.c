@@ -125,16 +125,12 @@ int cli_attention_backward(int argc, char **argv) {
             }
             wl = w[0] < 0 ? -1 : (int)w[0];
             wr = w[1] < 0 ? -1 : (int)w[1];
-        } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
-            if (r < 0 || cli_parse_double(value, &softcap) != 0 || softcap < 0) {
-                cli_errorf("--softcap wants a number >= 0");
+        } else if ((r = cli_take_double(NULL, argc, argv, &i, "--softcap", 0.0, HUGE_VAL,
+                                        "a number >= 0", &softcap)) != 0 ||
+                   (r = cli_take_double(NULL, argc, argv, &i, "--scale", -HUGE_VAL, HUGE_VAL,
+                                        "a finite number", &scale)) != 0) {
+            if (r < 0)
                 return CLI_EXIT_USAGE;
-            }
-        } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
-            if (r < 0 || cli_parse_double(value, &scale) != 0) {
-                cli_errorf("--scale wants a finite number");
-                return CLI_EXIT_USAGE;
-            }
         } else if (!strcmp(arg, "--causal")) {
             causal = 1;
         } else if (!strcmp(arg, "--deterministic")) {
@@ -490,20 +486,13 @@ int cli_bench_backward(int argc, char **argv) {
                 cli_errorf("--dtype wants f16, bf16 or f32, not '%s'", value);
                 return CLI_EXIT_USAGE;
             }
-        } else if ((r = cli_take_value(argc, argv, &i, "--iters", &value)) != 0) {
-            if (r < 0 || cli_parse_long(value, 1, 100000, &iters) != 0) {
-                cli_errorf("--iters wants an integer >= 1");
-                return CLI_EXIT_USAGE;
-            }
-        } else if ((r = cli_take_value(argc, argv, &i, "--warmup", &value)) != 0) {
-            if (r < 0 || cli_parse_long(value, 0, 100000, &warmup) != 0) {
-                cli_errorf("--warmup wants an integer >= 0");
-                return CLI_EXIT_USAGE;
-            }
-        } else if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
+        } else if ((r = cli_take_long(NULL, argc, argv, &i, "--iters", 1, 100000, "an integer >= 1",
+                                      &iters)) != 0 ||
+                   (r = cli_take_long(NULL, argc, argv, &i, "--warmup", 0, 100000,
+                                      "an integer >= 0", &warmup)) != 0 ||
+                   (r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            device = value;
         } else if (!strcmp(arg, "--causal")) {
             causal_mask &= 2;
         } else if (!strcmp(arg, "--no-causal")) {

@@ -675,10 +675,9 @@ int cmd_bench(int argc, char **argv) {
         if (cli_is_help(arg)) {
             fputs(usage_bench, stdout);
             return CLI_EXIT_OK;
-        } else if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
+        } else if ((r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            device = value;
         } else if ((r = cli_take_value(argc, argv, &i, "--dtype", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
@@ -704,20 +703,16 @@ int cmd_bench(int argc, char **argv) {
             if ((problem = parse_shape(value, &shapes[num_shapes])) != NULL)
                 return cli_usage_error(usage_bench, "--shape %s %s", value, problem);
             num_shapes++;
-        } else if ((r = cli_take_value(argc, argv, &i, "--iters", &value)) != 0) {
+        } else if ((r = cli_take_long(usage_bench, argc, argv, &i, "--iters", 1, 1000000,
+                                      "an integer >= 1", &number)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_long(value, 1, 1000000, &number) != 0)
-                return cli_usage_error(usage_bench, "--iters wants an integer >= 1, not '%s'",
-                                       value);
             opt.iters = (int)number;
             iters_set = 1;
-        } else if ((r = cli_take_value(argc, argv, &i, "--warmup", &value)) != 0) {
+        } else if ((r = cli_take_long(usage_bench, argc, argv, &i, "--warmup", 0, 1000000,
+                                      "an integer >= 0", &number)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_long(value, 0, 1000000, &number) != 0)
-                return cli_usage_error(usage_bench, "--warmup wants an integer >= 0, not '%s'",
-                                       value);
             opt.warmup = (int)number;
             warmup_set = 1;
         } else if (strcmp(arg, "--causal") == 0) {

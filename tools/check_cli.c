@@ -206,7 +206,7 @@ done:
 }
 
 int cmd_check(int argc, char **argv) {
-    const char *device = NULL, *value;
+    const char *device = NULL;
     long cases = NUM_FIXED_CASES, seed_long = 1;
     flashcl_context *ctx;
     flashcl_ref_rng shape_rng;
@@ -219,22 +219,17 @@ int cmd_check(int argc, char **argv) {
         if (cli_is_help(arg)) {
             fputs(usage_check, stdout);
             return CLI_EXIT_OK;
-        } else if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
+        } else if ((r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            device = value;
-        } else if ((r = cli_take_value(argc, argv, &i, "--seed", &value)) != 0) {
+        } else if ((r = cli_take_long(usage_check, argc, argv, &i, "--seed", 0, LONG_MAX,
+                                      "a non-negative integer", &seed_long)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_long(value, 0, LONG_MAX, &seed_long) != 0)
-                return cli_usage_error(usage_check, "--seed wants a non-negative integer, not '%s'",
-                                       value);
-        } else if ((r = cli_take_value(argc, argv, &i, "--cases", &value)) != 0) {
+        } else if ((r = cli_take_long(usage_check, argc, argv, &i, "--cases", 1, 1000000,
+                                      "an integer >= 1", &cases)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_long(value, 1, 1000000, &cases) != 0)
-                return cli_usage_error(usage_check, "--cases wants an integer >= 1, not '%s'",
-                                       value);
         } else {
             return cli_unknown_option(usage_check, arg);
         }

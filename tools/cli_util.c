@@ -114,6 +114,43 @@ int cli_take_value(int argc, char **argv, int *i, const char *name, const char *
     return 1;
 }
 
+/* The message of a value that is out of range (value NULL: missing, already reported by
+ * cli_take_value). With `usage`, the usage error naming the value; without, the one line that
+ * the backward subcommands print, after a missing value's message too. */
+static void cli_wants_error(const char *usage, const char *name, const char *wants,
+                            const char *value) {
+    if (usage && value)
+        cli_usage_error(usage, "%s wants %s, not '%s'", name, wants, value);
+    else if (!usage)
+        cli_errorf("%s wants %s", name, wants);
+}
+
+int cli_take_long(const char *usage, int argc, char **argv, int *i, const char *name, long min,
+                  long max, const char *wants, long *out) {
+    const char *value;
+    int r = cli_take_value(argc, argv, i, name, &value);
+    if (r < 0 || (r > 0 && cli_parse_long(value, min, max, out) != 0)) {
+        cli_wants_error(usage, name, wants, r < 0 ? NULL : value);
+        return -1;
+    }
+    return r;
+}
+
+int cli_take_double(const char *usage, int argc, char **argv, int *i, const char *name, double min,
+                    double max, const char *wants, double *out) {
+    const char *value;
+    double number;
+    int r = cli_take_value(argc, argv, i, name, &value);
+    if (r < 0 ||
+        (r > 0 && (cli_parse_double(value, &number) != 0 || number < min || number > max))) {
+        cli_wants_error(usage, name, wants, r < 0 ? NULL : value);
+        return -1;
+    }
+    if (r > 0)
+        *out = number;
+    return r;
+}
+
 size_t cli_peak_rss_bytes(void) {
     struct rusage usage;
     if (getrusage(RUSAGE_SELF, &usage) != 0 || usage.ru_maxrss < 0)

@@ -52,6 +52,14 @@ int cli_parse_long_list(const char *text, long min, long max, long *values, int 
  * past a separate value) on a match, 0 when argv[*i] is another option, and
  * -1 after printing "option --name needs a value" when the value is missing. */
 int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
+/* cli_take_value, then the value parsed as a whole number (or a finite number) in [min, max].
+ * Return 1 with *out set, 0 when argv[*i] is another option, and -1 after a missing value's
+ * message or cli_usage_error(usage, "NAME wants WANTS, not 'VALUE'") (usage NULL: just
+ * "flashcl: NAME wants WANTS"): the caller returns CLI_EXIT_USAGE. */
+int cli_take_long(const char *usage, int argc, char **argv, int *i, const char *name, long min,
+                  long max, const char *wants, long *out);
+int cli_take_double(const char *usage, int argc, char **argv, int *i, const char *name, double min,
+                    double max, const char *wants, double *out);
 
 /* Peak resident set size of this process in bytes (getrusage ru_maxrss). */
 size_t cli_peak_rss_bytes(void);

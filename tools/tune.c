@@ -455,10 +455,11 @@ int cmd_tune(int argc, char **argv) {
             return CLI_EXIT_OK;
         }
 #define TAKE(name) ((r = cli_take_value(argc, argv, &i, name, &value)) != 0)
-        if (TAKE("--device")) {
+        if ((r = cli_take_value(argc, argv, &i, "--device", &device)) != 0 ||
+            (r = cli_take_value(argc, argv, &i, "--variant", &variants)) != 0 ||
+            (r = cli_take_value(argc, argv, &i, "--output", &output)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            device = value;
         } else if (TAKE("--dtype")) {
             if (r < 0 || cli_parse_dtype(value, &dtype) != 0)
                 return r < 0 ? CLI_EXIT_USAGE : (cli_errorf("--dtype wants f16, bf16 or f32"), CLI_EXIT_USAGE);
@@ -481,14 +482,6 @@ int cmd_tune(int argc, char **argv) {
                 cli_errorf("--budget wants seconds > 0, not '%s'", value);
                 return CLI_EXIT_USAGE;
             }
-        } else if (TAKE("--variant")) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            variants = value;
-        } else if (TAKE("--output")) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            output = value;
         } else if (!strcmp(arg, "--causal")) {
             causal = 1;
         } else if (!strcmp(arg, "--decode")) {
