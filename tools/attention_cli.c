@@ -146,8 +146,7 @@ int cmd_attention(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
-        if (cli_is_help(arg)) {
-            fputs(usage_attention, stdout);
+        if (cli_help(arg, usage_attention)) {
             return CLI_EXIT_OK;
         } else if ((r = cli_take_value(argc, argv, &i, "--q", &q_path)) != 0 ||
                    (r = cli_take_value(argc, argv, &i, "--k", &k_path)) != 0 ||

@@ -99,8 +99,7 @@ int cli_attention_backward(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r = 0, matched = 0;
-        if (cli_is_help(arg)) {
-            fputs(cli_usage_attention_backward, stdout);
+        if (cli_help(arg, cli_usage_attention_backward)) {
             return CLI_EXIT_OK;
         }
         for (int n = 0; n < 9 && !matched; ++n)
@@ -467,8 +466,7 @@ int cli_bench_backward(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
-        if (cli_is_help(arg)) {
-            fputs(cli_usage_bench_backward, stdout);
+        if (cli_help(arg, cli_usage_bench_backward)) {
             return CLI_EXIT_OK;
         } else if ((r = cli_take_value(argc, argv, &i, "--shape", &value)) != 0) {
             long v[6];

@@ -672,8 +672,7 @@ int cmd_bench(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
-        if (cli_is_help(arg)) {
-            fputs(usage_bench, stdout);
+        if (cli_help(arg, usage_bench)) {
             return CLI_EXIT_OK;
         } else if ((r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)

@@ -216,8 +216,7 @@ int cmd_check(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
-        if (cli_is_help(arg)) {
-            fputs(usage_check, stdout);
+        if (cli_help(arg, usage_check)) {
             return CLI_EXIT_OK;
         } else if ((r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)

@@ -337,8 +337,11 @@ int cli_unknown_option(const char *usage, const char *arg) {
 
 /* ---- what the subcommands share: help, contexts, descriptors, sizes -------------------------- */
 
-int cli_is_help(const char *arg) {
-    return strcmp(arg, "--help") == 0 || strcmp(arg, "-h") == 0;
+int cli_help(const char *arg, const char *usage) {
+    if (strcmp(arg, "--help") != 0 && strcmp(arg, "-h") != 0)
+        return 0;
+    fputs(usage, stdout);
+    return 1;
 }
 
 /* Prints a library error with the context's message, which may carry a build log. */

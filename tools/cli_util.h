@@ -75,8 +75,8 @@ void cli_json_number(FILE *f, double value, int valid);
 void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters,
                          long warmup);
 
-/* 1 for --help and -h. */
-int cli_is_help(const char *arg);
+/* For --help and -h: prints `usage` on stdout and returns 1 (the caller exits CLI_EXIT_OK). */
+int cli_help(const char *arg, const char *usage);
 /* Prints "flashcl: what: status (code): <the context's last error>" (which may carry a build log).
  */
 void cli_report_status(const flashcl_context *ctx, const char *what, flashcl_status status);

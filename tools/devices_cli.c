@@ -128,8 +128,7 @@ int cmd_devices(int argc, char **argv) {
     cl_int err;
 
     for (int i = 2; i < argc; i++) {
-        if (cli_is_help(argv[i])) {
-            fputs(usage_devices, stdout);
+        if (cli_help(argv[i], usage_devices)) {
             return CLI_EXIT_OK;
         }
         return cli_unknown_option(usage_devices, argv[i]);

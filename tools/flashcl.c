@@ -71,8 +71,7 @@ int main(int argc, char **argv) {
         fputs(usage_main, stderr);
         return CLI_EXIT_USAGE;
     }
-    if (cli_is_help(argv[1])) {
-        fputs(usage_main, stdout);
+    if (cli_help(argv[1], usage_main)) {
         return CLI_EXIT_OK;
     }
     if (strcmp(argv[1], "--version") == 0 || strcmp(argv[1], "-V") == 0) {

@@ -610,8 +610,7 @@ int cmd_serve_sim(int argc, char **argv) {
         const char *v = NULL;
         long l;
         int t;
-        if (cli_is_help(argv[i])) {
-            fputs(usage_serve_sim, stdout);
+        if (cli_help(argv[i], usage_serve_sim)) {
             return CLI_EXIT_OK;
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
@@ -851,8 +850,7 @@ int cmd_spec_sim(int argc, char **argv) {
     for (int i = 2; i < argc; ++i) {
         const char *v = NULL;
         int t;
-        if (cli_is_help(argv[i])) {
-            fputs(usage_spec_sim, stdout);
+        if (cli_help(argv[i], usage_spec_sim)) {
             return CLI_EXIT_OK;
         } else if ((t = cli_take_value(argc, argv, &i, "--target", &v))) {
             if (t < 0)

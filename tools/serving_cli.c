@@ -386,8 +386,7 @@ int cli_bench_decode(int argc, char **argv) {
             step = 1;
             continue;
         }
-        if (cli_is_help(argv[i])) {
-            fputs(cli_usage_bench_decode, stdout);
+        if (cli_help(argv[i], cli_usage_bench_decode)) {
             return CLI_EXIT_OK;
         }
 #define LIST(name, arr, n, lo, hi)                                                                  \

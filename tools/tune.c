@@ -450,8 +450,7 @@ int cmd_tune(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r, k;
-        if (cli_is_help(arg)) {
-            fputs(usage_tune, stdout);
+        if (cli_help(arg, usage_tune)) {
             return CLI_EXIT_OK;
         }
 #define TAKE(name) ((r = cli_take_value(argc, argv, &i, name, &value)) != 0)
