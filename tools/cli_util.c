@@ -366,6 +366,16 @@ flashcl_context *cli_open_context(const char *spec) {
 }
 
 /* a*b*c*d elements without overflowing size_t; -1 if it would. */
+flashcl_context *cli_open_device(const char *spec, const char *refusal) {
+    flashcl_context *ctx = cli_open_context(spec);
+    if (ctx && flashcl_context_is_host(ctx)) {
+        cli_errorf("%s", refusal);
+        flashcl_context_destroy(ctx);
+        return NULL;
+    }
+    return ctx;
+}
+
 int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
     size_t n = a;
     if (b != 0 && n > SIZE_MAX / b)

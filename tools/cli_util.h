@@ -82,6 +82,9 @@ int cli_help(const char *arg, const char *usage);
 void cli_report_status(const flashcl_context *ctx, const char *what, flashcl_status status);
 /* A context for a device spec (NULL: the default), or NULL after printing why. */
 flashcl_context *cli_open_context(const char *spec);
+/* The same for commands that need an OpenCL device: on the host path, prints "flashcl:
+ * <refusal>" and returns NULL. */
+flashcl_context *cli_open_device(const char *spec, const char *refusal);
 /* a*b*c*d elements without overflowing size_t: 0, or -1 if it would overflow. */
 int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out);
 /* A zeroed descriptor with the mask fields meaning "no mask": zero windows would mean "the

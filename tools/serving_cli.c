@@ -446,14 +446,9 @@ int cli_bench_decode(int argc, char **argv) {
         cli_errorf("--heads wants HQ,HK with HK dividing HQ");
         return CLI_EXIT_USAGE;
     }
-    flashcl_context *ctx = cli_open_context(device);
+    flashcl_context *ctx = cli_open_device(device, "bench --decode needs an OpenCL device");
     if (!ctx)
         return CLI_EXIT_FAIL;
-    if (flashcl_context_is_host(ctx)) {
-        cli_errorf("bench --decode needs an OpenCL device");
-        flashcl_context_destroy(ctx);
-        return CLI_EXIT_FAIL;
-    }
     cl_device_type type = 0;
     clGetDeviceInfo(flashcl_context_cl_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL);
     const int cpu = (type & CL_DEVICE_TYPE_CPU) != 0;

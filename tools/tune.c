@@ -508,14 +508,10 @@ int cmd_tune(int argc, char **argv) {
         }
     }
 
-    flashcl_context *ctx = cli_open_context(device);
+    flashcl_context *ctx = cli_open_device(
+        device, "the host path has no kernel parameters to tune: pick an OpenCL device");
     if (!ctx)
         return CLI_EXIT_FAIL;
-    if (flashcl_context_is_host(ctx)) {
-        cli_errorf("the host path has no kernel parameters to tune: pick an OpenCL device");
-        flashcl_context_destroy(ctx);
-        return CLI_EXIT_FAIL;
-    }
     cl_device_type type = 0;
     clGetDeviceInfo(flashcl_context_cl_device(ctx), CL_DEVICE_TYPE, sizeof type, &type, NULL);
     int is_cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
