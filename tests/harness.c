@@ -255,3 +255,35 @@ void test_download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes) {
     if (err != CL_SUCCESS)
         die("clEnqueueReadBuffer", err);
 }
+
+flashcl_attention_desc test_attention_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
+                                           int seqlen_q, int seqlen_k, int head_dim) {
+    flashcl_attention_desc d = {.dtype = dtype,
+                                .batch = batch,
+                                .heads_q = heads_q,
+                                .heads_k = heads_k,
+                                .seqlen_q = seqlen_q,
+                                .seqlen_k = seqlen_k,
+                                .head_dim = head_dim};
+    return d;
+}
+
+flashcl_varlen_desc test_varlen_desc(flashcl_dtype dtype, int num_seqs, int heads_q, int heads_k,
+                                     int head_dim, const int *cu_seqlens_q,
+                                     const int *cu_seqlens_k) {
+    flashcl_varlen_desc d = {.dtype = dtype,
+                             .num_seqs = num_seqs,
+                             .heads_q = heads_q,
+                             .heads_k = heads_k,
+                             .head_dim = head_dim,
+                             .cu_seqlens_q = cu_seqlens_q,
+                             .cu_seqlens_k = cu_seqlens_k};
+    return d;
+}
+
+flashcl_merge_desc test_merge_desc(flashcl_dtype dtype, int batch, int seqlen, int heads,
+                                   int head_dim) {
+    flashcl_merge_desc d = {
+        .dtype = dtype, .batch = batch, .seqlen = seqlen, .heads = heads, .head_dim = head_dim};
+    return d;
+}

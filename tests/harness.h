@@ -48,6 +48,16 @@ int run_case(flashcl_context *ctx, const test_case *tc, uint64_t seed, int verbo
 /* Fills desc's shape and layout from a case (buffer sizes in *elems). */
 void case_desc(const test_case *tc, flashcl_attention_desc *desc, size_t elems[4]);
 
+/* Zeroed descriptors with their shape fields set; every other field 0 (for a dense desc that
+ * includes the windows, which 0 makes "the diagonal only": callers set the mask they mean). */
+flashcl_attention_desc test_attention_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
+                                           int seqlen_q, int seqlen_k, int head_dim);
+flashcl_merge_desc test_merge_desc(flashcl_dtype dtype, int batch, int seqlen, int heads,
+                                   int head_dim);
+flashcl_varlen_desc test_varlen_desc(flashcl_dtype dtype, int num_seqs, int heads_q, int heads_k,
+                                     int head_dim, const int *cu_seqlens_q,
+                                     const int *cu_seqlens_k);
+
 /* Prints "name: ok" or "name: FAILED" and counts failures. */
 void expect(int ok, const char *what, int *failures);
 

@@ -83,15 +83,8 @@ typedef struct cp_case {
 
 /* One case, forward then backward, on every rank; rank 0 checks. Returns 1 when it passed (same on every rank). */
 static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = c->dtype;
-    d.batch = c->batch;
-    d.heads_q = c->heads_q;
-    d.heads_k = c->heads_k;
-    d.seqlen_q = c->seqlen_q;
-    d.seqlen_k = c->seqlen_k;
-    d.head_dim = c->head_dim;
+    flashcl_attention_desc d = test_attention_desc(c->dtype, c->batch, c->heads_q, c->heads_k,
+                                                   c->seqlen_q, c->seqlen_k, c->head_dim);
     d.causal = c->causal;
     if (c->window_right1) {
         d.windowed = 1;

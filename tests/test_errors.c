@@ -30,12 +30,7 @@ static cl_mem make(flashcl_context *ctx, size_t bytes, const void *init) {
 }
 
 static flashcl_attention_desc valid_desc(void) {
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = FLASHCL_FLOAT32;
-    d.batch = B;
-    d.heads_q = H;
-    d.heads_k = HK;
+    flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT32, B, H, HK, 0, 0, 0);
     d.seqlen_q = d.seqlen_k = N;
     d.head_dim = D;
     d.window_left = d.window_right = -1;

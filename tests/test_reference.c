@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "flashcl_ref.h"
+#include "harness.h"
 
 static int failures = 0;
 
@@ -259,15 +260,7 @@ static void test_rng(void) {
 /* A zeroed desc with packed strides written out (as resolve would). */
 static flashcl_attention_desc make_desc(flashcl_dtype dt, int B, int Hq, int Hk, int Nq, int Nk,
                                         int D) {
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dt;
-    d.batch = B;
-    d.heads_q = Hq;
-    d.heads_k = Hk;
-    d.seqlen_q = Nq;
-    d.seqlen_k = Nk;
-    d.head_dim = D;
+    flashcl_attention_desc d = test_attention_desc(dt, B, Hq, Hk, Nq, Nk, D);
     d.scale = (float)(1.0 / sqrt((double)D));
     d.window_left = -1;
     d.window_right = -1;

@@ -28,13 +28,7 @@ static uint64_t next_seed(void) {
 /* Random partial results with some -inf LSEs (one side, both sides); the O of
  * a -inf side is NaN, which must not leak into the merge. */
 static void merge_random(flashcl_context *ctx, flashcl_dtype dt, int in_place, int padded) {
-    flashcl_merge_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dt;
-    d.batch = 2;
-    d.seqlen = 7;
-    d.heads = 3;
-    d.head_dim = 37;
+    flashcl_merge_desc d = test_merge_desc(dt, 2, 7, 3, 37);
     size_t es = flashcl_dtype_size(dt), rows = (size_t)d.batch * d.heads * d.seqlen;
     size_t packed = rows * (size_t)d.head_dim;
     size_t n2 = packed;
@@ -114,14 +108,7 @@ static void merge_equals_full(flashcl_context *ctx, const char *name) {
     flashcl_ref_poison(out, dt, nq_el);
     flashcl_ref_poison(lo, FLASHCL_FLOAT32, rows);
     /* The two halves are views of the same k/v: offsets and full strides. */
-    flashcl_attention_desc a;
-    memset(&a, 0, sizeof a);
-    a.dtype = dt;
-    a.batch = B;
-    a.heads_q = Hq;
-    a.heads_k = Hk;
-    a.seqlen_q = Nq;
-    a.head_dim = D;
+    flashcl_attention_desc a = test_attention_desc(dt, B, Hq, Hk, Nq, 0, D);
     a.q.stride_head = a.out.stride_head = (size_t)D;
     a.q.stride_seq = a.out.stride_seq = (size_t)Hq * D;
     a.q.stride_batch = a.out.stride_batch = (size_t)Nq * Hq * D;
@@ -136,13 +123,7 @@ static void merge_equals_full(flashcl_context *ctx, const char *name) {
     flashcl_status st = flashcl_attention_forward_host(ctx, &first, q, k, v, o1, l1);
     if (!st)
         st = flashcl_attention_forward_host(ctx, &second, q, k, v, o2, l2);
-    flashcl_merge_desc m;
-    memset(&m, 0, sizeof m);
-    m.dtype = dt;
-    m.batch = B;
-    m.seqlen = Nq;
-    m.heads = Hq;
-    m.head_dim = D;
+    flashcl_merge_desc m = test_merge_desc(dt, B, Nq, Hq, D);
     if (!st)
         st = flashcl_attention_merge_host(ctx, &m, o1, l1, o2, l2, out, lo);
     flashcl_attention_desc full = a;
@@ -300,14 +281,7 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     flashcl_ref_fill_normal(&rng, q, dt, q_alloc, 1.0);
     flashcl_ref_poison(out, dt, q_el);
     flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
-    flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dt;
-    d.num_seqs = n;
-    d.heads_q = heads_q;
-    d.heads_k = Hk;
-    d.head_dim = D;
-    d.cu_seqlens_q = cu_q;
+    flashcl_varlen_desc d = test_varlen_desc(dt, n, heads_q, Hk, D, cu_q, NULL);
     d.causal = causal;
     d.num_splits = splits;
     d.q.offset = q_off;
@@ -605,15 +579,7 @@ static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int 
     flashcl_ref_fill_normal(&rng, v, dt, k_el, 1.0);
     flashcl_ref_poison(out, dt, q_el);
     flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
-    flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dt;
-    d.num_seqs = n;
-    d.heads_q = Hq;
-    d.heads_k = Hk;
-    d.head_dim = D;
-    d.cu_seqlens_q = cu_q;
-    d.cu_seqlens_k = cu_k;
+    flashcl_varlen_desc d = test_varlen_desc(dt, n, Hq, Hk, D, cu_q, cu_k);
     d.causal = causal;
     d.num_splits = splits;
     size_t sb = 0;
@@ -637,15 +603,7 @@ static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int 
     for (int i = 0; ok && i < n; ++i) {
         if (nq[i] == 0 || nk[i] == 0)
             continue;
-        flashcl_attention_desc a;
-        memset(&a, 0, sizeof a);
-        a.dtype = dt;
-        a.batch = 1;
-        a.heads_q = Hq;
-        a.heads_k = Hk;
-        a.seqlen_q = nq[i];
-        a.seqlen_k = nk[i];
-        a.head_dim = D;
+        flashcl_attention_desc a = test_attention_desc(dt, 1, Hq, Hk, nq[i], nk[i], D);
         a.causal = causal;
         size_t el = (size_t)nq[i] * Hq * D;
         void *alone = test_xmalloc(el * es);
@@ -705,15 +663,7 @@ static void errors_suite(flashcl_context *ctx) {
     flashcl_kv_cache_append(c, 1, ids, counts, kv, NULL, kv, NULL, NULL);
 
     int cu[2] = {0, 1}, cu_bad[3] = {0, 2, 1};
-    flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = FLASHCL_FLOAT16;
-    d.num_seqs = 1;
-    d.heads_q = 4;
-    d.heads_k = 2;
-    d.head_dim = 64;
-    d.cu_seqlens_q = cu;
-    d.cu_seqlens_k = cu;
+    flashcl_varlen_desc d = test_varlen_desc(FLASHCL_FLOAT16, 1, 4, 2, 64, cu, cu);
     uint16_t poison[256];
     flashcl_ref_poison(poison, FLASHCL_FLOAT16, 256);
     cl_mem q = test_upload(ctx, poison, 512), o = test_upload(ctx, poison, 512);
@@ -939,14 +889,7 @@ static void ooo_suite(flashcl_context *base, int grow, const char *name) {
     flashcl_kv_cache_add_sequence(m.cache, &m.ids[1]);
     mirror_append(ctx, &m, 2, slots, lens);
     int cu_q[3] = {0, 1, 2}, cu_k[3] = {0, lens[0], lens[0] + lens[1]};
-    flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dt;
-    d.num_seqs = 2;
-    d.heads_q = HQ;
-    d.heads_k = HK;
-    d.head_dim = D;
-    d.cu_seqlens_q = cu_q;
+    flashcl_varlen_desc d = test_varlen_desc(dt, 2, HQ, HK, D, cu_q, NULL);
     d.causal = 1;
     d.num_splits = 3;
     size_t sb = 0;
@@ -1164,14 +1107,7 @@ static void by_value_suite(flashcl_context *ctx, const char *params, const char 
     flashcl_status st = FLASHCL_SUCCESS;
     for (int i = 0; i < 300 && !st; ++i)
         st = flashcl_kv_cache_append(m.cache, 1, &ids[i], &lens[i], kv, NULL, kv, NULL, NULL);
-    flashcl_varlen_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = FLASHCL_FLOAT16;
-    d.num_seqs = 300;
-    d.heads_q = 4;
-    d.heads_k = 1;
-    d.head_dim = 64;
-    d.cu_seqlens_q = cu;
+    flashcl_varlen_desc d = test_varlen_desc(FLASHCL_FLOAT16, 300, 4, 1, 64, cu, NULL);
     d.causal = 1;
     cl_mem q = test_upload(ctx, NULL, (size_t)300 * 4 * 64 * 2), o = test_upload(ctx, NULL, (size_t)300 * 4 * 64 * 2);
     size_t sb = 0;

@@ -394,17 +394,15 @@ int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out) {
  * would mean "the diagonal only", so unbounded sides are set explicitly. */
 flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
                                      int seqlen_q, int seqlen_k, int head_dim) {
-    flashcl_attention_desc desc;
-    memset(&desc, 0, sizeof desc);
-    desc.dtype = dtype;
-    desc.batch = batch;
-    desc.heads_q = heads_q;
-    desc.heads_k = heads_k;
-    desc.seqlen_q = seqlen_q;
-    desc.seqlen_k = seqlen_k;
-    desc.head_dim = head_dim;
-    desc.window_left = -1;
-    desc.window_right = -1;
+    flashcl_attention_desc desc = {.dtype = dtype,
+                                   .batch = batch,
+                                   .heads_q = heads_q,
+                                   .heads_k = heads_k,
+                                   .seqlen_q = seqlen_q,
+                                   .seqlen_k = seqlen_k,
+                                   .head_dim = head_dim,
+                                   .window_left = -1,
+                                   .window_right = -1};
     return desc;
 }
 
