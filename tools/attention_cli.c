@@ -229,15 +229,7 @@ int cmd_attention(int argc, char **argv) {
         goto done;
     }
 
-    desc = cli_make_desc(q.dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32,
-                         (int)q.shape[0], (int)q.shape[2], (int)k.shape[2], (int)q.shape[1],
-                         (int)k.shape[1], (int)q.shape[3]);
-    desc.causal = causal;
-    desc.windowed = window_left >= 0 || window_right >= 0;
-    desc.window_left = window_left;
-    desc.window_right = window_right;
-    desc.softcap = (float)softcap;
-    desc.scale = (float)scale;
+    desc = cli_npy_desc(&q, &k, causal, window_left, window_right, softcap, scale);
     status = flashcl_attention_desc_resolve(&desc);
     if (status != FLASHCL_SUCCESS) {
         cli_report_status(NULL, "invalid attention problem", status);

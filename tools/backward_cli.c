@@ -170,21 +170,7 @@ int cli_attention_backward(int argc, char **argv) {
         cli_errorf("%s: dtype, batch or head_dim differ from q's, or heads_k does not divide heads_q", path[1]);
         goto done;
     }
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = in[0].dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32;
-    d.batch = (int)in[0].shape[0];
-    d.seqlen_q = (int)in[0].shape[1];
-    d.heads_q = (int)in[0].shape[2];
-    d.head_dim = (int)in[0].shape[3];
-    d.seqlen_k = (int)in[1].shape[1];
-    d.heads_k = (int)in[1].shape[2];
-    d.causal = causal;
-    d.windowed = wl >= 0 || wr >= 0;
-    d.window_left = wl;
-    d.window_right = wr;
-    d.softcap = (float)softcap;
-    d.scale = (float)scale;
+    flashcl_attention_desc d = cli_npy_desc(&in[0], &in[1], causal, wl, wr, softcap, scale);
     flashcl_status st = flashcl_attention_desc_resolve(&d);
     if (st != FLASHCL_SUCCESS) {
         cli_errorf("invalid attention problem: %s", flashcl_status_string(st));

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include "cli_util.h"
+#include "npy.h"
 
 #include <errno.h>
 #include <math.h>
@@ -404,6 +405,21 @@ flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q
                                    .window_left = -1,
                                    .window_right = -1};
     return desc;
+}
+
+flashcl_attention_desc cli_npy_desc(const struct npy_array *q, const struct npy_array *k,
+                                    int causal, int window_left, int window_right, double softcap,
+                                    double scale) {
+    flashcl_attention_desc d = cli_make_desc(
+        q->dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32, (int)q->shape[0],
+        (int)q->shape[2], (int)k->shape[2], (int)q->shape[1], (int)k->shape[1], (int)q->shape[3]);
+    d.causal = causal;
+    d.windowed = window_left >= 0 || window_right >= 0;
+    d.window_left = window_left;
+    d.window_right = window_right;
+    d.softcap = (float)softcap;
+    d.scale = (float)scale;
+    return d;
 }
 
 int cli_compare_doubles(const void *a, const void *b) {

@@ -91,6 +91,13 @@ int cli_count4(size_t a, size_t b, size_t c, size_t d, size_t *out);
  * diagonal only", so unbounded sides are set explicitly. */
 flashcl_attention_desc cli_make_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
                                      int seqlen_q, int seqlen_k, int head_dim);
+/* The descriptor of q [B][Nq][Hq][D] and k [B][Nk][Hk][D] read from .npy files (q's dtype, f16
+ * or f32), checked by the caller to agree, with the mask (a window side < 0: unbounded; both:
+ * no window) and score options; resolve it before use. */
+struct npy_array;
+flashcl_attention_desc cli_npy_desc(const struct npy_array *q, const struct npy_array *k,
+                                    int causal, int window_left, int window_right, double softcap,
+                                    double scale);
 /* qsort's comparison for doubles, ascending. */
 int cli_compare_doubles(const void *a, const void *b);
 

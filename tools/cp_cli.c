@@ -252,18 +252,7 @@ static int attention_cp(int argc, char **argv) {
     }
     if (!all_ok(ok))
         goto done;
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = in[0].dtype == NPY_FLOAT16 ? FLASHCL_FLOAT16 : FLASHCL_FLOAT32;
-    d.batch = (int)in[0].shape[0];
-    d.seqlen_q = (int)in[0].shape[1];
-    d.heads_q = (int)in[0].shape[2];
-    d.head_dim = (int)in[0].shape[3];
-    d.seqlen_k = (int)in[1].shape[1];
-    d.heads_k = (int)in[1].shape[2];
-    d.causal = causal;
-    d.softcap = (float)softcap;
-    d.scale = (float)scale;
+    flashcl_attention_desc d = cli_npy_desc(&in[0], &in[1], causal, -1, -1, softcap, scale);
     const size_t es = flashcl_dtype_size(d.dtype), qrow = (size_t)d.heads_q * d.head_dim * es,
                  krow = (size_t)d.heads_k * d.head_dim * es;
     const int nq = flashcl_cp_local_len(d.seqlen_q, g_size, g_rank), nk = flashcl_cp_local_len(d.seqlen_k, g_size, g_rank);
