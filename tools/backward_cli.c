@@ -98,19 +98,15 @@ int cli_attention_backward(int argc, char **argv) {
     const char *value;
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
-        int r = 0, matched = 0;
+        int r;
         if (cli_help(arg, cli_usage_attention_backward)) {
             return CLI_EXIT_OK;
         }
-        for (int n = 0; n < 9 && !matched; ++n)
-            if ((r = cli_take_value(argc, argv, &i, names[n], &value)) != 0) {
-                if (r < 0)
-                    return CLI_EXIT_USAGE;
-                path[n] = value;
-                matched = 1;
-            }
-        if (matched)
+        if ((r = cli_take_any(argc, argv, &i, names, 9, path)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
             continue;
+        }
         if ((r = cli_take_value(argc, argv, &i, "--device", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;

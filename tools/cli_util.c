@@ -115,6 +115,14 @@ int cli_take_value(int argc, char **argv, int *i, const char *name, const char *
     return 1;
 }
 
+int cli_take_any(int argc, char **argv, int *i, const char *const *names, int count,
+                 const char **values) {
+    int r = 0;
+    for (int n = 0; n < count && r == 0; ++n)
+        r = cli_take_value(argc, argv, i, names[n], &values[n]);
+    return r;
+}
+
 /* The message of a value that is out of range (value NULL: missing, already reported by
  * cli_take_value). With `usage`, the usage error naming the value; without, the one line that
  * the backward subcommands print, after a missing value's message too. */

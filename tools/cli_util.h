@@ -52,6 +52,10 @@ int cli_parse_long_list(const char *text, long min, long max, long *values, int 
  * past a separate value) on a match, 0 when argv[*i] is another option, and
  * -1 after printing "option --name needs a value" when the value is missing. */
 int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
+/* cli_take_value for each of `count` options names[n], storing the value in values[n]: the
+ * same returns. */
+int cli_take_any(int argc, char **argv, int *i, const char *const *names, int count,
+                 const char **values);
 /* cli_take_value, then the value parsed as a whole number (or a finite number) in [min, max].
  * Return 1 with *out set, 0 when argv[*i] is another option, and -1 after a missing value's
  * message or cli_usage_error(usage, "NAME wants WANTS, not 'VALUE'") (usage NULL: just

@@ -187,15 +187,10 @@ static int attention_cp(int argc, char **argv) {
     double softcap = 0, scale = 0;
     for (int i = 2; i < argc; ++i) {
         static const char *const names[6] = {"--q", "--k", "--v", "--out", "--lse", "--dout"};
-        int r = 0, done = 0;
-        for (int n = 0; n < 6 && !done; ++n)
-            if ((r = cli_take_value(argc, argv, &i, names[n], &value)) != 0) {
-                if (r < 0)
-                    return CLI_EXIT_USAGE;
-                path[n] = value;
-                done = 1;
-            }
-        if (done)
+        int r = cli_take_any(argc, argv, &i, names, 6, path);
+        if (r < 0)
+            return CLI_EXIT_USAGE;
+        if (r > 0)
             continue;
         if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
             if (g_rank == 0)
