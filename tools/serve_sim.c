@@ -598,6 +598,40 @@ static int write_plot(const char *path, const sim_result *r, int count, int max_
     return rc;
 }
 
+/* The options that set one of sim_opts' whole numbers, with their ranges, in the order of its
+ * fields. */
+static const struct {
+    const char *name;
+    long min, max;
+} sim_int_options[8] = {{"--max-batch", 1, 4096}, {"--token-budget", 1, 1 << 20},
+                        {"--page-size", 1, 256},  {"--pages", 1, 1 << 24},
+                        {"--heads", 1, 256},      {"--kv-heads", 1, 256},
+                        {"--head-dim", 1, 256},   {"--spec-k", 0, FLASHCL_SPEC_MAX_DRAFT}};
+
+/* Takes one of sim_int_options into its field of *o: 1 when taken, 0 for another option, -1
+ * after the usage error ("--pages wants 1..16777216, not X"). */
+static int take_sim_int(int argc, char **argv, int *i, sim_opts *o) {
+    int *field[8] = {&o->max_batch, &o->token_budget, &o->page_size, &o->pages,
+                     &o->heads_q,   &o->heads_k,      &o->head_dim,  &o->spec_k};
+    for (int k = 0; k < 8; ++k) {
+        const char *v = NULL;
+        long l;
+        int t = cli_take_value(argc, argv, i, sim_int_options[k].name, &v);
+        if (t > 0 && cli_parse_long(v, sim_int_options[k].min, sim_int_options[k].max, &l) == 0) {
+            *field[k] = (int)l;
+            return 1;
+        }
+        if (t != 0) {
+            char msg[64];
+            snprintf(msg, sizeof msg, "%s wants %ld..%ld, not", sim_int_options[k].name,
+                     sim_int_options[k].min, sim_int_options[k].max);
+            usage_fail(usage_serve_sim, msg, v);
+            return -1;
+        }
+    }
+    return 0;
+}
+
 /* ---- serve-sim ------------------------------------------------------------------------------------ */
 
 int cmd_serve_sim(int argc, char **argv) {
@@ -642,38 +676,9 @@ int cmd_serve_sim(int argc, char **argv) {
             if (t < 0 || (strcmp(v, "both") && strcmp(v, "static") && strcmp(v, "continuous")))
                 return usage_fail(usage_serve_sim, "--mode wants both, static or continuous, not", v);
             mode = v;
-        } else if ((t = cli_take_value(argc, argv, &i, "--max-batch", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 4096, &l))
-                return usage_fail(usage_serve_sim, "--max-batch wants 1..4096, not", v);
-            o.max_batch = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--token-budget", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 1 << 20, &l))
-                return usage_fail(usage_serve_sim, "--token-budget wants 1..1048576, not", v);
-            o.token_budget = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--page-size", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 256, &l))
-                return usage_fail(usage_serve_sim, "--page-size wants 1..256, not", v);
-            o.page_size = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--pages", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 1 << 24, &l))
-                return usage_fail(usage_serve_sim, "--pages wants 1..16777216, not", v);
-            o.pages = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--heads", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 256, &l))
-                return usage_fail(usage_serve_sim, "--heads wants 1..256, not", v);
-            o.heads_q = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--kv-heads", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 256, &l))
-                return usage_fail(usage_serve_sim, "--kv-heads wants 1..256, not", v);
-            o.heads_k = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--head-dim", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 256, &l))
-                return usage_fail(usage_serve_sim, "--head-dim wants 1..256, not", v);
-            o.head_dim = (int)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--spec-k", &v))) {
-            if (t < 0 || cli_parse_long(v, 0, FLASHCL_SPEC_MAX_DRAFT, &l))
-                return usage_fail(usage_serve_sim, "--spec-k wants 0..64, not", v);
-            o.spec_k = (int)l;
+        } else if ((t = take_sim_int(argc, argv, &i, &o)) != 0) {
+            if (t < 0)
+                return CLI_EXIT_USAGE;
         } else if ((t = cli_take_value(argc, argv, &i, "--accept", &v))) {
             if (t < 0 || cli_parse_double(v, &o.accept) || o.accept < 0 || o.accept > 1)
                 return usage_fail(usage_serve_sim, "--accept wants a number in [0, 1], not", v);
