@@ -660,18 +660,15 @@ int cmd_serve_sim(int argc, char **argv) {
         } else if ((t = cli_take_value(argc, argv, &i, "--output", &v))) {
             if (t < 0 || parse_pair(v, 1, 1000000, output))
                 return usage_fail(usage_serve_sim, "--output wants MIN,MAX (1 <= MIN <= MAX), not", v);
-        } else if ((t = cli_take_value(argc, argv, &i, "--trace", &v))) {
+        } else if ((t = cli_take_value(argc, argv, &i, "--trace", &trace)) != 0 ||
+                   (t = cli_take_value(argc, argv, &i, "--device", &device)) != 0 ||
+                   (t = cli_take_value(argc, argv, &i, "--plot", &plot)) != 0) {
             if (t < 0)
                 return CLI_EXIT_USAGE;
-            trace = v;
         } else if ((t = cli_take_value(argc, argv, &i, "--seed", &v))) {
             if (t < 0 || cli_parse_long(v, 0, 0x7fffffffL, &l))
                 return usage_fail(usage_serve_sim, "--seed wants an integer >= 0, not", v);
             o.seed = (uint64_t)l;
-        } else if ((t = cli_take_value(argc, argv, &i, "--device", &v))) {
-            if (t < 0)
-                return CLI_EXIT_USAGE;
-            device = v;
         } else if ((t = cli_take_value(argc, argv, &i, "--mode", &v))) {
             if (t < 0 || (strcmp(v, "both") && strcmp(v, "static") && strcmp(v, "continuous")))
                 return usage_fail(usage_serve_sim, "--mode wants both, static or continuous, not", v);
@@ -685,10 +682,6 @@ int cmd_serve_sim(int argc, char **argv) {
         } else if ((t = cli_take_value(argc, argv, &i, "--model-ms", &v))) {
             if (t < 0 || cli_parse_double(v, &o.model_ms) || o.model_ms < 0)
                 return usage_fail(usage_serve_sim, "--model-ms wants a number >= 0, not", v);
-        } else if ((t = cli_take_value(argc, argv, &i, "--plot", &v))) {
-            if (t < 0)
-                return CLI_EXIT_USAGE;
-            plot = v;
         } else {
             return cli_unknown_option(usage_serve_sim, argv[i]);
         }
@@ -857,22 +850,12 @@ int cmd_spec_sim(int argc, char **argv) {
         int t;
         if (cli_help(argv[i], usage_spec_sim)) {
             return CLI_EXIT_OK;
-        } else if ((t = cli_take_value(argc, argv, &i, "--target", &v))) {
+        } else if ((t = cli_take_value(argc, argv, &i, "--target", &target)) != 0 ||
+                   (t = cli_take_value(argc, argv, &i, "--draft", &draft_path)) != 0 ||
+                   (t = cli_take_value(argc, argv, &i, "--out", &out)) != 0 ||
+                   (t = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (t < 0)
                 return CLI_EXIT_USAGE;
-            target = v;
-        } else if ((t = cli_take_value(argc, argv, &i, "--draft", &v))) {
-            if (t < 0)
-                return CLI_EXIT_USAGE;
-            draft_path = v;
-        } else if ((t = cli_take_value(argc, argv, &i, "--out", &v))) {
-            if (t < 0)
-                return CLI_EXIT_USAGE;
-            out = v;
-        } else if ((t = cli_take_value(argc, argv, &i, "--device", &v))) {
-            if (t < 0)
-                return CLI_EXIT_USAGE;
-            device = v;
         } else if ((t = cli_take_value(argc, argv, &i, "--trials", &v))) {
             if (t < 0 || cli_parse_long(v, 1, 1000000000L, &trials))
                 return usage_fail(usage_spec_sim, "--trials wants 1..1e9, not", v);
