@@ -287,3 +287,12 @@ flashcl_merge_desc test_merge_desc(flashcl_dtype dtype, int batch, int seqlen, i
         .dtype = dtype, .batch = batch, .seqlen = seqlen, .heads = heads, .head_dim = head_dim};
     return d;
 }
+
+int test_summary(int failures) {
+    if (failures) {
+        printf("%d FAILED\n", failures);
+        return 1;
+    }
+    printf("all passed\n");
+    return 0;
+}

@@ -58,6 +58,9 @@ flashcl_varlen_desc test_varlen_desc(flashcl_dtype dtype, int num_seqs, int head
                                      int head_dim, const int *cu_seqlens_q,
                                      const int *cu_seqlens_k);
 
+/* The end of a test's main: prints "N FAILED" or "all passed"; returns its exit status. */
+int test_summary(int failures);
+
 /* Prints "name: ok" or "name: FAILED" and counts failures. */
 void expect(int ok, const char *what, int *failures);
 

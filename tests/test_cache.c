@@ -49,12 +49,22 @@ static int for_each_bin(const char *dir, void (*fn)(const char *path)) {
     return n;
 }
 
-static void scramble(const char *path) {
-    FILE *f = fopen(path, "r+b");
+/* The size of a file in bytes, -1 if it cannot be opened. */
+static long file_size(const char *path) {
+    FILE *f = fopen(path, "rb");
     if (!f)
-        return;
+        return -1;
     fseek(f, 0, SEEK_END);
     long size = ftell(f);
+    fclose(f);
+    return size;
+}
+
+static void scramble(const char *path) {
+    long size = file_size(path);
+    FILE *f = size < 0 ? NULL : fopen(path, "r+b");
+    if (!f)
+        return;
     fseek(f, size / 2, SEEK_SET);
     fputs("corrupted by test_cache", f);
     fclose(f);
@@ -65,12 +75,9 @@ static void delete_file(const char *path) {
 }
 
 static void truncate_half(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
+    long size = file_size(path);
+    if (size < 0)
         return;
-    fseek(f, 0, SEEK_END);
-    long size = ftell(f);
-    fclose(f);
     if (truncate(path, size / 2) != 0)
         perror("truncate");
 }

@@ -329,10 +329,5 @@ int main(void) {
     test_random_traces(ctx);
     test_continuous_beats_static(ctx);
     flashcl_context_destroy(ctx);
-    if (failures) {
-        printf("%d FAILED\n", failures);
-        return 1;
-    }
-    printf("all passed\n");
-    return 0;
+    return test_summary(failures);
 }

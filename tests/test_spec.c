@@ -654,10 +654,5 @@ int main(void) {
     }
     flashcl_context_destroy(dev);
     flashcl_context_destroy(host);
-    if (failures) {
-        printf("%d FAILED\n", failures);
-        return 1;
-    }
-    printf("all passed\n");
-    return 0;
+    return test_summary(failures);
 }
