@@ -96,6 +96,8 @@ int cli_attention_backward(int argc, char **argv) {
     int causal = 0, wl = -1, wr = -1, deterministic = 0, rc = CLI_EXIT_FAIL;
     double softcap = 0.0, scale = 0.0;
     const char *value;
+    const cli_flag flags[3] = {
+        {"--causal", &causal}, {"--deterministic", &deterministic}, {"--backward", NULL}};
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
@@ -126,11 +128,7 @@ int cli_attention_backward(int argc, char **argv) {
                                         "a finite number", &scale)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-        } else if (!strcmp(arg, "--causal")) {
-            causal = 1;
-        } else if (!strcmp(arg, "--deterministic")) {
-            deterministic = 1;
-        } else if (strcmp(arg, "--backward") != 0) {
+        } else if (!cli_take_flag(arg, flags, 3)) {
             return cli_unknown_option(cli_usage_attention_backward, arg);
         }
     }
@@ -445,6 +443,10 @@ int cli_bench_backward(int argc, char **argv) {
     long iters = 5, warmup = 1;
     flashcl_dtype dt = FLASHCL_FLOAT16;
     const char *device = NULL, *value;
+    const cli_flag flags[4] = {{"--deterministic", &deterministic},
+                               {"--memory", &memory},
+                               {"--json", &json},
+                               {"--backward", NULL}};
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
@@ -477,13 +479,7 @@ int cli_bench_backward(int argc, char **argv) {
             causal_mask &= 2;
         } else if (!strcmp(arg, "--no-causal")) {
             causal_mask &= 1;
-        } else if (!strcmp(arg, "--deterministic")) {
-            deterministic = 1;
-        } else if (!strcmp(arg, "--memory")) {
-            memory = 1;
-        } else if (!strcmp(arg, "--json")) {
-            json = 1;
-        } else if (strcmp(arg, "--backward") != 0) {
+        } else if (!cli_take_flag(arg, flags, 4)) {
             return cli_unknown_option(cli_usage_bench_backward, arg);
         }
     }

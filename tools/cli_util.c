@@ -115,6 +115,16 @@ int cli_take_value(int argc, char **argv, int *i, const char *name, const char *
     return 1;
 }
 
+int cli_take_flag(const char *arg, const cli_flag *flags, int count) {
+    for (int n = 0; n < count; ++n)
+        if (strcmp(arg, flags[n].name) == 0) {
+            if (flags[n].value)
+                *flags[n].value = 1;
+            return 1;
+        }
+    return 0;
+}
+
 int cli_take_any(int argc, char **argv, int *i, const char *const *names, int count,
                  const char **values) {
     int r = 0;

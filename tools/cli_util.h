@@ -52,6 +52,13 @@ int cli_parse_long_list(const char *text, long min, long max, long *values, int 
  * past a separate value) on a match, 0 when argv[*i] is another option, and
  * -1 after printing "option --name needs a value" when the value is missing. */
 int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
+/* A switch (an option without a value) and the int it sets to 1 (NULL: accepted, nothing set). */
+typedef struct cli_flag {
+    const char *name;
+    int *value;
+} cli_flag;
+/* 1 after setting the value of the one of `count` flags named `arg`, 0 when none is. */
+int cli_take_flag(const char *arg, const cli_flag *flags, int count);
 /* cli_take_value for each of `count` options names[n], storing the value in values[n]: the
  * same returns. */
 int cli_take_any(int argc, char **argv, int *i, const char *const *names, int count,

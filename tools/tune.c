@@ -446,6 +446,10 @@ int cmd_tune(int argc, char **argv) {
     int count = 0, cap = 0, pruned = 0;
     tune_problem t;
     memset(&t, 0, sizeof t);
+    const cli_flag flags[4] = {{"--causal", &causal},
+                               {"--decode", &decode},
+                               {"--dry-run", &dry_run},
+                               {"--no-write", &no_write}};
 
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
@@ -481,15 +485,7 @@ int cmd_tune(int argc, char **argv) {
                 cli_errorf("--budget wants seconds > 0, not '%s'", value);
                 return CLI_EXIT_USAGE;
             }
-        } else if (!strcmp(arg, "--causal")) {
-            causal = 1;
-        } else if (!strcmp(arg, "--decode")) {
-            decode = 1;
-        } else if (!strcmp(arg, "--dry-run")) {
-            dry_run = 1;
-        } else if (!strcmp(arg, "--no-write")) {
-            no_write = 1;
-        } else {
+        } else if (!cli_take_flag(arg, flags, 4)) {
             return cli_unknown_option(usage_tune, arg);
         }
 #undef TAKE
