@@ -119,6 +119,18 @@ static int hp_fail(hdr_parser *p, const char *expected) {
     return -1;
 }
 
+/* After an item of a list (the shape tuple, the header dict): skips white space, then takes ','
+ * (returns 1: another item follows) or `close` (returns 0: the list ended), or fails naming
+ * `expected` (-1). */
+static int hp_after_item(hdr_parser *p, int close, const char *expected) {
+    hp_skip_ws(p);
+    const int c = hp_peek(p);
+    if (c != ',' && c != close)
+        return hp_fail(p, expected);
+    p->pos++;
+    return c == ',';
+}
+
 static int hp_expect(hdr_parser *p, char c, const char *what) {
     hp_skip_ws(p);
     if (hp_peek(p) != (unsigned char)c)
@@ -196,16 +208,11 @@ static int hp_shape(hdr_parser *p, size_t *shape, int *ndim) {
             return -1;
         }
         shape[n++] = value;
-        hp_skip_ws(p);
-        if (hp_peek(p) == ',') {
-            p->pos++;
-            continue;
-        }
-        if (hp_peek(p) == ')') {
-            p->pos++;
+        const int more = hp_after_item(p, ')', "',' or ')' in the shape");
+        if (more < 0)
+            return -1;
+        if (!more)
             break;
-        }
-        return hp_fail(p, "',' or ')' in the shape");
     }
     *ndim = n;
     return 0;
@@ -250,16 +257,11 @@ static int parse_header(hdr_parser *p, char *descr, size_t descr_size, int *fort
                     key);
             return -1;
         }
-        hp_skip_ws(p);
-        if (hp_peek(p) == ',') {
-            p->pos++;
-            continue;
-        }
-        if (hp_peek(p) == '}') {
-            p->pos++;
+        const int more = hp_after_item(p, '}', "',' or '}' after a value");
+        if (more < 0)
+            return -1;
+        if (!more)
             break;
-        }
-        return hp_fail(p, "',' or '}' after a value");
     }
     hp_skip_ws(p);
     if (p->pos != p->len)
