@@ -79,6 +79,19 @@ static int usage_fail(const char *usage, const char *msg, const char *arg) {
     return cli_usage_error(usage, "%s%s%s", msg, arg ? " " : "", arg ? arg : "");
 }
 
+/* cli_take_value, then a whole number in [min, max]: 1 when taken, 0 for another option, -1
+ * after the usage error "<wants> <value>" (wants: "--seed wants an integer >= 0, not"). */
+static int take_long(const char *usage, int argc, char **argv, int *i, const char *name, long min,
+                     long max, const char *wants, long *out) {
+    const char *v = NULL;
+    int t = cli_take_value(argc, argv, i, name, &v);
+    if (t < 0 || (t > 0 && cli_parse_long(v, min, max, out) != 0)) {
+        usage_fail(usage, wants, v);
+        return -1;
+    }
+    return t;
+}
+
 static int parse_pair(const char *text, long min, long max, long out[2]) {
     int n = 0;
     if (cli_parse_long_list(text, min, max, out, 2, &n) != 0 || n != 2 || out[0] > out[1])
@@ -614,20 +627,16 @@ static int take_sim_int(int argc, char **argv, int *i, sim_opts *o) {
     int *field[8] = {&o->max_batch, &o->token_budget, &o->page_size, &o->pages,
                      &o->heads_q,   &o->heads_k,      &o->head_dim,  &o->spec_k};
     for (int k = 0; k < 8; ++k) {
-        const char *v = NULL;
+        char wants[64];
         long l;
-        int t = cli_take_value(argc, argv, i, sim_int_options[k].name, &v);
-        if (t > 0 && cli_parse_long(v, sim_int_options[k].min, sim_int_options[k].max, &l) == 0) {
+        snprintf(wants, sizeof wants, "%s wants %ld..%ld, not", sim_int_options[k].name,
+                 sim_int_options[k].min, sim_int_options[k].max);
+        int t = take_long(usage_serve_sim, argc, argv, i, sim_int_options[k].name,
+                          sim_int_options[k].min, sim_int_options[k].max, wants, &l);
+        if (t > 0)
             *field[k] = (int)l;
-            return 1;
-        }
-        if (t != 0) {
-            char msg[64];
-            snprintf(msg, sizeof msg, "%s wants %ld..%ld, not", sim_int_options[k].name,
-                     sim_int_options[k].min, sim_int_options[k].max);
-            usage_fail(usage_serve_sim, msg, v);
-            return -1;
-        }
+        if (t != 0)
+            return t;
     }
     return 0;
 }
@@ -648,9 +657,10 @@ int cmd_serve_sim(int argc, char **argv) {
             return CLI_EXIT_OK;
         } else if (!strcmp(argv[i], "--json")) {
             json = 1;
-        } else if ((t = cli_take_value(argc, argv, &i, "--requests", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 1000000, &requests))
-                return usage_fail(usage_serve_sim, "--requests wants 1..1000000, not", v);
+        } else if ((t = take_long(usage_serve_sim, argc, argv, &i, "--requests", 1, 1000000,
+                                  "--requests wants 1..1000000, not", &requests)) != 0) {
+            if (t < 0)
+                return CLI_EXIT_USAGE;
         } else if ((t = cli_take_value(argc, argv, &i, "--rate", &v))) {
             if (t < 0 || cli_parse_double(v, &rate) || rate < 0)
                 return usage_fail(usage_serve_sim, "--rate wants a number >= 0, not", v);
@@ -665,9 +675,10 @@ int cmd_serve_sim(int argc, char **argv) {
                    (t = cli_take_value(argc, argv, &i, "--plot", &plot)) != 0) {
             if (t < 0)
                 return CLI_EXIT_USAGE;
-        } else if ((t = cli_take_value(argc, argv, &i, "--seed", &v))) {
-            if (t < 0 || cli_parse_long(v, 0, 0x7fffffffL, &l))
-                return usage_fail(usage_serve_sim, "--seed wants an integer >= 0, not", v);
+        } else if ((t = take_long(usage_serve_sim, argc, argv, &i, "--seed", 0, 0x7fffffffL,
+                                  "--seed wants an integer >= 0, not", &l)) != 0) {
+            if (t < 0)
+                return CLI_EXIT_USAGE;
             o.seed = (uint64_t)l;
         } else if ((t = cli_take_value(argc, argv, &i, "--mode", &v))) {
             if (t < 0 || (strcmp(v, "both") && strcmp(v, "static") && strcmp(v, "continuous")))
@@ -846,7 +857,6 @@ int cmd_spec_sim(int argc, char **argv) {
     const char *target = NULL, *draft_path = NULL, *out = NULL, *device = NULL;
     long trials = 100000, seed = 1;
     for (int i = 2; i < argc; ++i) {
-        const char *v = NULL;
         int t;
         if (cli_help(argv[i], usage_spec_sim)) {
             return CLI_EXIT_OK;
@@ -856,12 +866,12 @@ int cmd_spec_sim(int argc, char **argv) {
                    (t = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (t < 0)
                 return CLI_EXIT_USAGE;
-        } else if ((t = cli_take_value(argc, argv, &i, "--trials", &v))) {
-            if (t < 0 || cli_parse_long(v, 1, 1000000000L, &trials))
-                return usage_fail(usage_spec_sim, "--trials wants 1..1e9, not", v);
-        } else if ((t = cli_take_value(argc, argv, &i, "--seed", &v))) {
-            if (t < 0 || cli_parse_long(v, 0, 0x7fffffffL, &seed))
-                return usage_fail(usage_spec_sim, "--seed wants an integer >= 0, not", v);
+        } else if ((t = take_long(usage_spec_sim, argc, argv, &i, "--trials", 1, 1000000000L,
+                                  "--trials wants 1..1e9, not", &trials)) != 0 ||
+                   (t = take_long(usage_spec_sim, argc, argv, &i, "--seed", 0, 0x7fffffffL,
+                                  "--seed wants an integer >= 0, not", &seed)) != 0) {
+            if (t < 0)
+                return CLI_EXIT_USAGE;
         } else {
             return cli_unknown_option(usage_spec_sim, argv[i]);
         }
