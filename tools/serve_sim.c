@@ -215,19 +215,25 @@ static void progress(int tty, const char *mode, int done, int total, double t) {
     fflush(stderr);
 }
 
-static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_opts *o, const sim_req *reqs,
-                    int n, device_bufs *bufs, sim_result *res) {
-    memset(res, 0, sizeof *res);
-    res->mode = mode == FLASHCL_SCHEDULE_STATIC ? "static" : "continuous";
-    const int tty = isatty(STDERR_FILENO);
-    const size_t tok_bytes = (size_t)o->heads_k * o->head_dim * sizeof(float);
+/* The float32 KV cache of a run's heads and pages, num_pages of them. */
+static flashcl_kv_cache_desc cache_desc(const sim_opts *o, int num_pages) {
     flashcl_kv_cache_desc cd;
     memset(&cd, 0, sizeof cd);
     cd.dtype = FLASHCL_FLOAT32;
     cd.heads_k = o->heads_k;
     cd.head_dim = o->head_dim;
     cd.page_size = o->page_size;
-    cd.num_pages = o->pages;
+    cd.num_pages = num_pages;
+    return cd;
+}
+
+static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_opts *o,
+                    const sim_req *reqs, int n, device_bufs *bufs, sim_result *res) {
+    memset(res, 0, sizeof *res);
+    res->mode = mode == FLASHCL_SCHEDULE_STATIC ? "static" : "continuous";
+    const int tty = isatty(STDERR_FILENO);
+    const size_t tok_bytes = (size_t)o->heads_k * o->head_dim * sizeof(float);
+    const flashcl_kv_cache_desc cd = cache_desc(o, o->pages);
     flashcl_kv_cache *cache = NULL;
     flashcl_scheduler *sched = NULL;
     const int spec = o->spec_k;
@@ -446,13 +452,7 @@ static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_
  * 1..16), its split-KV combine, the append and the verification. Returns 0
  * or -1 with a message. */
 static int warm_kernels(flashcl_context *ctx, const sim_opts *o, device_bufs *bufs) {
-    flashcl_kv_cache_desc cd;
-    memset(&cd, 0, sizeof cd);
-    cd.dtype = FLASHCL_FLOAT32;
-    cd.heads_k = o->heads_k;
-    cd.head_dim = o->head_dim;
-    cd.page_size = o->page_size;
-    cd.num_pages = (512 + o->page_size - 1) / o->page_size;
+    const flashcl_kv_cache_desc cd = cache_desc(o, (512 + o->page_size - 1) / o->page_size);
     flashcl_kv_cache *cache = NULL;
     int seq, rc = 0;
     flashcl_status st = flashcl_kv_cache_create(ctx, &cd, &cache);
