@@ -658,9 +658,9 @@ int cmd_bench(int argc, char **argv) {
     bench_options opt;
     bench_row *rows = NULL;
     const char *device = NULL, *value, *problem;
-    int num_shapes = 0, causal_only = 0, want_long = 0, iters_set = 0, warmup_set = 0;
+    int num_shapes = 0, causal_only = 0, want_long = 0;
     int is_cpu, num_rows = 0, failures = 0;
-    long number;
+    long iters = 0, warmup = -1; /* unset: chosen for the device below */
     flashcl_context *ctx;
     flashcl_dtype dtypes[3] = {FLASHCL_FLOAT16};
     int num_dtypes = 1, no_causal = 0;
@@ -703,17 +703,11 @@ int cmd_bench(int argc, char **argv) {
                 return cli_usage_error(usage_bench, "--shape %s %s", value, problem);
             num_shapes++;
         } else if ((r = cli_take_long(usage_bench, argc, argv, &i, "--iters", 1, 1000000,
-                                      "an integer >= 1", &number)) != 0) {
+                                      "an integer >= 1", &iters)) != 0 ||
+                   (r = cli_take_long(usage_bench, argc, argv, &i, "--warmup", 0, 1000000,
+                                      "an integer >= 0", &warmup)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            opt.iters = (int)number;
-            iters_set = 1;
-        } else if ((r = cli_take_long(usage_bench, argc, argv, &i, "--warmup", 0, 1000000,
-                                      "an integer >= 0", &number)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-            opt.warmup = (int)number;
-            warmup_set = 1;
         } else if (strcmp(arg, "--causal") == 0) {
             causal_only = 1;
         } else if (strcmp(arg, "--long") == 0) {
@@ -748,10 +742,8 @@ int cmd_bench(int argc, char **argv) {
                             NULL) == CL_SUCCESS)
             is_cpu = (type & CL_DEVICE_TYPE_CPU) != 0;
     }
-    if (!iters_set)
-        opt.iters = opt.memory ? (is_cpu ? 1 : 5) : (is_cpu ? 5 : 20);
-    if (!warmup_set)
-        opt.warmup = opt.memory && is_cpu ? 0 : (is_cpu ? 1 : 3);
+    opt.iters = iters ? (int)iters : opt.memory ? (is_cpu ? 1 : 5) : (is_cpu ? 5 : 20);
+    opt.warmup = warmup >= 0 ? (int)warmup : opt.memory && is_cpu ? 0 : (is_cpu ? 1 : 3);
     if (causal_only && no_causal) {
         flashcl_context_destroy(ctx);
         return cli_usage_error(usage_bench, "--causal and --no-causal leave nothing to run");
