@@ -429,10 +429,7 @@ static void print_row_json(const brow *row, const bshape *s, flashcl_dtype dt, i
         printf(", \"peak_rss_bytes\": %zu, \"device_bytes\": %zu, \"scratch_bytes\": %zu, \"naive_scores_bytes\": %zu",
                row->peak_rss, row->device_bytes, row->scratch_bytes, row->naive_bytes);
     printf(", \"error\": ");
-    if (row->error[0])
-        cli_json_string(stdout, row->error);
-    else
-        fputs("null", stdout);
+    cli_json_string_or_null(stdout, row->error);
     printf("}");
     fflush(stdout);
 }

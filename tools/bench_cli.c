@@ -464,10 +464,7 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
         } else
             fputs("null", stdout);
         printf(", \"error\": ");
-        if (r->error[0])
-            cli_json_string(stdout, r->error);
-        else
-            fputs("null", stdout);
+        cli_json_string_or_null(stdout, r->error);
         printf("}");
     }
     printf("\n]}\n");

@@ -198,6 +198,13 @@ void cli_json_string(FILE *f, const char *text) {
     fputc('"', f);
 }
 
+void cli_json_string_or_null(FILE *f, const char *text) {
+    if (text[0])
+        cli_json_string(f, text);
+    else
+        fputs("null", f);
+}
+
 void cli_json_bench_open(flashcl_context *ctx, const char *tool, const char *dtype, long iters,
                          long warmup) {
     const int host = flashcl_context_is_host(ctx);

@@ -77,6 +77,8 @@ size_t cli_peak_rss_bytes(void);
 
 /* Writes `text` as a JSON string literal, quotes included. */
 void cli_json_string(FILE *f, const char *text);
+/* Writes `text` as a JSON string literal, or null when it is empty (a row's error). */
+void cli_json_string_or_null(FILE *f, const char *text);
 /* Writes value as a JSON number, or null unless valid and finite. */
 void cli_json_number(FILE *f, double value, int valid);
 
