@@ -276,6 +276,24 @@ expect_status 2 "bad --cases" check --cases zero
 expect_status 2 "bad --shape" bench --shape 1,2,3
 no_outputs_left || bad "usage errors left output files"
 
+# An output that is an input under another name (./, a hard link, a symlink)
+# is refused by file identity, and the input stays as it was.
+cp q32.npy qcopy.npy
+ln -f qcopy.npy qlink.npy
+ln -sf qcopy.npy qsym.npy
+sum_before=$(cksum <qcopy.npy)
+expect_status 2 "--out ./q (same file, other name)" attention --q qcopy.npy --k k32.npy --v v32.npy \
+    --out ./qcopy.npy
+grep -q "same file" err.txt || bad "--out ./q: no 'same file' message: $(head -c 300 err.txt)"
+expect_status 2 "--out hard link of --q" attention --q qcopy.npy --k k32.npy --v v32.npy --out qlink.npy
+expect_status 2 "--lse symlink to --q" attention --q qcopy.npy --k k32.npy --v v32.npy --out o.npy \
+    --lse qsym.npy
+expect_status 2 "--lse ./o with --out o" attention --q qcopy.npy --k k32.npy --v v32.npy --out o.npy \
+    --lse ./o.npy
+[ "$(cksum <qcopy.npy)" = "$sum_before" ] || bad "a refused run changed its input"
+no_outputs_left || bad "refused same-file runs left output files"
+rm -f qcopy.npy qlink.npy qsym.npy
+
 # ---- the other subcommands ----------------------------------------------------
 expect_status 0 "devices" devices
 [ -s out.txt ] || bad "devices printed nothing"

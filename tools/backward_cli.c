@@ -153,12 +153,17 @@ int cli_attention_backward(int argc, char **argv) {
         cli_errorf("--o and --lse come together (the forward's out and lse), or neither");
         return CLI_EXIT_USAGE;
     }
-    for (int a = 4; a < 7; ++a)
-        for (int b = 0; b < 9; ++b)
-            if (b != a && path[b] && !strcmp(path[a], path[b])) {
-                cli_errorf("%s and %s name the same file '%s'", names[a], names[b], path[a]);
-                return CLI_EXIT_USAGE;
-            }
+    /* Outputs (dq dk dv) against every other path by file identity, not by
+     * name: "--dq ./q.npy" or a link to q.npy would truncate an input. The
+     * order puts the inputs first: q k v dout o lse, then dq dk dv. */
+    {
+        const char *const order_names[9] = {names[0], names[1], names[2], names[3], names[7], names[8],
+                                            names[4], names[5], names[6]};
+        const char *const order_paths[9] = {path[0], path[1], path[2], path[3], path[7], path[8],
+                                            path[4], path[5], path[6]};
+        if (cli_check_outputs(order_names, order_paths, 6, 9) != 0)
+            return CLI_EXIT_USAGE;
+    }
 
     npy_array in[6]; /* q k v dout o lse */
     memset(in, 0, sizeof in);

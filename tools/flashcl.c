@@ -621,8 +621,14 @@ static int cmd_attention(int argc, char **argv) {
     }
     if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
         return usage_error(usage_attention, "%s", "attention needs --q, --k, --v and --out");
-    if (lse_path != NULL && strcmp(lse_path, out_path) == 0)
-        return usage_error(usage_attention, "--lse and --out name the same file '%s'", out_path);
+    /* By file identity, not by name: "--out ./q.npy" or a link to q.npy
+     * would truncate an input before it is read. */
+    {
+        const char *const names[5] = {"--q", "--k", "--v", "--out", "--lse"};
+        const char *const paths[5] = {q_path, k_path, v_path, out_path, lse_path};
+        if (cli_check_outputs(names, paths, 3, 5) != 0)
+            return CLI_EXIT_USAGE;
+    }
 
     /* Each file is checked on its own first, then against q, so that every
      * message names the file at fault. */
