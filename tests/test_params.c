@@ -316,7 +316,7 @@ static void test_file(void) {
         char what[120];
         setenv("FLASHCL_PARAMS", bad_env[i], 1);
         snprintf(what, sizeof what, "malformed FLASHCL_PARAMS=\"%s\" is still an error", bad_env[i]);
-        expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) == FLASHCL_ERROR_INVALID_PARAMS,
+        expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) == FLASHCL_ERROR_MALFORMED_ENV,
                what, &failures);
     }
     setenv("FLASHCL_PARAMS", "block_n=16", 1);

@@ -3,6 +3,7 @@
 #include "backward_cli.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -126,13 +127,13 @@ int cli_attention_backward(int argc, char **argv) {
             wl = w[0] < 0 ? -1 : (int)w[0];
             wr = w[1] < 0 ? -1 : (int)w[1];
         } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
-            if (r < 0 || cli_parse_double(value, &softcap) != 0 || softcap < 0) {
-                cli_errorf("--softcap wants a number >= 0");
+            if (r < 0 || cli_parse_double(value, &softcap) != 0 || softcap < 0 || softcap > FLT_MAX) {
+                cli_errorf("--softcap wants a number in [0, %g] (0: no cap)", FLT_MAX);
                 return CLI_EXIT_USAGE;
             }
         } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
-            if (r < 0 || cli_parse_double(value, &scale) != 0) {
-                cli_errorf("--scale wants a finite number");
+            if (r < 0 || cli_parse_double(value, &scale) != 0 || scale < 0 || scale > FLT_MAX) {
+                cli_errorf("--scale wants a number in [0, %g] (0: 1/sqrt(head_dim))", FLT_MAX);
                 return CLI_EXIT_USAGE;
             }
         } else if (!strcmp(arg, "--causal")) {

@@ -217,3 +217,14 @@ int cli_check_outputs(const char *const *names, const char *const *paths, int fi
             }
     return 0;
 }
+
+const char *cli_device_label(const char *spec, char *buf, size_t cap) {
+    const char *env = getenv("FLASHCL_DEVICE");
+    if (spec && spec[0])
+        snprintf(buf, cap, "'%s'", spec);
+    else if (env && env[0])
+        snprintf(buf, cap, "'%s' (from FLASHCL_DEVICE)", env);
+    else
+        snprintf(buf, cap, "(default)");
+    return buf;
+}

@@ -53,6 +53,11 @@ int cli_same_file(const char *a, const char *b);
  * NAME name the same file 'PATH'" and returns -1 on the first clash. */
 int cli_check_outputs(const char *const *names, const char *const *paths, int first_output, int count);
 
+/* What a device spec names, for messages: "'gpu'", "'x' (from FLASHCL_DEVICE)"
+ * when spec is empty and the variable is set (the library then reads it),
+ * else "(default)". Returns buf. */
+const char *cli_device_label(const char *spec, char *buf, size_t cap);
+
 /* Peak resident set size of this process in bytes (getrusage ru_maxrss). */
 size_t cli_peak_rss_bytes(void);
 

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -176,8 +177,9 @@ static flashcl_context *open_context(const char *spec) {
     flashcl_status status = flashcl_context_create(&ctx, spec);
     if (status != FLASHCL_SUCCESS) {
         /* A failed create leaves no context to hold a message: the status is all. */
-        cli_errorf("cannot open device '%s': %s (%d); 'flashcl devices' lists them",
-                   spec ? spec : "(default)", flashcl_status_string(status), status);
+        char label[600];
+        cli_errorf("cannot open device %s: %s (%d); 'flashcl devices' lists them",
+                   cli_device_label(spec, label, sizeof label), flashcl_status_string(status), status);
         return NULL;
     }
     return ctx;
@@ -597,14 +599,15 @@ static int cmd_attention(int argc, char **argv) {
         } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_double(value, &softcap) != 0 || softcap < 0)
-                return usage_error(usage_attention, "--softcap wants a number >= 0, not '%s'",
-                                   value);
+            if (cli_parse_double(value, &softcap) != 0 || softcap < 0 || softcap > FLT_MAX)
+                return usage_error(usage_attention,
+                                   "--softcap wants a number in [0, %g] (0: no cap), not '%s'", FLT_MAX, value);
         } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_double(value, &scale) != 0)
-                return usage_error(usage_attention, "--scale wants a finite number, not '%s'",
+            if (cli_parse_double(value, &scale) != 0 || scale < 0 || scale > FLT_MAX)
+                return usage_error(usage_attention,
+                                   "--scale wants a number in [0, %g] (0: 1/sqrt(head_dim)), not '%s'", FLT_MAX,
                                    value);
         } else if ((r = cli_take_value(argc, argv, &i, "--paged", &value)) != 0) {
             long p;

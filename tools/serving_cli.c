@@ -457,7 +457,9 @@ int cli_bench_decode(int argc, char **argv) {
     flashcl_context *ctx = NULL;
     flashcl_status st = flashcl_context_create(&ctx, device);
     if (st != FLASHCL_SUCCESS) {
-        cli_errorf("cannot open device '%s': %s", device ? device : "(default)", flashcl_status_string(st));
+        char label[600];
+        cli_errorf("cannot open device %s: %s", cli_device_label(device, label, sizeof label),
+                   flashcl_status_string(st));
         return CLI_EXIT_FAIL;
     }
     if (flashcl_context_is_host(ctx)) {

@@ -525,7 +525,8 @@ int cmd_tune(int argc, char **argv) {
     flashcl_context *ctx = NULL;
     flashcl_status st = flashcl_context_create(&ctx, device);
     if (st != FLASHCL_SUCCESS) {
-        cli_errorf("cannot open device '%s': %s (%d)", device ? device : "(default)",
+        char label[600];
+        cli_errorf("cannot open device %s: %s (%d)", cli_device_label(device, label, sizeof label),
                    flashcl_status_string(st), st);
         return CLI_EXIT_FAIL;
     }
