@@ -488,13 +488,16 @@ inline float ex2(float x) {
     mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                             \
     mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                             \
     const float m_new_ = fmax((m_run)[h], mx_);                                                    \
-    const float ms_ = m_new_ == -INFINITY ? 0.0f : m_new_ * (sc);                                  \
+    /* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc    \
+     * once and m sc was rounded another way, so at s = m ~ 1e10 p was 2^+-512 \
+     * (0 or inf). s - m is exact near m and <= 0 always; m = -inf: use 0. */ \
+    const float mr_ = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
     const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));           \
     (m_run)[h] = m_new_;                                                                           \
     float psum_ = 0.0f;                                                                            \
     _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                           \
         _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                         \
-        const float p_ = ex2(fma((s)[j_][e_], (sc), -ms_));                                        \
+        const float p_ = ex2(((s)[j_][e_] - mr_) * (sc));                                          \
         (s)[j_][e_] = p_;                                                                          \
         psum_ += p_;                                                                               \
     }                                                                                              \

@@ -50,6 +50,22 @@ static void loop_limit(flashcl_context *ctx) {
     free(q), free(k), free(v), free(out);
 }
 
+/* Huge finite scores, on the device's own kernel and the portable one: one
+ * key and several tiles, the hot key first and last (the max set early or
+ * late). The portable kernel through FLASHCL_PARAMS=VARIANT=portable (harness.c). */
+static void huge_scores(flashcl_context *ctx) {
+    const float huge[] = {1e10f, 3e10f, 1e30f, 2e38f};
+    for (int portable = 0; portable < 2; ++portable)
+        for (int i = 0; i < COUNT(huge); ++i) {
+            const int shapes[][3] = {{2, 0, 1}, {300, 0, 64}, {300, 250, 64}, {77, 76, 128}};
+            for (int c = 0; c < COUNT(shapes); ++c) {
+                ++cases;
+                if (!run_huge_scores(ctx, huge[i], shapes[c][0], shapes[c][1], shapes[c][2], portable))
+                    ++failures;
+            }
+        }
+}
+
 static void quick(flashcl_context *ctx) {
     loop_limit(ctx);
     /* Every head dim, rotating dtype, shape and causality. */
@@ -125,6 +141,7 @@ static void quick(flashcl_context *ctx) {
     tc = test_case_basic(FLASHCL_FLOAT16, 5, 3, 7);
     tc.causal = 1;
     run(ctx, tc);
+    huge_scores(ctx);
 }
 
 static void sweep(flashcl_context *ctx) {

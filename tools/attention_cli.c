@@ -3,6 +3,7 @@
 #define _POSIX_C_SOURCE 200809L
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -185,14 +186,15 @@ int cmd_attention(int argc, char **argv) {
         } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_double(value, &softcap) != 0 || softcap < 0)
-                return cli_usage_error(usage_attention, "--softcap wants a number >= 0, not '%s'",
-                                       value);
+            if (cli_parse_double(value, &softcap) != 0 || softcap < 0 || softcap > FLT_MAX)
+                return cli_usage_error(usage_attention,
+                                       "--softcap wants a number in [0, %g] (0: no cap), not '%s'", FLT_MAX, value);
         } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (cli_parse_double(value, &scale) != 0)
-                return cli_usage_error(usage_attention, "--scale wants a finite number, not '%s'",
+            if (cli_parse_double(value, &scale) != 0 || scale < 0 || scale > FLT_MAX)
+                return cli_usage_error(usage_attention,
+                                       "--scale wants a number in [0, %g] (0: 1/sqrt(head_dim)), not '%s'", FLT_MAX,
                                        value);
         } else if ((r = cli_take_value(argc, argv, &i, "--paged", &value)) != 0) {
             long p;
@@ -210,9 +212,14 @@ int cmd_attention(int argc, char **argv) {
     }
     if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
         return cli_usage_error(usage_attention, "%s", "attention needs --q, --k, --v and --out");
-    if (lse_path != NULL && strcmp(lse_path, out_path) == 0)
-        return cli_usage_error(usage_attention, "--lse and --out name the same file '%s'",
-                               out_path);
+    /* By file identity, not by name: "--out ./q.npy" or a link to q.npy
+     * would truncate an input before it is read. */
+    {
+        const char *const names[5] = {"--q", "--k", "--v", "--out", "--lse"};
+        const char *const paths[5] = {q_path, k_path, v_path, out_path, lse_path};
+        if (cli_check_outputs(names, paths, 3, 5) != 0)
+            return CLI_EXIT_USAGE;
+    }
 
     /* Each file is checked on its own first, then against q, so that every
      * message names the file at fault. */

@@ -3,6 +3,7 @@
 #include "backward_cli.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
@@ -126,13 +127,13 @@ int cli_attention_backward(int argc, char **argv) {
             wl = w[0] < 0 ? -1 : (int)w[0];
             wr = w[1] < 0 ? -1 : (int)w[1];
         } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
-            if (r < 0 || cli_parse_double(value, &softcap) != 0 || softcap < 0) {
-                cli_errorf("--softcap wants a number >= 0");
+            if (r < 0 || cli_parse_double(value, &softcap) != 0 || softcap < 0 || softcap > FLT_MAX) {
+                cli_errorf("--softcap wants a number in [0, %g] (0: no cap)", FLT_MAX);
                 return CLI_EXIT_USAGE;
             }
         } else if ((r = cli_take_value(argc, argv, &i, "--scale", &value)) != 0) {
-            if (r < 0 || cli_parse_double(value, &scale) != 0) {
-                cli_errorf("--scale wants a finite number");
+            if (r < 0 || cli_parse_double(value, &scale) != 0 || scale < 0 || scale > FLT_MAX) {
+                cli_errorf("--scale wants a number in [0, %g] (0: 1/sqrt(head_dim))", FLT_MAX);
                 return CLI_EXIT_USAGE;
             }
         } else if (!strcmp(arg, "--causal")) {
@@ -152,12 +153,17 @@ int cli_attention_backward(int argc, char **argv) {
         cli_errorf("--o and --lse come together (the forward's out and lse), or neither");
         return CLI_EXIT_USAGE;
     }
-    for (int a = 4; a < 7; ++a)
-        for (int b = 0; b < 9; ++b)
-            if (b != a && path[b] && !strcmp(path[a], path[b])) {
-                cli_errorf("%s and %s name the same file '%s'", names[a], names[b], path[a]);
-                return CLI_EXIT_USAGE;
-            }
+    /* Outputs (dq dk dv) against every other path by file identity, not by
+     * name: "--dq ./q.npy" or a link to q.npy would truncate an input. The
+     * order puts the inputs first: q k v dout o lse, then dq dk dv. */
+    {
+        const char *const order_names[9] = {names[0], names[1], names[2], names[3], names[7], names[8],
+                                            names[4], names[5], names[6]};
+        const char *const order_paths[9] = {path[0], path[1], path[2], path[3], path[7], path[8],
+                                            path[4], path[5], path[6]};
+        if (cli_check_outputs(order_names, order_paths, 6, 9) != 0)
+            return CLI_EXIT_USAGE;
+    }
 
     npy_array in[6]; /* q k v dout o lse */
     memset(in, 0, sizeof in);

@@ -53,6 +53,17 @@ int cli_parse_long_list(const char *text, long min, long max, long *values, int 
  * -1 after printing "option --name needs a value" when the value is missing. */
 int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
 
+/* 1 when paths a and b name the same file: for files that exist, the same
+ * st_dev and st_ino (so hard links, symlinks and "./x" vs "x" all count);
+ * otherwise the same canonical directory and name. An output that is one of
+ * the inputs would be truncated before (or while) it is read. */
+int cli_same_file(const char *a, const char *b);
+
+/* Checks that each of the paths[first_output..count) names a file that no
+ * other path names (NULL entries are skipped). Prints "flashcl: NAME and
+ * NAME name the same file 'PATH'" and returns -1 on the first clash. */
+int cli_check_outputs(const char *const *names, const char *const *paths, int first_output, int count);
+
 /* Peak resident set size of this process in bytes (getrusage ru_maxrss). */
 size_t cli_peak_rss_bytes(void);
 
