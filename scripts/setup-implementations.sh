@@ -34,7 +34,7 @@ venv=$build/intel-venv
 lib=$venv/lib/libintelocl.so
 intel() {
   if [ ! -f "$lib" ]; then
-    python3 -m venv "$venv" >/dev/null 2>&1 || { apt_install python3-venv && python3 -m venv "$venv"; } || return 1
+    python3 -m venv "$venv" >/dev/null 2>&1 || { apt_install python3-venv && python3 -m venv --clear "$venv"; } || return 1
     "$venv/bin/pip" install -q --disable-pip-version-check intel-opencl-rt "intel-cmplr-lib-rt==2026.*" || return 1
   fi
   # The wheel puts the library under the venv's lib/ (RUNPATH $ORIGIN finds its neighbours).
