@@ -723,13 +723,19 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
 
 /* *p += x on a float in global memory, as a compare-and-swap loop on its
  * bits: the only float accumulation OpenCL 1.2 offers. The order of the adds
- * depends on scheduling, hence the backward's deterministic mode. */
+ * depends on scheduling, hence the backward's deterministic mode.
+ * Every access is atomic: a plain first read of *p would race with other
+ * work-groups' cmpxchg (a data race under the OpenCL memory model, which
+ * Oclgrind reports). The first try guesses 0.0f (the accumulators start
+ * zeroed), so the first add to an element costs one cmpxchg and a later one
+ * two, as an atomic_or(p, 0) read would; the guess stores 0.0f + x, the
+ * sum the loop would store. */
 inline void atomic_add_float(volatile __global float *p, float x) {
-    uint seen = as_uint(*p), want;
-    do {
+    uint seen = atomic_cmpxchg((volatile __global uint *)p, 0u, as_uint(0.0f + x)), want = 0u;
+    while (seen != want) {
         want = seen;
         seen = atomic_cmpxchg((volatile __global uint *)p, want, as_uint(as_float(want) + x));
-    } while (seen != want);
+    }
 }
 
 /* The arguments of the serving kernels, paged_attention (cl/paged_attention.cl),

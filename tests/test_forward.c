@@ -434,6 +434,24 @@ static void tf32(flashcl_context *ctx) {
 #endif
 }
 
+/* Tiny shapes for Oclgrind (ctest -L oclgrind, ~1000x slower than a CPU):
+ * every dtype, a masked GQA case, a window with soft-cap and a padded layout,
+ * on whichever kernel FLASHCL_TEST_VARIANT picks. 37 rows: more than one
+ * row block of either kernel on Oclgrind (16 portable, 32 cpu), the last partial. */
+static void oclgrind(flashcl_context *ctx) {
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 37, 23, 16);
+    tc.heads_q = 2; /* GQA 2:1 */
+    tc.causal = 1;
+    run(ctx, tc);
+    tc = test_case_basic(FLASHCL_FLOAT32, 5, 19, 8);
+    tc.window_left = 3;
+    tc.window_right = 1;
+    tc.softcap = 5.0f;
+    tc.layout = LAYOUT_PADDED;
+    run(ctx, tc);
+    run(ctx, test_case_basic(FLASHCL_BFLOAT16, 3, 2, 5));
+}
+
 int main(int argc, char **argv) {
     flashcl_context *ctx = test_context();
     test_seed();
@@ -445,6 +463,8 @@ int main(int argc, char **argv) {
         mma(ctx);
     else if (argc > 1 && !strcmp(argv[1], "wgmma"))
         wgmma(ctx);
+    else if (argc > 1 && !strcmp(argv[1], "oclgrind"))
+        oclgrind(ctx);
     else
         quick(ctx);
     printf("%d of %d cases passed\n", cases - failures, cases);
