@@ -488,13 +488,16 @@ inline float ex2(float x) {
     mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                             \
     mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                             \
     const float m_new_ = fmax((m_run)[h], mx_);                                                    \
-    const float ms_ = m_new_ == -INFINITY ? 0.0f : m_new_ * (sc);                                  \
+    /* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc    \
+     * once and m sc was rounded another way, so at s = m ~ 1e10 p was 2^+-512 \
+     * (0 or inf). s - m is exact near m and <= 0 always; m = -inf: use 0. */ \
+    const float mr_ = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
     const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));           \
     (m_run)[h] = m_new_;                                                                           \
     float psum_ = 0.0f;                                                                            \
     _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                           \
         _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                         \
-        const float p_ = ex2(fma((s)[j_][e_], (sc), -ms_));                                        \
+        const float p_ = ex2(((s)[j_][e_] - mr_) * (sc));                                          \
         (s)[j_][e_] = p_;                                                                          \
         psum_ += p_;                                                                               \
     }                                                                                              \
@@ -720,13 +723,19 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
 
 /* *p += x on a float in global memory, as a compare-and-swap loop on its
  * bits: the only float accumulation OpenCL 1.2 offers. The order of the adds
- * depends on scheduling, hence the backward's deterministic mode. */
+ * depends on scheduling, hence the backward's deterministic mode.
+ * Every access is atomic: a plain first read of *p would race with other
+ * work-groups' cmpxchg (a data race under the OpenCL memory model, which
+ * Oclgrind reports). The first try guesses 0.0f (the accumulators start
+ * zeroed), so the first add to an element costs one cmpxchg and a later one
+ * two, as an atomic_or(p, 0) read would; the guess stores 0.0f + x, the
+ * sum the loop would store. */
 inline void atomic_add_float(volatile __global float *p, float x) {
-    uint seen = as_uint(*p), want;
-    do {
+    uint seen = atomic_cmpxchg((volatile __global uint *)p, 0u, as_uint(0.0f + x)), want = 0u;
+    while (seen != want) {
         want = seen;
         seen = atomic_cmpxchg((volatile __global uint *)p, want, as_uint(as_float(want) + x));
-    } while (seen != want);
+    }
 }
 
 /* The arguments of the serving kernels, paged_attention (cl/paged_attention.cl),

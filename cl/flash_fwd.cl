@@ -195,11 +195,13 @@ flash_fwd(FWD_ARGS) {
             /* While the row has seen nothing, m_new is -inf: keep alpha = 1
              * and p = 0 instead of forming -inf - -inf. */
             const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run[i] - m_new) * to_log2);
-            const float m_scaled = m_new * to_log2;
             float psum = 0.0f;
 #pragma unroll
             for (int j = 0; j < N_PER; ++j) {
-                const float p = s[i][j] == -INFINITY ? 0.0f : exp2(fma(s[i][j], to_log2, -m_scaled));
+                /* (s - m) * to_log2, not fma(s, to_log2, -m * to_log2): the
+                 * two roundings of s*to_log2 and m*to_log2 differ by up to half
+                 * an ulp of m*to_log2, 2^+-512 at m ~ 1e10 (p 0 or inf). */
+                const float p = s[i][j] == -INFINITY ? 0.0f : exp2((s[i][j] - m_new) * to_log2);
                 s_tile[(r0 + i) * S_STRIDE + u + j * G] = p;
                 psum += p;
             }

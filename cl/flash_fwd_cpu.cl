@@ -141,10 +141,13 @@ flash_fwd_cpu(FWD_ARGS) {
             const float m_new = fmax(m_run[r], fmax(vmax.s0, vmax.s1));
             /* Nothing seen yet: keep alpha = 1, p = 0 (never -inf - -inf). */
             const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run[r] - m_new) * to_log2);
-            const float8 m_scaled = (float8)(m_new * to_log2);
+            /* (s - m) * to_log2, not fma(s, to_log2, -m * to_log2): those two
+             * roundings differ by half an ulp of m*to_log2, which at m ~ 1e10
+             * made p 2^+-512 (0 or inf). s - m is exact near m. */
+            const float8 m_v = (float8)(m_new == -INFINITY ? 0.0f : m_new);
             float8 psum = 0.0f;
             for (int j = 0; j < CPU_NV; ++j) {
-                float8 p = exp2(fma(sv[j], (float8)to_log2, -m_scaled));
+                float8 p = exp2((sv[j] - m_v) * (float8)to_log2);
                 p = select(p, (float8)0.0f, isequal(sv[j], (float8)(-INFINITY)));
                 vstore8(p, j, &s_tile[r][0]);
                 psum += p;

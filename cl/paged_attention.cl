@@ -162,10 +162,11 @@ paged_attention(SERVING_ARGS) {
         for (int u = 0; u < TPR; ++u)
             m_new = fmax(m_new, red[r * TPR + u]);
         const float alpha = m_new == -INFINITY ? 1.0f : exp2((m_run - m_new) * to_log2);
-        const float m_scaled = m_new * to_log2;
         float psum = 0.0f;
         for (int j = 0; j < N_PER; ++j) {
-            const float p = s[j] == -INFINITY ? 0.0f : exp2(fma(s[j], to_log2, -m_scaled));
+            /* (s - m) * to_log2: an fma against a separately rounded m*to_log2
+             * is off by 2^+-512 at scores ~ 1e10 (see flash_fwd.cl). */
+            const float p = s[j] == -INFINITY ? 0.0f : exp2((s[j] - m_new) * to_log2);
             s_tile[r * S_STRIDE + t + j * TPR] = p;
             psum += p;
         }

@@ -67,6 +67,7 @@ enum {
     FLASHCL_ERROR_UNSUPPORTED = -2007,      /* the operation needs an OpenCL device */
     FLASHCL_ERROR_INVALID_PARAMS = -2008,   /* kernel parameters that do not fit  */
     FLASHCL_ERROR_OUT_OF_PAGES = -2009,     /* the KV cache pool has too few free pages */
+    FLASHCL_ERROR_MALFORMED_ENV = -2010,    /* a FLASHCL_* variable that does not parse */
     FLASHCL_ERROR_TUNING_FILE = -2020,      /* the tuning file cannot be read or written */
     FLASHCL_ERROR_INVALID_PROBS = -2060,    /* spec verify: bad probabilities or logits */
 };

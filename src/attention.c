@@ -107,7 +107,8 @@ static int extra_value(const forward_variant *v, const flashcl_params *p) {
 }
 
 /* FLASHCL_PARAMS="BLOCK_M=32,BLOCK_N=16,TPR=4": strict; any unknown key,
- * missing value or trailing garbage is an error naming the entry. */
+ * missing value or trailing garbage is FLASHCL_ERROR_MALFORMED_ENV naming
+ * the entry (values that parse but do not fit stay INVALID_PARAMS). */
 static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_attention_desc *r, flashcl_params *p) {
     const char *env = getenv("FLASHCL_PARAMS");
     if (!env || !env[0])
@@ -122,7 +123,7 @@ static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_atten
         if (kv.value_len < sizeof name)
             memcpy(name, kv.value, kv.value_len);
         if (!find_variant(name))
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+            return flashcl_fail(ctx, FLASHCL_ERROR_MALFORMED_ENV,
                                 "FLASHCL_PARAMS: VARIANT must be portable, cpu, nv-mma, nv-tf32 or nv-wgmma in '%s'",
                                 env);
         if (!flashcl_variant_params(ctx, r, name, p))
@@ -134,13 +135,13 @@ static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_atten
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT"))
             continue;
         if (item == FLASHCL_KV_NO_EQUALS)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+            return flashcl_fail(ctx, FLASHCL_ERROR_MALFORMED_ENV,
                                 "FLASHCL_PARAMS: expected KEY=VALUE at '%s'", kv.at);
         if (item == FLASHCL_KV_TRAILING_COMMA)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+            return flashcl_fail(ctx, FLASHCL_ERROR_MALFORMED_ENV,
                                 "FLASHCL_PARAMS: trailing comma in '%s'", env);
         if (!flashcl_kv_int(&kv, 1, 4096, &value))
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+            return flashcl_fail(ctx, FLASHCL_ERROR_MALFORMED_ENV,
                                 "FLASHCL_PARAMS: bad value for %.*s in '%s'", (int)kv.key_len, kv.key, env);
         if (flashcl_kv_key(&kv, "BLOCK_M"))
             p->block_m = value;
@@ -151,7 +152,7 @@ static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_atten
         else if (v && v->extra && flashcl_kv_key(&kv, "WARPS") && !strcmp(v->extra, "WARPS"))
             p->work_group_size = 32 * value;
         else
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+            return flashcl_fail(ctx, FLASHCL_ERROR_MALFORMED_ENV,
                                 "FLASHCL_PARAMS: unknown parameter '%.*s' for the %s kernel "
                                 "(VARIANT, BLOCK_M, BLOCK_N%s%s)",
                                 (int)kv.key_len, kv.key, p->variant, v && v->extra ? ", " : "",

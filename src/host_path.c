@@ -120,12 +120,15 @@ static void forward_row(const job *j, int b, int h, int i, float *qrow, float *a
             s[c] = capped ? d->softcap * log2e * tanhf(dot * q_mul) : dot;
             tile_max = fmaxf(tile_max, s[c]);
         }
-        float m_new = fmaxf(m, tile_max), alpha = exp2f((m - m_new) * to_log2), m_scaled = m_new * to_log2;
+        float m_new = fmaxf(m, tile_max), alpha = exp2f((m - m_new) * to_log2);
         l *= alpha;
         for (int x = 0; x < D; ++x)
             acc[x] *= alpha;
         for (int c = 0; c < n; ++c) {
-            float p = exp2f(fmaf(s[c], to_log2, -m_scaled));
+            /* (s - m) * to_log2, not fmaf(s, to_log2, -m * to_log2): the two
+             * roundings differ by half an ulp of m*to_log2, so at scores ~ 1e10
+             * p came out 2^+-512 (0 or inf). s - m is exact near m, <= 0. */
+            float p = exp2f((s[c] - m_new) * to_log2);
             size_t vb = d->v.offset + b * d->v.stride_batch + (size_t)(n0 + c) * d->v.stride_seq +
                         hk * d->v.stride_head;
             l += p;

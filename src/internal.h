@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <sys/types.h>
 
 #include "flashcl.h"
 
@@ -467,6 +469,10 @@ flashcl_status flashcl_check_buffer(flashcl_context *ctx, const char *name, cl_m
 
 /* ---- small utilities (util.c) ---- */
 uint64_t flashcl_fnv1a(uint64_t hash, const void *data, size_t size);
+/* fopen(path, "rb") for regular files only (a FIFO or device there is
+ * refused, without blocking); *size (may be NULL) gets the file's size.
+ * NULL on any failure. In src/program.c. */
+FILE *flashcl_open_regular(const char *path, off_t *size);
 char *flashcl_strdup(const char *s);
 /* a * b + c without overflow; returns 0 on overflow. */
 int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out);

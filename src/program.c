@@ -9,13 +9,20 @@
  * off. The file name is a 64-bit FNV-1a hash of everything that changes the
  * binary: a format version, the source text, the options, the device name,
  * device version, driver version, platform name and platform version. The
- * file holds a header (magic, key, payload size, payload hash) and the
- * binary, written to a temporary file and renamed, so readers never see a
- * partial file. Any cache failure (unreadable, corrupt, rejected by the
- * driver) silently falls back to building from source.
+ * file holds a header (magic, key, binary size, hash, key text length), the
+ * key text (those parts, the source as its own hash and length) and the
+ * binary; the hash covers key text and binary. A file is used only when its
+ * key text equals this program's, its sizes add up to the file's and the
+ * hash matches: a file copied under another key's name, or truncated with
+ * its header rewritten, is never handed to the driver (PoCL aborted on the
+ * one and crashed on the other). Written to a temporary file and renamed,
+ * so readers never see a partial file. Only regular files are opened (a
+ * FIFO would block). Any cache failure (unreadable, corrupt, rejected by
+ * the driver) silently falls back to building from source.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,8 +32,8 @@
 #include "internal.h"
 #include "kernels.h"
 
-#define CACHE_FORMAT "flashcl-cache-v2" /* v2: FLASHCL_NV_MAXNREG programs hold the capped PTX */
-#define CACHE_MAGIC "FLCLBIN1"
+#define CACHE_FORMAT "flashcl-cache-v3" /* v3: key text stored and hashed with the binary */
+#define CACHE_MAGIC "FLCLBIN3"
 
 /* ---- kernel sources --------------------------------------------------------------- */
 
@@ -117,53 +124,101 @@ static void make_dirs(const char *path) {
     mkdir(tmp, 0755);
 }
 
-static uint64_t cache_key(const flashcl_context *ctx, const char *source, const char *options) {
+/* The key text: everything that changes the binary, NUL-separated, the
+ * source as its hash and length (it is long; its hash is in the name too).
+ * Caller frees; NULL when out of memory. */
+static char *cache_key_text(const flashcl_context *ctx, const char *source, const char *options, size_t *len) {
     const flashcl_device_info *d = &ctx->info;
-    const char *parts[] = {CACHE_FORMAT, source,     options,           d->name,
+    char src[64];
+    snprintf(src, sizeof src, "source %016llx %zu",
+             (unsigned long long)flashcl_fnv1a(0xcbf29ce484222325ull, source, strlen(source)), strlen(source));
+    const char *parts[] = {CACHE_FORMAT, src,       options,           d->name,
                            d->version,   d->driver, d->platform_name, d->platform_version};
-    uint64_t h = 0xcbf29ce484222325ull;
+    size_t n = 0;
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; ++i)
-        h = flashcl_fnv1a(h, parts[i], strlen(parts[i]) + 1); /* the NUL separates parts */
-    return h;
+        n += strlen(parts[i]) + 1; /* the NUL separates parts */
+    char *text = malloc(n);
+    if (!text)
+        return NULL;
+    *len = 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; ++i) {
+        memcpy(text + *len, parts[i], strlen(parts[i]) + 1);
+        *len += strlen(parts[i]) + 1;
+    }
+    return text;
 }
 
-static int cache_path(const flashcl_context *ctx, const char *source, const char *options,
-                      char *path, size_t cap, uint64_t *key) {
+/* The file name (hash of the key text) under the cache directory. */
+static int cache_path(const char *key_text, size_t key_len, char *path, size_t cap, uint64_t *key) {
     char dir[3072];
     if (!cache_dir(dir, sizeof dir))
         return 0;
-    *key = cache_key(ctx, source, options);
+    *key = flashcl_fnv1a(0xcbf29ce484222325ull, key_text, key_len);
     int n = snprintf(path, cap, "%s/%016llx.bin", dir, (unsigned long long)*key);
     return n > 0 && (size_t)n < cap;
 }
 
 typedef struct cache_header {
     char magic[8];
-    uint64_t key, size, hash;
+    uint64_t key, size, hash; /* size: of the binary; hash: key text then binary */
+    uint64_t key_len;         /* bytes of key text after the header */
 } cache_header;
 
-/* Returns a malloc'd binary or NULL on any problem. */
-static unsigned char *cache_read(const char *path, uint64_t key, size_t *size) {
-    FILE *f = fopen(path, "rb");
+/* Opens path for reading only if it is a regular file: O_NONBLOCK so that a
+ * FIFO (or a device) planted there cannot block the open, then fstat. */
+FILE *flashcl_open_regular(const char *path, off_t *size) {
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0)
+        return NULL;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+        close(fd);
+        errno = EINVAL;
+        return NULL;
+    }
+    /* Regular files never block; clear O_NONBLOCK for plain stdio reads. */
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        close(fd);
+        return NULL;
+    }
+    if (size)
+        *size = st.st_size;
+    return f;
+}
+
+/* Returns a malloc'd binary or NULL on any problem (nothing is trusted that
+ * the key text, the sizes and the hash do not all confirm). */
+static unsigned char *cache_read(const char *path, uint64_t key, const char *key_text, size_t key_len,
+                                 size_t *size) {
+    off_t file_size = 0;
+    FILE *f = flashcl_open_regular(path, &file_size);
     if (!f)
         return NULL;
     cache_header h;
     unsigned char *bin = NULL;
+    char *text = NULL;
     if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, CACHE_MAGIC, 8) && h.key == key &&
-        h.size > 0 && h.size < ((uint64_t)1 << 31)) {
+        h.key_len == key_len && h.size > 0 && h.size < ((uint64_t)1 << 31) &&
+        (uint64_t)file_size == sizeof h + h.key_len + h.size) {
+        text = malloc(key_len);
         bin = malloc((size_t)h.size);
-        if (bin && (fread(bin, 1, (size_t)h.size, f) != h.size ||
-                    flashcl_fnv1a(0xcbf29ce484222325ull, bin, (size_t)h.size) != h.hash)) {
+        if (!text || !bin || fread(text, 1, key_len, f) != key_len || memcmp(text, key_text, key_len) != 0 ||
+            fread(bin, 1, (size_t)h.size, f) != h.size ||
+            flashcl_fnv1a(flashcl_fnv1a(0xcbf29ce484222325ull, text, key_len), bin, (size_t)h.size) != h.hash) {
             free(bin);
             bin = NULL;
         }
         *size = (size_t)h.size;
     }
+    free(text);
     fclose(f);
     return bin;
 }
 
-static void cache_write(const char *path, uint64_t key, const unsigned char *bin, size_t size) {
+static void cache_write(const char *path, uint64_t key, const char *key_text, size_t key_len,
+                        const unsigned char *bin, size_t size) {
     char dir[4096], tmp[4200];
     snprintf(dir, sizeof dir, "%s", path);
     char *slash = strrchr(dir, '/');
@@ -179,8 +234,10 @@ static void cache_write(const char *path, uint64_t key, const unsigned char *bin
     memcpy(h.magic, CACHE_MAGIC, 8);
     h.key = key;
     h.size = size;
-    h.hash = flashcl_fnv1a(0xcbf29ce484222325ull, bin, size);
-    int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(bin, 1, size, f) == size;
+    h.hash = flashcl_fnv1a(flashcl_fnv1a(0xcbf29ce484222325ull, key_text, key_len), bin, size);
+    h.key_len = key_len;
+    int ok = fwrite(&h, sizeof h, 1, f) == 1 && fwrite(key_text, 1, key_len, f) == key_len &&
+             fwrite(bin, 1, size, f) == size;
     ok = (fclose(f) == 0) && ok;
     if (!ok || rename(tmp, path) != 0)
         remove(tmp);
@@ -404,10 +461,12 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
 
     char path[4096];
     uint64_t key = 0;
-    int cached = cache_path(ctx, source, entry->options, path, sizeof path, &key);
+    size_t key_len = 0;
+    char *key_text = cache_key_text(ctx, source, entry->options, &key_len);
+    int cached = key_text && cache_path(key_text, key_len, path, sizeof path, &key);
     if (cached) {
         size_t size = 0;
-        unsigned char *bin = cache_read(path, key, &size);
+        unsigned char *bin = cache_read(path, key, key_text, key_len, &size);
         if (bin) {
             entry->program = build_from_binary(ctx, bin, size, entry->options);
             free(bin);
@@ -416,6 +475,7 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
                     entry->options);
         if (entry->program) {
             free(source);
+            free(key_text);
             return FLASHCL_SUCCESS;
         }
     }
@@ -424,17 +484,21 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
     const char *src = source;
     cl_program p = clCreateProgramWithSource(ctx->cl_ctx, 1, &src, NULL, &err);
     free(source);
-    if (!p)
+    if (!p) {
+        free(key_text);
         return err;
+    }
     err = clBuildProgram(p, 1, &ctx->device, entry->options, NULL, NULL);
     if (err != CL_SUCCESS) {
         entry->build_log = build_log(p, ctx->device);
         clReleaseProgram(p);
+        free(key_text);
         return FLASHCL_ERROR_BUILD_FAILED;
     }
     const char *why = NULL;
     if (!(p = nv_enable_sm90a(ctx, p, entry->options, &why))) {
         entry->build_log = flashcl_strdup(why);
+        free(key_text);
         return FLASHCL_ERROR_BUILD_FAILED;
     }
     int cap_missed;
@@ -451,9 +515,10 @@ static flashcl_status build_entry(flashcl_context *ctx, flashcl_program *entry) 
         size_t size = 0;
         unsigned char *bin = program_binary(p, &size);
         if (bin)
-            cache_write(path, key, bin, size);
+            cache_write(path, key, key_text, key_len, bin, size);
         free(bin);
     }
+    free(key_text);
     return FLASHCL_SUCCESS;
 }
 

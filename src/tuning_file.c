@@ -693,12 +693,13 @@ static int read_document(const jval *root, flashcl_tuning_data *tf, char *err, s
 
 /* Reads up to `limit` bytes of `path` into a heap buffer. 1 ok, 0 absent, -1 error. */
 static int read_text(const char *path, size_t limit, char **text, size_t *len, char *err, size_t n) {
-    FILE *f = fopen(path, "rb");
+    /* Regular files only: a FIFO named by FLASHCL_TUNING_FILE blocked fopen forever. */
+    FILE *f = flashcl_open_regular(path, NULL);
     *text = NULL;
     if (!f) {
         if (errno == ENOENT)
             return 0;
-        snprintf(err, n, "cannot open: %s", strerror(errno));
+        snprintf(err, n, "cannot open: %s", errno == EINVAL ? "not a regular file" : strerror(errno));
         return -1;
     }
     char *buf = malloc(limit + 1);
@@ -968,8 +969,20 @@ int flashcl_tuning_store(const char *path, const flashcl_param_entry *e, const c
     fputc('\n', f);
     int bad = ferror(f) != 0;
     bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    /* The loader ignores a file over the limit whole (and a later store
+     * could not read it back): refuse here instead, the old file intact. */
+    long written = ftell(f);
     bad |= fclose(f) != 0;
     jfree_kids(&root);
+    if (!bad && written > FLASHCL_TUNING_MAX_BYTES) {
+        snprintf(err, n,
+                 "not stored: %s would grow to %ld bytes, over the %d-byte limit that tuning files are read "
+                 "with (FLASHCL_TUNING_MAX_BYTES); the file is left as it was",
+                 path, written, FLASHCL_TUNING_MAX_BYTES);
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
     if (bad || rename(tmp, path) != 0) {
         snprintf(err, n, "cannot write %s: %s", path, strerror(errno));
         unlink(tmp);

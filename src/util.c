@@ -65,6 +65,7 @@ const char *flashcl_status_string(flashcl_status status) {
     case FLASHCL_ERROR_INVALID_PARAMS: return "kernel parameters do not fit the device";
     case FLASHCL_ERROR_TUNING_FILE: return "tuning file cannot be read or written";
     case FLASHCL_ERROR_OUT_OF_PAGES: return "the KV cache has too few free pages";
+    case FLASHCL_ERROR_MALFORMED_ENV: return "malformed FLASHCL_* environment variable";
     case FLASHCL_ERROR_INVALID_PROBS: return "invalid probabilities or logits";
     default: break;
     }

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,4 +296,62 @@ int test_summary(int failures) {
     }
     printf("all passed\n");
     return 0;
+}
+
+/* One query whose score against the key at `hot` is `score` and against
+ * every other key score/2 (q = [score, 0...], k_hot = [1, 0...], others
+ * [0.5, 0...], scale 1). The softmax is one-hot for any large score, so the
+ * right answer is out = v_hot = 2 and LSE = score, whatever its size: a
+ * kernel that rounds m * log2(e) once and s * log2(e) another way gets
+ * exp2(+-hundreds) there instead of 1 (0 or inf, out 0 or NaN). */
+int run_huge_scores(flashcl_context *ctx, float score, int seqlen_k, int hot, int head_dim, int portable) {
+    flashcl_attention_desc d;
+    memset(&d, 0, sizeof d);
+    d.dtype = FLASHCL_FLOAT32;
+    d.batch = d.heads_q = d.heads_k = d.seqlen_q = 1;
+    d.seqlen_k = seqlen_k;
+    d.head_dim = head_dim;
+    d.scale = 1.0f;
+    float *q = calloc((size_t)head_dim, sizeof(float));
+    float *k = calloc((size_t)seqlen_k * head_dim, sizeof(float));
+    float *v = calloc((size_t)seqlen_k * head_dim, sizeof(float));
+    float *out = malloc((size_t)head_dim * sizeof(float));
+    double ref_out[256], ref_lse = 0.0;
+    float lse = 0.0f;
+    int ok = 0;
+    if (!q || !k || !v || !out || head_dim > 256)
+        goto done;
+    q[0] = score;
+    for (int j = 0; j < seqlen_k; ++j)
+        for (int x = 0; x < head_dim; ++x) {
+            k[(size_t)j * head_dim + x] = x == 0 ? (j == hot ? 1.0f : 0.5f) : 0.0f;
+            v[(size_t)j * head_dim + x] = j == hot ? 2.0f : 3.0f;
+        }
+    flashcl_ref_poison(out, FLASHCL_FLOAT32, (size_t)head_dim);
+    flashcl_status st = FLASHCL_SUCCESS;
+    /* The portable kernel with its built-in tiles, shrunk to fit the device. */
+    const int force = portable && !flashcl_context_is_host(ctx) && !getenv("FLASHCL_PARAMS");
+    if (force)
+        setenv("FLASHCL_PARAMS", "VARIANT=portable", 1);
+    st = flashcl_attention_forward_host(ctx, &d, q, k, v, out, &lse);
+    if (force)
+        unsetenv("FLASHCL_PARAMS");
+    flashcl_ref_attention_forward(&d, q, k, v, ref_out, &ref_lse, NULL, NULL);
+    ok = st == FLASHCL_SUCCESS;
+    /* The LSE is score + log(1 + (n-1) e^(-score/2)): score itself in float. */
+    double want_lse = (double)score;
+    ok = ok && fabs(lse - want_lse) <= 1e-6 * fabs(want_lse) + 1e-6;
+    ok = ok && fabs(ref_lse - want_lse) <= 1e-6 * fabs(want_lse) + 1e-6;
+    for (int x = 0; x < head_dim; ++x)
+        ok = ok && fabs(out[x] - 2.0) <= 1e-6 && fabs(ref_out[x] - 2.0) <= 1e-12;
+    if (!ok)
+        printf("huge scores %g, Nk %d, hot key %d, D %d%s: %s; out[0] %g (ref %g), lse %g (ref %g), want 2 and %g\n",
+               score, seqlen_k, hot, head_dim, portable ? " portable" : "", st ? flashcl_status_string(st) : "wrong values", out[0],
+               ref_out[0], lse, ref_lse, want_lse);
+done:
+    free(q);
+    free(k);
+    free(v);
+    free(out);
+    return ok;
 }

@@ -45,6 +45,13 @@ uint64_t test_seed(void);
  * when the case passed. */
 int run_case(flashcl_context *ctx, const test_case *tc, uint64_t seed, int verbose);
 
+/* Forward with one query whose scores are huge but finite (score against
+ * key `hot`, score/2 against the others; f32, scale 1): checks out = 2 and
+ * LSE = score on ctx and in host_ref. `portable`: on the portable kernel
+ * (flashcl_set_params) rather than the device's own choice. 1 when both
+ * are right. */
+int run_huge_scores(flashcl_context *ctx, float score, int seqlen_k, int hot, int head_dim, int portable);
+
 /* Fills desc's shape and layout from a case (buffer sizes in *elems). */
 void case_desc(const test_case *tc, flashcl_attention_desc *desc, size_t elems[4]);
 

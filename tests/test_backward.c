@@ -826,6 +826,26 @@ static void errors(flashcl_context *ctx) {
     teardown(&rb);
 }
 
+/* Tiny shapes for Oclgrind (ctest -L oclgrind): each backward kernel
+ * variant in both dQ modes (atomic float adds when not deterministic, the dQ
+ * pass when deterministic), tiles small enough that several work-groups add
+ * into the same dQ rows. */
+static void oclgrind(flashcl_context *ctx) {
+    test_case tc = test_case_basic(FLASHCL_FLOAT32, 11, 13, 8);
+    tc.heads_q = 2; /* GQA 2:1: dK/dV sum over both query heads */
+    tc.causal = 1;
+    for (int det = 0; det < 2; ++det) {
+        run_with(ctx, &tc, det, "VARIANT=portable,BLOCK_M=8,BLOCK_N=4,WG=32");
+        run_with(ctx, &tc, det, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=8");
+    }
+    tc = test_case_basic(FLASHCL_FLOAT16, 6, 9, 5);
+    tc.window_left = 2;
+    tc.window_right = 1;
+    tc.softcap = 5.0f;
+    run_with(ctx, &tc, 0, "VARIANT=portable,BLOCK_M=8,BLOCK_N=4,WG=32");
+    run_with(ctx, &tc, 0, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=8");
+}
+
 int main(int argc, char **argv) {
     flashcl_context *ctx = test_context();
     uint64_t seed = test_seed();
@@ -835,6 +855,8 @@ int main(int argc, char **argv) {
         mma(ctx);
     } else if (argc > 1 && !strcmp(argv[1], "wgmma")) {
         wgmma(ctx);
+    } else if (argc > 1 && !strcmp(argv[1], "oclgrind")) {
+        oclgrind(ctx);
     } else {
         fd_checks(seed);
         checker_checks(seed);

@@ -74,6 +74,21 @@ rm -f dq.npy dk.npy dv.npy
 [ $? -eq 2 ] && ok "missing --dv is a usage error" || bad "missing --dv is a usage error"
 "$BIN" attention --backward --q q.npy --k k.npy --v v.npy --dout do.npy --o o.npy --dq dq.npy --dk dk.npy --dv dv.npy 2>/dev/null
 [ $? -eq 2 ] && ok "--o without --lse is a usage error" || bad "--o without --lse is a usage error"
+# An output that is an input by another name (./q.npy, a symlink) is refused
+# by file identity, and the input is left as it was.
+cp q.npy qsame.npy
+ln -sf qsame.npy qsym.npy
+sum_before=$(cksum <qsame.npy)
+"$BIN" attention --backward --q qsame.npy --k k.npy --v v.npy --dout do.npy --dq ./qsame.npy --dk dk.npy --dv dv.npy 2>err.txt
+rc=$?
+[ $rc -eq 2 ] && grep -q "same file" err.txt && ok "--dq ./q.npy is refused (same file)" ||
+    bad "--dq ./q.npy is refused (same file) (rc $rc: $(head -c 200 err.txt))"
+"$BIN" attention --backward --q qsame.npy --k k.npy --v v.npy --dout do.npy --dq dq.npy --dk dk.npy --dv qsym.npy 2>/dev/null
+rc=$?
+[ $rc -eq 2 ] && ok "--dv a symlink to --q is refused" || bad "--dv a symlink to --q is refused (rc $rc)"
+[ "$(cksum <qsame.npy)" = "$sum_before" ] && [ ! -e dq.npy ] && [ ! -e dk.npy ] &&
+    ok "refused runs leave q and write nothing" || bad "refused runs leave q and write nothing"
+rm -f qsame.npy qsym.npy
 const_npy short.npy '1, 2, 1, 4' 8 "$HALF"
 "$BIN" attention --backward --q q.npy --k k.npy --v v.npy --dout short.npy --dq dq.npy --dk dk.npy --dv dv.npy 2>/dev/null
 rc=$?

@@ -293,6 +293,41 @@ short_usage_error "bad --cases"
 expect_status 2 "bad --shape" bench --shape 1,2,3
 no_outputs_left || bad "usage errors left output files"
 
+# Messages that name what was wrong: the option and its range, the variable.
+expect_status 2 "--scale -1 refused" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy --scale -1
+grep -q -- "--scale wants a number in \[0," err.txt || bad "--scale -1: no range in '$(head -c 300 err.txt)'"
+expect_status 2 "--softcap 1e39 refused" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy \
+    --softcap 1e39
+grep -q -- "--softcap wants a number in \[0," err.txt || bad "--softcap 1e39: no range in '$(head -c 300 err.txt)'"
+FLASHCL_DEVICE=nonexistent expect_status 1 "FLASHCL_DEVICE=nonexistent fails" attention --q q32.npy \
+    --k k32.npy --v v32.npy --out o.npy
+grep -q "'nonexistent'.*(from FLASHCL_DEVICE)" err.txt ||
+    bad "FLASHCL_DEVICE=nonexistent: the message does not name it: '$(head -c 300 err.txt)'"
+FLASHCL_PARAMS=BLOCK_M expect_status 1 "FLASHCL_PARAMS=BLOCK_M fails" attention --q q32.npy --k k32.npy \
+    --v v32.npy --out o.npy
+if ! grep -q "malformed FLASHCL_\* environment variable" err.txt || ! grep -q "FLASHCL_PARAMS" err.txt; then
+    bad "FLASHCL_PARAMS=BLOCK_M: not reported as a malformed variable: '$(head -c 300 err.txt)'"
+fi
+no_outputs_left || bad "refused runs left output files"
+
+# An output that is an input under another name (./, a hard link, a symlink)
+# is refused by file identity, and the input stays as it was.
+cp q32.npy qcopy.npy
+ln -f qcopy.npy qlink.npy
+ln -sf qcopy.npy qsym.npy
+sum_before=$(cksum <qcopy.npy)
+expect_status 2 "--out ./q (same file, other name)" attention --q qcopy.npy --k k32.npy --v v32.npy \
+    --out ./qcopy.npy
+grep -q "same file" err.txt || bad "--out ./q: no 'same file' message: $(head -c 300 err.txt)"
+expect_status 2 "--out hard link of --q" attention --q qcopy.npy --k k32.npy --v v32.npy --out qlink.npy
+expect_status 2 "--lse symlink to --q" attention --q qcopy.npy --k k32.npy --v v32.npy --out o.npy \
+    --lse qsym.npy
+expect_status 2 "--lse ./o with --out o" attention --q qcopy.npy --k k32.npy --v v32.npy --out o.npy \
+    --lse ./o.npy
+[ "$(cksum <qcopy.npy)" = "$sum_before" ] || bad "a refused run changed its input"
+no_outputs_left || bad "refused same-file runs left output files"
+rm -f qcopy.npy qlink.npy qsym.npy
+
 # ---- the other subcommands ----------------------------------------------------
 expect_status 0 "devices" devices
 [ -s out.txt ] || bad "devices printed nothing"

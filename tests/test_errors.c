@@ -160,7 +160,12 @@ int main(void) {
         setenv("FLASHCL_PARAMS", bad_params[i], 1);
         char what[96];
         snprintf(what, sizeof what, "FLASHCL_PARAMS=\"%s\"", bad_params[i]);
-        bad(&f, what, FLASHCL_ERROR_INVALID_PARAMS, fwd(&f, &d));
+        /* The first six do not parse (or a value is out of 1..4096): a
+         * malformed variable, not parameters that do not fit. */
+        bad(&f, what, i < 6 ? FLASHCL_ERROR_MALFORMED_ENV : FLASHCL_ERROR_INVALID_PARAMS, fwd(&f, &d));
+        if (i < 6)
+            expect(strstr(flashcl_last_error(f.ctx), "FLASHCL_PARAMS") != NULL, "... and the message names it",
+                   &failures);
     }
     /* The tensor-core variants take no 8-row blocks: the portable kernel there. */
     const char *variant_was = getenv("FLASHCL_VARIANT");

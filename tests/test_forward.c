@@ -50,6 +50,22 @@ static void loop_limit(flashcl_context *ctx) {
     free(q), free(k), free(v), free(out);
 }
 
+/* Huge finite scores, on the device's own kernel and the portable one: one
+ * key and several tiles, the hot key first and last (the max set early or
+ * late). The portable kernel through FLASHCL_PARAMS=VARIANT=portable (harness.c). */
+static void huge_scores(flashcl_context *ctx) {
+    const float huge[] = {1e10f, 3e10f, 1e30f, 2e38f};
+    for (int portable = 0; portable < 2; ++portable)
+        for (int i = 0; i < COUNT(huge); ++i) {
+            const int shapes[][3] = {{2, 0, 1}, {300, 0, 64}, {300, 250, 64}, {77, 76, 128}};
+            for (int c = 0; c < COUNT(shapes); ++c) {
+                ++cases;
+                if (!run_huge_scores(ctx, huge[i], shapes[c][0], shapes[c][1], shapes[c][2], portable))
+                    ++failures;
+            }
+        }
+}
+
 static void quick(flashcl_context *ctx) {
     loop_limit(ctx);
     /* Every head dim, rotating dtype, shape and causality. */
@@ -125,6 +141,7 @@ static void quick(flashcl_context *ctx) {
     tc = test_case_basic(FLASHCL_FLOAT16, 5, 3, 7);
     tc.causal = 1;
     run(ctx, tc);
+    huge_scores(ctx);
 }
 
 static void sweep(flashcl_context *ctx) {
@@ -417,6 +434,24 @@ static void tf32(flashcl_context *ctx) {
 #endif
 }
 
+/* Tiny shapes for Oclgrind (ctest -L oclgrind, ~1000x slower than a CPU):
+ * every dtype, a masked GQA case, a window with soft-cap and a padded layout,
+ * on whichever kernel FLASHCL_TEST_VARIANT picks. 37 rows: more than one
+ * row block of either kernel on Oclgrind (16 portable, 32 cpu), the last partial. */
+static void oclgrind(flashcl_context *ctx) {
+    test_case tc = test_case_basic(FLASHCL_FLOAT16, 37, 23, 16);
+    tc.heads_q = 2; /* GQA 2:1 */
+    tc.causal = 1;
+    run(ctx, tc);
+    tc = test_case_basic(FLASHCL_FLOAT32, 5, 19, 8);
+    tc.window_left = 3;
+    tc.window_right = 1;
+    tc.softcap = 5.0f;
+    tc.layout = LAYOUT_PADDED;
+    run(ctx, tc);
+    run(ctx, test_case_basic(FLASHCL_BFLOAT16, 3, 2, 5));
+}
+
 int main(int argc, char **argv) {
     flashcl_context *ctx = test_context();
     test_seed();
@@ -428,6 +463,8 @@ int main(int argc, char **argv) {
         mma(ctx);
     else if (argc > 1 && !strcmp(argv[1], "wgmma"))
         wgmma(ctx);
+    else if (argc > 1 && !strcmp(argv[1], "oclgrind"))
+        oclgrind(ctx);
     else
         quick(ctx);
     printf("%d of %d cases passed\n", cases - failures, cases);

@@ -50,6 +50,14 @@ int main(void) {
         snprintf(what, sizeof what, "host forward case %zu matches host_ref", i);
         expect(run_case(a, &cases[i], seed + i, 0), what, &failures);
     }
+    /* Huge finite scores: the answer is exact in float, so must be ours. */
+    const float huge[] = {1e10f, 3e10f, 1e30f, 2e38f};
+    for (size_t i = 0; i < sizeof huge / sizeof huge[0]; ++i) {
+        char what[64];
+        snprintf(what, sizeof what, "host forward, huge scores %g", huge[i]);
+        expect(run_huge_scores(a, huge[i], 2, 0, 1, 0) && run_huge_scores(a, huge[i], 300, 250, 64, 0), what,
+               &failures);
+    }
     flashcl_context_destroy(a);
     flashcl_context_destroy(b);
     printf("%d failures\n", failures);

@@ -316,7 +316,7 @@ static void test_file(void) {
         char what[120];
         setenv("FLASHCL_PARAMS", bad_env[i], 1);
         snprintf(what, sizeof what, "malformed FLASHCL_PARAMS=\"%s\" is still an error", bad_env[i]);
-        expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) == FLASHCL_ERROR_INVALID_PARAMS,
+        expect(params_with_file(path, &d, &p, source, sizeof source, NULL, NULL, 0) == FLASHCL_ERROR_MALFORMED_ENV,
                what, &failures);
     }
     setenv("FLASHCL_PARAMS", "block_n=16", 1);
@@ -464,7 +464,54 @@ static void test_overrides(void) {
     st = flashcl_tuning_file_save(ctx, bad_path, &d, &p, NULL);
     expect(st == FLASHCL_ERROR_TUNING_FILE && !strcmp(read_all(bad_path), "{\"mine\": "),
            "saving over an unreadable file is refused and the file kept", &failures);
+
+    /* A store that would make the file larger than the loader reads is
+     * refused with a message naming the limit, and the file kept: before,
+     * it was written, then ignored whole, and every later store refused. */
+    char big_path[4200];
+    snprintf(big_path, sizeof big_path, "%s/big.json", dir);
+    expect(flashcl_tuning_file_save(ctx, big_path, &d, &p, "small") == FLASHCL_SUCCESS, "a small store", &failures);
+    char *before = strdup(read_all(big_path)); /* read_all reuses one buffer */
+    size_t big = FLASHCL_TUNING_MAX_BYTES - 64;
+    char *comment = malloc(big + 1);
+    if (comment) {
+        memset(comment, 'x', big);
+        comment[big] = '\0';
+    }
+    st = flashcl_tuning_file_save(ctx, big_path, &d, &p, comment);
+    char *after = strdup(read_all(big_path));
+    expect(comment && st == FLASHCL_ERROR_TUNING_FILE && strstr(flashcl_last_error(ctx), "limit") && before &&
+               after && !strcmp(before, after),
+           "a store past FLASHCL_TUNING_MAX_BYTES is refused, the file kept", &failures);
+    expect(flashcl_tuning_file_save(ctx, big_path, &d, &p, "again") == FLASHCL_SUCCESS,
+           "... and the next small store still works", &failures);
+    free(comment);
+    free(before);
+    free(after);
+    remove(big_path);
+
+    /* A FIFO as FLASHCL_TUNING_FILE is not opened (it blocked forever). */
+    char fifo[4200];
+    snprintf(fifo, sizeof fifo, "%s/fifo.json", dir);
     flashcl_context_destroy(ctx);
+    if (mkfifo(fifo, 0600) == 0) {
+        char *old_file = getenv("FLASHCL_TUNING_FILE") ? strdup(getenv("FLASHCL_TUNING_FILE")) : NULL;
+        setenv("FLASHCL_TUNING_FILE", fifo, 1);
+        alarm(120); /* a blocked open would hang until CTest's timeout */
+        ctx = test_context();
+        expect(flashcl_attention_params(ctx, &d, &q) == FLASHCL_SUCCESS && strncmp(q.source, "tuned: ", 7) != 0,
+               "a FIFO as FLASHCL_TUNING_FILE is skipped, not opened", &failures);
+        alarm(0);
+        flashcl_context_destroy(ctx);
+        if (old_file)
+            setenv("FLASHCL_TUNING_FILE", old_file, 1);
+        else
+            unsetenv("FLASHCL_TUNING_FILE");
+        free(old_file);
+        remove(fifo);
+    } else {
+        expect(0, "mkfifo for the FIFO check", &failures);
+    }
 }
 
 /* ---- the levels, on a pretend device ------------------------------------------------------ */

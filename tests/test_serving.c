@@ -1207,6 +1207,20 @@ int main(int argc, char **argv) {
         decode_params_suite(ctx);
         restore_params();
     }
+    if (!strcmp(only, "oclgrind")) {
+        /* Tiny shapes for Oclgrind (ctest -L oclgrind), on the kernel
+         * FLASHCL_DECODE_PARAMS picks: the merge, KV appends, decode with
+         * and without split-KV (20 and 128 splits: the two-level combine),
+         * prompt chunks, varlen (causal; 2 splits), and copy-on-write
+         * appends after forks. */
+        merge_random(ctx, FLASHCL_FLOAT16, 1, 1);
+        paged_suite(ctx, FLASHCL_FLOAT16, 1, 2, 16, 4, 9, "oclgrind: f16 D16 page 4");
+        varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "oclgrind: varlen causal equals each sequence alone");
+        varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "oclgrind: varlen non-causal, 2 splits");
+        fork_suite(ctx);
+    }
+    if (!strcmp(only, "oclgrind-merge")) /* tests/oclgrind_planted.sh's kernel: packed f32, out exactly its size */
+        merge_random(ctx, FLASHCL_FLOAT32, 0, 0);
     if (!strcmp(only, "by-value")) {
         by_value_suite(ctx, "KERNEL=decode,META_ARGS=1", "decode kernel");
         upload_case("KERNEL=decode,META_ARGS=0", "decode kernel");

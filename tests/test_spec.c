@@ -626,7 +626,28 @@ static void test_device_codes(flashcl_context *ctx) {
     free_problem(&t);
 }
 
-int main(void) {
+/* Tiny problems for Oclgrind (ctest -L oclgrind): sampled and greedy
+ * verification, probabilities and logits, against the host path. */
+static int oclgrind(flashcl_context *dev) {
+    static const int modes[3][2] = {{0, 0}, {1, 0}, {1, 1}}; /* logits, greedy */
+    for (int i = 0; i < 3; ++i) {
+        problem pr = make_problem(test_seed() + (uint64_t)i, 2, 3, 37, modes[i][0], modes[i][1]);
+        char what[96];
+        snprintf(what, sizeof what, "oclgrind: B2 K3 V37 %s%s equals the reference", modes[i][0] ? "logits" : "probs",
+                 modes[i][1] ? " greedy" : "");
+        expect(same_as_ref(dev, &pr, what, NULL), what, &failures);
+        free_problem(&pr);
+    }
+    return failures ? 1 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && !strcmp(argv[1], "oclgrind")) {
+        flashcl_context *dev = test_context();
+        int rc = oclgrind(dev);
+        flashcl_context_destroy(dev);
+        return rc;
+    }
     flashcl_context *host = NULL;
     if (flashcl_context_create(&host, "host") != FLASHCL_SUCCESS) {
         fprintf(stderr, "no host context\n");

@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <limits.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,12 +165,8 @@ int cmd_attention(int argc, char **argv) {
                                        value);
             window_left = w[0] < 0 ? -1 : (int)w[0];
             window_right = w[1] < 0 ? -1 : (int)w[1];
-        } else if ((r = cli_take_double(usage_attention, argc, argv, &i, "--softcap", 0.0, HUGE_VAL,
-                                        "a number >= 0", &softcap)) != 0) {
-            if (r < 0)
-                return CLI_EXIT_USAGE;
-        } else if ((r = cli_take_double(usage_attention, argc, argv, &i, "--scale", -HUGE_VAL,
-                                        HUGE_VAL, "a finite number", &scale)) != 0) {
+        } else if ((r = cli_take_softcap_scale(usage_attention, argc, argv, &i, &softcap,
+                                               &scale)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
         } else if ((r = cli_take_value(argc, argv, &i, "--paged", &value)) != 0) {
@@ -190,9 +185,14 @@ int cmd_attention(int argc, char **argv) {
     }
     if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
         return cli_usage_error(usage_attention, "%s", "attention needs --q, --k, --v and --out");
-    if (lse_path != NULL && strcmp(lse_path, out_path) == 0)
-        return cli_usage_error(usage_attention, "--lse and --out name the same file '%s'",
-                               out_path);
+    /* By file identity, not by name: "--out ./q.npy" or a link to q.npy
+     * would truncate an input before it is read. */
+    {
+        const char *const names[5] = {"--q", "--k", "--v", "--out", "--lse"};
+        const char *const paths[5] = {q_path, k_path, v_path, out_path, lse_path};
+        if (cli_check_outputs(names, paths, 3, 5) != 0)
+            return CLI_EXIT_USAGE;
+    }
 
     /* Each file is checked on its own first, then against q, so that every
      * message names the file at fault. */

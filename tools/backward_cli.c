@@ -122,10 +122,7 @@ int cli_attention_backward(int argc, char **argv) {
             }
             wl = w[0] < 0 ? -1 : (int)w[0];
             wr = w[1] < 0 ? -1 : (int)w[1];
-        } else if ((r = cli_take_double(NULL, argc, argv, &i, "--softcap", 0.0, HUGE_VAL,
-                                        "a number >= 0", &softcap)) != 0 ||
-                   (r = cli_take_double(NULL, argc, argv, &i, "--scale", -HUGE_VAL, HUGE_VAL,
-                                        "a finite number", &scale)) != 0) {
+        } else if ((r = cli_take_softcap_scale(NULL, argc, argv, &i, &softcap, &scale)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
         } else if (!cli_take_flag(arg, flags, 3)) {
@@ -141,12 +138,17 @@ int cli_attention_backward(int argc, char **argv) {
         cli_errorf("--o and --lse come together (the forward's out and lse), or neither");
         return CLI_EXIT_USAGE;
     }
-    for (int a = 4; a < 7; ++a)
-        for (int b = 0; b < 9; ++b)
-            if (b != a && path[b] && !strcmp(path[a], path[b])) {
-                cli_errorf("%s and %s name the same file '%s'", names[a], names[b], path[a]);
-                return CLI_EXIT_USAGE;
-            }
+    /* Outputs (dq dk dv) against every other path by file identity, not by
+     * name: "--dq ./q.npy" or a link to q.npy would truncate an input. The
+     * order puts the inputs first: q k v dout o lse, then dq dk dv. */
+    {
+        const char *const order_names[9] = {names[0], names[1], names[2], names[3], names[7], names[8],
+                                            names[4], names[5], names[6]};
+        const char *const order_paths[9] = {path[0], path[1], path[2], path[3], path[7], path[8],
+                                            path[4], path[5], path[6]};
+        if (cli_check_outputs(order_names, order_paths, 6, 9) != 0)
+            return CLI_EXIT_USAGE;
+    }
 
     npy_array in[6]; /* q k v dout o lse */
     memset(in, 0, sizeof in);

@@ -1,16 +1,20 @@
 /* cli_util.c: helpers shared by the flashcl subcommands: messages, options, clocks, JSON. */
-#define _POSIX_C_SOURCE 200809L
+#define _XOPEN_SOURCE 700 /* realpath */
 
 #include "cli_util.h"
 #include "npy.h"
 
 #include <errno.h>
+#include <float.h>
+#include <limits.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <time.h>
 
 static void verrorf(const char *fmt, va_list ap) {
@@ -167,6 +171,17 @@ int cli_take_double(const char *usage, int argc, char **argv, int *i, const char
     }
     if (r > 0)
         *out = number;
+    return r;
+}
+
+int cli_take_softcap_scale(const char *usage, int argc, char **argv, int *i, double *softcap,
+                           double *scale) {
+    char cap_wants[64], scale_wants[64];
+    snprintf(cap_wants, sizeof cap_wants, "a number in [0, %g] (0: no cap)", FLT_MAX);
+    snprintf(scale_wants, sizeof scale_wants, "a number in [0, %g] (0: 1/sqrt(head_dim))", FLT_MAX);
+    int r = cli_take_double(usage, argc, argv, i, "--softcap", 0.0, FLT_MAX, cap_wants, softcap);
+    if (r == 0)
+        r = cli_take_double(usage, argc, argv, i, "--scale", 0.0, FLT_MAX, scale_wants, scale);
     return r;
 }
 
@@ -450,4 +465,50 @@ flashcl_attention_desc cli_npy_desc(const struct npy_array *q, const struct npy_
 int cli_compare_doubles(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
+}
+
+/* The canonical directory of path plus its last component; 0 on success. */
+static int canonical_name(const char *path, char *buf, size_t cap) {
+    const char *slash = strrchr(path, '/');
+    char dir[PATH_MAX];
+    if (!slash) {
+        snprintf(dir, sizeof dir, ".");
+    } else {
+        size_t n = slash == path ? 1 : (size_t)(slash - path);
+        if (n >= sizeof dir)
+            return -1;
+        memcpy(dir, path, n);
+        dir[n] = '\0';
+    }
+    char *real = realpath(dir, NULL);
+    if (!real)
+        return -1;
+    int n = snprintf(buf, cap, "%s/%s", real, slash ? slash + 1 : path);
+    free(real);
+    return n < 0 || (size_t)n >= cap ? -1 : 0;
+}
+
+int cli_same_file(const char *a, const char *b) {
+    if (!strcmp(a, b))
+        return 1;
+    struct stat sa, sb;
+    int ha = stat(a, &sa) == 0, hb = stat(b, &sb) == 0;
+    if (ha && hb)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    if (ha != hb)
+        return 0; /* one exists, the other does not: two files */
+    /* Two outputs not written yet: the same name in the same directory. */
+    char ca[PATH_MAX + 256], cb[PATH_MAX + 256];
+    return canonical_name(a, ca, sizeof ca) == 0 && canonical_name(b, cb, sizeof cb) == 0 && !strcmp(ca, cb);
+}
+
+int cli_check_outputs(const char *const *names, const char *const *paths, int first_output, int count) {
+    for (int a = first_output; a < count; ++a)
+        for (int b = 0; b < count; ++b)
+            if (b != a && paths[a] && paths[b] && (b > a || b < first_output) && cli_same_file(paths[a], paths[b])) {
+                cli_errorf("%s '%s' and %s '%s' are the same file (an output would overwrite %s)",
+                           names[a], paths[a], names[b], paths[b], b < first_output ? "an input" : "another output");
+                return -1;
+            }
+    return 0;
 }

@@ -52,6 +52,10 @@ int cli_parse_long_list(const char *text, long min, long max, long *values, int 
  * past a separate value) on a match, 0 when argv[*i] is another option, and
  * -1 after printing "option --name needs a value" when the value is missing. */
 int cli_take_value(int argc, char **argv, int *i, const char *name, const char **value);
+/* --softcap C and --scale S (attention, attention --backward): numbers in [0, FLT_MAX], 0 meaning
+ * no cap and 1/sqrt(head_dim); the returns and messages of cli_take_double. */
+int cli_take_softcap_scale(const char *usage, int argc, char **argv, int *i, double *softcap,
+                           double *scale);
 /* A switch (an option without a value) and the int it sets to 1 (NULL: accepted, nothing set). */
 typedef struct cli_flag {
     const char *name;
@@ -71,6 +75,17 @@ int cli_take_long(const char *usage, int argc, char **argv, int *i, const char *
                   long max, const char *wants, long *out);
 int cli_take_double(const char *usage, int argc, char **argv, int *i, const char *name, double min,
                     double max, const char *wants, double *out);
+
+/* 1 when paths a and b name the same file: for files that exist, the same
+ * st_dev and st_ino (so hard links, symlinks and "./x" vs "x" all count);
+ * otherwise the same canonical directory and name. An output that is one of
+ * the inputs would be truncated before (or while) it is read. */
+int cli_same_file(const char *a, const char *b);
+
+/* Checks that each of the paths[first_output..count) names a file that no
+ * other path names (NULL entries are skipped). Prints "flashcl: NAME and
+ * NAME name the same file 'PATH'" and returns -1 on the first clash. */
+int cli_check_outputs(const char *const *names, const char *const *paths, int first_output, int count);
 
 /* Peak resident set size of this process in bytes (getrusage ru_maxrss). */
 size_t cli_peak_rss_bytes(void);
