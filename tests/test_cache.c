@@ -21,14 +21,19 @@ static void count(void *user, const char *line) {
         ++misses;
 }
 
-/* A fresh context (as a new process would have), one forward, checked. */
-static int run_once(uint64_t seed) {
+/* A fresh context (as a new process would have), one forward of tc, checked. */
+static int run_fresh(const test_case *tc, uint64_t seed) {
     hits = misses = 0;
     flashcl_context *ctx = test_context();
-    test_case tc = {FLASHCL_FLOAT16, 1, 2, 1, 19, 45, 24, 1, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0};
-    int ok = run_case(ctx, &tc, seed, 0);
+    int ok = run_case(ctx, tc, seed, 0);
     flashcl_context_destroy(ctx);
     return ok;
+}
+
+/* The program the cache tests start from. */
+static int run_once(uint64_t seed) {
+    const test_case tc = {FLASHCL_FLOAT16, 1, 2, 1, 19, 45, 24, 1, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0};
+    return run_fresh(&tc, seed);
 }
 
 /* Applies fn to every *.bin file of dir; returns how many there were. */
@@ -86,12 +91,8 @@ static void truncate_half(const char *path) {
 
 /* A second program (other dtype and head dim: other options, other file). */
 static int run_other(uint64_t seed) {
-    hits = misses = 0;
-    flashcl_context *ctx = test_context();
-    test_case tc = {FLASHCL_FLOAT32, 1, 1, 1, 7, 9, 8, 0, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0};
-    int ok = run_case(ctx, &tc, seed, 0);
-    flashcl_context_destroy(ctx);
-    return ok;
+    const test_case tc = {FLASHCL_FLOAT32, 1, 1, 1, 7, 9, 8, 0, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0};
+    return run_fresh(&tc, seed);
 }
 
 static uint64_t fnv1a(uint64_t h, const unsigned char *p, size_t n) {
