@@ -180,14 +180,15 @@ static int read_input(const char *path, npy_array *a) {
 /* ---- attention --context-parallel ------------------------------------------------------ */
 
 static int attention_cp(int argc, char **argv) {
-    const char *path[8] = {0}; /* q k v out lse dout dq dk ... */
-    const char *dq_path = NULL, *dk_path = NULL, *dv_path = NULL, *device = NULL, *value;
-    enum { Q, K, V, OUT, LSE, DOUT };
+    const char *path[9] = {0}; /* q k v out lse dout dq dk dv */
+    const char *device = NULL, *value;
+    enum { Q, K, V, OUT, LSE, DOUT, DQ, DK, DV };
     int causal = 0, backward = 0;
     double softcap = 0, scale = 0;
     for (int i = 2; i < argc; ++i) {
-        static const char *const names[6] = {"--q", "--k", "--v", "--out", "--lse", "--dout"};
-        int r = cli_take_any(argc, argv, &i, names, 6, path);
+        static const char *const names[9] = {"--q",    "--k",  "--v",  "--out", "--lse",
+                                             "--dout", "--dq", "--dk", "--dv"};
+        int r = cli_take_any(argc, argv, &i, names, 9, path);
         if (r < 0)
             return CLI_EXIT_USAGE;
         if (r > 0)
@@ -201,10 +202,7 @@ static int attention_cp(int argc, char **argv) {
             causal = 1;
         } else if (strcmp(argv[i], "--backward") == 0) {
             backward = 1;
-        } else if ((r = cli_take_value(argc, argv, &i, "--dq", &dq_path)) != 0 ||
-                   (r = cli_take_value(argc, argv, &i, "--dk", &dk_path)) != 0 ||
-                   (r = cli_take_value(argc, argv, &i, "--dv", &dv_path)) != 0 ||
-                   (r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
+        } else if ((r = cli_take_value(argc, argv, &i, "--device", &device)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
         } else if ((r = cli_take_value(argc, argv, &i, "--softcap", &value)) != 0) {
@@ -223,7 +221,7 @@ static int attention_cp(int argc, char **argv) {
         }
     }
     if (!path[Q] || !path[K] || !path[V] || (!backward && !path[OUT]) ||
-        (backward && (!path[DOUT] || !dq_path || !dk_path || !dv_path))) {
+        (backward && (!path[DOUT] || !path[DQ] || !path[DK] || !path[DV]))) {
         ROOT_ERROR("%s", backward ? "--context-parallel --backward needs --q, --k, --v, --dout, --dq, --dk and --dv"
                                   : "--context-parallel needs --q, --k, --v and --out");
         return CLI_EXIT_USAGE;
@@ -314,12 +312,12 @@ static int attention_cp(int argc, char **argv) {
                 printf("context-parallel forward: %d ranks, %d chunk pairs on rank 0 (%d skipped), %.3f s; wrote %s\n",
                        g_size, fs.pairs_computed, fs.pairs_skipped, fs.total_s, path[OUT]);
         } else {
-            wrote = write_npy(dq_path, in[0].dtype, in[0].shape, 4, g[2]) == 0 &&
-                    write_npy(dk_path, in[0].dtype, in[1].shape, 4, g[3]) == 0 &&
-                    write_npy(dv_path, in[0].dtype, in[1].shape, 4, g[4]) == 0;
+            wrote = write_npy(path[DQ], in[0].dtype, in[0].shape, 4, g[2]) == 0 &&
+                    write_npy(path[DK], in[0].dtype, in[1].shape, 4, g[3]) == 0 &&
+                    write_npy(path[DV], in[0].dtype, in[1].shape, 4, g[4]) == 0;
             if (wrote)
                 printf("context-parallel backward: %d ranks, forward %.3f s, backward %.3f s; wrote %s, %s, %s\n", g_size,
-                       fs.total_s, bs.total_s, dq_path, dk_path, dv_path);
+                       fs.total_s, bs.total_s, path[DQ], path[DK], path[DV]);
         }
     }
     rc = all_ok(wrote) ? CLI_EXIT_OK : CLI_EXIT_FAIL;
