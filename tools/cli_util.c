@@ -12,7 +12,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <limits.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
