@@ -394,6 +394,43 @@ static void host_merge(float *o, float *l, const void *o2, const float *l2, cons
             }
 }
 
+/* One ring step's K/V block, the same in the forward and the backward: unless
+ * it is the last step, the next block's receive from the left and this one's
+ * send to the right are posted, to overlap the step's attention; after the
+ * first step the block received into host[step & 1] is uploaded into dk/dv,
+ * which are attended instead of the rank's own k and v (*kb, *vb at *koff,
+ * *voff). Returns the MPI status; an upload failure goes to *lst. */
+static int ring_step_kv(const cp_problem *p, flashcl_context *ctx, MPI_Comm comm, int step, reqs *rq,
+                        char *host[2], cl_mem k, cl_mem v, cl_mem dk, cl_mem dv, flashcl_cp_stats *s, cl_mem *kb,
+                        cl_mem *vb, size_t *koff, size_t *voff, flashcl_status *lst) {
+    const int P = p->nranks, rank = p->rank, cur = step & 1;
+    const int src = (rank - step + P) % P, next_src = (rank - step - 1 + P) % P;
+    const size_t row = (size_t)p->g.batch * p->krow * p->es;
+    const size_t blk = row * (size_t)flashcl_cp_local_len(p->g.seqlen_k, P, src);
+    int merr = MPI_SUCCESS;
+    if (step < P - 1) {
+        size_t nblk = row * (size_t)flashcl_cp_local_len(p->g.seqlen_k, P, next_src);
+        merr = post(rq, 1, host[cur ^ 1], 2 * nblk, (rank + P - 1) % P, 39, comm);
+        if (merr == MPI_SUCCESS)
+            merr = post(rq, 0, host[cur], 2 * blk, (rank + 1) % P, 39, comm);
+        s->bytes_sent += (double)(2 * blk);
+    }
+    *kb = k, *vb = v;
+    *koff = p->g.k.offset, *voff = p->g.v.offset;
+    if (step > 0) {
+        cl_command_queue queue = flashcl_context_cl_queue(ctx);
+        *kb = dk, *vb = dv;
+        *koff = *voff = 0;
+        if (blk) {
+            cl_int err = clEnqueueWriteBuffer(queue, dk, CL_FALSE, 0, blk, host[cur], 0, NULL, NULL);
+            err |= clEnqueueWriteBuffer(queue, dv, CL_FALSE, 0, blk, host[cur] + blk, 0, NULL, NULL);
+            if (err != CL_SUCCESS)
+                *lst = flashcl_fail(ctx, err, "uploading block %d failed", src);
+        }
+    }
+    return merr;
+}
+
 flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc, MPI_Comm comm,
                                             cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
                                             size_t lse_offset, flashcl_cp_stats *stats) {
@@ -421,7 +458,7 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
     if ((st = agree(ctx, comm, p.rank, fields, msg)) != FLASHCL_SUCCESS)
         return st;
 
-    const int P = p.nranks, rank = p.rank, right = (rank + 1) % P, left = (rank + P - 1) % P;
+    const int P = p.nranks, rank = p.rank;
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
     const size_t B = (size_t)p.g.batch, HQ = (size_t)p.g.heads_q;
     int nk_max = 0;
@@ -501,32 +538,12 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
 
     reqs rq = {.n = 0};
     for (int step = 0; step < P && !st; ++step) {
-        int cur = step & 1, src = (rank - step + P) % P, next_src = (rank - step - 1 + P) % P;
-        int nkb = flashcl_cp_local_len(p.g.seqlen_k, P, src);
-        size_t blk = B * (size_t)nkb * p.krow * p.es;
+        int src = (rank - step + P) % P, nkb = flashcl_cp_local_len(p.g.seqlen_k, P, src);
         double t0 = now_s();
-        int merr = MPI_SUCCESS;
-        if (step < P - 1) {
-            size_t nblk = B * (size_t)flashcl_cp_local_len(p.g.seqlen_k, P, next_src) * p.krow * p.es;
-            merr = post(&rq, 1, host[cur ^ 1], 2 * nblk, left, 39, comm);
-            if (merr == MPI_SUCCESS)
-                merr = post(&rq, 0, host[cur], 2 * blk, right, 39, comm);
-            s.bytes_sent += (double)(2 * blk);
-        }
         flashcl_status lst = FLASHCL_SUCCESS;
-        cl_mem kb = k, vb = v;
-        size_t koff = p.g.k.offset, voff = p.g.v.offset;
-        if (step > 0) {
-            kb = b[DK];
-            vb = b[DV];
-            koff = voff = 0;
-            if (blk) {
-                cl_int err = clEnqueueWriteBuffer(queue, b[DK], CL_FALSE, 0, blk, host[cur], 0, NULL, NULL);
-                err |= clEnqueueWriteBuffer(queue, b[DV], CL_FALSE, 0, blk, host[cur] + blk, 0, NULL, NULL);
-                if (err != CL_SUCCESS)
-                    lst = flashcl_fail(ctx, err, "uploading block %d failed", src);
-            }
-        }
+        cl_mem kb, vb;
+        size_t koff, voff;
+        int merr = ring_step_kv(&p, ctx, comm, step, &rq, host, k, v, b[DK], b[DV], &s, &kb, &vb, &koff, &voff, &lst);
         seg ksegs[2];
         int nkseg = shard_segments(p.g.seqlen_k, P, src, p.masked, ksegs);
         int pair_q[4], npairs = 0;
@@ -768,30 +785,12 @@ flashcl_status flashcl_cp_attention_backward(flashcl_context *ctx, const flashcl
     for (int step = 0; step < P && !st; ++step) {
         int cur = step & 1, src = (rank - step + P) % P, next_src = (rank - step - 1 + P) % P;
         int nkb = flashcl_cp_local_len(p.g.seqlen_k, P, src);
-        size_t blk = B * (size_t)nkb * p.krow * p.es, blk_elems = B * (size_t)nkb * p.krow;
+        size_t blk_elems = B * (size_t)nkb * p.krow;
         double t0 = now_s();
-        int merr = MPI_SUCCESS;
-        if (step < P - 1) {
-            size_t nblk = B * (size_t)flashcl_cp_local_len(p.g.seqlen_k, P, next_src) * p.krow * p.es;
-            merr = post(&rq, 1, host[cur ^ 1], 2 * nblk, left, 39, comm);
-            if (merr == MPI_SUCCESS)
-                merr = post(&rq, 0, host[cur], 2 * blk, right, 39, comm);
-            s.bytes_sent += (double)(2 * blk);
-        }
         flashcl_status lst = FLASHCL_SUCCESS;
-        cl_mem kb = k, vb = v;
-        size_t koff = p.g.k.offset, voff = p.g.v.offset;
-        if (step > 0) {
-            kb = b[DK];
-            vb = b[DV];
-            koff = voff = 0;
-            if (blk) {
-                cl_int err = clEnqueueWriteBuffer(queue, b[DK], CL_FALSE, 0, blk, host[cur], 0, NULL, NULL);
-                err |= clEnqueueWriteBuffer(queue, b[DV], CL_FALSE, 0, blk, host[cur] + blk, 0, NULL, NULL);
-                if (err != CL_SUCCESS)
-                    lst = flashcl_fail(ctx, err, "uploading block %d failed", src);
-            }
-        }
+        cl_mem kb, vb;
+        size_t koff, voff;
+        int merr = ring_step_kv(&p, ctx, comm, step, &rq, host, k, v, b[DK], b[DV], &s, &kb, &vb, &koff, &voff, &lst);
         seg ksegs[2];
         int nkseg = shard_segments(p.g.seqlen_k, P, src, p.masked, ksegs);
         struct {
