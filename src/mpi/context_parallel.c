@@ -394,6 +394,27 @@ static void host_merge(float *o, float *l, const void *o2, const float *l2, cons
             }
 }
 
+/* The end of a ring step: its kernels (a marker event polled with its
+ * messages, so that the time spent waiting on communication is told apart
+ * from compute; without one, after a failed enqueue, the queue is finished)
+ * and its messages (unless merr already failed). Returns the MPI status; *cls:
+ * the kernels' execution status. */
+static int finish_step(cl_command_queue queue, int enqueued, int merr, reqs *rq, double t0, flashcl_cp_stats *s,
+                       cl_int *cls) {
+    cl_event marker = NULL;
+    clFlush(queue);
+    if (enqueued && clEnqueueMarkerWithWaitList(queue, 0, NULL, &marker) != CL_SUCCESS)
+        marker = NULL;
+    clFlush(queue);
+    if (merr == MPI_SUCCESS)
+        merr = wait_step(marker, rq, t0, s, cls);
+    if (marker)
+        clReleaseEvent(marker);
+    else
+        clFinish(queue);
+    return merr;
+}
+
 /* One ring step's K/V block, the same in the forward and the backward: unless
  * it is the last step, the next block's receive from the left and this one's
  * send to the right are posted, to overlap the step's attention; after the
@@ -591,18 +612,8 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
             }
         if (lst)
             snprintf(msg, sizeof msg, "%s", flashcl_last_error(ctx));
-        cl_event marker = NULL;
-        clFlush(queue);
-        if (!lst && clEnqueueMarkerWithWaitList(queue, 0, NULL, &marker) != CL_SUCCESS)
-            marker = NULL;
-        clFlush(queue);
         cl_int cls = CL_SUCCESS;
-        if (merr == MPI_SUCCESS)
-            merr = wait_step(marker, &rq, t0, &s, &cls);
-        if (marker)
-            clReleaseEvent(marker);
-        if (!marker)
-            clFinish(queue);
+        merr = finish_step(queue, !lst, merr, &rq, t0, &s, &cls);
         if (merr != MPI_SUCCESS) {
             st = mpi_fail(ctx, merr, "a ring message");
             break; /* MPI itself failed: its error handler decides the rest */
@@ -834,20 +845,10 @@ flashcl_status flashcl_cp_attention_backward(flashcl_context *ctx, const flashcl
             }
         if (lst)
             snprintf(msg, sizeof msg, "%s", flashcl_last_error(ctx));
-        cl_event marker = NULL;
-        clFlush(queue);
-        if (!lst && clEnqueueMarkerWithWaitList(queue, 0, NULL, &marker) != CL_SUCCESS)
-            marker = NULL;
-        clFlush(queue);
         cl_int cls = CL_SUCCESS;
         /* The messages waited for here: this step's K/V, and the dK/dV sums
          * posted at the end of the last step (the block computed now). */
-        if (merr == MPI_SUCCESS)
-            merr = wait_step(marker, &rq, t0, &s, &cls);
-        if (marker)
-            clReleaseEvent(marker);
-        if (!marker)
-            clFinish(queue);
+        merr = finish_step(queue, !lst, merr, &rq, t0, &s, &cls);
         if (merr != MPI_SUCCESS) {
             st = mpi_fail(ctx, merr, "a ring message");
             break;
