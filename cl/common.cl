@@ -811,11 +811,31 @@ inline serving_block serving_block_by_value(const serving_meta_arg *m, int block
 
 /* ---- split-KV: the last split merges (the decode kernels) -------------------------------- */
 
+/* The partial results one work-group leaves for the last to arrive: on
+ * NVIDIA plain stores and volatile loads behind the writers' fence and the
+ * counter's atomic, CUDA's threadfence reduction, which PTX's memory model
+ * orders. OpenCL 1.2's model does not order plain accesses of two work-groups
+ * through a fence, so elsewhere each element goes through an atomic: Oclgrind
+ * --data-races then finds nothing (it reported ~1000 races a run in
+ * paged_decode.cl's merge), at an atomic per element of the few parts. */
+#ifdef FLASHCL_NV_PTX
+#define PART_LOAD(p, i) (((volatile __global const float *)(p))[i])
+#define PART_STORE(p, i, x) ((p)[i] = (x))
+#else
+#define PART_LOAD(p, i) as_float(atomic_or((volatile __global uint *)(p) + (i), 0u))
+#define PART_STORE(p, i, x) ((void)atomic_xchg((volatile __global uint *)(p) + (i), as_uint(x)))
+#endif
+
 #ifndef MERGE_VEC4
 /* The merge reads the parts in 16-byte runs where head_dim % 4 == 0 (0: one
  * float at a time). H200, 66 splits at batch 1: the decode kernel 4-5 us
- * shorter at 64k-128k keys, level elsewhere (BENCHMARKS.md). */
+ * shorter at 64k-128k keys, level elsewhere (BENCHMARKS.md). Elsewhere the
+ * parts go through atomics (PART_LOAD), one float at a time. */
+#ifdef FLASHCL_NV_PTX
 #define MERGE_VEC4 1
+#else
+#define MERGE_VEC4 0
+#endif
 #endif
 #if MERGE_VEC4
 inline float4 fma4(float w, float4 y, float4 x) {
@@ -867,18 +887,20 @@ __attribute__((always_inline)) inline void merge_parts(__global float *part, int
                                                       split_rows r, int head_dim, __local float *wts,
                                                       __local float *row_lse) {
     const int lid = (int)get_local_id(0), wg = (int)get_local_size(0);
+#if MERGE_VEC4
     /* Volatile reads, past the L1 cache: an SM's L1 may still hold a line of
      * a run's first slot from before that run's merge rewrote it (another
      * work-group of the SM read the split's part there). */
     volatile __global const float *vpart = part;
+#endif
     /* Every part's LSE into __local (a work-item's loads four at a time, all
      * issued before the first is stored), each row's max and log-sum, the
      * weights. */
     for (int e = lid; e < r.nrows * splits; e += wg) {
         const int row = r.m0 + e / splits;
-        wts[e] = vpart[r.part_lse_off + ((ulong)(first + (e % splits) * step) * r.total_q +
-                                          (ulong)(r.q_start + row / r.group)) * r.heads_q +
-                        r.hk * r.group + row % r.group];
+        wts[e] = PART_LOAD(part, r.part_lse_off + ((ulong)(first + (e % splits) * step) * r.total_q +
+                                                   (ulong)(r.q_start + row / r.group)) * r.heads_q +
+                                r.hk * r.group + row % r.group);
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     if (lid < r.nrows) {
@@ -970,7 +992,7 @@ __attribute__((always_inline)) inline void merge_parts(__global float *part, int
             for (int j = 0; j < 4; ++j)
 #pragma unroll
                 for (int i = 0; i < 8; ++i)
-                    y[j][i] = vpart[src[j] + SLOT(t + i)];
+                    y[j][i] = PART_LOAD(part, src[j] + SLOT(t + i));
 #pragma unroll
             for (int j = 0; j < 4; ++j)
 #pragma unroll
@@ -980,12 +1002,12 @@ __attribute__((always_inline)) inline void merge_parts(__global float *part, int
         for (; t < splits; ++t)
 #pragma unroll
             for (int j = 0; j < 4; ++j)
-                x[j] = fma(wts[g[j] * splits + t], vpart[src[j] + SLOT(t)], x[j]);
+                x[j] = fma(wts[g[j] * splits + t], PART_LOAD(part, src[j] + SLOT(t)), x[j]);
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
             const int e = e0 + j * wg;
             if (e < total && !final)
-                part[src[j] + SLOT(0)] = x[j];
+                PART_STORE(part, src[j] + SLOT(0), x[j]);
             else if (e < total)
                 STORE_ELEM(o, split_out_at(r, e, head_dim), x[j]);
         }
@@ -995,7 +1017,7 @@ __attribute__((always_inline)) inline void merge_parts(__global float *part, int
         const ulong token = (ulong)(r.q_start + row / r.group);
         const int hq = r.hk * r.group + row % r.group;
         if (!final) /* the merged part's LSE, in its slot */
-            part[r.part_lse_off + ((ulong)first * r.total_q + token) * r.heads_q + hq] = row_lse[lid];
+            PART_STORE(part, r.part_lse_off + ((ulong)first * r.total_q + token) * r.heads_q + hq, row_lse[lid]);
         else if (r.has_lse)
             lse[r.lse_off + (ulong)hq * r.total_q + token] = row_lse[lid];
     }

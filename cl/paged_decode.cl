@@ -449,11 +449,11 @@ paged_decode(SERVING_ARGS,
                 if (splits == 1)
                     STORE_ELEM(o, o_off + token * o_ss + (ulong)hq * o_sh + d, x * inv_l);
                 else /* partial results stay in float: merged, then rounded once */
-                    part[prow * HEAD_DIM + d] = x * inv_l;
+                    PART_STORE(part, prow * HEAD_DIM + d, x * inv_l);
             }
             if (lid == 0) {
                 if (splits > 1)
-                    part[part_lse_off + prow] = row_lse;
+                    PART_STORE(part, part_lse_off + prow, row_lse);
                 else if (has_lse)
                     lse[lse_off + (ulong)hq * total_q + token] = row_lse;
             }
