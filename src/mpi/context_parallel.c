@@ -394,6 +394,17 @@ static void host_merge(float *o, float *l, const void *o2, const float *l2, cons
             }
 }
 
+/* This rank's own K and V shard (nk rows) read into host, K then V, for its
+ * first trip around the ring; non-blocking: the caller finishes the queue. */
+static cl_int stage_own_block(cl_command_queue queue, const cp_problem *p, int nk, cl_mem k, cl_mem v,
+                              char *host) {
+    const size_t own = (size_t)p->g.batch * (size_t)nk * p->krow * p->es;
+    if (!own)
+        return CL_SUCCESS;
+    cl_int err = clEnqueueReadBuffer(queue, k, CL_FALSE, p->g.k.offset * p->es, own, host, 0, NULL, NULL);
+    return err | clEnqueueReadBuffer(queue, v, CL_FALSE, p->g.v.offset * p->es, own, host + own, 0, NULL, NULL);
+}
+
 /* The end of a ring step: its kernels (a marker event polled with its
  * messages, so that the time spent waiting on communication is told apart
  * from compute; without one, after a failed enqueue, the queue is finished)
@@ -542,11 +553,7 @@ flashcl_status flashcl_cp_attention_forward(flashcl_context *ctx, const flashcl_
             err |= clEnqueueFillBuffer(queue, b[L00 + 2 * i], &minus_inf, 4, 0, B * HQ * (size_t)qsegs[i].len * 4, 0,
                                        NULL, NULL);
         /* This rank's own block, staged for its first trip around the ring. */
-        size_t own = B * (size_t)nk * p.krow * p.es;
-        if (own) {
-            err |= clEnqueueReadBuffer(queue, k, CL_FALSE, p.g.k.offset * p.es, own, host[0], 0, NULL, NULL);
-            err |= clEnqueueReadBuffer(queue, v, CL_FALSE, p.g.v.offset * p.es, own, host[0] + own, 0, NULL, NULL);
-        }
+        err |= stage_own_block(queue, &p, nk, k, v, host[0]);
         err |= clFinish(queue);
         if (err != CL_SUCCESS)
             st = flashcl_fail(ctx, err, "context-parallel: staging the first block failed");
@@ -778,11 +785,7 @@ flashcl_status flashcl_cp_attention_backward(flashcl_context *ctx, const flashcl
         cl_int err = CL_SUCCESS;
         for (int i = 0; i < nqseg; ++i)
             err |= lse_rect(queue, b[LSEG0 + i], lse, lse_offset, &qsegs[i], p.nq, B * HQ, 0);
-        size_t own = B * (size_t)nk * p.krow * p.es;
-        if (own) {
-            err |= clEnqueueReadBuffer(queue, k, CL_FALSE, p.g.k.offset * p.es, own, host[0], 0, NULL, NULL);
-            err |= clEnqueueReadBuffer(queue, v, CL_FALSE, p.g.v.offset * p.es, own, host[0] + own, 0, NULL, NULL);
-        }
+        err |= stage_own_block(queue, &p, nk, k, v, host[0]);
         err |= clFinish(queue);
         if (err != CL_SUCCESS)
             st = flashcl_fail(ctx, err, "context-parallel: staging the first block failed");
