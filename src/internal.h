@@ -371,6 +371,9 @@ typedef struct flashcl_decode_choice {
  * less the driver's own share (../shared/gpu/NVIDIA-OPENCL.md: ~47 KB). Every
  * NVIDIA kernel's tiles are sized against it; their .cl files check it too. */
 #define FLASHCL_NV_LOCAL_LIMIT 48000
+/* The vector width of cl/flash_fwd_cpu.cl (its LANES): query rows per
+ * vector, to which it pads a block's rows and the head dim. */
+#define FLASHCL_CPU_LANES 8
 /* The decode kernels merge their splits in two levels above twice
  * FLASHCL_MERGE_GROUP splits, with one counter per (block, kv head) and one
  * per run of that many splits: cl/common.cl's MERGE_GROUP, TWO_LEVELS and

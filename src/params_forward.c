@@ -174,9 +174,10 @@ int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
 
 size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)p->block_m, n = (size_t)p->block_n, floats;
-    if (!strcmp(p->variant, "cpu")) { /* q, acc, K^T, V, S: see cl/flash_fwd_cpu.cl */
-        size_t dpad = (d + 31) / 32 * 32;
-        floats = m * d + m * dpad + n * d + n * dpad + m * n;
+    if (!strcmp(p->variant, "cpu")) { /* Q^T, K, V, S, acc, 3 row arrays: see cl/flash_fwd_cpu.cl */
+        const size_t lanes = FLASHCL_CPU_LANES, mpad = (m + lanes - 1) / lanes * lanes;
+        const size_t dpad = (d + lanes - 1) / lanes * lanes, npad = (n + 3) / 4 * 4;
+        floats = d * mpad + npad * d + n * dpad + npad * mpad + mpad * dpad + 3 * mpad;
     } else if (!strcmp(p->variant, "portable")) { /* q, K/V, S, reductions (+1 padding per row) */
         /* RPT in cl/flash_fwd.cl: 2 rows per work-item where the tiles divide,
          * and then a row's reduction has 2*TPR partials */
