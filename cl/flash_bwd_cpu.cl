@@ -21,10 +21,10 @@
  *     kt_tile, vt_tile [HEAD_DIM][BLOCK_N]   K, V transposed (fixed)
  *     k_tile           [BLOCK_N][CPU_D_PAD]  K as it comes (fixed, for dQ)
  *     dk_acc, dv_acc   [BLOCK_N][CPU_D_PAD]  the block's gradients
- *     q_tile, do_tile  [BLOCK_M][CPU_D_PAD]  one query tile (streamed)
- *     p_tile, ds_tile  [BLOCK_M][BLOCK_N]    its P and dS
+ *     q_tile, do_tile  [M_EVEN][CPU_D_PAD]   one query tile (streamed; rows in pairs)
+ *     p_tile, ds_tile  [M_EVEN][BLOCK_N]     its P and dS
  *   the dQ pass: the same K/V tiles (streamed), Q and dO (fixed), dq_acc
- *   [BLOCK_M][CPU_D_PAD] in place of dK and dV.
+ *   [M_EVEN][CPU_D_PAD] in place of dK and dV.
  *
  * The dK/dV work-item loops over the `group` query heads sharing its kv head
  * and over the BLOCK_M-row query tiles that see any of its keys, so each
@@ -51,6 +51,15 @@
 #if BLOCK_N % 8 != 0 /* the vector layout: common.cl */
 #error "BLOCK_N must be a multiple of 8"
 #endif
+/* Query tiles hold an even number of rows: the dQ loops take rows in pairs. */
+#define M_EVEN (BLOCK_M + BLOCK_M % 2)
+#if CPU_NV % 4 == 0 /* key vectors per pass of score_tile */
+#define SCORE_NV 4
+#elif CPU_NV % 2 == 0
+#define SCORE_NV 2
+#else
+#define SCORE_NV 1
+#endif
 
 /* One row of HEAD_DIM elements (zero when !in) into a padded float row. */
 inline void load_row(__local float *dst, __global const elem_t *x, ulong at, int in) {
@@ -68,25 +77,43 @@ inline void transpose_tile(__local float *dst, __local const float *src) {
             dst[d * BLOCK_N + c] = src[c * CPU_D_PAD + d];
 }
 
-/* acc[c][:] += sum over rows r of w[r][c] * x[r][:], for the block's n keys,
- * rows summed in order (the one-writer order that keeps dK, dV deterministic). */
+/* Head-dim vectors per pass of the loops that accumulate over rows or keys:
+ * two rows (or keys) x AK_CH vectors are 16 independent FMA chains at D >= 64,
+ * which a Zen 4 or Skylake core needs to hide the FMA latency (the CPU_CHUNK
+ * = 4 chains of one row ran at half the FMA rate: measured with perf). */
+#if CPU_DV % 8 == 0
+#define AK_CH 8
+#else
+#define AK_CH 4
+#endif
+
+/* acc[c][:] += sum over rows r of w[r][c] * x[r][:], for the block's n keys
+ * (two at a time: BLOCK_N is even and w is 0 past n), rows summed in order
+ * (the one-writer order that keeps dK, dV deterministic). */
 inline void accumulate_keys(__local float8 (*acc)[CPU_DV], __local const float (*w)[BLOCK_N],
                             __local const float8 (*x)[CPU_DV], int n, int rows) {
-    for (int c = 0; c < n; ++c)
-        for (int j0 = 0; j0 < CPU_DV; j0 += CPU_CHUNK) {
-            float8 a[CPU_CHUNK];
+    for (int c = 0; c < n; c += 2)
+        for (int j0 = 0; j0 < CPU_DV; j0 += AK_CH) {
+            float8 a[2][AK_CH];
 #pragma unroll
-            for (int u = 0; u < CPU_CHUNK; ++u)
-                a[u] = acc[c][j0 + u];
+            for (int u = 0; u < AK_CH; ++u) {
+                a[0][u] = acc[c][j0 + u];
+                a[1][u] = acc[c + 1][j0 + u];
+            }
             for (int r = 0; r < rows; ++r) {
-                const float8 wv = (float8)(w[r][c]);
+                const float8 w0 = (float8)(w[r][c]), w1 = (float8)(w[r][c + 1]);
 #pragma unroll
-                for (int u = 0; u < CPU_CHUNK; ++u)
-                    a[u] = fma(wv, x[r][j0 + u], a[u]);
+                for (int u = 0; u < AK_CH; ++u) {
+                    const float8 xv = x[r][j0 + u];
+                    a[0][u] = fma(w0, xv, a[0][u]);
+                    a[1][u] = fma(w1, xv, a[1][u]);
+                }
             }
 #pragma unroll
-            for (int u = 0; u < CPU_CHUNK; ++u)
-                acc[c][j0 + u] = a[u];
+            for (int u = 0; u < AK_CH; ++u) {
+                acc[c][j0 + u] = a[0][u];
+                acc[c + 1][j0 + u] = a[1][u];
+            }
         }
 }
 
@@ -133,57 +160,80 @@ inline int sees_block(long lo, long hi, long n0, int n) {
     return lo <= hi && hi >= n0 && lo < n0 + n;
 }
 
-/* P and dS (scale and the soft-cap derivative folded in) of one query row
- * (qr, gr: its Q and dO) against the keys of kt, vt, which start at key n0;
- * keys outside [lo, hi] get 0. flash_bwd.cl's score_tile, 8 keys a lane. */
-inline void score_row(__local float *p_row, __local float *ds_row, __local const float *qr,
-                      __local const float *gr, __local const float8 (*kt)[CPU_NV],
-                      __local const float8 (*vt)[CPU_NV], long lo, long hi, long n0, float lse2, float di,
-                      float scale, float softcap) {
+/* P and dS (scale and the soft-cap derivative folded in) of the query tile's
+ * rows (q_tile, do_tile: Q and dO; lse2, di, lo, hi per row) against the
+ * keys of kt, vt, which start at key n0; keys outside a row's [lo, hi] get 0
+ * (all of them for padding rows and rows that see none of the block).
+ * flash_bwd.cl's score_tile, 8 keys a lane. The loop nest keeps its working
+ * set in L1: SCORE_NV key vectors of K^T and V^T (16 KB at D=64) stay while
+ * the rows stream past two at a time, and two rows x SCORE_NV vectors x (S,
+ * dP) are 16 FMA chains fed by 12 loads per 16 FMAs. (One row against all
+ * BLOCK_N keys read K^T and V^T from L2 for every row: 2x slower per FLOP
+ * than the accumulation loops, measured with perf.) */
+inline void score_tile(__local float (*p_tile)[BLOCK_N], __local float (*ds_tile)[BLOCK_N],
+                       __local const float8 (*q_tile)[CPU_DV], __local const float8 (*do_tile)[CPU_DV],
+                       __local const float8 (*kt)[CPU_NV], __local const float8 (*vt)[CPU_NV], const float *lse2,
+                       const float *di, const long *lo, const long *hi, int rows, long n0, float scale,
+                       float softcap) {
     const float8 lane = (float8)(0.0f, 1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f, 7.0f);
-    /* Unrolled j loops keep sv[], dpv[] in registers (see flash_fwd_cpu.cl:
-     * rolled, they lived on the stack). */
-    float8 sv[CPU_NV], dpv[CPU_NV];
+    for (int j0 = 0; j0 < CPU_NV; j0 += SCORE_NV)
+        for (int r = 0; r < rows; r += 2) { /* row r + 1 < M_EVEN; past rows it sees nothing */
+            __local const float *q0 = (__local const float *)q_tile[r], *q1 = (__local const float *)q_tile[r + 1];
+            __local const float *g0 = (__local const float *)do_tile[r], *g1 = (__local const float *)do_tile[r + 1];
+            float8 sv[2][SCORE_NV], dpv[2][SCORE_NV];
 #pragma unroll
-    for (int j = 0; j < CPU_NV; ++j)
-        sv[j] = dpv[j] = 0.0f;
-    for (int d = 0; d < HEAD_DIM; ++d) {
-        const float8 qd = (float8)(qr[d]), gd = (float8)(gr[d]);
+            for (int j = 0; j < SCORE_NV; ++j)
+                sv[0][j] = sv[1][j] = dpv[0][j] = dpv[1][j] = 0.0f;
+            for (int d = 0; d < HEAD_DIM; ++d) {
+                const float8 qa = (float8)(q0[d]), qb = (float8)(q1[d]);
+                const float8 ga = (float8)(g0[d]), gb = (float8)(g1[d]);
 #pragma unroll
-        for (int j = 0; j < CPU_NV; ++j) {
-            sv[j] = fma(qd, kt[d][j], sv[j]);
-            dpv[j] = fma(gd, vt[d][j], dpv[j]);
+                for (int j = 0; j < SCORE_NV; ++j) {
+                    const float8 kv = kt[d][j0 + j], vv = vt[d][j0 + j];
+                    sv[0][j] = fma(qa, kv, sv[0][j]);
+                    sv[1][j] = fma(qb, kv, sv[1][j]);
+                    dpv[0][j] = fma(ga, vv, dpv[0][j]);
+                    dpv[1][j] = fma(gb, vv, dpv[1][j]);
+                }
+            }
+            for (int y = 0; y < 2; ++y) {
+                const int row = r + y;
+                const int in = row < rows;
+                /* Key offsets within a block are < 2^24: exact in float. */
+                const float8 lo_v = (float8)(in ? (float)max(lo[row] - n0, -1L) : 1.0f);
+                const float8 hi_v = (float8)(in ? (float)min(hi[row] - n0, (long)BLOCK_N) : 0.0f);
+                const float8 l2 = (float8)(in ? lse2[row] : 0.0f), di8 = (float8)(in ? di[row] : 0.0f);
+                for (int j = 0; j < SCORE_NV; ++j) {
+                    const float8 key = lane + (float8)((float)((j0 + j) * CPU_VEC));
+                    float8 p, g = 1.0f;
+                    if (softcap > 0.0f) {
+                        const float8 t = tanh(sv[y][j] * (float8)(scale / softcap));
+                        p = exp2(fma((float8)softcap * t, (float8)LOG2E, -l2));
+                        g = fma(-t, t, (float8)1.0f); /* d/ds of c*tanh(s/c) */
+                    } else {
+                        p = exp2(fma(sv[y][j], (float8)(scale * LOG2E), -l2));
+                    }
+                    const float8 ds = p * (dpv[y][j] - di8) * g * (float8)scale;
+                    const int8 masked = isless(key, lo_v) || isgreater(key, hi_v);
+                    vstore8(select(p, (float8)0.0f, masked), j0 + j, p_tile[row]);
+                    vstore8(select(ds, (float8)0.0f, masked), j0 + j, ds_tile[row]);
+                }
+            }
         }
-    }
-    /* Key offsets within a block are < 2^24: exact in float. */
-    const float8 lo_v = (float8)((float)max(lo - n0, -1L)), hi_v = (float8)((float)min(hi - n0, (long)BLOCK_N));
-    const float8 l2 = (float8)(lse2), di8 = (float8)(di);
-    for (int j = 0; j < CPU_NV; ++j) {
-        const float8 key = lane + (float8)((float)(j * CPU_VEC));
-        float8 p, g = 1.0f;
-        if (softcap > 0.0f) {
-            const float8 t = tanh(sv[j] * (float8)(scale / softcap));
-            p = exp2(fma((float8)softcap * t, (float8)LOG2E, -l2));
-            g = fma(-t, t, (float8)1.0f); /* d/ds of c*tanh(s/c) */
-        } else {
-            p = exp2(fma(sv[j], (float8)(scale * LOG2E), -l2));
-        }
-        const float8 ds = p * (dpv[j] - di8) * g * (float8)scale;
-        const int8 masked = isless(key, lo_v) || isgreater(key, hi_v);
-        vstore8(select(p, (float8)0.0f, masked), j, p_row);
-        vstore8(select(ds, (float8)0.0f, masked), j, ds_row);
-    }
 }
 
-/* a[u] += sum over the n keys c of w[c] * x[c][j0 + u] (dS K for one row),
- * keys summed in order. */
-inline void row_times_keys(float8 *a, __local const float *w, __local const float8 (*x)[CPU_DV], int n,
-                           int j0) {
+/* a[y][u] += sum over the n keys c of w_y[c] * x[c][j0 + u] (dS K for two
+ * rows, w_0 and w_1), keys summed in order. */
+inline void rows_times_keys(float8 (*a)[AK_CH], __local const float *w_0, __local const float *w_1,
+                            __local const float8 (*x)[CPU_DV], int n, int j0) {
     for (int c = 0; c < n; ++c) {
-        const float8 wc = (float8)(w[c]);
+        const float8 w0 = (float8)(w_0[c]), w1 = (float8)(w_1[c]);
 #pragma unroll
-        for (int u = 0; u < CPU_CHUNK; ++u)
-            a[u] = fma(wc, x[c][j0 + u], a[u]);
+        for (int u = 0; u < AK_CH; ++u) {
+            const float8 xv = x[c][j0 + u];
+            a[0][u] = fma(w0, xv, a[0][u]);
+            a[1][u] = fma(w1, xv, a[1][u]);
+        }
     }
 }
 
@@ -191,8 +241,8 @@ inline void row_times_keys(float8 *a, __local const float *w, __local const floa
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_bwd_dkdv_cpu(BWD_DKDV_ARGS) {
     __local float8 kt_tile[HEAD_DIM][CPU_NV], vt_tile[HEAD_DIM][CPU_NV];
     __local float8 k_tile[BLOCK_N][CPU_DV], dk_acc[BLOCK_N][CPU_DV], dv_acc[BLOCK_N][CPU_DV];
-    __local float8 q_tile[BLOCK_M][CPU_DV], do_tile[BLOCK_M][CPU_DV];
-    __local float p_tile[BLOCK_M][BLOCK_N], ds_tile[BLOCK_M][BLOCK_N];
+    __local float8 q_tile[M_EVEN][CPU_DV], do_tile[M_EVEN][CPU_DV];
+    __local float p_tile[M_EVEN][BLOCK_N], ds_tile[M_EVEN][BLOCK_N];
     float lse2[BLOCK_M], di[BLOCK_M];
     long lo[BLOCK_M], hi[BLOCK_M];
 
@@ -222,38 +272,34 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_bwd_dkdv_cpu(
             load_queries(q_tile, do_tile, lse2, di, lo, hi, q, ROW_AT(q, b, 0, hq), q_ss, dout,
                          ROW_AT(dout, b, 0, hq), dout_ss, lse, lse_off + row0, scratch, di_off + row0, m0, nq, nk,
                          win_left, win_right);
-            /* 3. Per row: P and dS over the block's keys (zero for a row that sees none). */
-            for (int r = 0; r < BLOCK_M; ++r) {
-                if (sees_block(lo[r], hi[r], n0, n)) {
-                    score_row(p_tile[r], ds_tile[r], (__local const float *)q_tile[r],
-                              (__local const float *)do_tile[r], kt_tile, vt_tile, lo[r], hi[r], n0, lse2[r], di[r],
-                              scale, softcap);
-                } else {
-                    for (int j = 0; j < CPU_NV; ++j) {
-                        vstore8((float8)0.0f, j, p_tile[r]);
-                        vstore8((float8)0.0f, j, ds_tile[r]);
-                    }
-                }
-            }
+            /* 3. P and dS over the block's keys (zero for a row that sees none). */
+            score_tile(p_tile, ds_tile, q_tile, do_tile, kt_tile, vt_tile, lse2, di, lo, hi, rows, n0, scale,
+                       softcap);
             /* 4. dV += P^T dO, dK += dS^T Q. */
             accumulate_keys(dv_acc, p_tile, do_tile, n, rows);
             accumulate_keys(dk_acc, ds_tile, q_tile, n, rows);
             /* 5. Atomic mode: each row's dS K into the float dQ accumulator. */
             if (!use_atomics)
                 continue;
-            for (int r = 0; r < rows; ++r) {
-                if (!sees_block(lo[r], hi[r], n0, n))
+            for (int r = 0; r < rows; r += 2) { /* two rows share each K load; row r + 1 < M_EVEN */
+                const int see0 = sees_block(lo[r], hi[r], n0, n);
+                const int see1 = r + 1 < rows && sees_block(lo[r + 1], hi[r + 1], n0, n);
+                if (!see0 && !see1)
                     continue;
                 volatile __global float *acc_row = scratch + dq_acc_off + (row0 + m0 + r) * HEAD_DIM;
-                for (int j0 = 0; j0 < CPU_DV; j0 += CPU_CHUNK) {
-                    float8 a[CPU_CHUNK];
+                for (int j0 = 0; j0 < CPU_DV; j0 += AK_CH) {
+                    float8 a[2][AK_CH];
 #pragma unroll
-                    for (int u = 0; u < CPU_CHUNK; ++u)
-                        a[u] = 0.0f;
-                    row_times_keys(a, ds_tile[r], k_tile, n, j0);
-                    const float *af = (const float *)a;
-                    for (int e = 0; e < CPU_CHUNK * CPU_VEC && j0 * CPU_VEC + e < HEAD_DIM; ++e)
-                        atomic_add_float(acc_row + j0 * CPU_VEC + e, af[e]);
+                    for (int u = 0; u < AK_CH; ++u)
+                        a[0][u] = a[1][u] = 0.0f;
+                    rows_times_keys(a, ds_tile[r], ds_tile[r + 1], k_tile, n, j0);
+                    for (int y = 0; y < 2; ++y) {
+                        if (!(y ? see1 : see0))
+                            continue;
+                        const float *af = (const float *)a[y];
+                        for (int e = 0; e < AK_CH * CPU_VEC && j0 * CPU_VEC + e < HEAD_DIM; ++e)
+                            atomic_add_float(acc_row + y * HEAD_DIM + j0 * CPU_VEC + e, af[e]);
+                    }
                 }
             }
         }
@@ -277,8 +323,8 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_bwd_dkdv_cpu(
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_bwd_dq_cpu(BWD_DQ_ARGS) {
     __local float8 kt_tile[HEAD_DIM][CPU_NV], vt_tile[HEAD_DIM][CPU_NV];
     __local float8 k_tile[BLOCK_N][CPU_DV], v_stage[BLOCK_N][CPU_DV];
-    __local float8 q_tile[BLOCK_M][CPU_DV], do_tile[BLOCK_M][CPU_DV], dq_acc[BLOCK_M][CPU_DV];
-    __local float p_tile[BLOCK_M][BLOCK_N], ds_tile[BLOCK_M][BLOCK_N];
+    __local float8 q_tile[M_EVEN][CPU_DV], do_tile[M_EVEN][CPU_DV], dq_acc[M_EVEN][CPU_DV];
+    __local float p_tile[M_EVEN][BLOCK_N], ds_tile[M_EVEN][BLOCK_N];
     float lse2[BLOCK_M], di[BLOCK_M];
     long lo[BLOCK_M], hi[BLOCK_M];
 
@@ -300,20 +346,21 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_bwd_dq_cpu(BW
     for (long n0 = blk_lo <= blk_hi ? (blk_lo / BLOCK_N) * BLOCK_N : blk_hi + 1; n0 <= blk_hi; n0 += BLOCK_N) {
         const int n = (int)min((long)BLOCK_N, (long)nk - n0);
         load_keys(k_tile, kt_tile, vt_tile, v_stage, k, ROW_AT(k, b, n0, hk), k_ss, v, ROW_AT(v, b, n0, hk), v_ss, n);
-        for (int r = 0; r < rows; ++r) {
-            if (!sees_block(lo[r], hi[r], n0, n))
-                continue; /* dS is 0 over this tile: nothing to add */
-            score_row(p_tile[r], ds_tile[r], (__local const float *)q_tile[r], (__local const float *)do_tile[r],
-                      kt_tile, vt_tile, lo[r], hi[r], n0, lse2[r], di[r], scale, softcap);
-            for (int j0 = 0; j0 < CPU_DV; j0 += CPU_CHUNK) {
-                float8 a[CPU_CHUNK];
+        score_tile(p_tile, ds_tile, q_tile, do_tile, kt_tile, vt_tile, lse2, di, lo, hi, rows, n0, scale, softcap);
+        for (int r = 0; r < rows; r += 2) { /* row r + 1 < M_EVEN: a padding row's dS is 0 */
+            for (int j0 = 0; j0 < CPU_DV; j0 += AK_CH) {
+                float8 a[2][AK_CH];
 #pragma unroll
-                for (int u = 0; u < CPU_CHUNK; ++u)
-                    a[u] = dq_acc[r][j0 + u];
-                row_times_keys(a, ds_tile[r], k_tile, n, j0);
+                for (int u = 0; u < AK_CH; ++u) {
+                    a[0][u] = dq_acc[r][j0 + u];
+                    a[1][u] = dq_acc[r + 1][j0 + u];
+                }
+                rows_times_keys(a, ds_tile[r], ds_tile[r + 1], k_tile, n, j0);
 #pragma unroll
-                for (int u = 0; u < CPU_CHUNK; ++u)
-                    dq_acc[r][j0 + u] = a[u];
+                for (int u = 0; u < AK_CH; ++u) {
+                    dq_acc[r][j0 + u] = a[0][u];
+                    dq_acc[r + 1][j0 + u] = a[1][u];
+                }
             }
         }
     }

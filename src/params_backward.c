@@ -78,13 +78,16 @@ static const backward_entry backward_arch[] = {
     {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
 static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
 static const backward_entry backward_type[] = {
-    /* CPU: cl/flash_bwd_cpu.cl, 64 keys per work-item, 64-row query tiles
-     * (64 work-items only for the portable fallback). Measured on PoCL (2-core AVX-512 Xeon, load ~1, `flashcl
-     * bench --backward --device cpu`, f16, median ms full/causal): 64x64 gave
-     * 14.1/7.7 at (1,4,512,64), 25.9/15.9 at (1,2,512,256); 32x32 22.8/9.2
-     * and 34.5/18.1; 32x64, 64x32, 64x128, 16x32, 32x16 no better. (The
-     * portable kernel, 32x32/64: 163/69 at (1,4,512,64).) */
-    {"CPU", NULL, 1, 256, 64, 64, 64, "measured on PoCL: 64x64 of 7 tiles tried", "cpu", 0},
+    /* CPU: cl/flash_bwd_cpu.cl, 256 keys per work-item, 64-row query tiles
+     * (64 work-items only for the portable fallback). The atomic dQ costs one
+     * compare-and-swap per row, head dim and key block, so wide key blocks
+     * pay it less often: measured on PoCL (2-core AMD EPYC, f32, (1,8,1024,64),
+     * CPU time of `flashcl bench --backward --device cpu --iters 5` under
+     * `perf stat -e task-clock`, 2026-12-04): 64x64 1170 ms, 64x128 907,
+     * 64x256 869/612 (full/causal), 32x256 1014/695, 128x256 853/630, 64x512
+     * 789/663. 64x256 needs 491 KB of __local at D=64; devices with less
+     * (Intel's CPU runtime: 256 KB) halve the keys until it fits. */
+    {"CPU", NULL, 1, 256, 64, 256, 64, "measured on PoCL: 64x256 of 6 tiles tried", "cpu", 0},
     /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
      * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
      * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
@@ -103,7 +106,7 @@ size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
 }
 
 size_t flashcl_backward_cpu_local_bytes(int block_m, int block_n, int head_dim) {
-    size_t m = (size_t)block_m, n = (size_t)block_n, d = (size_t)head_dim;
+    size_t m = (size_t)block_m + (size_t)block_m % 2, n = (size_t)block_n, d = (size_t)head_dim; /* M_EVEN */
     size_t d_pad = (d + 31) / 32 * 32; /* the kernel's D_PAD: head dim in whole CHUNKs of float8 */
     /* K^T, V^T; K, dK, dV (K, V staging in the dQ pass); Q, dO (+ dQ in the dQ pass); P, dS */
     return (2 * d * n + 3 * n * d_pad + 3 * m * d_pad + 2 * m * n) * sizeof(float);
@@ -371,6 +374,11 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->source = source;
     if (env.variant >= 0) /* VARIANT alone: that kernel's tiles shrink to fit as a default's */
         c->variant = (flashcl_backward_variant)env.variant;
+    /* The CPU entry's wide key blocks serve the cpu kernel's atomic dQ; the
+     * portable kernel, forced on a CPU, keeps square tiles (its work-items
+     * share one tile of keys, which 256 would make a 232 KB working set). */
+    if (c->variant == FLASHCL_BWD_PORTABLE && e->variant && !strcmp(e->variant, "cpu"))
+        c->block_n = c->block_m;
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         const size_t budget = flashcl_local_budget(ctx);
         const int min_n = c->variant == FLASHCL_BWD_CPU ? 8 : 1; /* the cpu kernel's key vectors */

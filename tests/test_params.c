@@ -773,9 +773,9 @@ static void test_backward_levels(void) {
     ctx->info.type = CL_DEVICE_TYPE_CPU;
     ctx->info.local_mem = 1 << 20;
     ctx->info.max_wg = 4096;
-    expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 64 && c.block_n == 64 &&
+    expect(backward_choice(ctx, 64, NULL, &c) == FLASHCL_SUCCESS && c.block_m == 64 && c.block_n == 256 &&
                c.work_group_size == 64 && c.variant == FLASHCL_BWD_CPU && !strncmp(c.source, "default: CPU (measured", 22),
-           "backward, CPU: the cpu kernel, 64x64 tiles, 64 work-items, source names the level", &failures);
+           "backward, CPU: the cpu kernel, 64x256 tiles, 64 work-items, source names the level", &failures);
     expect(backward_choice(ctx, 64, "VARIANT=portable", &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_PORTABLE &&
                c.block_n == 64,
            "FLASHCL_BWD_PARAMS=VARIANT=portable picks the portable kernel", &failures);
