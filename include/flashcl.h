@@ -520,6 +520,15 @@ FLASHCL_API flashcl_status flashcl_serving_params(flashcl_context *ctx, const fl
  * GQA/MQA: dk and dv of a key/value head are the sums over the query heads
  * sharing it. A row that sees no key (LSE -inf) gets dq 0 and contributes
  * nothing to dk, dv; keys no row sees get dk = dv = 0.
+ *
+ * Precision with large scores: P is recomputed as exp(s - lse) from the
+ * forward's float32 LSE (flash-attn's and PyTorch's format). An LSE of
+ * magnitude L is rounded by up to L * 2^-24, so each P carries that relative
+ * error: the same order as the rounding float32 already puts into a score of
+ * that size (|s| * 2^-24), under 1e-3 for |scores| below ~1e4. Past ~1e7 it
+ * is of order 1: two tied keys at s = 1e10 each get P = 1, not 0.5. The
+ * forward stays exact for any finite score; a gradient of scores that large
+ * needs more than a float32 LSE (docs/design.md, "Numerics").
  * ---------------------------------------------------------------------- */
 typedef struct flashcl_backward_options {
     /* Layouts of the gradient tensors; all-zero strides mean packed, as in
