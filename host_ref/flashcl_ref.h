@@ -22,6 +22,12 @@ uint16_t flashcl_ref_float_to_half(float f);
 float flashcl_ref_bf16_to_float(uint16_t b);
 uint16_t flashcl_ref_float_to_bf16(float f);
 
+/* FP8 (FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT8_E5M2), host_ref/ref_fp8.c: exact
+ * decoding; encoding to the nearest value, ties to even, saturating to +-max
+ * (cvt.rn.satfinite), NaN to 0x7f with the sign. */
+double flashcl_ref_fp8_decode(flashcl_dtype format, unsigned char bits);
+unsigned char flashcl_ref_fp8_encode(flashcl_dtype format, double value);
+
 /* Element `index` of an array of `dtype`, widened to double. */
 double flashcl_ref_load(const void *base, flashcl_dtype dtype, size_t index);
 /* Rounds `value` to `dtype` (through float) and stores it at `index`. */

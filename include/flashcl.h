@@ -123,7 +123,8 @@ FLASHCL_API void flashcl_context_destroy(flashcl_context *ctx);
  * failed (with the OpenCL build log when a build failed); "" after a success,
  * or when this thread's last call was on another context. ctx NULL: why the
  * thread's last flashcl_context_create or flashcl_context_adopt failed (no
- * context exists to hold it). Messages are per thread, so threads sharing a
+ * context exists to hold it), or its last context-free call (the FP8
+ * helpers). Messages are per thread, so threads sharing a
  * context never see each other's. Owned by the library, valid until this
  * thread's next call. */
 FLASHCL_API const char *flashcl_last_error(const flashcl_context *ctx);
@@ -155,6 +156,11 @@ typedef enum flashcl_dtype {
     FLASHCL_FLOAT32 = 0,
     FLASHCL_FLOAT16 = 1,  /* IEEE binary16 */
     FLASHCL_BFLOAT16 = 2, /* upper 16 bits of a binary32 */
+    /* The OCP 8-bit formats, as PyTorch's float8_e4m3fn and float8_e5m2
+     * ("FP8" below). In this version only the FP8 helpers take them; an
+     * attention call or KV cache given one returns FLASHCL_ERROR_INVALID_ARGUMENT. */
+    FLASHCL_FLOAT8_E4M3 = 3, /* 1-4-3, bias 7: max 448, no infinity  */
+    FLASHCL_FLOAT8_E5M2 = 4, /* 1-5-2, bias 15: max 57344, infinity */
 } flashcl_dtype;
 
 /* Size in bytes of one element of `dtype` (0 for an unknown value). */
@@ -508,6 +514,38 @@ FLASHCL_API flashcl_status flashcl_paged_attention(flashcl_context *ctx, const f
 FLASHCL_API flashcl_status flashcl_serving_params(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                                 const flashcl_kv_cache *cache, const int *seq_ids,
                                                 flashcl_params *params, int *splits);
+
+/* ------------------------------------------------------------------------
+ * FP8 (FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT8_E5M2)
+ *
+ * Conversions: decoding is exact. Encoding rounds to nearest, ties to even,
+ * and saturates as the hardware's cvt.rn.satfinite does: a finite value past
+ * the largest magnitude, and an infinity, become +-max (448 for e4m3, 57344
+ * for e5m2); NaN becomes the format's NaN (0x7f with the sign bit). So e5m2's
+ * infinity is decoded but never produced. Quantization scales by the
+ * absolute maximum (amax), as FlashAttention-3's descale factors expect:
+ *   descale = amax / max (1 when amax is 0),  fp8 = encode(x / descale),
+ *   x ~ descale * decode(fp8).
+ * ---------------------------------------------------------------------- */
+FLASHCL_API float flashcl_fp8_decode(flashcl_dtype format, unsigned char bits);
+FLASHCL_API unsigned char flashcl_fp8_encode(flashcl_dtype format, float value);
+
+typedef struct flashcl_fp8_quant_desc {
+    flashcl_dtype format;   /* FLASHCL_FLOAT8_E4M3 or FLASHCL_FLOAT8_E5M2 */
+    flashcl_dtype src_dtype; /* float32, float16 or bfloat16 */
+    int batch, seqlen, heads, head_dim; /* >= 1 */
+    flashcl_layout src;     /* zero strides: packed [batch][seqlen][heads][head_dim] */
+    int per_head;           /* nonzero: a scale per (batch, head); zero: one for all */
+} flashcl_fp8_quant_desc;
+
+/* Quantizes src (desc->src_dtype in desc->src's layout) into dst, packed
+ * [batch][seqlen][heads][head_dim] bytes of desc->format, and writes the
+ * descale factors: descale[b * heads + h] when per_head (flash-attn 3's
+ * (batch, heads) descale shape), else descale[0]. A NaN or infinity in src
+ * returns FLASHCL_ERROR_INVALID_ARGUMENT (an amax scale has no meaning then)
+ * with nothing written; flashcl_last_error(NULL) says where. */
+FLASHCL_API flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, const void *src,
+                                                    unsigned char *dst, float *descale);
 
 /* ------------------------------------------------------------------------
  * Backward pass

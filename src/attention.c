@@ -11,7 +11,7 @@
 flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
     if (!d)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
-    if (flashcl_dtype_size(d->dtype) == 0)
+    if (flashcl_dtype_unusable(d->dtype))
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     if (d->batch < 1 || d->heads_q < 1 || d->heads_k < 1 || d->seqlen_q < 1 || d->seqlen_k < 1 ||
         d->head_dim < 1)
@@ -47,8 +47,8 @@ static flashcl_status check_desc(flashcl_context *ctx, const flashcl_attention_d
     flashcl_status st = flashcl_attention_desc_resolve(r);
     if (st == FLASHCL_SUCCESS)
         return st;
-    if (flashcl_dtype_size(d->dtype) == 0)
-        return flashcl_fail(ctx, st, "unknown dtype %d", (int)d->dtype);
+    if (flashcl_dtype_unusable(d->dtype))
+        return flashcl_fail(ctx, st, "dtype %d: %s", (int)d->dtype, flashcl_dtype_unusable(d->dtype));
     if (st == FLASHCL_ERROR_INVALID_SHAPE)
         return flashcl_fail(ctx, st,
                             "invalid shape: batch %d, heads_q %d, heads_k %d, seqlen_q %d, "

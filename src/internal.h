@@ -458,6 +458,11 @@ flashcl_status flashcl_host_backward(flashcl_context *ctx, const flashcl_attenti
                                      const float *lse, void *dq, void *dk, void *dv);
 /* host_path.c's storage conversions: element i of an array of dtype. */
 float flashcl_host_load(const void *base, flashcl_dtype dtype, size_t i);
+/* ---- FP8 (fp8.c) ---- */
+int flashcl_dtype_is_fp8(flashcl_dtype dtype);
+/* Why attention cannot take tensors of dtype (an unknown value, or FP8,
+ * which only the FP8 helpers take in this version), or NULL when it can. */
+const char *flashcl_dtype_unusable(flashcl_dtype dtype);
 void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value);
 
 /* ---- layouts and buffer checks (layout.c) ---- */

@@ -193,8 +193,9 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
     if (!desc)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
     size_t es = flashcl_dtype_size(desc->dtype);
-    if (!es)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)desc->dtype);
+    if (flashcl_dtype_unusable(desc->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)desc->dtype,
+                            flashcl_dtype_unusable(desc->dtype));
     if (desc->heads_k < 1 || desc->head_dim < 1 || desc->head_dim > 256 || desc->page_size < 1 ||
         desc->page_size > 256 || desc->num_pages < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,

@@ -46,8 +46,9 @@ static flashcl_status resolve_merge(flashcl_context *ctx, const flashcl_merge_de
     if (!d)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
     size_t es = flashcl_dtype_size(d->dtype);
-    if (!es)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)d->dtype);
+    if (flashcl_dtype_unusable(d->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)d->dtype,
+                            flashcl_dtype_unusable(d->dtype));
     if (d->batch < 1 || d->seqlen < 1 || d->heads < 1 || d->head_dim < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                             "invalid merge shape: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
@@ -299,8 +300,9 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     p->cache = cache;
     p->seq_ids = seq_ids;
     flashcl_varlen_desc *r = &p->r;
-    if (!flashcl_dtype_size(r->dtype))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "unknown dtype %d", (int)r->dtype);
+    if (flashcl_dtype_unusable(r->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)r->dtype,
+                            flashcl_dtype_unusable(r->dtype));
     if (r->num_seqs < 1 || r->heads_q < 1 || r->heads_k < 1 || r->head_dim < 1 || r->head_dim > 256 ||
         r->heads_q % r->heads_k != 0)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,

@@ -17,8 +17,17 @@ size_t flashcl_dtype_size(flashcl_dtype dtype) {
     case FLASHCL_FLOAT16:
     case FLASHCL_BFLOAT16:
         return 2;
+    case FLASHCL_FLOAT8_E4M3:
+    case FLASHCL_FLOAT8_E5M2:
+        return 1;
     }
     return 0;
+}
+
+const char *flashcl_dtype_unusable(flashcl_dtype dtype) {
+    if (flashcl_dtype_is_fp8(dtype))
+        return "float8 tensors are taken only by the FP8 helpers (flashcl_fp8_quantize_host) in this version";
+    return flashcl_dtype_size(dtype) ? NULL : "unknown dtype";
 }
 
 static const char *cl_status_string(cl_int status) {

@@ -1,0 +1,259 @@
+/* test_fp8.c: the FP8 formats (src/fp8.c) against their definition (host_ref/ref_fp8.c).
+ *
+ * Every one of the 256 codes of both formats decodes to the reference value;
+ * encoding agrees with the reference's nearest-value search on every code,
+ * on every midpoint between neighbours (ties to even) and on random values
+ * across the range; saturation and NaN follow cvt.rn.satfinite; amax
+ * quantization (per tensor and per head, from float32, float16 and
+ * bfloat16, packed and strided) gives the reference's bytes and scales, and
+ * refuses NaN or infinity without writing; attention calls refuse FP8
+ * tensors with a message. Needs no OpenCL device.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashcl.h"
+#include "flashcl_ref.h"
+#include "harness.h"
+
+static int failures;
+static const flashcl_dtype formats[2] = {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT8_E5M2};
+static const char *const names[2] = {"e4m3", "e5m2"};
+
+static int same_value(double ref, float got) {
+    return isnan(ref) ? isnan(got) : (double)got == ref && !signbit(ref) == !signbit(got);
+}
+
+static void decode_table(void) {
+    for (int f = 0; f < 2; ++f) {
+        int bad = 0;
+        for (int c = 0; c < 256; ++c)
+            bad += !same_value(flashcl_ref_fp8_decode(formats[f], (unsigned char)c),
+                               flashcl_fp8_decode(formats[f], (unsigned char)c));
+        char what[96];
+        snprintf(what, sizeof what, "%s: all 256 codes decode to the reference (%d differ)", names[f], bad);
+        expect(bad == 0, what, &failures);
+    }
+    /* The definition's landmarks, written out, so the reference is checked too. */
+    const flashcl_dtype E4 = FLASHCL_FLOAT8_E4M3, E5 = FLASHCL_FLOAT8_E5M2;
+    expect(flashcl_fp8_decode(E4, 0x7e) == 448.0f && isnan(flashcl_fp8_decode(E4, 0x7f)) &&
+               isnan(flashcl_fp8_decode(E4, 0xff)) && flashcl_fp8_decode(E4, 0x78) == 256.0f &&
+               flashcl_fp8_decode(E4, 0x38) == 1.0f && flashcl_fp8_decode(E4, 0x08) == ldexpf(1, -6) &&
+               flashcl_fp8_decode(E4, 0x01) == ldexpf(1, -9) && flashcl_fp8_decode(E4, 0xb8) == -1.0f,
+           "e4m3: 448, NaN only at S.1111.111, 1, 2^-6, 2^-9 subnormal", &failures);
+    expect(flashcl_fp8_decode(E5, 0x7b) == 57344.0f && flashcl_fp8_decode(E5, 0x7c) == INFINITY &&
+               flashcl_fp8_decode(E5, 0xfc) == -INFINITY && isnan(flashcl_fp8_decode(E5, 0x7d)) &&
+               isnan(flashcl_fp8_decode(E5, 0x7f)) && flashcl_fp8_decode(E5, 0x3c) == 1.0f &&
+               flashcl_fp8_decode(E5, 0x04) == ldexpf(1, -14) && flashcl_fp8_decode(E5, 0x01) == ldexpf(1, -16),
+           "e5m2: 57344, +-inf, NaN, 1, 2^-14, 2^-16 subnormal", &failures);
+    expect(flashcl_dtype_size(E4) == 1 && flashcl_dtype_size(E5) == 1, "FP8 elements are one byte", &failures);
+}
+
+static void encode_checks(uint64_t seed) {
+    for (int f = 0; f < 2; ++f) {
+        const flashcl_dtype fmt = formats[f];
+        const unsigned max_code = f ? 0x7b : 0x7e;
+        int bad = 0, ties = 0, rnd = 0;
+        for (unsigned c = 0; c <= max_code; ++c)
+            for (int sign = 0; sign < 2; ++sign) {
+                const unsigned code = c | (sign ? 0x80u : 0u);
+                bad += flashcl_fp8_encode(fmt, flashcl_fp8_decode(fmt, (unsigned char)code)) != code;
+            }
+        /* Midpoints between neighbours (exact in float: 5 significant bits):
+         * ties go to the even code. */
+        for (unsigned c = 0; c < max_code; ++c) {
+            const double mid = 0.5 * (flashcl_ref_fp8_decode(fmt, (unsigned char)c) +
+                                      flashcl_ref_fp8_decode(fmt, (unsigned char)(c + 1)));
+            const unsigned char want = flashcl_ref_fp8_encode(fmt, mid);
+            ties += flashcl_fp8_encode(fmt, (float)mid) != want || (want & 1);
+            ties += flashcl_fp8_encode(fmt, (float)-mid) != (want | 0x80);
+        }
+        /* Random magnitudes over the whole range and beyond both ends. */
+        flashcl_ref_rng rng;
+        flashcl_ref_rng_seed(&rng, seed + (uint64_t)f);
+        for (int i = 0; i < 200000; ++i) {
+            const double frac = flashcl_ref_rng_uniform(&rng), u = flashcl_ref_rng_uniform(&rng);
+            const int neg = flashcl_ref_rng_uniform(&rng) < 0.5;
+            const float x = (neg ? -1.0f : 1.0f) * ldexpf(1.0f + (float)frac, (int)(u * 44.0) - 22);
+            rnd += flashcl_fp8_encode(fmt, x) != flashcl_ref_fp8_encode(fmt, (double)x);
+        }
+        char what[128];
+        snprintf(what, sizeof what, "%s: every value round-trips (%d differ)", names[f], bad);
+        expect(bad == 0, what, &failures);
+        snprintf(what, sizeof what, "%s: midpoints round to the even neighbour (%d wrong)", names[f], ties);
+        expect(ties == 0, what, &failures);
+        snprintf(what, sizeof what, "%s: 200000 random values as the reference encodes them (%d differ)", names[f], rnd);
+        expect(rnd == 0, what, &failures);
+        /* cvt.rn.satfinite: past max, infinities -> +-max; NaN -> 0x7f with the sign. */
+        const float mx = f ? 57344.0f : 448.0f;
+        expect(flashcl_fp8_encode(fmt, mx * 1.5f) == max_code && flashcl_fp8_encode(fmt, -mx * 1.5f) == (max_code | 0x80) &&
+                   flashcl_fp8_encode(fmt, INFINITY) == max_code && flashcl_fp8_encode(fmt, -INFINITY) == (max_code | 0x80) &&
+                   flashcl_fp8_encode(fmt, 3e38f) == max_code && flashcl_fp8_encode(fmt, NAN) == 0x7f &&
+                   flashcl_fp8_encode(fmt, -NAN) == 0xff && flashcl_fp8_encode(fmt, 1e-30f) == 0 &&
+                   flashcl_fp8_encode(fmt, -1e-30f) == 0x80,
+               f ? "e5m2: saturates to +-57344 (infinities too), NaN stays NaN, tiny values to +-0"
+                 : "e4m3: saturates to +-448 (infinities too), NaN stays NaN, tiny values to +-0",
+               &failures);
+    }
+}
+
+/* One quantization case: shape, source dtype, layout (packed or [b][h][s][d]), per head. */
+static void quantize_case(flashcl_dtype fmt, flashcl_dtype src_dt, int per_head, int bhsd, uint64_t seed) {
+    const int B = 2, S = 37, H = 3, D = 24;
+    const size_t n = (size_t)B * S * H * D;
+    flashcl_fp8_quant_desc d;
+    memset(&d, 0, sizeof d);
+    d.format = fmt;
+    d.src_dtype = src_dt;
+    d.batch = B, d.seqlen = S, d.heads = H, d.head_dim = D;
+    d.per_head = per_head;
+    if (bhsd) { /* [b][h][s][d] with a 5-element offset */
+        d.src.offset = 5;
+        d.src.stride_head = (size_t)S * D;
+        d.src.stride_seq = D;
+        d.src.stride_batch = (size_t)H * S * D;
+    }
+    const size_t es = flashcl_dtype_size(src_dt), span = n + 5;
+    unsigned char *src = calloc(span, es), *dst = malloc(n);
+    float descale[6];
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    /* N(0,1) with 0.1 % outliers from N(0, 10^2), and one head scaled by 100
+     * so per-head scales differ. */
+    for (size_t i = 0; i < span; ++i) {
+        const double g = flashcl_ref_rng_normal(&rng);
+        flashcl_ref_store(src, src_dt, i, flashcl_ref_rng_uniform(&rng) < 0.001 ? 10.0 * g : g);
+    }
+    for (int b = 0; b < B; ++b)
+        for (int s = 0; s < S; ++s)
+            for (int x = 0; x < D; ++x) {
+                const size_t at = bhsd ? 5 + ((size_t)(b * H + 1) * S + s) * D + x : (((size_t)b * S + s) * H + 1) * D + x;
+                flashcl_ref_store(src, src_dt, at, 100.0 * flashcl_ref_load(src, src_dt, at));
+            }
+    memset(dst, 0xAA, n);
+    const flashcl_status st = flashcl_fp8_quantize_host(&d, src, dst, descale);
+    /* The reference: amax per group, descale = amax / max, bytes by ref encode. */
+    const double mx = fmt == FLASHCL_FLOAT8_E4M3 ? 448.0 : 57344.0;
+    int bad_scale = 0, bad_bytes = 0;
+    double worst = 0.0;
+    for (int g = 0; g < (per_head ? B * H : 1); ++g) {
+        float amax = 0.0f;
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < H; ++h)
+                if (!per_head || g == b * H + h)
+                    for (int s = 0; s < S; ++s)
+                        for (int x = 0; x < D; ++x) {
+                            const size_t at = bhsd ? 5 + ((size_t)(b * H + h) * S + s) * D + x
+                                                   : (((size_t)b * S + s) * H + h) * D + x;
+                            amax = fmaxf(amax, (float)fabs(flashcl_ref_load(src, src_dt, at)));
+                        }
+        bad_scale += descale[g] != amax / (float)mx;
+    }
+    size_t o = 0;
+    for (int b = 0; b < B; ++b)
+        for (int s = 0; s < S; ++s)
+            for (int h = 0; h < H; ++h)
+                for (int x = 0; x < D; ++x, ++o) {
+                    const size_t at = bhsd ? 5 + ((size_t)(b * H + h) * S + s) * D + x : (((size_t)b * S + s) * H + h) * D + x;
+                    const float sc = descale[per_head ? b * H + h : 0];
+                    const float xv = (float)flashcl_ref_load(src, src_dt, at);
+                    bad_bytes += dst[o] != flashcl_ref_fp8_encode(fmt, (double)(xv / sc));
+                    /* Relative error of a normal value: half a step, 2^-4 (e4m3) or 2^-3 (e5m2). */
+                    const double back = sc * flashcl_ref_fp8_decode(fmt, dst[o]);
+                    if (fabs(xv) > sc * (fmt == FLASHCL_FLOAT8_E4M3 ? ldexp(1, -6) : ldexp(1, -14)))
+                        worst = fmax(worst, fabs(back - xv) / fabs(xv));
+                }
+    char what[160];
+    snprintf(what, sizeof what, "quantize %s from %s, %s, %s: scales %d off, bytes %d off, worst rel %.3g",
+             fmt == FLASHCL_FLOAT8_E4M3 ? "e4m3" : "e5m2",
+             src_dt == FLASHCL_FLOAT32 ? "f32" : src_dt == FLASHCL_FLOAT16 ? "f16" : "bf16",
+             per_head ? "per head" : "per tensor", bhsd ? "[b][h][s][d]" : "packed", bad_scale, bad_bytes, worst);
+    expect(st == FLASHCL_SUCCESS && bad_scale == 0 && bad_bytes == 0 &&
+               worst <= (fmt == FLASHCL_FLOAT8_E4M3 ? 0.0625 : 0.125) * 1.0000001,
+           what, &failures);
+    free(src);
+    free(dst);
+}
+
+static void quantize_errors(void) {
+    float src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    unsigned char dst[8];
+    float descale[2] = {-7.0f, -7.0f};
+    flashcl_fp8_quant_desc d;
+    memset(&d, 0, sizeof d);
+    d.format = FLASHCL_FLOAT8_E4M3;
+    d.src_dtype = FLASHCL_FLOAT32;
+    d.batch = 1, d.seqlen = 2, d.heads = 2, d.head_dim = 2;
+    d.per_head = 1;
+    src[6] = NAN;
+    memset(dst, 0x55, sizeof dst);
+    flashcl_status st = flashcl_fp8_quantize_host(&d, src, dst, descale);
+    int untouched = descale[0] == -7.0f && descale[1] == -7.0f;
+    for (int i = 0; i < 8; ++i)
+        untouched &= dst[i] == 0x55;
+    expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && untouched && strstr(flashcl_last_error(NULL), "NaN at"),
+           "quantize: a NaN input is refused, named, and nothing is written", &failures);
+    src[6] = INFINITY;
+    st = flashcl_fp8_quantize_host(&d, src, dst, descale);
+    expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && descale[0] == -7.0f && dst[0] == 0x55 &&
+               strstr(flashcl_last_error(NULL), "infinity"),
+           "quantize: an infinite input is refused the same way", &failures);
+    src[6] = 7.0f;
+    d.format = FLASHCL_FLOAT16;
+    expect(flashcl_fp8_quantize_host(&d, src, dst, descale) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(NULL), "FLASHCL_FLOAT8_E4M3"),
+           "quantize: a format that is not FP8 is refused", &failures);
+    d.format = FLASHCL_FLOAT8_E5M2;
+    d.src_dtype = FLASHCL_FLOAT8_E4M3;
+    expect(flashcl_fp8_quantize_host(&d, src, dst, descale) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "quantize: an FP8 source is refused", &failures);
+    d.src_dtype = FLASHCL_FLOAT32;
+    d.heads = 0;
+    expect(flashcl_fp8_quantize_host(&d, src, dst, descale) == FLASHCL_ERROR_INVALID_SHAPE,
+           "quantize: a zero dimension is refused", &failures);
+    d.heads = 2;
+    expect(flashcl_fp8_quantize_host(&d, NULL, dst, descale) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               flashcl_fp8_quantize_host(NULL, src, dst, descale) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "quantize: NULL arguments are refused", &failures);
+    expect(descale[0] == -7.0f && dst[0] == 0x55, "... and none of the refusals wrote anything", &failures);
+    d.per_head = 0;
+    memset(src, 0, sizeof src);
+    expect(flashcl_fp8_quantize_host(&d, src, dst, descale) == FLASHCL_SUCCESS && descale[0] == 1.0f && dst[3] == 0,
+           "quantize: an all-zero tensor gets descale 1 and zeros", &failures);
+}
+
+/* Attention does not take FP8 tensors yet: refused, with the reason. */
+static void attention_refuses_fp8(void) {
+    flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 4, 4, 8);
+    d.causal = 1;
+    expect(flashcl_attention_desc_resolve(&d) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "attention desc with an FP8 dtype is refused", &failures);
+    flashcl_context *ctx = NULL;
+    if (flashcl_context_create(&ctx, "host") != FLASHCL_SUCCESS) {
+        expect(0, "a host context", &failures);
+        return;
+    }
+    unsigned char q[32], k[32], v[32], out[32];
+    memset(q, 0, sizeof q), memset(k, 0, sizeof k), memset(v, 0, sizeof v);
+    memset(out, 0x5a, sizeof out);
+    const flashcl_status st = flashcl_attention_forward_host(ctx, &d, q, k, v, out, NULL);
+    expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(ctx), "float8") && out[0] == 0x5a &&
+               out[31] == 0x5a,
+           "the host forward refuses FP8 tensors, says why, writes nothing", &failures);
+    flashcl_context_destroy(ctx);
+}
+
+int main(void) {
+    const uint64_t seed = test_seed();
+    decode_table();
+    encode_checks(seed);
+    for (int f = 0; f < 2; ++f)
+        for (int dt = 0; dt < 3; ++dt)
+            for (int per_head = 0; per_head < 2; ++per_head)
+                quantize_case(formats[f], (flashcl_dtype)dt, per_head, (dt + per_head) & 1, seed + 17u * (uint64_t)dt);
+    quantize_errors();
+    attention_refuses_fp8();
+    return test_summary(failures);
+}
