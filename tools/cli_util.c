@@ -242,6 +242,10 @@ const char *cli_dtype_name(flashcl_dtype dtype) {
         return "f16";
     case FLASHCL_BFLOAT16:
         return "bf16";
+    case FLASHCL_FLOAT8_E4M3:
+        return "e4m3";
+    case FLASHCL_FLOAT8_E5M2:
+        return "e5m2";
     }
     return "?";
 }
