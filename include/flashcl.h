@@ -524,8 +524,8 @@ FLASHCL_API flashcl_status flashcl_serving_params(flashcl_context *ctx, const fl
  * for e5m2); NaN becomes the format's NaN (0x7f with the sign bit). So e5m2's
  * infinity is decoded but never produced. Quantization scales by the
  * absolute maximum (amax), as FlashAttention-3's descale factors expect:
- *   descale = amax / max (1 when amax is 0),  fp8 = encode(x / descale),
- *   x ~ descale * decode(fp8).
+ *   descale = amax / max, inv = max / amax (both 1 when amax is 0),
+ *   fp8 = encode(x * inv),  x ~ descale * decode(fp8).
  * ---------------------------------------------------------------------- */
 FLASHCL_API float flashcl_fp8_decode(flashcl_dtype format, unsigned char bits);
 FLASHCL_API unsigned char flashcl_fp8_encode(flashcl_dtype format, float value);
@@ -546,6 +546,14 @@ typedef struct flashcl_fp8_quant_desc {
  * with nothing written; flashcl_last_error(NULL) says where. */
 FLASHCL_API flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, const void *src,
                                                     unsigned char *dst, float *descale);
+/* The same on the device: src in desc->src's layout, dst at least
+ * batch*seqlen*heads*head_dim bytes, descale a float buffer of the scale
+ * count. The bytes and scales equal the host helper's. It reads the amax
+ * back before it writes anything (so it blocks for one kernel), refuses a NaN
+ * or infinity with nothing written, then enqueues the quantize kernel;
+ * `event` (may be NULL) receives it. A host context: FLASHCL_ERROR_UNSUPPORTED. */
+FLASHCL_API flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src,
+                                               cl_mem dst, cl_mem descale, cl_event *event);
 
 /* ------------------------------------------------------------------------
  * Backward pass

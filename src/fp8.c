@@ -90,27 +90,44 @@ static size_t src_index(const flashcl_fp8_quant_desc *d, int b, int s, int h, in
     return l->offset + (size_t)b * sb + (size_t)s * ss + (size_t)h * sh + (size_t)x;
 }
 
-flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, const void *src, unsigned char *dst,
-                                         float *descale) {
-    if (!desc || !src || !dst || !descale)
-        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize_host: a NULL argument");
-    const fp8_format *f = format_of(desc->format);
-    if (!f)
-        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT,
-                            "flashcl_fp8_quantize_host: format %d is not FLASHCL_FLOAT8_E4M3 or _E5M2",
-                            (int)desc->format);
+/* Checks desc for either quantize helper (ctx NULL for the host one). */
+static flashcl_status check_desc(flashcl_context *ctx, const char *fn, const flashcl_fp8_quant_desc *desc,
+                                 const fp8_format **f) {
+    *f = desc ? format_of(desc->format) : NULL;
+    if (!desc)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s: desc is NULL", fn);
+    if (!*f)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s: format %d is not FLASHCL_FLOAT8_E4M3 or _E5M2",
+                            fn, (int)desc->format);
     if (desc->src_dtype != FLASHCL_FLOAT32 && desc->src_dtype != FLASHCL_FLOAT16 &&
         desc->src_dtype != FLASHCL_BFLOAT16)
-        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT,
-                            "flashcl_fp8_quantize_host: src_dtype %d is not float32, float16 or bfloat16",
-                            (int)desc->src_dtype);
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "%s: src_dtype %d is not float32, float16 or bfloat16", fn, (int)desc->src_dtype);
     if (desc->batch < 1 || desc->seqlen < 1 || desc->heads < 1 || desc->head_dim < 1)
-        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_SHAPE,
-                            "flashcl_fp8_quantize_host: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
-                            desc->batch, desc->seqlen, desc->heads, desc->head_dim);
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
+                            fn, desc->batch, desc->seqlen, desc->heads, desc->head_dim);
+    return FLASHCL_SUCCESS;
+}
+
+/* The scales of one group from its amax: descale = amax / max and its
+ * inverse max / amax (1 and 1 for an all-zero group), both correctly rounded
+ * here, so the host and device helpers multiply by the same float. */
+static void group_scales(const fp8_format *f, float amax, float *descale, float *inv) {
+    *descale = amax > 0.0f ? amax / f->max : 1.0f;
+    *inv = amax > 0.0f ? f->max / amax : 1.0f;
+}
+
+flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, const void *src, unsigned char *dst,
+                                         float *descale) {
+    const fp8_format *f;
+    flashcl_status st = check_desc(NULL, "flashcl_fp8_quantize_host", desc, &f);
+    if (st)
+        return st;
+    if (!src || !dst || !descale)
+        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize_host: a NULL argument");
     /* Pass 1: amax per group, refusing non-finite input before any write. */
     const int groups = desc->per_head ? desc->batch * desc->heads : 1;
-    float *amax = calloc((size_t)groups, sizeof *amax);
+    float *amax = calloc(2 * (size_t)groups, sizeof *amax), *inv = amax + groups;
     if (!amax)
         return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
     for (int b = 0; b < desc->batch; ++b)
@@ -129,18 +146,129 @@ flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, con
                 }
         }
     for (int g = 0; g < groups; ++g)
-        descale[g] = amax[g] > 0.0f ? amax[g] / f->max : 1.0f;
-    free(amax);
-    /* Pass 2: x / descale, rounded. */
+        group_scales(f, amax[g], &descale[g], &inv[g]);
+    /* Pass 2: x * inv, rounded. */
     size_t o = 0;
     for (int b = 0; b < desc->batch; ++b)
         for (int s = 0; s < desc->seqlen; ++s)
             for (int h = 0; h < desc->heads; ++h) {
-                const float sc = descale[desc->per_head ? b * desc->heads + h : 0];
+                const float sc = inv[desc->per_head ? b * desc->heads + h : 0];
                 for (int x = 0; x < desc->head_dim; ++x)
                     dst[o++] = flashcl_fp8_encode(desc->format,
-                                                  flashcl_host_load(src, desc->src_dtype, src_index(desc, b, s, h, x)) / sc);
+                                                  flashcl_host_load(src, desc->src_dtype, src_index(desc, b, s, h, x)) * sc);
             }
+    free(amax);
     flashcl_clear_error(NULL);
     return FLASHCL_SUCCESS;
+}
+
+/* ---- on the device (cl/fp8.cl) ---------------------------------------------------------------- */
+
+/* Sets the row arguments shared by both kernels (ROW_ARGS in cl/fp8.cl). */
+static cl_int set_row_args(cl_kernel k, const flashcl_fp8_quant_desc *d, const flashcl_layout *l, cl_mem src) {
+    const cl_ulong u[4] = {l->offset, l->stride_batch, l->stride_seq, l->stride_head};
+    const cl_int heads = d->heads, dim = d->head_dim, per_head = d->per_head != 0;
+    cl_int err = clSetKernelArg(k, 0, sizeof src, &src);
+    for (int i = 0; i < 4; ++i)
+        err |= clSetKernelArg(k, (cl_uint)(1 + i), sizeof u[i], &u[i]);
+    err |= clSetKernelArg(k, 5, sizeof heads, &heads);
+    err |= clSetKernelArg(k, 6, sizeof dim, &dim);
+    err |= clSetKernelArg(k, 7, sizeof per_head, &per_head);
+    return err;
+}
+
+flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src, cl_mem dst,
+                                    cl_mem descale, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
+                            "a host context has no cl_mem buffers: use flashcl_fp8_quantize_host");
+    const fp8_format *f;
+    flashcl_status st = check_desc(ctx, "flashcl_fp8_quantize", desc, &f);
+    if (st)
+        return st;
+    flashcl_layout l = desc->src;
+    if (!l.stride_batch && !l.stride_seq && !l.stride_head)
+        flashcl_default_layout(&l, desc->seqlen, desc->heads, desc->head_dim);
+    const int groups = desc->per_head ? desc->batch * desc->heads : 1;
+    const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
+    if ((st = flashcl_check_buffer(ctx, "src", src,
+                                   flashcl_layout_bytes(&l, desc->batch, desc->seqlen, desc->heads, desc->head_dim,
+                                                        flashcl_dtype_size(desc->src_dtype)))) ||
+        (st = flashcl_check_buffer(ctx, "dst", dst, n)) ||
+        (st = flashcl_check_buffer(ctx, "descale", descale, (size_t)groups * sizeof(float))))
+        return st;
+    if (dst == src || descale == src || descale == dst)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize: src, dst and descale must differ");
+
+    char options[96];
+    cl_kernel k_amax, k_quant;
+    const int is_e5m2 = desc->format == FLASHCL_FLOAT8_E5M2;
+    /* One kernel per (file, options): a -D naming each kernel keeps them apart. */
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DFP8_KERNEL=1", (int)desc->src_dtype, is_e5m2);
+    if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_amax", options, &k_amax)))
+        return st;
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DFP8_KERNEL=2", (int)desc->src_dtype, is_e5m2);
+    if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_quantize", options, &k_quant)))
+        return st;
+
+    /* amax: groups + 1 uints; inv: groups floats. */
+    cl_int err;
+    uint32_t *host = calloc((size_t)groups + 1, 4);
+    float *scales = calloc(2 * (size_t)groups, sizeof(float));
+    cl_mem scratch = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, ((size_t)groups + 1) * 4, NULL, &err);
+    cl_mem inv = scratch ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY, (size_t)groups * 4, NULL, &err) : NULL;
+    if (!host || !scales || !scratch || !inv) {
+        free(host), free(scales);
+        if (scratch)
+            clReleaseMemObject(scratch);
+        return !host || !scales ? flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory")
+                                : flashcl_fail(ctx, err, "flashcl_fp8_quantize: scratch: %s", flashcl_status_string(err));
+    }
+    const size_t global[3] = {(size_t)desc->seqlen, (size_t)desc->heads, (size_t)desc->batch};
+    /* 1. amax, read back (blocking): a NaN or infinity is refused before anything is written. */
+    err = clEnqueueWriteBuffer(ctx->queue, scratch, CL_TRUE, 0, ((size_t)groups + 1) * 4, host, 0, NULL, NULL);
+    err |= set_row_args(k_amax, desc, &l, src);
+    err |= clSetKernelArg(k_amax, 8, sizeof scratch, &scratch);
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, k_amax, 3, NULL, global, NULL, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        err = clEnqueueReadBuffer(ctx->queue, scratch, CL_TRUE, 0, ((size_t)groups + 1) * 4, host, 0, NULL, NULL);
+    if (err != CL_SUCCESS) {
+        st = flashcl_fail(ctx, err, "flashcl_fp8_quantize: the amax pass failed: %s", flashcl_status_string(err));
+    } else if (host[groups] >= 0x7f800000u) {
+        int g = 0;
+        while (g < groups && host[g] < 0x7f800000u)
+            ++g;
+        st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                          "flashcl_fp8_quantize: src holds a %s (in batch %d, head %d%s); nothing written",
+                          host[groups] > 0x7f800000u ? "NaN" : "infinity", desc->per_head ? g / desc->heads : 0,
+                          desc->per_head ? g % desc->heads : 0, desc->per_head ? "" : " or later: per-tensor amax");
+    } else {
+        /* 2. the scales, on the host; 3. the bytes. */
+        for (int g = 0; g < groups; ++g) {
+            float a;
+            memcpy(&a, &host[g], sizeof a);
+            group_scales(f, a, &scales[g], &scales[groups + g]);
+        }
+        err = clEnqueueWriteBuffer(ctx->queue, descale, CL_TRUE, 0, (size_t)groups * 4, scales, 0, NULL, NULL);
+        err |= clEnqueueWriteBuffer(ctx->queue, inv, CL_TRUE, 0, (size_t)groups * 4, scales + groups, 0, NULL, NULL);
+        if (err == CL_SUCCESS) {
+            err = set_row_args(k_quant, desc, &l, src);
+            err |= clSetKernelArg(k_quant, 8, sizeof inv, &inv);
+            err |= clSetKernelArg(k_quant, 9, sizeof dst, &dst);
+        }
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(ctx->queue, k_quant, 3, NULL, global, NULL, 0, NULL, event);
+        if (err != CL_SUCCESS)
+            st = flashcl_fail(ctx, err, "flashcl_fp8_quantize: %s", flashcl_status_string(err));
+    }
+    /* Released while the kernel may still run: OpenCL keeps them until it ends. */
+    clReleaseMemObject(inv);
+    clReleaseMemObject(scratch);
+    free(host), free(scales);
+    return st;
 }

@@ -6,8 +6,9 @@
  * across the range; saturation and NaN follow cvt.rn.satfinite; amax
  * quantization (per tensor and per head, from float32, float16 and
  * bfloat16, packed and strided) gives the reference's bytes and scales, and
- * refuses NaN or infinity without writing; attention calls refuse FP8
- * tensors with a message. Needs no OpenCL device.
+ * refuses NaN or infinity without writing, on the host and (where the test
+ * device is an OpenCL one) on the device, which must give the host's bytes;
+ * attention calls refuse FP8 tensors with a message.
  */
 #include <math.h>
 #include <stdio.h>
@@ -100,7 +101,34 @@ static void encode_checks(uint64_t seed) {
 }
 
 /* One quantization case: shape, source dtype, layout (packed or [b][h][s][d]), per head. */
-static void quantize_case(flashcl_dtype fmt, flashcl_dtype src_dt, int per_head, int bhsd, uint64_t seed) {
+/* The device helper on the same input: its bytes and scales must equal the host's. */
+static void device_matches(flashcl_context *ctx, const flashcl_fp8_quant_desc *d, const void *src, size_t src_bytes,
+                           const unsigned char *dst, const float *descale, size_t n, const char *label) {
+    const int groups = d->per_head ? d->batch * d->heads : 1;
+    cl_int err;
+    cl_context cl = flashcl_context_cl_context(ctx);
+    cl_command_queue queue = flashcl_context_cl_queue(ctx);
+    cl_mem bs = clCreateBuffer(cl, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, src_bytes, (void *)src, &err);
+    cl_mem bd = clCreateBuffer(cl, CL_MEM_READ_WRITE, n, NULL, &err);
+    cl_mem bsc = clCreateBuffer(cl, CL_MEM_READ_WRITE, (size_t)groups * 4, NULL, &err);
+    unsigned char *got = malloc(n);
+    float got_sc[6];
+    const flashcl_status st = flashcl_fp8_quantize(ctx, d, bs, bd, bsc, NULL);
+    int same = st == FLASHCL_SUCCESS && got;
+    if (same) {
+        clEnqueueReadBuffer(queue, bd, CL_TRUE, 0, n, got, 0, NULL, NULL);
+        clEnqueueReadBuffer(queue, bsc, CL_TRUE, 0, (size_t)groups * 4, got_sc, 0, NULL, NULL);
+        same = !memcmp(got, dst, n) && !memcmp(got_sc, descale, (size_t)groups * 4);
+    }
+    char what[320];
+    snprintf(what, sizeof what, "... on the device: the same bytes and scales (%s)", label);
+    expect(same, what, &failures);
+    free(got);
+    clReleaseMemObject(bs), clReleaseMemObject(bd), clReleaseMemObject(bsc);
+}
+
+static void quantize_case(flashcl_context *ctx, flashcl_dtype fmt, flashcl_dtype src_dt, int per_head, int bhsd,
+                          uint64_t seed) {
     const int B = 2, S = 37, H = 3, D = 24;
     const size_t n = (size_t)B * S * H * D;
     flashcl_fp8_quant_desc d;
@@ -138,6 +166,7 @@ static void quantize_case(flashcl_dtype fmt, flashcl_dtype src_dt, int per_head,
     const double mx = fmt == FLASHCL_FLOAT8_E4M3 ? 448.0 : 57344.0;
     int bad_scale = 0, bad_bytes = 0;
     double worst = 0.0;
+    float inv_of[6];
     for (int g = 0; g < (per_head ? B * H : 1); ++g) {
         float amax = 0.0f;
         for (int b = 0; b < B; ++b)
@@ -149,7 +178,8 @@ static void quantize_case(flashcl_dtype fmt, flashcl_dtype src_dt, int per_head,
                                                    : (((size_t)b * S + s) * H + h) * D + x;
                             amax = fmaxf(amax, (float)fabs(flashcl_ref_load(src, src_dt, at)));
                         }
-        bad_scale += descale[g] != amax / (float)mx;
+        bad_scale += descale[g] != (amax > 0.0f ? amax / (float)mx : 1.0f);
+        inv_of[g] = amax > 0.0f ? (float)mx / amax : 1.0f;
     }
     size_t o = 0;
     for (int b = 0; b < B; ++b)
@@ -158,8 +188,9 @@ static void quantize_case(flashcl_dtype fmt, flashcl_dtype src_dt, int per_head,
                 for (int x = 0; x < D; ++x, ++o) {
                     const size_t at = bhsd ? 5 + ((size_t)(b * H + h) * S + s) * D + x : (((size_t)b * S + s) * H + h) * D + x;
                     const float sc = descale[per_head ? b * H + h : 0];
+                    const float inv = inv_of[per_head ? b * H + h : 0];
                     const float xv = (float)flashcl_ref_load(src, src_dt, at);
-                    bad_bytes += dst[o] != flashcl_ref_fp8_encode(fmt, (double)(xv / sc));
+                    bad_bytes += dst[o] != flashcl_ref_fp8_encode(fmt, (double)(xv * inv));
                     /* Relative error of a normal value: half a step, 2^-4 (e4m3) or 2^-3 (e5m2). */
                     const double back = sc * flashcl_ref_fp8_decode(fmt, dst[o]);
                     if (fabs(xv) > sc * (fmt == FLASHCL_FLOAT8_E4M3 ? ldexp(1, -6) : ldexp(1, -14)))
@@ -173,6 +204,8 @@ static void quantize_case(flashcl_dtype fmt, flashcl_dtype src_dt, int per_head,
     expect(st == FLASHCL_SUCCESS && bad_scale == 0 && bad_bytes == 0 &&
                worst <= (fmt == FLASHCL_FLOAT8_E4M3 ? 0.0625 : 0.125) * 1.0000001,
            what, &failures);
+    if (ctx)
+        device_matches(ctx, &d, src, span * es, dst, descale, n, what + 9);
     free(src);
     free(dst);
 }
@@ -224,6 +257,48 @@ static void quantize_errors(void) {
            "quantize: an all-zero tensor gets descale 1 and zeros", &failures);
 }
 
+/* The device helper refuses NaN and infinity after its amax pass, writing nothing. */
+static void device_refuses(flashcl_context *ctx) {
+    float src[16];
+    for (int i = 0; i < 16; ++i)
+        src[i] = (float)i - 7.5f;
+    src[11] = INFINITY;
+    flashcl_fp8_quant_desc d;
+    memset(&d, 0, sizeof d);
+    d.format = FLASHCL_FLOAT8_E5M2;
+    d.src_dtype = FLASHCL_FLOAT32;
+    d.batch = 1, d.seqlen = 4, d.heads = 2, d.head_dim = 2;
+    d.per_head = 1;
+    cl_int err;
+    cl_context cl = flashcl_context_cl_context(ctx);
+    unsigned char poison[16];
+    float poison_sc[2] = {-3.0f, -3.0f};
+    memset(poison, 0x5a, sizeof poison);
+    cl_mem bs = clCreateBuffer(cl, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof src, src, &err);
+    cl_mem bd = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof poison, poison, &err);
+    cl_mem bsc = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof poison_sc, poison_sc, &err);
+    const flashcl_status st = flashcl_fp8_quantize(ctx, &d, bs, bd, bsc, NULL);
+    unsigned char got[16];
+    float got_sc[2];
+    clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), bd, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL);
+    clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), bsc, CL_TRUE, 0, sizeof got_sc, got_sc, 0, NULL, NULL);
+    expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && !memcmp(got, poison, sizeof got) && got_sc[0] == -3.0f &&
+               got_sc[1] == -3.0f && strstr(flashcl_last_error(ctx), "infinity (in batch 0, head 1"),
+           "device quantize: an infinity is refused, located, nothing written", &failures);
+    d.per_head = 0;
+    src[11] = NAN;
+    clEnqueueWriteBuffer(flashcl_context_cl_queue(ctx), bs, CL_TRUE, 0, sizeof src, src, 0, NULL, NULL);
+    expect(flashcl_fp8_quantize(ctx, &d, bs, bd, bsc, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(ctx), "NaN"),
+           "device quantize: a NaN is refused", &failures);
+    expect(flashcl_fp8_quantize(ctx, &d, bs, bd, bd, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT,
+           "device quantize: dst as descale is refused", &failures);
+    d.seqlen = 9; /* src holds 16 floats, not 9 * 2 * 2 */
+    expect(flashcl_fp8_quantize(ctx, &d, bs, bd, bsc, NULL) == FLASHCL_ERROR_OUT_OF_BOUNDS,
+           "device quantize: a src too small for the shape is refused", &failures);
+    clReleaseMemObject(bs), clReleaseMemObject(bd), clReleaseMemObject(bsc);
+}
+
 /* Attention does not take FP8 tensors yet: refused, with the reason. */
 static void attention_refuses_fp8(void) {
     flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 4, 4, 8);
@@ -247,13 +322,22 @@ static void attention_refuses_fp8(void) {
 
 int main(void) {
     const uint64_t seed = test_seed();
+    /* The device helper is checked against the host one where there is a device. */
+    flashcl_context *ctx = test_context();
+    flashcl_context *dev = flashcl_context_is_host(ctx) ? NULL : ctx;
     decode_table();
     encode_checks(seed);
     for (int f = 0; f < 2; ++f)
         for (int dt = 0; dt < 3; ++dt)
             for (int per_head = 0; per_head < 2; ++per_head)
-                quantize_case(formats[f], (flashcl_dtype)dt, per_head, (dt + per_head) & 1, seed + 17u * (uint64_t)dt);
+                quantize_case(dev, formats[f], (flashcl_dtype)dt, per_head, (dt + per_head) & 1,
+                              seed + 17u * (uint64_t)dt);
     quantize_errors();
+    if (dev)
+        device_refuses(dev);
+    else
+        printf("no OpenCL device: the device quantize helper is not checked\n");
     attention_refuses_fp8();
+    flashcl_context_destroy(ctx);
     return test_summary(failures);
 }
