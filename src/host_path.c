@@ -1,10 +1,11 @@
-/* host_path.c: the multi-threaded pure-C forward used when there is no OpenCL device.
+/* host_path.c: the multi-threaded pure-C forward used when there is no OpenCL device,
+ * and the storage conversions the host backward shares.
  *
- * The same algorithm as cl/flash_fwd.cl, in float: each query row streams its
- * visible keys in tiles of TILE, keeping a running max, a running sum and a
- * rescaled accumulator, so memory stays O(head_dim + TILE) per thread. Work is
- * split into (batch, head, 16-row block) items handed out through a shared
- * counter, so threads stay busy under causal masks whose rows differ in cost.
+ * The arithmetic is in host_kernels.c: one call there computes a block of
+ * FLASHCL_HOST_BLOCK_M query rows of one (batch, query head), streaming its visible
+ * keys in tiles with the online softmax of cl/flash_fwd_cpu.cl. Here the
+ * ctx->host_threads workers take (block, batch, head) items from a shared counter,
+ * the costliest blocks first, each with its own aligned scratch.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -13,9 +14,6 @@
 #include <string.h>
 
 #include "internal.h"
-
-#define TILE 64
-#define ROWS_PER_ITEM 16
 
 /* Storage conversions. The reference in host_ref/ has its own: the two are
  * independent on purpose, so one checks the other. */
@@ -79,98 +77,88 @@ static void store(void *base, flashcl_dtype dtype, size_t i, float f) {
 }
 
 typedef struct job {
-    const flashcl_attention_desc *d;
-    const void *q, *k, *v;
-    void *out;
-    float *lse;
-    size_t items, blocks_per_head;
-    size_t next; /* guarded by lock */
+    flashcl_host_fwd_args args;
+    flashcl_host_kernel kernel;
+    size_t scratch_floats;
+    const int *order; /* row blocks, costliest first */
+    size_t items, heads; /* items = blocks * heads, heads = batch * heads_q */
+    size_t next;         /* guarded by lock */
     pthread_mutex_t lock;
 } job;
 
-static void forward_row(const job *j, int b, int h, int i, float *qrow, float *acc, float *s) {
-    const flashcl_attention_desc *d = j->d;
-    const int D = d->head_dim, hk = h / (d->heads_q / d->heads_k);
-    const float log2e = 1.4426950408889634f;
-    const int capped = d->softcap > 0.0f;
-    const float q_mul = capped ? d->scale / d->softcap : d->scale * log2e;
-    const float to_log2 = capped ? 1.0f : q_mul; /* raw score -> log2 domain, as in the kernel */
-    size_t qb = d->q.offset + b * d->q.stride_batch + (size_t)i * d->q.stride_seq + h * d->q.stride_head;
-    for (int x = 0; x < D; ++x) {
-        qrow[x] = load(j->q, d->dtype, qb + x);
-        acc[x] = 0.0f;
-    }
-    long diag = (long)i + d->seqlen_k - d->seqlen_q;
-    long lo = d->window_left < 0 ? 0 : diag - d->window_left;
-    long hi = d->window_right < 0 ? d->seqlen_k - 1 : diag + d->window_right;
-    if (lo < 0)
-        lo = 0;
-    if (hi > d->seqlen_k - 1)
-        hi = d->seqlen_k - 1;
-    float m = -INFINITY, l = 0.0f;
-    for (long n0 = lo; n0 <= hi; n0 += TILE) {
-        int n = (int)(hi - n0 + 1 < TILE ? hi - n0 + 1 : TILE);
-        float tile_max = -INFINITY;
-        for (int c = 0; c < n; ++c) {
-            size_t kb = d->k.offset + b * d->k.stride_batch + (size_t)(n0 + c) * d->k.stride_seq +
-                        hk * d->k.stride_head;
-            float dot = 0.0f;
-            for (int x = 0; x < D; ++x)
-                dot += qrow[x] * load(j->k, d->dtype, kb + x);
-            s[c] = capped ? d->softcap * log2e * tanhf(dot * q_mul) : dot;
-            tile_max = fmaxf(tile_max, s[c]);
-        }
-        float m_new = fmaxf(m, tile_max), alpha = exp2f((m - m_new) * to_log2);
-        l *= alpha;
-        for (int x = 0; x < D; ++x)
-            acc[x] *= alpha;
-        for (int c = 0; c < n; ++c) {
-            /* (s - m) * to_log2, not fmaf(s, to_log2, -m * to_log2): the two
-             * roundings differ by half an ulp of m*to_log2, so at scores ~ 1e10
-             * p came out 2^+-512 (0 or inf). s - m is exact near m, <= 0. */
-            float p = exp2f((s[c] - m_new) * to_log2);
-            size_t vb = d->v.offset + b * d->v.stride_batch + (size_t)(n0 + c) * d->v.stride_seq +
-                        hk * d->v.stride_head;
-            l += p;
-            for (int x = 0; x < D; ++x)
-                acc[x] += p * load(j->v, d->dtype, vb + x);
-        }
-        m = m_new;
-    }
-    /* No visible key: lo > hi, the loop never ran, l = 0 -> output 0, LSE -inf. */
-    float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    size_t ob = d->out.offset + b * d->out.stride_batch + (size_t)i * d->out.stride_seq +
-                h * d->out.stride_head;
-    for (int x = 0; x < D; ++x)
-        store(j->out, d->dtype, ob + x, acc[x] * inv);
-    if (j->lse)
-        j->lse[((size_t)b * d->heads_q + h) * d->seqlen_q + i] =
-            l > 0.0f ? (m * to_log2 + log2f(l)) * 0.6931471805599453f : -INFINITY;
-}
-
 static void *worker(void *arg) {
     job *j = arg;
-    float qrow[256], acc[256], s[TILE];
+    float *ws = NULL;
+    if (posix_memalign((void **)&ws, 64, j->scratch_floats * sizeof(float)) != 0)
+        ws = NULL;
     for (;;) {
         pthread_mutex_lock(&j->lock);
-        size_t item = j->next++;
+        size_t item = ws ? j->next++ : j->items;
         pthread_mutex_unlock(&j->lock);
         if (item >= j->items)
-            return NULL;
-        size_t bh = item / j->blocks_per_head;
-        int blk = (int)(item % j->blocks_per_head);
-        int b = (int)(bh / j->d->heads_q), h = (int)(bh % j->d->heads_q);
-        int end = (blk + 1) * ROWS_PER_ITEM < j->d->seqlen_q ? (blk + 1) * ROWS_PER_ITEM : j->d->seqlen_q;
-        for (int i = blk * ROWS_PER_ITEM; i < end; ++i)
-            forward_row(j, b, h, i, qrow, acc, s);
+            break;
+        /* Block-major: every head's costliest block comes before any cheaper one. */
+        const int blk = j->order[item / j->heads];
+        const size_t bh = item % j->heads;
+        const int b = (int)(bh / j->args.d->heads_q), h = (int)(bh % j->args.d->heads_q);
+        j->kernel.block(&j->args, b, h, blk * FLASHCL_HOST_BLOCK_M, ws);
     }
+    free(ws);
+    return NULL;
+}
+
+/* Keys a row block sees (the span of the union of its rows' windows): its cost. */
+static long block_keys(const flashcl_attention_desc *d, long blk) {
+    const long first = blk * FLASHCL_HOST_BLOCK_M, nk = d->seqlen_k;
+    long last = first + FLASHCL_HOST_BLOCK_M - 1;
+    if (last > d->seqlen_q - 1)
+        last = d->seqlen_q - 1;
+    long lo = d->window_left < 0 ? 0 : first + nk - d->seqlen_q - d->window_left;
+    long hi = d->window_right < 0 ? nk - 1 : last + nk - d->seqlen_q + d->window_right;
+    lo = lo < 0 ? 0 : lo;
+    hi = hi > nk - 1 ? nk - 1 : hi;
+    return hi >= lo ? hi - lo + 1 : 0;
+}
+
+typedef struct block_cost {
+    long keys;
+    int blk;
+} block_cost;
+
+static int costlier_first(const void *x, const void *y) {
+    const block_cost *a = x, *b = y;
+    return a->keys != b->keys ? (a->keys > b->keys ? -1 : 1) : (a->blk > b->blk) - (a->blk < b->blk);
 }
 
 flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attention_desc *d,
                                     const void *q, const void *k, const void *v, void *out, float *lse) {
-    job j = {d, q, k, v, out, lse, 0, 0, 0, PTHREAD_MUTEX_INITIALIZER};
-    j.blocks_per_head = ((size_t)d->seqlen_q + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
-    j.items = (size_t)d->batch * d->heads_q * j.blocks_per_head;
+    job j;
+    memset(&j, 0, sizeof j);
+    j.args = (flashcl_host_fwd_args){d, q, k, v, out, lse};
+    j.kernel = flashcl_host_kernel_pick(getenv("FLASHCL_HOST_SIMD"));
+    j.scratch_floats = flashcl_host_scratch_floats(d->head_dim);
+    const size_t blocks = ((size_t)d->seqlen_q + FLASHCL_HOST_BLOCK_M - 1) / FLASHCL_HOST_BLOCK_M;
+    j.heads = (size_t)d->batch * d->heads_q;
+    j.items = blocks * j.heads;
+    pthread_mutex_init(&j.lock, NULL);
+    block_cost *cost = malloc(blocks * sizeof *cost);
+    int *order = malloc(blocks * sizeof *order);
+    if (!cost || !order) {
+        free(cost);
+        free(order);
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "host forward: no memory for %zu blocks",
+                            blocks);
+    }
+    /* Costliest first (causal: the last blocks), so no thread is left with a long
+     * block at the end while the others idle. */
+    for (size_t i = 0; i < blocks; ++i)
+        cost[i] = (block_cost){block_keys(d, (long)i), (int)i};
+    qsort(cost, blocks, sizeof *cost, costlier_first);
+    for (size_t i = 0; i < blocks; ++i)
+        order[i] = cost[i].blk;
+    free(cost);
+    j.order = order;
+
     int n = ctx->host_threads;
     if ((size_t)n > j.items)
         n = (int)j.items;
@@ -182,6 +170,10 @@ flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attentio
     worker(&j);
     for (int t = 0; t < started; ++t)
         pthread_join(threads[t], NULL);
+    free(order);
+    pthread_mutex_destroy(&j.lock);
+    if (j.next < j.items) /* every worker lacked scratch: nothing, or not everything, ran */
+        return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "host forward: no memory for scratch");
     return FLASHCL_SUCCESS;
 }
 

@@ -1,0 +1,131 @@
+/* host_kernels.c: the host forward's block kernel (src/host_kernel_body.h), compiled once
+ * per instruction set, and the choice among the copies at run time.
+ *
+ * The library is built for the baseline of its architecture (no -march=native), so on
+ * x86-64 with GCC or Clang the body is also compiled with target("avx512f,...") and
+ * target("avx2,fma") and the copy the CPU supports is picked by __builtin_cpu_supports.
+ * Each copy has its own register blocking (HK_MR x HK_NR accumulators: 16 zmm, 8 ymm,
+ * 8 xmm) and its own HK_FMA: fmaf only where it is one instruction. Other compilers
+ * and architectures build the plain copy alone (fmaf there when FP_FAST_FMAF says it
+ * is fast). FLASHCL_HOST_SIMD=avx512|avx2|generic picks a lower copy (tests, and
+ * comparisons); a copy the CPU lacks is never chosen.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define HK_BM FLASHCL_HOST_BLOCK_M /* query rows per block: each K/V tile is reused this often */
+#define HK_BN FLASHCL_HOST_BLOCK_N /* keys per tile: K^T and V tiles of 16 KiB at D = 64      */
+#define HK_LANES 16                /* head dims are padded to this; partial max/sum lanes     */
+#if defined(__GNUC__) || defined(__clang__)
+#define HK_INLINE inline __attribute__((always_inline))
+#else
+#define HK_INLINE inline
+#endif
+
+static size_t hk_padded_dim(int head_dim) {
+    return ((size_t)head_dim + HK_LANES - 1) / HK_LANES * HK_LANES;
+}
+
+size_t flashcl_host_scratch_floats(int head_dim) {
+    const size_t dp = hk_padded_dim(head_dim);
+    /* q, acc: BM x DP; K^T, V: DP x BN; scores: BM x BN; one K row: DP. */
+    return 2 * HK_BM * dp + 2 * dp * HK_BN + HK_BM * HK_BN + dp;
+}
+
+static size_t hk_layout_base(const flashcl_layout *l, int b, int h) {
+    return l->offset + (size_t)b * l->stride_batch + (size_t)h * l->stride_head;
+}
+
+/* Output row i: acc * inv in the storage type (once per row: not worth a copy each). */
+static void hk_store_row(const flashcl_host_fwd_args *a, int b, int h, int i, const float *acc, float inv) {
+    const flashcl_attention_desc *d = a->d;
+    const size_t ob = hk_layout_base(&d->out, b, h) + (size_t)i * d->out.stride_seq;
+    for (int x = 0; x < d->head_dim; ++x)
+        flashcl_host_store(a->out, d->dtype, ob + x, acc[x] * inv);
+}
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define HK_X86 1
+#endif
+
+/* ---- the copies ---- */
+#ifdef HK_X86
+#define HK(x) hk_avx512_##x
+#define HK_TARGET __attribute__((target("avx512f,avx512vl,avx2,fma")))
+#define HK_FMA(a, b, c) fmaf(a, b, c)
+#define HK_MR 4
+#define HK_NR 64 /* 4 x 4 zmm accumulators of 32 */
+#include "host_kernel_body.h"
+#undef HK
+#undef HK_TARGET
+#undef HK_FMA
+#undef HK_MR
+#undef HK_NR
+
+#define HK(x) hk_avx2_##x
+#define HK_TARGET __attribute__((target("avx2,fma")))
+#define HK_FMA(a, b, c) fmaf(a, b, c)
+#define HK_MR 4
+#define HK_NR 16 /* 4 x 2 ymm accumulators of 16 */
+#include "host_kernel_body.h"
+#undef HK
+#undef HK_TARGET
+#undef HK_FMA
+#undef HK_MR
+#undef HK_NR
+#endif
+
+#define HK(x) hk_generic_##x
+#define HK_TARGET
+#if defined(FP_FAST_FMAF)
+#define HK_FMA(a, b, c) fmaf(a, b, c)
+#else
+#define HK_FMA(a, b, c) ((a) * (b) + (c))
+#endif
+#define HK_MR 4
+#ifdef HK_X86
+#define HK_NR 8 /* SSE2: 4 x 2 xmm accumulators of 16 */
+#else
+#define HK_NR 16
+#endif
+#include "host_kernel_body.h"
+#undef HK
+#undef HK_TARGET
+#undef HK_FMA
+#undef HK_MR
+#undef HK_NR
+
+/* ---- the choice ---- */
+static int hk_supported(const char *name) {
+#ifdef HK_X86
+    __builtin_cpu_init();
+    if (strcmp(name, "avx512") == 0)
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    if (strcmp(name, "avx2") == 0)
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+#endif
+    return strcmp(name, "generic") == 0;
+}
+
+flashcl_host_kernel flashcl_host_kernel_pick(const char *want) {
+    static const flashcl_host_kernel copies[] = {
+#ifdef HK_X86
+        {"avx512", hk_avx512_block, hk_avx512_exp2_array},
+        {"avx2", hk_avx2_block, hk_avx2_exp2_array},
+#endif
+        {"generic", hk_generic_block, hk_generic_exp2_array},
+    };
+    const size_t count = sizeof copies / sizeof copies[0];
+    size_t i = 0;
+    if (want)
+        while (i + 1 < count && strcmp(copies[i].name, want) != 0)
+            ++i; /* an unknown name: the generic copy */
+    while (i + 1 < count && !hk_supported(copies[i].name))
+        ++i;
+    return copies[i];
+}
