@@ -48,6 +48,18 @@ static void hk_store_row(const flashcl_host_fwd_args *a, int b, int h, int i, co
         flashcl_host_store(a->out, d->dtype, ob + x, acc[x] * inv);
 }
 
+/* Asks the caches for the row of `bytes` at element `at` of base (a hint: no fault). */
+static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t esize) {
+#if defined(__GNUC__) || defined(__clang__)
+    const char *p = (const char *)base + at * esize;
+    for (size_t i = 0; i < bytes; i += 64)
+        __builtin_prefetch(p + i);
+    __builtin_prefetch(p + bytes - 1); /* the last line, where the row is not 64-aligned */
+#else
+    (void)base, (void)at, (void)bytes, (void)esize;
+#endif
+}
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HK_X86 1
 #endif
