@@ -5,71 +5,68 @@
  *   HK_FMA(a,b,c)  a*b+c: fmaf where the target has a fused multiply-add (one
  *                  instruction), else the plain expression (a libm fmaf call
  *                  per element would be far slower)
- *   HK_MR          query rows per micro-kernel call
- *   HK_NR          floats of the micro-kernel's output row (its accumulators:
- *                  HK_MR * HK_NR floats, which must fit the target's registers)
- * and the shared HK_BM, HK_BN, HK_LANES, HK_INLINE, hk_layout_base, hk_store_row.
+ *   HK_F16C        defined where the target has F16C (and <immintrin.h> is included)
+ *   HK_MR, HK_NR   the micro-kernel's HK_MR x HK_NR accumulators, which must fit
+ *                  the target's vector registers with room for the operands
+ * and the shared HK_BM, HK_BN, HK_LANES, HK_INLINE, hk_layout_base, hk_prefetch_row.
  *
- * One call computes HK_BM query rows of one (batch, query head), as
- * cl/flash_fwd_cpu.cl does: Q converted once, then per tile of HK_BN keys
- *   K^T tile, V tile      converted to float once, zero-padded
- *   S  = Q K^T            micro-kernel, keys in the vector lanes
- *   online softmax        per row: mask, max, p = 2^((s - m) * c), sum
- *   acc = alpha acc + P V micro-kernel, head dims in the vector lanes
- * Every inner loop has a fixed trip count over contiguous floats and
- * independent iterations, so the compiler vectorises it without any
- * reassociation (no -ffast-math, which would also drop the -inf masks). */
+ * One call computes up to HK_BM query rows of one (batch, query head) with the
+ * algorithm of cl/flash_fwd_cpu.cl, but with the query rows in the vector lanes:
+ *   Q^T [d][r]            converted and transposed once per block
+ *   per tile of HK_BN keys:
+ *   K [c][d], V [c][d]    converted to float once, as they come (no transpose)
+ *   S^T = K Q^T           micro-kernel: broadcast K[c][d], rows r in the lanes
+ *   online softmax        mask, column max, p = 2^((s - m) * c), sums: all
+ *                         elementwise across rows, no horizontal reduction
+ *   acc = alpha acc + P V micro-kernel: broadcast P[r][c], head dims in the lanes
+ * Every inner loop runs over contiguous floats with independent iterations, so the
+ * compiler vectorises it without any reassociation (no -ffast-math, which would
+ * also drop the -inf masks). Scores are raw (unscaled) as in the kernels, which
+ * keeps p exact for huge scores (see the softmax step). */
 
-#if HK_BN % HK_NR != 0 || HK_BM % HK_MR != 0 || (HK_NR > HK_LANES ? HK_NR % HK_LANES : HK_LANES % HK_NR) != 0
-#error "HK_NR must divide HK_BN and be a multiple or divisor of HK_LANES; HK_MR must divide HK_BM"
+#if HK_BM % HK_LANES != 0 || (HK_NR > HK_LANES ? HK_NR % HK_LANES : HK_LANES % HK_NR) != 0 || \
+    HK_BN % HK_MR != 0 || HK_BM % HK_MR != 0
+#error "HK_NR must be a multiple or a divisor of HK_LANES; HK_MR must divide HK_BM and HK_BN"
 #endif
 
-/* C[0..MR)[0..NR) = A[0..MR)[0..K) * B[0..K)[0..NR): the scores of MR rows against NR
- * keys (A = Q rows, lda = their stride; B = the K^T tile). The MR*NR sums live in
- * registers for the whole k loop: GCC/Clang keep c[][] there once the i and j loops
- * are unrolled and vectorised (checked with objdump: the avx512 copy's loop is 4
- * broadcasts, 4 loads and 16 vfmadd231ps on zmm). */
-static HK_TARGET HK_INLINE void HK(mk_scores)(int K, const float *restrict A, int lda,
-                                              const float *restrict B, float *restrict C) {
+/* The micro-kernel, for MR x nr outputs:
+ *   C[i][j] = (alpha ? alpha[i] * C[i][j] : 0) + sum_{k<K} A[i*ai + k*ak] * B[k*ldb + j]
+ * with i < HK_MR, j < nr. The MR*nr sums stay in registers for the whole k loop: nr,
+ * ai, ak and alpha's NULLness are constants at each call, so after inlining the i and
+ * j loops unroll and vectorise and c[][] becomes registers (objdump: the avx512
+ * copy's loop is 4 broadcasts, 4 loads and 16 vfmadd231ps on zmm). */
+static HK_TARGET HK_INLINE void HK(mk)(int nr, int K, const float *restrict A, int ai, int ak,
+                                       const float *restrict B, int ldb, float *restrict C, int ldc,
+                                       const float *restrict alpha) {
     float c[HK_MR][HK_NR];
     for (int i = 0; i < HK_MR; ++i)
-        for (int j = 0; j < HK_NR; ++j)
-            c[i][j] = 0.0f;
+        for (int j = 0; j < nr; ++j)
+            c[i][j] = alpha ? C[(size_t)i * ldc + j] * alpha[i] : 0.0f;
     for (int k = 0; k < K; ++k) {
-        const float *restrict b = B + (size_t)k * HK_BN;
+        const float *restrict b = B + (size_t)k * ldb;
         for (int i = 0; i < HK_MR; ++i) {
-            const float a = A[(size_t)i * lda + k];
-            for (int j = 0; j < HK_NR; ++j)
-                c[i][j] = HK_FMA(a, b[j], c[i][j]);
+            const float x = A[(size_t)i * ai + (size_t)k * ak];
+            for (int j = 0; j < nr; ++j)
+                c[i][j] = HK_FMA(x, b[j], c[i][j]);
         }
     }
     for (int i = 0; i < HK_MR; ++i)
-        for (int j = 0; j < HK_NR; ++j)
-            C[(size_t)i * HK_BN + j] = c[i][j];
+        for (int j = 0; j < nr; ++j)
+            C[(size_t)i * ldc + j] = c[i][j];
 }
 
-/* C[i][0..nr) = alpha[i] * C[i][0..nr) + sum_k P[i][k] * V[k][0..nr), i < MR: the
- * output update of MR rows over nr head dims (P: probabilities, stride HK_BN; V and C
- * stride ld). The rescale by alpha rides on the load of C. nr is a constant at each
- * call (HK_NR, or HK_LANES for the rest of a head dim that is not a multiple of
- * HK_NR), so after inlining the j loops have fixed trip counts. */
-static HK_TARGET HK_INLINE void HK(mk_pv)(int nr, int K, const float *restrict P, const float *restrict V,
-                                          float *restrict C, int ld, const float *restrict alpha) {
-    float c[HK_MR][HK_NR];
-    for (int i = 0; i < HK_MR; ++i)
-        for (int j = 0; j < nr; ++j)
-            c[i][j] = C[(size_t)i * ld + j] * alpha[i];
-    for (int k = 0; k < K; ++k) {
-        const float *restrict v = V + (size_t)k * ld;
-        for (int i = 0; i < HK_MR; ++i) {
-            const float p = P[(size_t)i * HK_BN + k];
-            for (int j = 0; j < nr; ++j)
-                c[i][j] = HK_FMA(p, v[j], c[i][j]);
-        }
-    }
-    for (int i = 0; i < HK_MR; ++i)
-        for (int j = 0; j < nr; ++j)
-            C[(size_t)i * ld + j] = c[i][j];
+/* The micro-kernel over MR x `width` outputs, width a multiple of HK_LANES: whole
+ * HK_NR chunks, then HK_LANES ones. */
+static HK_TARGET HK_INLINE void HK(mk_row)(int width, int K, const float *restrict A, int ai, int ak,
+                                           const float *restrict B, int ldb, float *restrict C, int ldc,
+                                           const float *restrict alpha) {
+    int x0 = 0;
+    for (; x0 + HK_NR <= width; x0 += HK_NR)
+        HK(mk)(HK_NR, K, A, ai, ak, B + x0, ldb, C + x0, ldc, alpha);
+#if HK_NR > HK_LANES
+    for (; x0 < width; x0 += HK_LANES)
+        HK(mk)(HK_LANES, K, A, ai, ak, B + x0, ldb, C + x0, ldc, alpha);
+#endif
 }
 
 /* 2^x in float, branch-free so that a loop of it vectorises (libm's exp2f is a call
@@ -127,7 +124,13 @@ static HK_TARGET HK_INLINE void HK(convert)(float *restrict dst, const void *src
         }
         return;
     }
-    for (int i = 0; i < n; ++i) {
+    int i = 0;
+#ifdef HK_F16C
+    /* F16C: 8 at a time in one instruction (exact, like the code below). */
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(h + i))));
+#endif
+    for (; i < n; ++i) {
         const uint32_t x = h[i], em = x & 0x7fffu, sign = (x & 0x8000u) << 16;
         /* Normal: rebias the exponent by 112; inf and NaN (exponent 31): to 255. */
         const uint32_t nb = (em << 13) + (em >= 0x7c00u ? 0x70000000u : 0x38000000u);
@@ -141,14 +144,58 @@ static HK_TARGET HK_INLINE void HK(convert)(float *restrict dst, const void *src
     }
 }
 
+/* One output row: acc[0..n) * inv into the storage type at out[off...], rounded to
+ * nearest even as flashcl_host_store does (host_path.c; bit for bit: NaN becomes the
+ * quiet NaN of its sign there too). Branch-free, so it vectorises. tmp: n floats. */
+static HK_TARGET HK_INLINE void HK(store_row)(void *out, size_t off, const float *restrict acc, float inv,
+                                              int n, flashcl_dtype dtype, float *restrict tmp) {
+    for (int i = 0; i < n; ++i)
+        tmp[i] = acc[i] * inv;
+    if (dtype == FLASHCL_FLOAT32) {
+        memcpy((float *)out + off, tmp, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *restrict o = (uint16_t *)out + off;
+    if (dtype == FLASHCL_BFLOAT16) {
+        for (int i = 0; i < n; ++i) {
+            uint32_t u;
+            memcpy(&u, &tmp[i], sizeof u);
+            const uint32_t nan = (u & 0x7fffffffu) > 0x7f800000u;
+            u = nan ? u | 0x400000u : u + 0x7fffu + ((u >> 16) & 1u);
+            o[i] = (uint16_t)(u >> 16);
+        }
+        return;
+    }
+    for (int i = 0; i < n; ++i) {
+        uint32_t u;
+        memcpy(&u, &tmp[i], sizeof u);
+        const uint32_t sign = (u >> 16) & 0x8000u, abs = u & 0x7fffffffu;
+        /* Normal: rebias the exponent, round the 13 dropped bits to even. */
+        const uint32_t hn = (abs >> 13) - (112u << 10), rest = abs & 0x1fffu;
+        const uint32_t normal = hn + (rest > 0x1000u || (rest == 0x1000u && (hn & 1u)));
+        /* Below the smallest normal half: units of 2^-24, rounded to even by the
+         * 1.5 * 2^23 shifter (exact: fewer than 2^10 units). */
+        float mag;
+        memcpy(&mag, &abs, sizeof mag);
+        const float units = mag * 16777216.0f + 0x1.8p23f;
+        uint32_t sub;
+        memcpy(&sub, &units, sizeof sub);
+        sub -= 0x4b400000u;
+        uint32_t h = abs < 0x38800000u ? sub : normal;
+        h = abs >= 0x477ff000u ? 0x7c00u : h; /* rounds to >= 65520: infinity */
+        h = abs > 0x7f800000u ? 0x7e00u : h;
+        o[i] = (uint16_t)(sign | h);
+    }
+}
+
 /* Rows m0 .. m0+HK_BM-1 (those below seqlen_q) of query head h, batch b. ws: this
- * thread's scratch, hk_scratch_floats(head_dim) floats, 64-byte aligned. */
+ * thread's scratch, flashcl_host_scratch_floats(head_dim) floats, 64-byte aligned. */
 static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, int m0, float *ws) {
     const flashcl_attention_desc *d = a->d;
     const int D = d->head_dim, DP = (D + HK_LANES - 1) / HK_LANES * HK_LANES;
     const int hk = h / (d->heads_q / d->heads_k);
     const int rows = d->seqlen_q - m0 < HK_BM ? d->seqlen_q - m0 : HK_BM;
-    const int rows_pad = (rows + HK_MR - 1) / HK_MR * HK_MR; /* whole micro-kernel groups */
+    const int RP = (rows + HK_LANES - 1) / HK_LANES * HK_LANES; /* rows in whole vectors */
     const long nk = d->seqlen_k;
     const float log2e = 1.4426950408889634f;
     const int capped = d->softcap > 0.0f;
@@ -157,25 +204,24 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
     const float cap_log2 = d->softcap * log2e;
     const size_t esize = d->dtype == FLASHCL_FLOAT32 ? 4 : 2, row_bytes = (size_t)D * esize;
 
-    float *restrict q = ws;                       /* [HK_BM][DP]  Q block               */
-    float *restrict kt = q + HK_BM * DP;          /* [DP][HK_BN]  K tile, transposed    */
-    float *restrict v = kt + (size_t)DP * HK_BN;  /* [HK_BN][DP]  V tile, zero-padded   */
-    float *restrict s = v + (size_t)HK_BN * DP;   /* [HK_BM][HK_BN] scores, then p      */
-    float *restrict acc = s + HK_BM * HK_BN;      /* [HK_BM][DP]  unnormalised output   */
-    float *restrict row = acc + HK_BM * DP;       /* [DP]         one converted K row   */
-    float m_run[HK_BM], l_run[HK_BM], alpha[HK_BM];
+    float *restrict qt = ws;                      /* [DP][HK_BM]  Q^T block             */
+    float *restrict kb = qt + (size_t)DP * HK_BM; /* [HK_BN][DP]  K tile                */
+    float *restrict vb = kb + (size_t)HK_BN * DP; /* [HK_BN][DP]  V tile, zero-padded   */
+    float *restrict st = vb + (size_t)HK_BN * DP; /* [HK_BN][HK_BM] S^T, then P^T       */
+    float *restrict acc = st + HK_BN * HK_BM;     /* [HK_BM][DP]  unnormalised output   */
+    float *restrict tmp = acc + (size_t)HK_BM * DP; /* [DP]       one converted Q row   */
+    float m_run[HK_BM], l_run[HK_BM], alpha[HK_BM], m_sub[HK_BM], sum[HK_BM];
     long lo[HK_BM], hi[HK_BM];
     int tlo[HK_BM], thi[HK_BM]; /* a row's visible keys in the current tile; tlo > thi: none */
 
     const size_t q_base = hk_layout_base(&d->q, b, h), k_base = hk_layout_base(&d->k, b, hk),
                  v_base = hk_layout_base(&d->v, b, hk);
     long blk_lo = nk, blk_hi = -1; /* the union of the rows' visible keys */
-    for (int r = 0; r < rows_pad; ++r) {
-        float *qr = q + (size_t)r * DP;
+    for (int r = 0; r < RP; ++r) {
         if (r < rows)
-            HK(convert)(qr, a->q, q_base + (size_t)(m0 + r) * d->q.stride_seq, D, d->dtype);
-        for (int x = r < rows ? D : 0; x < DP; ++x)
-            qr[x] = 0.0f;
+            HK(convert)(tmp, a->q, q_base + (size_t)(m0 + r) * d->q.stride_seq, D, d->dtype);
+        for (int x = 0; x < D; ++x)
+            qt[(size_t)x * HK_BM + r] = r < rows ? tmp[x] : 0.0f;
         for (int x = 0; x < DP; ++x)
             acc[(size_t)r * DP + x] = 0.0f;
         m_run[r] = -INFINITY;
@@ -198,115 +244,85 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
     /* Tiles start at multiples of HK_BN, so a causal diagonal falls in one tile. */
     for (long n0 = blk_lo / HK_BN * HK_BN; n0 <= blk_hi; n0 += HK_BN) {
         const int n = nk - n0 < HK_BN ? (int)(nk - n0) : HK_BN;
-        /* 1. K^T and V tiles in float; keys past n and head dims past D are zero. */
-        for (int c = 0; c < HK_BN; ++c) {
-            float *vr = v + (size_t)c * DP;
+        const int NP = (n + HK_MR - 1) / HK_MR * HK_MR; /* keys in whole micro-kernel calls */
+        /* 1. K and V tiles in float; keys past n and head dims past D are zero. */
+        for (int c = 0; c < NP; ++c) {
+            float *kr = kb + (size_t)c * DP, *vr = vb + (size_t)c * DP;
             if (c < n) {
-                HK(convert)(row, a->k, k_base + (size_t)(n0 + c) * d->k.stride_seq, D, d->dtype);
+                HK(convert)(kr, a->k, k_base + (size_t)(n0 + c) * d->k.stride_seq, D, d->dtype);
                 HK(convert)(vr, a->v, v_base + (size_t)(n0 + c) * d->v.stride_seq, D, d->dtype);
             }
-            for (int x = 0; x < D; ++x)
-                kt[(size_t)x * HK_BN + c] = c < n ? row[x] : 0.0f;
             for (int x = c < n ? D : 0; x < DP; ++x)
-                vr[x] = 0.0f;
+                kr[x] = vr[x] = 0.0f;
         }
-        /* The next tile's K and V rows, requested now to arrive during this tile's
-         * arithmetic. In the packed layout a head's rows are heads*D elements apart
-         * (2 KiB at 8 heads of 64 floats): two rows a 4 KiB page, which the hardware
-         * prefetchers do not follow; at N = 4096 (K, V 1 MiB a head each, past L2)
-         * the row copies above took a third of the time without this. */
-        if (n0 + HK_BN <= blk_hi)
-            for (int c = 0; c < HK_BN && n0 + HK_BN + c < nk; ++c) {
-                hk_prefetch_row(a->k, k_base + (size_t)(n0 + HK_BN + c) * d->k.stride_seq, row_bytes, esize);
-                hk_prefetch_row(a->v, v_base + (size_t)(n0 + HK_BN + c) * d->v.stride_seq, row_bytes, esize);
-            }
-        /* Which rows see which keys of this tile. */
-        int any_group[HK_BM / HK_MR];
-        for (int g = 0; g < rows_pad / HK_MR; ++g)
-            any_group[g] = 0;
-        for (int r = 0; r < rows_pad; ++r) {
+        /* Which rows see which keys of this tile; a mask is needed unless every
+         * row sees all n keys and n is the whole tile. */
+        int masked = 0;
+        for (int r = 0; r < RP; ++r) {
             const long x0 = lo[r] > n0 ? lo[r] - n0 : 0;
             const long x1 = hi[r] < n0 + n - 1 ? hi[r] - n0 : n - 1;
             tlo[r] = x0 <= x1 ? (int)x0 : 1;
             thi[r] = x0 <= x1 ? (int)x1 : 0;
-            any_group[r / HK_MR] |= x0 <= x1;
+            masked |= tlo[r] > 0 || thi[r] < HK_BN - 1;
         }
-        /* 2. Raw scores, HK_MR rows by HK_NR keys at a time. */
-        for (int g = 0; g < rows_pad / HK_MR; ++g)
-            if (any_group[g])
-                for (int c0 = 0; c0 < HK_BN; c0 += HK_NR)
-                    HK(mk_scores)(D, q + (size_t)g * HK_MR * DP, DP, kt + c0,
-                                  s + (size_t)g * HK_MR * HK_BN + c0);
-        /* 3. Mask, soft-cap and the online softmax update, row by row. */
-        for (int r = 0; r < rows_pad; ++r) {
-            float *restrict sr = s + (size_t)r * HK_BN;
-            if (tlo[r] > thi[r]) { /* nothing visible: unchanged (p = 0, alpha = 1) */
-                for (int c = 0; c < HK_BN; ++c)
-                    sr[c] = 0.0f;
-                alpha[r] = 1.0f;
-                continue;
+        /* 2. Raw scores S^T[c][r], HK_MR keys at a time. Along the way, the next
+         *    tile's K and V rows are requested, HK_MR of each a call, to arrive
+         *    during this tile's arithmetic: in the packed layout a head's rows are
+         *    heads*D elements apart (2 KiB at 8 heads of 64 floats), two rows a
+         *    4 KiB page, which the hardware prefetchers do not follow. (All 128 at
+         *    once, before the loop, overflowed the miss buffers: half the gain.) */
+        const long next = n0 + HK_BN;
+        for (int c = 0; c < NP; c += HK_MR) {
+            for (int i = c; i < c + HK_MR && next <= blk_hi && next + i < nk; ++i) {
+                hk_prefetch_row(a->k, k_base + (size_t)(next + i) * d->k.stride_seq, row_bytes, esize);
+                hk_prefetch_row(a->v, v_base + (size_t)(next + i) * d->v.stride_seq, row_bytes, esize);
             }
-            if (capped)
-                for (int c = 0; c < HK_BN; ++c)
-                    sr[c] = cap_log2 * tanhf(sr[c] * q_mul);
-            if (tlo[r] > 0 || thi[r] < HK_BN - 1) {
-                const int x0 = tlo[r], x1 = thi[r];
-                for (int c = 0; c < HK_BN; ++c)
-                    sr[c] = c < x0 || c > x1 ? -INFINITY : sr[c];
-            }
-            /* Max and sum over HK_LANES independent partials (a plain reduction
-             * would need reassociation to vectorise). */
-            float part[HK_LANES];
-            for (int j = 0; j < HK_LANES; ++j)
-                part[j] = -INFINITY;
-            for (int c0 = 0; c0 < HK_BN; c0 += HK_LANES)
-                for (int j = 0; j < HK_LANES; ++j)
-                    part[j] = sr[c0 + j] > part[j] ? sr[c0 + j] : part[j];
-            float m_new = m_run[r];
-            for (int j = 0; j < HK_LANES; ++j)
-                m_new = part[j] > m_new ? part[j] : m_new;
+            HK(mk_row)(RP, D, kb + (size_t)c * DP, DP, 1, qt, HK_BM, st + (size_t)c * HK_BM, HK_BM, NULL);
+        }
+        /* 3. Soft-cap, mask and the online softmax update, all rows at once. */
+        if (capped)
+            for (int c = 0; c < n; ++c)
+                for (int r = 0; r < RP; ++r)
+                    st[c * HK_BM + r] = cap_log2 * tanhf(st[c * HK_BM + r] * q_mul);
+        if (masked)
+            for (int c = 0; c < n; ++c)
+                for (int r = 0; r < RP; ++r)
+                    st[c * HK_BM + r] = c < tlo[r] || c > thi[r] ? -INFINITY : st[c * HK_BM + r];
+        for (int r = 0; r < RP; ++r)
+            sum[r] = m_run[r]; /* the new maxima, first */
+        for (int c = 0; c < n; ++c)
+            for (int r = 0; r < RP; ++r)
+                sum[r] = st[c * HK_BM + r] > sum[r] ? st[c * HK_BM + r] : sum[r];
+        for (int r = 0; r < RP; ++r) {
+            const float m_new = sum[r];
             /* Nothing finite yet: keep alpha = 1 and p = 0 (never -inf - -inf). */
             alpha[r] = m_new == -INFINITY ? 1.0f : HK(exp2)((m_run[r] - m_new) * to_log2);
-            /* (s - m) * to_log2, not fmaf(s, to_log2, -m * to_log2): those two
-             * roundings differ by half an ulp of m*to_log2, which at scores ~ 1e10
-             * made p 2^+-512 (0 or inf). s - m is exact near m, <= 0. */
-            const float m_sub = m_new == -INFINITY ? 0.0f : m_new;
-            for (int j = 0; j < HK_LANES; ++j)
-                part[j] = 0.0f;
-            for (int c0 = 0; c0 < HK_BN; c0 += HK_LANES)
-                for (int j = 0; j < HK_LANES; ++j) {
-                    const float p = HK(exp2)((sr[c0 + j] - m_sub) * to_log2);
-                    sr[c0 + j] = p;
-                    part[j] += p;
-                }
-            float sum = 0.0f;
-            for (int j = 0; j < HK_LANES; ++j)
-                sum += part[j];
-            l_run[r] = l_run[r] * alpha[r] + sum;
+            m_sub[r] = m_new == -INFINITY ? 0.0f : m_new;
             m_run[r] = m_new;
+            sum[r] = 0.0f;
         }
-        /* 4. acc = alpha acc + P V, HK_MR rows by HK_NR head dims at a time; keys
-         *    past n have p = 0 and are not visited. */
-        for (int g = 0; g < rows_pad / HK_MR; ++g) {
-            if (!any_group[g])
-                continue;
-            const float *pg = s + (size_t)g * HK_MR * HK_BN;
-            float *ag = acc + (size_t)g * HK_MR * DP;
-            int x0 = 0;
-            for (; x0 + HK_NR <= DP; x0 += HK_NR)
-                HK(mk_pv)(HK_NR, n, pg, v + x0, ag + x0, DP, alpha + g * HK_MR);
-#if HK_NR > HK_LANES
-            for (; x0 < DP; x0 += HK_LANES)
-                HK(mk_pv)(HK_LANES, n, pg, v + x0, ag + x0, DP, alpha + g * HK_MR);
-#endif
-        }
+        /* (s - m) * to_log2, not fmaf(s, to_log2, -m * to_log2): those two roundings
+         * differ by half an ulp of m*to_log2, which at scores ~ 1e10 made p 2^+-512
+         * (0 or inf). s - m is exact near m, <= 0. */
+        for (int c = 0; c < n; ++c)
+            for (int r = 0; r < RP; ++r) {
+                const float p = HK(exp2)((st[c * HK_BM + r] - m_sub[r]) * to_log2);
+                st[c * HK_BM + r] = p;
+                sum[r] += p;
+            }
+        for (int r = 0; r < RP; ++r)
+            l_run[r] = l_run[r] * alpha[r] + sum[r];
+        /* 4. acc = alpha acc + P V, HK_MR rows at a time; keys past n not visited. */
+        for (int r = 0; r < RP; r += HK_MR)
+            HK(mk_row)(DP, n, st + r, 1, HK_BM, vb, DP, acc + (size_t)r * DP, DP, alpha + r);
     }
 
     for (int r = 0; r < rows; ++r) {
         const float l = l_run[r];
         /* No visible key: l = 0 -> output 0, LSE -inf. */
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        hk_store_row(a, b, h, m0 + r, acc + (size_t)r * DP, inv);
+        HK(store_row)(a->out, hk_layout_base(&d->out, b, h) + (size_t)(m0 + r) * d->out.stride_seq,
+                      acc + (size_t)r * DP, inv, D, d->dtype, tmp);
         if (a->lse)
             a->lse[((size_t)b * d->heads_q + h) * d->seqlen_q + m0 + r] =
                 l > 0.0f ? (m_run[r] * to_log2 + log2f(l)) * 0.6931471805599453f : -INFINITY;

@@ -32,20 +32,12 @@ static size_t hk_padded_dim(int head_dim) {
 
 size_t flashcl_host_scratch_floats(int head_dim) {
     const size_t dp = hk_padded_dim(head_dim);
-    /* q, acc: BM x DP; K^T, V: DP x BN; scores: BM x BN; one K row: DP. */
-    return 2 * HK_BM * dp + 2 * dp * HK_BN + HK_BM * HK_BN + dp;
+    /* Q^T, acc: DP x BM; K, V: BN x DP; S^T: BN x BM; one Q row: DP. */
+    return 2 * dp * HK_BM + 2 * (size_t)HK_BN * dp + (size_t)HK_BN * HK_BM + dp;
 }
 
 static size_t hk_layout_base(const flashcl_layout *l, int b, int h) {
     return l->offset + (size_t)b * l->stride_batch + (size_t)h * l->stride_head;
-}
-
-/* Output row i: acc * inv in the storage type (once per row: not worth a copy each). */
-static void hk_store_row(const flashcl_host_fwd_args *a, int b, int h, int i, const float *acc, float inv) {
-    const flashcl_attention_desc *d = a->d;
-    const size_t ob = hk_layout_base(&d->out, b, h) + (size_t)i * d->out.stride_seq;
-    for (int x = 0; x < d->head_dim; ++x)
-        flashcl_host_store(a->out, d->dtype, ob + x, acc[x] * inv);
 }
 
 /* Asks the caches for the row of `bytes` at element `at` of base (a hint: no fault). */
@@ -62,12 +54,15 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #define HK_X86 1
+#include <cpuid.h>
+#include <immintrin.h> /* F16C's conversions, in the copies whose target has it */
 #endif
 
 /* ---- the copies ---- */
 #ifdef HK_X86
 #define HK(x) hk_avx512_##x
-#define HK_TARGET __attribute__((target("avx512f,avx512vl,avx2,fma")))
+#define HK_TARGET __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+#define HK_F16C 1
 #define HK_FMA(a, b, c) fmaf(a, b, c)
 #define HK_MR 4
 #define HK_NR 64 /* 4 x 4 zmm accumulators of 32 */
@@ -77,9 +72,11 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #undef HK_FMA
 #undef HK_MR
 #undef HK_NR
+#undef HK_F16C
 
 #define HK(x) hk_avx2_##x
-#define HK_TARGET __attribute__((target("avx2,fma")))
+#define HK_TARGET __attribute__((target("avx2,fma,f16c")))
+#define HK_F16C 1
 #define HK_FMA(a, b, c) fmaf(a, b, c)
 #define HK_MR 4
 #define HK_NR 16 /* 4 x 2 ymm accumulators of 16 */
@@ -89,6 +86,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #undef HK_FMA
 #undef HK_MR
 #undef HK_NR
+#undef HK_F16C
 #endif
 
 #define HK(x) hk_generic_##x
@@ -112,14 +110,22 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #undef HK_NR
 
 /* ---- the choice ---- */
+#ifdef HK_X86
+/* F16C, from CPUID (__builtin_cpu_supports has no name for it in older GCCs).
+ * Every AVX2 CPU has it; checked all the same. */
+static int hk_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
 static int hk_supported(const char *name) {
 #ifdef HK_X86
     __builtin_cpu_init();
     if (strcmp(name, "avx512") == 0)
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+               __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && hk_has_f16c();
     if (strcmp(name, "avx2") == 0)
-        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+        return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && hk_has_f16c();
 #endif
     return strcmp(name, "generic") == 0;
 }
