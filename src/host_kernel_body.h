@@ -33,18 +33,21 @@
 /* The micro-kernel, for MR x nr outputs:
  *   C[i][j] = (alpha ? alpha[i] * C[i][j] : 0) + sum_{k<K} A[i*ai + k*ak] * B[k*ldb + j]
  * with i < HK_MR, j < nr. The MR*nr sums stay in registers for the whole k loop: nr,
- * ai, ak and alpha's NULLness are constants at each call, so after inlining the i and
- * j loops unroll and vectorise and c[][] becomes registers (objdump: the avx512
- * copy's loop is 4 broadcasts, 4 loads and 16 vfmadd231ps on zmm). */
-static HK_TARGET HK_INLINE void HK(mk)(int nr, int K, const float *restrict A, int ai, int ak,
-                                       const float *B, int ldb, float *C, int ldc,
+ * b_aligned, ak and alpha's NULLness are constants at each call, so after inlining the
+ * i and j loops unroll and vectorise and c[][] becomes registers (objdump: the avx512
+ * copy's loop is 4 broadcasts, 4 loads and 16 vfmadd231ps on zmm). C is always in
+ * the scratch: 64-byte aligned, ldc a multiple of HK_LANES floats; so is B where
+ * b_aligned says so (V read in place from the caller's array may not be). Telling
+ * the compiler matters: GCC's SSE2 code otherwise built each vector of B from four
+ * scalar loads (5 GFLOP/s). */
+static HK_TARGET HK_INLINE void HK(mk)(int nr, int b_aligned, int K, const float *restrict A, size_t ai,
+                                       size_t ak, const float *B, size_t ldb, float *C, int ldc,
                                        const float *restrict alpha) {
-    /* B and C rows are 64-byte aligned in the scratch, their strides multiples of
-     * HK_LANES floats: said so (GCC's SSE2 code otherwise built each vector of B
-     * from four scalar loads, 5 GFLOP/s). */
-    B = HK_ALIGNED(B);
+    if (b_aligned) {
+        B = HK_ALIGNED(B);
+        ldb = ldb / HK_LANES * HK_LANES;
+    }
     C = HK_ALIGNED(C);
-    ldb = ldb / HK_LANES * HK_LANES;
     ldc = ldc / HK_LANES * HK_LANES;
     float c[HK_MR][HK_NR];
     for (int i = 0; i < HK_MR; ++i)
@@ -53,7 +56,7 @@ static HK_TARGET HK_INLINE void HK(mk)(int nr, int K, const float *restrict A, i
     for (int k = 0; k < K; ++k) {
         const float *restrict b = B + (size_t)k * ldb;
         for (int i = 0; i < HK_MR; ++i) {
-            const float x = A[(size_t)i * ai + (size_t)k * ak];
+            const float x = A[i * ai + k * ak];
             for (int j = 0; j < nr; ++j)
                 c[i][j] = HK_FMA(x, b[j], c[i][j]);
         }
@@ -65,15 +68,15 @@ static HK_TARGET HK_INLINE void HK(mk)(int nr, int K, const float *restrict A, i
 
 /* The micro-kernel over MR x `width` outputs, width a multiple of HK_LANES: whole
  * HK_NR chunks, then HK_LANES ones. */
-static HK_TARGET HK_INLINE void HK(mk_row)(int width, int K, const float *restrict A, int ai, int ak,
-                                           const float *restrict B, int ldb, float *restrict C, int ldc,
-                                           const float *restrict alpha) {
+static HK_TARGET HK_INLINE void HK(mk_row)(int width, int b_aligned, int K, const float *restrict A,
+                                           size_t ai, size_t ak, const float *B, size_t ldb, float *C,
+                                           int ldc, const float *restrict alpha) {
     int x0 = 0;
     for (; x0 + HK_NR <= width; x0 += HK_NR)
-        HK(mk)(HK_NR, K, A, ai, ak, B + x0, ldb, C + x0, ldc, alpha);
+        HK(mk)(HK_NR, b_aligned, K, A, ai, ak, B + x0, ldb, C + x0, ldc, alpha);
 #if HK_NR > HK_LANES
     for (; x0 < width; x0 += HK_LANES)
-        HK(mk)(HK_LANES, K, A, ai, ak, B + x0, ldb, C + x0, ldc, alpha);
+        HK(mk)(HK_LANES, b_aligned, K, A, ai, ak, B + x0, ldb, C + x0, ldc, alpha);
 #endif
 }
 
@@ -217,7 +220,7 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
     float *restrict vb = kb + (size_t)HK_BN * DP; /* [HK_BN][DP]  V tile, zero-padded   */
     float *restrict st = vb + (size_t)HK_BN * DP; /* [HK_BN][HK_BM] S^T, then P^T       */
     float *restrict acc = st + HK_BN * HK_BM;     /* [HK_BM][DP]  unnormalised output   */
-    float *restrict tmp = acc + (size_t)HK_BM * DP; /* [DP]       one converted Q row   */
+    float *restrict tmp = acc + (size_t)HK_BM * DP; /* [DP]       one output row        */
     float m_run[HK_BM], l_run[HK_BM], alpha[HK_BM], m_sub[HK_BM], sum[HK_BM];
     long lo[HK_BM], hi[HK_BM];
     int tlo[HK_BM], thi[HK_BM]; /* a row's visible keys in the current tile; tlo > thi: none */
@@ -225,11 +228,22 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
     const size_t q_base = hk_layout_base(&d->q, b, h), k_base = hk_layout_base(&d->k, b, hk),
                  v_base = hk_layout_base(&d->v, b, hk);
     long blk_lo = nk, blk_hi = -1; /* the union of the rows' visible keys */
+    /* Q's rows are read once and out's written once, each a few cache lines
+     * heads*D elements apart, so their misses are what costs: out's are requested
+     * now, and Q's rows are all converted first (into acc, free until the tiles)
+     * and transposed after, so that their loads overlap. Converting and
+     * transposing row by row let one or two rows' misses run at a time: 7% of the
+     * time at N = 1024, D = 64. */
+    const size_t o_base = hk_layout_base(&d->out, b, h);
+    for (int r = 0; r < rows; ++r) {
+        hk_prefetch_row(a->out, o_base + (size_t)(m0 + r) * d->out.stride_seq, row_bytes, esize, 1);
+        HK(convert)(acc + (size_t)r * DP, a->q, q_base + (size_t)(m0 + r) * d->q.stride_seq, D, d->dtype);
+    }
     for (int r = 0; r < RP; ++r) {
-        if (r < rows)
-            HK(convert)(tmp, a->q, q_base + (size_t)(m0 + r) * d->q.stride_seq, D, d->dtype);
         for (int x = 0; x < D; ++x)
-            qt[(size_t)x * HK_BM + r] = r < rows ? tmp[x] : 0.0f;
+            qt[(size_t)x * HK_BM + r] = r < rows ? acc[(size_t)r * DP + x] : 0.0f;
+    }
+    for (int r = 0; r < RP; ++r) {
         for (int x = 0; x < DP; ++x)
             acc[(size_t)r * DP + x] = 0.0f;
         m_run[r] = -INFINITY;
@@ -253,11 +267,22 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
     for (long n0 = blk_lo / HK_BN * HK_BN; n0 <= blk_hi; n0 += HK_BN) {
         const int n = nk - n0 < HK_BN ? (int)(nk - n0) : HK_BN;
         const int NP = (n + HK_MR - 1) / HK_MR * HK_MR; /* keys in whole micro-kernel calls */
-        /* 1. K and V tiles in float; keys past n and head dims past D are zero. */
-        for (int c = 0; c < NP; ++c) {
+        /* 1. K and V tiles in float; keys past n and head dims past D are zero.
+         *    float32 is read in place instead where it can be: K always (it is
+         *    only broadcast), V when its rows need no padding; not the last tile
+         *    when it ends inside a micro-kernel call. The copies cost ~15% of the
+         *    time at D = 64, even from L2. */
+        const int in_place = d->dtype == FLASHCL_FLOAT32 && n % HK_MR == 0;
+        const int v_in_place = in_place && D == DP;
+        const float *kt = in_place ? (const float *)a->k + k_base + (size_t)n0 * d->k.stride_seq : kb;
+        const size_t k_ld = in_place ? d->k.stride_seq : (size_t)DP;
+        const float *vt = v_in_place ? (const float *)a->v + v_base + (size_t)n0 * d->v.stride_seq : vb;
+        const size_t v_ld = v_in_place ? d->v.stride_seq : (size_t)DP;
+        for (int c = 0; c < (v_in_place ? 0 : NP); ++c) {
             float *kr = kb + (size_t)c * DP, *vr = vb + (size_t)c * DP;
             if (c < n) {
-                HK(convert)(kr, a->k, k_base + (size_t)(n0 + c) * d->k.stride_seq, D, d->dtype);
+                if (!in_place)
+                    HK(convert)(kr, a->k, k_base + (size_t)(n0 + c) * d->k.stride_seq, D, d->dtype);
                 HK(convert)(vr, a->v, v_base + (size_t)(n0 + c) * d->v.stride_seq, D, d->dtype);
             }
             for (int x = c < n ? D : 0; x < DP; ++x)
@@ -282,10 +307,10 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
         const long next = n0 + HK_BN;
         for (int c = 0; c < NP; c += HK_MR) {
             for (int i = c; i < c + HK_MR && next <= blk_hi && next + i < nk; ++i) {
-                hk_prefetch_row(a->k, k_base + (size_t)(next + i) * d->k.stride_seq, row_bytes, esize);
-                hk_prefetch_row(a->v, v_base + (size_t)(next + i) * d->v.stride_seq, row_bytes, esize);
+                hk_prefetch_row(a->k, k_base + (size_t)(next + i) * d->k.stride_seq, row_bytes, esize, 0);
+                hk_prefetch_row(a->v, v_base + (size_t)(next + i) * d->v.stride_seq, row_bytes, esize, 0);
             }
-            HK(mk_row)(RP, D, kb + (size_t)c * DP, DP, 1, qt, HK_BM, st + (size_t)c * HK_BM, HK_BM, NULL);
+            HK(mk_row)(RP, 1, D, kt + c * k_ld, k_ld, 1, qt, HK_BM, st + (size_t)c * HK_BM, HK_BM, NULL);
         }
         /* 3. Soft-cap, mask and the online softmax update, all rows at once. */
         if (capped)
@@ -321,15 +346,19 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
         for (int r = 0; r < RP; ++r)
             l_run[r] = l_run[r] * alpha[r] + sum[r];
         /* 4. acc = alpha acc + P V, HK_MR rows at a time; keys past n not visited. */
-        for (int r = 0; r < RP; r += HK_MR)
-            HK(mk_row)(DP, n, st + r, 1, HK_BM, vb, DP, acc + (size_t)r * DP, DP, alpha + r);
+        for (int r = 0; r < RP; r += HK_MR) {
+            if (v_in_place)
+                HK(mk_row)(DP, 0, n, st + r, 1, HK_BM, vt, v_ld, acc + (size_t)r * DP, DP, alpha + r);
+            else
+                HK(mk_row)(DP, 1, n, st + r, 1, HK_BM, vb, DP, acc + (size_t)r * DP, DP, alpha + r);
+        }
     }
 
     for (int r = 0; r < rows; ++r) {
         const float l = l_run[r];
         /* No visible key: l = 0 -> output 0, LSE -inf. */
         const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-        HK(store_row)(a->out, hk_layout_base(&d->out, b, h) + (size_t)(m0 + r) * d->out.stride_seq,
+        HK(store_row)(a->out, o_base + (size_t)(m0 + r) * d->out.stride_seq,
                       acc + (size_t)r * DP, inv, D, d->dtype, tmp);
         if (a->lse)
             a->lse[((size_t)b * d->heads_q + h) * d->seqlen_q + m0 + r] =

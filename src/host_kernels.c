@@ -42,15 +42,22 @@ static size_t hk_layout_base(const flashcl_layout *l, int b, int h) {
     return l->offset + (size_t)b * l->stride_batch + (size_t)h * l->stride_head;
 }
 
-/* Asks the caches for the row of `bytes` at element `at` of base (a hint: no fault). */
-static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t esize) {
+/* Asks the caches for the row of `bytes` at element `at` of base, to read or (write
+ * 1) to write (a hint: no fault). */
+static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t esize, int write) {
 #if defined(__GNUC__) || defined(__clang__)
     const char *p = (const char *)base + at * esize;
-    for (size_t i = 0; i < bytes; i += 64)
-        __builtin_prefetch(p + i);
-    __builtin_prefetch(p + bytes - 1); /* the last line, where the row is not 64-aligned */
+    if (write) {
+        for (size_t i = 0; i < bytes; i += 64)
+            __builtin_prefetch(p + i, 1);
+        __builtin_prefetch(p + bytes - 1, 1); /* the last line, where the row is not 64-aligned */
+    } else {
+        for (size_t i = 0; i < bytes; i += 64)
+            __builtin_prefetch(p + i);
+        __builtin_prefetch(p + bytes - 1);
+    }
 #else
-    (void)base, (void)at, (void)bytes, (void)esize;
+    (void)base, (void)at, (void)bytes, (void)esize, (void)write;
 #endif
 }
 
