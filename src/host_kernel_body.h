@@ -199,6 +199,26 @@ static HK_TARGET HK_INLINE void HK(store_row)(void *out, size_t off, const float
     }
 }
 
+/* K and V rows [r0, r1) of kv head hk, batch b, into a->kp and a->vp (layout in
+ * internal.h): converted once for all the row blocks that read them, contiguous,
+ * zero past seqlen_k and past head_dim. */
+static HK_TARGET void HK(pack)(const flashcl_host_fwd_args *a, int b, int hk, size_t r0, size_t r1) {
+    const flashcl_attention_desc *d = a->d;
+    const int D = d->head_dim;
+    const size_t head = ((size_t)b * d->heads_k + hk) * a->keys * a->dim;
+    const size_t k_base = hk_layout_base(&d->k, b, hk), v_base = hk_layout_base(&d->v, b, hk);
+    for (size_t r = r0; r < r1; ++r) {
+        float *kr = a->kp + head + r * a->dim, *vr = a->vp + head + r * a->dim;
+        const int in = r < (size_t)d->seqlen_k;
+        if (in) {
+            HK(convert)(kr, a->k, k_base + r * d->k.stride_seq, D, d->dtype);
+            HK(convert)(vr, a->v, v_base + r * d->v.stride_seq, D, d->dtype);
+        }
+        for (size_t x = in ? (size_t)D : 0; x < a->dim; ++x)
+            kr[x] = vr[x] = 0.0f;
+    }
+}
+
 /* Rows m0 .. m0+HK_BM-1 (those below seqlen_q) of query head h, batch b. ws: this
  * thread's scratch, flashcl_host_scratch_floats(head_dim) floats, 64-byte aligned. */
 static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, int m0, float *ws) {
@@ -268,17 +288,30 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
         const int n = nk - n0 < HK_BN ? (int)(nk - n0) : HK_BN;
         const int NP = (n + HK_MR - 1) / HK_MR * HK_MR; /* keys in whole micro-kernel calls */
         /* 1. K and V tiles in float; keys past n and head dims past D are zero.
-         *    float32 is read in place instead where it can be: K always (it is
-         *    only broadcast), V when its rows need no padding; not the last tile
-         *    when it ends inside a micro-kernel call. The copies cost ~15% of the
-         *    time at D = 64, even from L2. */
-        const int in_place = d->dtype == FLASHCL_FLOAT32 && n % HK_MR == 0;
+         *    Packed (host_path.c, where it fits a budget): there already, contiguous
+         *    and aligned. Else float32 is read in place where it can be: K always
+         *    (it is only broadcast), V when its rows need no padding; not the last
+         *    tile when it ends inside a micro-kernel call. The copies cost ~15% of
+         *    the time at D = 64, even from L2. */
+        const int packed = a->kp != NULL;
+        const int in_place = !packed && d->dtype == FLASHCL_FLOAT32 && n % HK_MR == 0;
         const int v_in_place = in_place && D == DP;
-        const float *kt = in_place ? (const float *)a->k + k_base + (size_t)n0 * d->k.stride_seq : kb;
-        const size_t k_ld = in_place ? d->k.stride_seq : (size_t)DP;
-        const float *vt = v_in_place ? (const float *)a->v + v_base + (size_t)n0 * d->v.stride_seq : vb;
-        const size_t v_ld = v_in_place ? d->v.stride_seq : (size_t)DP;
-        for (int c = 0; c < (v_in_place ? 0 : NP); ++c) {
+        const float *kt = kb, *vt = vb;
+        size_t k_ld = DP, v_ld = DP;
+        if (packed) {
+            kt = a->kp + (((size_t)b * d->heads_k + hk) * a->keys + (size_t)n0) * DP;
+            vt = a->vp + (((size_t)b * d->heads_k + hk) * a->keys + (size_t)n0) * DP;
+        } else {
+            if (in_place) {
+                kt = (const float *)a->k + k_base + (size_t)n0 * d->k.stride_seq;
+                k_ld = d->k.stride_seq;
+            }
+            if (v_in_place) {
+                vt = (const float *)a->v + v_base + (size_t)n0 * d->v.stride_seq;
+                v_ld = d->v.stride_seq;
+            }
+        }
+        for (int c = 0; c < (packed || v_in_place ? 0 : NP); ++c) {
             float *kr = kb + (size_t)c * DP, *vr = vb + (size_t)c * DP;
             if (c < n) {
                 if (!in_place)
@@ -306,7 +339,7 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
          *    once, before the loop, overflowed the miss buffers: half the gain.) */
         const long next = n0 + HK_BN;
         for (int c = 0; c < NP; c += HK_MR) {
-            for (int i = c; i < c + HK_MR && next <= blk_hi && next + i < nk; ++i) {
+            for (int i = c; i < c + HK_MR && !packed && next <= blk_hi && next + i < nk; ++i) {
                 hk_prefetch_row(a->k, k_base + (size_t)(next + i) * d->k.stride_seq, row_bytes, esize, 0);
                 hk_prefetch_row(a->v, v_base + (size_t)(next + i) * d->v.stride_seq, row_bytes, esize, 0);
             }
@@ -350,7 +383,7 @@ static HK_TARGET void HK(block)(const flashcl_host_fwd_args *a, int b, int h, in
             if (v_in_place)
                 HK(mk_row)(DP, 0, n, st + r, 1, HK_BM, vt, v_ld, acc + (size_t)r * DP, DP, alpha + r);
             else
-                HK(mk_row)(DP, 1, n, st + r, 1, HK_BM, vb, DP, acc + (size_t)r * DP, DP, alpha + r);
+                HK(mk_row)(DP, 1, n, st + r, 1, HK_BM, vt, DP, acc + (size_t)r * DP, DP, alpha + r);
         }
     }
 

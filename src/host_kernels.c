@@ -28,12 +28,12 @@
 #define HK_ALIGNED(p) (p)
 #endif
 
-static size_t hk_padded_dim(int head_dim) {
+size_t flashcl_host_padded_dim(int head_dim) {
     return ((size_t)head_dim + HK_LANES - 1) / HK_LANES * HK_LANES;
 }
 
 size_t flashcl_host_scratch_floats(int head_dim) {
-    const size_t dp = hk_padded_dim(head_dim);
+    const size_t dp = flashcl_host_padded_dim(head_dim);
     /* Q^T, acc: DP x BM; K, V: BN x DP; S^T: BN x BM; one Q row: DP. */
     return 2 * dp * HK_BM + 2 * (size_t)HK_BN * dp + (size_t)HK_BN * HK_BM + dp;
 }
@@ -139,10 +139,10 @@ static int hk_supported(const char *name) {
 flashcl_host_kernel flashcl_host_kernel_pick(const char *want) {
     static const flashcl_host_kernel copies[] = {
 #ifdef HK_X86
-        {"avx512", hk_avx512_block, hk_avx512_exp2_array},
-        {"avx2", hk_avx2_block, hk_avx2_exp2_array},
+        {"avx512", hk_avx512_block, hk_avx512_pack, hk_avx512_exp2_array},
+        {"avx2", hk_avx2_block, hk_avx2_pack, hk_avx2_exp2_array},
 #endif
-        {"generic", hk_generic_block, hk_generic_exp2_array},
+        {"generic", hk_generic_block, hk_generic_pack, hk_generic_exp2_array},
     };
     const size_t count = sizeof copies / sizeof copies[0];
     size_t i = 0;

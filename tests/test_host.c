@@ -96,7 +96,9 @@ int main(void) {
         {FLASHCL_BFLOAT16, 1, 2, 2, 96, 96, 32, 0, -1, -1, 30.0f, 0.0f, LAYOUT_BHSD, 4.0},
         {FLASHCL_FLOAT16, 1, 2, 2, 1500, 1500, 64, 1, -1, -1, 0.0f, 0.0f, LAYOUT_PACKED, 1.0},
     };
-    /* Every copy of the kernel this CPU runs (FLASHCL_HOST_SIMD picks one). */
+    /* Every copy of the kernel this CPU runs (FLASHCL_HOST_SIMD picks one), with K
+     * and V packed first (the default where rows are shared by blocks) and read
+     * tile by tile from the caller's arrays (FLASHCL_HOST_PACK=0). */
     static const char *copies[] = {"avx512", "avx2", "generic"};
     const char *saved = getenv("FLASHCL_HOST_SIMD");
     char *saved_copy = saved ? strdup(saved) : NULL;
@@ -110,10 +112,18 @@ int main(void) {
         char what[96];
         snprintf(what, sizeof what, "%s: exp2 within 2 ulp, exact at -inf, 0, NaN", copies[c]);
         expect(exp2_accurate(&k), what, &failures);
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
-            snprintf(what, sizeof what, "%s: host forward case %zu matches host_ref", copies[c], i);
-            expect(run_case(a, &cases[i], seed + i, 0), what, &failures);
+        for (int pack = 1; pack >= 0; --pack) {
+            if (pack)
+                unsetenv("FLASHCL_HOST_PACK");
+            else
+                setenv("FLASHCL_HOST_PACK", "0", 1);
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+                snprintf(what, sizeof what, "%s%s: host forward case %zu matches host_ref", copies[c],
+                         pack ? "" : ", unpacked", i);
+                expect(run_case(a, &cases[i], seed + i, 0), what, &failures);
+            }
         }
+        unsetenv("FLASHCL_HOST_PACK");
         /* Huge finite scores: the answer is exact in float, so must be ours. */
         const float huge[] = {1e10f, 3e10f, 1e30f, 2e38f};
         for (size_t i = 0; i < sizeof huge / sizeof huge[0]; ++i) {
