@@ -192,20 +192,25 @@ flashcl_status flashcl_host_forward(flashcl_context *ctx, const flashcl_attentio
     j.order = order;
 
     /* K and V packed first, converted once for every row block that reads them
-     * and laid out contiguously: in the packed [b][s][h][d] layout a head's rows
-     * are heads*D elements apart, two rows a 4 KiB page at 8 heads of 64 floats,
-     * so long sequences spent their time in TLB misses (f32 at N = 16384: 58
-     * GFLOP/s a core, against 86 from the same data in [b][h][s][d]). Only where
-     * K/V rows are read by more than one block, and within a memory budget;
+     * and laid out contiguously, where a head's rows lie far apart: in the packed
+     * [b][s][h][d] layout they are heads*D elements apart, two rows a 4 KiB page
+     * at 8 heads of 64 floats, and long sequences spent their time in TLB misses
+     * (f32, N = 16384: 58 GFLOP/s a core, against 86 from the same data in
+     * [b][h][s][d]; 82 packed). From 8 MiB of K rows a head (K and V then span
+     * more than a Zen 4's 12 MiB of L2 TLB reach; at N = 4096 here: 71 -> 85);
+     * below that the pass costs more than it saves (N = 1024: 64 -> 57). Only
+     * where K/V rows are read by more than one block, and within a memory budget;
      * otherwise the kernel reads them tile by tile. */
     const size_t group = (size_t)(d->heads_q / d->heads_k);
     const size_t keys = ((size_t)d->seqlen_k + FLASHCL_HOST_BLOCK_N - 1) / FLASHCL_HOST_BLOCK_N * FLASHCL_HOST_BLOCK_N;
     const size_t dim = flashcl_host_padded_dim(d->head_dim);
     const size_t pack_floats = (size_t)d->batch * d->heads_k * keys * dim;
+    const size_t esize = d->dtype == FLASHCL_FLOAT32 ? 4 : 2;
+    const int spread = (size_t)d->seqlen_k * d->k.stride_seq * esize >= ((size_t)8 << 20);
+    const char *env = getenv("FLASHCL_HOST_PACK"); /* "0": never, "1": wherever it may (tests) */
+    const int want = env && strcmp(env, "0") == 0 ? 0 : env && strcmp(env, "1") == 0 ? 1 : spread;
     float *kp = NULL, *vp = NULL;
-    const char *pack_env = getenv("FLASHCL_HOST_PACK"); /* "0": never (tests, comparisons) */
-    const int may_pack = !(pack_env && strcmp(pack_env, "0") == 0);
-    if (may_pack && blocks * group >= 2 && pack_floats * 2 * sizeof(float) <= FLASHCL_HOST_PACK_BYTES &&
+    if (want && blocks * group >= 2 && pack_floats * 2 * sizeof(float) <= FLASHCL_HOST_PACK_BYTES &&
         posix_memalign((void **)&kp, 64, pack_floats * sizeof(float)) == 0 &&
         posix_memalign((void **)&vp, 64, pack_floats * sizeof(float)) == 0) {
         j.args.kp = kp;
