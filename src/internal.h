@@ -456,6 +456,37 @@ flashcl_status flashcl_host_backward(flashcl_context *ctx, const flashcl_attenti
                                      const flashcl_backward_options *opts, const void *q,
                                      const void *k, const void *v, const void *out, const void *dout,
                                      const float *lse, void *dq, void *dk, void *dv);
+/* The forward's block kernel (host_kernels.c, src/host_kernel_body.h): one call
+ * computes FLASHCL_HOST_BLOCK_M query rows from m0 of query head h, batch b, with
+ * ws: flashcl_host_scratch_floats(head_dim) floats of scratch, 64-byte aligned. */
+typedef struct flashcl_host_fwd_args {
+    const flashcl_attention_desc *d; /* resolved */
+    const void *q, *k, *v;
+    void *out;
+    float *lse; /* may be NULL */
+    /* K and V packed (pack below), or NULL: float [batch][heads_k][keys][dim],
+     * keys = seqlen_k rounded up to FLASHCL_HOST_BLOCK_N, dim = head_dim rounded
+     * up to 16, zero-padded, 64-byte aligned. */
+    float *kp, *vp;
+    size_t keys, dim;
+} flashcl_host_fwd_args;
+#define FLASHCL_HOST_BLOCK_M 64 /* query rows per block */
+#define FLASHCL_HOST_BLOCK_N 64 /* keys per tile */
+typedef struct flashcl_host_kernel {
+    const char *name; /* "avx512", "avx2", "generic" */
+    void (*block)(const flashcl_host_fwd_args *a, int b, int h, int m0, float *ws);
+    /* Fills kp and vp for keys [r0, r1) of kv head hk, batch b. */
+    void (*pack)(const flashcl_host_fwd_args *a, int b, int hk, size_t r0, size_t r1);
+    void (*exp2_array)(float *x, int n); /* the copy's exp2, in place (tests) */
+} flashcl_host_kernel;
+/* Most bytes the host forward takes for K and V packed in float (host_path.c);
+ * past it the kernel reads them tile by tile from the caller's arrays. */
+#define FLASHCL_HOST_PACK_BYTES ((size_t)256 << 20)
+size_t flashcl_host_scratch_floats(int head_dim);
+size_t flashcl_host_padded_dim(int head_dim);
+/* The best copy this CPU runs; want (may be NULL) names a lower one to take instead
+ * when the CPU runs it (FLASHCL_HOST_SIMD). */
+flashcl_host_kernel flashcl_host_kernel_pick(const char *want);
 /* host_path.c's storage conversions: element i of an array of dtype. */
 float flashcl_host_load(const void *base, flashcl_dtype dtype, size_t i);
 /* ---- FP8 (fp8.c) ---- */

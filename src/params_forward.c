@@ -457,8 +457,8 @@ void flashcl_fallback_params(const flashcl_context *ctx, const flashcl_attention
                              flashcl_params *p) {
     memset(p, 0, sizeof *p);
     if (ctx->is_host) {
-        p->block_m = 16;
-        p->block_n = 64;
+        p->block_m = FLASHCL_HOST_BLOCK_M;
+        p->block_n = FLASHCL_HOST_BLOCK_N;
         p->work_group_size = 1;
         p->variant = "host";
         p->source = "built-in: host path";
