@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|profile|setup]   (results also under $OUT when set)
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
+# profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
+#         backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
+#         both, at each of SHAPES ("B,H,N,D", default 4,32,4096,64 4,32,4096,128; f16, non-causal;
+#         HARNESS_ARGS added, e.g. "--causal" or "--dtype bf16"), then runs ncu on its dK/dV and dQ
+#         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT).
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
 #         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
@@ -33,8 +38,9 @@ out=${OUT:-/tmp/flashcl-out}
 mkdir -p "$out" /etc/OpenCL/vendors
 echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
 # No -Werror here: this machine's gcc 13 warns where CI's gcc 12 (which runs -Werror) does not.
-cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-gpu -j"$(nproc)" 2>&1 | grep -E 'error|warning' 
+harness=; targets=; [ "$what" = profile ] && harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness"
+cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
+cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 # gpu_test "BINARY [MODE]" [TAG]: one test binary on the GPU; its log goes under $out, its last
 # line and first failures to the output. A "+" stands for the space, so that a TESTS list given
@@ -47,6 +53,35 @@ gpu_test() {
   grep -m5 FAILED "$log"
 }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+if [ "$what" = profile ]; then
+  # Four files a shape (the tool that fetches $OUT takes eight): the log (harness, then ncu's run of
+  # it and a summary), ncu's details page as text and its raw metrics as CSV, and a .tgz of the
+  # kernels' PTX (as cached and as translated) and the .ncu-rep. The ncu run reuses the first run's
+  # program cache, so it skips the OpenCL builds.
+  export PATH=$PATH:/usr/local/cuda/bin
+  sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
+    LaunchStats Occupancy SchedulerStats WarpStateStats}
+  for shape in ${SHAPES:-4,32,4096,64 4,32,4096,128}; do
+    tag=${shape//,/-}; log="$out/profile-$tag.log"; work=/tmp/profile-$tag
+    mkdir -p "$work/ptx"
+    echo "== ptx_harness $shape ${HARNESS_ARGS:-}: CUDA-driver launches vs flashcl" | tee "$log"
+    timeout 120 ./build-gpu/ptx_harness ${shape//,/ } --iters 20 --dump "$work/ptx" --cache "$work/cache" \
+      ${HARNESS_ARGS:-} 2>&1 | tee -a "$log"
+    echo "== ncu --clock-control none, sections: $(echo $sections), on the checked dK/dV and dQ launches" | tee -a "$log"
+    timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) -k 'regex:flash_bwd_(dkdv|dq)' \
+      --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_harness ${shape//,/ } --iters 2 --cache "$work/cache" \
+      ${HARNESS_ARGS:-} >> "$log" 2>&1
+    echo "ncu exit $?" | tee -a "$log"
+    if [ -f "$work/ncu-$tag.ncu-rep" ]; then
+      ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
+      ncu -i "$work/ncu-$tag.ncu-rep" --page raw --csv > "$out/ncu-$tag-raw.csv" 2>&1
+      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
+        "$out/ncu-$tag-details.txt" | head -24 | tee -a "$log"
+    fi
+    tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
+  done
+  exit 0
+fi
 ./build-gpu/flashcl devices > "$out/devices.txt"
 [ "$what" = setup ] && exit 0
 if [ "$what" = serve ]; then

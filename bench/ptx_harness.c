@@ -1,0 +1,842 @@
+/* ptx_harness.c: flashcl's backward kernels relaunched through the CUDA driver, so that Nsight Compute
+ * and compute-sanitizer can see them.
+ *
+ * Why. NVIDIA's profilers do not see kernels launched through NVIDIA's OpenCL (`ncu` reports "No
+ * kernels were profiled", compute-sanitizer instruments nothing: /work/shared/gpu/NVIDIA-OPENCL.md).
+ * But the program binary NVIDIA's OpenCL keeps is PTX text, and the CUDA driver loads PTX. So this
+ * bench-only program (never part of the library, never in CI's test run):
+ *   1. runs flashcl's forward (for out and LSE) and backward on the NVIDIA GPU at one shape, with
+ *      seeded random inputs, from an empty disk program cache (FLASHCL_CACHE_DIR set to a fresh
+ *      directory), and keeps the gradients and the D_i scratch;
+ *   2. reads the backward's programs back from that cache (src/program.c's format: a 40-byte header,
+ *      the key text, whose third NUL-separated part is the build options, then the binary, which on
+ *      NVIDIA is PTX): -DBWD_KERNEL=1 is the D_i pre-pass, 2 the dK/dV kernel, 3 the dQ pass; where
+ *      the cache holds a -DUSE_TMA=1 build of 2 and 3, those are what flashcl ran (src/backward.c
+ *      runs the TMA kernels whenever both built and the packed tensors' maps encode);
+ *   3. translates OpenCL's calling convention (below), loads the PTX with cuModuleLoadDataEx, and
+ *      launches the three kernels with the arguments, grids and work-groups src/backward.c uses
+ *      (OpenCL global size = grid * block), on CUDA copies of the same inputs;
+ *   4. checks dq, dk, dv and D_i bitwise against flashcl's (the tensor-core backward sums dQ in its
+ *      own pass, no atomics, so both runs do the same arithmetic in the same order), then times
+ *      both: flashcl's calls back to back (wall clock) and per kernel (FLASHCL_PROFILE), the CUDA
+ *      launches with cuEvents.
+ *
+ * The translation, two rules (the PTX is otherwise untouched, so the SASS is ptxas's from the same
+ * text the OpenCL driver compiled):
+ *   - OpenCL's parameter qualifiers (".ptr .global .align N") are dropped: the CUDA loader rejects
+ *     them, and the pointers are used the same way without them;
+ *   - OpenCL reads its launch environment from %envreg registers the CUDA driver never sets:
+ *     %envreg0..2 and %envreg3..5 (the group and global offsets) are 0 for these launches, %envreg6..8
+ *     are the group counts, %nctaid.x/y/z, and %envreg9 is the work dimension, 3. Any other one is
+ *     refused. Where flashcl rebuilds sm_90a PTX (-DFLASHCL_SM90A, src/program.c), the cache holds
+ *     the rebuilt text; a text still at sm_90 with "//@sm90a " markers is unmasked here the same way.
+ * The CUDA launches use device 0's primary context, which flashcl's TMA encoder (src/nv_tma.c) also
+ * retains, and the JIT's defaults (ptxas -O3 equivalent): the kernels' register counts and times
+ * are printed beside flashcl's so a difference in code generation would show.
+ *
+ * Build: cmake -S . -B build-gpu -DFLASHCL_BUILD_BENCH_HARNESS=ON && cmake --build build-gpu
+ *        --target ptx_harness (or `bench/h200.sh profile`, which also runs ncu on it). Needs the CUDA
+ *        driver (libcuda.so.1, opened with dlopen) at run time, no CUDA toolkit to build.
+ * Run:   build-gpu/ptx_harness B H N D [--dtype f16|bf16] [--causal] [--iters N] [--dump DIR]
+ *        [--cache DIR] [--device SPEC]; exit status 0 when the gradients match. --dump writes each
+ *        kernel's PTX as cached and as translated. Under ncu, e.g.
+ *        ncu --set full -k regex:flash_bwd --launch-count 3 build-gpu/ptx_harness 4 32 4096 64 --iters 1
+ *        (the first three matching launches are the checked pre-pass, dK/dV and dQ kernels).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <dirent.h>
+#include <errno.h>
+#include <dlfcn.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "flashcl.h"
+
+/* ---- the CUDA driver, by value (no cuda.h at build time, as src/nv_tma.c) ---------------------- */
+
+typedef int CUresult;
+typedef unsigned long long CUdeviceptr;
+typedef void *CUcontext, *CUmodule, *CUfunction, *CUevent, *CUstream;
+enum { /* CUjit_option */
+       JIT_INFO_LOG_BUFFER = 3,
+       JIT_INFO_LOG_BUFFER_SIZE_BYTES = 4,
+       JIT_ERROR_LOG_BUFFER = 5,
+       JIT_ERROR_LOG_BUFFER_SIZE_BYTES = 6,
+       JIT_LOG_VERBOSE = 12 };
+enum { /* CUfunction_attribute */
+       FUNC_SHARED_SIZE_BYTES = 1,
+       FUNC_LOCAL_SIZE_BYTES = 3,
+       FUNC_NUM_REGS = 4 };
+
+typedef struct cuda_api {
+    CUresult (*init)(unsigned);
+    CUresult (*device_get)(int *, int);
+    CUresult (*primary_ctx_retain)(CUcontext *, int);
+    CUresult (*ctx_set_current)(CUcontext);
+    CUresult (*ctx_synchronize)(void);
+    CUresult (*module_load_data_ex)(CUmodule *, const void *, unsigned, int *, void **);
+    CUresult (*module_get_function)(CUfunction *, CUmodule, const char *);
+    CUresult (*func_get_attribute)(int *, int, CUfunction);
+    CUresult (*occupancy)(int *, CUfunction, int, size_t);
+    CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+    CUresult (*mem_free)(CUdeviceptr);
+    CUresult (*memcpy_htod)(CUdeviceptr, const void *, size_t);
+    CUresult (*memcpy_dtoh)(void *, CUdeviceptr, size_t);
+    CUresult (*memset_d8)(CUdeviceptr, unsigned char, size_t);
+    CUresult (*launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, CUstream,
+                       void **, void **);
+    CUresult (*event_create)(CUevent *, unsigned);
+    CUresult (*event_record)(CUevent, CUstream);
+    CUresult (*event_synchronize)(CUevent);
+    CUresult (*event_elapsed)(float *, CUevent, CUevent);
+    CUresult (*get_error_string)(CUresult, const char **);
+    CUresult (*encode_tiled)(void *, int, unsigned, void *, const uint64_t *, const uint64_t *, const unsigned *,
+                             const unsigned *, int, int, int, int);
+} cuda_api;
+static cuda_api cu;
+
+static void die(const char *fmt, const char *what) {
+    fflush(stdout); /* what was printed before comes first */
+    fprintf(stderr, "ptx_harness: ");
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n");
+    exit(2);
+}
+
+/* Aborts with the driver's message on a failed call: this is a bench tool. */
+static void cu_check(CUresult rc, const char *what) {
+    if (rc == 0)
+        return;
+    const char *msg = NULL;
+    if (cu.get_error_string)
+        cu.get_error_string(rc, &msg);
+    fprintf(stderr, "ptx_harness: %s failed: CUDA error %d (%s)\n", what, rc, msg ? msg : "?");
+    exit(2);
+}
+
+static void load_cuda(void) {
+    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (!lib)
+        die("libcuda.so.1 did not load: %s", dlerror());
+    /* The _v2 names are the ones the 64-bit driver exports for these calls. */
+    static const struct {
+        const char *name;
+        size_t offset;
+    } syms[] = {
+#define SYM(field, name) {name, offsetof(cuda_api, field)}
+        SYM(init, "cuInit"),
+        SYM(device_get, "cuDeviceGet"),
+        SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain"),
+        SYM(ctx_set_current, "cuCtxSetCurrent"),
+        SYM(ctx_synchronize, "cuCtxSynchronize"),
+        SYM(module_load_data_ex, "cuModuleLoadDataEx"),
+        SYM(module_get_function, "cuModuleGetFunction"),
+        SYM(func_get_attribute, "cuFuncGetAttribute"),
+        SYM(occupancy, "cuOccupancyMaxActiveBlocksPerMultiprocessor"),
+        SYM(mem_alloc, "cuMemAlloc_v2"),
+        SYM(mem_free, "cuMemFree_v2"),
+        SYM(memcpy_htod, "cuMemcpyHtoD_v2"),
+        SYM(memcpy_dtoh, "cuMemcpyDtoH_v2"),
+        SYM(memset_d8, "cuMemsetD8_v2"),
+        SYM(launch, "cuLaunchKernel"),
+        SYM(event_create, "cuEventCreate"),
+        SYM(event_record, "cuEventRecord"),
+        SYM(event_synchronize, "cuEventSynchronize"),
+        SYM(event_elapsed, "cuEventElapsedTime"),
+        SYM(get_error_string, "cuGetErrorString"),
+        SYM(encode_tiled, "cuTensorMapEncodeTiled"),
+#undef SYM
+    };
+    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; ++i) {
+        void *f = dlsym(lib, syms[i].name);
+        if (!f)
+            die("libcuda.so.1 has no %s", syms[i].name);
+        memcpy((char *)&cu + syms[i].offset, &f, sizeof f);
+    }
+    int device = 0;
+    CUcontext ctx = NULL;
+    cu_check(cu.init(0), "cuInit");
+    cu_check(cu.device_get(&device, 0), "cuDeviceGet");
+    cu_check(cu.primary_ctx_retain(&ctx, device), "cuDevicePrimaryCtxRetain");
+    cu_check(cu.ctx_set_current(ctx), "cuCtxSetCurrent");
+}
+
+/* ---- inputs ------------------------------------------------------------------------------------ */
+
+/* splitmix64: the seeded generator (never rand()). */
+static uint64_t rng_state = 0x5eed2026ull;
+static uint64_t rng_next(void) {
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+/* A standard normal sample (Box-Muller), as torch.randn's inputs. */
+static float rng_normal(void) {
+    const double u1 = ((double)(rng_next() >> 11) + 0.5) * 0x1p-53, u2 = (double)(rng_next() >> 11) * 0x1p-53;
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+/* float -> IEEE binary16 bits, round to nearest even (subnormals included; no NaN inputs here). */
+static uint16_t f16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    const uint32_t sign = (x >> 16) & 0x8000u, m = x & 0x7fffffu;
+    const int e = (int)((x >> 23) & 0xffu) - 127 + 15;
+    if (e >= 31)
+        return (uint16_t)(sign | 0x7c00u);
+    if (e <= 0) { /* subnormal: the value is m24 * 2^(e - 14 - 10) */
+        if (e < -10)
+            return (uint16_t)sign;
+        const uint32_t m24 = m | 0x800000u, shift = (uint32_t)(14 - e), half = 1u << (shift - 1);
+        uint32_t h = m24 >> shift;
+        const uint32_t rem = m24 & ((1u << shift) - 1);
+        h += rem > half || (rem == half && (h & 1));
+        return (uint16_t)(sign | h);
+    }
+    uint32_t h = ((uint32_t)e << 10) | (m >> 13);
+    const uint32_t rem = m & 0x1fffu;
+    h += rem > 0x1000u || (rem == 0x1000u && (h & 1)); /* a carry into the exponent is right */
+    return (uint16_t)(sign | h);
+}
+static uint16_t bf16_bits(float f) {
+    uint32_t x;
+    memcpy(&x, &f, sizeof x);
+    return (uint16_t)((x + 0x7fffu + ((x >> 16) & 1)) >> 16);
+}
+/* 16-bit element -> float, for the size of a mismatch. */
+static float bits_value(uint16_t b, int bf16) {
+    if (bf16) {
+        const uint32_t x = (uint32_t)b << 16;
+        float f;
+        memcpy(&f, &x, sizeof f);
+        return f;
+    }
+    const int e = (b >> 10) & 31, m = b & 1023;
+    const float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? INFINITY : ldexpf((float)(m | 1024), e - 25);
+    return b & 0x8000 ? -v : v;
+}
+
+/* ---- the disk cache's programs ------------------------------------------------------------------ */
+
+/* src/program.c's cache_header: magic "FLCLBIN3", key, binary size, hash, key text length. */
+typedef struct {
+    char magic[8];
+    uint64_t key, size, hash, key_len;
+} cache_header;
+
+typedef struct {
+    char *options; /* the build options (the key text's third part) */
+    char *ptx;     /* NUL-terminated */
+    size_t ptx_len;
+} cached_program;
+
+/* All programs in dir; returns their count. Files that do not parse are skipped. */
+static int read_cache(const char *dir, cached_program *out, int cap) {
+    DIR *d = opendir(dir);
+    if (!d)
+        die("cannot open the cache directory %s", dir);
+    int n = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL && n < cap;) {
+        const size_t len = strlen(e->d_name);
+        if (len < 5 || strcmp(e->d_name + len - 4, ".bin") != 0)
+            continue;
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+        FILE *f = fopen(path, "rb");
+        cache_header h;
+        if (!f)
+            continue;
+        char *key = NULL, *bin = NULL;
+        if (fread(&h, sizeof h, 1, f) == 1 && !memcmp(h.magic, "FLCLBIN3", 8) && h.key_len < (1u << 20) &&
+            h.size < ((uint64_t)1 << 31) && (key = malloc(h.key_len + 1)) && (bin = malloc(h.size + 1)) &&
+            fread(key, 1, h.key_len, f) == h.key_len && fread(bin, 1, h.size, f) == h.size) {
+            /* key text parts: format, source hash, options, device... (NUL-separated) */
+            key[h.key_len] = '\0';
+            const char *opts = key + strlen(key) + 1;
+            opts += strlen(opts) + 1;
+            bin[h.size] = '\0';
+            out[n].options = strdup(opts);
+            out[n].ptx = bin;
+            out[n].ptx_len = (size_t)h.size;
+            bin = NULL;
+            ++n;
+        }
+        free(key);
+        free(bin);
+        fclose(f);
+    }
+    closedir(d);
+    return n;
+}
+
+/* The value of -DNAME=value in options (the last one), or fallback. */
+static int option_int(const char *options, const char *name, int fallback) {
+    char key[64];
+    snprintf(key, sizeof key, "-D%s=", name);
+    const char *last = NULL;
+    for (const char *at = options; (at = strstr(at, key)) != NULL; at += strlen(key))
+        last = at;
+    return last ? atoi(last + strlen(key)) : fallback;
+}
+
+/* ---- OpenCL's PTX for the CUDA driver ----------------------------------------------------------- */
+
+/* Undoes src/program.c's sm_90 masking: ".target sm_90" becomes sm_90a and the "//@sm90a " markers
+ * go. Only for a text that still has them (the cache normally holds the rebuilt sm_90a PTX). */
+static char *unmask_sm90a(const char *ptx) {
+    const char *target = strstr(ptx, ".target sm_90");
+    if (!target || target[13] == 'a' || !strstr(ptx, "//@sm90a "))
+        return strdup(ptx);
+    char *out = malloc(strlen(ptx) + 2), *o = out;
+    for (const char *p = ptx; *p;) {
+        if (p == target + 13)
+            *o++ = 'a';
+        if (!strncmp(p, "//@sm90a ", 9)) {
+            p += 9;
+            continue;
+        }
+        *o++ = *p++;
+    }
+    *o = '\0';
+    return out;
+}
+
+/* The two rules of the header comment. Returns NULL (with a message) on an %envreg it does not
+ * know. Every rewrite but %envreg6..8 -> %nctaid.x (one byte longer) shrinks the text. */
+static char *translate(const char *ptx, int *envregs_seen) {
+    const size_t n = strlen(ptx);
+    char *out = malloc(n + n / 8 + 16);
+    size_t o = 0, line_start = 0;
+    *envregs_seen = 0;
+    for (const char *p = ptx; *p;) {
+        if (!strncmp(p, " .ptr .", 7)) { /* " .ptr .global .align 4" (or without a space) */
+            const char *a = strstr(p, ".align ");
+            const char *nl = strchr(p, '\n');
+            if (a && (!nl || a < nl) && a - p < 40) {
+                a += 7;
+                while (*a >= '0' && *a <= '9')
+                    ++a;
+                p = a;
+                continue;
+            }
+        }
+        if (!strncmp(p, "%envreg", 7)) {
+            char *end;
+            const long reg = strtol(p + 7, &end, 10);
+            static const char *const dims[] = {"%nctaid.x", "%nctaid.y", "%nctaid.z"};
+            const char *with = reg >= 0 && reg <= 5 ? "0" : reg <= 8 ? dims[reg - 6] : reg == 9 ? "3" : NULL;
+            if (!with) {
+                fprintf(stderr, "ptx_harness: the PTX reads %%envreg%ld, which has no CUDA equivalent here\n", reg);
+                free(out);
+                return NULL;
+            }
+            *envregs_seen |= 1 << reg;
+            /* A special register is moved with mov.u32, not mov.b32 (the instruction is on this line). */
+            if (with[0] == '%') {
+                out[o] = '\0';
+                char *mv = strstr(out + line_start, "mov.b32");
+                if (mv)
+                    memcpy(mv, "mov.u32", 7);
+            }
+            memcpy(out + o, with, strlen(with));
+            o += strlen(with);
+            p = end;
+            continue;
+        }
+        if (*p == '\n')
+            line_start = o + 1;
+        out[o++] = *p++;
+    }
+    out[o] = '\0';
+    return out;
+}
+
+/* The name of the first .entry whose name starts with prefix and is not `not` (NULL: any). */
+static int find_entry(const char *ptx, const char *prefix, const char *not, char *name, size_t cap) {
+    for (const char *at = ptx; (at = strstr(at, ".entry ")) != NULL; at += 7) {
+        const char *s = at + 7;
+        size_t len = strcspn(s, "( \t\n");
+        if (len < cap && !strncmp(s, prefix, strlen(prefix)) && !(not && len == strlen(not) && !strncmp(s, not, len))) {
+            memcpy(name, s, len);
+            name[len] = '\0';
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* Byte sizes of entry `name`'s parameters, from its declaration; returns their count. */
+static int entry_params(const char *ptx, const char *name, size_t *sizes, int cap) {
+    char head[256];
+    snprintf(head, sizeof head, ".entry %s(", name);
+    const char *p = strstr(ptx, head);
+    if (!p)
+        return -1;
+    const char *end = strchr(p, ')');
+    int n = 0;
+    for (p = strstr(p, ".param"); p && p < end && n < cap; p = strstr(p + 6, ".param")) {
+        const char *stop = strpbrk(p, ",)");
+        size_t size = 0, elem = 0;
+        for (const char *t = p + 6; t < stop; ++t) { /* the type token: .u64, .b8, .f32 ... */
+            if (t[0] == '.' && strchr("usbf", t[1]) && t[2] >= '1' && t[2] <= '9' && !elem)
+                elem = (size_t)atoi(t + 2) / 8;
+            if (t[0] == '[')
+                size = (size_t)atol(t + 1) * (elem ? elem : 1);
+        }
+        sizes[n++] = size ? size : elem;
+    }
+    return n;
+}
+
+/* ---- launching ------------------------------------------------------------------------------------ */
+
+/* One kernel argument: its bytes (kernelParams takes a pointer to each). */
+typedef struct {
+    void *ptrs[64];
+    size_t sizes[64];
+    int n;
+    /* storage for the values */
+    uint64_t u64[64];
+    int32_t i32[64];
+    float f32[64];
+    int nu, ni, nf;
+} arg_list;
+
+static void arg_u64(arg_list *a, uint64_t v) {
+    a->u64[a->nu] = v;
+    a->sizes[a->n] = 8;
+    a->ptrs[a->n++] = &a->u64[a->nu++];
+}
+static void arg_i32(arg_list *a, int32_t v) {
+    a->i32[a->ni] = v;
+    a->sizes[a->n] = 4;
+    a->ptrs[a->n++] = &a->i32[a->ni++];
+}
+static void arg_f32(arg_list *a, float v) {
+    a->f32[a->nf] = v;
+    a->sizes[a->n] = 4;
+    a->ptrs[a->n++] = &a->f32[a->nf++];
+}
+static void arg_bytes(arg_list *a, void *p, size_t size) {
+    a->sizes[a->n] = size;
+    a->ptrs[a->n++] = p;
+}
+/* TENSOR_ARGS(x) (cl/common.cl): offset, stride_batch, stride_seq, stride_head, as src/backward.c's set_layout_args. */
+static void arg_layout(arg_list *a, const flashcl_layout *l) {
+    arg_u64(a, l->offset);
+    arg_u64(a, l->stride_batch);
+    arg_u64(a, l->stride_seq);
+    arg_u64(a, l->stride_head);
+}
+
+typedef struct {
+    const char *role; /* "pre", "dkdv", "dq" */
+    char name[128];
+    CUfunction fn;
+    unsigned grid[3], block;
+    arg_list args;
+} kernel;
+
+/* Loads one cached program's PTX and its entry; prints what the JIT says about registers. */
+static void load_kernel(kernel *k, const cached_program *prog, const char *prefix, const char *not, const char *dump) {
+    if (!find_entry(prog->ptx, prefix, not, k->name, sizeof k->name))
+        die("no entry %s... in the cached program", prefix);
+    char *unmasked = unmask_sm90a(prog->ptx);
+    int envregs = 0;
+    char *ptx = translate(unmasked, &envregs);
+    free(unmasked);
+    if (!ptx)
+        exit(2);
+    if (dump) { /* the PTX as flashcl's cache holds it, and as the CUDA driver gets it */
+        char path[4200];
+        snprintf(path, sizeof path, "%s/%s.ptx", dump, k->name);
+        FILE *f = fopen(path, "w");
+        if (f) {
+            fputs(prog->ptx, f);
+            fclose(f);
+        }
+        snprintf(path, sizeof path, "%s/%s.cuda.ptx", dump, k->name);
+        if ((f = fopen(path, "w"))) {
+            fputs(ptx, f);
+            fclose(f);
+        }
+    }
+    static char info[16384], error[16384];
+    int opts[] = {JIT_INFO_LOG_BUFFER, JIT_INFO_LOG_BUFFER_SIZE_BYTES, JIT_ERROR_LOG_BUFFER,
+                  JIT_ERROR_LOG_BUFFER_SIZE_BYTES, JIT_LOG_VERBOSE};
+    void *vals[] = {info, (void *)(uintptr_t)sizeof info, error, (void *)(uintptr_t)sizeof error, (void *)(uintptr_t)1};
+    info[0] = error[0] = '\0';
+    CUmodule mod = NULL;
+    const CUresult rc = cu.module_load_data_ex(&mod, ptx, 5, opts, vals);
+    if (rc != 0)
+        fprintf(stderr, "ptx_harness: the JIT log of %s:\n%s\n%s\n", k->name, error, info);
+    cu_check(rc, "cuModuleLoadDataEx");
+    cu_check(cu.module_get_function(&k->fn, mod, k->name), "cuModuleGetFunction");
+    int regs = 0, smem = 0, local = 0;
+    cu.func_get_attribute(&regs, FUNC_NUM_REGS, k->fn);
+    cu.func_get_attribute(&smem, FUNC_SHARED_SIZE_BYTES, k->fn);
+    cu.func_get_attribute(&local, FUNC_LOCAL_SIZE_BYTES, k->fn);
+    const char *target = strstr(ptx, ".target ");
+    printf("  %-5s %s: %.*s, %s, %d registers, %d B shared, %d B local (spills), envregs read 0x%x\n", k->role,
+           k->name, target ? (int)strcspn(target, "\n") : 0, target ? target : "", strstr(ptx, ".maxnreg") ? "with .maxnreg" : "no .maxnreg", regs, smem, local,
+           (unsigned)envregs);
+    free(ptx);
+}
+
+/* Checks the argument list against the entry's declaration, then launches. */
+static void launch(kernel *k, const cached_program *prog) {
+    size_t sizes[64];
+    const int n = entry_params(prog->ptx, k->name, sizes, 64);
+    int ok = n == k->args.n;
+    for (int i = 0; ok && i < n; ++i)
+        ok = sizes[i] == k->args.sizes[i];
+    if (!ok) {
+        fprintf(stderr, "ptx_harness: %s declares %d parameters, the harness passes %d:\n", k->name, n, k->args.n);
+        for (int i = 0; i < (n > k->args.n ? n : k->args.n); ++i)
+            fprintf(stderr, "  %2d: declared %zu, passed %zu\n", i, i < n ? sizes[i] : 0, i < k->args.n ? k->args.sizes[i] : 0);
+        exit(2);
+    }
+    cu_check(cu.launch(k->fn, k->grid[0], k->grid[1], k->grid[2], k->block, 1, 1, 0, NULL, k->args.ptrs, NULL),
+             k->name);
+}
+
+/* ---- flashcl's side -------------------------------------------------------------------------------- */
+
+static void log_line(void *user, const char *line) {
+    (void)user;
+    /* the per-kernel times (FLASHCL_PROFILE), the disk cache's builds, and any fallback */
+    if (strstr(line, "backward kernels") || strstr(line, "disk cache miss") || strstr(line, "did not build") ||
+        !strncmp(line, "TMA:", 4))
+        printf("  flashcl log: %s\n", line);
+}
+
+static cl_mem upload(cl_context c, const void *host, size_t bytes) {
+    cl_int err;
+    cl_mem m = clCreateBuffer(c, CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0), bytes, (void *)host, &err);
+    if (!m)
+        die("clCreateBuffer failed (%s)", flashcl_status_string(err));
+    return m;
+}
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+/* Bitwise comparison of n 16-bit elements (or floats: bytes 4); prints the first mismatches. */
+static long compare(const char *what, const void *a, const void *b, size_t n, size_t es, int bf16) {
+    long bad = 0;
+    double worst = 0;
+    for (size_t i = 0; i < n; ++i) {
+        if (!memcmp((const char *)a + i * es, (const char *)b + i * es, es))
+            continue;
+        double x, y;
+        if (es == 2) {
+            uint16_t u, v;
+            memcpy(&u, (const char *)a + i * 2, 2);
+            memcpy(&v, (const char *)b + i * 2, 2);
+            x = bits_value(u, bf16), y = bits_value(v, bf16);
+        } else {
+            float u, v;
+            memcpy(&u, (const char *)a + i * 4, 4);
+            memcpy(&v, (const char *)b + i * 4, 4);
+            x = u, y = v;
+        }
+        if (bad < 3)
+            printf("    %s[%zu]: flashcl %g, CUDA launch %g\n", what, i, x, y);
+        if (fabs(x - y) > worst || x != x || y != y)
+            worst = x == x && y == y ? fabs(x - y) : INFINITY;
+        ++bad;
+    }
+    if (bad)
+        printf("  %-3s DIFFERS in %ld of %zu elements, max |diff| %.3g\n", what, bad, n, worst);
+    else
+        printf("  %-3s bitwise equal (%zu elements)\n", what, n);
+    return bad;
+}
+
+/* ---- main ---------------------------------------------------------------------------------------- */
+
+int main(int argc, char **argv) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s B H N D [--dtype f16|bf16] [--causal] [--iters N] [--dump DIR] [--cache DIR] "
+                        "[--device SPEC]\n",
+                argv[0]);
+        return 2;
+    }
+    const int B = atoi(argv[1]), H = atoi(argv[2]), N = atoi(argv[3]), D = atoi(argv[4]);
+    int causal = 0, iters = 20, bf16 = 0;
+    const char *dump = NULL, *device = "nvidia", *cache = NULL;
+    for (int i = 5; i < argc; ++i) {
+        if (!strcmp(argv[i], "--causal"))
+            causal = 1;
+        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
+            bf16 = !strcmp(argv[++i], "bf16");
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
+            iters = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--dump") && i + 1 < argc)
+            dump = argv[++i];
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
+            device = argv[++i];
+        else if (!strcmp(argv[i], "--cache") && i + 1 < argc)
+            cache = argv[++i];
+        else
+            die("unknown argument %s", argv[i]);
+    }
+    if (B < 1 || H < 1 || N < 1 || D < 1 || iters < 1)
+        die("%s", "B, H, N, D and --iters must be >= 1");
+
+    /* A fresh, empty program cache: the backward's programs are then exactly this run's. --cache DIR
+     * names one instead, empty or filled by an earlier run at the same shape, dtype and mask (so a
+     * second run, under ncu, skips the OpenCL builds); another run's programs there could be picked. */
+    char fresh[] = "/tmp/ptx_harness.XXXXXX";
+    if (!cache && !(cache = mkdtemp(fresh)))
+        die("%s", "mkdtemp failed");
+    if (mkdir(cache, 0755) != 0 && errno != EEXIST)
+        die("cannot make the cache directory %s", cache);
+    setenv("FLASHCL_CACHE_DIR", cache, 1);
+    unsetenv("FLASHCL_CACHE");
+    unsetenv("FLASHCL_PROFILE");
+    flashcl_set_log(log_line, NULL);
+
+    flashcl_context *ctx = NULL;
+    if (flashcl_context_create(&ctx, device) != FLASHCL_SUCCESS)
+        die("no flashcl context: %s", flashcl_last_error(NULL));
+    printf("device: %s\nshape (B,H,N,D) = (%d,%d,%d,%d), %s, %s\n", flashcl_context_device_name(ctx), B, H, N, D,
+           bf16 ? "bf16" : "f16", causal ? "causal" : "non-causal");
+    flashcl_attention_desc desc = {0};
+    desc.dtype = bf16 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
+    desc.batch = B, desc.heads_q = desc.heads_k = H, desc.seqlen_q = desc.seqlen_k = N, desc.head_dim = D;
+    desc.causal = causal;
+    flashcl_attention_desc r = desc; /* resolved: scale, window, packed layouts, as the library sees them */
+    if (flashcl_attention_desc_resolve(&r) != FLASHCL_SUCCESS)
+        die("%s", "invalid shape");
+
+    const size_t elems = (size_t)B * H * N * D, bytes = elems * 2, rows = (size_t)B * H * N;
+    uint16_t *host[4]; /* q, k, v, dout */
+    for (int t = 0; t < 4; ++t) {
+        host[t] = malloc(bytes);
+        for (size_t i = 0; i < elems; ++i)
+            host[t][i] = bf16 ? bf16_bits(rng_normal()) : f16_bits(rng_normal());
+    }
+    cl_context clc = flashcl_context_cl_context(ctx);
+    cl_command_queue queue = flashcl_context_cl_queue(ctx);
+    cl_mem q = upload(clc, host[0], bytes), k = upload(clc, host[1], bytes), v = upload(clc, host[2], bytes);
+    cl_mem dout = upload(clc, host[3], bytes), out = upload(clc, NULL, bytes), lse = upload(clc, NULL, rows * 4);
+    cl_mem dq = upload(clc, NULL, bytes), dk = upload(clc, NULL, bytes), dv = upload(clc, NULL, bytes);
+    flashcl_backward_options opts = {0}; /* the library's default mode */
+    size_t scratch_bytes = 0;
+    if (flashcl_attention_backward_scratch_size(ctx, &desc, &opts, &scratch_bytes) != FLASHCL_SUCCESS)
+        die("scratch size: %s", flashcl_last_error(ctx));
+    cl_mem scratch = upload(clc, NULL, scratch_bytes);
+
+    if (flashcl_attention_forward(ctx, &desc, q, k, v, out, lse, 0, NULL) != FLASHCL_SUCCESS ||
+        flashcl_attention_backward(ctx, &desc, &opts, q, k, v, out, dout, lse, 0, dq, dk, dv, scratch, NULL) !=
+            FLASHCL_SUCCESS)
+        die("flashcl: %s", flashcl_last_error(ctx));
+    clFinish(queue);
+    void *ref[5], *host_out = malloc(bytes), *host_lse = malloc(rows * 4); /* flashcl's dq, dk, dv, D_i */
+    cl_mem grads[4] = {dq, dk, dv, scratch};
+    for (int t = 0; t < 4; ++t) {
+        const size_t n = t < 3 ? bytes : rows * 4;
+        ref[t] = malloc(n);
+        clEnqueueReadBuffer(queue, grads[t], CL_TRUE, 0, n, ref[t], 0, NULL, NULL);
+    }
+    clEnqueueReadBuffer(queue, out, CL_TRUE, 0, bytes, host_out, 0, NULL, NULL);
+    clEnqueueReadBuffer(queue, lse, CL_TRUE, 0, rows * 4, host_lse, 0, NULL, NULL);
+
+    /* flashcl's time: calls back to back (wall clock), then each kernel from its profiling events
+     * (FLASHCL_PROFILE=1 makes each call wait: a separate loop). */
+    const double flops = 2.5 * 4.0 * B * H * (double)N * N * D * (causal ? 0.5 : 1.0);
+    double t0 = now_ms();
+    for (int i = 0; i < iters; ++i)
+        flashcl_attention_backward(ctx, &desc, &opts, q, k, v, out, dout, lse, 0, dq, dk, dv, scratch, NULL);
+    clFinish(queue);
+    const double cl_ms = (now_ms() - t0) / iters;
+    printf("flashcl (OpenCL): %.3f ms a backward call, %.1f TFLOP/s (%d calls back to back, wall clock)\n", cl_ms,
+           flops / cl_ms * 1e-9, iters);
+    setenv("FLASHCL_PROFILE", "1", 1);
+    for (int i = 0; i < 3; ++i)
+        flashcl_attention_backward(ctx, &desc, &opts, q, k, v, out, dout, lse, 0, dq, dk, dv, scratch, NULL);
+    unsetenv("FLASHCL_PROFILE");
+    clFinish(queue);
+
+    /* The programs flashcl built: pre (BWD_KERNEL=1), dK/dV (2), dQ (3); the TMA builds where present. */
+    static cached_program progs[256];
+    const int np = read_cache(cache, progs, 256);
+    const cached_program *pick[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < np; ++i) {
+        const int which = option_int(progs[i].options, "BWD_KERNEL", 0);
+        if (which < 1 || which > 3 || option_int(progs[i].options, "DTYPE", -1) != (int)desc.dtype)
+            continue;
+        const int tma = option_int(progs[i].options, "USE_TMA", 0);
+        if (!pick[which - 1] || (tma && !option_int(pick[which - 1]->options, "USE_TMA", 0)))
+            pick[which - 1] = &progs[i];
+    }
+    if (!pick[0] || !pick[1])
+        die("%s", "the cache holds no backward programs (not an NVIDIA device, or the cache is off?)");
+    if (!pick[2])
+        die("%s", "no dQ-pass program: this choice sums dQ with atomics (DQ=atomic), which the harness does not replay");
+    const int tma = option_int(pick[1]->options, "USE_TMA", 0) && option_int(pick[2]->options, "USE_TMA", 0);
+    printf("backward programs (from %s):\n  pre  [%s]\n  dkdv [%s]\n  dq   [%s]\n", cache, pick[0]->options,
+           pick[1]->options, pick[2]->options);
+
+    /* ---- the same launches through the CUDA driver ---- */
+    load_cuda();
+    kernel kern[3] = {{.role = "pre"}, {.role = "dkdv"}, {.role = "dq"}};
+    load_kernel(&kern[0], pick[0], "flash_bwd_pre", NULL, dump);
+    load_kernel(&kern[1], pick[1], "flash_bwd_dkdv", NULL, dump);
+    load_kernel(&kern[2], pick[2], "flash_bwd_dq", "flash_bwd_dq_store", dump);
+
+    CUdeviceptr d_q, d_k, d_v, d_out, d_dout, d_lse, d_dq, d_dk, d_dv, d_scratch, d_slots = 0;
+    const void *inputs[6] = {host[0], host[1], host[2], host_out, host[3], host_lse};
+    CUdeviceptr *dev_in[6] = {&d_q, &d_k, &d_v, &d_out, &d_dout, &d_lse};
+    for (int t = 0; t < 6; ++t) {
+        const size_t n = t < 5 ? bytes : rows * 4;
+        cu_check(cu.mem_alloc(dev_in[t], n), "cuMemAlloc");
+        cu_check(cu.memcpy_htod(*dev_in[t], inputs[t], n), "cuMemcpyHtoD");
+    }
+    CUdeviceptr *dev_grad[3] = {&d_dq, &d_dk, &d_dv};
+    for (int t = 0; t < 3; ++t) {
+        cu_check(cu.mem_alloc(dev_grad[t], bytes), "cuMemAlloc");
+        cu_check(cu.memset_d8(*dev_grad[t], 0xff, bytes), "cuMemsetD8"); /* poisoned: NaN bits */
+    }
+    cu_check(cu.mem_alloc(&d_scratch, scratch_bytes), "cuMemAlloc");
+    cu_check(cu.memset_d8(d_scratch, 0xff, scratch_bytes), "cuMemsetD8");
+
+    /* src/backward.c's launch logic for the tensor-core variants (and the portable one). */
+    const char *o1 = pick[1]->options;
+    const int wg = option_int(o1, "WG", 0), block_m = option_int(o1, "BLOCK_M", 0),
+              block_n = option_int(o1, "BLOCK_N", 0), nv = strstr(o1, "-DFLASHCL_NV_PTX") != NULL;
+    const int keys = nv ? 16 * (wg / 32) : block_n, rows_per = nv ? 16 * (wg / 32) : block_m;
+    const int lanes = option_int(pick[0]->options, "ROW_LANES", 1), row_wg = lanes > 1 ? 128 : 1;
+    const uint64_t di_off = 0, dq_acc_off = rows, lse_off = 0;
+    const int group = r.heads_q / r.heads_k;
+    /* flash_bwd_pre(o, dout, scratch, o:4, dout:4, di_off, dq_acc_off, zero_dq, nq, head_dim):
+     * global {ceil(nq * lanes / 128) * 128, heads, batch}, local {128, 1, 1} */
+    kernel *kp = &kern[0];
+    kp->grid[0] = (unsigned)(((size_t)N * lanes + row_wg - 1) / row_wg), kp->grid[1] = (unsigned)H,
+    kp->grid[2] = (unsigned)B, kp->block = (unsigned)row_wg;
+    arg_u64(&kp->args, d_out), arg_u64(&kp->args, d_dout), arg_u64(&kp->args, d_scratch);
+    arg_layout(&kp->args, &r.out), arg_layout(&kp->args, &r.q); /* dout is packed like q */
+    arg_u64(&kp->args, di_off), arg_u64(&kp->args, dq_acc_off);
+    arg_i32(&kp->args, 0), arg_i32(&kp->args, N), arg_i32(&kp->args, D);
+
+    /* TMA: maps of Q and dO (dK/dV) and of K and V (dQ) at a placeholder address, as src/nv_tma.c
+     * encodes them; each work-group writes its own copy with the buffer's address into its slot. */
+    _Alignas(64) uint64_t maps[4][16];
+    if (tma) {
+        const uint64_t dims[4] = {(uint64_t)D, (uint64_t)N, (uint64_t)H, (uint64_t)B};
+        const flashcl_layout *ls[4] = {&r.q, &r.q, &r.k, &r.v};
+        for (int i = 0; i < 4; ++i) {
+            const uint64_t strides[3] = {2 * ls[i]->stride_seq, 2 * ls[i]->stride_head, 2 * ls[i]->stride_batch};
+            const unsigned box[4] = {64, (unsigned)(i < 2 ? block_m : block_n), 1, 1}, estr[4] = {1, 1, 1, 1};
+            memset(maps[i], 0, sizeof maps[i]);
+            /* UINT16, interleave none, SWIZZLE_128B, L2 promotion 256B, OOB fill none */
+            cu_check(cu.encode_tiled(maps[i], 1, 4, (void *)((uintptr_t)1 << 20), dims, strides, box, estr, 0, 3, 3, 0),
+                     "cuTensorMapEncodeTiled");
+        }
+        const int own = keys < rows_per ? keys : rows_per; /* the larger grid's rows a work-group */
+        const size_t groups = (size_t)((N + own - 1) / own) * (size_t)H * (size_t)B;
+        cu_check(cu.mem_alloc(&d_slots, groups * 256), "cuMemAlloc"); /* FLASHCL_TMA_SLOT_BYTES */
+    }
+    /* flash_bwd_dkdv*(q, k, v, dout, lse, scratch, dk, dv, six layouts, lse_off, di_off, dq_acc_off,
+     * use_atomics, nq, nk, group, scale, softcap, wl, wr [, q map, dout map, slots]) */
+    kernel *km = &kern[1];
+    km->grid[0] = (unsigned)((N + keys - 1) / keys), km->grid[1] = (unsigned)r.heads_k, km->grid[2] = (unsigned)B;
+    km->block = (unsigned)wg;
+    const CUdeviceptr main_bufs[8] = {d_q, d_k, d_v, d_dout, d_lse, d_scratch, d_dk, d_dv};
+    for (int i = 0; i < 8; ++i)
+        arg_u64(&km->args, main_bufs[i]);
+    const flashcl_layout *main_layouts[6] = {&r.q, &r.k, &r.v, &r.q, &r.k, &r.v}; /* dout, dk, dv packed */
+    for (int i = 0; i < 6; ++i)
+        arg_layout(&km->args, main_layouts[i]);
+    arg_u64(&km->args, lse_off), arg_u64(&km->args, di_off), arg_u64(&km->args, dq_acc_off);
+    arg_i32(&km->args, 0), arg_i32(&km->args, N), arg_i32(&km->args, N), arg_i32(&km->args, group);
+    arg_f32(&km->args, r.scale), arg_f32(&km->args, r.softcap);
+    arg_i32(&km->args, r.window_left), arg_i32(&km->args, r.window_right);
+    if (tma)
+        arg_bytes(&km->args, maps[0], 128), arg_bytes(&km->args, maps[1], 128), arg_u64(&km->args, d_slots);
+    /* flash_bwd_dq*(q, k, v, dout, lse, scratch, dq, five layouts, lse_off, di_off, nq, nk, group, scale,
+     * softcap, wl, wr [, k map, v map, slots]) */
+    kernel *kd = &kern[2];
+    kd->grid[0] = (unsigned)((N + rows_per - 1) / rows_per), kd->grid[1] = (unsigned)H, kd->grid[2] = (unsigned)B;
+    kd->block = (unsigned)wg;
+    const CUdeviceptr dq_bufs[7] = {d_q, d_k, d_v, d_dout, d_lse, d_scratch, d_dq};
+    for (int i = 0; i < 7; ++i)
+        arg_u64(&kd->args, dq_bufs[i]);
+    const flashcl_layout *dq_layouts[5] = {&r.q, &r.k, &r.v, &r.q, &r.q};
+    for (int i = 0; i < 5; ++i)
+        arg_layout(&kd->args, dq_layouts[i]);
+    arg_u64(&kd->args, lse_off), arg_u64(&kd->args, di_off);
+    arg_i32(&kd->args, N), arg_i32(&kd->args, N), arg_i32(&kd->args, group);
+    arg_f32(&kd->args, r.scale), arg_f32(&kd->args, r.softcap);
+    arg_i32(&kd->args, r.window_left), arg_i32(&kd->args, r.window_right);
+    if (tma)
+        arg_bytes(&kd->args, maps[2], 128), arg_bytes(&kd->args, maps[3], 128), arg_u64(&kd->args, d_slots);
+
+    for (int i = 0; i < 3; ++i) {
+        int blocks = 0;
+        cu.occupancy(&blocks, kern[i].fn, (int)kern[i].block, 0);
+        printf("  %-5s grid (%u,%u,%u) x %u work-items, %d work-groups an SM by the occupancy calculator%s\n",
+               kern[i].role, kern[i].grid[0], kern[i].grid[1], kern[i].grid[2], kern[i].block, blocks,
+               i && tma ? ", TMA copies" : "");
+    }
+
+    /* The checked run: the first three launches (what `ncu --launch-count 3` profiles). */
+    for (int i = 0; i < 3; ++i)
+        launch(&kern[i], pick[i]);
+    cu_check(cu.ctx_synchronize(), "the CUDA-launched backward");
+    long bad = 0;
+    const char *names[4] = {"dq", "dk", "dv", "D_i"};
+    CUdeviceptr results[4] = {d_dq, d_dk, d_dv, d_scratch};
+    void *got = malloc(bytes > rows * 4 ? bytes : rows * 4);
+    for (int t = 0; t < 4; ++t) {
+        const size_t n = t < 3 ? elems : rows;
+        cu_check(cu.memcpy_dtoh(got, results[t], n * (t < 3 ? 2 : 4)), "cuMemcpyDtoH");
+        bad += compare(names[t], ref[t], got, n, t < 3 ? 2 : 4, bf16);
+    }
+
+    /* CUDA-event times: each kernel (synchronised per iteration), then the three back to back. */
+    CUevent ev[4];
+    for (int i = 0; i < 4; ++i)
+        cu_check(cu.event_create(&ev[i], 0), "cuEventCreate");
+    double per[3] = {0, 0, 0};
+    for (int it = 0; it < iters; ++it) {
+        cu.event_record(ev[0], NULL);
+        for (int i = 0; i < 3; ++i) {
+            launch(&kern[i], pick[i]);
+            cu.event_record(ev[i + 1], NULL);
+        }
+        cu_check(cu.event_synchronize(ev[3]), "cuEventSynchronize");
+        for (int i = 0; i < 3; ++i) {
+            float ms = 0;
+            cu.event_elapsed(&ms, ev[i], ev[i + 1]);
+            per[i] += ms;
+        }
+    }
+    cu.event_record(ev[0], NULL);
+    for (int it = 0; it < iters; ++it)
+        for (int i = 0; i < 3; ++i)
+            launch(&kern[i], pick[i]);
+    cu.event_record(ev[1], NULL);
+    cu_check(cu.event_synchronize(ev[1]), "cuEventSynchronize");
+    float total = 0;
+    cu.event_elapsed(&total, ev[0], ev[1]);
+    printf("CUDA launches: pre %.1f us, dK/dV %.1f us, dQ %.1f us (cuEvents, mean of %d); back to back %.3f ms a "
+           "backward, %.1f TFLOP/s\n",
+           per[0] * 1e3 / iters, per[1] * 1e3 / iters, per[2] * 1e3 / iters, iters, total / iters,
+           flops / (total / iters) * 1e-9);
+    printf("%s\n", bad ? "RESULT: the CUDA launches DIFFER from flashcl's" : "RESULT: bitwise equal to flashcl's");
+    flashcl_context_destroy(ctx);
+    return bad ? 1 : 0;
+}
