@@ -47,7 +47,7 @@
 #define BLOCK_N 64 // keys per tile
 #endif
 #ifndef LANES
-#define LANES 8 // vector width: 8 (AVX2-sized) or 16 (AVX-512-sized)
+#define LANES 16 // vector width: query rows per vector, 8 or 16 (see FLASHCL_CPU_LANES)
 #endif
 
 #if LANES == 8
@@ -62,12 +62,13 @@
 #error "LANES is 8 or 16"
 #endif
 
-#define RV ((BLOCK_M + LANES - 1) / LANES)    /* row vectors of a block */
-#define M_PAD (RV * LANES)                    /* rows, padded to whole vectors */
-#define DV ((HEAD_DIM + LANES - 1) / LANES)   /* head-dim vectors of V and acc */
+#define RV0 ((BLOCK_M + LANES - 1) / LANES)                 /* row vectors the rows need */
+#define QK_RG (RV0 < 4 ? RV0 : 4)                           /* row vectors per pass of the score loop */
+#define RV ((RV0 + QK_RG - 1) / QK_RG * QK_RG)              /* row vectors of a block: whole passes */
+#define M_PAD (RV * LANES)                                  /* rows, padded to whole vectors */
+#define DV ((HEAD_DIM + LANES - 1) / LANES)                 /* head-dim vectors of V and acc */
 #define D_PAD (DV * LANES)
-#define QK_KEYS 4                             /* keys per pass of the score loop */
-#define QK_RG (RV < 4 ? RV : 4)               /* row vectors per pass */
+#define QK_KEYS 4                                           /* keys per pass of the score loop */
 #define N_PAD ((BLOCK_N + QK_KEYS - 1) / QK_KEYS * QK_KEYS)
 /* Head-dim vectors per pass of the PV loop: the largest of 8, 4, 2, 1 that
  * divides DV, so no pass needs a guard; two rows share each V load. */
@@ -103,6 +104,9 @@ flash_fwd_cpu(FWD_ARGS) {
     const int b = (int)get_global_id(2);
     const int hk = hq / group;
     const int rows = min(BLOCK_M, nq - m0); /* valid rows in this block */
+    /* Row vectors holding valid rows, in whole score-loop passes: a short
+     * last block (or a decode row) does not pay for BLOCK_M rows. */
+    const int rv_used = min(RV, ((rows + LANES - 1) / LANES + QK_RG - 1) / QK_RG * QK_RG);
     const int capped = softcap_log2 > 0.0f;
 
     const ulong q_base = q_off + b * q_sb + hq * q_sh + (ulong)m0 * q_ss;
@@ -154,7 +158,7 @@ flash_fwd_cpu(FWD_ARGS) {
         }
         /* 2. Scores, QK_KEYS keys x QK_RG row vectors at a time. */
         for (int c = 0; c < N_PAD; c += QK_KEYS) {
-            for (int g = 0; g < RV; g += QK_RG) {
+            for (int g = 0; g < rv_used; g += QK_RG) {
                 rowv s[QK_KEYS][QK_RG];
 #pragma unroll
                 for (int x = 0; x < QK_KEYS; ++x)
@@ -191,7 +195,7 @@ flash_fwd_cpu(FWD_ARGS) {
                 lo_rel[r] = (float)clamp(range.x - n0, -1L, (long)BLOCK_N);
                 hi_rel[r] = (float)clamp(range.y - n0, -1L, (long)BLOCK_N);
             }
-        for (int g = 0; g < RV; ++g) {
+        for (int g = 0; g < rv_used; ++g) {
             rowv vmax = -INFINITY;
             if (full && !capped) {
                 for (int c = 0; c < n; ++c)

@@ -372,8 +372,9 @@ typedef struct flashcl_decode_choice {
  * NVIDIA kernel's tiles are sized against it; their .cl files check it too. */
 #define FLASHCL_NV_LOCAL_LIMIT 48000
 /* The vector width of cl/flash_fwd_cpu.cl (its LANES): query rows per
- * vector, to which it pads a block's rows and the head dim. */
-#define FLASHCL_CPU_LANES 8
+ * vector, to which it pads a block's rows and the head dim. 16 (an AVX-512
+ * register, two AVX2 ones) measured ~10 % above 8 on Zen 4 (BENCHMARKS.md). */
+#define FLASHCL_CPU_LANES 16
 /* The decode kernels merge their splits in two levels above twice
  * FLASHCL_MERGE_GROUP splits, with one counter per (block, kv head) and one
  * per run of that many splits: cl/common.cl's MERGE_GROUP, TWO_LEVELS and

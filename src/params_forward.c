@@ -110,16 +110,17 @@ static const flashcl_param_entry builtin_vendor[] = {
 
 /* Level 6, device types; level 7, global. These are shrunk to fit. */
 static const flashcl_param_entry builtin_type[] = {
-    /* CPU (cl/flash_fwd_cpu.cl): 32 query rows per work-item reuse each
-     * converted K/V element 32 times; 64-key tiles are eight float8 score
-     * accumulators, which stay in registers; scratch (2*32*D + 2*64*D +
-     * 32*64 floats, 56 KB at D=64) fits L2. Measured with `flashcl bench
-     * --shape 1,8,2048,64 --dtype f16` on PoCL (2-core Xeon, median ms,
-     * non-causal): 32x64 297, 64x64 286, 16x64 409, 32x32 368, 32x128 479;
-     * 64 rows was within noise of 32 and doubles the idle tail of causal
-     * blocks, so 32. */
-    {"CPU", NULL, "cpu", ANY, 1, 256, PHASE_ANY, ANY, 32, 64, 0, 0,
-     "measured: PoCL 2-core Xeon, 1,8,2048,64 f16"},
+    /* CPU (cl/flash_fwd_cpu.cl): 128 query rows per work-item, eight
+     * 16-lane row vectors, reuse each converted K/V element 128 times, which
+     * also keeps the TLB misses of long rows (a head's keys 2 KiB apart in
+     * the packed layout) off the critical path. Measured on PoCL (2-core AMD
+     * EPYC Zen 4, f32, GFLOP/s from the min of `flashcl bench --device cpu
+     * --iters 5`, 2026-12-04), rows x keys x lanes at (1,8,1024,64) none /
+     * causal and (1,8,16384,64) none / causal: 32x64x8 137-150 / 129-141 and
+     * 113 (8192); 64x64x16 160-171 / 129-162 and 117 / 128; 128x64x16 166 /
+     * 141 and 138 / 141; 64x128x16 no better. */
+    {"CPU", NULL, "cpu", ANY, 1, 256, PHASE_ANY, ANY, 128, 64, 0, 0,
+     "measured: PoCL 2-core AMD EPYC, f32, 128x64 of 6 tilings"},
     /* GPU (cl/flash_fwd.cl): 16 rows x 8 work-items (128 work-items, 4 warps
      * / 2 wavefronts), 32-key tiles; 16 keys above D=128 so that Q + K/V stay
      * near 34 KB, under NVIDIA's ~47 KB. Hand-chosen for latency hiding with
@@ -175,7 +176,8 @@ int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
 size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
     size_t d = (size_t)head_dim, m = (size_t)p->block_m, n = (size_t)p->block_n, floats;
     if (!strcmp(p->variant, "cpu")) { /* Q^T, K, V, S, acc, 3 row arrays: see cl/flash_fwd_cpu.cl */
-        const size_t lanes = FLASHCL_CPU_LANES, mpad = (m + lanes - 1) / lanes * lanes;
+        const size_t lanes = FLASHCL_CPU_LANES, rv0 = (m + lanes - 1) / lanes, rg = rv0 < 4 ? rv0 : 4;
+        const size_t mpad = (rv0 + rg - 1) / rg * rg * lanes; /* the kernel's M_PAD */
         const size_t dpad = (d + lanes - 1) / lanes * lanes, npad = (n + 3) / 4 * 4;
         floats = d * mpad + npad * d + n * dpad + npad * mpad + mpad * dpad + 3 * mpad;
     } else if (!strcmp(p->variant, "portable")) { /* q, K/V, S, reductions (+1 padding per row) */
