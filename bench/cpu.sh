@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # cpu.sh: flashcl's CPU paths against PyTorch's CPU SDPA on this machine (bench/cpu_vs_torch.py).
 #
-#   bench/cpu.sh [--quick] [--iters N] [--json out.json]
+#   bench/cpu.sh [--quick] [--rounds R] [--iters N] [--json out.json]
 #
 # Needs a Release build in $BUILD_DIR (default build/: `scripts/setup.sh` or the README's cmake
 # lines). PyTorch is a peer to measure against, not a dependency of flashcl: it goes into a

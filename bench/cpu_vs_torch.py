@@ -10,7 +10,7 @@ uses). FLOPs = 4*B*H*N*N*D forward and 2.5x that backward, halved when causal, f
 The machine's FMA ceiling (bench/fma_peak.c) is printed with the table.
 
 Run through bench/cpu.sh, which builds fma_peak and puts PyTorch in a virtual environment:
-    bench/cpu.sh [--quick] [--json out.json]
+    bench/cpu.sh [--quick] [--rounds R] [--iters N] [--json out.json]
 """
 import argparse
 import json
@@ -27,7 +27,7 @@ BACKWARD = [(1, 8, 1024, 64)]
 
 def flashcl(exe, device, shapes, iters, backward=False, causal=None):
     cmd = [exe, "bench"] + (["--backward"] if backward else []) + [
-        "--json", "--device", device, "--dtype", "f32", "--iters", str(iters), "--warmup", "1"]
+        "--json", "--device", device, "--dtype", "f32", "--iters", str(iters), "--warmup", "2"]
     if causal is not None:
         cmd.append("--causal" if causal else "--no-causal")
     for s in shapes:
@@ -62,7 +62,8 @@ def torch_ms(shape, causal, iters, backward=False):
     else:
         call = lambda: sdpa(q, k, v, is_causal=causal)
     with torch.no_grad() if not backward else torch.enable_grad():
-        call()  # warm-up
+        call()  # warm-up: two calls, as flashcl gets
+        call()
         times = []
         start = time.perf_counter()
         for _ in range(iters):
@@ -84,6 +85,7 @@ def main():
     ap.add_argument("--flashcl", required=True)
     ap.add_argument("--peak", help="fma_peak's JSON line")
     ap.add_argument("--iters", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds; figures are medians over them")
     ap.add_argument("--quick", action="store_true", help="the main shapes only: no sweep to 16384")
     ap.add_argument("--json", help="write every row here")
     args = ap.parse_args()
@@ -93,8 +95,10 @@ def main():
     peak = json.loads(args.peak) if args.peak else None
 
     results = []
-    print("flashcl on the CPU against PyTorch %s CPU SDPA (%d threads), float32, GFLOP/s (median ms "
-          "by events; wall = per call of %d back to back)" % (torch.__version__, threads, args.iters))
+    print("flashcl on the CPU against PyTorch %s CPU SDPA (%d threads), float32, GFLOP/s: medians over %d "
+          "interleaved rounds (the sweep: %d) of each round's median of %d calls (flashcl cpu by events; "
+          "wall = per call of %d back to back)" % (torch.__version__, threads, args.rounds, max(1, args.rounds - 1),
+                                                   args.iters, args.iters))
     if peak:
         print("FMA ceiling (bench/fma_peak.c, %d threads, %d lanes): %.1f GFLOP/s" %
               (peak["threads"], peak["lanes"], peak["gflops"]))
@@ -103,23 +107,36 @@ def main():
           "cpu wall / torch | host / cpu |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
 
-    def table(kind, shapes, with_host):
+    def table(kind, shapes, with_host, rounds):
+        """rounds of (flashcl cpu, flashcl host, torch), interleaved, so that a slow
+        stretch of a shared machine falls on every side; each figure is the
+        median over rounds of that round's median."""
         backward = kind == "backward"
-        cpu = flashcl(args.flashcl, "cpu", shapes, args.iters, backward)
-        host = flashcl(args.flashcl, "host", shapes, max(1, args.iters // 2), backward) if with_host else {}
+        runs = {"cpu": [], "host": [], "torch": {}}
+        for _ in range(rounds):
+            runs["cpu"].append(flashcl(args.flashcl, "cpu", shapes, args.iters, backward))
+            if with_host:
+                runs["host"].append(flashcl(args.flashcl, "host", shapes, max(1, args.iters // 2), backward))
+            for shape in shapes:
+                for causal in (False, True):
+                    runs["torch"].setdefault((shape, causal), []).append(
+                        torch_ms(shape, causal, args.iters, backward))
+        med = statistics.median
         for shape in shapes:
             for causal in (False, True):
                 key = (shape, causal)
-                t_med, t_wall = torch_ms(shape, causal, args.iters, backward)
-                c = cpu[key]
-                row = {"pass": kind, "shape": shape, "causal": causal,
-                       "cpu_gflops": gflops(shape, causal, c["median_ms"], backward),
-                       "cpu_wall_gflops": gflops(shape, causal, c["wall_ms"], backward),
+                c = runs["cpu"][0][key]
+                t_med = med(t[0] for t in runs["torch"][key])
+                t_wall = med(t[1] for t in runs["torch"][key])
+                row = {"pass": kind, "shape": shape, "causal": causal, "rounds": rounds,
+                       "cpu_gflops": gflops(shape, causal, med(r[key]["median_ms"] for r in runs["cpu"]), backward),
+                       "cpu_wall_gflops": gflops(shape, causal, med(r[key]["wall_ms"] for r in runs["cpu"]), backward),
                        "torch_gflops": gflops(shape, causal, t_med, backward),
                        "torch_wall_gflops": gflops(shape, causal, t_wall, backward),
                        "cpu_params": c["params"], "validated": c["validated"]}
-                if key in host:
-                    row["host_gflops"] = gflops(shape, causal, host[key]["median_ms"], backward)
+                if with_host:
+                    row["host_gflops"] = gflops(shape, causal, med(r[key]["median_ms"] for r in runs["host"]),
+                                                backward)
                 results.append(row)
                 h = "%.1f" % row["host_gflops"] if "host_gflops" in row else "-"
                 hc = "%.2f" % (row["host_gflops"] / row["cpu_gflops"]) if "host_gflops" in row else "-"
@@ -129,15 +146,18 @@ def main():
                     row["cpu_wall_gflops"] / row["torch_wall_gflops"], hc))
                 sys.stdout.flush()
 
-    table("forward", FORWARD, True)
-    table("backward", BACKWARD, True)
+    table("forward", FORWARD, True, args.rounds)
+    table("backward", BACKWARD, True, args.rounds)
     if not args.quick:
-        table("forward", [s for s in SWEEP if s not in FORWARD], False)
-        sweep = [r["cpu_gflops"] for r in results
-                 if r["pass"] == "forward" and r["shape"] in SWEEP and not r["causal"]]
-        if sweep:
-            print("\nforward, (1,8,N,64) no mask, N = 1024..16384: PoCL cpu %.1f..%.1f GFLOP/s, "
-                  "lowest %.0f %% of the best" % (min(sweep), max(sweep), 100.0 * min(sweep) / max(sweep)))
+        table("forward", [s for s in SWEEP if s not in FORWARD], True, max(1, args.rounds - 1))
+        for path in ("cpu", "host"):
+            for causal in (False, True):
+                sweep = [r[path + "_gflops"] for r in results if r["pass"] == "forward" and r["shape"] in SWEEP
+                         and r["causal"] == causal and path + "_gflops" in r]
+                if sweep:
+                    print("\nforward, (1,8,N,64) %s, N = 1024..16384: %s %.1f..%.1f GFLOP/s, lowest %.0f %% of "
+                          "the best" % ("causal" if causal else "no mask", "PoCL cpu" if path == "cpu" else "host path",
+                                        min(sweep), max(sweep), 100.0 * min(sweep) / max(sweep)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"peak": peak, "rows": results}, f, indent=1, default=list)

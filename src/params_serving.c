@@ -356,6 +356,13 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         while (c->block_m > 1 && ((size_t)c->block_m * (size_t)c->tpr > ctx->info.max_wg ||
                                   flashcl_decode_local_bytes(c, pb->head_dim) > budget))
             c->block_m /= 2;
+        /* Still too big with one row (16 KiB at D=128 with a 32-key tile):
+         * fewer keys a tile, and work-items a row to match. */
+        while (c->block_n > 1 && flashcl_decode_local_bytes(c, pb->head_dim) > budget) {
+            c->block_n /= 2;
+            if (c->tpr > c->block_n)
+                c->tpr = c->block_n;
+        }
         c->work_group_size = c->block_m * c->tpr;
     }
 }
@@ -536,6 +543,16 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
     const char *source;
     const decode_entry *e = decode_lookup(ctx, pb, &source);
     decode_derive(ctx, pb, e, pb->force_tiled ? FLASHCL_SERVING_TILED : forced_kernel, c);
+    /* A built-in decode kernel that cannot fit the device's __local or
+     * work-group (an NVIDIA GPU under FLASHCL_MAX_LOCAL_MEM=16384: the mma
+     * kernel's fixed tiles need more) gives way to the tiled kernel, whose
+     * tiles shrink. A tuning-file entry that does not fit never gets here
+     * (decode_applies passes it over); one FLASHCL_DECODE_PARAMS forces stays,
+     * and is refused. */
+    if (forced_kernel < 0 && c->kernel != FLASHCL_SERVING_TILED &&
+        (flashcl_decode_local_bytes(c, pb->head_dim) > flashcl_local_budget(ctx) ||
+         (size_t)c->work_group_size > ctx->info.max_wg))
+        decode_derive(ctx, pb, e, FLASHCL_SERVING_TILED, c);
     c->source = source;
 
     /* Explicit values replace the derived ones and must fit as given. */

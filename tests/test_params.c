@@ -1030,6 +1030,15 @@ static void test_decode_levels(void) {
            "decode on sm_90, D=128: tensor cores, 2 warps, 4 groups per CU, splits capped by 512-key slices",
            &failures);
     expect(!c.reg_copy, "... copies by cp.async on those 512-key slices", &failures);
+    /* The same GPU with 16 KiB of __local (FLASHCL_MAX_LOCAL_MEM=16384): the mma kernel's fixed
+     * tiles need more, so the tiled kernel, shrunk to fit (it was the mma kernel, which then
+     * failed every call: test_serving_16k on the H200). */
+    const size_t local_was = ctx->info.local_mem;
+    ctx->info.local_mem = 16384;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.kernel == FLASHCL_SERVING_TILED &&
+               flashcl_decode_local_bytes(&c, 128) <= 16384 - 1024,
+           "decode on sm_90 with 16 KiB of __local: the tiled kernel, fitted", &failures);
+    ctx->info.local_mem = local_was;
     choice_heads_k = 528; /* one slice of all 4096 keys */
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 1 && c.reg_copy &&
                flashcl_decode_local_bytes(&c, 128) <= 48000,
