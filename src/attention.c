@@ -304,12 +304,9 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
                                          cl_mem q, cl_mem k, cl_mem v, cl_mem out, cl_mem lse,
                                          size_t lse_offset, cl_event *event) {
     FLASHCL_LOCKED(ctx);
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
-    flashcl_clear_error(ctx);
-    if (ctx->is_host)
-        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                            "a host context has no cl_mem buffers: use flashcl_attention_forward_host");
+    const flashcl_status entry = flashcl_device_entry(ctx, "flashcl_attention_forward_host");
+    if (entry != FLASHCL_SUCCESS)
+        return entry;
     flashcl_attention_desc r;
     flashcl_status st = check_desc(ctx, desc, &r);
     if (st != FLASHCL_SUCCESS)

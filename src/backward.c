@@ -501,12 +501,9 @@ flashcl_status flashcl_attention_backward(flashcl_context *ctx, const flashcl_at
                                           size_t lse_offset, cl_mem dq, cl_mem dk, cl_mem dv,
                                           cl_mem scratch, cl_event *event) {
     FLASHCL_LOCKED(ctx);
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
-    flashcl_clear_error(ctx);
-    if (ctx->is_host)
-        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                            "a host context has no cl_mem buffers: use flashcl_attention_backward_host");
+    const flashcl_status entry = flashcl_device_entry(ctx, "flashcl_attention_backward_host");
+    if (entry != FLASHCL_SUCCESS)
+        return entry;
     flashcl_attention_desc r;
     flashcl_backward_options o;
     flashcl_status st = resolve(ctx, desc, opts, &r, &o);

@@ -124,6 +124,15 @@ void flashcl_append_error(flashcl_context *ctx, const char *text) {
     set_error(ctx, text, 1);
 }
 
+flashcl_status flashcl_device_entry(flashcl_context *ctx, const char *host_fn) {
+    if (!ctx)
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    flashcl_clear_error(ctx);
+    if (ctx->is_host)
+        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "a host context has no cl_mem buffers: use %s", host_fn);
+    return FLASHCL_SUCCESS;
+}
+
 void flashcl_clear_error(flashcl_context *ctx) {
     error_record *r = thread_error(0);
     if (r && r->text) {

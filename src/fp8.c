@@ -180,12 +180,9 @@ static cl_int set_row_args(cl_kernel k, const flashcl_fp8_quant_desc *d, const f
 flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src, cl_mem dst,
                                     cl_mem descale, cl_event *event) {
     FLASHCL_LOCKED(ctx);
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
-    flashcl_clear_error(ctx);
-    if (ctx->is_host)
-        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                            "a host context has no cl_mem buffers: use flashcl_fp8_quantize_host");
+    const flashcl_status entry = flashcl_device_entry(ctx, "flashcl_fp8_quantize_host");
+    if (entry != FLASHCL_SUCCESS)
+        return entry;
     const fp8_format *f;
     flashcl_status st = check_desc(ctx, "flashcl_fp8_quantize", desc, &f);
     if (st)

@@ -139,6 +139,10 @@ flashcl_status flashcl_fail(flashcl_context *ctx, flashcl_status status, const c
     __attribute__((format(printf, 3, 4)))
 #endif
     ;
+/* The start of a public call on device buffers: INVALID_ARGUMENT for a NULL
+ * ctx; the thread's last error cleared; on a host context UNSUPPORTED, with
+ * a message naming host_fn, the call that takes host memory. */
+flashcl_status flashcl_device_entry(flashcl_context *ctx, const char *host_fn);
 /* Appends text (such as a build log) to the last error. */
 void flashcl_append_error(flashcl_context *ctx, const char *text);
 void flashcl_clear_error(flashcl_context *ctx);

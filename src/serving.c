@@ -73,12 +73,9 @@ flashcl_status flashcl_attention_merge(flashcl_context *ctx, const flashcl_merge
                                        cl_mem lse1, cl_mem o2, cl_mem lse2, cl_mem out, cl_mem lse_out,
                                        cl_event *event) {
     FLASHCL_LOCKED(ctx);
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
-    flashcl_clear_error(ctx);
-    if (ctx->is_host)
-        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                            "a host context has no cl_mem buffers: use flashcl_attention_merge_host");
+    const flashcl_status entry = flashcl_device_entry(ctx, "flashcl_attention_merge_host");
+    if (entry != FLASHCL_SUCCESS)
+        return entry;
     flashcl_merge_desc r;
     merge_extents e;
     flashcl_status st = resolve_merge(ctx, desc, &r, &e);

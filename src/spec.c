@@ -138,12 +138,9 @@ static flashcl_status verify_on_host(flashcl_context *ctx, const flashcl_spec_de
 flashcl_status flashcl_spec_verify(flashcl_context *ctx, const flashcl_spec_desc *desc, cl_mem draft, cl_mem q,
                                    cl_mem p, cl_mem accepted, cl_mem tokens, cl_event *event) {
     FLASHCL_LOCKED(ctx);
-    if (!ctx)
-        return FLASHCL_ERROR_INVALID_ARGUMENT;
-    flashcl_clear_error(ctx);
-    if (ctx->is_host)
-        return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED,
-                            "a host context has no cl_mem buffers: use flashcl_spec_verify_host");
+    const flashcl_status entry = flashcl_device_entry(ctx, "flashcl_spec_verify_host");
+    if (entry != FLASHCL_SUCCESS)
+        return entry;
     spec_sizes n;
     flashcl_status st = check_desc(ctx, desc, &n);
     if (st)
