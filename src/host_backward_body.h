@@ -108,17 +108,17 @@ static HK_TARGET void HK(bwd_kv)(const flashcl_host_bwd_args *a, int b, int hk, 
 }
 
 /* One tile: S^T, dP^T, then P into w->st and dS into w->dt, for keys [n0, n0+NP) of
- * the tile (K, V in w) and the RP rows whose Q^T, dO^T are in w. */
-static HK_TARGET void HK(bwd_tile)(const flashcl_attention_desc *d, long n0, int NP, int RP, int DP,
+ * the tile (K, V: rows k_ld, v_ld floats apart, in w or in place) and the RP rows
+ * whose Q^T, dO^T are in w. */
+static HK_TARGET void HK(bwd_tile)(const flashcl_attention_desc *d, long n0, int NP, int RP,
+                                   const float *kt, size_t k_ld, const float *vt, size_t v_ld,
                                    const HK(bwd_ws) * w, const float *lse2, const float *di,
                                    const long *lo, const long *hi) {
     const int D = d->head_dim;
     float *restrict st = HK_ALIGNED(w->st), *restrict dt = HK_ALIGNED(w->dt);
     for (int c = 0; c < NP; c += HK_MR) {
-        HK(mk_row)(RP, 1, D, w->kb + (size_t)c * DP, DP, 1, w->qt, HK_BM, st + (size_t)c * HK_BM, HK_BM,
-                   NULL);
-        HK(mk_row)(RP, 1, D, w->vb + (size_t)c * DP, DP, 1, w->gt, HK_BM, dt + (size_t)c * HK_BM, HK_BM,
-                   NULL);
+        HK(mk_row)(RP, 1, D, kt + c * k_ld, k_ld, 1, w->qt, HK_BM, st + (size_t)c * HK_BM, HK_BM, NULL);
+        HK(mk_row)(RP, 1, D, vt + c * v_ld, v_ld, 1, w->gt, HK_BM, dt + (size_t)c * HK_BM, HK_BM, NULL);
     }
     /* A row's visible keys in this tile, as int lanes for the vectorised select. */
     int tlo[HK_BM], thi[HK_BM];
@@ -187,7 +187,7 @@ static HK_TARGET void HK(bwd_dkdv)(const flashcl_host_bwd_args *a, int b, int hk
             HK(bwd_rows)(a, b, h, m0, rows, RP, DP, &w, 1, lse2, di, lo, hi, &blk_lo, &blk_hi);
             if (blk_lo > n0 + n - 1 || blk_hi < n0)
                 continue; /* no row of these sees the block */
-            HK(bwd_tile)(d, n0, NP, RP, DP, &w, lse2, di, lo, hi);
+            HK(bwd_tile)(d, n0, NP, RP, w.kb, DP, w.vb, DP, &w, lse2, di, lo, hi);
             /* dV[c] += sum_r P^T[c][r] dO[r], dK[c] += sum_r dS^T[c][r] Q[r]: rows in order. */
             for (int c = 0; c < NP; c += HK_MR) {
                 HK(mk_row)(DP, 1, rows, w.st + (size_t)c * HK_BM, HK_BM, 1, w.gr, DP, dv + (size_t)c * DP,
@@ -215,6 +215,7 @@ static HK_TARGET void HK(bwd_dq)(const flashcl_host_bwd_args *a, int b, int h, l
     const int RP = (rows + HK_LANES - 1) / HK_LANES * HK_LANES;
     const long nk = d->seqlen_k;
     const HK(bwd_ws) w = HK(bwd_split)(ws, DP);
+    const size_t k_base = hk_layout_base(&d->k, b, hk), v_base = hk_layout_base(&d->v, b, hk);
     float lse2[HK_BM], di[HK_BM];
     long lo[HK_BM], hi[HK_BM], blk_lo, blk_hi;
     HK(bwd_rows)(a, b, h, m0, rows, RP, DP, &w, 0, lse2, di, lo, hi, &blk_lo, &blk_hi);
@@ -224,11 +225,23 @@ static HK_TARGET void HK(bwd_dq)(const flashcl_host_bwd_args *a, int b, int h, l
     for (long n0 = blk_lo / HK_BN * HK_BN; n0 <= blk_hi; n0 += HK_BN) {
         const int n = nk - n0 < HK_BN ? (int)(nk - n0) : HK_BN;
         const int NP = (n + HK_MR - 1) / HK_MR * HK_MR;
-        HK(bwd_kv)(a, b, hk, n0, n, NP, DP, &w);
-        HK(bwd_tile)(d, n0, NP, RP, DP, &w, lse2, di, lo, hi);
-        /* dQ[r] += sum_c dS^T[c][r] K[c]: keys in order, as the forward's P V. */
-        for (int r = 0; r < RP; r += HK_MR)
-            HK(mk_row)(DP, 1, n, w.dt + r, 1, HK_BM, w.kb, DP, dq + (size_t)r * DP, DP, HK(ones));
+        /* K and V read in place where they can be (float32, rows needing no
+         * padding, no key past seqlen_k in a micro-kernel call), as the forward
+         * does: each row block reads every tile again, and the copies cost. */
+        const int in_place = d->dtype == FLASHCL_FLOAT32 && D == DP && n % HK_MR == 0;
+        if (in_place) {
+            const float *kt = (const float *)a->k + k_base + (size_t)n0 * d->k.stride_seq;
+            const float *vt = (const float *)a->v + v_base + (size_t)n0 * d->v.stride_seq;
+            HK(bwd_tile)(d, n0, NP, RP, kt, d->k.stride_seq, vt, d->v.stride_seq, &w, lse2, di, lo, hi);
+            /* dQ[r] += sum_c dS^T[c][r] K[c]: keys in order, as the forward's P V. */
+            for (int r = 0; r < RP; r += HK_MR)
+                HK(mk_row)(DP, 0, n, w.dt + r, 1, HK_BM, kt, d->k.stride_seq, dq + (size_t)r * DP, DP, HK(ones));
+        } else {
+            HK(bwd_kv)(a, b, hk, n0, n, NP, DP, &w);
+            HK(bwd_tile)(d, n0, NP, RP, w.kb, DP, w.vb, DP, &w, lse2, di, lo, hi);
+            for (int r = 0; r < RP; r += HK_MR)
+                HK(mk_row)(DP, 1, n, w.dt + r, 1, HK_BM, w.kb, DP, dq + (size_t)r * DP, DP, HK(ones));
+        }
     }
     const size_t base = hk_layout_base(&a->o->dq, b, h);
     for (int r = 0; r < rows; ++r)
