@@ -47,10 +47,12 @@ static void *worker(void *arg) {
         if (item >= j->items)
             break;
         /* Head-major: the threads share one head's K, V (or Q, dO) while it
-         * stays in the caches. */
-        const size_t bh = item / j->blocks;
+         * stays in the caches. Causal blocks cost more the more keys they see:
+         * pass 1's first key blocks and pass 2's last row blocks; those go first,
+         * so that the cheap ones even out the threads' ends. */
+        const size_t bh = item / j->blocks, blk = item % j->blocks;
         j->kernel.bwd(&j->args, j->pass, (int)(bh / (size_t)j->heads), (int)(bh % (size_t)j->heads),
-                      (long)(item % j->blocks), ws);
+                      (long)(j->pass == 2 ? j->blocks - 1 - blk : blk), ws);
     }
     free(ws);
     return NULL;
