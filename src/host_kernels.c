@@ -38,6 +38,14 @@ size_t flashcl_host_scratch_floats(int head_dim) {
     return 2 * dp * HK_BM + 2 * (size_t)HK_BN * dp + (size_t)HK_BN * HK_BM + dp;
 }
 
+size_t flashcl_host_bwd_scratch_floats(int head_dim) {
+    const size_t dp = flashcl_host_padded_dim(head_dim);
+    /* host_backward_body.h's bwd_split: Q^T, dO^T, Q, dO: DP x BM; K, V: BN x DP;
+     * S^T, dP^T: BN x BM; acc1: DP x max(BM, BN); acc2: BN x DP; one row: DP. */
+    const size_t bmn = HK_BM > HK_BN ? HK_BM : HK_BN;
+    return 4 * dp * HK_BM + 3 * (size_t)HK_BN * dp + 2 * (size_t)HK_BN * HK_BM + dp * bmn + dp;
+}
+
 static size_t hk_layout_base(const flashcl_layout *l, int b, int h) {
     return l->offset + (size_t)b * l->stride_batch + (size_t)h * l->stride_head;
 }
@@ -74,6 +82,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #define HK_MR 4
 #define HK_NR 64 /* 4 x 4 zmm accumulators, of 32 registers */
 #include "host_kernel_body.h"
+#include "host_backward_body.h"
 #undef HK
 #undef HK_TARGET
 #undef HK_FMA
@@ -89,6 +98,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #define HK_NR 32 /* 2 x 4 ymm accumulators, of 16 registers (GCC 12 vectorised 4 x 16
                   * across k, with shuffles: 11 GFLOP/s, against 99 on the EPYC here) */
 #include "host_kernel_body.h"
+#include "host_backward_body.h"
 #undef HK
 #undef HK_TARGET
 #undef HK_FMA
@@ -109,6 +119,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
  * quarter of the speed with GCC 12 on SSE2. */
 #define HK_NR 8
 #include "host_kernel_body.h"
+#include "host_backward_body.h"
 #undef HK
 #undef HK_TARGET
 #undef HK_FMA
@@ -139,10 +150,10 @@ static int hk_supported(const char *name) {
 flashcl_host_kernel flashcl_host_kernel_pick(const char *want) {
     static const flashcl_host_kernel copies[] = {
 #ifdef HK_X86
-        {"avx512", hk_avx512_block, hk_avx512_pack, hk_avx512_exp2_array},
-        {"avx2", hk_avx2_block, hk_avx2_pack, hk_avx2_exp2_array},
+        {"avx512", hk_avx512_block, hk_avx512_pack, hk_avx512_exp2_array, hk_avx512_bwd},
+        {"avx2", hk_avx2_block, hk_avx2_pack, hk_avx2_exp2_array, hk_avx2_bwd},
 #endif
-        {"generic", hk_generic_block, hk_generic_pack, hk_generic_exp2_array},
+        {"generic", hk_generic_block, hk_generic_pack, hk_generic_exp2_array, hk_generic_bwd},
     };
     const size_t count = sizeof copies / sizeof copies[0];
     size_t i = 0;

@@ -475,6 +475,15 @@ typedef struct flashcl_host_fwd_args {
     float *kp, *vp;
     size_t keys, dim;
 } flashcl_host_fwd_args;
+/* The backward's kernels (src/host_backward_body.h), on the same blocks. */
+typedef struct flashcl_host_bwd_args {
+    const flashcl_attention_desc *d;  /* resolved */
+    const flashcl_backward_options *o; /* resolved layouts */
+    const void *q, *k, *v, *out, *dout;
+    const float *lse; /* [batch][heads_q][seqlen_q] */
+    float *di;        /* the same shape: written by pass 0, read by passes 1, 2 */
+    void *dq, *dk, *dv;
+} flashcl_host_bwd_args;
 #define FLASHCL_HOST_BLOCK_M 64 /* query rows per block */
 #define FLASHCL_HOST_BLOCK_N 64 /* keys per tile */
 typedef struct flashcl_host_kernel {
@@ -483,11 +492,16 @@ typedef struct flashcl_host_kernel {
     /* Fills kp and vp for keys [r0, r1) of kv head hk, batch b. */
     void (*pack)(const flashcl_host_fwd_args *a, int b, int hk, size_t r0, size_t r1);
     void (*exp2_array)(float *x, int n); /* the copy's exp2, in place (tests) */
+    /* The backward's pass 0 (D of FLASHCL_HOST_BLOCK_M rows), 1 (dK, dV of
+     * FLASHCL_HOST_BLOCK_N keys of kv head h) or 2 (dQ of FLASHCL_HOST_BLOCK_M rows)
+     * on block blk; ws: flashcl_host_bwd_scratch_floats(head_dim), 64-byte aligned. */
+    void (*bwd)(const flashcl_host_bwd_args *a, int pass, int b, int h, long blk, float *ws);
 } flashcl_host_kernel;
 /* Most bytes the host forward takes for K and V packed in float (host_path.c);
  * past it the kernel reads them tile by tile from the caller's arrays. */
 #define FLASHCL_HOST_PACK_BYTES ((size_t)256 << 20)
 size_t flashcl_host_scratch_floats(int head_dim);
+size_t flashcl_host_bwd_scratch_floats(int head_dim);
 size_t flashcl_host_padded_dim(int head_dim);
 /* The best copy this CPU runs; want (may be NULL) names a lower one to take instead
  * when the CPU runs it (FLASHCL_HOST_SIMD). */
