@@ -64,6 +64,30 @@ static int g_rank, g_size;
             cli_errorf(__VA_ARGS__);                                                                                 \
     } while (0)
 
+/* The sizes of one problem that the commands below share: es bytes an
+ * element, qrow/krow bytes of a q or k/v token (all heads), nqe/nke elements
+ * of the global q and k/v, nq/nk this rank's tokens, sq/sk bytes of its
+ * shards, sl bytes of its LSE shard. */
+typedef struct cp_sizes {
+    size_t es, qrow, krow, nqe, nke, sq, sk, sl;
+    int nq, nk;
+} cp_sizes;
+
+static cp_sizes sizes_of(const flashcl_attention_desc *d) {
+    cp_sizes z;
+    z.es = flashcl_dtype_size(d->dtype);
+    z.qrow = (size_t)d->heads_q * d->head_dim * z.es;
+    z.krow = (size_t)d->heads_k * d->head_dim * z.es;
+    z.nqe = (size_t)d->batch * d->seqlen_q * d->heads_q * d->head_dim;
+    z.nke = (size_t)d->batch * d->seqlen_k * d->heads_k * d->head_dim;
+    z.nq = flashcl_cp_local_len(d->seqlen_q, g_size, g_rank);
+    z.nk = flashcl_cp_local_len(d->seqlen_k, g_size, g_rank);
+    z.sq = (size_t)d->batch * z.nq * z.qrow;
+    z.sk = (size_t)d->batch * z.nk * z.krow;
+    z.sl = (size_t)d->batch * d->heads_q * z.nq * 4;
+    return z;
+}
+
 /* Rows of a packed [outer][seqlen][row] tensor that this rank holds, in zigzag order. */
 static void take_shard(const void *global, void *shard, int outer, int seqlen, size_t row_bytes) {
     int n = flashcl_cp_local_len(seqlen, g_size, g_rank);
@@ -246,11 +270,8 @@ static int attention_cp(int argc, char **argv) {
     if (!all_ok(ok))
         goto done;
     flashcl_attention_desc d = cli_npy_desc(&in[0], &in[1], causal, -1, -1, softcap, scale);
-    const size_t es = flashcl_dtype_size(d.dtype), qrow = (size_t)d.heads_q * d.head_dim * es,
-                 krow = (size_t)d.heads_k * d.head_dim * es;
-    const int nq = flashcl_cp_local_len(d.seqlen_q, g_size, g_rank), nk = flashcl_cp_local_len(d.seqlen_k, g_size, g_rank);
-    const size_t sq = (size_t)d.batch * nq * qrow, sk = (size_t)d.batch * nk * krow,
-                 sl = (size_t)d.batch * d.heads_q * nq * 4;
+    const cp_sizes z = sizes_of(&d);
+    const size_t qrow = z.qrow, krow = z.krow, sq = z.sq, sk = z.sk, sl = z.sl;
     enum { BQ, BK, BV, BO, BL, BDO, BDQ, BDK, BDV };
     size_t sizes[9] = {sq, sk, sk, sq, sl, sq, sq, sk, sk};
     for (int i = 0; i < 9; ++i)
@@ -346,9 +367,7 @@ typedef struct cp_shape {
     int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim;
 } cp_shape;
 
-/* One shape and mask: validate, time P ranks, time rank 0 alone. Returns 0 when it ran and validated. */
-static int bench_one(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtype, int causal, long iters,
-                     long warmup) {
+static flashcl_attention_desc shape_desc(const cp_shape *s, flashcl_dtype dtype, int causal) {
     flashcl_attention_desc d;
     memset(&d, 0, sizeof d);
     d.dtype = dtype;
@@ -359,12 +378,15 @@ static int bench_one(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtyp
     d.seqlen_k = s->seqlen_k;
     d.head_dim = s->head_dim;
     d.causal = causal;
-    const size_t es = flashcl_dtype_size(dtype), qrow = (size_t)d.heads_q * d.head_dim * es,
-                 krow = (size_t)d.heads_k * d.head_dim * es;
-    const size_t nqe = (size_t)d.batch * d.seqlen_q * d.heads_q * d.head_dim,
-                 nke = (size_t)d.batch * d.seqlen_k * d.heads_k * d.head_dim;
-    const int nq = flashcl_cp_local_len(d.seqlen_q, g_size, g_rank), nk = flashcl_cp_local_len(d.seqlen_k, g_size, g_rank);
-    const size_t sq = (size_t)d.batch * nq * qrow, sk = (size_t)d.batch * nk * krow;
+    return d;
+}
+
+/* One shape and mask: validate, time P ranks, time rank 0 alone. Returns 0 when it ran and validated. */
+static int bench_one(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtype, int causal, long iters,
+                     long warmup) {
+    const flashcl_attention_desc d = shape_desc(s, dtype, causal);
+    const cp_sizes z = sizes_of(&d);
+    const size_t es = z.es, qrow = z.qrow, krow = z.krow, nqe = z.nqe, nke = z.nke, sq = z.sq, sk = z.sk;
     void *q = malloc(nqe * es + 1), *k = malloc(nke * es + 1), *v = malloc(nke * es + 1);
     void *hq = malloc(sq + 1), *hk = malloc(sk + 1), *hv = malloc(sk + 1), *ho = malloc(sq + 1);
     void *go = malloc(nqe * es + 1), *so = malloc(nqe * es + 1);
@@ -477,23 +499,10 @@ done:
  * 2.5x the forward's, as `flashcl bench --backward` does. */
 static int bench_one_backward(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtype, int causal, long iters,
                               long warmup) {
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dtype;
-    d.batch = s->batch;
-    d.heads_q = s->heads_q;
-    d.heads_k = s->heads_k;
-    d.seqlen_q = s->seqlen_q;
-    d.seqlen_k = s->seqlen_k;
-    d.head_dim = s->head_dim;
-    d.causal = causal;
-    const size_t es = flashcl_dtype_size(dtype), qrow = (size_t)d.heads_q * d.head_dim * es,
-                 krow = (size_t)d.heads_k * d.head_dim * es;
-    const size_t nqe = (size_t)d.batch * d.seqlen_q * d.heads_q * d.head_dim,
-                 nke = (size_t)d.batch * d.seqlen_k * d.heads_k * d.head_dim;
-    const int nq = flashcl_cp_local_len(d.seqlen_q, g_size, g_rank), nk = flashcl_cp_local_len(d.seqlen_k, g_size, g_rank);
-    const size_t sq = (size_t)d.batch * nq * qrow, sk = (size_t)d.batch * nk * krow,
-                 sl = (size_t)d.batch * d.heads_q * nq * 4;
+    const flashcl_attention_desc d = shape_desc(s, dtype, causal);
+    const cp_sizes z = sizes_of(&d);
+    const size_t es = z.es, qrow = z.qrow, krow = z.krow, nqe = z.nqe, nke = z.nke, sq = z.sq, sk = z.sk,
+                 sl = z.sl;
     /* Host: global q k v dout, shards q k v dout dq dk dv, gathered dq dk dv, single-device dq dk dv. */
     enum { GQ, GK, GV, GDO, SQ, SK, SV, SDO, SDQ, SDK, SDV, AQ, AK, AV, BQ1, BK1, BV1, NH };
     size_t hs[NH] = {nqe * es, nke * es, nke * es, nqe * es, sq, sk, sk, sq, sq, sk, sk,
