@@ -81,14 +81,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #define HK_FMA(a, b, c) fmaf(a, b, c)
 #define HK_MR 4
 #define HK_NR 64 /* 4 x 4 zmm accumulators, of 32 registers */
-#include "host_kernel_body.h"
-#include "host_backward_body.h"
-#undef HK
-#undef HK_TARGET
-#undef HK_FMA
-#undef HK_MR
-#undef HK_NR
-#undef HK_F16C
+#include "host_kernel_copy.h"
 
 #define HK(x) hk_avx2_##x
 #define HK_TARGET __attribute__((target("avx2,fma,f16c")))
@@ -97,14 +90,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 #define HK_MR 2
 #define HK_NR 32 /* 2 x 4 ymm accumulators, of 16 registers (GCC 12 vectorised 4 x 16
                   * across k, with shuffles: 11 GFLOP/s, against 99 on the EPYC here) */
-#include "host_kernel_body.h"
-#include "host_backward_body.h"
-#undef HK
-#undef HK_TARGET
-#undef HK_FMA
-#undef HK_MR
-#undef HK_NR
-#undef HK_F16C
+#include "host_kernel_copy.h"
 #endif
 
 #define HK(x) hk_generic_##x
@@ -118,13 +104,7 @@ static void hk_prefetch_row(const void *base, size_t at, size_t bytes, size_t es
 /* 4 x 2 vectors of 4 (SSE2's 16 registers; NEON has 32). 4 x 16 came out at a
  * quarter of the speed with GCC 12 on SSE2. */
 #define HK_NR 8
-#include "host_kernel_body.h"
-#include "host_backward_body.h"
-#undef HK
-#undef HK_TARGET
-#undef HK_FMA
-#undef HK_MR
-#undef HK_NR
+#include "host_kernel_copy.h"
 
 /* ---- the choice ---- */
 #ifdef HK_X86
