@@ -367,24 +367,12 @@ typedef struct cp_shape {
     int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim;
 } cp_shape;
 
-static flashcl_attention_desc shape_desc(const cp_shape *s, flashcl_dtype dtype, int causal) {
-    flashcl_attention_desc d;
-    memset(&d, 0, sizeof d);
-    d.dtype = dtype;
-    d.batch = s->batch;
-    d.heads_q = s->heads_q;
-    d.heads_k = s->heads_k;
-    d.seqlen_q = s->seqlen_q;
-    d.seqlen_k = s->seqlen_k;
-    d.head_dim = s->head_dim;
-    d.causal = causal;
-    return d;
-}
-
 /* One shape and mask: validate, time P ranks, time rank 0 alone. Returns 0 when it ran and validated. */
 static int bench_one(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtype, int causal, long iters,
                      long warmup) {
-    const flashcl_attention_desc d = shape_desc(s, dtype, causal);
+    flashcl_attention_desc d =
+        cli_make_desc(dtype, s->batch, s->heads_q, s->heads_k, s->seqlen_q, s->seqlen_k, s->head_dim);
+    d.causal = causal;
     const cp_sizes z = sizes_of(&d);
     const size_t es = z.es, qrow = z.qrow, krow = z.krow, nqe = z.nqe, nke = z.nke, sq = z.sq, sk = z.sk;
     void *q = malloc(nqe * es + 1), *k = malloc(nke * es + 1), *v = malloc(nke * es + 1);
@@ -499,7 +487,9 @@ done:
  * 2.5x the forward's, as `flashcl bench --backward` does. */
 static int bench_one_backward(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtype, int causal, long iters,
                               long warmup) {
-    const flashcl_attention_desc d = shape_desc(s, dtype, causal);
+    flashcl_attention_desc d =
+        cli_make_desc(dtype, s->batch, s->heads_q, s->heads_k, s->seqlen_q, s->seqlen_k, s->head_dim);
+    d.causal = causal;
     const cp_sizes z = sizes_of(&d);
     const size_t es = z.es, qrow = z.qrow, krow = z.krow, nqe = z.nqe, nke = z.nke, sq = z.sq, sk = z.sk,
                  sl = z.sl;
