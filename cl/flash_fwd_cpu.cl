@@ -47,7 +47,7 @@
 #define BLOCK_N 64 // keys per tile
 #endif
 #ifndef LANES
-#define LANES 16 // vector width: query rows per vector, 8 or 16 (see FLASHCL_CPU_LANES)
+#define LANES 16 // vector width: query rows per vector, 8 or 16; the host passes FLASHCL_CPU_LANES
 #endif
 
 #if LANES == 8

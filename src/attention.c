@@ -206,6 +206,8 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     char define[32] = "", cap[40], order[32], options[512];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
+    else if (!strcmp(v->name, "cpu")) /* the vector width flashcl_forward_local_bytes sizes for */
+        flashcl_host_define(define, sizeof define, extra, "LANES", FLASHCL_CPU_LANES);
     /* Longest blocks first where they differ, on the tensor-core kernels. */
     flashcl_host_define(order, sizeof order, extra, "LPT_HEADS",
                         flashcl_variant_is_nv(v->name) ? flashcl_lpt_heads(r, v->name) : 0);
