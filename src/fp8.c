@@ -80,14 +80,17 @@ unsigned char flashcl_fp8_encode(flashcl_dtype format, float value) {
     return (unsigned char)(sign | code);
 }
 
-/* Element (b, s, h, d) of src's layout; zero strides mean packed. */
-static size_t src_index(const flashcl_fp8_quant_desc *d, int b, int s, int h, int x) {
-    const flashcl_layout *l = &d->src;
-    const int packed = !l->stride_batch && !l->stride_seq && !l->stride_head;
-    const size_t sh = packed ? (size_t)d->head_dim : l->stride_head;
-    const size_t ss = packed ? (size_t)d->heads * d->head_dim : l->stride_seq;
-    const size_t sb = packed ? (size_t)d->seqlen * ss : l->stride_batch;
-    return l->offset + (size_t)b * sb + (size_t)s * ss + (size_t)h * sh + (size_t)x;
+/* src's layout with zero strides resolved to packed. */
+static flashcl_layout src_layout(const flashcl_fp8_quant_desc *d) {
+    flashcl_layout l = d->src;
+    flashcl_default_layout(&l, d->seqlen, d->heads, d->head_dim);
+    return l;
+}
+
+/* Element (b, s, h, x) of a resolved layout. */
+static size_t src_index(const flashcl_layout *l, int b, int s, int h, int x) {
+    return l->offset + (size_t)b * l->stride_batch + (size_t)s * l->stride_seq + (size_t)h * l->stride_head +
+           (size_t)x;
 }
 
 /* Checks desc for either quantize helper (ctx NULL for the host one). */
@@ -126,6 +129,7 @@ flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, con
     if (!src || !dst || !descale)
         return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize_host: a NULL argument");
     /* Pass 1: amax per group, refusing non-finite input before any write. */
+    const flashcl_layout l = src_layout(desc);
     const int groups = desc->per_head ? desc->batch * desc->heads : 1;
     float *amax = calloc(2 * (size_t)groups, sizeof *amax), *inv = amax + groups;
     if (!amax)
@@ -135,7 +139,7 @@ flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, con
             float *a = &amax[desc->per_head ? b * desc->heads + h : 0];
             for (int s = 0; s < desc->seqlen; ++s)
                 for (int x = 0; x < desc->head_dim; ++x) {
-                    const float v = flashcl_host_load(src, desc->src_dtype, src_index(desc, b, s, h, x));
+                    const float v = flashcl_host_load(src, desc->src_dtype, src_index(&l, b, s, h, x));
                     if (!isfinite(v)) {
                         free(amax);
                         return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT,
@@ -155,7 +159,7 @@ flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, con
                 const float sc = inv[desc->per_head ? b * desc->heads + h : 0];
                 for (int x = 0; x < desc->head_dim; ++x)
                     dst[o++] = flashcl_fp8_encode(desc->format,
-                                                  flashcl_host_load(src, desc->src_dtype, src_index(desc, b, s, h, x)) * sc);
+                                                  flashcl_host_load(src, desc->src_dtype, src_index(&l, b, s, h, x)) * sc);
             }
     free(amax);
     flashcl_clear_error(NULL);
@@ -187,9 +191,7 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     flashcl_status st = check_desc(ctx, "flashcl_fp8_quantize", desc, &f);
     if (st)
         return st;
-    flashcl_layout l = desc->src;
-    if (!l.stride_batch && !l.stride_seq && !l.stride_head)
-        flashcl_default_layout(&l, desc->seqlen, desc->heads, desc->head_dim);
+    const flashcl_layout l = src_layout(desc);
     const int groups = desc->per_head ? desc->batch * desc->heads : 1;
     const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
     if ((st = flashcl_check_buffer(ctx, "src", src,
