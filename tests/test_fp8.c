@@ -101,24 +101,31 @@ static void encode_checks(uint64_t seed) {
 }
 
 /* One quantization case: shape, source dtype, layout (packed or [b][h][s][d]), per head. */
+/* A quantization descriptor of that format, source dtype, shape and grouping, packed. */
+static flashcl_fp8_quant_desc quant_desc(flashcl_dtype format, flashcl_dtype src_dtype, int batch, int seqlen,
+                                         int heads, int head_dim, int per_head) {
+    flashcl_fp8_quant_desc d;
+    memset(&d, 0, sizeof d);
+    d.format = format;
+    d.src_dtype = src_dtype;
+    d.batch = batch, d.seqlen = seqlen, d.heads = heads, d.head_dim = head_dim;
+    d.per_head = per_head;
+    return d;
+}
+
 /* The device helper on the same input: its bytes and scales must equal the host's. */
 static void device_matches(flashcl_context *ctx, const flashcl_fp8_quant_desc *d, const void *src, size_t src_bytes,
                            const unsigned char *dst, const float *descale, size_t n, const char *label) {
-    const int groups = d->per_head ? d->batch * d->heads : 1;
-    cl_int err;
-    cl_context cl = flashcl_context_cl_context(ctx);
-    cl_command_queue queue = flashcl_context_cl_queue(ctx);
-    cl_mem bs = clCreateBuffer(cl, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, src_bytes, (void *)src, &err);
-    cl_mem bd = clCreateBuffer(cl, CL_MEM_READ_WRITE, n, NULL, &err);
-    cl_mem bsc = clCreateBuffer(cl, CL_MEM_READ_WRITE, (size_t)groups * 4, NULL, &err);
-    unsigned char *got = malloc(n);
+    const size_t sc_bytes = (size_t)(d->per_head ? d->batch * d->heads : 1) * sizeof(float);
+    cl_mem bs = test_upload(ctx, src, src_bytes), bd = test_upload(ctx, NULL, n), bsc = test_upload(ctx, NULL, sc_bytes);
+    unsigned char *got = test_xmalloc(n);
     float got_sc[6];
     const flashcl_status st = flashcl_fp8_quantize(ctx, d, bs, bd, bsc, NULL);
-    int same = st == FLASHCL_SUCCESS && got;
+    int same = st == FLASHCL_SUCCESS;
     if (same) {
-        clEnqueueReadBuffer(queue, bd, CL_TRUE, 0, n, got, 0, NULL, NULL);
-        clEnqueueReadBuffer(queue, bsc, CL_TRUE, 0, (size_t)groups * 4, got_sc, 0, NULL, NULL);
-        same = !memcmp(got, dst, n) && !memcmp(got_sc, descale, (size_t)groups * 4);
+        test_download(ctx, bd, got, n);
+        test_download(ctx, bsc, got_sc, sc_bytes);
+        same = !memcmp(got, dst, n) && !memcmp(got_sc, descale, sc_bytes);
     }
     char what[320];
     snprintf(what, sizeof what, "... on the device: the same bytes and scales (%s)", label);
@@ -131,12 +138,7 @@ static void quantize_case(flashcl_context *ctx, flashcl_dtype fmt, flashcl_dtype
                           uint64_t seed) {
     const int B = 2, S = 37, H = 3, D = 24;
     const size_t n = (size_t)B * S * H * D;
-    flashcl_fp8_quant_desc d;
-    memset(&d, 0, sizeof d);
-    d.format = fmt;
-    d.src_dtype = src_dt;
-    d.batch = B, d.seqlen = S, d.heads = H, d.head_dim = D;
-    d.per_head = per_head;
+    flashcl_fp8_quant_desc d = quant_desc(fmt, src_dt, B, S, H, D, per_head);
     if (bhsd) { /* [b][h][s][d] with a 5-element offset */
         d.src.offset = 5;
         d.src.stride_head = (size_t)S * D;
@@ -214,12 +216,7 @@ static void quantize_errors(void) {
     float src[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     unsigned char dst[8];
     float descale[2] = {-7.0f, -7.0f};
-    flashcl_fp8_quant_desc d;
-    memset(&d, 0, sizeof d);
-    d.format = FLASHCL_FLOAT8_E4M3;
-    d.src_dtype = FLASHCL_FLOAT32;
-    d.batch = 1, d.seqlen = 2, d.heads = 2, d.head_dim = 2;
-    d.per_head = 1;
+    flashcl_fp8_quant_desc d = quant_desc(FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 2, 1);
     src[6] = NAN;
     memset(dst, 0x55, sizeof dst);
     flashcl_status st = flashcl_fp8_quantize_host(&d, src, dst, descale);
@@ -263,25 +260,17 @@ static void device_refuses(flashcl_context *ctx) {
     for (int i = 0; i < 16; ++i)
         src[i] = (float)i - 7.5f;
     src[11] = INFINITY;
-    flashcl_fp8_quant_desc d;
-    memset(&d, 0, sizeof d);
-    d.format = FLASHCL_FLOAT8_E5M2;
-    d.src_dtype = FLASHCL_FLOAT32;
-    d.batch = 1, d.seqlen = 4, d.heads = 2, d.head_dim = 2;
-    d.per_head = 1;
-    cl_int err;
-    cl_context cl = flashcl_context_cl_context(ctx);
+    flashcl_fp8_quant_desc d = quant_desc(FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT32, 1, 4, 2, 2, 1);
     unsigned char poison[16];
     float poison_sc[2] = {-3.0f, -3.0f};
     memset(poison, 0x5a, sizeof poison);
-    cl_mem bs = clCreateBuffer(cl, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, sizeof src, src, &err);
-    cl_mem bd = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof poison, poison, &err);
-    cl_mem bsc = clCreateBuffer(cl, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof poison_sc, poison_sc, &err);
+    cl_mem bs = test_upload(ctx, src, sizeof src), bd = test_upload(ctx, poison, sizeof poison),
+           bsc = test_upload(ctx, poison_sc, sizeof poison_sc);
     const flashcl_status st = flashcl_fp8_quantize(ctx, &d, bs, bd, bsc, NULL);
     unsigned char got[16];
     float got_sc[2];
-    clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), bd, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL);
-    clEnqueueReadBuffer(flashcl_context_cl_queue(ctx), bsc, CL_TRUE, 0, sizeof got_sc, got_sc, 0, NULL, NULL);
+    test_download(ctx, bd, got, sizeof got);
+    test_download(ctx, bsc, got_sc, sizeof got_sc);
     expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && !memcmp(got, poison, sizeof got) && got_sc[0] == -3.0f &&
                got_sc[1] == -3.0f && strstr(flashcl_last_error(ctx), "infinity (in batch 0, head 1"),
            "device quantize: an infinity is refused, located, nothing written", &failures);
