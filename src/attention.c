@@ -48,7 +48,7 @@ static flashcl_status check_desc(flashcl_context *ctx, const flashcl_attention_d
     if (st == FLASHCL_SUCCESS)
         return st;
     if (flashcl_dtype_unusable(d->dtype))
-        return flashcl_fail(ctx, st, "dtype %d: %s", (int)d->dtype, flashcl_dtype_unusable(d->dtype));
+        return flashcl_check_dtype(ctx, d->dtype);
     if (st == FLASHCL_ERROR_INVALID_SHAPE)
         return flashcl_fail(ctx, st,
                             "invalid shape: batch %d, heads_q %d, heads_k %d, seqlen_q %d, "

@@ -513,6 +513,8 @@ int flashcl_dtype_is_fp8(flashcl_dtype dtype);
 /* Why attention cannot take tensors of dtype (an unknown value, or FP8,
  * which only the FP8 helpers take in this version), or NULL when it can. */
 const char *flashcl_dtype_unusable(flashcl_dtype dtype);
+/* FLASHCL_SUCCESS, or INVALID_ARGUMENT with that reason as ctx's last error. */
+flashcl_status flashcl_check_dtype(flashcl_context *ctx, flashcl_dtype dtype);
 void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value);
 
 /* ---- layouts and buffer checks (layout.c) ---- */

@@ -193,9 +193,9 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
     if (!desc)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
     size_t es = flashcl_dtype_size(desc->dtype);
-    if (flashcl_dtype_unusable(desc->dtype))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)desc->dtype,
-                            flashcl_dtype_unusable(desc->dtype));
+    flashcl_status st = flashcl_check_dtype(ctx, desc->dtype);
+    if (st)
+        return st;
     if (desc->heads_k < 1 || desc->head_dim < 1 || desc->head_dim > 256 || desc->page_size < 1 ||
         desc->page_size > 256 || desc->num_pages < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
@@ -245,7 +245,7 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
     c->free_count = desc->num_pages;
     /* The first tables buffer: 4 entries per pool page (compact_tables doubles
      * the 2 asked for; it grows as needed). */
-    flashcl_status st = compact_tables(c, desc->num_pages < (1 << 24) ? 2L * desc->num_pages : 1L << 25);
+    st = compact_tables(c, desc->num_pages < (1 << 24) ? 2L * desc->num_pages : 1L << 25);
     if (st) {
         flashcl_kv_cache_destroy(c);
         return st;

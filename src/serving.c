@@ -46,9 +46,9 @@ static flashcl_status resolve_merge(flashcl_context *ctx, const flashcl_merge_de
     if (!d)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
     size_t es = flashcl_dtype_size(d->dtype);
-    if (flashcl_dtype_unusable(d->dtype))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)d->dtype,
-                            flashcl_dtype_unusable(d->dtype));
+    flashcl_status st = flashcl_check_dtype(ctx, d->dtype);
+    if (st)
+        return st;
     if (d->batch < 1 || d->seqlen < 1 || d->heads < 1 || d->head_dim < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                             "invalid merge shape: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
@@ -297,9 +297,9 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     p->cache = cache;
     p->seq_ids = seq_ids;
     flashcl_varlen_desc *r = &p->r;
-    if (flashcl_dtype_unusable(r->dtype))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)r->dtype,
-                            flashcl_dtype_unusable(r->dtype));
+    flashcl_status st = flashcl_check_dtype(ctx, r->dtype);
+    if (st)
+        return st;
     if (r->num_seqs < 1 || r->heads_q < 1 || r->heads_k < 1 || r->head_dim < 1 || r->head_dim > 256 ||
         r->heads_q % r->heads_k != 0)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
@@ -315,7 +315,7 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     if (r->scale == 0.0f)
         r->scale = 1.0f / sqrtf((float)r->head_dim);
     const int n = r->num_seqs;
-    flashcl_status st = check_cu(ctx, "cu_seqlens_q", r->cu_seqlens_q, n, &p->total_q);
+    st = check_cu(ctx, "cu_seqlens_q", r->cu_seqlens_q, n, &p->total_q);
     if (st)
         return st;
     if (p->total_q < 1)

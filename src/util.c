@@ -24,6 +24,11 @@ size_t flashcl_dtype_size(flashcl_dtype dtype) {
     return 0;
 }
 
+flashcl_status flashcl_check_dtype(flashcl_context *ctx, flashcl_dtype dtype) {
+    const char *why = flashcl_dtype_unusable(dtype);
+    return why ? flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "dtype %d: %s", (int)dtype, why) : FLASHCL_SUCCESS;
+}
+
 const char *flashcl_dtype_unusable(flashcl_dtype dtype) {
     if (flashcl_dtype_is_fp8(dtype))
         return "float8 tensors are taken only by the FP8 helpers (flashcl_fp8_quantize_host) in this version";
