@@ -46,6 +46,103 @@ inline ushort float_to_bf16(float x) {
 #error "DTYPE must be 0 (float32), 1 (float16) or 2 (bfloat16)"
 #endif
 
+/* FP8 storage (the OCP formats of flashcl_dtype 3 and 4; src/fp8.c is the
+ * host's copy of these rules). A kernel whose K and V (KV_FP8) or Q (Q_FP8)
+ * are FP8 bytes is built with -DKV_FP8=3|4 and/or -DQ_FP8=3|4; out stays in
+ * DTYPE. kv_t / q_t are then uchar and LOAD_KV / LOAD_Q decode to float
+ * (exactly: every FP8 value is a float). Without them kv_t = q_t = elem_t.
+ * Descale factors are the caller's business: the loads return the FP8 value.
+ *
+ * Decoding is bit arithmetic, no table: a normal e4m3 magnitude's 7 bits
+ * shifted to a float's exponent/mantissa boundary and rebiased (+120 = 127 -
+ * 7) is the value; e5m2 is the same with +112 (127 - 15). Subnormals are
+ * m * 2^-9 (e4m3) and m * 2^-16 (e5m2); e4m3's 0x7f and e5m2's codes above
+ * 0x7c are NaN, e5m2's 0x7c infinity. */
+inline float fp8_e4m3_to_float(uint b) {
+    const uint mag = b & 0x7fu;
+    float v = mag < 8u ? (float)mag * 0x1p-9f : as_float((mag << 20) + (120u << 23));
+    v = mag == 0x7fu ? NAN : v;
+    return as_float(as_uint(v) | ((b & 0x80u) << 24));
+}
+inline float fp8_e5m2_to_float(uint b) {
+    const uint mag = b & 0x7fu;
+    float v = mag < 4u ? (float)mag * 0x1p-16f : as_float((mag << 21) + (112u << 23));
+    v = mag == 0x7cu ? INFINITY : v;
+    v = mag > 0x7cu ? NAN : v;
+    return as_float(as_uint(v) | ((b & 0x80u) << 24));
+}
+inline float8 fp8_e4m3_to_float8(uchar8 b8) {
+    const uint8 b = convert_uint8(b8), mag = b & 0x7fu;
+    const float8 sub = convert_float8(mag) * 0x1p-9f;
+    float8 v = as_float8((mag << 20) + (120u << 23));
+    v = select(v, sub, as_int8(mag < 8u));
+    v = select(v, (float8)NAN, as_int8(mag == 0x7fu));
+    return as_float8(as_uint8(v) | ((b & 0x80u) << 24));
+}
+inline float8 fp8_e5m2_to_float8(uchar8 b8) {
+    const uint8 b = convert_uint8(b8), mag = b & 0x7fu;
+    const float8 sub = convert_float8(mag) * 0x1p-16f;
+    float8 v = as_float8((mag << 21) + (112u << 23));
+    v = select(v, sub, as_int8(mag < 4u));
+    v = select(v, (float8)INFINITY, as_int8(mag == 0x7cu));
+    v = select(v, (float8)NAN, as_int8(mag > 0x7cu));
+    return as_float8(as_uint8(v) | ((b & 0x80u) << 24));
+}
+
+/* Encoding: round to nearest even at the binade's quantum (exact scaling by a
+ * power of two, then rint), saturating to +-max as cvt.rn.satfinite does;
+ * NaN stays NaN (0x7f with the sign). man/bias/max_code pick the format. */
+inline uchar fp8_encode_fmt(float value, int man, int bias, float max_value, uint max_code) {
+    const uint sign = signbit(value) ? 0x80u : 0u;
+    if (isnan(value))
+        return (uchar)(0x7fu | sign);
+    const float a = fabs(value);
+    if (a >= max_value)
+        return (uchar)(sign | max_code);
+    int e;
+    frexp(a, &e);
+    const int binade = max(e - 1, 1 - bias);
+    const float q = rint(ldexp(a, man - binade));
+    uint code = a < ldexp(1.0f, 1 - bias) ? (uint)q : ((uint)(binade + bias) << man) + (uint)q - (1u << man);
+    return (uchar)(sign | min(code, max_code));
+}
+inline uchar float_to_fp8_e4m3(float x) { return fp8_encode_fmt(x, 3, 7, 448.0f, 0x7eu); }
+inline uchar float_to_fp8_e5m2(float x) { return fp8_encode_fmt(x, 2, 15, 57344.0f, 0x7bu); }
+
+#if defined(KV_FP8) && KV_FP8 == 3
+typedef uchar kv_t;
+#define LOAD_KV(p, i) fp8_e4m3_to_float((p)[i])
+#define LOAD_KV8(p, i) fp8_e4m3_to_float8(vload8(0, (p) + (i)))
+#define STORE_KV(p, i, x) ((p)[i] = float_to_fp8_e4m3(x))
+#elif defined(KV_FP8) && KV_FP8 == 4
+typedef uchar kv_t;
+#define LOAD_KV(p, i) fp8_e5m2_to_float((p)[i])
+#define LOAD_KV8(p, i) fp8_e5m2_to_float8(vload8(0, (p) + (i)))
+#define STORE_KV(p, i, x) ((p)[i] = float_to_fp8_e5m2(x))
+#else
+#undef KV_FP8
+#define KV_FP8 0
+typedef elem_t kv_t;
+#define LOAD_KV(p, i) LOAD_ELEM(p, i)
+#define LOAD_KV8(p, i) LOAD_ELEM8(p, i)
+#define STORE_KV(p, i, x) STORE_ELEM(p, i, x)
+#endif
+#if defined(Q_FP8) && Q_FP8 == 3
+typedef uchar q_t;
+#define LOAD_Q(p, i) fp8_e4m3_to_float((p)[i])
+#define LOAD_Q8(p, i) fp8_e4m3_to_float8(vload8(0, (p) + (i)))
+#elif defined(Q_FP8) && Q_FP8 == 4
+typedef uchar q_t;
+#define LOAD_Q(p, i) fp8_e5m2_to_float((p)[i])
+#define LOAD_Q8(p, i) fp8_e5m2_to_float8(vload8(0, (p) + (i)))
+#else
+#undef Q_FP8
+#define Q_FP8 0
+typedef elem_t q_t;
+#define LOAD_Q(p, i) LOAD_ELEM(p, i)
+#define LOAD_Q8(p, i) LOAD_ELEM8(p, i)
+#endif
+
 /* PTX helpers for kernels built with -DFLASHCL_NV_PTX (NVIDIA devices only). */
 #ifdef FLASHCL_NV_PTX
 /* 32-bit shared-window address of a __local pointer, as PTX's shared-memory

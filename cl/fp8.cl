@@ -12,40 +12,16 @@
  *                 encode(x * inv[g]), inv computed by the host (a correctly
  *                 rounded division there; OpenCL's float divide may be off by
  *                 2.5 ulp), so the bytes equal flashcl_fp8_quantize_host's.
- * encode is src/fp8.c's: round to nearest even at the binade's quantum (exact
- * scaling by a power of two, then rint), saturating to +-max as
- * cvt.rn.satfinite does. FP8_E5M2 picks the format.
+ * encode is common.cl's (src/fp8.c's rules); FP8_E5M2 picks the format.
  */
 #ifndef FP8_E5M2
 #define FP8_E5M2 0
 #endif
 #if FP8_E5M2
-#define FP8_MAN 2
-#define FP8_BIAS 15
-#define FP8_MAX 57344.0f
-#define FP8_MAX_CODE 0x7bu
+#define fp8_encode float_to_fp8_e5m2
 #else
-#define FP8_MAN 3
-#define FP8_BIAS 7
-#define FP8_MAX 448.0f
-#define FP8_MAX_CODE 0x7eu
+#define fp8_encode float_to_fp8_e4m3
 #endif
-
-inline uchar fp8_encode(float value) {
-    const uint sign = signbit(value) ? 0x80u : 0u;
-    if (isnan(value))
-        return (uchar)(0x7fu | sign);
-    const float a = fabs(value);
-    if (a >= FP8_MAX)
-        return (uchar)(sign | FP8_MAX_CODE);
-    int e;
-    frexp(a, &e);
-    const int binade = max(e - 1, 1 - FP8_BIAS);
-    const float q = rint(ldexp(a, FP8_MAN - binade));
-    uint code = a < ldexp(1.0f, 1 - FP8_BIAS) ? (uint)q
-                                              : ((uint)(binade + FP8_BIAS) << FP8_MAN) + (uint)q - (1u << FP8_MAN);
-    return (uchar)(sign | min(code, FP8_MAX_CODE));
-}
 
 #define ROW_ARGS                                                                                   \
     __global const elem_t *restrict src, ulong off, ulong sb, ulong ss, ulong sh, int heads, int head_dim, \
