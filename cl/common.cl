@@ -845,14 +845,31 @@ inline void atomic_add_float(volatile __global float *p, float x) {
  * elements; q_mul = scale*log2e, or scale/softcap; softcap_log2 =
  * softcap*log2e, 0 when off. */
 #define SERVING_ARGS                                                                               \
-    __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
-        __global const elem_t *restrict v, __global elem_t *restrict o,                            \
+    __global const elem_t *restrict q, __global const kv_t *restrict k,                            \
+        __global const kv_t *restrict v, __global elem_t *restrict o,                              \
         __global float *restrict lse, __global float *part, __global int *meta,                   \
         __global const int *restrict tables, ulong q_off,                                          \
         ulong q_ss, ulong q_sh, ulong k_off, ulong k_ss, ulong k_sh, ulong v_off, ulong v_ss,      \
         ulong v_sh, ulong o_off, ulong o_ss, ulong o_sh, ulong lse_off, ulong part_lse_off,        \
         int has_lse, int blocks_off, int total_q, int heads_q, int group, int page_size,           \
-        int causal, float q_mul, float softcap_log2
+        int causal, float q_mul, float softcap_log2 SERVING_KV_SCALES
+
+/* FP8 pages (-DKV_FP8, a KV cache with page_dtype FP8): k and v are bytes
+ * and the kernels take the cache's scales after softcap_log2, [heads_k][4] =
+ * {k descale, v descale, k inverse, v inverse} (src/kv_cache.c). A key reads
+ * as K_DESCALE(hk) * LOAD_KV(...): the kernels fold K_DESCALE into q_mul (one
+ * multiply per kv head, none per element) and V_DESCALE into the stored
+ * output, which is linear in V (so split-KV partials carry it, and merging
+ * them is unchanged). 16/32-bit pages: no argument, both 1. */
+#if KV_FP8
+#define SERVING_KV_SCALES , __global const float *restrict kv_scales
+#define K_DESCALE(hk) kv_scales[4 * (hk)]
+#define V_DESCALE(hk) kv_scales[4 * (hk) + 1]
+#else
+#define SERVING_KV_SCALES
+#define K_DESCALE(hk) 1.0f
+#define V_DESCALE(hk) 1.0f
+#endif
 
 /* The serving kernels' batch description (src/serving.c builds it): per
  * sequence {q_start, nq, k_base, nk} from meta[0], and from blocks_off one

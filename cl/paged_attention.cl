@@ -38,6 +38,10 @@
  * tile. Causal masks are bottom-right aligned per sequence: token t sees keys
  * [0, nk - nq + t]. A row (or a split) that sees no key writes O = 0 and
  * LSE = -inf, which merging treats as "contributes nothing".
+ *
+ * FP8 pages (-DKV_FP8, common.cl): K and V are bytes, decoded into the float
+ * tile as they are staged (LOAD_KV), so __local holds floats either way; the
+ * kv head's k descale multiplies q_mul and its v descale the output.
  */
 
 #ifndef HEAD_DIM
@@ -111,7 +115,10 @@ paged_attention(SERVING_ARGS) {
     for (int i = 0; i < D_PER; ++i)
         acc[i] = 0.0f;
     const int capped = softcap_log2 > 0.0f;
-    const float to_log2 = capped ? 1.0f : q_mul;
+    /* scale * log2e (or scale / softcap) times the kv head's k descale: the
+     * scores of keys stored as descale * decode(byte). */
+    const float kq_mul = q_mul * K_DESCALE(hk);
+    const float to_log2 = capped ? 1.0f : kq_mul;
     float m_run = -INFINITY, l_run = 0.0f;
 
     for (long n0 = s_lo; n0 <= s_hi; n0 += BLOCK_N) {
@@ -132,7 +139,7 @@ paged_attention(SERVING_ARGS) {
             const int c = idx / HEAD_DIM, d = idx % HEAD_DIM;
             const long kr = key_row[c];
             kv_tile[c * ROW_STRIDE + d] =
-                kr >= 0 ? LOAD_ELEM(k, k_off + (ulong)kr * k_ss + (ulong)hk * k_sh + d) : 0.0f;
+                kr >= 0 ? LOAD_KV(k, k_off + (ulong)kr * k_ss + (ulong)hk * k_sh + d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -148,7 +155,7 @@ paged_attention(SERVING_ARGS) {
         float tile_max = -INFINITY;
         for (int j = 0; j < N_PER; ++j) {
             const long key = n0 + t + j * TPR;
-            float x = capped ? softcap_log2 * tanh(s[j] * q_mul) : s[j];
+            float x = capped ? softcap_log2 * tanh(s[j] * kq_mul) : s[j];
             if (key > row_hi)
                 x = -INFINITY;
             s[j] = x;
@@ -178,7 +185,7 @@ paged_attention(SERVING_ARGS) {
             const int c = idx / HEAD_DIM, d = idx % HEAD_DIM;
             const long kr = key_row[c];
             kv_tile[c * ROW_STRIDE + d] =
-                kr >= 0 ? LOAD_ELEM(v, v_off + (ulong)kr * v_ss + (ulong)hk * v_sh + d) : 0.0f;
+                kr >= 0 ? LOAD_KV(v, v_off + (ulong)kr * v_ss + (ulong)hk * v_sh + d) : 0.0f;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
 
@@ -201,7 +208,7 @@ paged_attention(SERVING_ARGS) {
         l += red[r * TPR + u];
     if (!row_valid)
         return;
-    const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+    const float inv_l = l > 0.0f ? V_DESCALE(hk) / l : 0.0f; /* V_DESCALE: 1 unless FP8 pages */
     const float row_lse = l > 0.0f ? (m_run * to_log2 + log2(l)) * LN2 : -INFINITY;
     const ulong token = (ulong)(q_start + tok);
     if (splits == 1) {

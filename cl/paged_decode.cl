@@ -39,6 +39,12 @@
  * rows). Scores are in the base-2 domain as in paged_attention.cl:
  * t = s * scale * log2e (or softcap * log2e * tanh(s * scale / softcap)),
  * p = 2^(t - m), so the rounding of the row max cancels out of the result.
+ *
+ * FP8 pages (-DKV_FP8, common.cl): a 16-byte chunk is 16 elements (VEC 16),
+ * so a key row is half the lanes' loads of a 16-bit one and the __local
+ * pipeline stages raw bytes, decoded to float as they are read back
+ * (unpack_chunk: bit arithmetic, 8 at a time). The kv head's k descale
+ * multiplies q_mul, its v descale the stored output.
  */
 
 #ifndef HEAD_DIM
@@ -65,7 +71,10 @@
                      * the per-key page lookup divides by multiply and shift. */
 #endif
 
-#if DTYPE == 0
+#if KV_FP8
+#define VEC 16
+typedef uint4 chunk_t;
+#elif DTYPE == 0
 #define VEC 4
 typedef float4 chunk_t;
 #else
@@ -113,7 +122,14 @@ inline float2 half2_to_float2(uint w) {
 #endif
 
 inline void unpack_chunk(chunk_t c, float *f) {
-#if DTYPE == 0
+#if KV_FP8
+    /* as_uchar16 keeps the bytes in memory order: element e is byte e. */
+    const uchar16 b = as_uchar16(c);
+    const float8 lo = KV_FP8 == 3 ? fp8_e4m3_to_float8(b.lo) : fp8_e5m2_to_float8(b.lo);
+    const float8 hi = KV_FP8 == 3 ? fp8_e4m3_to_float8(b.hi) : fp8_e5m2_to_float8(b.hi);
+    vstore8(lo, 0, f);
+    vstore8(hi, 1, f);
+#elif DTYPE == 0
     f[0] = c.x, f[1] = c.y, f[2] = c.z, f[3] = c.w;
 #else
     const uint w[4] = {c.x, c.y, c.z, c.w};
@@ -237,8 +253,8 @@ inline void stage_row(__local const chunk_t *stage, int st, int u, int kv, float
  * head in row 0. Keys past s_hi and chunks past HEAD_DIM become zeros. */
 inline void issue_step(int j, __local chunk_t *stage, uint stage_base, int s_lo, int s_hi,
                        __global const int *tables, int k_base,
-                       __global const elem_t *restrict k, ulong k_head, ulong k_ss,
-                       __global const elem_t *restrict v, ulong v_head, ulong v_ss) {
+                       __global const kv_t *restrict k, ulong k_head, ulong k_ss,
+                       __global const kv_t *restrict v, ulong v_head, ulong v_ss) {
     const int lid = (int)get_local_id(0), slot = lid / LANES, lane = lid % LANES;
     const int st = j % STAGES;
 #pragma unroll
@@ -319,6 +335,7 @@ paged_decode(SERVING_ARGS,
     const int s_hi = (int)min(s_lo + chunk_keys - 1, (long)blk_hi);
 
     const int capped = softcap_log2 > 0.0f;
+    const float kq_mul = q_mul * K_DESCALE(hk); /* keys are k descale * decode(byte) on FP8 pages */
     float m[BLOCK_M], l[BLOCK_M], acc[BLOCK_M][DL];
 #pragma unroll
     for (int g = 0; g < BLOCK_M; ++g) {
@@ -365,7 +382,7 @@ paged_decode(SERVING_ARGS,
             lane_sums(dot, xch);
 #pragma unroll
             for (int g = 0; g < BLOCK_M; ++g) {
-                const float t = capped ? softcap_log2 * tanh(dot[g] * q_mul) : dot[g] * q_mul;
+                const float t = capped ? softcap_log2 * tanh(dot[g] * kq_mul) : dot[g] * kq_mul;
                 s[u][g] = key[u] <= row_hi[g] && key[u] <= s_hi ? t : -INFINITY;
             }
         }
@@ -437,7 +454,7 @@ paged_decode(SERVING_ARGS,
         }
         barrier(CLK_LOCAL_MEM_FENCE);
         if (row < rows) {
-            const float inv_l = sum > 0.0f ? 1.0f / sum : 0.0f;
+            const float inv_l = sum > 0.0f ? V_DESCALE(hk) / sum : 0.0f; /* V_DESCALE: 1 unless FP8 */
             const float row_lse = sum > 0.0f ? (mx + log2(sum)) * LN2 : -INFINITY;
             const ulong token = (ulong)(q_start + row / group);
             const int hq = hk * group + row % group;

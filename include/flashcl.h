@@ -343,7 +343,8 @@ FLASHCL_API flashcl_status flashcl_attention_merge_host(flashcl_context *ctx,
                                                         float *lse_out);
 
 /* A paged KV cache: two device pools of fixed-size pages, owned by the cache,
- *   k_pool, v_pool: [num_pages][page_size][heads_k][head_dim] in `dtype`
+ *   k_pool, v_pool: [num_pages][page_size][heads_k][head_dim] in `dtype`, or
+ *                   one byte an element with FP8 pages (page_dtype, below)
  * (token n of a sequence lives at page table[n / page_size], row
  * n % page_size), a host-side allocator (free list, a reference count per
  * page) and one page table per sequence. Sequences are small integer ids
@@ -365,6 +366,22 @@ typedef struct flashcl_kv_cache_desc {
     /* Nonzero: pages are handed out in an order shuffled by this seed
      * instead of 0, 1, 2, ... (tests use it so page tables are scattered). */
     unsigned long long page_order_seed;
+    /* FP8 pages: FLASHCL_FLOAT8_E4M3 (the usual choice) or FLASHCL_FLOAT8_E5M2 stores each K and V
+     * element in one byte, so a pool holds twice the tokens of a 16-bit one and decoding reads half the bytes.
+     * 0 (or dtype itself): pages in dtype, as before. dtype stays the type of appended K/V and of the
+     * queries and outputs of paged attention. FP8 pages need dtype float32, float16 or bfloat16.
+     * (0 is FLASHCL_FLOAT32's value too: a float32 cache leaves it 0 and stores float32.) */
+    flashcl_dtype page_dtype;
+    /* FP8 pages: heads_k descale factors each (NULL: all 1), copied at create. Token x is stored as
+     * encode(x / scale) and read as scale * decode(byte); finite and > 0. Ignored for 16/32-bit pages.
+     * The scales are static per (cache, kv head), as vLLM's kv_cache_dtype=fp8 with calibrated scales,
+     * not computed per page at append: a page's scale would have to change when later tokens (of this
+     * sequence, or of a fork sharing the page) outgrow it, either saturating them or requantizing bytes
+     * other sequences share. With static scales an append writes only its own bytes, and fork and
+     * copy-on-write stay byte copies. Choose them from calibration (amax / 448 for e4m3 over typical
+     * K and V; flashcl_fp8_quantize_host's descale is that) or leave them 1 where K/V are already
+     * well inside the format's range. */
+    const float *k_scales, *v_scales;
 } flashcl_kv_cache_desc;
 
 /* Creates a cache and allocates its pools (contents undefined until
@@ -375,7 +392,10 @@ FLASHCL_API flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const f
 /* Releases the pools and every sequence. NULL is a no-op. */
 FLASHCL_API void flashcl_kv_cache_destroy(flashcl_kv_cache *cache);
 
-/* The pools (owned by the cache) and its description. */
+/* The pools (owned by the cache) and its description. The description's
+ * k_scales and v_scales point to the cache's own copies (heads_k floats each,
+ * all 1 when created with NULL) for FP8 pages, NULL otherwise; valid while the
+ * cache lives. */
 FLASHCL_API cl_mem flashcl_kv_cache_k_pool(const flashcl_kv_cache *cache);
 FLASHCL_API cl_mem flashcl_kv_cache_v_pool(const flashcl_kv_cache *cache);
 FLASHCL_API const flashcl_kv_cache_desc *flashcl_kv_cache_get_desc(const flashcl_kv_cache *cache);
@@ -402,6 +422,10 @@ FLASHCL_API flashcl_status flashcl_kv_cache_page_table(const flashcl_kv_cache *c
  *   k, v: [total][heads_k][head_dim] in the cache's dtype, at
  *         layout->offset + t * stride_seq + h * stride_head (stride_batch is
  *         unused; a NULL layout or all-zero strides: packed at offset).
+ * With FP8 pages each element is quantized on the way in, byte =
+ * encode(x * inv) with inv = 1.0f / scale of its kv head rounded to float
+ * (the same byte flashcl_fp8_encode(page_dtype, x * inv) gives: nearest, ties
+ * to even, saturating to +-max, NaN to NaN).
  * Pages are taken from the free list. The capacity of the whole append is
  * checked before anything changes: when the pool is too small the call
  * returns FLASHCL_ERROR_OUT_OF_PAGES and every sequence (and the pools' used
@@ -500,7 +524,15 @@ FLASHCL_API flashcl_status flashcl_varlen_backward(flashcl_context *ctx, const f
 
 /* The same with keys and values read through the cache's page tables
  * (seq_ids: num_seqs distinct live sequences; append the new tokens' K/V
- * before attending, so a decode step's query sees its own key). */
+ * before attending, so a decode step's query sees its own key). desc->dtype
+ * is the cache's dtype, also with FP8 pages: keys and values are then read
+ * as k_scale * decode(byte) and v_scale * decode(byte) of their kv head (the
+ * k scale folded into the score scale, the v scale into the output), queries,
+ * outputs and split-KV partials staying in dtype and float. FP8 pages run the
+ * portable decode kernel or the tiled kernel on every device (the NVIDIA
+ * tensor-core decode kernel does not read FP8 yet; FLASHCL_DECODE_PARAMS
+ * asking for KERNEL=mma with an FP8 cache is refused). flashcl_varlen_forward
+ * takes no FP8: its K/V are the caller's tensors in desc->dtype. */
 FLASHCL_API flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                                       const flashcl_kv_cache *cache, const int *seq_ids,
                                                       size_t *bytes);

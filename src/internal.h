@@ -343,6 +343,8 @@ typedef struct flashcl_decode_problem {
     int force_tiled;         /* the tiled kernel whatever else applies (a decode
                               * kernel failed to build)                         */
     int group;               /* query heads per kv head                          */
+    flashcl_dtype kv_fp8;    /* 0: K/V in dtype; else the FP8 pages' format (one
+                              * byte an element: 16 to a 16-byte chunk; no mma) */
 } flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
     int kernel;          /* FLASHCL_SERVING_TILED, _DECODE or _DECODE_MMA      */

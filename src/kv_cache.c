@@ -28,6 +28,7 @@
  * blocking into one buffer the cache keeps (`slots`), from the context's
  * staging copies (serving.c), so an append allocates no device memory.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -181,6 +182,40 @@ static flashcl_status reserve_regions(flashcl_kv_cache *c, long ints) {
 
 /* ---- lifetime ----------------------------------------------------------------------- */
 
+/* FP8 pages' scales: the cache's host copies (which its desc points to) and
+ * the device buffer [heads_k][4] = {k descale, v descale, k inverse, v
+ * inverse}. The inverses are 1.0f / scale rounded once here, so the append
+ * kernel multiplies (no division on the device, whose float division need
+ * not be correctly rounded in OpenCL 1.2) and every device stores the same
+ * bytes as flashcl_fp8_encode(x * inv) on the host. */
+static flashcl_status make_scales(flashcl_kv_cache *c, const flashcl_kv_cache_desc *desc) {
+    const int hk = desc->heads_k;
+    c->k_scales = malloc((size_t)hk * sizeof(float));
+    c->v_scales = malloc((size_t)hk * sizeof(float));
+    float *dev = malloc((size_t)hk * 4 * sizeof(float));
+    if (!c->k_scales || !c->v_scales || !dev) {
+        free(dev);
+        return flashcl_fail(c->ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    for (int h = 0; h < hk; ++h) {
+        c->k_scales[h] = desc->k_scales ? desc->k_scales[h] : 1.0f;
+        c->v_scales[h] = desc->v_scales ? desc->v_scales[h] : 1.0f;
+        dev[4 * h] = c->k_scales[h];
+        dev[4 * h + 1] = c->v_scales[h];
+        dev[4 * h + 2] = 1.0f / c->k_scales[h];
+        dev[4 * h + 3] = 1.0f / c->v_scales[h];
+    }
+    c->desc.k_scales = c->k_scales;
+    c->desc.v_scales = c->v_scales;
+    cl_int err = CL_SUCCESS;
+    c->scales = clCreateBuffer(c->ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)hk * 4 * sizeof(float),
+                               dev, &err);
+    free(dev);
+    if (!c->scales)
+        return flashcl_fail(c->ctx, err, "allocating the KV scales: %s", flashcl_status_string(err));
+    return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_cache_desc *desc,
                                        flashcl_kv_cache **out) {
     FLASHCL_LOCKED(ctx);
@@ -192,16 +227,38 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
         return flashcl_fail(ctx, FLASHCL_ERROR_UNSUPPORTED, "the paged KV cache needs an OpenCL device");
     if (!desc)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
-    size_t es = flashcl_dtype_size(desc->dtype);
+    if (flashcl_dtype_is_fp8(desc->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "dtype %d: a KV cache's dtype (appended K/V, queries, outputs) must be float32, float16 "
+                            "or bfloat16; FP8 storage is asked for with page_dtype",
+                            (int)desc->dtype);
     flashcl_status st = flashcl_check_dtype(ctx, desc->dtype);
     if (st)
         return st;
+    /* page_dtype 0 is FLASHCL_FLOAT32's value: "as dtype" for every cache. */
+    const flashcl_dtype page_dtype = desc->page_dtype == 0 ? desc->dtype : desc->page_dtype;
+    const int fp8 = flashcl_dtype_is_fp8(page_dtype);
+    if (page_dtype != desc->dtype && !fp8)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "page_dtype %d: must be 0, dtype (%d) or an FP8 format (FLASHCL_FLOAT8_E4M3 %d, "
+                            "FLASHCL_FLOAT8_E5M2 %d)",
+                            (int)desc->page_dtype, (int)desc->dtype, (int)FLASHCL_FLOAT8_E4M3,
+                            (int)FLASHCL_FLOAT8_E5M2);
+    const size_t es = flashcl_dtype_size(page_dtype);
     if (desc->heads_k < 1 || desc->head_dim < 1 || desc->head_dim > 256 || desc->page_size < 1 ||
         desc->page_size > 256 || desc->num_pages < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE,
                             "invalid KV cache shape: heads_k %d, head_dim %d (1..256), page_size %d "
                             "(1..256), num_pages %d (>= 1)",
                             desc->heads_k, desc->head_dim, desc->page_size, desc->num_pages);
+    /* Scales: only FP8 pages read them; each finite and > 0 (NaN fails the >). */
+    for (int i = 0; fp8 && i < 2 * desc->heads_k; ++i) {
+        const float *sc = i < desc->heads_k ? desc->k_scales : desc->v_scales;
+        const float x = sc ? sc[i % desc->heads_k] : 1.0f;
+        if (!(x > 0.0f) || isinf(x))
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s_scales[%d] = %g: must be finite and > 0",
+                                i < desc->heads_k ? "k" : "v", i % desc->heads_k, (double)x);
+    }
     size_t page_bytes, pool_bytes;
     if (!flashcl_mul_add((size_t)desc->page_size * (size_t)desc->heads_k, (size_t)desc->head_dim * es, 0,
                          &page_bytes) ||
@@ -219,8 +276,14 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
     }
     c->ctx = ctx;
     c->desc = *desc;
+    c->desc.k_scales = c->desc.v_scales = NULL;
     c->page_bytes = page_bytes;
+    c->page_dtype = page_dtype;
     cl_int err = CL_SUCCESS;
+    if (fp8 && (st = make_scales(c, desc)) != FLASHCL_SUCCESS) {
+        flashcl_kv_cache_destroy(c);
+        return st;
+    }
     c->k_pool = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, pool_bytes, NULL, &err);
     if (c->k_pool)
         c->v_pool = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, pool_bytes, NULL, &err);
@@ -264,6 +327,10 @@ void flashcl_kv_cache_destroy(flashcl_kv_cache *c) {
         clReleaseMemObject(c->v_pool);
     if (c->tables)
         clReleaseMemObject(c->tables);
+    if (c->scales)
+        clReleaseMemObject(c->scales);
+    free(c->k_scales);
+    free(c->v_scales);
     if (c->slots)
         clReleaseMemObject(c->slots);
     if (c->slots_reader)
@@ -613,8 +680,10 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
     /* 2. Enqueue the scatter kernel (or, with nothing to write, a marker so
      *    `event` still means "the append is done"). */
     if (total > 0) {
-        char options[64];
+        char options[96];
         int at = snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)c->desc.dtype);
+        if (c->scales) /* FP8 pages: the kernel quantizes (cl/kv_cache.cl) */
+            at += snprintf(options + at, sizeof options - (size_t)at, " -DKV_FP8=%d", (int)c->page_dtype);
         if (arg_ints)
             snprintf(options + at, sizeof options - (size_t)at, " -DSLOT_ARG_INTS=%d", arg_ints);
         cl_kernel kernel;
@@ -646,6 +715,8 @@ flashcl_status flashcl_kv_cache_append(flashcl_kv_cache *c, int num_seqs, const 
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hk);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &hd);
             err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &np);
+            if (c->scales)
+                err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &c->scales);
             if (arg_ints)
                 err |= clSetKernelArg(kernel, a++, (size_t)arg_ints * sizeof(int), by_value);
             size_t global[3] = {(size_t)hd, (size_t)hk, (size_t)total};

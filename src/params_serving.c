@@ -13,7 +13,7 @@
  *   kernel    mma (cl/paged_decode_nv.cl) or decode (cl/paged_decode.cl)
  *             when every block has at most max_rows rows (8 for the decode
  *             kernel under an mma entry) and the kernel applies (NVIDIA sm_80+
- *             f16/bf16; 16-byte aligned K/V rows); otherwise, and for tiled
+ *             f16/bf16, not FP8 pages; 16-byte aligned K/V rows); otherwise, and for tiled
  *             entries, cl/paged_attention.cl.
  *   wg, unroll, stages the decode kernel's work-group, keys per slot per step
  *                      and pipeline depth (steps of K/V in __local; fewer
@@ -209,9 +209,16 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
     return FLASHCL_SUCCESS;
 }
 
-/* The tensor-core decode kernel's own conditions (its entry's max_rows aside). */
+/* Elements of K/V in a 16-byte chunk (the decode kernels' loads): FP8 pages hold 16. */
+static int kv_vec(const flashcl_decode_problem *pb) {
+    return 16 / (int)flashcl_dtype_size(pb->kv_fp8 ? pb->kv_fp8 : pb->dtype);
+}
+
+/* The tensor-core decode kernel's own conditions (its entry's max_rows aside).
+ * FP8 pages are not among them: cl/paged_decode_nv.cl reads 16-bit K/V only,
+ * so an FP8 cache decodes in cl/paged_decode.cl on NVIDIA too. */
 static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_problem *pb) {
-    return ctx->info.nv_cc_major >= 8 && !flashcl_variant_forced("portable") &&
+    return ctx->info.nv_cc_major >= 8 && !flashcl_variant_forced("portable") && !pb->kv_fp8 &&
            pb->dtype != FLASHCL_FLOAT32 && pb->head_dim % 16 == 0 && pb->vec_aligned;
 }
 
@@ -219,7 +226,7 @@ static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_p
  * is kept after, only where it fits (decode_head_group): what it falls back to is checked here. */
 static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                        const flashcl_decode_choice *c, char *why, size_t n) {
-    const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
+    const int vec = kv_vec(pb);
     why[0] = '\0';
     if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (pb->head_dim % vec || !pb->vec_aligned)
@@ -231,7 +238,9 @@ static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem 
         else if (c->stages < 2 || c->stages > 8)
             snprintf(why, n, "STAGES %d must be 2..8", c->stages);
     } else if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
-        if (!decode_mma_applies(ctx, pb))
+        if (pb->kv_fp8)
+            snprintf(why, n, "the mma decode kernel does not read FP8 pages yet (KERNEL=decode or tiled does)");
+        else if (!decode_mma_applies(ctx, pb))
             snprintf(why, n, "the mma decode kernel needs NVIDIA sm_80+, f16/bf16, head_dim a multiple of 16 "
                              "and 16-byte aligned K/V rows");
         else if (c->block_n % 16 || c->work_group_size % 32 || c->block_m > 16 || c->stages < 2 || c->stages > 8)
@@ -263,7 +272,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
      * past llvmpipe's 65535 iterations (test_serving, f32 page 256: wrong);
      * with 4 or more work-items a row each iterates a quarter as often. */
     const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0 && !ctx->info.is_rusticl;
-    const int vec = 16 / (int)flashcl_dtype_size(pb->dtype);
+    const int vec = kv_vec(pb);
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
     c->meta_args = BY_VALUE_DEFAULT;

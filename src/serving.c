@@ -21,6 +21,10 @@
  * says META_ARGS=0: no upload command, 8-15 us a call on the H200); otherwise
  * it is uploaded without blocking into a device buffer the context keeps
  * (upload_meta), so the call never waits on the queue.
+ * FP8 pages (a cache with page_dtype e4m3/e5m2): the kernel is built with
+ * -DKV_FP8=<format> and takes the cache's scales buffer after softcap_log2
+ * (SERVING_KV_SCALES, cl/common.cl); the decode kernel or the tiled one
+ * runs, never the mma kernel (params_serving.c).
  * Partial results, which scale with the problem, go in the caller's scratch
  * (flashcl_*_scratch_size). The kernels are chained by
  * events, so an out-of-order queue works.
@@ -297,6 +301,11 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     p->cache = cache;
     p->seq_ids = seq_ids;
     flashcl_varlen_desc *r = &p->r;
+    if (cache && flashcl_dtype_is_fp8(r->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "dtype %d: paged attention's dtype is the cache's (that of the queries and outputs), "
+                            "also when its pages are FP8",
+                            (int)r->dtype);
     flashcl_status st = flashcl_check_dtype(ctx, r->dtype);
     if (st)
         return st;
@@ -372,10 +381,11 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
         long nr = (long)(r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i]) * p->group;
         rows[i] = nr > 0x7fffffffL ? 0x7fffffff : (int)nr;
     }
-    /* The decode kernel reads K/V rows as 16-byte chunks. */
-    const size_t vec = 16 / flashcl_dtype_size(r->dtype);
+    /* The decode kernel reads K/V rows as 16-byte chunks (16 elements of FP8 pages). */
+    const flashcl_dtype kv_fp8 = cache && cache->scales ? cache->page_dtype : (flashcl_dtype)0;
+    const size_t vec = 16 / flashcl_dtype_size(kv_fp8 ? kv_fp8 : r->dtype);
     flashcl_decode_problem pb = {r->dtype, r->head_dim, r->heads_k, n, rows, p->max_keys,
-                                 splits > 0 ? splits : r->num_splits, 1, force_tiled, p->group};
+                                 splits > 0 ? splits : r->num_splits, 1, force_tiled, p->group, kv_fp8};
     for (int i = 2; i < 4; ++i)
         if (ls[i]->offset % vec || ls[i]->stride_seq % vec || ls[i]->stride_head % vec)
             pb.vec_aligned = 0;
@@ -612,8 +622,13 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     char by_value[32] = "";
     if (arg_ints)
         snprintf(by_value, sizeof by_value, " -DMETA_ARG_INTS=%d", arg_ints);
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s%s",
-             (int)r->dtype, r->head_dim, c->block_m, tiles, by_value, extra ? " " : "", extra ? extra : "");
+    /* FP8 pages: K/V bytes of that format and the cache's scales (SERVING_KV_SCALES, cl/common.cl). */
+    const cl_mem kv_scales = p->cache ? p->cache->scales : NULL;
+    char fp8[16] = "";
+    if (kv_scales)
+        snprintf(fp8, sizeof fp8, " -DKV_FP8=%d", (int)p->cache->page_dtype);
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s%s",
+             (int)r->dtype, fp8, r->head_dim, c->block_m, tiles, by_value, extra ? " " : "", extra ? extra : "");
     cl_kernel kernel, combine = NULL;
     if ((st = flashcl_get_kernel(ctx, files[c->kernel], names[c->kernel], options, &kernel)))
         return st;
@@ -678,6 +693,8 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &ints[i]);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &q_mul);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_float), &softcap_log2);
+    if (kv_scales)
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &kv_scales);
     if (decode) {
         cl_int counters_off = arg_ints ? 0 : (cl_int)p->counters_off; /* by value: the counters' own buffer */
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &counters_off);

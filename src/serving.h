@@ -18,7 +18,16 @@ struct flashcl_kv_cache {
     flashcl_context *ctx;
     flashcl_kv_cache_desc desc;
     cl_mem k_pool, v_pool;
-    size_t page_bytes;  /* page_size * heads_k * head_dim * element size */
+    size_t page_bytes;  /* page_size * heads_k * head_dim * page element size */
+    /* The pages' storage type: desc.dtype, or an FP8 format (desc.page_dtype),
+     * and for FP8 the scales: desc.k_scales/v_scales point to k_scales and
+     * v_scales (heads_k each, owned), and `scales` holds them on the device as
+     * [heads_k][4] floats {k descale, v descale, k inverse, v inverse}, the
+     * inverses 1.0f / scale rounded once on the host so that every device
+     * quantizes to the same bytes (kv_append multiplies by them). */
+    flashcl_dtype page_dtype;
+    float *k_scales, *v_scales;
+    cl_mem scales;
     int *refcount;      /* per physical page: sequences using it         */
     int *free_list;     /* a stack; the top is handed out next            */
     int free_count;

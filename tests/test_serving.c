@@ -630,7 +630,7 @@ static void varlen_case(flashcl_context *ctx, flashcl_dtype dt, int causal, int 
 /* ---- invalid arguments --------------------------------------------------------------------- */
 
 static void errors_suite(flashcl_context *ctx) {
-    flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 2, 64, 16, 8, 0};
+    flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 2, 64, 16, 8, 0, FLASHCL_FLOAT16, NULL, NULL};
     flashcl_kv_cache *c = NULL;
     flashcl_kv_cache_desc bad = cd;
     bad.page_size = 257;
@@ -798,7 +798,8 @@ static void ooo_fork_case(flashcl_context *base) {
         return;
     int ok = 1;
     for (int round = 0; round < 24 && ok; ++round) {
-        flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 1, 64, 2, 4100, (unsigned long long)(round + 1)};
+        flashcl_kv_cache_desc cd = {FLASHCL_FLOAT16, 1, 64, 2, 4100, (unsigned long long)(round + 1), FLASHCL_FLOAT16, NULL,
+                                    NULL};
         flashcl_kv_cache *c = NULL;
         int parent, child, n = 8001;
         cl_mem kv = test_upload(ctx, NULL, (size_t)n * 64 * 2);
