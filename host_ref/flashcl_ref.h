@@ -138,6 +138,23 @@ int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, con
 void flashcl_ref_kv_gather(const void *pool, flashcl_dtype dtype, int page_size, int heads_k, int head_dim,
                            const int *pages, int length, void *dense);
 
+/* FP8 pages (a cache with page_dtype FP8): a sequence's tokens out of an
+ * FP8 pool, decoded exactly and times the kv head's descale, into double
+ * dense [length][heads_k][head_dim] (scales NULL: all 1). */
+void flashcl_ref_kv_dequantize(const unsigned char *pool, flashcl_dtype format, const float *scales, int page_size,
+                               int heads_k, int head_dim, const int *pages, int length, double *dense);
+/* Checks paged attention over FP8 pages: desc as for flashcl_ref_check_varlen
+ * (q, out in desc's dtype and layouts, cu_seqlens_k giving each sequence's
+ * keys), k, v the dequantized keys and values of every sequence back to back,
+ * double [total_k][heads_k][head_dim] (flashcl_ref_kv_dequantize). The
+ * reference is computed in double from those values, so what quantization
+ * lost is not counted against the kernel; the rule is
+ * flashcl_ref_check_forward's (2 * plain error + eps(dtype) * max(1, |ref|)
+ * + the float-score term), its plain implementation reading K/V as floats.
+ * lse float [heads_q][total_q] or NULL. */
+int flashcl_ref_check_paged_fp8(const flashcl_varlen_desc *desc, const void *q, const double *k, const double *v,
+                                const void *out, const float *lse, int verbose, flashcl_ref_report *report);
+
 /* ---- backward (ref_backward.c) ---------------------------------------------
  * The exact gradients of the forward above, in double, recomputing O and LSE
  * itself: desc as for flashcl_ref_attention_forward; dout in dout_layout's
