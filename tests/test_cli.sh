@@ -366,6 +366,23 @@ grep -q 'timed: an append of one token per sequence' out.txt && grep -Eq '^ +3 +
     ok "--step: named, and a row (pages grown past the context)" || bad "bench --decode --step: $(cat out.txt) $(cat err.txt)"
 expect_status 2 "bench --decode --page-order random refused" bench --decode --page-order random
 grep -q 'shuffled or sequential' err.txt && ok "the refusal names the choices" || bad "--page-order random: $(cat err.txt)"
+# --kv-dtype e4m3|e5m2: FP8 pages, half the bytes a step reads (KV_MB, the 6th column:
+# 1024 keys x 8 heads x 64 x 2 (K, V) x 1 byte = 1.0 MB against f16's 2.1), output checked.
+expect_status 0 "bench --decode f16 pages" bench --decode --batch 1 --context 1024 --head-dim 64 --iters 1 --warmup 0
+f16_mb=$(awk '$1 == 1 && $2 == 1024 { print $6 }' out.txt)
+expect_status 0 "bench --decode --kv-dtype e4m3" bench --decode --batch 1 --context 1024 --head-dim 64 --kv-dtype e4m3 \
+    --iters 1 --warmup 0
+e4m3_mb=$(awk '$1 == 1 && $2 == 1024 { print $6 }' out.txt)
+grep -q 'K/V pages e4m3 (1 byte an element' out.txt && [ "$f16_mb" = 2.1 ] && [ "$e4m3_mb" = 1.0 ] &&
+    ok "--kv-dtype e4m3: named, a valid row reading half the bytes ($e4m3_mb MB against $f16_mb)" ||
+    bad "bench --decode --kv-dtype e4m3 ($e4m3_mb, f16 $f16_mb): $(cat out.txt)"
+expect_status 0 "bench --decode --kv-dtype e5m2, bf16 queries" bench --decode --batch 2 --context 50 --head-dim 64 \
+    --dtype bf16 --kv-dtype e5m2 --iters 1 --warmup 0
+grep -q 'bf16, K/V pages e5m2' out.txt && grep -Eq '^ +2 +50 ' out.txt && ! grep -q INVALID out.txt &&
+    ok "--kv-dtype e5m2: named, and a valid row" || bad "bench --decode --kv-dtype e5m2: $(cat out.txt)"
+expect_status 2 "bench --decode --kv-dtype e3m4 refused" bench --decode --kv-dtype e3m4
+grep -q 'e4m3 or e5m2' err.txt && ok "the refusal names the choices" || bad "--kv-dtype e3m4: $(cat err.txt)"
+expect_status 2 "bench --decode --kv-dtype f32 with --dtype f16 refused" bench --decode --kv-dtype f32
 
 cd / && rm -rf "$W"
 finish

@@ -28,6 +28,21 @@ if "$BIN" serve-sim --trace trace.csv --max-batch 16 --plot busy.svg >out.txt 2>
     else bad "serve-sim --plot: $circles markers, y axis to $top"; fi
 else bad "serve-sim --plot failed: $(cat err.txt)"; fi
 
+# --kv-dtype e4m3: FP8 pages in the bytes of the f16 pool, so twice its pages; same tokens out.
+if "$BIN" serve-sim --trace trace.csv --kv-dtype f16 --json >f16.json 2>err.txt &&
+    "$BIN" serve-sim --trace trace.csv --kv-dtype e4m3 --json >fp8.json 2>>err.txt &&
+    "$BIN" serve-sim --trace trace.csv --kv-dtype e4m3 >fp8.txt 2>>err.txt; then
+    p16=$(grep -o '"pages": [0-9]*' f16.json | grep -o '[0-9]*')
+    p8=$(grep -o '"pages": [0-9]*' fp8.json | grep -o '[0-9]*')
+    if [ -n "$p16" ] && [ "$p8" = $((2 * p16)) ] && grep -q '"kv_dtype": "e4m3"' fp8.json &&
+        grep -q '"output_tokens": 35' fp8.json && grep -q 'holds twice the tokens' fp8.txt; then
+        ok "serve-sim --kv-dtype e4m3: $p8 pages in the bytes of $p16 f16 pages, 35 tokens, said in the output"
+    else bad "serve-sim --kv-dtype e4m3: pages $p8 vs $p16: $(cat fp8.txt)"; fi
+else bad "serve-sim --kv-dtype failed: $(cat err.txt)"; fi
+"$BIN" serve-sim --trace trace.csv --kv-dtype e2m5 >out.txt 2>err.txt
+[ $? -eq 2 ] && grep -q 'e4m3 or e5m2' err.txt && ok "serve-sim --kv-dtype e2m5 refused" ||
+    bad "serve-sim --kv-dtype e2m5: $(cat err.txt)"
+
 printf '0,16,10\n0,abc,5\n' >bad.csv
 "$BIN" serve-sim --trace bad.csv >out.txt 2>err.txt
 if [ $? -ne 0 ] && grep -q 'bad.csv:2' err.txt; then

@@ -12,7 +12,9 @@
  * that clock. Utilisation is the step-time-weighted fraction of the batch
  * slots that held a scheduled sequence. KV memory is pages in use times
  * the page's bytes (K and V), against max_batch contiguous buffers of the
- * trace's longest request.
+ * trace's longest request. --kv-dtype picks the pages' type (float32 as
+ * before, 16-bit, or FP8 with f16 queries); FP8 pages get the byte budget of
+ * the 16-bit pool, so twice its pages and tokens.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "serve_sim.h"
@@ -51,6 +53,9 @@ const char usage_serve_sim[] =
     "  --token-budget T    tokens per step (default 256)\n"
     "  --page-size P       tokens per KV page (default 16)\n"
     "  --pages N           KV pages (default: half of max-batch contiguous buffers)\n"
+    "  --kv-dtype T        the pages' type: f32 (default), f16, bf16, or e4m3/e5m2: FP8 pages\n"
+    "                      (queries f16) in the bytes of --pages f16 pages, so twice the pages\n"
+    "                      and tokens\n"
     "  --heads H           query heads (default 2); --kv-heads (default 1); --head-dim D (default 16)\n"
     "  --spec-k K          speculative decoding: K drafts per decode step (default 0)\n"
     "  --accept A          draft acceptance rate with --spec-k (default 0.8)\n"
@@ -170,6 +175,8 @@ typedef struct sim_opts {
     double accept;
     uint64_t seed;
     double model_ms; /* modelled cost of the model's other layers per step */
+    flashcl_dtype dtype;    /* queries, outputs, appended K/V                      */
+    flashcl_dtype kv_dtype; /* the pool's pages: dtype, or FP8                     */
 } sim_opts;
 
 typedef struct sim_result {
@@ -215,11 +222,13 @@ static void progress(int tty, const char *mode, int done, int total, double t) {
     fflush(stderr);
 }
 
-/* The float32 KV cache of a run's heads and pages, num_pages of them. */
+/* The KV cache of a run's heads and pages, num_pages of them (FP8 pages:
+ * scales 1, random N(0, 1) K/V being well inside e4m3's and e5m2's range). */
 static flashcl_kv_cache_desc cache_desc(const sim_opts *o, int num_pages) {
     flashcl_kv_cache_desc cd;
     memset(&cd, 0, sizeof cd);
-    cd.dtype = FLASHCL_FLOAT32;
+    cd.dtype = o->dtype;
+    cd.page_dtype = o->kv_dtype;
     cd.heads_k = o->heads_k;
     cd.head_dim = o->head_dim;
     cd.page_size = o->page_size;
@@ -232,7 +241,7 @@ static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_
     memset(res, 0, sizeof *res);
     res->mode = mode == FLASHCL_SCHEDULE_STATIC ? "static" : "continuous";
     const int tty = isatty(STDERR_FILENO);
-    const size_t tok_bytes = (size_t)o->heads_k * o->head_dim * sizeof(float);
+    const size_t tok_bytes = (size_t)o->heads_k * o->head_dim * flashcl_dtype_size(o->kv_dtype);
     const flashcl_kv_cache_desc cd = cache_desc(o, o->pages);
     flashcl_kv_cache *cache = NULL;
     flashcl_scheduler *sched = NULL;
@@ -315,7 +324,7 @@ static int run_mode(flashcl_context *ctx, flashcl_schedule_mode mode, const sim_
                 continue;
             flashcl_varlen_desc vd;
             memset(&vd, 0, sizeof vd);
-            vd.dtype = FLASHCL_FLOAT32;
+            vd.dtype = o->dtype;
             vd.num_seqs = m;
             vd.heads_q = o->heads_q;
             vd.heads_k = o->heads_k;
@@ -466,7 +475,7 @@ static int warm_kernels(flashcl_context *ctx, const sim_opts *o, device_bufs *bu
             st = flashcl_kv_cache_append(cache, 1, &seq, &nq, bufs->kv, NULL, bufs->kv, NULL, NULL);
             flashcl_varlen_desc vd;
             memset(&vd, 0, sizeof vd);
-            vd.dtype = FLASHCL_FLOAT32;
+            vd.dtype = o->dtype;
             vd.num_seqs = 1;
             vd.heads_q = o->heads_q;
             vd.heads_k = o->heads_k;
@@ -507,6 +516,11 @@ static int warm_kernels(flashcl_context *ctx, const sim_opts *o, device_bufs *bu
 
 /* ---- output ------------------------------------------------------------------------------------ */
 
+static const char *dtype_name(flashcl_dtype dt) {
+    static const char *const names[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
+    return (unsigned)dt < 5 ? names[dt] : "?";
+}
+
 static void print_table(const sim_opts *o, int n, long total_out, const sim_result *r, int count) {
     printf("%d requests, %ld output tokens; batch %d, token budget %d, %d pages of %d tokens, heads %d/%d, "
            "head_dim %d%s\n",
@@ -517,6 +531,16 @@ static void print_table(const sim_opts *o, int n, long total_out, const sim_resu
                o->accept, flashcl_spec_expected_tokens(o->accept, o->spec_k));
     if (o->model_ms > 0)
         printf("each step is charged %.3f ms of modelled model layers on top of its measured kernels\n", o->model_ms);
+    const double page_mib = (double)o->page_size * o->heads_k * o->head_dim * 2.0 / 1048576.0;
+    if (o->kv_dtype != o->dtype)
+        printf("KV pages %s (1 byte an element, queries %s): %d pages of %d tokens in %.3f MiB, the bytes of %d f16 "
+               "pages: the same pool holds twice the tokens (%ld instead of %ld)\n",
+               dtype_name(o->kv_dtype), dtype_name(o->dtype), o->pages, o->page_size,
+               page_mib * (double)o->pages, o->pages / 2, (long)o->pages * o->page_size,
+               (long)o->pages / 2 * o->page_size);
+    else
+        printf("KV pages %s: %d pages of %d tokens in %.3f MiB\n", dtype_name(o->kv_dtype), o->pages, o->page_size,
+               page_mib * (double)flashcl_dtype_size(o->kv_dtype) * (double)o->pages);
     printf("%-11s %7s %9s %9s %9s %8s %8s %8s %10s %10s %10s\n", "mode", "steps", "tokens/s", "mean lat", "p99 lat",
            "slots %", "(time)", "preempt", "KV mean", "KV peak", "contig");
     printf("%-11s %7s %9s %9s %9s %8s %8s %8s %10s %10s %10s\n", "", "", "", "s", "s", "by step", "weighted", "", "MiB",
@@ -543,6 +567,7 @@ static void print_json(flashcl_context *ctx, const sim_opts *o, int n, long tota
                        int count) {
     printf("{\"device\": ");
     cli_json_string(stdout, flashcl_context_device_name(ctx));
+    printf(", \"kv_dtype\": \"%s\", \"dtype\": \"%s\"", dtype_name(o->kv_dtype), dtype_name(o->dtype));
     printf(", \"requests\": %d, \"output_tokens\": %ld, \"max_batch\": %d, \"token_budget\": %d, \"pages\": %d, "
            "\"page_size\": %d, \"heads_q\": %d, \"heads_k\": %d, \"head_dim\": %d, \"spec_k\": %d, \"accept\": %g, \"model_ms\": %g,\n"
            " \"modes\": [",
@@ -644,7 +669,7 @@ static int take_sim_int(int argc, char **argv, int *i, sim_opts *o) {
 /* ---- serve-sim ------------------------------------------------------------------------------------ */
 
 int cmd_serve_sim(int argc, char **argv) {
-    sim_opts o = {16, 256, 16, 0, 2, 1, 16, 0, 0.8, 1, 0.0};
+    sim_opts o = {16, 256, 16, 0, 2, 1, 16, 0, 0.8, 1, 0.0, FLASHCL_FLOAT32, FLASHCL_FLOAT32};
     long requests = 48, prompt[2] = {16, 128}, output[2] = {10, 2000};
     double rate = 0.0;
     const char *trace = NULL, *plot = NULL, *device = NULL, *mode = "both";
@@ -690,6 +715,18 @@ int cmd_serve_sim(int argc, char **argv) {
         } else if ((t = cli_take_value(argc, argv, &i, "--accept", &v))) {
             if (t < 0 || cli_parse_double(v, &o.accept) || o.accept < 0 || o.accept > 1)
                 return usage_fail(usage_serve_sim, "--accept wants a number in [0, 1], not", v);
+        } else if ((t = cli_take_value(argc, argv, &i, "--kv-dtype", &v))) {
+            if (t < 0)
+                return CLI_EXIT_USAGE;
+            if (!strcmp(v, "e4m3") || !strcmp(v, "fp8"))
+                o.kv_dtype = FLASHCL_FLOAT8_E4M3;
+            else if (!strcmp(v, "e5m2"))
+                o.kv_dtype = FLASHCL_FLOAT8_E5M2;
+            else if (cli_parse_dtype(v, &o.kv_dtype))
+                return usage_fail(usage_serve_sim, "--kv-dtype wants f32, f16, bf16, e4m3 or e5m2, not", v);
+            /* 16/32-bit pages: queries in the same type; FP8: f16 queries */
+            o.dtype = o.kv_dtype == FLASHCL_FLOAT8_E4M3 || o.kv_dtype == FLASHCL_FLOAT8_E5M2 ? FLASHCL_FLOAT16
+                                                                                             : o.kv_dtype;
         } else if ((t = cli_take_value(argc, argv, &i, "--model-ms", &v))) {
             if (t < 0 || cli_parse_double(v, &o.model_ms) || o.model_ms < 0)
                 return usage_fail(usage_serve_sim, "--model-ms wants a number >= 0, not", v);
@@ -741,6 +778,15 @@ int cmd_serve_sim(int argc, char **argv) {
         long half = (long)o.max_batch * pages_one / 2;
         o.pages = (int)(half > pages_one ? half : pages_one);
     }
+    /* FP8 pages: the byte budget of o.pages f16 pages holds twice as many. */
+    const int fp8 = o.kv_dtype != o.dtype;
+    if (fp8 && o.pages > (1 << 24) / 2) {
+        cli_errorf("--pages %d: twice that many FP8 pages exceed 2^24", o.pages);
+        free(reqs);
+        return CLI_EXIT_FAIL;
+    }
+    if (fp8)
+        o.pages *= 2;
     if (o.pages < pages_one) {
         cli_errorf("--pages %d cannot hold the longest request (%ld pages)", o.pages, pages_one);
         free(reqs);
@@ -764,7 +810,8 @@ int cmd_serve_sim(int argc, char **argv) {
     device_bufs bufs;
     memset(&bufs, 0, sizeof bufs);
     const size_t qn = (size_t)o.token_budget * o.heads_q * o.head_dim, kn = (size_t)o.token_budget * o.heads_k * o.head_dim;
-    float *host = malloc((qn > kn ? qn : kn) * sizeof(float));
+    const size_t es = flashcl_dtype_size(o.dtype);
+    void *host = malloc((qn > kn ? qn : kn) * es);
     int rc = CLI_EXIT_OK;
     if (!host) {
         cli_errorf("out of memory");
@@ -772,11 +819,11 @@ int cmd_serve_sim(int argc, char **argv) {
     } else {
         flashcl_ref_rng rng;
         flashcl_ref_rng_seed(&rng, o.seed + 1);
-        flashcl_ref_fill_normal(&rng, host, FLASHCL_FLOAT32, qn, 1.0);
-        bufs.q = make_buf(ctx, qn * sizeof(float), host);
-        bufs.out = make_buf(ctx, qn * sizeof(float), NULL);
-        flashcl_ref_fill_normal(&rng, host, FLASHCL_FLOAT32, kn, 1.0);
-        bufs.kv = make_buf(ctx, kn * sizeof(float), host);
+        flashcl_ref_fill_normal(&rng, host, o.dtype, qn, 1.0);
+        bufs.q = make_buf(ctx, qn * es, host);
+        bufs.out = make_buf(ctx, qn * es, NULL);
+        flashcl_ref_fill_normal(&rng, host, o.dtype, kn, 1.0);
+        bufs.kv = make_buf(ctx, kn * es, host);
         if (o.spec_k) {
             /* Every decode verifies k drafts of token 0 proposed with q = one-hot(0)
              * against p = (a, 1 - a): sum min(p, q) = a at every position. */

@@ -128,7 +128,8 @@ const char cli_usage_bench_decode[] =
     "tests/test_serving), warms up, then times with OpenCL profiling events from\n"
     "a marker before the call to the end of its last kernel (attention plus the\n"
     "split-KV combine). Reports median and min microseconds and GB/s of K+V read\n"
-    "(batch * context * heads_k * head_dim * 2 * element size / median), and\n"
+    "(batch * context * heads_k * head_dim * 2 * K/V element size / median; KV_MB\n"
+    "is those bytes per step: 1 an element with --kv-dtype e4m3|e5m2), and\n"
     "host_us: the median time the call itself takes on the host (checks, the\n"
     "batch description, enqueueing; the kernels run after it returns), and\n"
     "last_us: the median run time of the call's last kernel alone, from its\n"
@@ -155,7 +156,10 @@ const char cli_usage_bench_decode[] =
     "  --page-order shuffled|sequential\n"
     "                    physical page order (default shuffled: a pool after\n"
     "                    churn; sequential: one sequence's pages in order)\n"
-    "  --dtype f16|bf16|f32  (default f16)\n"
+    "  --dtype f16|bf16|f32  queries and outputs, and the appended K/V (default f16)\n"
+    "  --kv-dtype f16|bf16|f32|e4m3|e5m2\n"
+    "                    the pool's pages (default: --dtype); e4m3/e5m2: FP8 pages,\n"
+    "                    one byte an element, static per-head scales (2^-6 here)\n"
     "  --splits N        force the split-KV count (default: flashcl's heuristic)\n"
     "  --iters N         timed runs (default 20; 5 on a CPU)\n"
     "  --warmup N        untimed runs (default 3; 1 on a CPU)\n"
@@ -177,13 +181,32 @@ static void pattern(flashcl_dtype dt, float x, unsigned char *buf, size_t *size)
 typedef struct decode_opts {
     int page_size, shuffled, splits_forced, iters, warmup;
     int step; /* time an append of one token per sequence, then the attention */
+    flashcl_dtype kv_dtype; /* the pool's pages: dtype, or an FP8 format */
 } decode_opts;
+
+/* --kv-dtype: a storage type of cli_parse_dtype, or e4m3 / e5m2. */
+static int parse_kv_dtype(const char *text, flashcl_dtype *dtype) {
+    if (!strcmp(text, "e4m3") || !strcmp(text, "fp8") || !strcmp(text, "float8_e4m3"))
+        *dtype = FLASHCL_FLOAT8_E4M3;
+    else if (!strcmp(text, "e5m2") || !strcmp(text, "float8_e5m2"))
+        *dtype = FLASHCL_FLOAT8_E5M2;
+    else
+        return cli_parse_dtype(text, dtype);
+    return 0;
+}
+
+static const char *kv_dtype_name(flashcl_dtype dt) {
+    static const char *const names[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
+    return (unsigned)dt < 5 ? names[dt] : "?";
+}
 
 /* Runs one (batch, context) row; prints it. Returns 0 on success. */
 static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int context, int hq, int hk, int dim,
                       const decode_opts *o) {
     const int page_size = o->page_size, iters = o->iters, warmup = o->warmup;
     const size_t es = flashcl_dtype_size(dt), row = (size_t)hk * dim;
+    const int fp8 = o->kv_dtype == FLASHCL_FLOAT8_E4M3 || o->kv_dtype == FLASHCL_FLOAT8_E5M2;
+    const size_t kv_es = flashcl_dtype_size(o->kv_dtype); /* what each decode step reads per element */
     /* --step appends a token per sequence per run: room for them, and a
      * source of at least one token per sequence. */
     const int grown = o->step ? warmup + iters : 0, src_rows = context > batch ? context : batch;
@@ -196,6 +219,14 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     cd.page_size = page_size;
     cd.num_pages = batch * ((context + grown + page_size - 1) / page_size);
     cd.page_order_seed = o->shuffled ? 12345 : 0;
+    /* FP8 pages: a descale of 2^-6 on every head (amax / 448 for |K|, |V| up
+     * to 7, about N(0, 1) activations' range), under which the constants the
+     * check uses (0.25, 0.5) are exact bytes. */
+    float *scales = fp8 ? malloc((size_t)hk * sizeof(float)) : NULL;
+    for (int h = 0; scales && h < hk; ++h)
+        scales[h] = 1.0f / 64.0f;
+    cd.page_dtype = o->kv_dtype;
+    cd.k_scales = cd.v_scales = scales;
     flashcl_kv_cache *cache = NULL;
     cl_mem src_k = NULL, src_v = NULL, bq = NULL, bo = NULL, scratch = NULL;
     int *ids = calloc((size_t)batch, sizeof(int)), *cu = calloc((size_t)batch + 1, sizeof(int));
@@ -205,7 +236,7 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     int rc = 1, splits = 0, one = context, *ones = calloc((size_t)batch, sizeof(int));
     cl_int err = CL_SUCCESS;
     flashcl_status st = FLASHCL_SUCCESS;
-    if (!ids || !cu || !host || !times || !host_us || !last_us || !ones) {
+    if (!ids || !cu || !host || !times || !host_us || !last_us || !ones || (fp8 && !scales)) {
         cli_errorf("out of host memory");
         goto done;
     }
@@ -340,15 +371,15 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
     qsort(times, (size_t)iters, sizeof(double), cli_compare_doubles);
     qsort(host_us, (size_t)iters, sizeof(double), cli_compare_doubles);
     qsort(last_us, (size_t)iters, sizeof(double), cli_compare_doubles);
-    double median = times[iters / 2], kv_bytes = (double)batch * context * (double)row * 2.0 * (double)es;
+    double median = times[iters / 2], kv_bytes = (double)batch * context * (double)row * 2.0 * (double)kv_es;
     char last[16] = "-", pipe[16] = "-"; /* no profiling: no kernel time */
     if (!wall)
         snprintf(last, sizeof last, "%.1f", last_us[iters / 2]);
     if (pipe_us > 0)
         snprintf(pipe, sizeof pipe, "%.1f", pipe_us);
-    printf("%6d %8d %7d %10.1f %10.1f %9.1f %8.1f %8s %8s  %-10s%s%s\n", batch, context, splits, median, times[0],
-           kv_bytes / median * 1e-3, host_us[iters / 2], last, pipe, params.variant, wall ? "  (wall clock)" : "",
-           invalid ? "  INVALID" : "");
+    printf("%6d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.1f %8s %8s  %-10s%s%s\n", batch, context, splits, median,
+           times[0], kv_bytes * 1e-6, kv_bytes / median * 1e-3, host_us[iters / 2], last, pipe, params.variant,
+           wall ? "  (wall clock)" : "", invalid ? "  INVALID" : "");
     fflush(stdout);
     rc = invalid;
     goto done;
@@ -367,7 +398,7 @@ done:
     if (scratch)
         clReleaseMemObject(scratch);
     flashcl_kv_cache_destroy(cache);
-    free(ids), free(cu), free(host), free(times), free(host_us), free(last_us), free(ones);
+    free(ids), free(cu), free(host), free(times), free(host_us), free(last_us), free(ones), free(scales);
     return rc;
 }
 
@@ -376,7 +407,7 @@ int cli_bench_decode(int argc, char **argv) {
     int nb = 0, nc = 0, nh = 2;
     long dim = 128, page = 16, splits = 0, iters = -1, warmup = -1;
     const char *device = NULL, *value;
-    flashcl_dtype dt = FLASHCL_FLOAT16;
+    flashcl_dtype dt = FLASHCL_FLOAT16, kv_dt = (flashcl_dtype)-1;
     int shuffled = 1, step = 0;
     for (int i = 2; i < argc; i++) {
         int r;
@@ -432,6 +463,15 @@ int cli_bench_decode(int argc, char **argv) {
             }
             continue;
         }
+        if ((r = cli_take_value(argc, argv, &i, "--kv-dtype", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (parse_kv_dtype(value, &kv_dt) != 0) {
+                cli_errorf("--kv-dtype wants f16, bf16, f32, e4m3 or e5m2, not '%s'", value);
+                return CLI_EXIT_USAGE;
+            }
+            continue;
+        }
         if ((r = cli_take_value(argc, argv, &i, "--page-order", &value)) != 0) {
             if (r < 0 || (strcmp(value, "shuffled") && strcmp(value, "sequential"))) {
                 cli_errorf("--page-order wants shuffled or sequential, not '%s'", r < 0 ? "" : value);
@@ -463,14 +503,24 @@ int cli_bench_decode(int argc, char **argv) {
         iters = cpu ? 5 : 20;
     if (warmup < 0)
         warmup = cpu ? 1 : 3;
-    const decode_opts opts = {(int)page, shuffled, (int)splits, (int)iters, (int)warmup, step};
-    static const char *names[] = {"f32", "f16", "bf16"};
-    printf("decode on %s: %s, heads %ld/%ld, head_dim %ld, page %ld (%s), causal, one query per sequence%s\n",
-           flashcl_context_device_name(ctx), names[dt], heads[0], heads[1], dim, page,
+    if ((int)kv_dt < 0)
+        kv_dt = dt;
+    if (kv_dt != dt && kv_dt != FLASHCL_FLOAT8_E4M3 && kv_dt != FLASHCL_FLOAT8_E5M2) {
+        cli_errorf("--kv-dtype wants --dtype's type or e4m3/e5m2 (FP8 pages), not %s with --dtype %s",
+                   kv_dtype_name(kv_dt), kv_dtype_name(dt));
+        flashcl_context_destroy(ctx);
+        return CLI_EXIT_USAGE;
+    }
+    const decode_opts opts = {(int)page, shuffled, (int)splits, (int)iters, (int)warmup, step, kv_dt};
+    char pages[80] = "";
+    if (kv_dt != dt)
+        snprintf(pages, sizeof pages, ", K/V pages %s (1 byte an element, scales 2^-6)", kv_dtype_name(kv_dt));
+    printf("decode on %s: %s%s, heads %ld/%ld, head_dim %ld, page %ld (%s), causal, one query per sequence%s\n",
+           flashcl_context_device_name(ctx), kv_dtype_name(dt), pages, heads[0], heads[1], dim, page,
            shuffled ? "shuffled" : "sequential",
            step ? "; timed: an append of one token per sequence, then the attention" : "");
-    printf("%6s %8s %7s %10s %10s %9s %8s %8s %8s  %-10s\n", "batch", "context", "splits", "median_us", "min_us",
-           "KV_GB/s", "host_us", "last_us", "pipe_us", "kernel");
+    printf("%6s %8s %7s %10s %10s %9s %9s %8s %8s %8s  %-10s\n", "batch", "context", "splits", "median_us", "min_us",
+           "KV_MB", "KV_GB/s", "host_us", "last_us", "pipe_us", "kernel");
     int failed = 0;
     for (int b = 0; b < nb; ++b)
         for (int c = 0; c < nc; ++c)
