@@ -157,8 +157,9 @@ typedef enum flashcl_dtype {
     FLASHCL_FLOAT16 = 1,  /* IEEE binary16 */
     FLASHCL_BFLOAT16 = 2, /* upper 16 bits of a binary32 */
     /* The OCP 8-bit formats, as PyTorch's float8_e4m3fn and float8_e5m2
-     * ("FP8" below). In this version only the FP8 helpers take them; an
-     * attention call or KV cache given one returns FLASHCL_ERROR_INVALID_ARGUMENT. */
+     * ("FP8" below). In this version the FP8 helpers take them, and a KV
+     * cache's page_dtype (FP8 pages); an attention call, or a KV cache's
+     * dtype, given one returns FLASHCL_ERROR_INVALID_ARGUMENT. */
     FLASHCL_FLOAT8_E4M3 = 3, /* 1-4-3, bias 7: max 448, no infinity  */
     FLASHCL_FLOAT8_E5M2 = 4, /* 1-5-2, bias 15: max 57344, infinity */
 } flashcl_dtype;
