@@ -251,12 +251,15 @@ flashcl_status flashcl_kv_cache_create(flashcl_context *ctx, const flashcl_kv_ca
                             "invalid KV cache shape: heads_k %d, head_dim %d (1..256), page_size %d "
                             "(1..256), num_pages %d (>= 1)",
                             desc->heads_k, desc->head_dim, desc->page_size, desc->num_pages);
-    /* Scales: only FP8 pages read them; each finite and > 0 (NaN fails the >). */
+    /* Scales: only FP8 pages read them; each finite and > 0 (NaN fails the >),
+     * and not so small that the append's multiplier 1.0f / scale overflows
+     * (below ~2.9e-39: every byte would saturate, and 0 * inf is NaN). */
     for (int i = 0; fp8 && i < 2 * desc->heads_k; ++i) {
         const float *sc = i < desc->heads_k ? desc->k_scales : desc->v_scales;
         const float x = sc ? sc[i % desc->heads_k] : 1.0f;
-        if (!(x > 0.0f) || isinf(x))
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s_scales[%d] = %g: must be finite and > 0",
+        if (!(x > 0.0f) || isinf(x) || isinf(1.0f / x))
+            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                                "%s_scales[%d] = %g: must be finite and > 0, its inverse finite",
                                 i < desc->heads_k ? "k" : "v", i % desc->heads_k, (double)x);
     }
     size_t page_bytes, pool_bytes;

@@ -14,7 +14,9 @@
  *     fails), page orders are shuffled, outputs and LSEs are poisoned first.
  * Argument "decode" runs the attention suites on the memory-bound decode
  * kernel (FLASHCL_DECODE_PARAMS=KERNEL=decode) instead of the device's own
- * choice (the tiled kernel on CPUs). FLASHCL_TEST_SEED replays a run.
+ * choice (the tiled kernel on CPUs); "oclgrind" runs tiny shapes on the
+ * kernel FLASHCL_DECODE_PARAMS picks (ctest -L oclgrind). FLASHCL_TEST_SEED
+ * replays a run.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
@@ -471,7 +473,7 @@ static void expect_refused(flashcl_context *ctx, const flashcl_kv_cache_desc *d,
 
 static void errors_suite(flashcl_context *ctx) {
     float one[2] = {1.0f, 1.0f}, zero[2] = {1.0f, 0.0f}, neg[2] = {-0.5f, 1.0f}, nan2[2] = {1.0f, NAN},
-          inf2[2] = {INFINITY, 1.0f};
+          inf2[2] = {INFINITY, 1.0f}, tiny[2] = {1.0f, 1e-39f};
     flashcl_kv_cache_desc d;
     memset(&d, 0, sizeof d);
     d.dtype = FLASHCL_FLOAT16;
@@ -502,6 +504,9 @@ static void errors_suite(flashcl_context *ctx) {
     bad = d;
     bad.v_scales = inf2;
     expect_refused(ctx, &bad, "v scale inf");
+    bad = d;
+    bad.k_scales = tiny;
+    expect_refused(ctx, &bad, "k scale 1e-39 (its inverse overflows)");
 
     /* A good FP8 cache: its desc keeps the cache's own copies of the scales. */
     float mine[2] = {0.25f, 3.0f};
@@ -564,6 +569,14 @@ int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : "all";
     flashcl_context *ctx = test_context();
     test_seed();
+    if (!strcmp(only, "oclgrind")) {
+        /* Tiny shapes for Oclgrind: quantizing appends, decode with and
+         * without splits, prompt chunks, fork and copy-on-write. */
+        paged_suite(ctx, FLASHCL_FLOAT16, FLASHCL_FLOAT8_E4M3, 1, 2, 16, 4, 9, 1, "oclgrind: f16 e4m3 D16 page 4");
+        paged_suite(ctx, FLASHCL_FLOAT32, FLASHCL_FLOAT8_E5M2, 1, 2, 16, 4, 9, 0, "oclgrind: f32 e5m2 D16 page 4");
+        flashcl_context_destroy(ctx);
+        return test_summary(failures);
+    }
     const int decode = !strcmp(only, "decode");
     if (decode) /* the memory-bound decode kernel, where the database picks the tiled one (CPUs) */
         setenv("FLASHCL_DECODE_PARAMS", "KERNEL=decode", 1);
