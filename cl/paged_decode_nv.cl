@@ -159,6 +159,37 @@
 
 #define WARP_SYNC() __asm__ __volatile__("bar.warp.sync 0xffffffff;" ::: "memory")
 
+/* FP8 pools (KV_FP8, common.cl): K and V are read as bytes, half of the 16-bit rows' traffic, and
+ * each 8-element chunk is widened to float16 in registers by the hardware's cvt.rn.f16x2.e4m3x2 /
+ * .e5m2x2 (sm_89+) before it is stored to the tile or used as an mma operand, so everything after
+ * the loads is the float16 kernel. So the queries must be float16 (DTYPE 1): the mma then runs on
+ * exact float16 copies of the FP8 values (both formats widen exactly). The cp.async loop copies
+ * bytes it cannot widen: FP8 runs under REG_COPY or HEAD_GROUP, whose loads pass through registers
+ * (the host builds it so). The scales are the host's: the k scale is folded into q_mul, the v
+ * scale into the output. */
+#if KV_FP8
+#if DTYPE != 1 || !(REG_COPY || HEAD_GROUP)
+#error "paged_decode_nv over FP8 pages needs float16 queries and REG_COPY or HEAD_GROUP"
+#endif
+typedef uchar kv_raw_t;
+#if KV_FP8 == 3
+#define CVT_FP8X2 "cvt.rn.f16x2.e4m3x2"
+#else
+#define CVT_FP8X2 "cvt.rn.f16x2.e5m2x2"
+#endif
+/* Bytes b0..b3 of w (b0 lowest, the lowest element) -> float16 pairs (b0, b1) and (b2, b3), each
+ * with the lower element in the lower half, as a 16-bit row's word holds them. */
+inline uint2 fp8x4_to_f16x4(uint w) {
+    uint lo, hi;
+    __asm__("{\n\t.reg .b16 l, h;\n\tmov.b32 {l, h}, %2;\n\t" CVT_FP8X2 " %0, l;\n\t" CVT_FP8X2 " %1, h;\n\t}"
+            : "=r"(lo), "=r"(hi)
+            : "r"(w));
+    return (uint2)(lo, hi);
+}
+#else
+typedef ushort kv_raw_t;
+#endif
+
 /* Where a tile never crosses a page (pages a multiple of BLOCK_N tokens; a
  * tile starts at a multiple of BLOCK_N, slices at multiples of 32), the rows
  * of its keys follow from its first key's: one page-table read a tile
@@ -179,7 +210,7 @@
  * zero-filled: their V rows then contribute 0 * 0 and their scores are
  * masked. */
 inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __global const int *tables, int k_base,
-                       __global const ushort *kb, ulong k_ss, __global const ushort *vb, ulong v_ss) {
+                       __global const kv_raw_t *kb, ulong k_ss, __global const kv_raw_t *vb, ulong v_ss) {
     const int lane = (int)get_local_id(0) % 32;
 #if DIAG & 2
     __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
@@ -217,7 +248,7 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
 /* 16 bytes at p, or zero where !live. K and V are read once, and nothing writes them while the
  * kernel runs: through the non-coherent path, without a place in L1 (H200, REG_COPY: 1-5 %
  * faster than a plain load; an L2 prefetch of the tile after next, 12 % slower; BENCHMARKS.md). */
-inline uint4 chunk_or_zero(int live, __global const ushort *p) {
+inline uint4 chunk16_or_zero(int live, __global const ushort *p) {
     uint4 v = (uint4)(0u);
     if (live)
         __asm__ __volatile__("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
@@ -226,10 +257,25 @@ inline uint4 chunk_or_zero(int live, __global const ushort *p) {
     return v;
 }
 
+/* The 8 elements at p as 16 bytes of float16 (FP8 pools: 8 bytes read, then widened), or zero. */
+#if KV_FP8
+inline uint4 chunk_or_zero(int live, __global const kv_raw_t *p) {
+    uint2 w = (uint2)(0u);
+    if (live)
+        __asm__ __volatile__("ld.global.nc.L1::no_allocate.v2.u32 {%0,%1}, [%2];"
+                             : "=r"(w.x), "=r"(w.y)
+                             : "l"((ulong)p));
+    const uint2 a = fp8x4_to_f16x4(w.x), b = fp8x4_to_f16x4(w.y);
+    return (uint4)(a.x, a.y, b.x, b.y);
+}
+#else
+#define chunk_or_zero chunk16_or_zero
+#endif
+
 /* This lane's chunks of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi: zero);
  * row0 is TILE_ROW0(n0, ...), read by the caller a tile ahead. */
 inline void load_lane_rows(uint4 *x, int n0, uint row0, int s_hi, __global const int *tables, int k_base,
-                           __global const ushort *base, ulong ss, int lane) {
+                           __global const kv_raw_t *base, ulong ss, int lane) {
 #pragma unroll
     for (int it = 0; it < LANE_CHUNKS; ++it) {
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS, key = n0 + r;
@@ -378,10 +424,11 @@ paged_decode_nv(SERVING_ARGS,
     const int tiles = s_hi >= s_lo ? (s_hi - s_lo) / BLOCK_N + 1 : 0;
     const int my_tiles = tiles > warp ? (tiles - warp + WARPS - 1) / WARPS : 0; /* warp-uniform */
 
+    q_mul *= K_DESCALE(hk); /* FP8 pages: keys are k descale * the widened bytes (common.cl) */
     const int softcap = softcap_log2 > 0.0f;
     const float sc = softcap ? 1.0f : q_mul;
-    __global const ushort *kb = (__global const ushort *)k + k_off + (ulong)hk * k_sh;
-    __global const ushort *vb = (__global const ushort *)v + v_off + (ulong)hk * v_sh;
+    __global const kv_raw_t *kb = (__global const kv_raw_t *)k + k_off + (ulong)hk * k_sh;
+    __global const kv_raw_t *vb = (__global const kv_raw_t *)v + v_off + (ulong)hk * v_sh;
     const uint warp_buf = s_base + (uint)(warp * WARP_HALFS) * 2u;
 
     float acc[O_FRAGS][4];
@@ -553,7 +600,7 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int r = g + 8 * h;
-            row_inv[r] = row_l[h] > 0.0f ? 1.0f / row_l[h] : 0.0f;
+            row_inv[r] = row_l[h] > 0.0f ? V_DESCALE(hk) / row_l[h] : 0.0f; /* V_DESCALE: 1 unless FP8 */
             row_lse[r] = row_l[h] > 0.0f ? (row_m[h] * sc + log2(row_l[h])) * LN2 : -INFINITY;
         }
     }
@@ -629,11 +676,11 @@ paged_decode_nv(SERVING_ARGS,
 
 /* Chunks c = 4j + t of the rows of keys n0 + g and n0 + 8 + g (past s_hi: zero). */
 inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, uint row0, int s_hi, __global const int *tables, int k_base,
-                         __global const ushort *kb, ulong k_ss, int g, int t) {
+                         __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = n0 + 8 * h + g, live = key <= s_hi;
-        __global const ushort *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * k_ss;
+        __global const kv_raw_t *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * k_ss;
 #pragma unroll
         for (int j = 0; j < HG_CHUNKS; ++j)
             x[h][j] = chunk_or_zero(live, row + 8 * (4 * j + t));
@@ -664,10 +711,11 @@ paged_decode_nv(SERVING_ARGS,
     /* This warp's tiles: sub, sub + HG_WPH, ... of the slice (warp-uniform). */
     const int tiles = slice_tiles > sub ? (slice_tiles - sub + HG_WPH - 1) / HG_WPH : 0;
 
+    q_mul *= K_DESCALE(hk); /* FP8 pages: keys are k descale * the widened bytes (common.cl) */
     const int softcap = softcap_log2 > 0.0f;
     const float sc = softcap ? 1.0f : q_mul;
-    __global const ushort *kb = (__global const ushort *)k + k_off + (ulong)hk * k_sh;
-    __global const ushort *vb = (__global const ushort *)v + v_off + (ulong)hk * v_sh;
+    __global const kv_raw_t *kb = (__global const kv_raw_t *)k + k_off + (ulong)hk * k_sh;
+    __global const kv_raw_t *vb = (__global const kv_raw_t *)v + v_off + (ulong)hk * v_sh;
     __local ushort *const v_tile = smem + warp * TILE_HALFS;
     const uint v_frag = shared_addr(v_tile) + (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
 
@@ -791,7 +839,7 @@ paged_decode_nv(SERVING_ARGS,
 #else
 #define OWNS(j) 1
 #endif
-    const float inv = l_run[0] > 0.0f ? 1.0f / l_run[0] : 0.0f;
+    const float inv = l_run[0] > 0.0f ? V_DESCALE(hk) / l_run[0] : 0.0f; /* V_DESCALE: 1 unless FP8 */
     const float row_lse = l_run[0] > 0.0f ? (m_run[0] * sc + log2(l_run[0])) * LN2 : -INFINITY;
     if (g < nrows) {
         const int r = b.m0 + g;

@@ -214,12 +214,20 @@ static int kv_vec(const flashcl_decode_problem *pb) {
     return 16 / (int)flashcl_dtype_size(pb->kv_fp8 ? pb->kv_fp8 : pb->dtype);
 }
 
-/* The tensor-core decode kernel's own conditions (its entry's max_rows aside).
- * FP8 pages are not among them: cl/paged_decode_nv.cl reads 16-bit K/V only,
- * so an FP8 cache decodes in cl/paged_decode.cl on NVIDIA too. */
+/* FP8 pages in the tensor-core decode kernel: it widens the bytes to float16 in registers with
+ * cvt.rn.f16x2.e4m3x2 / .e5m2x2 (sm_89+) and multiplies in float16, so the queries must be
+ * float16 (bfloat16 and float32 ones decode in cl/paged_decode.cl). Up to D=128: the widening
+ * runs under REG_COPY, whose tile in registers would cost 128 registers a thread at D=256. */
+static int decode_mma_fp8_ok(const flashcl_context *ctx, const flashcl_decode_problem *pb) {
+    return ctx->info.nv_cc_major * 10 + ctx->info.nv_cc_minor >= 89 && pb->dtype == FLASHCL_FLOAT16 &&
+           pb->head_dim <= 128;
+}
+
+/* The tensor-core decode kernel's own conditions (its entry's max_rows aside). */
 static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_problem *pb) {
-    return ctx->info.nv_cc_major >= 8 && !flashcl_variant_forced("portable") && !pb->kv_fp8 &&
-           pb->dtype != FLASHCL_FLOAT32 && pb->head_dim % 16 == 0 && pb->vec_aligned;
+    return ctx->info.nv_cc_major >= 8 && !flashcl_variant_forced("portable") &&
+           (!pb->kv_fp8 || decode_mma_fp8_ok(ctx, pb)) && pb->dtype != FLASHCL_FLOAT32 && pb->head_dim % 16 == 0 &&
+           pb->vec_aligned;
 }
 
 /* Checks an explicit decode-kernel choice, one kv head a group; "" when it fits. HEAD_GROUP
@@ -238,8 +246,9 @@ static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem 
         else if (c->stages < 2 || c->stages > 8)
             snprintf(why, n, "STAGES %d must be 2..8", c->stages);
     } else if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
-        if (pb->kv_fp8)
-            snprintf(why, n, "the mma decode kernel does not read FP8 pages yet (KERNEL=decode or tiled does)");
+        if (pb->kv_fp8 && !decode_mma_fp8_ok(ctx, pb))
+            snprintf(why, n, "the mma decode kernel reads FP8 pages only on NVIDIA sm_89+, with float16 queries and "
+                             "head_dim <= 128 (KERNEL=decode or tiled reads them anywhere)");
         else if (!decode_mma_applies(ctx, pb))
             snprintf(why, n, "the mma decode kernel needs NVIDIA sm_80+, f16/bf16, head_dim a multiple of 16 "
                              "and 16-byte aligned K/V rows");
@@ -480,6 +489,12 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
  * 2026-12-03, b4f8851). */
 static void decode_reg_copy(const flashcl_decode_problem *pb, flashcl_decode_choice *c) {
     const long slice = ((pb->max_keys + c->splits - 1) / c->splits + 31) / 32 * 32;
+    /* FP8 pages are widened on their way through registers, which the cp.async loop does not
+     * take: the one-head kernel always runs REG_COPY's loop over them. */
+    if (c->kernel == FLASHCL_SERVING_DECODE_MMA && !c->head_group && pb->kv_fp8) {
+        c->reg_copy = 1;
+        return;
+    }
     c->reg_copy = c->kernel == FLASHCL_SERVING_DECODE_MMA && !c->head_group && c->reg_copy_min_keys > 0 &&
                   slice >= c->reg_copy_min_keys &&
                   pb->head_dim >= 64 && pb->head_dim <= 128 && c->block_n == 16 && c->stages == 2;
