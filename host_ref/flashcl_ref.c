@@ -328,9 +328,13 @@ static int forward_double(const flashcl_attention_desc *desc, const void *q, con
             // pass 0: load K and V of (b, kvh) once for all the query heads that share them
             for (int j = 0; j < Nk; j++) {
                 size_t kj = row_index(&kl, b, j, kvh), vj = row_index(&vl, b, j, kvh);
+                // FP8: the real inputs are descale * decode(byte) (1 otherwise);
+                // a float times a decoded FP8 value is exact in double.
+                const double ks = flashcl_ref_fp8_descale(desc, 1, b, kvh, j);
+                const double vs = flashcl_ref_fp8_descale(desc, 2, b, kvh, j);
                 for (int d = 0; d < D; d++) {
-                    kh_buf[(size_t)j * D + d] = flashcl_ref_load(k, dt, kj + (size_t)d);
-                    vh_buf[(size_t)j * D + d] = flashcl_ref_load(v, dt, vj + (size_t)d);
+                    kh_buf[(size_t)j * D + d] = ks * flashcl_ref_load(k, dt, kj + (size_t)d);
+                    vh_buf[(size_t)j * D + d] = vs * flashcl_ref_load(v, dt, vj + (size_t)d);
                 }
             }
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
@@ -340,8 +344,9 @@ static int forward_double(const flashcl_attention_desc *desc, const void *q, con
                     double *s_dbg = scores ? scores + stat * Nk : NULL; // row (b, h, i, :)
                     double *p_dbg = probs ? probs + stat * Nk : NULL;
                     size_t qi = row_index(&ql, b, i, h);
+                    const double qs = flashcl_ref_fp8_descale(desc, 0, b, h, i);
                     for (int d = 0; d < D; d++)
-                        q_row[d] = flashcl_ref_load(q, dt, qi + (size_t)d);
+                        q_row[d] = qs * flashcl_ref_load(q, dt, qi + (size_t)d);
 
                     // Masked keys: score -inf, probability 0. Filling the whole
                     // debug row first leaves only the visible part to write.

@@ -27,6 +27,10 @@ uint16_t flashcl_ref_float_to_bf16(float f);
  * (cvt.rn.satfinite), NaN to 0x7f with the sign. */
 double flashcl_ref_fp8_decode(flashcl_dtype format, unsigned char bits);
 unsigned char flashcl_ref_fp8_encode(flashcl_dtype format, double value);
+/* The descale factor of an FP8 forward desc (flashcl_fp8_scales) for row
+ * `row` of head h (a query head for q, a KV head for k and v) of batch b;
+ * tensor 0 q, 1 k, 2 v. 1 when desc->dtype is not FP8 or the array is NULL. */
+double flashcl_ref_fp8_descale(const flashcl_attention_desc *desc, int tensor, int b, int h, int row);
 
 /* Element `index` of an array of `dtype`, widened to double. */
 double flashcl_ref_load(const void *base, flashcl_dtype dtype, size_t index);
