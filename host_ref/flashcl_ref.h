@@ -89,8 +89,9 @@ void flashcl_ref_poison(void *base, flashcl_dtype dtype, size_t count);
  * second is what rounding float scores costs any kernel; plain is
  * flashcl_ref_attention_forward_plain; lse (if given) must match the double
  * LSE within 1e-3 + 1e-4|lse|, -inf exactly where the reference is -inf.
- * NaN anywhere fails. out is in desc->out layout and the storage dtype; lse is
- * float [batch][heads_q][seqlen_q] or NULL. */
+ * NaN anywhere fails. out is in desc->out layout and the storage dtype (an
+ * FP8 desc's out_dtype; its inputs are descale * decode(byte) throughout); lse
+ * is float [batch][heads_q][seqlen_q] or NULL. */
 typedef struct flashcl_ref_report {
     double max_err;      /* max |out - ref| (inf if out has NaN/inf) */
     double plain_err;    /* max |plain - ref|                        */
