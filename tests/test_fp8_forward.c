@@ -15,7 +15,8 @@
  *    factors on the device as on the host; dequantize inverts them; the
  *    device decode of all 256 codes of both formats (float8 and scalar
  *    helpers of cl/common.cl) equals flashcl_fp8_decode bit for bit.
- * 4. Accuracy as FlashAttention-3 measured it, at a small size: N(0,1)
+ * 4. Accuracy as FlashAttention-3 measured it, at a small size (B=1, H=8,
+ *    N=512, D=128; bench/fp8_accuracy.c runs the full one): N(0,1)
  *    inputs with 0.1% outliers from N(0,10^2), quantized by the library's
  *    own helpers per tensor, per head and 64-row block, and block plus
  *    Hadamard; RMSE against float64 attention on the unquantized inputs.
@@ -422,19 +423,21 @@ static void accuracy(flashcl_context *ctx, uint64_t seed) {
             free(b[t]), free(sc[t]);
         free(out);
     }
-    /* The bound: FlashAttention-3's 9.1e-3 for blocks + Hadamard is at
-     * N = 4096. The error is quantization noise averaged by the softmax over
-     * the keys a row attends to (v's rounding, and the scores' through p),
-     * so it falls as 1/sqrt(N): at N = 512 the same quality is
-     * 9.1e-3 * sqrt(4096 / 512) = 2.6e-2. (Here P stays float32, so these
-     * figures are below FA3's, whose P is FP8 too.) And the options must
-     * help: over 90 seeds blocks + Hadamard was at most 0.72x the per-tensor
-     * figure, and blocks alone always below it; 0.85x leaves room for other
-     * seeds while a descale or rotation that does nothing (or a wrong index,
-     * which gave 0.6 here) fails. */
-    const double bound = 9.1e-3 * sqrt(4096.0 / N);
+    /* The bound. FlashAttention-3's 9.1e-3 for blocks + Hadamard is at
+     * B=1, H=8, N=4096 (its P is FP8 too; here P stays float32). The same
+     * experiment on this library (bench/fp8_accuracy.c, PoCL, 2026-12-04)
+     * gives 8.2e-3 there. The figure does not shrink with N: longer rows
+     * meet more outlier products, whose scores carry large absolute errors.
+     * At this size, over 90 seeds, blocks + Hadamard gave 7.1e-3 .. 9.8e-3
+     * (a smaller sample: each outlier moves the figure more), so the bound
+     * is 1.2e-2, above every seed seen, while factors applied to the wrong
+     * rows or heads gave 0.15 .. 0.6. And the options must help: blocks +
+     * Hadamard was at most 0.72x the per-tensor figure and blocks alone
+     * always below it; 0.85x leaves room for other seeds, and a rotation
+     * or blocking that does nothing fails. */
+    const double bound = 1.2e-2;
     char what[200];
-    snprintf(what, sizeof what, "accuracy: blocks + Hadamard %.3g < %.3g (FA3's 9.1e-3 at N=4096, scaled to N=%d)",
+    snprintf(what, sizeof what, "accuracy: blocks + Hadamard %.3g < %.3g (seeds' spread at N=%d; see above)",
              rmse[2], bound, N);
     expect(rmse[2] < bound, what, &failures);
     snprintf(what, sizeof what, "accuracy: blocks + Hadamard < 0.85x, blocks < 1x the per-tensor RMSE (%.2fx, %.2fx)",
