@@ -11,6 +11,7 @@
  * form.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,6 +59,10 @@ flashcl_status flashcl_fp8_check_scales(flashcl_context *ctx, const flashcl_atte
     static const char *const names[3] = {"q_descale", "k_descale", "v_descale"};
     size_t counts[3];
     flashcl_fp8_scale_counts(r, counts);
+    /* The kernels index the factors with int. */
+    if (counts[0] + counts[1] + counts[2] > (size_t)INT_MAX)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%zu descale factors (fp8.block_rows %d): at most %d",
+                            counts[0] + counts[1] + counts[2], r->fp8.block_rows, INT_MAX);
     for (int t = 0; t < 3; ++t) {
         const float *a = scale_array(r, t);
         for (size_t i = 0; a && i < counts[t]; ++i)
