@@ -246,7 +246,11 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * lse (may be NULL): float32 [batch][heads_q][seqlen_q], at element
  * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
  * On error nothing is enqueued and no output is touched. `event` (may be
- * NULL) receives the kernel's event; the caller releases it. */
+ * NULL) receives the kernel's event; the caller releases it.
+ * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
+ * are copied during the call (the arrays may be freed when it returns) and
+ * uploaded without blocking; the portable kernel runs on GPUs, the cpu kernel
+ * on CPUs (the tensor-core kernels take 16-bit inputs only, for now). */
 FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
                                                      const flashcl_attention_desc *desc,
                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,
