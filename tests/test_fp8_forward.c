@@ -6,7 +6,8 @@
  *    same factors, so only the kernel's own error is measured; outputs
  *    poisoned before each call, NaN never passes. e4m3 and e5m2, out
  *    float32/float16/bfloat16, per-tensor, per-head and block factors, NULL
- *    factors, GQA, causal, windows, odd lengths, head_dim 40, 64, 128, on
+ *    factors, GQA, causal, windows, odd lengths, head_dim 40, 64, 128,
+ *    packed and padded layouts (offsets, strides with gaps that must stay), on
  *    the cpu and portable kernels (FLASHCL_PARAMS) and a host context.
  * 2. Refusals: FP8 out, block_rows without per_head, a bad factor, the
  *    backward and varlen given FP8, Hadamard on a head_dim that is not a
@@ -40,7 +41,27 @@ typedef struct fp8_case {
     int scales;     /* 0 per tensor, 1 per head, 2 per block of block_rows, 3 NULL arrays */
     int block_rows; /* scales 2 */
     float softcap;
+    int padded;     /* nonzero: every tensor at an offset, with padded strides */
 } fp8_case;
+
+/* A padded layout for (seqlen, heads, head_dim) rows: gaps after each head,
+ * row and batch, and an offset; *span: the elements it covers. */
+static flashcl_layout padded_layout(int batch, int seqlen, int heads, int head_dim, size_t *span) {
+    flashcl_layout l;
+    l.offset = 5;
+    l.stride_head = (size_t)head_dim + 3;
+    l.stride_seq = (size_t)heads * l.stride_head + 1;
+    l.stride_batch = (size_t)seqlen * l.stride_seq + 7;
+    *span = l.offset + (size_t)batch * l.stride_batch;
+    return l;
+}
+
+/* Where packed element i of (seqlen, heads, head_dim) rows lives in layout l. */
+static size_t at(const flashcl_layout *l, int seqlen, int heads, int head_dim, size_t i) {
+    const size_t d = i % (size_t)head_dim, h = i / (size_t)head_dim % (size_t)heads;
+    const size_t s = i / ((size_t)head_dim * heads) % (size_t)seqlen, b = i / ((size_t)head_dim * heads * seqlen);
+    return l->offset + b * l->stride_batch + s * l->stride_seq + h * l->stride_head + d;
+}
 
 static const char *dtype_name(flashcl_dtype d) {
     static const char *const n[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
@@ -76,10 +97,16 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
     d.softcap = c->softcap;
     const size_t nq = (size_t)c->batch * c->seqlen_q * c->heads_q * c->head_dim;
     const size_t nk = (size_t)c->batch * c->seqlen_k * c->heads_k * c->head_dim;
-    unsigned char *q = test_xmalloc(nq), *k = test_xmalloc(nk), *v = test_xmalloc(nk);
-    fill_fp8(&rng, c->format, q, nq, 1.0);
-    fill_fp8(&rng, c->format, k, nk, 1.0);
-    fill_fp8(&rng, c->format, v, nk, 1.0);
+    size_t span_q = nq, span_k = nk, span_o = nq; /* elements each array holds */
+    if (c->padded) {
+        d.q = padded_layout(c->batch, c->seqlen_q, c->heads_q, c->head_dim, &span_q);
+        d.out = padded_layout(c->batch, c->seqlen_q, c->heads_q, c->head_dim, &span_o);
+        d.k = d.v = padded_layout(c->batch, c->seqlen_k, c->heads_k, c->head_dim, &span_k);
+    }
+    unsigned char *q = test_xmalloc(span_q), *k = test_xmalloc(span_k), *v = test_xmalloc(span_k);
+    fill_fp8(&rng, c->format, q, span_q, 1.0);
+    fill_fp8(&rng, c->format, k, span_k, 1.0);
+    fill_fp8(&rng, c->format, v, span_k, 1.0);
     float *qs = NULL, *ks = NULL, *vs = NULL;
     if (c->scales != 3) {
         d.fp8.per_head = c->scales >= 1;
@@ -92,9 +119,9 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         d.fp8.v_descale = vs = random_factors(&rng, hk);
     }
     const size_t es = flashcl_dtype_size(c->out_dtype), nlse = (size_t)c->batch * c->heads_q * c->seqlen_q;
-    void *out = test_xmalloc(nq * es);
+    void *out = test_xmalloc(span_o * es);
     float *lse = test_xmalloc(nlse * sizeof *lse);
-    flashcl_ref_poison(out, c->out_dtype, nq);
+    flashcl_ref_poison(out, c->out_dtype, span_o);
     flashcl_ref_poison(lse, FLASHCL_FLOAT32, nlse);
     char env[64] = "";
     if (variant)
@@ -108,7 +135,7 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
              "%s%s%s: %s -> %s, B%d Hq%d Hk%d %dx%d D%d%s%s, %s factors%s", where, variant ? " " : "",
              variant ? variant : "", dtype_name(c->format), dtype_name(c->out_dtype), c->batch, c->heads_q,
              c->heads_k, c->seqlen_q, c->seqlen_k, c->head_dim, c->causal ? " causal" : "",
-             c->windowed ? " window" : "",
+             c->windowed ? (c->padded ? " window padded" : " window") : c->padded ? " padded" : "",
              (const char *const[]){"per-tensor", "per-head", "block", "NULL"}[c->scales],
              c->softcap > 0 ? " softcap" : "");
     if (st != FLASHCL_SUCCESS) {
@@ -128,8 +155,10 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
             amax = fmax(amax, fabs(ref[i]));
         size_t bad = 0, bad_lse = 0, first = 0;
         double worst = 0;
+        const flashcl_layout ol = r.out; /* resolved: packed strides when not padded */
         for (size_t i = 0; i < nq; ++i) {
-            const double got = flashcl_ref_load(out, c->out_dtype, i), err = fabs(got - ref[i]);
+            const size_t o = at(&ol, c->seqlen_q, c->heads_q, c->head_dim, i);
+            const double got = flashcl_ref_load(out, c->out_dtype, o), err = fabs(got - ref[i]);
             if (!(err <= 2.0 * eps * fabs(ref[i]) + 2e-5 * fmax(1.0, amax))) {
                 if (!bad++)
                     first = i;
@@ -141,8 +170,15 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
             if (isinf(want) ? got != want : !(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want)))
                 ++bad_lse;
         }
+        /* The gaps of a padded out stay as poisoned. */
+        size_t written = 0;
+        for (size_t i = 0; i < span_o; ++i)
+            written += !isnan(flashcl_ref_load(out, c->out_dtype, i));
+        bad += written > nq ? written - nq : 0;
         if (bad)
-            printf("  first bad out at %zu: %g vs %g\n", first, flashcl_ref_load(out, c->out_dtype, first), ref[first]);
+            printf("  first bad out at %zu: %g vs %g; %zu elements written, %zu expected\n", first,
+                   flashcl_ref_load(out, c->out_dtype, at(&ol, c->seqlen_q, c->heads_q, c->head_dim, first)),
+                   ref[first], written, nq);
         snprintf(what + strlen(what), sizeof what - strlen(what), " (max err %.2g, %zu out / %zu lse bad)", worst, bad,
                  bad_lse);
         expect(bad == 0 && bad_lse == 0, what, &failures);
@@ -152,22 +188,22 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
 }
 
 static const fp8_case cases[] = {
-    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0},
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0, 1},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0, 1},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0, 0},
 };
 #define CASES (sizeof cases / sizeof cases[0])
 
 /* `oclgrind` mode (ctest -L oclgrind): shapes tiny enough for Oclgrind's
  * checks, still odd lengths, GQA, blocks that straddle tiles, both formats. */
 static const fp8_case tiny_cases[] = {
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1},
 };
 
 /* ---- refusals ------------------------------------------------------------------------------------ */
