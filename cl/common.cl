@@ -656,11 +656,41 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
  * group = heads_q / heads_k; q_mul = scale*log2e, or scale/softcap;
  * softcap_log2 = softcap*log2e, 0 when off; windows as in visible_keys. */
 #define FWD_ARGS                                                                                   \
-    __global const elem_t *restrict q, __global const elem_t *restrict k,                          \
-        __global const elem_t *restrict v, __global elem_t *restrict o,                            \
+    __global const q_t *restrict q, __global const kv_t *restrict k,                               \
+        __global const kv_t *restrict v, __global elem_t *restrict o,                              \
         __global float *restrict lse, TENSOR_ARGS(q), TENSOR_ARGS(k), TENSOR_ARGS(v),              \
         TENSOR_ARGS(o), ulong lse_off, int has_lse, int nq, int nk, int group, float q_mul,        \
         float softcap_log2, int win_left, int win_right
+
+/* The FP8 forward (flash_fwd, flash_fwd_cpu built with -DQ_FP8 -DKV_FP8:
+ * q, k, v FP8 bytes, out in DTYPE): the descale factors follow FWD_ARGS, in
+ * one buffer [q | k | v] laid out as flashcl_fp8_scales
+ * (include/flashcl.h) indexes each array; src/fp8_forward.c uploads it,
+ * ones standing in for a NULL array. sc_per_head 0: one factor each (q at
+ * 0, k at sc_k_off, v at sc_v_off); else per (batch, head), and with
+ * sc_rows > 0 per sc_rows rows of q and of k. FP8_Q_SCALE(b, hq, row),
+ * FP8_K_SCALE(b, hk, key) and FP8_V_SCALE(b, hk) read them (hq among the
+ * get_global_size(1) query heads, hk among those / group); in the other
+ * kernels they are 1, which the compiler folds away. */
+#if Q_FP8 || KV_FP8
+#define FWD_FP8_ARGS                                                                               \
+    , __global const float *restrict fp8_sc, int sc_per_head, int sc_rows, int sc_k_off, int sc_v_off
+#define FP8_BLOCKS(n) (sc_rows > 0 ? ((n) + sc_rows - 1) / sc_rows : 1)
+#define FP8_BLOCK(row) (sc_rows > 0 ? (row) / sc_rows : 0)
+#define FP8_Q_SCALE(b, hq, row)                                                                    \
+    fp8_sc[sc_per_head ? ((b) * (int)get_global_size(1) + (hq)) * FP8_BLOCKS(nq) + FP8_BLOCK(row) : 0]
+#define FP8_K_SCALE(b, hk, key)                                                                    \
+    fp8_sc[sc_k_off + (sc_per_head ? ((b) * ((int)get_global_size(1) / group) + (hk)) * FP8_BLOCKS(nk) + \
+                                         FP8_BLOCK(key)                                            \
+                                   : 0)]
+#define FP8_V_SCALE(b, hk)                                                                         \
+    fp8_sc[sc_v_off + (sc_per_head ? (b) * ((int)get_global_size(1) / group) + (hk) : 0)]
+#else
+#define FWD_FP8_ARGS
+#define FP8_Q_SCALE(b, hq, row) 1.0f
+#define FP8_K_SCALE(b, hk, key) 1.0f
+#define FP8_V_SCALE(b, hk) 1.0f
+#endif
 
 #ifndef LPT_HEADS
 #define LPT_HEADS 0

@@ -35,6 +35,13 @@
  *
  * A row that sees no key keeps m = -inf and l = 0; it writes 0 and LSE -inf
  * and never evaluates -inf - -inf.
+ *
+ * FP8 q, k, v (-DQ_FP8 -DKV_FP8, cl/common.cl): decoded as the tiles are
+ * staged, so the tiles stay float and the __local estimate
+ * (flashcl_forward_local_bytes) is the same. Q and K are multiplied by their
+ * descale factors there (a row's, or its row block's, and a key's), so the
+ * scores, the LSE and the soft-cap see the dequantized inputs; V's factor is
+ * one per (batch, head) and multiplies the output with 1/l.
  */
 
 #ifndef HEAD_DIM
@@ -82,7 +89,7 @@
 #endif
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd(FWD_ARGS) {
+flash_fwd(FWD_ARGS FWD_FP8_ARGS) {
     __local float q_tile[BLOCK_M * ROW_STRIDE];
     __local float kv_tile[BLOCK_N * ROW_STRIDE];
     __local float s_tile[BLOCK_M * S_STRIDE];
@@ -105,7 +112,7 @@ flash_fwd(FWD_ARGS) {
         int rr = idx / HEAD_DIM, d = idx % HEAD_DIM;
         float x = 0.0f;
         if (m0 + rr < nq)
-            x = LOAD_ELEM(q, q_base + (ulong)(m0 + rr) * q_ss + d);
+            x = LOAD_Q(q, q_base + (ulong)(m0 + rr) * q_ss + d) * FP8_Q_SCALE(b, hq, m0 + rr);
         q_tile[rr * ROW_STRIDE + d] = x;
     }
 
@@ -144,7 +151,7 @@ flash_fwd(FWD_ARGS) {
             int c = idx / HEAD_DIM, d = idx % HEAD_DIM;
             float x = 0.0f;
             if (n0 + c < nk)
-                x = LOAD_ELEM(k, k_base + (ulong)(n0 + c) * k_ss + d);
+                x = LOAD_KV(k, k_base + (ulong)(n0 + c) * k_ss + d) * FP8_K_SCALE(b, hk, (int)n0 + c);
             kv_tile[c * ROW_STRIDE + d] = x;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -216,7 +223,7 @@ flash_fwd(FWD_ARGS) {
             int c = idx / HEAD_DIM, d = idx % HEAD_DIM;
             float x = 0.0f;
             if (n0 + c < nk)
-                x = LOAD_ELEM(v, v_base + (ulong)(n0 + c) * v_ss + d);
+                x = LOAD_KV(v, v_base + (ulong)(n0 + c) * v_ss + d);
             kv_tile[c * ROW_STRIDE + d] = x;
         }
         barrier(CLK_LOCAL_MEM_FENCE);
@@ -254,7 +261,7 @@ flash_fwd(FWD_ARGS) {
         for (int w = 0; w < G; ++w)
             l += red[(r0 + i) * G + w];
         const long row = m0 + r0 + i;
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv_l = l > 0.0f ? FP8_V_SCALE(b, hk) / l : 0.0f;
         const ulong o_row = o_off + b * o_sb + hq * o_sh + (ulong)row * o_ss;
 #pragma unroll
         for (int e = 0; e < D_PER; ++e) {

@@ -35,6 +35,11 @@
  * the block's visible keys are skipped; tiles every row sees whole skip the
  * mask; the others mask each row against its own interval. A row with no
  * visible key writes 0 and LSE -inf.
+ *
+ * FP8 q, k, v (-DQ_FP8 -DKV_FP8, cl/common.cl) are decoded where Q^T and the
+ * K and V tiles are converted to float anyway (so __local is unchanged), Q
+ * and K times their descale factors (a row's or its block's, a key's); V's,
+ * one per (batch, head), multiplies the output with 1/l.
  */
 
 #ifndef HEAD_DIM
@@ -87,7 +92,7 @@
 #define P_AT(c, r) ((c) * M_PAD + (r))
 
 __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void
-flash_fwd_cpu(FWD_ARGS) {
+flash_fwd_cpu(FWD_ARGS FWD_FP8_ARGS) {
     __local rowv qt[HEAD_DIM][RV];
     __local float k_tile[N_PAD][HEAD_DIM];
     __local rowv v_tile[BLOCK_N][DV];
@@ -116,7 +121,8 @@ flash_fwd_cpu(FWD_ARGS) {
     __local float *qtf = (__local float *)qt;
     for (int r = 0; r < M_PAD; ++r)
         for (int d = 0; d < HEAD_DIM; ++d)
-            qtf[d * M_PAD + r] = r < rows ? LOAD_ELEM(q, q_base + (ulong)r * q_ss + d) * q_mul : 0.0f;
+            qtf[d * M_PAD + r] =
+                r < rows ? LOAD_Q(q, q_base + (ulong)r * q_ss + d) * FP8_Q_SCALE(b, hq, m0 + r) * q_mul : 0.0f;
     for (int r = 0; r < M_PAD; ++r)
         for (int j = 0; j < DV; ++j)
             acc[r][j] = 0.0f;
@@ -142,18 +148,20 @@ flash_fwd_cpu(FWD_ARGS) {
             const ulong kr = k_base + (ulong)(n0 + c) * k_ss, vr = v_base + (ulong)(n0 + c) * v_ss;
             __local float *kd = k_tile[c];
             __local float *vd = (__local float *)v_tile[c < BLOCK_N ? c : 0];
+            /* Only keys < nk have a factor; the others are zeroed below. */
+            const float ks = KV_FP8 && c < n ? FP8_K_SCALE(b, hk, (int)n0 + c) : 1.0f;
             int d = 0;
             for (; d + 8 <= HEAD_DIM; d += 8) {
-                vstore8(c < n ? LOAD_ELEM8(k, kr + d) : (float8)0.0f, 0, kd + d);
+                vstore8(c < n ? LOAD_KV8(k, kr + d) * ks : (float8)0.0f, 0, kd + d);
                 if (c < BLOCK_N)
-                    vstore8(c < n ? LOAD_ELEM8(v, vr + d) : (float8)0.0f, 0, vd + d);
+                    vstore8(c < n ? LOAD_KV8(v, vr + d) : (float8)0.0f, 0, vd + d);
             }
             for (; d < D_PAD; ++d) {
                 const int in = c < n && d < HEAD_DIM;
                 if (d < HEAD_DIM)
-                    kd[d] = in ? LOAD_ELEM(k, kr + d) : 0.0f;
+                    kd[d] = in ? LOAD_KV(k, kr + d) * ks : 0.0f;
                 if (c < BLOCK_N)
-                    vd[d] = in ? LOAD_ELEM(v, vr + d) : 0.0f;
+                    vd[d] = in ? LOAD_KV(v, vr + d) : 0.0f;
             }
         }
         /* 2. Scores, QK_KEYS keys x QK_RG row vectors at a time. */
@@ -268,7 +276,7 @@ flash_fwd_cpu(FWD_ARGS) {
     }
     for (int r = 0; r < rows; ++r) {
         const float l = lo_rel[r];
-        const float inv_l = l > 0.0f ? 1.0f / l : 0.0f;
+        const float inv_l = l > 0.0f ? FP8_V_SCALE(b, hk) / l : 0.0f;
         const ulong o_row = o_off + b * o_sb + hq * o_sh + (ulong)(m0 + r) * o_ss;
         __local const float *out_row = (__local const float *)acc[r];
         for (int d = 0; d < HEAD_DIM; ++d)

@@ -328,9 +328,13 @@ static int forward_double(const flashcl_attention_desc *desc, const void *q, con
             // pass 0: load K and V of (b, kvh) once for all the query heads that share them
             for (int j = 0; j < Nk; j++) {
                 size_t kj = row_index(&kl, b, j, kvh), vj = row_index(&vl, b, j, kvh);
+                // FP8: the real inputs are descale * decode(byte) (1 otherwise);
+                // a float times a decoded FP8 value is exact in double.
+                const double ks = flashcl_ref_fp8_descale(desc, 1, b, kvh, j);
+                const double vs = flashcl_ref_fp8_descale(desc, 2, b, kvh, j);
                 for (int d = 0; d < D; d++) {
-                    kh_buf[(size_t)j * D + d] = flashcl_ref_load(k, dt, kj + (size_t)d);
-                    vh_buf[(size_t)j * D + d] = flashcl_ref_load(v, dt, vj + (size_t)d);
+                    kh_buf[(size_t)j * D + d] = ks * flashcl_ref_load(k, dt, kj + (size_t)d);
+                    vh_buf[(size_t)j * D + d] = vs * flashcl_ref_load(v, dt, vj + (size_t)d);
                 }
             }
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
@@ -340,8 +344,9 @@ static int forward_double(const flashcl_attention_desc *desc, const void *q, con
                     double *s_dbg = scores ? scores + stat * Nk : NULL; // row (b, h, i, :)
                     double *p_dbg = probs ? probs + stat * Nk : NULL;
                     size_t qi = row_index(&ql, b, i, h);
+                    const double qs = flashcl_ref_fp8_descale(desc, 0, b, h, i);
                     for (int d = 0; d < D; d++)
-                        q_row[d] = flashcl_ref_load(q, dt, qi + (size_t)d);
+                        q_row[d] = qs * flashcl_ref_load(q, dt, qi + (size_t)d);
 
                     // Masked keys: score -inf, probability 0. Filling the whole
                     // debug row first leaves only the visible part to write.
@@ -437,6 +442,13 @@ void flashcl_ref_attention_forward(const flashcl_attention_desc *desc, const voi
  * ------------------------------------------------------------------------- */
 
 /* Returns 0 when a buffer could not be allocated (nothing is written then). */
+/* The storage type of out: an FP8 desc's out_dtype (q, k, v are FP8, out is
+ * not), else dtype. */
+static flashcl_dtype out_dtype_of(const flashcl_attention_desc *desc) {
+    const int fp8 = desc->dtype == FLASHCL_FLOAT8_E4M3 || desc->dtype == FLASHCL_FLOAT8_E5M2;
+    return fp8 ? desc->out_dtype : desc->dtype;
+}
+
 static int forward_plain(const flashcl_attention_desc *desc, const void *q, const void *k,
                          const void *v, double *out) {
     // q: (B, Nq, Hq, D), k and v: (B, Nk, Hk, D), in their layouts and dtype
@@ -444,10 +456,11 @@ static int forward_plain(const flashcl_attention_desc *desc, const void *q, cons
     //
     // Same loops as forward_double, with every number a float, plus the
     // roundings a non-fused implementation cannot avoid: P is stored in the
-    // storage type before the P.V product, and so is the output.
+    // storage type before the P.V product, and so is the output. FP8 inputs:
+    // descale * value rounded to float, P and out in out's type.
     const int B = desc->batch, Hq = desc->heads_q, Hk = desc->heads_k;
     const int Nq = desc->seqlen_q, Nk = desc->seqlen_k, D = desc->head_dim;
-    const flashcl_dtype dt = desc->dtype;
+    const flashcl_dtype dt = desc->dtype, odt = out_dtype_of(desc);
     const flashcl_layout ql = effective_layout(desc->q, Nq, Hq, D);
     const flashcl_layout kl = effective_layout(desc->k, Nk, Hk, D);
     const flashcl_layout vl = effective_layout(desc->v, Nk, Hk, D);
@@ -474,17 +487,20 @@ static int forward_plain(const flashcl_attention_desc *desc, const void *q, cons
             // pass 0: K and V of (b, kvh) as floats (exact: every storage value is a float)
             for (int j = 0; j < Nk; j++) {
                 size_t kj = row_index(&kl, b, j, kvh), vj = row_index(&vl, b, j, kvh);
+                const double ks = flashcl_ref_fp8_descale(desc, 1, b, kvh, j);
+                const double vs = flashcl_ref_fp8_descale(desc, 2, b, kvh, j);
                 for (int d = 0; d < D; d++) {
-                    kh_buf[(size_t)j * D + d] = (float)flashcl_ref_load(k, dt, kj + (size_t)d);
-                    vh_buf[(size_t)j * D + d] = (float)flashcl_ref_load(v, dt, vj + (size_t)d);
+                    kh_buf[(size_t)j * D + d] = (float)(ks * flashcl_ref_load(k, dt, kj + (size_t)d));
+                    vh_buf[(size_t)j * D + d] = (float)(vs * flashcl_ref_load(v, dt, vj + (size_t)d));
                 }
             }
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                 for (int i = 0; i < Nq; i++) {
                     double *o = out + (((size_t)b * Nq + i) * Hq + h) * D;
                     size_t qi = row_index(&ql, b, i, h);
+                    const double qs = flashcl_ref_fp8_descale(desc, 0, b, h, i);
                     for (int d = 0; d < D; d++)
-                        q_row[d] = (float)flashcl_ref_load(q, dt, qi + (size_t)d);
+                        q_row[d] = (float)(qs * flashcl_ref_load(q, dt, qi + (size_t)d));
                     for (int d = 0; d < D; d++)
                         acc[d] = 0.0f;
 
@@ -509,13 +525,13 @@ static int forward_plain(const flashcl_attention_desc *desc, const void *q, cons
                         // pass 3: P normalised in float, stored in the storage type,
                         // then P.V accumulated in float
                         for (int j = lo; j <= hi; j++) {
-                            float p = round_to_dtype(s_row[j] / sum, dt);
+                            float p = round_to_dtype(s_row[j] / sum, odt);
                             axpy_float(acc, p, vh_buf + (size_t)j * D, D);
                         }
                     }
                     // pass 4: the output, as stored (a row that sees no key stays 0)
                     for (int d = 0; d < D; d++)
-                        o[d] = (double)round_to_dtype(acc[d], dt);
+                        o[d] = (double)round_to_dtype(acc[d], odt);
                 }
             }
         }
@@ -629,18 +645,20 @@ double flashcl_ref_epsilon(flashcl_dtype dtype) {
     return 0.0;
 }
 
-/* The largest Euclidean norm of a (batch, seq, head) row of a tensor. */
-static double max_row_norm(const void *x, flashcl_dtype dtype, flashcl_layout l, int batch,
-                           int seqlen, int heads, int head_dim) {
+/* The largest Euclidean norm of a (batch, seq, head) row of a tensor
+ * (tensor 0 q, 1 k: for the FP8 descale factors). */
+static double max_row_norm(const flashcl_attention_desc *desc, int tensor, const void *x, flashcl_dtype dtype,
+                           flashcl_layout l, int batch, int seqlen, int heads, int head_dim) {
     l = effective_layout(l, seqlen, heads, head_dim);
     double best = 0.0;
     for (int b = 0; b < batch; b++)
         for (int n = 0; n < seqlen; n++)
             for (int h = 0; h < heads; h++) {
                 size_t base = row_index(&l, b, n, h);
+                const double sc = flashcl_ref_fp8_descale(desc, tensor, b, h, n);
                 double sum = 0.0;
                 for (int d = 0; d < head_dim; d++) {
-                    double e = flashcl_ref_load(x, dtype, base + (size_t)d);
+                    double e = sc * flashcl_ref_load(x, dtype, base + (size_t)d);
                     sum += e * e;
                 }
                 best = fmax(best, sqrt(sum));
@@ -657,16 +675,16 @@ static double max_row_norm(const void *x, flashcl_dtype dtype, flashcl_layout l,
 static double score_rounding_bound(const flashcl_attention_desc *desc, const void *q,
                                    const void *k, const void *v) {
     const int B = desc->batch, D = desc->head_dim;
-    double qn = max_row_norm(q, desc->dtype, desc->q, B, desc->seqlen_q, desc->heads_q, D);
-    double kn = max_row_norm(k, desc->dtype, desc->k, B, desc->seqlen_k, desc->heads_k, D);
+    double qn = max_row_norm(desc, 0, q, desc->dtype, desc->q, B, desc->seqlen_q, desc->heads_q, D);
+    double kn = max_row_norm(desc, 1, k, desc->dtype, desc->k, B, desc->seqlen_k, desc->heads_k, D);
     flashcl_layout vl = effective_layout(desc->v, desc->seqlen_k, desc->heads_k, D);
     double vmax = 0.0;
     for (int b = 0; b < B; b++)
         for (int n = 0; n < desc->seqlen_k; n++)
             for (int h = 0; h < desc->heads_k; h++)
                 for (int d = 0; d < D; d++)
-                    vmax = fmax(vmax, fabs(flashcl_ref_load(v, desc->dtype,
-                                                            row_index(&vl, b, n, h) + (size_t)d)));
+                    vmax = fmax(vmax, fabs(flashcl_ref_fp8_descale(desc, 2, b, h, n) *
+                                           flashcl_ref_load(v, desc->dtype, row_index(&vl, b, n, h) + (size_t)d)));
     return ldexp(1.0, -24) * effective_scale(desc) * qn * kn * vmax;
 }
 
@@ -715,7 +733,7 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
     double max_ref = 0.0;
     for (size_t n = 0; n < count; n++)
         max_ref = fmax(max_ref, fabs(ref[n]));
-    const double eps = flashcl_ref_epsilon(desc->dtype) * fmax(1.0, max_ref) +
+    const double eps = flashcl_ref_epsilon(out_dtype_of(desc)) * fmax(1.0, max_ref) +
                        score_rounding_bound(desc, q, k, v);
     report->plain_err = plain_err;
     report->tolerance = 2.0 * plain_err + eps;
@@ -729,7 +747,7 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
             for (int h = 0; h < Hq; h++) {
                 size_t at = row_index(&ol, b, i, h);
                 for (int d = 0; d < D; d++) {
-                    double got = flashcl_ref_load(out, desc->dtype, at + (size_t)d);
+                    double got = flashcl_ref_load(out, out_dtype_of(desc), at + (size_t)d);
                     double want = ref[(((size_t)b * Nq + i) * Hq + h) * D + d];
                     double e = isfinite(got) ? fabs(got - want) : INFINITY;
                     if (e > report->max_err)

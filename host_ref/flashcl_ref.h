@@ -27,6 +27,10 @@ uint16_t flashcl_ref_float_to_bf16(float f);
  * (cvt.rn.satfinite), NaN to 0x7f with the sign. */
 double flashcl_ref_fp8_decode(flashcl_dtype format, unsigned char bits);
 unsigned char flashcl_ref_fp8_encode(flashcl_dtype format, double value);
+/* The descale factor of an FP8 forward desc (flashcl_fp8_scales) for row
+ * `row` of head h (a query head for q, a KV head for k and v) of batch b;
+ * tensor 0 q, 1 k, 2 v. 1 when desc->dtype is not FP8 or the array is NULL. */
+double flashcl_ref_fp8_descale(const flashcl_attention_desc *desc, int tensor, int b, int h, int row);
 
 /* Element `index` of an array of `dtype`, widened to double. */
 double flashcl_ref_load(const void *base, flashcl_dtype dtype, size_t index);
@@ -85,8 +89,9 @@ void flashcl_ref_poison(void *base, flashcl_dtype dtype, size_t count);
  * second is what rounding float scores costs any kernel; plain is
  * flashcl_ref_attention_forward_plain; lse (if given) must match the double
  * LSE within 1e-3 + 1e-4|lse|, -inf exactly where the reference is -inf.
- * NaN anywhere fails. out is in desc->out layout and the storage dtype; lse is
- * float [batch][heads_q][seqlen_q] or NULL. */
+ * NaN anywhere fails. out is in desc->out layout and the storage dtype (an
+ * FP8 desc's out_dtype; its inputs are descale * decode(byte) throughout); lse
+ * is float [batch][heads_q][seqlen_q] or NULL. */
 typedef struct flashcl_ref_report {
     double max_err;      /* max |out - ref| (inf if out has NaN/inf) */
     double plain_err;    /* max |plain - ref|                        */

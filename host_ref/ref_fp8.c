@@ -44,3 +44,22 @@ unsigned char flashcl_ref_fp8_encode(flashcl_dtype format, double value) {
     }
     return (unsigned char)(sign | best);
 }
+
+double flashcl_ref_fp8_descale(const flashcl_attention_desc *desc, int tensor, int b, int h, int row) {
+    // sc: (1) per tensor; (B, H) per head; (B, H, ceil(N / block_rows)) per
+    // block of rows, for q and k only: v's factor scales the output, which
+    // mixes all of v's rows, so it is always per (batch, head).
+    if (desc->dtype != FLASHCL_FLOAT8_E4M3 && desc->dtype != FLASHCL_FLOAT8_E5M2)
+        return 1.0;
+    const flashcl_fp8_scales *s = &desc->fp8;
+    const float *sc = tensor == 0 ? s->q_descale : tensor == 1 ? s->k_descale : s->v_descale;
+    if (!sc)
+        return 1.0;
+    if (!s->per_head)
+        return sc[0];
+    const int heads = tensor == 0 ? desc->heads_q : desc->heads_k;
+    const int seqlen = tensor == 0 ? desc->seqlen_q : desc->seqlen_k;
+    const int by_block = tensor < 2 && s->block_rows > 0;
+    const long blocks = by_block ? (seqlen + s->block_rows - 1) / s->block_rows : 1;
+    return sc[((long)b * heads + h) * blocks + (by_block ? row / s->block_rows : 0)];
+}

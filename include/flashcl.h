@@ -157,9 +157,11 @@ typedef enum flashcl_dtype {
     FLASHCL_FLOAT16 = 1,  /* IEEE binary16 */
     FLASHCL_BFLOAT16 = 2, /* upper 16 bits of a binary32 */
     /* The OCP 8-bit formats, as PyTorch's float8_e4m3fn and float8_e5m2
-     * ("FP8" below). In this version the FP8 helpers take them, and a KV
-     * cache's page_dtype (FP8 pages); an attention call, or a KV cache's
-     * dtype, given one returns FLASHCL_ERROR_INVALID_ARGUMENT. */
+     * ("FP8" below). Taken by the FP8 helpers; for q, k and v by the dense
+     * forward (flashcl_attention_forward, _forward_host: see out_dtype and
+     * fp8 in flashcl_attention_desc); and as a KV cache's page_dtype (FP8
+     * pages). The backward, varlen, merge and a KV cache's dtype given one
+     * return FLASHCL_ERROR_INVALID_ARGUMENT with a message saying so. */
     FLASHCL_FLOAT8_E4M3 = 3, /* 1-4-3, bias 7: max 448, no infinity  */
     FLASHCL_FLOAT8_E5M2 = 4, /* 1-5-2, bias 15: max 57344, infinity */
 } flashcl_dtype;
@@ -188,8 +190,29 @@ typedef struct flashcl_layout {
  * `windowed` is nonzero (so a zeroed desc is not a diagonal-only window);
  * causal sets window_right to 0. A row that sees no key gets output 0 and
  * LSE -inf. */
+/* Descale factors of an FP8 forward (flash-attn 3's q_descale, k_descale,
+ * v_descale): the real inputs are descale * decode(byte). What the FP8
+ * quantize helpers (flashcl_fp8_quantize_host, flashcl_fp8_quantize) write
+ * with the same per_head and block_rows is what this takes. Pointers are host
+ * memory, read during the call (not kept); NULL means every factor is 1.
+ *   per_head 0:               one factor per tensor, [0]
+ *   per_head, block_rows 0:   [b * heads + h], heads = heads_q for q,
+ *                             heads_k for k and v
+ *   per_head, block_rows > 0: q and k get one factor per block_rows rows of
+ *                             each (batch, head),
+ *                             [(b * heads + h) * ceil(seqlen / block_rows) + row / block_rows]
+ *                             (seqlen = seqlen_q for q, seqlen_k for k); v
+ *                             stays per (batch, head): its factor multiplies
+ *                             the output, which mixes all its rows.
+ * Factors must be finite and > 0. */
+typedef struct flashcl_fp8_scales {
+    const float *q_descale, *k_descale, *v_descale;
+    int per_head;   /* zero: per tensor; nonzero: per (batch, head), see above */
+    int block_rows; /* > 0 (needs per_head): per block of rows for q and k; 0: off */
+} flashcl_fp8_scales;
+
 typedef struct flashcl_attention_desc {
-    flashcl_dtype dtype;      /* storage type of q, k, v and out            */
+    flashcl_dtype dtype;      /* storage type of q, k, v (and out unless FP8) */
     int batch;                /* >= 1                                       */
     int heads_q, heads_k;     /* heads_q % heads_k == 0 (MHA, GQA, MQA)     */
     int seqlen_q, seqlen_k;   /* >= 1, independent                          */
@@ -201,6 +224,14 @@ typedef struct flashcl_attention_desc {
     int window_right;         /* keys right of the diagonal seen; < 0: all  */
     float softcap;            /* > 0: scores become softcap*tanh(s/softcap) */
     flashcl_layout q, k, v, out;
+    /* Read only when dtype is FLASHCL_FLOAT8_E4M3 or _E5M2 (the forward
+     * only): q, k and v are FP8 bytes in the usual layouts (strides in
+     * elements = bytes), the real inputs descale * decode(byte) (fp8 below);
+     * the softmax scale applies to the dequantized scores. out is out_dtype:
+     * FLASHCL_FLOAT32 (= 0, so a zeroed desc gets float32), FLOAT16 or
+     * BFLOAT16; an FP8 out is refused. lse is float32 as always. */
+    flashcl_dtype out_dtype;
+    flashcl_fp8_scales fp8;
 } flashcl_attention_desc;
 
 /* Normalises and checks a descriptor without running anything: fills the
@@ -215,7 +246,11 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * lse (may be NULL): float32 [batch][heads_q][seqlen_q], at element
  * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
  * On error nothing is enqueued and no output is touched. `event` (may be
- * NULL) receives the kernel's event; the caller releases it. */
+ * NULL) receives the kernel's event; the caller releases it.
+ * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
+ * are copied during the call (the arrays may be freed when it returns) and
+ * uploaded without blocking; the portable kernel runs on GPUs, the cpu kernel
+ * on CPUs (the tensor-core kernels take 16-bit inputs only, for now). */
 FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
                                                      const flashcl_attention_desc *desc,
                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,
@@ -569,14 +604,30 @@ typedef struct flashcl_fp8_quant_desc {
     int batch, seqlen, heads, head_dim; /* >= 1 */
     flashcl_layout src;     /* zero strides: packed [batch][seqlen][heads][head_dim] */
     int per_head;           /* nonzero: a scale per (batch, head); zero: one for all */
+    /* > 0 (needs per_head): a scale per block_rows rows of each (batch,
+     * head), FlashAttention-3's block quantization, descale count
+     * batch * heads * ceil(seqlen / block_rows), index
+     * (b * heads + h) * ceil(seqlen / block_rows) + row / block_rows, as
+     * flashcl_fp8_scales reads it. Use it on q and k; v's scale multiplies
+     * the output and must stay per (batch, head). */
+    int block_rows;
+    /* Nonzero: incoherent processing (FlashAttention-3): each row x of
+     * head_dim elements is replaced by x M before it is quantized (and the
+     * amax taken), M = diag(s) H / sqrt(D) with s random +-1 signs drawn from
+     * this seed and H the Sylvester Hadamard matrix of order D = head_dim,
+     * which must be a power of two <= 256. M is orthogonal, so q and k
+     * quantized with the same seed give the same q k^T while an outlier is
+     * spread over the whole row. Not for v: out would come out rotated. */
+    unsigned long long hadamard_seed;
 } flashcl_fp8_quant_desc;
 
 /* Quantizes src (desc->src_dtype in desc->src's layout) into dst, packed
  * [batch][seqlen][heads][head_dim] bytes of desc->format, and writes the
  * descale factors: descale[b * heads + h] when per_head (flash-attn 3's
- * (batch, heads) descale shape), else descale[0]. A NaN or infinity in src
- * returns FLASHCL_ERROR_INVALID_ARGUMENT (an amax scale has no meaning then)
- * with nothing written; flashcl_last_error(NULL) says where. */
+ * (batch, heads) descale shape), per block as above with block_rows, else
+ * descale[0]. A NaN or infinity in src returns FLASHCL_ERROR_INVALID_ARGUMENT
+ * (an amax scale has no meaning then) with nothing written;
+ * flashcl_last_error(NULL) says where. */
 FLASHCL_API flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, const void *src,
                                                     unsigned char *dst, float *descale);
 /* The same on the device: src in desc->src's layout, dst at least
@@ -587,6 +638,21 @@ FLASHCL_API flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_des
  * `event` (may be NULL) receives it. A host context: FLASHCL_ERROR_UNSUPPORTED. */
 FLASHCL_API flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src,
                                                cl_mem dst, cl_mem descale, cl_event *event);
+
+/* The inverse, with the same desc: src is packed [batch][seqlen][heads]
+ * [head_dim] bytes of desc->format, descale as the quantize helpers write it
+ * for that desc (per tensor, per head or per row block), and dst receives
+ * descale * decode(byte) as desc->src_dtype in desc->src's layout (the float
+ * side). With hadamard_seed the rows are rotated back (x M^T), so
+ * dequantize(quantize(x)) approximates x. The elements dst's strides skip are
+ * left alone. Exact when src_dtype is float32 and no rotation: decoding is
+ * exact and descale * value is rounded once. */
+FLASHCL_API flashcl_status flashcl_fp8_dequantize_host(const flashcl_fp8_quant_desc *desc, const unsigned char *src,
+                                                      const float *descale, void *dst);
+/* The same on the device (enqueued, not blocking; `event` may be NULL). A
+ * host context: FLASHCL_ERROR_UNSUPPORTED. */
+FLASHCL_API flashcl_status flashcl_fp8_dequantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src,
+                                                 cl_mem descale, cl_mem dst, cl_event *event);
 
 /* ------------------------------------------------------------------------
  * Backward pass

@@ -11,7 +11,9 @@
 flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
     if (!d)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
-    if (flashcl_dtype_unusable(d->dtype))
+    /* FP8 q, k, v are the forward's alone (its checks: fp8_forward.c); every
+     * other call that resolves a desc refuses them itself. */
+    if (flashcl_dtype_is_fp8(d->dtype) ? flashcl_fp8_desc_problem(d) != NULL : flashcl_dtype_unusable(d->dtype) != NULL)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
     if (d->batch < 1 || d->heads_q < 1 || d->heads_k < 1 || d->seqlen_q < 1 || d->seqlen_k < 1 ||
         d->head_dim < 1)
@@ -47,7 +49,9 @@ static flashcl_status check_desc(flashcl_context *ctx, const flashcl_attention_d
     flashcl_status st = flashcl_attention_desc_resolve(r);
     if (st == FLASHCL_SUCCESS)
         return st;
-    if (flashcl_dtype_unusable(d->dtype))
+    if (flashcl_dtype_is_fp8(d->dtype) && flashcl_fp8_desc_problem(d))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "FP8 forward: %s", flashcl_fp8_desc_problem(d));
+    if (!flashcl_dtype_is_fp8(d->dtype) && flashcl_dtype_unusable(d->dtype))
         return flashcl_check_dtype(ctx, d->dtype);
     if (st == FLASHCL_ERROR_INVALID_SHAPE)
         return flashcl_fail(ctx, st,
@@ -65,10 +69,11 @@ typedef struct extents {
 } extents;
 
 static int tensor_extents(const flashcl_attention_desc *r, size_t lse_offset, extents *e) {
-    size_t es = flashcl_dtype_size(r->dtype);
+    /* An FP8 desc: q, k, v one byte an element, out out_dtype's size. */
+    size_t es = flashcl_dtype_size(r->dtype), es_out = flashcl_dtype_size(flashcl_out_dtype(r));
     size_t lse_count = (size_t)r->batch * (size_t)r->heads_q * (size_t)r->seqlen_q;
     e->q = flashcl_layout_bytes(&r->q, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es);
-    e->out = flashcl_layout_bytes(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es);
+    e->out = flashcl_layout_bytes(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es_out);
     e->k = flashcl_layout_bytes(&r->k, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
     e->v = flashcl_layout_bytes(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
     return e->q && e->out && e->k && e->v && lse_offset + lse_count >= lse_offset &&
@@ -203,7 +208,7 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", cap[40], order[32], options[512];
+    char define[32] = "", cap[40], order[32], fp8[32] = "", options[560];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     else if (!strcmp(v->name, "cpu")) /* the vector width flashcl_forward_local_bytes sizes for */
@@ -212,9 +217,12 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     flashcl_host_define(order, sizeof order, extra, "LPT_HEADS",
                         flashcl_variant_is_nv(v->name) ? flashcl_lpt_heads(r, v->name) : 0);
     flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", flashcl_nv_wgmma_max_registers(p, r->head_dim));
+    /* FP8: q, k, v decode in the kernel (cl/common.cl); DTYPE is out's type. */
+    if (flashcl_dtype_is_fp8(r->dtype))
+        snprintf(fp8, sizeof fp8, " -DQ_FP8=%d -DKV_FP8=%d", (int)r->dtype, (int)r->dtype);
     snprintf(options, sizeof options,
-             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
-             (int)r->dtype, r->head_dim, p->block_m, p->block_n, define,
+             "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
+             (int)flashcl_out_dtype(r), fp8, r->head_dim, p->block_m, p->block_n, define,
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
              !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
              extra ? " " : "", extra ? extra : "");
@@ -241,6 +249,12 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
         return st;
+    /* flashcl_nv_*_eligible keep FP8 off the tensor-core kernels; a
+     * tuning-file or set entry naming one for the FP8 class must not reach
+     * a kernel that would read the bytes as 16-bit values. */
+    if (flashcl_dtype_is_fp8(r->dtype) && flashcl_variant_is_nv(p.variant))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "the %s kernel does not take FP8 q, k, v (the portable and cpu kernels do)", p.variant);
     *tma = forward_tma_maps(ctx, r, &p, maps);
     st = build_forward(ctx, r, &p, *tma, kernel);
     if (st == FLASHCL_ERROR_BUILD_FAILED && *tma) {
@@ -331,6 +345,10 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
                             "work-item may walk at head_dim %d (the paged and varlen calls split the keys)",
                             ctx->info.name, row_keys, cap, r.head_dim);
 
+    const int fp8 = flashcl_dtype_is_fp8(r.dtype);
+    if (fp8 && (st = flashcl_fp8_check_scales(ctx, &r)) != FLASHCL_SUCCESS)
+        return st;
+
     cl_kernel kernel;
     size_t local[3], global[3];
     int tma = 0;
@@ -374,9 +392,38 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     err |= flashcl_set_tma_args(kernel, &a, tma ? maps : NULL, ctx->tma_slots);
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, CL_INVALID_KERNEL_ARGS, "clSetKernelArg failed");
-    err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL, event);
+    if (!fp8) {
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 0, NULL, event);
+        if (err != CL_SUCCESS)
+            return flashcl_fail(ctx, err, "launching flash_fwd: %s", flashcl_status_string(err));
+        return FLASHCL_SUCCESS;
+    }
+
+    /* FP8: the descale factors (FWD_FP8_ARGS in cl/common.cl), uploaded into
+     * the context's buffer; the kernel waits for the write and becomes the
+     * buffer's last reader, which the next call's write waits for. */
+    cl_event written = NULL, ran = NULL;
+    if ((st = flashcl_fp8_upload_scales(ctx, &r, &written)) != FLASHCL_SUCCESS)
+        return st;
+    size_t counts[3];
+    flashcl_fp8_scale_counts(&r, counts);
+    const cl_int sc[4] = {r.fp8.per_head != 0, r.fp8.per_head ? r.fp8.block_rows : 0, (cl_int)counts[0],
+                          (cl_int)(counts[0] + counts[1])};
+    err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &ctx->fp8_scales);
+    for (int i = 0; i < 4; ++i)
+        err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &sc[i]);
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 1, &written, &ran);
+    clReleaseEvent(written);
     if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "launching flash_fwd: %s", flashcl_status_string(err));
+        return flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));
+    if (ctx->fp8_scales_reader)
+        clReleaseEvent(ctx->fp8_scales_reader);
+    ctx->fp8_scales_reader = ran;
+    if (event) {
+        clRetainEvent(ran);
+        *event = ran;
+    }
     return FLASHCL_SUCCESS;
 }
 
@@ -398,6 +445,11 @@ flashcl_status flashcl_attention_forward_host(flashcl_context *ctx, const flashc
     extents e;
     if (!tensor_extents(&r, 0, &e))
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_BOUNDS, "strides or offsets overflow size_t");
+    if (ctx->is_host && flashcl_dtype_is_fp8(r.dtype)) {
+        if ((st = flashcl_fp8_check_scales(ctx, &r)) != FLASHCL_SUCCESS)
+            return st;
+        return flashcl_fp8_host_forward(ctx, &r, q, k, v, out, lse);
+    }
     if (ctx->is_host)
         return flashcl_host_forward(ctx, &r, q, k, v, out, lse);
 

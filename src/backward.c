@@ -34,6 +34,9 @@ static flashcl_status resolve(flashcl_context *ctx, const flashcl_attention_desc
                               flashcl_backward_options *o) {
     if (!desc)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc is NULL");
+    /* The resolve takes FP8 (for the forward); the backward does not. */
+    if (flashcl_dtype_is_fp8(desc->dtype))
+        return flashcl_check_dtype(ctx, desc->dtype);
     *r = *desc;
     flashcl_status st = flashcl_attention_desc_resolve(r);
     if (st == FLASHCL_ERROR_INVALID_SHAPE)

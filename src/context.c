@@ -514,6 +514,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
     flashcl_param_db_free(ctx->params_db);
     if (ctx->serving_meta_reader)
         clReleaseEvent(ctx->serving_meta_reader);
+    if (ctx->fp8_scales_reader)
+        clReleaseEvent(ctx->fp8_scales_reader);
     for (int i = 0; i < FLASHCL_STAGING_SLOTS; ++i) {
         if (ctx->serving_staging[i].written) { /* the write reads the host copy freed below */
             clWaitForEvents(1, &ctx->serving_staging[i].written);
@@ -527,6 +529,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseMemObject(ctx->serving_counters);
     if (ctx->tma_slots)
         clReleaseMemObject(ctx->tma_slots);
+    if (ctx->fp8_scales)
+        clReleaseMemObject(ctx->fp8_scales);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

@@ -93,6 +93,61 @@ static size_t src_index(const flashcl_layout *l, int b, int s, int h, int x) {
            (size_t)x;
 }
 
+/* Row blocks of a (batch, head) with block quantization (1 without). */
+static int row_blocks(const flashcl_fp8_quant_desc *d) {
+    return d->block_rows > 0 ? (d->seqlen + d->block_rows - 1) / d->block_rows : 1;
+}
+
+/* Descale factors written: one, one per (batch, head), or one per row block of each. */
+static size_t group_count(const flashcl_fp8_quant_desc *d) {
+    return d->per_head ? (size_t)d->batch * (size_t)d->heads * (size_t)row_blocks(d) : 1;
+}
+
+/* The group (descale index) of row s of head h of batch b, as flashcl_fp8_scales indexes it. */
+static size_t group_of(const flashcl_fp8_quant_desc *d, int b, int s, int h) {
+    if (!d->per_head)
+        return 0;
+    return ((size_t)b * (size_t)d->heads + (size_t)h) * (size_t)row_blocks(d) +
+           (d->block_rows > 0 ? (size_t)(s / d->block_rows) : 0);
+}
+
+/* Incoherent processing (hadamard_seed): the random signs s of
+ * M = diag(s) H / sqrt(D), +-1 from a splitmix64 stream of the seed, the same
+ * floats for both helpers (the device gets these). */
+static void hadamard_signs(unsigned long long seed, int dim, float *signs) {
+    uint64_t z = (uint64_t)seed;
+    for (int i = 0; i < dim; ++i) {
+        z += 0x9e3779b97f4a7c15ull;
+        uint64_t x = z;
+        x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+        x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+        x ^= x >> 31;
+        signs[i] = x >> 63 ? -1.0f : 1.0f;
+    }
+}
+
+/* row <- row M: signs, then the fast Walsh-Hadamard transform (Sylvester's
+ * H, butterflies in this order, which cl/fp8.cl's hadamard_row repeats so
+ * that the rounding is the same), then 1/sqrt(D) as the float inv_sqrt. */
+static void hadamard_row(float *row, int dim, const float *signs, float inv_sqrt) {
+    for (int i = 0; i < dim; ++i)
+        row[i] *= signs[i];
+    for (int len = 1; len < dim; len <<= 1)
+        for (int i = 0; i < dim; i += 2 * len)
+            for (int j = i; j < i + len; ++j) {
+                const float a = row[j], b = row[j + len];
+                row[j] = a + b;
+                row[j + len] = a - b;
+            }
+    for (int i = 0; i < dim; ++i)
+        row[i] *= inv_sqrt;
+}
+
+/* 1/sqrt(D) rounded once, here, for both helpers. */
+static float hadamard_inv_sqrt(int dim) {
+    return (float)(1.0 / sqrt((double)dim));
+}
+
 /* Checks desc for either quantize helper (ctx NULL for the host one). */
 static flashcl_status check_desc(flashcl_context *ctx, const char *fn, const flashcl_fp8_quant_desc *desc,
                                  const fp8_format **f) {
@@ -109,6 +164,15 @@ static flashcl_status check_desc(flashcl_context *ctx, const char *fn, const fla
     if (desc->batch < 1 || desc->seqlen < 1 || desc->heads < 1 || desc->head_dim < 1)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "%s: batch %d, seqlen %d, heads %d, head_dim %d (all >= 1)",
                             fn, desc->batch, desc->seqlen, desc->heads, desc->head_dim);
+    if (desc->block_rows < 0 || (desc->block_rows > 0 && !desc->per_head))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "%s: block_rows %d (>= 0; > 0 needs per_head: blocks are counted per (batch, head))", fn,
+                            desc->block_rows);
+    if (desc->hadamard_seed && (desc->head_dim > 256 || (desc->head_dim & (desc->head_dim - 1))))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "%s: hadamard_seed needs a head_dim that is a power of two <= 256 (Sylvester's "
+                            "Hadamard matrix), not %d",
+                            fn, desc->head_dim);
     return FLASHCL_SUCCESS;
 }
 
@@ -128,56 +192,83 @@ flashcl_status flashcl_fp8_quantize_host(const flashcl_fp8_quant_desc *desc, con
         return st;
     if (!src || !dst || !descale)
         return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize_host: a NULL argument");
-    /* Pass 1: amax per group, refusing non-finite input before any write. */
     const flashcl_layout l = src_layout(desc);
-    const int groups = desc->per_head ? desc->batch * desc->heads : 1;
-    float *amax = calloc(2 * (size_t)groups, sizeof *amax), *inv = amax + groups;
-    if (!amax)
+    const size_t groups = group_count(desc);
+    const int dim = desc->head_dim;
+    float *amax = calloc(2 * groups, sizeof *amax), *inv = amax + groups;
+    float *row = malloc((size_t)dim * 2 * sizeof *row), *signs = row + dim;
+    if (!amax || !row) {
+        free(amax), free(row);
         return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    }
+    const float inv_sqrt = hadamard_inv_sqrt(dim);
+    if (desc->hadamard_seed)
+        hadamard_signs(desc->hadamard_seed, dim, signs);
+    /* Pass 1: amax per group (after the rotation), refusing non-finite input
+     * (checked before the rotation, which would smear it) before any write. */
     for (int b = 0; b < desc->batch; ++b)
-        for (int h = 0; h < desc->heads; ++h) {
-            float *a = &amax[desc->per_head ? b * desc->heads + h : 0];
-            for (int s = 0; s < desc->seqlen; ++s)
-                for (int x = 0; x < desc->head_dim; ++x) {
-                    const float v = flashcl_host_load(src, desc->src_dtype, src_index(&l, b, s, h, x));
-                    if (!isfinite(v)) {
-                        free(amax);
+        for (int h = 0; h < desc->heads; ++h)
+            for (int s = 0; s < desc->seqlen; ++s) {
+                for (int x = 0; x < dim; ++x) {
+                    row[x] = flashcl_host_load(src, desc->src_dtype, src_index(&l, b, s, h, x));
+                    if (!isfinite(row[x])) {
+                        const int is_nan = isnan(row[x]);
+                        free(amax), free(row);
                         return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT,
                                             "flashcl_fp8_quantize_host: %s at (batch %d, seq %d, head %d, dim %d)",
-                                            isnan(v) ? "NaN" : "infinity", b, s, h, x);
+                                            is_nan ? "NaN" : "infinity", b, s, h, x);
                     }
-                    *a = fmaxf(*a, fabsf(v));
                 }
-        }
-    for (int g = 0; g < groups; ++g)
+                if (desc->hadamard_seed)
+                    hadamard_row(row, dim, signs, inv_sqrt);
+                float *a = &amax[group_of(desc, b, s, h)];
+                for (int x = 0; x < dim; ++x)
+                    *a = fmaxf(*a, fabsf(row[x]));
+            }
+    for (size_t g = 0; g < groups; ++g)
         group_scales(f, amax[g], &descale[g], &inv[g]);
     /* Pass 2: x * inv, rounded. */
     size_t o = 0;
     for (int b = 0; b < desc->batch; ++b)
         for (int s = 0; s < desc->seqlen; ++s)
             for (int h = 0; h < desc->heads; ++h) {
-                const float sc = inv[desc->per_head ? b * desc->heads + h : 0];
-                for (int x = 0; x < desc->head_dim; ++x)
-                    dst[o++] = flashcl_fp8_encode(desc->format,
-                                                  flashcl_host_load(src, desc->src_dtype, src_index(&l, b, s, h, x)) * sc);
+                const float sc = inv[group_of(desc, b, s, h)];
+                for (int x = 0; x < dim; ++x)
+                    row[x] = flashcl_host_load(src, desc->src_dtype, src_index(&l, b, s, h, x));
+                if (desc->hadamard_seed)
+                    hadamard_row(row, dim, signs, inv_sqrt);
+                for (int x = 0; x < dim; ++x)
+                    dst[o++] = flashcl_fp8_encode(desc->format, row[x] * sc);
             }
-    free(amax);
+    free(amax), free(row);
     flashcl_clear_error(NULL);
     return FLASHCL_SUCCESS;
 }
 
 /* ---- on the device (cl/fp8.cl) ---------------------------------------------------------------- */
 
-/* Sets the row arguments shared by both kernels (ROW_ARGS in cl/fp8.cl). */
-static cl_int set_row_args(cl_kernel k, const flashcl_fp8_quant_desc *d, const flashcl_layout *l, cl_mem src) {
+/* Sets the row arguments shared by both kernels (ROW_ARGS in cl/fp8.cl);
+ * *next: the index of the kernel's next argument. signs: the Hadamard signs
+ * (NULL without hadamard_seed: the kernel is built without those arguments). */
+static cl_int set_row_args(cl_kernel k, const flashcl_fp8_quant_desc *d, const flashcl_layout *l, cl_mem src,
+                           cl_mem signs, cl_uint *next) {
     const cl_ulong u[4] = {l->offset, l->stride_batch, l->stride_seq, l->stride_head};
     const cl_int heads = d->heads, dim = d->head_dim, per_head = d->per_head != 0;
-    cl_int err = clSetKernelArg(k, 0, sizeof src, &src);
+    const cl_int block_rows = d->per_head && d->block_rows > 0 ? d->block_rows : 0;
+    cl_uint a = 0;
+    cl_int err = clSetKernelArg(k, a++, sizeof src, &src);
     for (int i = 0; i < 4; ++i)
-        err |= clSetKernelArg(k, (cl_uint)(1 + i), sizeof u[i], &u[i]);
-    err |= clSetKernelArg(k, 5, sizeof heads, &heads);
-    err |= clSetKernelArg(k, 6, sizeof dim, &dim);
-    err |= clSetKernelArg(k, 7, sizeof per_head, &per_head);
+        err |= clSetKernelArg(k, a++, sizeof u[i], &u[i]);
+    err |= clSetKernelArg(k, a++, sizeof heads, &heads);
+    err |= clSetKernelArg(k, a++, sizeof dim, &dim);
+    err |= clSetKernelArg(k, a++, sizeof per_head, &per_head);
+    err |= clSetKernelArg(k, a++, sizeof block_rows, &block_rows);
+    if (signs) {
+        const cl_float inv_sqrt = hadamard_inv_sqrt(d->head_dim);
+        err |= clSetKernelArg(k, a++, sizeof signs, &signs);
+        err |= clSetKernelArg(k, a++, sizeof inv_sqrt, &inv_sqrt);
+    }
+    *next = a;
     return err;
 }
 
@@ -192,8 +283,11 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     if (st)
         return st;
     const flashcl_layout l = src_layout(desc);
-    const int groups = desc->per_head ? desc->batch * desc->heads : 1;
     const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
+    if (group_count(desc) >= (size_t)1 << 28)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize: %zu descale factors are too many",
+                            group_count(desc));
+    const int groups = (int)group_count(desc);
     if ((st = flashcl_check_buffer(ctx, "src", src,
                                    flashcl_layout_bytes(&l, desc->batch, desc->seqlen, desc->heads, desc->head_dim,
                                                         flashcl_dtype_size(desc->src_dtype)))) ||
@@ -203,16 +297,22 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     if (dst == src || descale == src || descale == dst)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize: src, dst and descale must differ");
 
-    char options[96];
+    char options[128];
     cl_kernel k_amax, k_quant;
     const int is_e5m2 = desc->format == FLASHCL_FLOAT8_E5M2;
+    const int hadamard = desc->hadamard_seed ? desc->head_dim : 0; /* HADAMARD: the row length, fixed at build */
     /* One kernel per (file, options): a -D naming each kernel keeps them apart. */
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DFP8_KERNEL=1", (int)desc->src_dtype, is_e5m2);
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=1",
+             (int)desc->src_dtype, is_e5m2, hadamard);
     if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_amax", options, &k_amax)))
         return st;
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DFP8_KERNEL=2", (int)desc->src_dtype, is_e5m2);
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=2",
+             (int)desc->src_dtype, is_e5m2, hadamard);
     if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_quantize", options, &k_quant)))
         return st;
+    float signs_host[256];
+    if (hadamard)
+        hadamard_signs(desc->hadamard_seed, desc->head_dim, signs_host);
 
     /* amax: groups + 1 uints; inv: groups floats. */
     cl_int err;
@@ -220,8 +320,13 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     float *scales = calloc(2 * (size_t)groups, sizeof(float));
     cl_mem scratch = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, ((size_t)groups + 1) * 4, NULL, &err);
     cl_mem inv = scratch ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY, (size_t)groups * 4, NULL, &err) : NULL;
-    if (!host || !scales || !scratch || !inv) {
+    cl_mem signs = inv && hadamard ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR,
+                                                    (size_t)hadamard * sizeof(float), signs_host, &err)
+                                   : NULL;
+    if (!host || !scales || !scratch || !inv || (hadamard && !signs)) {
         free(host), free(scales);
+        if (inv)
+            clReleaseMemObject(inv);
         if (scratch)
             clReleaseMemObject(scratch);
         return !host || !scales ? flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory")
@@ -230,8 +335,9 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     const size_t global[3] = {(size_t)desc->seqlen, (size_t)desc->heads, (size_t)desc->batch};
     /* 1. amax, read back (blocking): a NaN or infinity is refused before anything is written. */
     err = clEnqueueWriteBuffer(ctx->queue, scratch, CL_TRUE, 0, ((size_t)groups + 1) * 4, host, 0, NULL, NULL);
-    err |= set_row_args(k_amax, desc, &l, src);
-    err |= clSetKernelArg(k_amax, 8, sizeof scratch, &scratch);
+    cl_uint next;
+    err |= set_row_args(k_amax, desc, &l, src, signs, &next);
+    err |= clSetKernelArg(k_amax, next, sizeof scratch, &scratch);
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, k_amax, 3, NULL, global, NULL, 0, NULL, NULL);
     if (err == CL_SUCCESS)
@@ -239,13 +345,16 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     if (err != CL_SUCCESS) {
         st = flashcl_fail(ctx, err, "flashcl_fp8_quantize: the amax pass failed: %s", flashcl_status_string(err));
     } else if (host[groups] >= 0x7f800000u) {
+        /* amax[groups] is the maximum before any rotation, which would turn
+         * an infinity into NaN; the groups' own are after it. */
         int g = 0;
         while (g < groups && host[g] < 0x7f800000u)
             ++g;
+        const int bh = g / row_blocks(desc);
         st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
                           "flashcl_fp8_quantize: src holds a %s (in batch %d, head %d%s); nothing written",
-                          host[groups] > 0x7f800000u ? "NaN" : "infinity", desc->per_head ? g / desc->heads : 0,
-                          desc->per_head ? g % desc->heads : 0, desc->per_head ? "" : " or later: per-tensor amax");
+                          host[groups] > 0x7f800000u ? "NaN" : "infinity", desc->per_head ? bh / desc->heads : 0,
+                          desc->per_head ? bh % desc->heads : 0, desc->per_head ? "" : " or later: per-tensor amax");
     } else {
         /* 2. the scales, on the host; 3. the bytes. */
         for (int g = 0; g < groups; ++g) {
@@ -256,9 +365,9 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
         err = clEnqueueWriteBuffer(ctx->queue, descale, CL_TRUE, 0, (size_t)groups * 4, scales, 0, NULL, NULL);
         err |= clEnqueueWriteBuffer(ctx->queue, inv, CL_TRUE, 0, (size_t)groups * 4, scales + groups, 0, NULL, NULL);
         if (err == CL_SUCCESS) {
-            err = set_row_args(k_quant, desc, &l, src);
-            err |= clSetKernelArg(k_quant, 8, sizeof inv, &inv);
-            err |= clSetKernelArg(k_quant, 9, sizeof dst, &dst);
+            err = set_row_args(k_quant, desc, &l, src, signs, &next);
+            err |= clSetKernelArg(k_quant, next, sizeof inv, &inv);
+            err |= clSetKernelArg(k_quant, next + 1, sizeof dst, &dst);
         }
         if (err == CL_SUCCESS)
             err = clEnqueueNDRangeKernel(ctx->queue, k_quant, 3, NULL, global, NULL, 0, NULL, event);
@@ -268,6 +377,108 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     /* Released while the kernel may still run: OpenCL keeps them until it ends. */
     clReleaseMemObject(inv);
     clReleaseMemObject(scratch);
+    if (signs)
+        clReleaseMemObject(signs);
     free(host), free(scales);
     return st;
+}
+
+/* ---- dequantization ---------------------------------------------------------------------------- */
+
+/* y <- y M^T = y H diag(signs) / sqrt(D): cl/fp8.cl's fp8_dequantize order. */
+static void hadamard_row_back(float *row, int dim, const float *signs, float inv_sqrt) {
+    for (int len = 1; len < dim; len <<= 1)
+        for (int i = 0; i < dim; i += 2 * len)
+            for (int j = i; j < i + len; ++j) {
+                const float a = row[j], b = row[j + len];
+                row[j] = a + b;
+                row[j + len] = a - b;
+            }
+    for (int i = 0; i < dim; ++i)
+        row[i] = row[i] * inv_sqrt * signs[i];
+}
+
+flashcl_status flashcl_fp8_dequantize_host(const flashcl_fp8_quant_desc *desc, const unsigned char *src,
+                                           const float *descale, void *dst) {
+    const fp8_format *f;
+    flashcl_status st = check_desc(NULL, "flashcl_fp8_dequantize_host", desc, &f);
+    if (st)
+        return st;
+    if (!src || !dst || !descale)
+        return flashcl_fail(NULL, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_dequantize_host: a NULL argument");
+    const int dim = desc->head_dim;
+    float *row = malloc((size_t)dim * 2 * sizeof *row), *signs = row + dim;
+    if (!row)
+        return flashcl_fail(NULL, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+    if (desc->hadamard_seed)
+        hadamard_signs(desc->hadamard_seed, dim, signs);
+    const float inv_sqrt = hadamard_inv_sqrt(dim);
+    const flashcl_layout l = src_layout(desc);
+    size_t in = 0;
+    for (int b = 0; b < desc->batch; ++b)
+        for (int s = 0; s < desc->seqlen; ++s)
+            for (int h = 0; h < desc->heads; ++h) {
+                const float sc = descale[group_of(desc, b, s, h)];
+                for (int x = 0; x < dim; ++x)
+                    row[x] = flashcl_fp8_decode(desc->format, src[in++]) * sc;
+                if (desc->hadamard_seed)
+                    hadamard_row_back(row, dim, signs, inv_sqrt);
+                for (int x = 0; x < dim; ++x)
+                    flashcl_host_store(dst, desc->src_dtype, src_index(&l, b, s, h, x), row[x]);
+            }
+    free(row);
+    flashcl_clear_error(NULL);
+    return FLASHCL_SUCCESS;
+}
+
+flashcl_status flashcl_fp8_dequantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src,
+                                      cl_mem descale, cl_mem dst, cl_event *event) {
+    FLASHCL_LOCKED(ctx);
+    const flashcl_status entry = flashcl_device_entry(ctx, "flashcl_fp8_dequantize_host");
+    if (entry != FLASHCL_SUCCESS)
+        return entry;
+    const fp8_format *f;
+    flashcl_status st = check_desc(ctx, "flashcl_fp8_dequantize", desc, &f);
+    if (st)
+        return st;
+    const flashcl_layout l = src_layout(desc);
+    const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
+    if ((st = flashcl_check_buffer(ctx, "src", src, n)) ||
+        (st = flashcl_check_buffer(ctx, "descale", descale, group_count(desc) * sizeof(float))) ||
+        (st = flashcl_check_buffer(ctx, "dst", dst,
+                                   flashcl_layout_bytes(&l, desc->batch, desc->seqlen, desc->heads, desc->head_dim,
+                                                        flashcl_dtype_size(desc->src_dtype)))))
+        return st;
+    if (dst == src || dst == descale)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_dequantize: dst must differ from src and descale");
+    char options[128];
+    cl_kernel kernel;
+    const int hadamard = desc->hadamard_seed ? desc->head_dim : 0;
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=3",
+             (int)desc->src_dtype, desc->format == FLASHCL_FLOAT8_E5M2, hadamard);
+    if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_dequantize", options, &kernel)))
+        return st;
+    float signs_host[256];
+    cl_int err = CL_SUCCESS;
+    cl_mem signs = NULL;
+    if (hadamard) {
+        hadamard_signs(desc->hadamard_seed, desc->head_dim, signs_host);
+        signs = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_ONLY | CL_MEM_COPY_HOST_PTR, (size_t)hadamard * sizeof(float),
+                               signs_host, &err);
+        if (!signs)
+            return flashcl_fail(ctx, err, "flashcl_fp8_dequantize: signs: %s", flashcl_status_string(err));
+    }
+    /* The row arguments are quantize's, with dst in src's place. */
+    cl_uint next;
+    err = set_row_args(kernel, desc, &l, dst, signs, &next);
+    err |= clSetKernelArg(kernel, next, sizeof descale, &descale);
+    err |= clSetKernelArg(kernel, next + 1, sizeof src, &src);
+    const size_t global[3] = {(size_t)desc->seqlen, (size_t)desc->heads, (size_t)desc->batch};
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, NULL, 0, NULL, event);
+    if (signs)
+        clReleaseMemObject(signs); /* kept by OpenCL until the kernel ends */
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "flashcl_fp8_dequantize: %s", flashcl_status_string(err));
+    return FLASHCL_SUCCESS;
 }

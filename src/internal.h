@@ -116,6 +116,13 @@ struct flashcl_context {
      * (FLASHCL_TMA_SLOT_BYTES each), grown to the largest grid. */
     cl_mem tma_slots;
     size_t tma_slots_bytes;
+    /* fp8_forward.c: the FP8 forward's descale factors, uploaded per call
+     * through the staging copies above into this buffer (grown, kept);
+     * fp8_scales_reader, the last forward that read it, which the next
+     * upload waits for (so calls stay ordered on out-of-order queues). */
+    cl_mem fp8_scales;
+    size_t fp8_scales_bytes;
+    cl_event fp8_scales_reader;
 };
 
 /* ---- the context's lock (context.c) ---- */
@@ -513,8 +520,24 @@ float flashcl_host_load(const void *base, flashcl_dtype dtype, size_t i);
 /* ---- FP8 (fp8.c) ---- */
 int flashcl_dtype_is_fp8(flashcl_dtype dtype);
 /* Why attention cannot take tensors of dtype (an unknown value, or FP8,
- * which only the FP8 helpers take in this version), or NULL when it can. */
+ * which only the dense forward and the FP8 helpers take in this version), or
+ * NULL when it can. The dense forward checks FP8 itself (fp8_forward.c). */
 const char *flashcl_dtype_unusable(flashcl_dtype dtype);
+/* ---- the FP8 forward (fp8_forward.c) ---- */
+/* The storage type of out: out_dtype for an FP8 desc, else dtype. */
+flashcl_dtype flashcl_out_dtype(const flashcl_attention_desc *d);
+/* Why an FP8 desc's out_dtype or fp8 scales' mode is refused, or NULL. */
+const char *flashcl_fp8_desc_problem(const flashcl_attention_desc *d);
+/* Descale counts of q, k and v for a resolved FP8 desc (flashcl_fp8_scales). */
+void flashcl_fp8_scale_counts(const flashcl_attention_desc *r, size_t counts[3]);
+/* Checks the caller's factors (finite, > 0); fails on ctx naming the first bad one. */
+flashcl_status flashcl_fp8_check_scales(flashcl_context *ctx, const flashcl_attention_desc *r);
+/* Uploads r's factors [q | k | v] (1 for a NULL array) into ctx->fp8_scales;
+ * *written: the write, which the kernel waits for. */
+flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_attention_desc *r, cl_event *written);
+/* The host path: dequantizes to float32 and runs flashcl_host_forward. */
+flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_attention_desc *r, const void *q,
+                                        const void *k, const void *v, void *out, float *lse);
 /* FLASHCL_SUCCESS, or INVALID_ARGUMENT with that reason as ctx's last error. */
 flashcl_status flashcl_check_dtype(flashcl_context *ctx, flashcl_dtype dtype);
 void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value);

@@ -181,6 +181,7 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         const size_t dpad = (d + lanes - 1) / lanes * lanes, npad = (n + 3) / 4 * 4;
         floats = d * mpad + npad * d + n * dpad + npad * mpad + mpad * dpad + 3 * mpad;
     } else if (!strcmp(p->variant, "portable")) { /* q, K/V, S, reductions (+1 padding per row) */
+        /* FP8 tiles are decoded into these float tiles: the same bytes. */
         /* RPT in cl/flash_fwd.cl: 2 rows per work-item where the tiles divide,
          * and then a row's reduction has 2*TPR partials */
         const size_t tpr = (size_t)p->threads_per_row;
@@ -318,14 +319,20 @@ static int nv_tensor_cores(const flashcl_context *ctx) {
     return !flashcl_variant_forced("portable") && !ctx->is_host && ctx->info.nv_cc_major >= 8;
 }
 
+/* The 16-bit tensor-core kernels read q, k, v as f16/bf16: FP8 descs take
+ * the portable kernel on GPUs (and the cpu one on CPUs), which decode FP8. */
+static int sixteen_bit(const flashcl_attention_desc *desc) {
+    return desc->dtype == FLASHCL_FLOAT16 || desc->dtype == FLASHCL_BFLOAT16;
+}
+
 int flashcl_nv_mma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
-    return nv_tensor_cores(ctx) && desc->dtype != FLASHCL_FLOAT32 && desc->head_dim >= 32 && desc->head_dim <= 256;
+    return nv_tensor_cores(ctx) && sixteen_bit(desc) && desc->head_dim >= 32 && desc->head_dim <= 256;
 }
 
 /* sm_90a code runs on compute capability 9.0 exactly; the kernel takes head dims 32..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
     return nv_tensor_cores(ctx) && !ctx->no_sm90a && !flashcl_variant_forced("nv-mma") &&
-           ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 && desc->dtype != FLASHCL_FLOAT32 &&
+           ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 && sixteen_bit(desc) &&
            desc->head_dim >= 32 && desc->head_dim <= 128;
 }
 

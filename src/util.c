@@ -31,7 +31,8 @@ flashcl_status flashcl_check_dtype(flashcl_context *ctx, flashcl_dtype dtype) {
 
 const char *flashcl_dtype_unusable(flashcl_dtype dtype) {
     if (flashcl_dtype_is_fp8(dtype))
-        return "float8 tensors are taken only by the FP8 helpers (flashcl_fp8_quantize_host) in this version";
+        return "float8 tensors are taken only by the dense forward (flashcl_attention_forward) and the FP8 helpers "
+               "in this version";
     return flashcl_dtype_size(dtype) ? NULL : "unknown dtype";
 }
 

@@ -97,6 +97,8 @@ static flashcl_status plan(flashcl_context *ctx, const flashcl_varlen_desc *desc
     /* The dense resolve checks dtype, heads, head_dim, scale and softcap (on
      * a stand-in length of 1) and turns causal into the bottom-right window. */
     flashcl_attention_desc *w = &p->whole;
+    if (flashcl_dtype_is_fp8(r->dtype)) /* the dense resolve takes FP8, for the forward only */
+        return flashcl_check_dtype(ctx, r->dtype);
     w->dtype = r->dtype;
     w->batch = w->seqlen_q = w->seqlen_k = 1;
     w->heads_q = r->heads_q;

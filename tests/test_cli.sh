@@ -168,6 +168,33 @@ if run_attention "native-order descr" --q qpipe.npy --k keq.npy --v v32.npy; the
     ok "attention accepts '|f4' and '=f4'"
 fi
 
+# ---- attention --dtype e4m3|e5m2: FP8 --------------------------------------------
+# The constant inputs quantize exactly (q, k: 0.5 -> 448 * (0.5/448); v's row
+# 1 2 -0.5 0.25 -> 224 448 -112 56 times 2/448), so the known answers hold,
+# written as float32 whatever the inputs' dtype, and the RMSE against float64
+# on the unquantized inputs is tiny.
+rmse_small() { # the printed RMSE is below 1e-5
+    awk '/RMSE/ { for (i = 1; i <= NF; i++) if ($i == "RMSE") r = $(i + 1) } END { exit !(r != "" && r + 0 < 1e-5) }' out.txt
+}
+if run_attention "e4m3" --q q32.npy --k k32.npy --v v32.npy --dtype e4m3; then
+    if check_out o.npy f4 4 4 "7 7 7 7 7" && check_lse lse.npy 4 0.5 "7 7 7 7 7" && rmse_small &&
+        grep -q 'e4m3, per-tensor quantization, out float32' out.txt; then
+        ok "attention --dtype e4m3: out = v row as float32, lse, the RMSE printed"
+    else bad "attention --dtype e4m3: $(cat out.txt)"; fi
+fi
+if run_attention "e5m2 block causal" --q q16.npy --k k16.npy --v v16.npy --causal --dtype e5m2 --block-quant; then
+    if check_out o.npy f4 2 4 "0 0 1 2 3 4" && check_lse lse.npy 2 0.5 "0 0 1 2 3 4" && rmse_small &&
+        grep -q 'per-head 64-row block quantization' out.txt; then
+        ok "attention --dtype e5m2 --block-quant from float16 inputs, causal: float32 out, empty rows 0 / -inf"
+    else bad "attention --dtype e5m2 --block-quant: $(cat out.txt)"; fi
+fi
+if run_attention "e4m3 hadamard" --q q32.npy --k k32.npy --v v32.npy --dtype e4m3 --block-quant --hadamard \
+    --device host; then
+    if check_out o.npy f4 4 4 "7 7 7 7 7" && check_lse lse.npy 4 0.5 "7 7 7 7 7" &&
+        grep -q 'with Hadamard rotation of q and k' out.txt; then
+        ok "attention --dtype e4m3 --block-quant --hadamard on the host path: q k^T unchanged"
+    else bad "attention --dtype e4m3 --hadamard: $(cat out.txt)"; fi
+fi
 # ---- attention: malformed and inconsistent inputs -----------------------------
 good_size=$(wc -c <q32.npy)
 printf 'NOTNUMPY and some more bytes to make it long enough\n' >badmagic.npy
@@ -327,6 +354,22 @@ expect_status 2 "--lse ./o with --out o" attention --q qcopy.npy --k k32.npy --v
 [ "$(cksum <qcopy.npy)" = "$sum_before" ] || bad "a refused run changed its input"
 no_outputs_left || bad "refused same-file runs left output files"
 rm -f qcopy.npy qlink.npy qsym.npy
+
+# ---- attention --dtype: refusals, and bench --dtype e4m3,e5m2 ------------------
+expect_status 2 "--block-quant without --dtype" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy --block-quant
+grep -q 'needs --dtype e4m3 or e5m2' err.txt && ok "  says it needs --dtype" || bad "--block-quant alone: $(cat err.txt)"
+expect_status 2 "--dtype f16 refused" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy --dtype f16
+grep -q 'wants e4m3 or e5m2' err.txt && ok "  names the choices" || bad "--dtype f16: $(cat err.txt)"
+expect_status 2 "--dtype e4m3 --paged refused" attention --q q32.npy --k k32.npy --v v32.npy --out o.npy \
+    --dtype e4m3 --paged 4
+const_npy q6.npy '<f4' '1, 2, 1, 6' 12 "$F32_HALF"
+expect_status 1 "--hadamard on head_dim 6 fails" attention --q q6.npy --k q6.npy --v q6.npy --out o.npy --lse lse.npy \
+    --dtype e4m3 --hadamard
+grep -q 'power of two' err.txt && no_outputs_left && ok "  says why, writes nothing" ||
+    bad "--hadamard head_dim 6: $(cat err.txt)"
+expect_status 0 "bench --dtype e4m3,e5m2, one small shape" bench --dtype e4m3,e5m2 --shape 1,2,64,32 --iters 1 --warmup 0
+[ "$(grep -Ec '^(e4m3|e5m2) .* pass ' out.txt)" -eq 4 ] && ok "  four validated FP8 rows" ||
+    bad "bench --dtype e4m3,e5m2: $(cat out.txt)"
 
 # ---- the other subcommands ----------------------------------------------------
 expect_status 0 "devices" devices

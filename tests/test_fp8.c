@@ -8,7 +8,8 @@
  * bfloat16, packed and strided) gives the reference's bytes and scales, and
  * refuses NaN or infinity without writing, on the host and (where the test
  * device is an OpenCL one) on the device, which must give the host's bytes;
- * attention calls refuse FP8 tensors with a message.
+ * the merge refuses FP8 tensors with a message (the forward's FP8 path and
+ * the quantize options are tests/test_fp8_forward.c's).
  */
 #include <math.h>
 #include <stdio.h>
@@ -288,24 +289,24 @@ static void device_refuses(flashcl_context *ctx) {
     clReleaseMemObject(bs), clReleaseMemObject(bd), clReleaseMemObject(bsc);
 }
 
-/* Attention does not take FP8 tensors yet: refused, with the reason. */
-static void attention_refuses_fp8(void) {
-    flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 4, 4, 8);
-    d.causal = 1;
-    expect(flashcl_attention_desc_resolve(&d) == FLASHCL_ERROR_INVALID_ARGUMENT,
-           "attention desc with an FP8 dtype is refused", &failures);
+/* The dense forward takes FP8 q, k, v (tests/test_fp8_forward.c); the merge
+ * does not: refused, with the reason, nothing written. */
+static void merge_refuses_fp8(void) {
+    flashcl_merge_desc d = test_merge_desc(FLASHCL_FLOAT8_E4M3, 1, 4, 1, 8);
     flashcl_context *ctx = NULL;
     if (flashcl_context_create(&ctx, "host") != FLASHCL_SUCCESS) {
         expect(0, "a host context", &failures);
         return;
     }
-    unsigned char q[32], k[32], v[32], out[32];
-    memset(q, 0, sizeof q), memset(k, 0, sizeof k), memset(v, 0, sizeof v);
+    unsigned char o1[32], o2[32], out[32];
+    float l1[4] = {0}, l2[4] = {0}, lse[4];
+    memset(o1, 0x38, sizeof o1), memset(o2, 0x38, sizeof o2);
     memset(out, 0x5a, sizeof out);
-    const flashcl_status st = flashcl_attention_forward_host(ctx, &d, q, k, v, out, NULL);
+    memset(lse, 0x5a, sizeof lse);
+    const flashcl_status st = flashcl_attention_merge_host(ctx, &d, o1, l1, o2, l2, out, lse);
     expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(ctx), "float8") && out[0] == 0x5a &&
-               out[31] == 0x5a,
-           "the host forward refuses FP8 tensors, says why, writes nothing", &failures);
+               out[31] == 0x5a && ((unsigned char *)lse)[0] == 0x5a,
+           "the merge refuses FP8 tensors, says why, writes nothing", &failures);
     flashcl_context_destroy(ctx);
 }
 
@@ -326,7 +327,7 @@ int main(void) {
         device_refuses(dev);
     else
         printf("no OpenCL device: the device quantize helper is not checked\n");
-    attention_refuses_fp8();
+    merge_refuses_fp8();
     flashcl_context_destroy(ctx);
     return test_summary(failures);
 }

@@ -1,5 +1,6 @@
 /* test_threads.c: one context shared by several threads. Each thread runs the
- * forward (float32 and float16), the backward, speculative verification, paged attention through a
+ * forward (float32, float16, and FP8 with per-head descale factors of its
+ * own, which travel through the context's shared upload buffer), the backward, speculative verification, paged attention through a
  * shared KV cache, and a forward on an adopted context whose queue the
  * application also uses, over and over with inputs of its own; every result
  * must equal, bit for bit, what the same call gave when run alone. Errors are
@@ -33,7 +34,9 @@ enum {
 /* One thread's inputs and the results its calls gave when run alone. */
 typedef struct job {
     int id, paged_keys;
-    flashcl_attention_desc desc, half_desc;
+    flashcl_attention_desc desc, half_desc, fp8_desc;
+    unsigned char q8[DENSE], k8[DENSE_K], v8[DENSE_K];
+    float q8_scale[B * HQ], k8_scale[B * HK], v8_scale[B * HK], out8[DENSE], lse8[LSE];
     uint16_t hq[HALF], hk[HALF_K], hv[HALF_K], hout[HALF];
     float hlse[B * HQ * HN];
     float q[DENSE], k[DENSE_K], v[DENSE_K], dout[DENSE];
@@ -85,6 +88,16 @@ static void job_init(job *j, int id, uint64_t seed) {
     flashcl_ref_fill_normal(&rng, j->hq, FLASHCL_FLOAT16, HALF, 1.0);
     flashcl_ref_fill_normal(&rng, j->hk, FLASHCL_FLOAT16, HALF_K, 1.0);
     flashcl_ref_fill_normal(&rng, j->hv, FLASHCL_FLOAT16, HALF_K, 1.0);
+    /* FP8: the float32 inputs quantized per head; each thread's factors differ. */
+    j->fp8_desc = *d;
+    j->fp8_desc.dtype = FLASHCL_FLOAT8_E4M3;
+    j->fp8_desc.fp8 = (flashcl_fp8_scales){j->q8_scale, j->k8_scale, j->v8_scale, 1, 0};
+    flashcl_fp8_quant_desc qd = {.format = FLASHCL_FLOAT8_E4M3, .src_dtype = FLASHCL_FLOAT32, .batch = B,
+                                 .seqlen = N, .heads = HQ, .head_dim = D, .per_head = 1};
+    flashcl_fp8_quantize_host(&qd, j->q, j->q8, j->q8_scale);
+    qd.heads = HK;
+    flashcl_fp8_quantize_host(&qd, j->k, j->k8, j->k8_scale);
+    flashcl_fp8_quantize_host(&qd, j->v, j->v8, j->v8_scale);
     for (int i = 0; i < SPEC_BATCH * SPEC_K; ++i)
         j->draft[i] = (int)(flashcl_ref_rng_next(&rng) % VOCAB);
     fill_probs(&rng, j->spec_q, SPEC_BATCH * SPEC_K);
@@ -154,7 +167,7 @@ static flashcl_status run_adopted(job *j, float *out) {
 typedef struct results {
     float out[DENSE], lse[LSE], dq[DENSE], dk[DENSE_K], dv[DENSE_K];
     uint16_t hout[HALF];
-    float hlse[B * HQ * HN];
+    float hlse[B * HQ * HN], out8[DENSE], lse8[LSE];
     int accepted[SPEC_BATCH], tokens[SPEC_BATCH * (SPEC_K + 1)];
     float paged_out[PAGED_Q * HQ * D], adopted_out[DENSE];
 } results;
@@ -178,6 +191,10 @@ static int run_round(job *j, results *r, int round) {
     }
     if (flashcl_attention_forward_host(shared_ctx, &j->half_desc, j->hq, j->hk, j->hv, r->hout, r->hlse)) {
         fail(j, "float16 forward_host failed", round);
+        return 1;
+    }
+    if (flashcl_attention_forward_host(shared_ctx, &j->fp8_desc, j->q8, j->k8, j->v8, r->out8, r->lse8)) {
+        fail(j, "FP8 forward_host failed", round);
         return 1;
     }
     if (flashcl_spec_verify_host(shared_ctx, &spec, j->draft, j->spec_q, j->spec_p, r->accepted, r->tokens)) {
@@ -213,6 +230,8 @@ static void compare(job *j, const results *r, int round) {
     SAME(dv, "dv")
     SAME(hout, "float16 forward out")
     SAME(hlse, "float16 forward lse")
+    SAME(out8, "FP8 forward out")
+    SAME(lse8, "FP8 forward lse")
     SAME(accepted, "spec accepted")
     SAME(tokens, "spec tokens")
     if (device) {
@@ -266,6 +285,8 @@ int main(void) {
         memcpy(j->dv, alone->dv, sizeof j->dv);
         memcpy(j->hout, alone->hout, sizeof j->hout);
         memcpy(j->hlse, alone->hlse, sizeof j->hlse);
+        memcpy(j->out8, alone->out8, sizeof j->out8);
+        memcpy(j->lse8, alone->lse8, sizeof j->lse8);
         memcpy(j->accepted, alone->accepted, sizeof j->accepted);
         memcpy(j->tokens, alone->tokens, sizeof j->tokens);
         memcpy(j->paged_out, alone->paged_out, sizeof j->paged_out);
@@ -273,6 +294,7 @@ int main(void) {
         flashcl_ref_report report;
         int ok = flashcl_ref_check_forward(&j->desc, j->q, j->k, j->v, j->out, j->lse, 1, &report);
         ok = ok && flashcl_ref_check_forward(&j->half_desc, j->hq, j->hk, j->hv, j->hout, j->hlse, 1, &report);
+        ok = ok && flashcl_ref_check_forward(&j->fp8_desc, j->q8, j->k8, j->v8, j->out8, j->lse8, 1, &report);
         if (ok && device)
             ok = !memcmp(alone->adopted_out, j->out, sizeof j->out);
         flashcl_ref_grad_report grads;

@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include "backward_cli.h"
 #include "cli_util.h"
 #include "flashcl.h"
+#include "flashcl_ref.h"
 #include "npy.h"
 #include "serving_cli.h"
 
@@ -24,7 +26,8 @@ const char usage_attention[] =
     "or float16 ('<f2'), C order, all three of one dtype:\n"
     "  q    (batch, seqlen_q, heads_q, head_dim)\n"
     "  k, v (batch, seqlen_k, heads_k, head_dim)   heads_q a multiple of heads_k\n"
-    "  out  like q, in q's dtype;  lse (batch, heads_q, seqlen_q) float32\n"
+    "  out  like q, in q's dtype (float32 with --dtype e4m3|e5m2);\n"
+    "  lse  (batch, heads_q, seqlen_q) float32\n"
     "Outputs appear only once complete: nothing is left behind on an error.\n"
     "\n"
     "options:\n"
@@ -39,6 +42,18 @@ const char usage_attention[] =
     "                  out in shuffled order and attend through the page tables\n"
     "                  (flashcl_paged_attention); the output equals the dense one\n"
     "                  within rounding (its sums run in another order)\n"
+    "  --dtype e4m3|e5m2  FP8: quantize q, k, v (amax-scaled, one factor per tensor)\n"
+    "                  with flashcl_fp8_quantize_host, run the FP8 forward, write out\n"
+    "                  as float32, and print the RMSE against a float64 computation\n"
+    "                  on the unquantized inputs (that reference takes a while at\n"
+    "                  large sizes: B*H*N*N*D multiply-adds in double on one core)\n"
+    "  --block-quant   with --dtype: FlashAttention-3's block quantization, a factor\n"
+    "                  per 64 rows of each (batch, head) of q and k, per (batch,\n"
+    "                  head) for v\n"
+    "  --hadamard      with --dtype: incoherent processing, q and k rotated by the\n"
+    "                  same random signed Hadamard matrix (fixed seed) before they\n"
+    "                  are quantized, which leaves q k^T unchanged (head_dim a power\n"
+    "                  of two <= 256)\n"
     "  --device SPEC   see 'flashcl --help'\n"
     "  --backward      gradients dq, dk, dv instead (its own options:\n"
     "                  flashcl attention --backward --help)\n"
@@ -79,15 +94,92 @@ static int load_input(const char *path, npy_array *array, char *shape_text, size
     return 0;
 }
 
+/* The seed --hadamard rotates q and k with: any fixed value does (both must
+ * use the same one); this is the golden ratio's bits. */
+#define CLI_HADAMARD_SEED 0x9e3779b97f4a7c15ull
+
+/* --dtype e4m3|e5m2: the FP8 copies of q, k, v and their descale factors. */
+typedef struct fp8_inputs {
+    unsigned char *x[3];
+    float *descale[3];
+} fp8_inputs;
+
+static void fp8_inputs_free(fp8_inputs *f) {
+    for (int t = 0; t < 3; t++)
+        free(f->x[t]), free(f->descale[t]);
+}
+
+/* Quantizes q, k, v (desc's float dtype, packed) into f and points fd (a
+ * copy of desc made FP8, out float32) at the factors; 0 on success. */
+static int fp8_quantize_inputs(const flashcl_attention_desc *desc, flashcl_dtype format, int block_quant,
+                               int hadamard, const void *const src[3], fp8_inputs *f, flashcl_attention_desc *fd) {
+    memset(f, 0, sizeof *f);
+    *fd = *desc;
+    fd->dtype = format;
+    fd->out_dtype = FLASHCL_FLOAT32;
+    fd->fp8.per_head = block_quant;
+    fd->fp8.block_rows = block_quant ? 64 : 0;
+    for (int t = 0; t < 3; t++) {
+        flashcl_fp8_quant_desc qd;
+        memset(&qd, 0, sizeof qd);
+        qd.format = format;
+        qd.src_dtype = desc->dtype;
+        qd.batch = desc->batch;
+        qd.seqlen = t ? desc->seqlen_k : desc->seqlen_q;
+        qd.heads = t ? desc->heads_k : desc->heads_q;
+        qd.head_dim = desc->head_dim;
+        qd.src = t == 0 ? desc->q : t == 1 ? desc->k : desc->v;
+        qd.per_head = block_quant;
+        qd.block_rows = block_quant && t < 2 ? 64 : 0; /* v's factor scales the output: per head */
+        qd.hadamard_seed = hadamard && t < 2 ? CLI_HADAMARD_SEED : 0;
+        const size_t n = (size_t)qd.batch * (size_t)qd.seqlen * (size_t)qd.heads * (size_t)qd.head_dim;
+        const size_t groups =
+            block_quant ? (size_t)qd.batch * (size_t)qd.heads * (qd.block_rows ? ((size_t)qd.seqlen + 63) / 64 : 1) : 1;
+        f->x[t] = malloc(n);
+        f->descale[t] = malloc(groups * sizeof(float));
+        if (f->x[t] == NULL || f->descale[t] == NULL) {
+            cli_errorf("out of memory for the FP8 inputs");
+            return -1;
+        }
+        const flashcl_status st = flashcl_fp8_quantize_host(&qd, src[t], f->x[t], f->descale[t]);
+        if (st != FLASHCL_SUCCESS) {
+            cli_errorf("quantizing %s: %s", t == 0 ? "q" : t == 1 ? "k" : "v", flashcl_last_error(NULL));
+            return -1;
+        }
+    }
+    /* The quantized copies are packed whatever the .npy strides were. */
+    memset(&fd->q, 0, sizeof fd->q), memset(&fd->k, 0, sizeof fd->k), memset(&fd->v, 0, sizeof fd->v);
+    fd->fp8.q_descale = f->descale[0];
+    fd->fp8.k_descale = f->descale[1];
+    fd->fp8.v_descale = f->descale[2];
+    return 0;
+}
+
+/* RMSE of out (float32, packed like q) against float64 attention on the
+ * unquantized inputs; NaN when the reference could not run. */
+static double rmse_vs_float64(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                              const float *out, size_t count) {
+    double *ref = malloc(count * sizeof *ref);
+    if (ref == NULL)
+        return NAN;
+    flashcl_ref_attention_forward(desc, q, k, v, ref, NULL, NULL, NULL);
+    double se = 0.0;
+    for (size_t i = 0; i < count; i++)
+        se += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+    free(ref);
+    return sqrt(se / (double)count);
+}
+
 /* Writes both outputs to temporary files, then renames them into place, so
- * that an output path names either a complete result or nothing new. */
-static int write_outputs(const char *out_path, const npy_array *q, const void *out,
+ * that an output path names either a complete result or nothing new. out is
+ * out_dtype (q's dtype, or float32 for an FP8 run). */
+static int write_outputs(const char *out_path, const npy_array *q, npy_dtype out_dtype, const void *out,
                          const char *lse_path, const size_t *lse_shape, const float *lse) {
     char err[512];
     char *tmp_out = NULL, *tmp_lse = NULL;
     int rc = -1, out_renamed = 0;
 
-    if (npy_write_temp(out_path, q->dtype, q->shape, 4, out, &tmp_out, err, sizeof err) != 0) {
+    if (npy_write_temp(out_path, out_dtype, q->shape, 4, out, &tmp_out, err, sizeof err) != 0) {
         cli_errorf("%s: %s", out_path, err);
         goto done;
     }
@@ -121,7 +213,11 @@ done:
 int cmd_attention(int argc, char **argv) {
     const char *q_path = NULL, *k_path = NULL, *v_path = NULL, *out_path = NULL;
     const char *lse_path = NULL, *device = NULL, *value;
-    int causal = 0, window_left = -1, window_right = -1, paged = 0;
+    int causal = 0, window_left = -1, window_right = -1, paged = 0, block_quant = 0, hadamard = 0;
+    flashcl_dtype fp8 = FLASHCL_FLOAT32; /* FLASHCL_FLOAT32: not an FP8 run */
+    flashcl_attention_desc fdesc;
+    fp8_inputs f8;
+    const void *run_q, *run_k, *run_v;
     double softcap = 0.0, scale = 0.0, t0, elapsed = 0.0, first = 0.0;
     npy_array q, k, v;
     char q_shape[256], k_shape[256], v_shape[256];
@@ -142,6 +238,7 @@ int cmd_attention(int argc, char **argv) {
     memset(&q, 0, sizeof q);
     memset(&k, 0, sizeof k);
     memset(&v, 0, sizeof v);
+    memset(&f8, 0, sizeof f8);
     for (int i = 2; i < argc; i++) {
         const char *arg = argv[i];
         int r;
@@ -177,12 +274,31 @@ int cmd_attention(int argc, char **argv) {
                 return cli_usage_error(usage_attention,
                                        "--paged wants a page size 1..256, not '%s'", value);
             paged = (int)p;
+        } else if ((r = cli_take_value(argc, argv, &i, "--dtype", &value)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            if (cli_parse_dtype_fp8(value, &fp8) != 0 ||
+                (fp8 != FLASHCL_FLOAT8_E4M3 && fp8 != FLASHCL_FLOAT8_E5M2))
+                return cli_usage_error(usage_attention,
+                                       "--dtype wants e4m3 or e5m2 (float inputs otherwise run in their own "
+                                       "dtype), not '%s'",
+                                       value);
+        } else if (strcmp(arg, "--block-quant") == 0) {
+            block_quant = 1;
+        } else if (strcmp(arg, "--hadamard") == 0) {
+            hadamard = 1;
         } else if (strcmp(arg, "--causal") == 0) {
             causal = 1;
         } else {
             return cli_unknown_option(usage_attention, arg);
         }
     }
+    if ((block_quant || hadamard) && fp8 == FLASHCL_FLOAT32)
+        return cli_usage_error(usage_attention, "%s quantizes to FP8: it needs --dtype e4m3 or e5m2",
+                               block_quant ? "--block-quant" : "--hadamard");
+    if (paged && fp8 != FLASHCL_FLOAT32)
+        return cli_usage_error(usage_attention, "%s", "--paged does not take FP8 (--dtype): the paged "
+                                                      "attention reads f16, bf16 or f32 pools");
     if (q_path == NULL || k_path == NULL || v_path == NULL || out_path == NULL)
         return cli_usage_error(usage_attention, "%s", "attention needs --q, --k, --v and --out");
     /* By file identity, not by name: "--out ./q.npy" or a link to q.npy
@@ -236,11 +352,20 @@ int cmd_attention(int argc, char **argv) {
         goto done;
     }
 
+    run_q = q.data, run_k = k.data, run_v = v.data;
+    fdesc = desc;
+    if (fp8 != FLASHCL_FLOAT32) {
+        const void *const src[3] = {q.data, k.data, v.data};
+        if (fp8_quantize_inputs(&desc, fp8, block_quant, hadamard, src, &f8, &fdesc) != 0)
+            goto done;
+        run_q = f8.x[0], run_k = f8.x[1], run_v = f8.x[2];
+    }
+
     lse_shape[0] = q.shape[0];
     lse_shape[1] = q.shape[2];
     lse_shape[2] = q.shape[1];
     lse_count = lse_shape[0] * lse_shape[1] * lse_shape[2];
-    out = malloc(q.count * npy_dtype_size(q.dtype));
+    out = malloc(q.count * (fp8 != FLASHCL_FLOAT32 ? sizeof(float) : npy_dtype_size(q.dtype)));
     lse = lse_path != NULL ? malloc(lse_count * sizeof *lse) : NULL;
     if (out == NULL || (lse_path != NULL && lse == NULL)) {
         cli_errorf("out of memory for the outputs");
@@ -257,7 +382,7 @@ int cmd_attention(int argc, char **argv) {
         if (paged) /* prints its own reason on failure */
             status = cli_paged_forward_host(ctx, &desc, paged, q.data, k.data, v.data, out, lse);
         else
-            status = flashcl_attention_forward_host(ctx, &desc, q.data, k.data, v.data, out, lse);
+            status = flashcl_attention_forward_host(ctx, &fdesc, run_q, run_k, run_v, out, lse);
         if (run == 0)
             first = cli_now() - t0;
         elapsed = cli_now() - t0;
@@ -269,7 +394,8 @@ int cmd_attention(int argc, char **argv) {
             cli_report_status(ctx, "attention failed", status);
         goto done;
     }
-    if (write_outputs(out_path, &q, out, lse_path, lse_shape, lse) != 0)
+    if (write_outputs(out_path, &q, fp8 != FLASHCL_FLOAT32 ? NPY_FLOAT32 : q.dtype, out, lse_path, lse_shape, lse) !=
+        0)
         goto done;
     {
         /* The device's name, without the "(platform, version...)" tail. */
@@ -281,9 +407,19 @@ int cmd_attention(int argc, char **argv) {
                out_path, q_shape, npy_dtype_name(q.dtype), elapsed * 1e3,
                paren ? (int)(paren - name) : (int)strlen(name), name, first * 1e3);
     }
+    if (fp8 != FLASHCL_FLOAT32) {
+        /* Quantization's error, not the kernel's: the float64 reference runs
+         * on the inputs as they were before quantizing. */
+        const double rmse = rmse_vs_float64(&desc, q.data, k.data, v.data, out, q.count);
+        printf("%s: %s, %s quantization%s, out float32: RMSE %.4g against float64 attention on the unquantized "
+               "inputs\n",
+               out_path, cli_dtype_name(fp8), block_quant ? "per-head 64-row block" : "per-tensor",
+               hadamard ? " with Hadamard rotation of q and k" : "", rmse);
+    }
     rc = CLI_EXIT_OK;
 done:
     flashcl_context_destroy(ctx);
+    fp8_inputs_free(&f8);
     free(out);
     free(lse);
     npy_free(&q);

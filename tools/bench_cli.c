@@ -35,7 +35,9 @@ const char usage_bench[] =
     "\n"
     "options:\n"
     "  --shape B,H,N,D        a shape (repeatable); also B,Hq,Hk,Nq,Nk,D\n"
-    "  --dtype LIST           storage types, f16,bf16,f32 (default f16)\n"
+    "  --dtype LIST           storage types, f16,bf16,f32,e4m3,e5m2 (default f16); FP8\n"
+    "                         (e4m3, e5m2): random N(0,1) inputs quantized once per\n"
+    "                         tensor (untimed, flashcl_fp8_quantize_host), out float16\n"
     "  --causal               causal only (default: both)\n"
     "  --no-causal            non-causal only\n"
     "  --seqlen LIST          sweep: seqlen_q = seqlen_k values, e.g. 512,1024,2048\n"
@@ -136,12 +138,41 @@ static int alloc_outputs(bench_row *row, flashcl_dtype dtype, size_t nq, size_t 
     return 0;
 }
 
+/* FP8 inputs: n N(0,1) values quantized per tensor into x (the format's
+ * bytes), the descale factor in *descale; 0 on success. */
+static int fp8_inputs(flashcl_ref_rng *rng, flashcl_dtype format, const bench_shape *s, int seqlen, int heads,
+                      unsigned char *x, float *descale) {
+    flashcl_fp8_quant_desc qd;
+    memset(&qd, 0, sizeof qd);
+    qd.format = format;
+    qd.src_dtype = FLASHCL_FLOAT32;
+    qd.batch = s->batch, qd.seqlen = seqlen, qd.heads = heads, qd.head_dim = s->head_dim;
+    const size_t n = (size_t)s->batch * (size_t)seqlen * (size_t)heads * (size_t)s->head_dim;
+    float *src = malloc(n * sizeof *src);
+    if (src == NULL)
+        return -1;
+    flashcl_ref_fill_normal(rng, src, FLASHCL_FLOAT32, n, 1.0);
+    const flashcl_status st = flashcl_fp8_quantize_host(&qd, src, x, descale);
+    free(src);
+    return st == FLASHCL_SUCCESS ? 0 : -1;
+}
+
 /* Runs one shape: validate, warm up, time; fills row. */
 static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_row *row) {
     const bench_shape *s = &row->s;
     flashcl_attention_desc desc = cli_make_desc(opt->dtype, s->batch, s->heads_q, s->heads_k,
                                                 s->seqlen_q, s->seqlen_k, s->head_dim);
-    size_t esz = flashcl_dtype_size(opt->dtype), nq, nk, nlse, naive;
+    /* FP8: one-byte q, k, v with per-tensor factors; out float16. */
+    const int fp8 = opt->dtype == FLASHCL_FLOAT8_E4M3 || opt->dtype == FLASHCL_FLOAT8_E5M2;
+    const flashcl_dtype out_dtype = fp8 ? FLASHCL_FLOAT16 : opt->dtype;
+    float descales[3] = {1.0f, 1.0f, 1.0f};
+    if (fp8) {
+        desc.out_dtype = out_dtype;
+        desc.fp8.q_descale = &descales[0];
+        desc.fp8.k_descale = &descales[1];
+        desc.fp8.v_descale = &descales[2];
+    }
+    size_t esz = flashcl_dtype_size(opt->dtype), osz = flashcl_dtype_size(out_dtype), nq, nk, nlse, naive;
     double macs = (double)s->batch * s->heads_q * s->seqlen_q * s->seqlen_k * s->head_dim;
     double flops = 4.0 * macs * (row->causal ? 0.5 : 1.0);
     int feasible = macs <= BENCH_REF_MAX_MACS, is_host = flashcl_context_is_host(ctx);
@@ -184,7 +215,7 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         snprintf(row->error, sizeof row->error, "shape too large for this machine");
         return;
     }
-    row->device_bytes = (2 * nq + 2 * nk) * esz + nlse * sizeof(float);
+    row->device_bytes = (nq + 2 * nk) * esz + nq * osz + nlse * sizeof(float);
     row->naive_bytes = cli_count4((size_t)s->batch, (size_t)s->heads_q, (size_t)s->seqlen_q,
                                   (size_t)s->seqlen_k, &naive) == 0 &&
                                naive <= SIZE_MAX / 4
@@ -198,7 +229,8 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         cl_ulong max_alloc = 0;
         static const char *const names[5] = {"q", "k", "v", "out", "lse"};
         cl_int err = CL_SUCCESS;
-        sizes[0] = sizes[3] = nq * esz;
+        sizes[0] = nq * esz;
+        sizes[3] = nq * osz;
         sizes[1] = sizes[2] = nk * esz;
         sizes[4] = nlse * sizeof(float);
         clGetDeviceInfo(flashcl_context_cl_device(ctx), CL_DEVICE_MAX_MEM_ALLOC_SIZE,
@@ -230,13 +262,22 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         goto done;
     }
     flashcl_ref_rng_seed(&rng, 0x5EED0000u + (uint64_t)s->seqlen_q * 131u + (uint64_t)s->head_dim);
-    flashcl_ref_fill_normal(&rng, q, opt->dtype, nq, 1.0);
-    flashcl_ref_fill_normal(&rng, k, opt->dtype, nk, 1.0);
-    flashcl_ref_fill_normal(&rng, v, opt->dtype, nk, 1.0);
+    if (fp8) {
+        if (fp8_inputs(&rng, opt->dtype, s, s->seqlen_q, s->heads_q, q, &descales[0]) != 0 ||
+            fp8_inputs(&rng, opt->dtype, s, s->seqlen_k, s->heads_k, k, &descales[1]) != 0 ||
+            fp8_inputs(&rng, opt->dtype, s, s->seqlen_k, s->heads_k, v, &descales[2]) != 0) {
+            snprintf(row->error, sizeof row->error, "quantizing the inputs to FP8: %s", flashcl_last_error(NULL));
+            goto done;
+        }
+    } else {
+        flashcl_ref_fill_normal(&rng, q, opt->dtype, nq, 1.0);
+        flashcl_ref_fill_normal(&rng, k, opt->dtype, nk, 1.0);
+        flashcl_ref_fill_normal(&rng, v, opt->dtype, nk, 1.0);
+    }
 
     if (is_host) {
         /* No OpenCL: the blocking host entry point, timed by wall clock. */
-        if (alloc_outputs(row, opt->dtype, nq, nlse, &out, &lse) != 0)
+        if (alloc_outputs(row, out_dtype, nq, nlse, &out, &lse) != 0)
             goto done;
         status = flashcl_attention_forward_host(ctx, &desc, q, k, v, out, lse);
         if (status != FLASHCL_SUCCESS) {
@@ -273,7 +314,7 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         }
         /* Poisoned outputs, so that a kernel that skips elements fails validation. */
         if (feasible) {
-            if (alloc_outputs(row, opt->dtype, nq, nlse, &out, &lse) != 0)
+            if (alloc_outputs(row, out_dtype, nq, nlse, &out, &lse) != 0)
                 goto done;
             err = clEnqueueWriteBuffer(queue, bufs[3], CL_TRUE, 0, sizes[3], out, 0, NULL, NULL);
             if (err == CL_SUCCESS)
@@ -698,9 +739,9 @@ int cmd_bench(int argc, char **argv) {
             snprintf(list, sizeof list, "%s", value);
             num_dtypes = 0;
             for (tok = strtok_r(list, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
-                if (num_dtypes == 3 || cli_parse_dtype(tok, &dtypes[num_dtypes]) != 0)
+                if (num_dtypes == 3 || cli_parse_dtype_fp8(tok, &dtypes[num_dtypes]) != 0)
                     return cli_usage_error(
-                        usage_bench, "--dtype wants f16, bf16 or f32 (a list of up to 3), not '%s'",
+                        usage_bench, "--dtype wants f16, bf16, f32, e4m3 or e5m2 (a list of up to 3), not '%s'",
                         value);
                 num_dtypes++;
             }

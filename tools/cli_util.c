@@ -47,6 +47,16 @@ int cli_parse_dtype(const char *text, flashcl_dtype *dtype) {
     return 0;
 }
 
+int cli_parse_dtype_fp8(const char *text, flashcl_dtype *dtype) {
+    if (!strcmp(text, "e4m3") || !strcmp(text, "float8_e4m3fn") || !strcmp(text, "fp8"))
+        *dtype = FLASHCL_FLOAT8_E4M3;
+    else if (!strcmp(text, "e5m2") || !strcmp(text, "float8_e5m2"))
+        *dtype = FLASHCL_FLOAT8_E5M2;
+    else
+        return cli_parse_dtype(text, dtype);
+    return 0;
+}
+
 int cli_parse_long(const char *text, long min, long max, long *out) {
     char *end;
     long value;

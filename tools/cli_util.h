@@ -41,6 +41,9 @@ int cli_parse_long(const char *text, long min, long max, long *out);
 int cli_parse_double(const char *text, double *out); /* finite values only */
 /* A storage type by name: f16/fp16/float16, bf16/bfloat16, f32/fp32/float32. */
 int cli_parse_dtype(const char *text, flashcl_dtype *dtype);
+/* The same, plus the FP8 formats e4m3 (float8_e4m3fn, fp8) and e5m2 (float8_e5m2),
+ * for the commands that take them (the forward's attention and bench). */
+int cli_parse_dtype_fp8(const char *text, flashcl_dtype *dtype);
 /* Its short name, "f32", "f16" or "bf16" ("?" for none). */
 const char *cli_dtype_name(flashcl_dtype dtype);
 /* "1,8,1024,64": up to max_count integers in [min, max]; *count gets how many. */

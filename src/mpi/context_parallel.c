@@ -320,6 +320,10 @@ static flashcl_status local_checks(flashcl_context *ctx, const flashcl_attention
             snprintf(msg, msg_size, "shards are packed: q, k, v and out take offsets only (strides 0)");
             return FLASHCL_ERROR_INVALID_ARGUMENT;
         }
+    if (flashcl_dtype_is_fp8(desc->dtype)) { /* the dense resolve takes FP8, for the one-device forward only */
+        snprintf(msg, msg_size, "float8 tensors are not taken by the context-parallel calls in this version");
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
+    }
     p->g = *desc;
     flashcl_status st = flashcl_attention_desc_resolve(&p->g);
     if (st) {

@@ -1,0 +1,537 @@
+/* test_fp8_forward.c: the FP8 forward (q, k, v FP8 with descale factors) and the FP8 quantize options it uses.
+ *
+ * 1. Kernels against host_ref: fresh random FP8 bytes and descale factors
+ *    (distinct per head and per row block, so a wrong index fails), the
+ *    reference computed in double from the same decoded values times the
+ *    same factors, so only the kernel's own error is measured; outputs
+ *    poisoned before each call, NaN never passes. e4m3 and e5m2, out
+ *    float32/float16/bfloat16, per-tensor, per-head and block factors, NULL
+ *    factors, GQA, causal, windows, odd lengths, head_dim 40, 64, 128,
+ *    packed and padded layouts (offsets, strides with gaps that must stay), on
+ *    the cpu and portable kernels (FLASHCL_PARAMS) and a host context.
+ * 2. Refusals: FP8 out, block_rows without per_head, a bad factor, the
+ *    backward and varlen given FP8, Hadamard on a head_dim that is not a
+ *    power of two: each an error with outputs untouched.
+ * 3. Quantize options: block_rows and hadamard_seed give the same bytes and
+ *    factors on the device as on the host; dequantize inverts them; the
+ *    device decode of all 256 codes of both formats (float8 and scalar
+ *    helpers of cl/common.cl) equals flashcl_fp8_decode bit for bit.
+ * 4. Accuracy as FlashAttention-3 measured it, at a small size (B=1, H=8,
+ *    N=512, D=128; bench/fp8_accuracy.c runs the full one): N(0,1)
+ *    inputs with 0.1% outliers from N(0,10^2), quantized by the library's
+ *    own helpers per tensor, per head and 64-row block, and block plus
+ *    Hadamard; RMSE against float64 attention on the unquantized inputs.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "flashcl.h"
+#include "flashcl_ref.h"
+#include "harness.h"
+
+static int failures;
+
+typedef struct fp8_case {
+    flashcl_dtype format, out_dtype;
+    int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim;
+    int causal, windowed, window_left, window_right;
+    int scales;     /* 0 per tensor, 1 per head, 2 per block of block_rows, 3 NULL arrays */
+    int block_rows; /* scales 2 */
+    float softcap;
+    int padded;     /* nonzero: every tensor at an offset, with padded strides */
+} fp8_case;
+
+/* A padded layout for (seqlen, heads, head_dim) rows: gaps after each head,
+ * row and batch, and an offset; *span: the elements it covers. */
+static flashcl_layout padded_layout(int batch, int seqlen, int heads, int head_dim, size_t *span) {
+    flashcl_layout l;
+    l.offset = 5;
+    l.stride_head = (size_t)head_dim + 3;
+    l.stride_seq = (size_t)heads * l.stride_head + 1;
+    l.stride_batch = (size_t)seqlen * l.stride_seq + 7;
+    *span = l.offset + (size_t)batch * l.stride_batch;
+    return l;
+}
+
+/* Where packed element i of (seqlen, heads, head_dim) rows lives in layout l. */
+static size_t at(const flashcl_layout *l, int seqlen, int heads, int head_dim, size_t i) {
+    const size_t d = i % (size_t)head_dim, h = i / (size_t)head_dim % (size_t)heads;
+    const size_t s = i / ((size_t)head_dim * heads) % (size_t)seqlen, b = i / ((size_t)head_dim * heads * seqlen);
+    return l->offset + b * l->stride_batch + s * l->stride_seq + h * l->stride_head + d;
+}
+
+static const char *dtype_name(flashcl_dtype d) {
+    static const char *const n[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
+    return (unsigned)d < 5 ? n[d] : "?";
+}
+
+/* Random FP8 bytes: N(0, sd) encoded (finite codes only). */
+static void fill_fp8(flashcl_ref_rng *rng, flashcl_dtype f, unsigned char *x, size_t n, double sd) {
+    for (size_t i = 0; i < n; ++i)
+        x[i] = flashcl_fp8_encode(f, (float)(sd * flashcl_ref_rng_normal(rng)));
+}
+
+/* Factors in [0.25, 2): distinct enough that a wrong index shows. */
+static float *random_factors(flashcl_ref_rng *rng, size_t n) {
+    float *s = test_xmalloc(n * sizeof *s);
+    for (size_t i = 0; i < n; ++i)
+        s[i] = (float)(0.25 + 1.75 * flashcl_ref_rng_uniform(rng));
+    return s;
+}
+
+/* Runs one case on ctx (variant NULL: the device's choice, else forced by
+ * FLASHCL_PARAMS) and checks out and lse against host_ref. */
+static void run_fp8_case(flashcl_context *ctx, const char *where, const char *variant, const fp8_case *c, uint64_t seed) {
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    flashcl_attention_desc d = test_attention_desc(c->format, c->batch, c->heads_q, c->heads_k, c->seqlen_q,
+                                                   c->seqlen_k, c->head_dim);
+    d.out_dtype = c->out_dtype;
+    d.causal = c->causal;
+    d.windowed = c->windowed;
+    d.window_left = c->window_left;
+    d.window_right = c->window_right;
+    d.softcap = c->softcap;
+    const size_t nq = (size_t)c->batch * c->seqlen_q * c->heads_q * c->head_dim;
+    const size_t nk = (size_t)c->batch * c->seqlen_k * c->heads_k * c->head_dim;
+    size_t span_q = nq, span_k = nk, span_o = nq; /* elements each array holds */
+    if (c->padded) {
+        d.q = padded_layout(c->batch, c->seqlen_q, c->heads_q, c->head_dim, &span_q);
+        d.out = padded_layout(c->batch, c->seqlen_q, c->heads_q, c->head_dim, &span_o);
+        d.k = d.v = padded_layout(c->batch, c->seqlen_k, c->heads_k, c->head_dim, &span_k);
+    }
+    unsigned char *q = test_xmalloc(span_q), *k = test_xmalloc(span_k), *v = test_xmalloc(span_k);
+    fill_fp8(&rng, c->format, q, span_q, 1.0);
+    fill_fp8(&rng, c->format, k, span_k, 1.0);
+    fill_fp8(&rng, c->format, v, span_k, 1.0);
+    float *qs = NULL, *ks = NULL, *vs = NULL;
+    if (c->scales != 3) {
+        d.fp8.per_head = c->scales >= 1;
+        d.fp8.block_rows = c->scales == 2 ? c->block_rows : 0;
+        const size_t bq = c->scales == 2 ? (size_t)(c->seqlen_q + c->block_rows - 1) / c->block_rows : 1;
+        const size_t bk = c->scales == 2 ? (size_t)(c->seqlen_k + c->block_rows - 1) / c->block_rows : 1;
+        const size_t hq = c->scales ? (size_t)c->batch * c->heads_q : 1, hk = c->scales ? (size_t)c->batch * c->heads_k : 1;
+        d.fp8.q_descale = qs = random_factors(&rng, hq * bq);
+        d.fp8.k_descale = ks = random_factors(&rng, hk * bk);
+        d.fp8.v_descale = vs = random_factors(&rng, hk);
+    }
+    const size_t es = flashcl_dtype_size(c->out_dtype), nlse = (size_t)c->batch * c->heads_q * c->seqlen_q;
+    void *out = test_xmalloc(span_o * es);
+    float *lse = test_xmalloc(nlse * sizeof *lse);
+    flashcl_ref_poison(out, c->out_dtype, span_o);
+    flashcl_ref_poison(lse, FLASHCL_FLOAT32, nlse);
+    char env[64] = "";
+    if (variant)
+        snprintf(env, sizeof env, "VARIANT=%s", variant), setenv("FLASHCL_PARAMS", env, 1);
+    const flashcl_status st = flashcl_attention_forward_host(ctx, &d, q, k, v, out, lse);
+    if (variant)
+        unsetenv("FLASHCL_PARAMS");
+
+    char what[320];
+    snprintf(what, sizeof what,
+             "%s%s%s: %s -> %s, B%d Hq%d Hk%d %dx%d D%d%s%s, %s factors%s", where, variant ? " " : "",
+             variant ? variant : "", dtype_name(c->format), dtype_name(c->out_dtype), c->batch, c->heads_q,
+             c->heads_k, c->seqlen_q, c->seqlen_k, c->head_dim, c->causal ? " causal" : "",
+             c->windowed ? (c->padded ? " window padded" : " window") : c->padded ? " padded" : "",
+             (const char *const[]){"per-tensor", "per-head", "block", "NULL"}[c->scales],
+             c->softcap > 0 ? " softcap" : "");
+    if (st != FLASHCL_SUCCESS) {
+        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
+        expect(0, what, &failures);
+    } else {
+        flashcl_attention_desc r = d;
+        flashcl_attention_desc_resolve(&r);
+        double *ref = test_xmalloc(nq * sizeof *ref), *ref_lse = test_xmalloc(nlse * sizeof *ref_lse);
+        flashcl_ref_attention_forward(&r, q, k, v, ref, ref_lse, NULL, NULL);
+        /* Tolerance: out's own rounding (a unit roundoff of its type, relative)
+         * plus what float32 accumulation costs (a few 2^-24 of the largest
+         * output, the scores' size and the key count folded into 2e-5). */
+        const double eps = c->out_dtype == FLASHCL_FLOAT32 ? 0x1p-24 : c->out_dtype == FLASHCL_FLOAT16 ? 0x1p-11 : 0x1p-8;
+        double amax = 0;
+        for (size_t i = 0; i < nq; ++i)
+            amax = fmax(amax, fabs(ref[i]));
+        size_t bad = 0, bad_lse = 0, first = 0;
+        double worst = 0;
+        const flashcl_layout ol = r.out; /* resolved: packed strides when not padded */
+        for (size_t i = 0; i < nq; ++i) {
+            const size_t o = at(&ol, c->seqlen_q, c->heads_q, c->head_dim, i);
+            const double got = flashcl_ref_load(out, c->out_dtype, o), err = fabs(got - ref[i]);
+            if (!(err <= 2.0 * eps * fabs(ref[i]) + 2e-5 * fmax(1.0, amax))) {
+                if (!bad++)
+                    first = i;
+            }
+            worst = fmax(worst, isnan(err) ? INFINITY : err);
+        }
+        for (size_t i = 0; i < nlse; ++i) {
+            const double want = ref_lse[i], got = lse[i];
+            if (isinf(want) ? got != want : !(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want)))
+                ++bad_lse;
+        }
+        /* The gaps of a padded out stay as poisoned. */
+        size_t written = 0;
+        for (size_t i = 0; i < span_o; ++i)
+            written += !isnan(flashcl_ref_load(out, c->out_dtype, i));
+        bad += written > nq ? written - nq : 0;
+        if (bad)
+            printf("  first bad out at %zu: %g vs %g; %zu elements written, %zu expected\n", first,
+                   flashcl_ref_load(out, c->out_dtype, at(&ol, c->seqlen_q, c->heads_q, c->head_dim, first)),
+                   ref[first], written, nq);
+        snprintf(what + strlen(what), sizeof what - strlen(what), " (max err %.2g, %zu out / %zu lse bad)", worst, bad,
+                 bad_lse);
+        expect(bad == 0 && bad_lse == 0, what, &failures);
+        free(ref), free(ref_lse);
+    }
+    free(q), free(k), free(v), free(qs), free(ks), free(vs), free(out), free(lse);
+}
+
+static const fp8_case cases[] = {
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0, 1},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0, 1},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0, 0},
+};
+#define CASES (sizeof cases / sizeof cases[0])
+
+/* `oclgrind` mode (ctest -L oclgrind): shapes tiny enough for Oclgrind's
+ * checks, still odd lengths, GQA, blocks that straddle tiles, both formats. */
+static const fp8_case tiny_cases[] = {
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1},
+};
+
+/* ---- refusals ------------------------------------------------------------------------------------ */
+
+static void refusals(flashcl_context *ctx, const char *where) {
+    unsigned char q[2 * 8 * 16], k[2 * 8 * 16], v[2 * 8 * 16];
+    float out[2 * 8 * 16], lse[16];
+    memset(q, 0x38, sizeof q), memset(k, 0x38, sizeof k), memset(v, 0x38, sizeof v);
+    flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 8, 8, 16);
+    char what[200];
+    /* Each: edit, call, expect INVALID_ARGUMENT, message, out and lse untouched. */
+    for (int t = 0; t < 4; ++t) {
+        flashcl_attention_desc e = d;
+        const float neg = -1.0f, nan_factor = NAN;
+        const char *name = "", *needle = "";
+        switch (t) {
+        case 0: e.out_dtype = FLASHCL_FLOAT8_E4M3, name = "an FP8 out_dtype", needle = "out_dtype"; break;
+        case 1: e.fp8.block_rows = 4, name = "block_rows without per_head", needle = "per_head"; break;
+        case 2: e.fp8.k_descale = &neg, name = "a negative k descale", needle = "k_descale"; break;
+        default: e.fp8.v_descale = &nan_factor, name = "a NaN v descale", needle = "v_descale"; break;
+        }
+        memset(out, 0x5a, sizeof out), memset(lse, 0x5a, sizeof lse);
+        const flashcl_status st = flashcl_attention_forward_host(ctx, &e, q, k, v, out, lse);
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof out; ++i)
+            untouched &= ((unsigned char *)out)[i] == 0x5a;
+        for (size_t i = 0; i < sizeof lse; ++i)
+            untouched &= ((unsigned char *)lse)[i] == 0x5a;
+        snprintf(what, sizeof what, "%s: the forward refuses %s, says so, writes nothing", where, name);
+        expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(ctx), needle) && untouched, what,
+               &failures);
+    }
+    /* The backward takes no FP8. */
+    float dq[sizeof q], dk[sizeof q], dv[sizeof q];
+    memset(dq, 0x5a, sizeof dq);
+    const flashcl_status st = flashcl_attention_backward_host(ctx, &d, NULL, q, k, v, out, out, lse, dq, dk, dv);
+    snprintf(what, sizeof what, "%s: the backward refuses FP8 tensors, says why, writes nothing", where);
+    expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(ctx), "float8") &&
+               ((unsigned char *)dq)[0] == 0x5a && ((unsigned char *)dq)[sizeof dq - 1] == 0x5a,
+           what, &failures);
+    if (flashcl_context_is_host(ctx))
+        return;
+    /* Varlen (device buffers only). */
+    const int cu[2] = {0, 8};
+    flashcl_varlen_desc vd = test_varlen_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 16, cu, cu);
+    cl_mem bq = test_upload(ctx, q, sizeof q), bo = test_upload(ctx, NULL, sizeof out);
+    float poison[sizeof out / sizeof(float)], back[sizeof out / sizeof(float)];
+    memset(poison, 0x5a, sizeof poison);
+    clEnqueueWriteBuffer(flashcl_context_cl_queue(ctx), bo, CL_TRUE, 0, sizeof poison, poison, 0, NULL, NULL);
+    const flashcl_status sv = flashcl_varlen_forward(ctx, &vd, bq, bq, bq, bo, NULL, 0, NULL, NULL);
+    test_download(ctx, bo, back, sizeof back);
+    snprintf(what, sizeof what, "%s: varlen refuses FP8 tensors, says why, writes nothing", where);
+    expect(sv == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(ctx), "float8") &&
+               !memcmp(back, poison, sizeof back),
+           what, &failures);
+    clReleaseMemObject(bq), clReleaseMemObject(bo);
+}
+
+/* ---- quantize options and the device decode ----------------------------------------------------- */
+
+static void quantize_options(flashcl_context *dev, uint64_t seed) {
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    for (int f = 0; f < 2; ++f)
+        for (int opt = 0; opt < 3; ++opt) {
+            /* opt 0: blocks of 5 rows; 1: Hadamard per tensor; 2: both, from bf16 */
+            flashcl_fp8_quant_desc qd = {0};
+            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
+            qd.src_dtype = opt == 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT32;
+            qd.batch = 2, qd.seqlen = 13, qd.heads = 3, qd.head_dim = opt == 0 ? 24 : 64;
+            qd.per_head = opt != 1;
+            qd.block_rows = opt != 1 ? 5 : 0;
+            qd.hadamard_seed = opt ? 0x5eed0000ull + (uint64_t)opt : 0;
+            const size_t n = (size_t)qd.batch * qd.seqlen * qd.heads * qd.head_dim;
+            const size_t groups = qd.per_head ? (size_t)qd.batch * qd.heads * ((qd.seqlen + 4) / 5) : 1;
+            const size_t es = flashcl_dtype_size(qd.src_dtype);
+            void *src = test_xmalloc(n * es);
+            flashcl_ref_fill_normal(&rng, src, qd.src_dtype, n, 1.0);
+            /* An outlier per tensor: the rotation must spread it. */
+            flashcl_ref_store(src, qd.src_dtype, n / 3, 40.0);
+            unsigned char *bytes = test_xmalloc(n);
+            float *sc = test_xmalloc(groups * sizeof *sc), *back = test_xmalloc(n * sizeof *back);
+            char name[80], what[200];
+            snprintf(name, sizeof name, "%s quantize %s%s from %s", f ? "e5m2" : "e4m3",
+                     qd.block_rows ? "blocks of 5" : "per tensor", qd.hadamard_seed ? " + Hadamard" : "",
+                     dtype_name(qd.src_dtype));
+            flashcl_status st = flashcl_fp8_quantize_host(&qd, src, bytes, sc);
+            /* Round trip: dequantize (rotating back) is within FP8's rounding of
+             * the group's amax: 2^-(m+1) relative, amax <= max|x| * sqrt(D)
+             * after a rotation (the bound is loose; a wrong rotation or index
+             * is off by O(1)). */
+            flashcl_fp8_quant_desc bd = qd;
+            bd.src_dtype = FLASHCL_FLOAT32;
+            st = flashcl_fp8_dequantize_host(&bd, bytes, sc, back);
+            double worst = 0, amax = 0;
+            for (size_t i = 0; i < n; ++i) {
+                const double x = flashcl_ref_load(src, qd.src_dtype, i);
+                worst = fmax(worst, isnan(back[i]) ? INFINITY : fabs(back[i] - x));
+                amax = fmax(amax, fabs(x));
+            }
+            const double unit = f ? 0x1p-3 : 0x1p-4; /* half a quantum at the top binade, relative */
+            snprintf(what, sizeof what, "%s: dequantize_host inverts it (max err %.3g, amax %.3g)", name, worst, amax);
+            expect(st == FLASHCL_SUCCESS && worst <= 2.0 * unit * amax, what, &failures);
+            if (dev) {
+                cl_mem bs = test_upload(dev, src, n * es), bb = test_upload(dev, NULL, n);
+                cl_mem bsc = test_upload(dev, NULL, groups * sizeof(float)), bf = test_upload(dev, NULL, n * 4);
+                unsigned char *dbytes = test_xmalloc(n);
+                float *dsc = test_xmalloc(groups * sizeof *dsc), *dback = test_xmalloc(n * sizeof *dback);
+                st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
+                test_download(dev, bb, dbytes, n);
+                test_download(dev, bsc, dsc, groups * sizeof *dsc);
+                snprintf(what, sizeof what, "%s: device bytes and factors == host's", name);
+                expect(st == FLASHCL_SUCCESS && !memcmp(dbytes, bytes, n) && !memcmp(dsc, sc, groups * sizeof *sc),
+                       what, &failures);
+                const flashcl_status sd = flashcl_fp8_dequantize(dev, &bd, bb, bsc, bf, NULL);
+                test_download(dev, bf, dback, n * sizeof *dback);
+                size_t differ = 0;
+                for (size_t i = 0; i < n; ++i)
+                    differ += memcmp(&dback[i], &back[i], sizeof(float)) != 0;
+                snprintf(what, sizeof what, "  device dequantize == host dequantize (%zu differ)", differ);
+                expect(sd == FLASHCL_SUCCESS && differ == 0, what, &failures);
+                clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc), clReleaseMemObject(bf);
+                free(dbytes), free(dsc), free(dback);
+            }
+            free(src), free(bytes), free(sc), free(back);
+        }
+    /* Refusals of the options. */
+    flashcl_fp8_quant_desc qd = {0};
+    qd.format = FLASHCL_FLOAT8_E4M3, qd.src_dtype = FLASHCL_FLOAT32;
+    qd.batch = qd.seqlen = qd.heads = 1, qd.head_dim = 48;
+    float src[48] = {1.0f};
+    unsigned char bytes[48];
+    float sc[4] = {-3.0f, -3.0f, -3.0f, -3.0f};
+    memset(bytes, 0x5a, sizeof bytes);
+    qd.hadamard_seed = 7;
+    expect(flashcl_fp8_quantize_host(&qd, src, bytes, sc) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(NULL), "power of two") && bytes[0] == 0x5a && sc[0] == -3.0f,
+           "quantize: Hadamard on head_dim 48 is refused, nothing written", &failures);
+    qd.hadamard_seed = 0, qd.block_rows = 2;
+    expect(flashcl_fp8_quantize_host(&qd, src, bytes, sc) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(NULL), "per_head") && bytes[0] == 0x5a && sc[0] == -3.0f,
+           "quantize: block_rows without per_head is refused, nothing written", &failures);
+    if (dev) {
+        cl_mem bs = test_upload(dev, src, sizeof src), bb = test_upload(dev, bytes, sizeof bytes);
+        cl_mem bsc = test_upload(dev, sc, sizeof sc);
+        qd.block_rows = 0, qd.hadamard_seed = 7;
+        const flashcl_status st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
+        unsigned char got[48];
+        test_download(dev, bb, got, sizeof got);
+        expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(dev), "power of two") &&
+                   !memcmp(got, bytes, sizeof got),
+               "device quantize: Hadamard on head_dim 48 is refused, nothing written", &failures);
+        clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc);
+    }
+}
+
+/* All 256 codes through the device's decode: head_dim 8 takes the float8
+ * helpers, head_dim 1 the scalar ones; factor 1, float32 out, so the result
+ * is the decoded value itself. */
+static void device_decode(flashcl_context *dev) {
+    unsigned char codes[256];
+    for (int c = 0; c < 256; ++c)
+        codes[c] = (unsigned char)c;
+    float one = 1.0f, got[256];
+    for (int f = 0; f < 2; ++f)
+        for (int width = 8; width >= 1; width -= 7) {
+            flashcl_fp8_quant_desc qd = {0};
+            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
+            qd.src_dtype = FLASHCL_FLOAT32;
+            qd.batch = 1, qd.heads = 1, qd.head_dim = width, qd.seqlen = 256 / width;
+            cl_mem bc = test_upload(dev, codes, 256), bs = test_upload(dev, &one, 4), bo = test_upload(dev, NULL, 1024);
+            const flashcl_status st = flashcl_fp8_dequantize(dev, &qd, bc, bs, bo, NULL);
+            memset(got, 0x5a, sizeof got);
+            test_download(dev, bo, got, sizeof got);
+            int bad = 0;
+            for (int c = 0; c < 256; ++c) {
+                const float want = flashcl_fp8_decode(qd.format, (unsigned char)c);
+                bad += isnan(want) ? !isnan(got[c]) : memcmp(&want, &got[c], 4) != 0;
+            }
+            char what[120];
+            snprintf(what, sizeof what, "device decode (%s helpers), %s: all 256 codes == flashcl_fp8_decode (%d differ)",
+                     width == 8 ? "float8" : "scalar", f ? "e5m2" : "e4m3", bad);
+            expect(st == FLASHCL_SUCCESS && bad == 0, what, &failures);
+            clReleaseMemObject(bc), clReleaseMemObject(bs), clReleaseMemObject(bo);
+        }
+}
+
+/* ---- accuracy ------------------------------------------------------------------------------------- */
+
+/* N(0,1) with 0.1% of entries from N(0, 10^2), FlashAttention-3's test. */
+static void fill_outliers(flashcl_ref_rng *rng, float *x, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+        const double z = flashcl_ref_rng_normal(rng);
+        x[i] = (float)(flashcl_ref_rng_uniform(rng) < 0.001 ? 10.0 * z : z);
+    }
+}
+
+/* Quantizes x (packed float32 [B][N][H][D]) as option opt says: 0 per tensor,
+ * 1 per head with 64-row blocks for q and k, 2 that plus Hadamard on q and k. */
+static float *quantize(const float *x, int B, int N, int H, int D, int opt, int is_v, unsigned char *bytes,
+                       flashcl_fp8_scales *s, int which) {
+    flashcl_fp8_quant_desc qd = {0};
+    qd.format = FLASHCL_FLOAT8_E4M3, qd.src_dtype = FLASHCL_FLOAT32;
+    qd.batch = B, qd.seqlen = N, qd.heads = H, qd.head_dim = D;
+    qd.per_head = opt > 0;
+    qd.block_rows = opt > 0 && !is_v ? 64 : 0;
+    qd.hadamard_seed = opt == 2 && !is_v ? 0x9e3779b97f4a7c15ull : 0;
+    const size_t groups = qd.per_head ? (size_t)B * H * (qd.block_rows ? (size_t)(N + 63) / 64 : 1) : 1;
+    float *sc = test_xmalloc(groups * sizeof *sc);
+    if (flashcl_fp8_quantize_host(&qd, x, bytes, sc) != FLASHCL_SUCCESS) {
+        printf("quantize: %s\n", flashcl_last_error(NULL));
+        exit(1);
+    }
+    s->per_head = qd.per_head;
+    if (!is_v) /* v's factors stay per (batch, head) whatever block_rows says */
+        s->block_rows = qd.block_rows;
+    if (which == 0)
+        s->q_descale = sc;
+    else if (which == 1)
+        s->k_descale = sc;
+    else
+        s->v_descale = sc;
+    return sc;
+}
+
+static void accuracy(flashcl_context *ctx, uint64_t seed) {
+    const int B = 1, H = 8, N = 512, D = 128;
+    const size_t n = (size_t)B * N * H * D;
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    float *x[3];
+    for (int t = 0; t < 3; ++t) {
+        x[t] = test_xmalloc(n * sizeof(float));
+        fill_outliers(&rng, x[t], n);
+    }
+    flashcl_attention_desc f = test_attention_desc(FLASHCL_FLOAT32, B, H, H, N, N, D);
+    double *ref = test_xmalloc(n * sizeof *ref);
+    flashcl_attention_desc_resolve(&f);
+    flashcl_ref_attention_forward(&f, x[0], x[1], x[2], ref, NULL, NULL, NULL);
+    double rmse[3];
+    static const char *const names[3] = {"per-tensor", "per-head + 64-row blocks", "blocks + Hadamard"};
+    for (int opt = 0; opt < 3; ++opt) {
+        flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, B, H, H, N, N, D);
+        unsigned char *b[3];
+        float *sc[3];
+        for (int t = 0; t < 3; ++t) {
+            b[t] = test_xmalloc(n);
+            sc[t] = quantize(x[t], B, N, H, D, opt, t == 2, b[t], &d.fp8, t);
+        }
+        float *out = test_xmalloc(n * sizeof *out);
+        flashcl_ref_poison(out, FLASHCL_FLOAT32, n);
+        const flashcl_status st = flashcl_attention_forward_host(ctx, &d, b[0], b[1], b[2], out, NULL);
+        double se = 0;
+        for (size_t i = 0; i < n; ++i)
+            se += (out[i] - ref[i]) * (out[i] - ref[i]);
+        rmse[opt] = st == FLASHCL_SUCCESS ? sqrt(se / (double)n) : NAN;
+        printf("accuracy, e4m3 B=%d H=%d N=%d D=%d, 0.1%% outliers: %-24s RMSE %.4g\n", B, H, N, D, names[opt],
+               rmse[opt]);
+        for (int t = 0; t < 3; ++t)
+            free(b[t]), free(sc[t]);
+        free(out);
+    }
+    /* The bound. FlashAttention-3's 9.1e-3 for blocks + Hadamard is at
+     * B=1, H=8, N=4096 (its P is FP8 too; here P stays float32). The same
+     * experiment on this library (bench/fp8_accuracy.c, PoCL, 2026-12-04)
+     * gives 8.2e-3 there. The figure does not shrink with N: longer rows
+     * meet more outlier products, whose scores carry large absolute errors.
+     * At this size, over 90 seeds, blocks + Hadamard gave 7.1e-3 .. 9.8e-3
+     * (a smaller sample: each outlier moves the figure more), so the bound
+     * is 1.2e-2, above every seed seen, while factors applied to the wrong
+     * rows or heads gave 0.15 .. 0.6. And the options must help: blocks +
+     * Hadamard was at most 0.72x the per-tensor figure and blocks alone
+     * always below it; 0.85x leaves room for other seeds, and a rotation
+     * or blocking that does nothing fails. */
+    const double bound = 1.2e-2;
+    char what[200];
+    snprintf(what, sizeof what, "accuracy: blocks + Hadamard %.3g < %.3g (seeds' spread at N=%d; see above)",
+             rmse[2], bound, N);
+    expect(rmse[2] < bound, what, &failures);
+    snprintf(what, sizeof what, "accuracy: blocks + Hadamard < 0.85x, blocks < 1x the per-tensor RMSE (%.2fx, %.2fx)",
+             rmse[2] / rmse[0], rmse[1] / rmse[0]);
+    expect(rmse[2] < 0.85 * rmse[0] && rmse[1] < rmse[0], what, &failures);
+    for (int t = 0; t < 3; ++t)
+        free(x[t]);
+    free(ref);
+}
+
+int main(int argc, char **argv) {
+    const uint64_t seed = test_seed();
+    flashcl_context *ctx = test_context();
+    const int is_host = flashcl_context_is_host(ctx);
+    if (argc > 1 && !strcmp(argv[1], "oclgrind")) {
+        /* The device kernels only: the forward on both variants, the quantize options, the decode. */
+        for (size_t i = 0; i < sizeof tiny_cases / sizeof tiny_cases[0] && !is_host; ++i) {
+            run_fp8_case(ctx, "device", "cpu", &tiny_cases[i], seed + i);
+            run_fp8_case(ctx, "device", "portable", &tiny_cases[i], seed + i);
+        }
+        if (!is_host) {
+            quantize_options(ctx, seed + 7);
+            device_decode(ctx);
+        }
+        flashcl_context_destroy(ctx);
+        return test_summary(failures);
+    }
+    const int only_host = argc > 1 && !strcmp(argv[1], "host");
+    flashcl_context *host = NULL;
+    if (flashcl_context_create(&host, "host") != FLASHCL_SUCCESS) {
+        printf("cannot create a host context: %s\n", flashcl_last_error(NULL));
+        return 1;
+    }
+    for (size_t i = 0; i < CASES; ++i) {
+        const uint64_t s = seed + 1000003u * (uint64_t)i;
+        run_fp8_case(host, "host", NULL, &cases[i], s);
+        if (!is_host && !only_host) {
+            run_fp8_case(ctx, "device", "cpu", &cases[i], s);
+            run_fp8_case(ctx, "device", "portable", &cases[i], s);
+        }
+    }
+    refusals(host, "host");
+    if (!is_host)
+        refusals(ctx, "device");
+    quantize_options(is_host ? NULL : ctx, seed + 7);
+    if (!is_host)
+        device_decode(ctx);
+    else
+        printf("no OpenCL device: the device decode and quantize are not checked\n");
+    accuracy(is_host || only_host ? host : ctx, seed + 11);
+    flashcl_context_destroy(host);
+    flashcl_context_destroy(ctx);
+    return test_summary(failures);
+}
