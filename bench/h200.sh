@@ -29,6 +29,11 @@
 #         for a space: DECODE_OPTIONS="-DCP_ASYNC_L2=256 -DCP_ASYNC_L2=256+-DQ_IN_LOCAL=1") build-option
 #         variants of the decode kernels, each passing test_serving mma before it is timed.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
+# fp8: the FP8 tests on the GPU (TESTS as forward's): formats and quantize, the dense forward,
+#      FP8 pages on the default, decode and mma kernels; the mma kernel's registers over e4m3
+#      pages; decode over an e4m3 pool against PyTorch's float16 FlashAttention-2 and flashcl's
+#      own float16 pool (compare_decode.py --kv-dtype e4m3, ROUNDS, default 2); the FP8 forward's
+#      TFLOP/s next to the float16 one's (FWD_SHAPES).
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -197,6 +202,24 @@ if [ "$what" = backward ]; then
       --json "$out/backward.json" 2>&1 | tee "$out/backward.txt"
   fi
   ./build-gpu/flashcl bench --device nvidia --shape 4,32,4096,64 --shape 4,32,4096,128 --dtype f16 --iters 10 | tail -n 5
+  exit 0
+fi
+if [ "$what" = fp8 ]; then
+  for t in ${TESTS-test_fp8 test_fp8_forward test_serving_fp8 "test_serving_fp8 decode" "test_serving_fp8 mma"
+    "test_serving mma" test_params}; do
+    gpu_test "$t"
+  done
+  echo "== ptxas report of the mma decode kernel over e4m3 pages (f16 queries, D=128)"
+  FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --decode \
+    --device nvidia --kv-dtype e4m3 --batch 1 --context 4096 --iters 2 2>&1 | grep -E "registers|spill|stack" | head -4
+  echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
+  PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 \
+    --rounds ${ROUNDS:-2} --json "$out/decode-e4m3.json" 2>&1 | tee "$out/decode-e4m3.txt"
+  echo "== the FP8 forward next to the float16 one (flashcl bench; FP8 runs the portable kernel on NVIDIA)"
+  for dt in f16 e4m3; do
+    ./build-gpu/flashcl bench --device nvidia ${FWD_SHAPES:---shape 4,32,4096,128 --shape 4,32,4096,64} \
+      --dtype $dt --iters 5 2>&1 | tail -n 3
+  done
   exit 0
 fi
 if [ "$what" = decode ]; then

@@ -14,9 +14,12 @@
  *     fails), page orders are shuffled, outputs and LSEs are poisoned first.
  * Argument "decode" runs the attention suites on the memory-bound decode
  * kernel (FLASHCL_DECODE_PARAMS=KERNEL=decode) instead of the device's own
- * choice (the tiled kernel on CPUs); "oclgrind" runs tiny shapes on the
- * kernel FLASHCL_DECODE_PARAMS picks (ctest -L oclgrind). FLASHCL_TEST_SEED
- * replays a run.
+ * choice (the tiled kernel on CPUs); "mma" runs decoding on the tensor-core
+ * decode kernel (cl/paged_decode_nv.cl, forced, with its HEAD_GROUP and
+ * HEAD_WARPS forms) where it reads FP8 pages (NVIDIA sm_89+, float16
+ * queries), elsewhere the same shapes on the device's own kernel; "oclgrind"
+ * runs tiny shapes on the kernel FLASHCL_DECODE_PARAMS picks (ctest -L
+ * oclgrind). FLASHCL_TEST_SEED replays a run.
  */
 #define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
@@ -565,6 +568,61 @@ static void errors_suite(flashcl_context *ctx) {
     flashcl_kv_cache_destroy(c);
 }
 
+/* Whether FLASHCL_DECODE_PARAMS=KERNEL=mma is taken for float16 queries over e4m3 pages. */
+static int mma_reads_fp8(flashcl_context *ctx) {
+    fp8_mirror m;
+    fp8_init(&m, ctx, FLASHCL_FLOAT16, FLASHCL_FLOAT8_E4M3, 1, 64, 16, 4, 0);
+    int slot = 0, one = 1, cu[2] = {0, 1};
+    flashcl_kv_cache_add_sequence(m.cache, &m.ids[0]);
+    flashcl_varlen_desc d = test_varlen_desc(FLASHCL_FLOAT16, 1, 4, 1, 64, cu, NULL);
+    flashcl_params p;
+    int ok = fp8_append(ctx, &m, 1, &slot, &one) == FLASHCL_SUCCESS &&
+             flashcl_serving_params(ctx, &d, m.cache, &m.ids[0], &p, NULL) == FLASHCL_SUCCESS &&
+             !strncmp(p.variant, "decode-mma", 10);
+    fp8_free(&m);
+    return ok;
+}
+
+/* Decoding (one query a sequence) over FP8 pages on the tensor-core kernel: one kv head a
+ * work-group (always REG_COPY's loop over FP8), a warp a kv head (HEAD_GROUP), and several
+ * warps a head (HEAD_WARPS); e4m3 and e5m2, head dims 32 to 128. */
+static void mma_suite(flashcl_context *ctx) {
+    setenv("FLASHCL_DECODE_PARAMS", "KERNEL=mma", 1);
+    const int mma = mma_reads_fp8(ctx);
+    if (!mma) {
+        printf("no tensor-core decode kernel for FP8 pages here: its shapes run on the default kernel\n");
+        unsetenv("FLASHCL_DECODE_PARAMS");
+    }
+    static const struct {
+        flashcl_dtype fmt;
+        int hk, group, d, ps, long_len;
+        const char *forms; /* FLASHCL_DECODE_PARAMS values, ';'-separated */
+        const char *name;
+    } shapes[] = {
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 16, 300, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D64 page 16, GQA 4"},
+        {FLASHCL_FLOAT8_E5M2, 2, 4, 128, 32, 1000, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8",
+         "e5m2 D128 page 32, GQA 4"},
+        {FLASHCL_FLOAT8_E4M3, 1, 8, 128, 7, 700, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=4",
+         "e4m3 D128 page 7, GQA 8"},
+        {FLASHCL_FLOAT8_E4M3, 2, 2, 32, 5, 200, "KERNEL=mma", "e4m3 D32 page 5, GQA 2"},
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 96, 16, 500, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D96 page 16, GQA 4"},
+    };
+    for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
+        char forms[128], tag[192];
+        snprintf(forms, sizeof forms, "%s", shapes[i].forms);
+        for (char *f = strtok(forms, ";"); f; f = strtok(NULL, ";")) {
+            if (mma)
+                setenv("FLASHCL_DECODE_PARAMS", f, 1);
+            snprintf(tag, sizeof tag, "%s: f16 queries, %s", mma ? f : "mma shapes, default kernel", shapes[i].name);
+            paged_suite(ctx, FLASHCL_FLOAT16, shapes[i].fmt, shapes[i].hk, shapes[i].group, shapes[i].d,
+                        shapes[i].ps, shapes[i].long_len, 0, tag);
+            if (!mma)
+                break;
+        }
+    }
+    unsetenv("FLASHCL_DECODE_PARAMS");
+}
+
 int main(int argc, char **argv) {
     const char *only = argc > 1 ? argv[1] : "all";
     flashcl_context *ctx = test_context();
@@ -574,6 +632,11 @@ int main(int argc, char **argv) {
          * without splits, prompt chunks, fork and copy-on-write. */
         paged_suite(ctx, FLASHCL_FLOAT16, FLASHCL_FLOAT8_E4M3, 1, 2, 16, 4, 9, 1, "oclgrind: f16 e4m3 D16 page 4");
         paged_suite(ctx, FLASHCL_FLOAT32, FLASHCL_FLOAT8_E5M2, 1, 2, 16, 4, 9, 0, "oclgrind: f32 e5m2 D16 page 4");
+        flashcl_context_destroy(ctx);
+        return test_summary(failures);
+    }
+    if (!strcmp(only, "mma")) {
+        mma_suite(ctx);
         flashcl_context_destroy(ctx);
         return test_summary(failures);
     }
