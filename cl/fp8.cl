@@ -23,6 +23,11 @@
  * finiteness check (amax[groups]) looks at the row before the rotation,
  * which would turn an infinity into NaN.
  */
+/* No contraction: a product rounded then added (the scaled values entering the Hadamard
+ * butterflies) must stay two roundings, as in src/fp8.c, or the device's bytes and values
+ * would differ from the host's wherever the compiler fuses them (NVIDIA does). */
+#pragma OPENCL FP_CONTRACT OFF
+
 #ifndef FP8_E5M2
 #define FP8_E5M2 0
 #endif
