@@ -240,10 +240,24 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
 #endif
 
 #if REG_COPY || HEAD_GROUP
-/* Copies staged through registers (REG_COPY): a lane's share of a tile of BLOCK_N rows
- * is chunks lane + 32 * it, row (lane + 32 * it) / D_CHUNKS, 16 bytes at column 8 * ((lane + 32 *
- * it) % D_CHUNKS), as issue_tile copies them. */
-#define LANE_CHUNKS (BLOCK_N * D_CHUNKS / 32)
+/* Copies staged through registers (REG_COPY): a lane's share of a tile of BLOCK_N rows is
+ * loads lane + 32 * it (for 16-bit rows the chunks issue_tile copies). A lane's loads of a tile: 16 bytes each, 8 elements of 16-bit rows or 16 of FP8 ones. FP8
+ * tiles stay raw in registers while in flight and are widened to float16 as they are stored,
+ * so a lane holds as many registers of them as of a 16-bit tile of half the keys: the host
+ * gives the one-head kernel 32-key tiles over FP8 pages, which keeps as many bytes in flight
+ * as the 16-bit kernel's 16-key tiles. With 8-byte loads widened at once (16-key tiles), half
+ * as many bytes were in flight and e4m3 pages decoded no faster than float16 ones on the
+ * H200 (0.96-1.11x, 2026-12-04, bench/h200.sh fp8). */
+#if KV_FP8
+#define LOAD_ELEMS 16
+#else
+#define LOAD_ELEMS 8
+#endif
+#define ROW_LOADS (HEAD_DIM / LOAD_ELEMS)
+#define LANE_LOADS (BLOCK_N * ROW_LOADS / 32)
+#if LANE_LOADS * 32 != BLOCK_N * ROW_LOADS
+#error "a tile's 16-byte loads must be a whole number a lane"
+#endif
 
 /* 16 bytes at p, or zero where !live. K and V are read once, and nothing writes them while the
  * kernel runs: through the non-coherent path, without a place in L1 (H200, REG_COPY: 1-5 %
@@ -257,7 +271,8 @@ inline uint4 chunk16_or_zero(int live, __global const ushort *p) {
     return v;
 }
 
-/* The 8 elements at p as 16 bytes of float16 (FP8 pools: 8 bytes read, then widened), or zero. */
+/* The 8 elements at p as 16 bytes of float16 (FP8 pages: 8 bytes read, then widened), or zero:
+ * HEAD_GROUP's K fragments, which go straight into the mma operands. */
 #if KV_FP8
 inline uint4 chunk_or_zero(int live, __global const kv_raw_t *p) {
     uint2 w = (uint2)(0u);
@@ -272,24 +287,35 @@ inline uint4 chunk_or_zero(int live, __global const kv_raw_t *p) {
 #define chunk_or_zero chunk16_or_zero
 #endif
 
-/* This lane's chunks of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi: zero);
+/* This lane's 16-byte loads of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi:
+ * zero), load i = lane + 32 * it at row i / ROW_LOADS, elements LOAD_ELEMS * (i % ROW_LOADS) on;
  * row0 is TILE_ROW0(n0, ...), read by the caller a tile ahead. */
 inline void load_lane_rows(uint4 *x, int n0, uint row0, int s_hi, __global const int *tables, int k_base,
                            __global const kv_raw_t *base, ulong ss, int lane) {
 #pragma unroll
-    for (int it = 0; it < LANE_CHUNKS; ++it) {
-        const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS, key = n0 + r;
+    for (int it = 0; it < LANE_LOADS; ++it) {
+        const int i = lane + 32 * it, r = i / ROW_LOADS, c = i % ROW_LOADS, key = n0 + r;
         const int live = key <= s_hi;
-        x[it] = chunk_or_zero(live, base + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * ss + 8 * c);
+        x[it] = chunk16_or_zero(live, (__global const ushort *)(base + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables,
+                                                                                     k_base) * ss + LOAD_ELEMS * c));
     }
 }
 
-/* ... and into the tile at `tile` (rows PITCH halves apart: a multiple of 16 bytes). */
+/* ... and into the tile at `tile` (rows PITCH halves apart: a multiple of 16 bytes), FP8
+ * widened to two float16 chunks. */
 inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
 #pragma unroll
-    for (int it = 0; it < LANE_CHUNKS; ++it) {
+    for (int it = 0; it < LANE_LOADS; ++it) {
         const int i = lane + 32 * it;
-        *(__local uint4 *)(tile + (i / D_CHUNKS) * PITCH + 8 * (i % D_CHUNKS)) = x[it];
+        __local ushort *dst = tile + (i / ROW_LOADS) * PITCH + LOAD_ELEMS * (i % ROW_LOADS);
+#if KV_FP8
+        const uint2 a = fp8x4_to_f16x4(x[it].x), b = fp8x4_to_f16x4(x[it].y);
+        const uint2 c = fp8x4_to_f16x4(x[it].z), d = fp8x4_to_f16x4(x[it].w);
+        *(__local uint4 *)dst = (uint4)(a.x, a.y, b.x, b.y);
+        *(__local uint4 *)(dst + 8) = (uint4)(c.x, c.y, d.x, d.y);
+#else
+        *(__local uint4 *)dst = x[it];
+#endif
     }
 }
 #endif
@@ -443,7 +469,7 @@ paged_decode_nv(SERVING_ARGS,
      * table a tile ahead of its loads, so that they wait on no table read (H200: 0.4-0.5 %
      * faster at batch 16, 2026-12-03, 75bc46b). */
 #define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
-    uint4 xk[LANE_CHUNKS], xv[LANE_CHUNKS];
+    uint4 xk[LANE_LOADS], xv[LANE_LOADS];
     uint row_next = 0;
     if (my_tiles > 0) {
         const uint row0 = TILE_ROW0(TILE_N0(0), tables, b.k_base);
@@ -721,7 +747,7 @@ paged_decode_nv(SERVING_ARGS,
 
     /* The first tile's loads, then Q's row g (A's a0 and a2 words, per k-step). */
 #define TILE_N0(i) (s_lo + (sub + (i) * HG_WPH) * BLOCK_N)
-    uint4 xk[2][HG_CHUNKS], xv[LANE_CHUNKS];
+    uint4 xk[2][HG_CHUNKS], xv[LANE_LOADS];
     uint row_next = 0;
     if (tiles > 0) {
         const uint row0 = TILE_ROW0(TILE_N0(0), tables, b.k_base);

@@ -252,6 +252,9 @@ static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem 
         else if (!decode_mma_applies(ctx, pb))
             snprintf(why, n, "the mma decode kernel needs NVIDIA sm_80+, f16/bf16, head_dim a multiple of 16 "
                              "and 16-byte aligned K/V rows");
+        else if (pb->kv_fp8 && c->block_n * (pb->head_dim / 16) % 32)
+            snprintf(why, n, "mma decode over FP8 pages: BLOCK_N %d x head_dim %d / 16 must be a multiple of 32 "
+                             "(a lane's 16-byte loads of a tile)", c->block_n, pb->head_dim);
         else if (c->block_n % 16 || c->work_group_size % 32 || c->block_m > 16 || c->stages < 2 || c->stages > 8)
             snprintf(why, n, "mma decode: BLOCK_N %d (multiple of 16), WG %d (of 32), BLOCK_M %d (<= 16), "
                              "STAGES %d (2..8)",
@@ -304,7 +307,9 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
 
     c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
-        c->block_n = 16;
+        /* FP8 pages: 32-key tiles, as many bytes in flight as 16 keys of 16-bit rows
+         * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's stay 16 (decode_head_group). */
+        c->block_n = pb->kv_fp8 ? 32 : 16;
         /* Copies staged through registers where slices are long: cp.async
          * from OpenCL reads at 3.9 TB/s at most on the H200, loads at 4.5.
          * Batch 1-16 x context 4k-128k, D=128: slices of 1024 keys and more
@@ -415,16 +420,21 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
     if (c->head_warps < 1)
         c->head_warps = 1;
     const int warps = c->head_group * c->head_warps;
+    /* The one-head kernel's 32-key tiles over FP8 pages are HEAD_GROUP's 16 (its K fragments). */
+    flashcl_decode_choice hg = *c;
+    if (pb->kv_fp8 && hg.block_n == 32)
+        hg.block_n = 16;
     int ok = pb->group >= 1 && pb->group <= 8 && c->block_m >= pb->group && c->block_m <= 8 &&
              pb->heads_k % c->head_group == 0 && pb->head_dim % 32 == 0 && pb->head_dim <= 128 &&
-             c->block_n == 16 && (size_t)(32 * warps) <= ctx->info.max_wg;
+             hg.block_n == 16 && (size_t)(32 * warps) <= ctx->info.max_wg;
     for (int i = 0; ok && i < pb->num_seqs; ++i)
         ok = pb->rows_per_seq[i] == pb->group;
-    const size_t local = flashcl_decode_local_bytes(c, pb->head_dim);
+    const size_t local = flashcl_decode_local_bytes(&hg, pb->head_dim);
     if (!ok || local > FLASHCL_NV_LOCAL_LIMIT || local > ctx->info.local_mem) {
         c->head_group = c->head_warps = 0;
         return;
     }
+    c->block_n = hg.block_n;
     c->work_group_size = 32 * warps;
 }
 
