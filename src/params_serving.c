@@ -310,6 +310,9 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         /* FP8 pages: 32-key tiles, as many bytes in flight as 16 keys of 16-bit rows
          * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's stay 16 (decode_head_group). */
         c->block_n = pb->kv_fp8 ? 32 : 16;
+        /* FP8 pages always run REG_COPY's loop (decode_reg_copy): the fit checks made before
+         * that must count its one tile buffer a warp, not STAGES of them. */
+        c->reg_copy = pb->kv_fp8 != 0;
         /* Copies staged through registers where slices are long: cp.async
          * from OpenCL reads at 3.9 TB/s at most on the H200, loads at 4.5.
          * Batch 1-16 x context 4k-128k, D=128: slices of 1024 keys and more

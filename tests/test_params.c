@@ -990,6 +990,7 @@ static void test_backward_levels(void) {
  * choice_heads_k KV heads (1 unless a check sets it). */
 static int choice_heads_k = 1;
 static int choice_max_keys = 4096;
+static flashcl_dtype choice_kv_fp8; /* FP8 pages' format, 0 for pages in dtype */
 static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, int d, int rows,
                                      flashcl_decode_choice *c) { /* a GQA group of 4 */
     static int rows_per_seq[1];
@@ -1004,6 +1005,7 @@ static flashcl_status serving_choice(flashcl_context *ctx, flashcl_dtype dtype, 
     pb.max_keys = choice_max_keys;
     pb.vec_aligned = 1;
     pb.group = 4;
+    pb.kv_fp8 = choice_kv_fp8;
     return flashcl_decode_params(ctx, &pb, c);
 }
 
@@ -1030,6 +1032,24 @@ static void test_decode_levels(void) {
            "decode on sm_90, D=128: tensor cores, 2 warps, 4 groups per CU, splits capped by 512-key slices",
            &failures);
     expect(!c.reg_copy, "... copies by cp.async on those 512-key slices", &failures);
+    /* FP8 pages: the same kernel with float16 queries, in 32-key tiles always staged through
+     * registers (where they are widened), within 48 KB; it was passed over for the tiled kernel
+     * while the fit counted two 32-key cp.async buffers a warp (bench/h200.sh fp8, 2026-12-04). */
+    choice_kv_fp8 = FLASHCL_FLOAT8_E4M3;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS &&
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && c.block_n == 32 && c.reg_copy &&
+               flashcl_decode_local_bytes(&c, 128) <= 48000,
+           "decode over e4m3 pages on sm_90, f16 queries: tensor cores, 32-key tiles through registers", &failures);
+    expect(serving_choice(ctx, FLASHCL_BFLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.kernel == FLASHCL_SERVING_DECODE,
+           "... bf16 queries (no e4m3 -> bf16 widening): the SIMT decode kernel", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 256, 4, &c) == FLASHCL_SUCCESS && c.kernel == FLASHCL_SERVING_DECODE,
+           "... D=256 (no registers to widen a tile in): the SIMT decode kernel", &failures);
+    choice_heads_k = 8; /* 8 one-head groups: a work-group of 8 warps on each head (HEAD_GROUP) */
+    choice_max_keys = 16384;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS &&
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && c.head_group == 1 && c.block_n == 16,
+           "... few heads: a warp group a head, its 16-key tiles", &failures);
+    choice_kv_fp8 = 0, choice_heads_k = 33, choice_max_keys = 4096;
     /* The same GPU with 16 KiB of __local (FLASHCL_MAX_LOCAL_MEM=16384): the mma kernel's fixed
      * tiles need more, so the tiled kernel, shrunk to fit (it was the mma kernel, which then
      * failed every call: test_serving_16k on the H200). */
