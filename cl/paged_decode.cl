@@ -40,11 +40,15 @@
  * t = s * scale * log2e (or softcap * log2e * tanh(s * scale / softcap)),
  * p = 2^(t - m), so the rounding of the row max cancels out of the result.
  *
- * FP8 pages (-DKV_FP8, common.cl): a 16-byte chunk is 16 elements (VEC 16),
- * so a key row is half the lanes' loads of a 16-bit one and the __local
- * pipeline stages raw bytes, decoded to float as they are read back
- * (unpack_chunk: bit arithmetic, 8 at a time). The kv head's k descale
- * multiplies q_mul, its v descale the stored output.
+ * FP8 pages (-DKV_FP8, common.cl): a lane's chunk is 8 bytes, 8 elements
+ * (VEC 8, as with halves), so a lane keeps as many q and accumulator floats
+ * as with 16-bit K/V (16-byte chunks of 16 elements doubled both, and the
+ * kernel, out of registers, read FP8 at a quarter of f16's bytes/s on the
+ * H200); a warp still reads whole 128-byte lines (two D=128 rows). The
+ * __local pipeline stages raw bytes (cp.async.ca, which copies 8; .cg takes
+ * only 16), decoded to float by bit arithmetic as they are read back
+ * (unpack_chunk). The kv head's k descale multiplies q_mul, its v descale
+ * the stored output.
  */
 
 #ifndef HEAD_DIM
@@ -72,8 +76,8 @@
 #endif
 
 #if KV_FP8
-#define VEC 16
-typedef uint4 chunk_t;
+#define VEC 8
+typedef uint2 chunk_t;
 #elif DTYPE == 0
 #define VEC 4
 typedef float4 chunk_t;
@@ -81,14 +85,14 @@ typedef float4 chunk_t;
 #define VEC 8
 typedef uint4 chunk_t;
 #endif
-#define NCHUNK (HEAD_DIM / VEC)                    /* 16-byte chunks per row */
+#define NCHUNK (HEAD_DIM / VEC)                    /* chunks per row (16 bytes; 8 of FP8) */
 #define CHUNKS ((NCHUNK + LANES - 1) / LANES)      /* per lane               */
 #define DL (CHUNKS * VEC)                          /* elements per lane      */
 #define SLOTS (WG_SIZE / LANES)
 #define STEP (SLOTS * UNROLL)                      /* keys per step          */
 
 #if HEAD_DIM % VEC != 0
-#error "paged_decode needs HEAD_DIM to be a multiple of 16 bytes of elements"
+#error "paged_decode needs HEAD_DIM to be a multiple of VEC (a chunk of elements)"
 #endif
 #if STAGES < 2 || STAGES > 8
 #error "STAGES must be 2..8"
@@ -123,12 +127,9 @@ inline float2 half2_to_float2(uint w) {
 
 inline void unpack_chunk(chunk_t c, float *f) {
 #if KV_FP8
-    /* as_uchar16 keeps the bytes in memory order: element e is byte e. */
-    const uchar16 b = as_uchar16(c);
-    const float8 lo = KV_FP8 == 3 ? fp8_e4m3_to_float8(b.lo) : fp8_e5m2_to_float8(b.lo);
-    const float8 hi = KV_FP8 == 3 ? fp8_e4m3_to_float8(b.hi) : fp8_e5m2_to_float8(b.hi);
-    vstore8(lo, 0, f);
-    vstore8(hi, 1, f);
+    /* as_uchar8 keeps the bytes in memory order: element e is byte e. */
+    const uchar8 b = as_uchar8(c);
+    vstore8(KV_FP8 == 3 ? fp8_e4m3_to_float8(b) : fp8_e5m2_to_float8(b), 0, f);
 #elif DTYPE == 0
     f[0] = c.x, f[1] = c.y, f[2] = c.z, f[3] = c.w;
 #else
@@ -220,18 +221,29 @@ inline void lane_sums(float *x, __local float *xch) {
 /* ---- the load pipeline ------------------------------------------------------------------ */
 
 /* Chunk idx of this work-item's stage slots := *src, or zeros when !live. */
-#ifdef FLASHCL_NV_PTX
+#if defined(FLASHCL_NV_PTX) && KV_FP8
+/* 8-byte chunks: cp.async.ca (cp.async.cg copies 16 bytes only). */
+#define FETCH16(stage, stage_base, idx, src, live)                                                 \
+    __asm__ __volatile__("cp.async.ca.shared.global [%0], [%1], 8, %2;"                             \
+                         :                                                                         \
+                         : "r"((stage_base) + 8u * (uint)(idx)), "l"((ulong)(src)),                \
+                           "r"((live) ? 8 : 0)                                                     \
+                         : "memory")
+#elif defined(FLASHCL_NV_PTX)
 #define FETCH16(stage, stage_base, idx, src, live)                                                 \
     __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;"                                         \
                          :                                                                         \
                          : "r"((stage_base) + 16u * (uint)(idx)), "l"((ulong)(src)),               \
                            "r"((live) ? 16 : 0)                                                    \
                          : "memory")
+#else
+#define FETCH16(stage, stage_base, idx, src, live) ((stage)[idx] = (live) ? *(src) : (chunk_t)(0))
+#endif
+#ifdef FLASHCL_NV_PTX
 #define FETCH_COMMIT() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
 /* All but the newest STAGES - 1 groups have landed. */
 #define FETCH_WAIT() __asm__ __volatile__("cp.async.wait_group %0;" ::"n"(STAGES - 1) : "memory")
 #else
-#define FETCH16(stage, stage_base, idx, src, live) ((stage)[idx] = (live) ? *(src) : (chunk_t)(0))
 #define FETCH_COMMIT()
 #define FETCH_WAIT()
 #endif

@@ -351,7 +351,7 @@ typedef struct flashcl_decode_problem {
                               * kernel failed to build)                         */
     int group;               /* query heads per kv head                          */
     flashcl_dtype kv_fp8;    /* 0: K/V in dtype; else the FP8 pages' format (one
-                              * byte an element: 16 to a 16-byte chunk; no mma) */
+                              * byte an element, 8-byte chunks; no mma)         */
 } flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
     int kernel;          /* FLASHCL_SERVING_TILED, _DECODE or _DECODE_MMA      */
@@ -361,7 +361,8 @@ typedef struct flashcl_decode_choice {
     int lanes;           /* decode: work-items per key (16-byte loads each)   */
     int unroll;          /* decode: keys per key slot per step                */
     int stages;          /* decode kernels: steps of K/V in the __local pipeline */
-    int vec;             /* decode: elements per 16-byte chunk                */
+    int vec;             /* decode: elements per chunk (a lane's load)         */
+    int chunk_bytes;     /* decode: bytes per chunk: 16, or 8 on FP8 pages (0: 16) */
     int work_group_size;
     int wgs_per_cu;      /* split-KV: work-groups wanted per compute unit     */
     int min_split_keys;  /* split-KV: no slice shorter than this              */

@@ -110,7 +110,7 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     if (c->kernel == FLASHCL_SERVING_DECODE) { /* slot merge (m, l, one row's O) + lane exchange */
         size_t slots = (size_t)(c->work_group_size / c->lanes), wg = (size_t)c->work_group_size;
         size_t chunks = (d / (size_t)c->vec + (size_t)c->lanes - 1) / (size_t)c->lanes; /* per lane */
-        size_t stages = (size_t)c->stages * (size_t)c->unroll * 2 * chunks * wg * 16;
+        size_t stages = (size_t)c->stages * (size_t)c->unroll * 2 * chunks * wg * (c->chunk_bytes ? (size_t)c->chunk_bytes : 16);
         return (2 * slots * m + slots * d + m * wg + m * FLASHCL_MAX_SPLITS) * sizeof(float) + stages;
     }
     size_t floats = m * (d + 1) + n * (d + 1) + m * (n + 1) + m * (size_t)c->tpr;
@@ -209,9 +209,12 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
     return FLASHCL_SUCCESS;
 }
 
-/* Elements of K/V in a 16-byte chunk (the decode kernels' loads): FP8 pages hold 16. */
+/* Elements of K/V in a chunk, one lane's load in the decode kernel: 16 bytes
+ * of 16/32-bit K/V; 8 bytes of FP8 pages, so that a lane holds 8 elements of
+ * q and of its accumulators as with halves (16 a lane took twice the
+ * registers and ran at a quarter of the f16 kernel's bytes/s on the H200). */
 static int kv_vec(const flashcl_decode_problem *pb) {
-    return 16 / (int)flashcl_dtype_size(pb->kv_fp8 ? pb->kv_fp8 : pb->dtype);
+    return pb->kv_fp8 ? 8 : 16 / (int)flashcl_dtype_size(pb->dtype);
 }
 
 /* FP8 pages in the tensor-core decode kernel: it widens the bytes to float16 in registers with
@@ -365,6 +368,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         c->unroll = e->kernel == FLASHCL_SERVING_DECODE ? e->unroll : 4;
         c->stages = e->kernel == FLASHCL_SERVING_DECODE ? e->stages : 2;
         c->vec = vec;
+        c->chunk_bytes = pb->kv_fp8 ? 8 : 16;
         /* Fewer stages until the pipeline fits __local with 1 KB to spare. */
         const size_t budget = flashcl_local_budget(ctx);
         while (c->stages > 2 && flashcl_decode_local_bytes(c, pb->head_dim) > budget)
