@@ -483,6 +483,13 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
                               flashcl_decode_choice *c) {
     if (c->kernel != FLASHCL_SERVING_DECODE_MMA)
         return;
+    /* FP8 pages from 65536 keys: the one-head kernel's 32-key tiles (HEAD_GROUP reads 16-key
+     * ones, its K in 8-byte loads). H200, e4m3, D=128, 32/8 heads, batch 1/4/16 x 65536 and
+     * 131072 keys: 9-16 % faster than the HEAD_GROUP choice below ((16, 131072) 1249 us against
+     * 1484, (1, 131072) 97 against 110; 2026-12-04, 32443ac). At 16384 keys mixed (batch 1
+     * slower, 16 faster): the rules below stay. */
+    if (pb->kv_fp8 && pb->max_keys >= 65536)
+        return;
     const long g = one_head_groups(pb, c), cus = (long)ctx->info.compute_units;
     const int pairs = pb->heads_k % 2 == 0;
     if (pb->head_dim == 96 || pb->head_dim == 128) {
