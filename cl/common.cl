@@ -668,27 +668,30 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
  * (include/flashcl.h) indexes each array; src/fp8_forward.c uploads it,
  * ones standing in for a NULL array. sc_per_head 0: one factor each (q at
  * 0, k at sc_k_off, v at sc_v_off); else per (batch, head), and with
- * sc_rows > 0 per sc_rows rows of q and of k. FP8_Q_SCALE(b, hq, row),
- * FP8_K_SCALE(b, hk, key) and FP8_V_SCALE(b, hk) read them (hq among the
- * get_global_size(1) query heads, hk among those / group); in the other
- * kernels they are 1, which the compiler folds away. */
+ * sc_rows > 0 per sc_rows rows of q and of k. A kernel takes each head's
+ * first index once (FP8_Q_BASE(b, hq), FP8_K_BASE(b, hk): hq among the
+ * get_global_size(1) query heads, hk among those / group), so a row or key
+ * costs one division at most: FP8_Q_SCALE(base, row), FP8_K_SCALE(base,
+ * key); FP8_V_SCALE(b, hk) is read once. In the other kernels the factors
+ * are 1, which the compiler folds away. */
 #if Q_FP8 || KV_FP8
 #define FWD_FP8_ARGS                                                                               \
     , __global const float *restrict fp8_sc, int sc_per_head, int sc_rows, int sc_k_off, int sc_v_off
 #define FP8_BLOCKS(n) (sc_rows > 0 ? ((n) + sc_rows - 1) / sc_rows : 1)
 #define FP8_BLOCK(row) (sc_rows > 0 ? (row) / sc_rows : 0)
-#define FP8_Q_SCALE(b, hq, row)                                                                    \
-    fp8_sc[sc_per_head ? ((b) * (int)get_global_size(1) + (hq)) * FP8_BLOCKS(nq) + FP8_BLOCK(row) : 0]
-#define FP8_K_SCALE(b, hk, key)                                                                    \
-    fp8_sc[sc_k_off + (sc_per_head ? ((b) * ((int)get_global_size(1) / group) + (hk)) * FP8_BLOCKS(nk) + \
-                                         FP8_BLOCK(key)                                            \
-                                   : 0)]
+#define FP8_Q_BASE(b, hq) (sc_per_head ? ((b) * (int)get_global_size(1) + (hq)) * FP8_BLOCKS(nq) : 0)
+#define FP8_K_BASE(b, hk)                                                                          \
+    (sc_k_off + (sc_per_head ? ((b) * ((int)get_global_size(1) / group) + (hk)) * FP8_BLOCKS(nk) : 0))
+#define FP8_Q_SCALE(base, row) fp8_sc[(base) + (sc_per_head ? FP8_BLOCK(row) : 0)]
+#define FP8_K_SCALE(base, key) fp8_sc[(base) + (sc_per_head ? FP8_BLOCK(key) : 0)]
 #define FP8_V_SCALE(b, hk)                                                                         \
     fp8_sc[sc_v_off + (sc_per_head ? (b) * ((int)get_global_size(1) / group) + (hk) : 0)]
 #else
 #define FWD_FP8_ARGS
-#define FP8_Q_SCALE(b, hq, row) 1.0f
-#define FP8_K_SCALE(b, hk, key) 1.0f
+#define FP8_Q_BASE(b, hq) 0
+#define FP8_K_BASE(b, hk) 0
+#define FP8_Q_SCALE(base, row) 1.0f
+#define FP8_K_SCALE(base, key) 1.0f
 #define FP8_V_SCALE(b, hk) 1.0f
 #endif
 

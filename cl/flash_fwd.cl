@@ -106,13 +106,14 @@ flash_fwd(FWD_ARGS FWD_FP8_ARGS) {
     const ulong q_base = q_off + b * q_sb + hq * q_sh;
     const ulong k_base = k_off + b * k_sb + hk * k_sh;
     const ulong v_base = v_off + b * v_sb + hk * v_sh;
+    const int q_sc = FP8_Q_BASE(b, hq), k_sc = FP8_K_BASE(b, hk); /* FP8: this head's descale factors */
 
     /* Q block -> q_tile; rows past nq are zero and never stored. */
     for (int idx = lid; idx < BLOCK_M * HEAD_DIM; idx += WG_SIZE) {
         int rr = idx / HEAD_DIM, d = idx % HEAD_DIM;
         float x = 0.0f;
         if (m0 + rr < nq)
-            x = LOAD_Q(q, q_base + (ulong)(m0 + rr) * q_ss + d) * FP8_Q_SCALE(b, hq, m0 + rr);
+            x = LOAD_Q(q, q_base + (ulong)(m0 + rr) * q_ss + d) * FP8_Q_SCALE(q_sc, m0 + rr);
         q_tile[rr * ROW_STRIDE + d] = x;
     }
 
@@ -151,7 +152,7 @@ flash_fwd(FWD_ARGS FWD_FP8_ARGS) {
             int c = idx / HEAD_DIM, d = idx % HEAD_DIM;
             float x = 0.0f;
             if (n0 + c < nk)
-                x = LOAD_KV(k, k_base + (ulong)(n0 + c) * k_ss + d) * FP8_K_SCALE(b, hk, (int)n0 + c);
+                x = LOAD_KV(k, k_base + (ulong)(n0 + c) * k_ss + d) * FP8_K_SCALE(k_sc, (int)n0 + c);
             kv_tile[c * ROW_STRIDE + d] = x;
         }
         barrier(CLK_LOCAL_MEM_FENCE);

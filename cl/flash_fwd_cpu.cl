@@ -117,12 +117,13 @@ flash_fwd_cpu(FWD_ARGS FWD_FP8_ARGS) {
     const ulong q_base = q_off + b * q_sb + hq * q_sh + (ulong)m0 * q_ss;
     const ulong k_base = k_off + b * k_sb + hk * k_sh;
     const ulong v_base = v_off + b * v_sb + hk * v_sh;
+    const int q_sc = FP8_Q_BASE(b, hq), k_sc = FP8_K_BASE(b, hk); /* FP8: this head's descale factors */
 
     __local float *qtf = (__local float *)qt;
     for (int r = 0; r < M_PAD; ++r)
         for (int d = 0; d < HEAD_DIM; ++d)
             qtf[d * M_PAD + r] =
-                r < rows ? LOAD_Q(q, q_base + (ulong)r * q_ss + d) * FP8_Q_SCALE(b, hq, m0 + r) * q_mul : 0.0f;
+                r < rows ? LOAD_Q(q, q_base + (ulong)r * q_ss + d) * FP8_Q_SCALE(q_sc, m0 + r) * q_mul : 0.0f;
     for (int r = 0; r < M_PAD; ++r)
         for (int j = 0; j < DV; ++j)
             acc[r][j] = 0.0f;
@@ -149,7 +150,7 @@ flash_fwd_cpu(FWD_ARGS FWD_FP8_ARGS) {
             __local float *kd = k_tile[c];
             __local float *vd = (__local float *)v_tile[c < BLOCK_N ? c : 0];
             /* Only keys < nk have a factor; the others are zeroed below. */
-            const float ks = KV_FP8 && c < n ? FP8_K_SCALE(b, hk, (int)n0 + c) : 1.0f;
+            const float ks = KV_FP8 && c < n ? FP8_K_SCALE(k_sc, (int)n0 + c) : 1.0f;
             int d = 0;
             for (; d + 8 <= HEAD_DIM; d += 8) {
                 vstore8(c < n ? LOAD_KV8(k, kr + d) * ks : (float8)0.0f, 0, kd + d);
