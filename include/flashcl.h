@@ -565,9 +565,11 @@ FLASHCL_API flashcl_status flashcl_varlen_backward(flashcl_context *ctx, const f
  * as k_scale * decode(byte) and v_scale * decode(byte) of their kv head (the
  * k scale folded into the score scale, the v scale into the output), queries,
  * outputs and split-KV partials staying in dtype and float. FP8 pages run the
- * portable decode kernel or the tiled kernel on every device (the NVIDIA
- * tensor-core decode kernel does not read FP8 yet; FLASHCL_DECODE_PARAMS
- * asking for KERNEL=mma with an FP8 cache is refused). flashcl_varlen_forward
+ * portable decode kernel or the tiled kernel on every device, and on NVIDIA
+ * sm_89+ with float16 queries and head_dim <= 128 the tensor-core decode
+ * kernel, which widens the bytes to float16 in hardware (elsewhere
+ * FLASHCL_DECODE_PARAMS asking for KERNEL=mma with an FP8 cache is refused).
+ * flashcl_varlen_forward
  * takes no FP8: its K/V are the caller's tensors in desc->dtype. */
 FLASHCL_API flashcl_status flashcl_paged_scratch_size(flashcl_context *ctx, const flashcl_varlen_desc *desc,
                                                       const flashcl_kv_cache *cache, const int *seq_ids,
