@@ -677,7 +677,7 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
 #if Q_FP8 || KV_FP8
 #define FWD_FP8_ARGS                                                                               \
     , __global const float *restrict fp8_sc, int sc_per_head, int sc_rows, int sc_k_off, int sc_v_off
-#define FP8_BLOCKS(n) (sc_rows > 0 ? ((n) + sc_rows - 1) / sc_rows : 1)
+#define FP8_BLOCKS(n) (sc_rows > 0 ? ((n) - 1) / sc_rows + 1 : 1) /* n >= 1; no n + rows overflow */
 #define FP8_BLOCK(row) (sc_rows > 0 ? (row) / sc_rows : 0)
 #define FP8_Q_BASE(b, hq) (sc_per_head ? ((b) * (int)get_global_size(1) + (hq)) * FP8_BLOCKS(nq) : 0)
 #define FP8_K_BASE(b, hk)                                                                          \

@@ -1,9 +1,10 @@
-/* fp8.cl: amax-scaled quantization to FP8 on the device (flashcl_fp8_quantize, src/fp8.c).
+/* fp8.cl: amax-scaled quantization to FP8 on the device and its inverse (flashcl_fp8_quantize,
+ * flashcl_fp8_dequantize, src/fp8.c).
  *
- * Two kernels, one work-item per (batch, seq, head) row of head_dim elements
+ * Three kernels, one work-item per (batch, seq, head) row of head_dim elements
  * in the source's layout (elem_t: float32, float16 or bfloat16, by DTYPE):
- *   fp8_amax:     amax[g] = the bits of the largest |x| of group g (a (batch,
- *                 head) pair when per_head, else 0), amax[groups] of all.
+ *   fp8_amax:     amax[g] = the bits of the largest |x| of group g (see
+ *                 "Groups" below; 0 for all when not per_head), amax[groups] of all.
  *                 Non-negative floats order as their bit patterns, and NaN's
  *                 bits lie above infinity's, above every finite value's, so
  *                 one atomic_max on uints finds the maximum and any non-finite
@@ -54,16 +55,13 @@
 inline int group_of(int b, int s, int h, int heads, int per_head, int block_rows) {
     if (!per_head)
         return 0;
-    const int blocks = block_rows > 0 ? ((int)get_global_size(0) + block_rows - 1) / block_rows : 1;
+    const int blocks = block_rows > 0 ? ((int)get_global_size(0) - 1) / block_rows + 1 : 1;
     return (b * heads + h) * blocks + (block_rows > 0 ? s / block_rows : 0);
 }
 
 #if HADAMARD
-/* y <- y M in place: signs, the Walsh-Hadamard butterflies (src/fp8.c's
- * order), 1/sqrt(D). */
-inline void hadamard_row(float *y, __global const float *restrict signs, float inv_sqrt_d) {
-    for (int i = 0; i < HADAMARD; ++i)
-        y[i] *= signs[i];
+/* y <- y H_D (unnormalised): the Walsh-Hadamard butterflies in src/fp8.c's order. */
+inline void walsh_hadamard(float *y) {
     for (int len = 1; len < HADAMARD; len <<= 1)
         for (int i = 0; i < HADAMARD; i += 2 * len)
             for (int j = i; j < i + len; ++j) {
@@ -71,6 +69,13 @@ inline void hadamard_row(float *y, __global const float *restrict signs, float i
                 y[j] = a + c;
                 y[j + len] = a - c;
             }
+}
+
+/* y <- y M in place: signs, the butterflies, 1/sqrt(D). */
+inline void hadamard_row(float *y, __global const float *restrict signs, float inv_sqrt_d) {
+    for (int i = 0; i < HADAMARD; ++i)
+        y[i] *= signs[i];
+    walsh_hadamard(y);
     for (int i = 0; i < HADAMARD; ++i)
         y[i] *= inv_sqrt_d;
 }
@@ -94,7 +99,7 @@ __kernel void fp8_amax(ROW_ARGS, __global uint *restrict amax) {
         m = max(m, as_uint(fabs(LOAD_ELEM(src, row + d))));
     raw = m;
 #endif
-    const int blocks = block_rows > 0 ? ((int)get_global_size(0) + block_rows - 1) / block_rows : 1;
+    const int blocks = block_rows > 0 ? ((int)get_global_size(0) - 1) / block_rows + 1 : 1;
     const int groups = per_head ? (int)get_global_size(2) * heads * blocks : 1;
     atomic_max(&amax[group_of(b, s, h, heads, per_head, block_rows)], m);
     atomic_max(&amax[groups], raw);
@@ -142,13 +147,7 @@ __kernel void fp8_dequantize(__global elem_t *restrict dst, ulong off, ulong sb,
     float y[HADAMARD];
     for (int d = 0; d < HADAMARD; ++d)
         y[d] = fp8_decode(src[in + d]) * scale;
-    for (int len = 1; len < HADAMARD; len <<= 1)
-        for (int i = 0; i < HADAMARD; i += 2 * len)
-            for (int j = i; j < i + len; ++j) {
-                const float a = y[j], c = y[j + len];
-                y[j] = a + c;
-                y[j + len] = a - c;
-            }
+    walsh_hadamard(y);
     for (int d = 0; d < HADAMARD; ++d)
         STORE_ELEM(dst, row + d, y[d] * inv_sqrt_d * signs[d]);
 #else

@@ -60,6 +60,6 @@ double flashcl_ref_fp8_descale(const flashcl_attention_desc *desc, int tensor, i
     const int heads = tensor == 0 ? desc->heads_q : desc->heads_k;
     const int seqlen = tensor == 0 ? desc->seqlen_q : desc->seqlen_k;
     const int by_block = tensor < 2 && s->block_rows > 0;
-    const long blocks = by_block ? (seqlen + s->block_rows - 1) / s->block_rows : 1;
+    const long blocks = by_block ? ((long)seqlen - 1) / s->block_rows + 1 : 1;
     return sc[((long)b * heads + h) * blocks + (by_block ? row / s->block_rows : 0)];
 }

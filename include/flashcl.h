@@ -245,8 +245,10 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  *   out = softmax(scale * q k^T + mask) v,   lse = logsumexp(scale * q k^T + mask)
  * lse (may be NULL): float32 [batch][heads_q][seqlen_q], at element
  * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
- * On error nothing is enqueued and no output is touched. `event` (may be
- * NULL) receives the kernel's event; the caller releases it.
+ * On error nothing is enqueued and no output is touched (except that an FP8
+ * call whose kernel fails to launch leaves its descale upload enqueued: it
+ * writes only the context's own buffer). `event` (may be NULL) receives the
+ * kernel's event; the caller releases it.
  * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
  * are copied during the call (the arrays may be freed when it returns) and
  * uploaded without blocking; the portable kernel runs on GPUs, the cpu kernel

@@ -414,12 +414,14 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &sc[i]);
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 1, &written, &ran);
-    clReleaseEvent(written);
-    if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));
+    /* The buffer's last user: the kernel, or where it failed to launch the write, which stays
+     * enqueued (on an out-of-order queue the next call's write must still land after it). */
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
-    ctx->fp8_scales_reader = ran;
+    ctx->fp8_scales_reader = err == CL_SUCCESS ? ran : written;
+    if (err != CL_SUCCESS)
+        return flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));
+    clReleaseEvent(written);
     if (event) {
         clRetainEvent(ran);
         *event = ran;

@@ -95,7 +95,7 @@ static size_t src_index(const flashcl_layout *l, int b, int s, int h, int x) {
 
 /* Row blocks of a (batch, head) with block quantization (1 without). */
 static int row_blocks(const flashcl_fp8_quant_desc *d) {
-    return d->block_rows > 0 ? (d->seqlen + d->block_rows - 1) / d->block_rows : 1;
+    return d->block_rows > 0 ? (d->seqlen - 1) / d->block_rows + 1 : 1; /* seqlen >= 1; no overflow */
 }
 
 /* Descale factors written: one, one per (batch, head), or one per row block of each. */
@@ -126,12 +126,10 @@ static void hadamard_signs(unsigned long long seed, int dim, float *signs) {
     }
 }
 
-/* row <- row M: signs, then the fast Walsh-Hadamard transform (Sylvester's
- * H, butterflies in this order, which cl/fp8.cl's hadamard_row repeats so
- * that the rounding is the same), then 1/sqrt(D) as the float inv_sqrt. */
-static void hadamard_row(float *row, int dim, const float *signs, float inv_sqrt) {
-    for (int i = 0; i < dim; ++i)
-        row[i] *= signs[i];
+/* row <- row H_dim (unnormalised): the fast Walsh-Hadamard transform (Sylvester's H), its
+ * butterflies in this order, which cl/fp8.cl's walsh_hadamard repeats so that the rounding is
+ * the same. */
+static void walsh_hadamard(float *row, int dim) {
     for (int len = 1; len < dim; len <<= 1)
         for (int i = 0; i < dim; i += 2 * len)
             for (int j = i; j < i + len; ++j) {
@@ -139,6 +137,13 @@ static void hadamard_row(float *row, int dim, const float *signs, float inv_sqrt
                 row[j] = a + b;
                 row[j + len] = a - b;
             }
+}
+
+/* row <- row M: signs, the transform, then 1/sqrt(D) as the float inv_sqrt. */
+static void hadamard_row(float *row, int dim, const float *signs, float inv_sqrt) {
+    for (int i = 0; i < dim; ++i)
+        row[i] *= signs[i];
+    walsh_hadamard(row, dim);
     for (int i = 0; i < dim; ++i)
         row[i] *= inv_sqrt;
 }
@@ -387,13 +392,7 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
 
 /* y <- y M^T = y H diag(signs) / sqrt(D): cl/fp8.cl's fp8_dequantize order. */
 static void hadamard_row_back(float *row, int dim, const float *signs, float inv_sqrt) {
-    for (int len = 1; len < dim; len <<= 1)
-        for (int i = 0; i < dim; i += 2 * len)
-            for (int j = i; j < i + len; ++j) {
-                const float a = row[j], b = row[j + len];
-                row[j] = a + b;
-                row[j + len] = a - b;
-            }
+    walsh_hadamard(row, dim);
     for (int i = 0; i < dim; ++i)
         row[i] = row[i] * inv_sqrt * signs[i];
 }
@@ -443,6 +442,9 @@ flashcl_status flashcl_fp8_dequantize(flashcl_context *ctx, const flashcl_fp8_qu
         return st;
     const flashcl_layout l = src_layout(desc);
     const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
+    if (group_count(desc) >= (size_t)1 << 28) /* cl/fp8.cl indexes them with int */
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "flashcl_fp8_dequantize: %zu descale factors are too many", group_count(desc));
     if ((st = flashcl_check_buffer(ctx, "src", src, n)) ||
         (st = flashcl_check_buffer(ctx, "descale", descale, group_count(desc) * sizeof(float))) ||
         (st = flashcl_check_buffer(ctx, "dst", dst,

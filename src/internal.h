@@ -351,7 +351,8 @@ typedef struct flashcl_decode_problem {
                               * kernel failed to build)                         */
     int group;               /* query heads per kv head                          */
     flashcl_dtype kv_fp8;    /* 0: K/V in dtype; else the FP8 pages' format (one
-                              * byte an element, 8-byte chunks; no mma)         */
+                              * byte an element: the decode kernel's 8-byte
+                              * chunks, the mma kernel's 32-key tiles)         */
 } flashcl_decode_problem;
 typedef struct flashcl_decode_choice {
     int kernel;          /* FLASHCL_SERVING_TILED, _DECODE or _DECODE_MMA      */

@@ -601,6 +601,13 @@ flashcl_status flashcl_tuning_file_save(flashcl_context *ctx, const char *path,
     flashcl_attention_desc d = *desc;
     if (flashcl_attention_desc_resolve(&d) != FLASHCL_SUCCESS)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "desc does not resolve");
+    /* The file's dtype key knows float32, float16 and bfloat16; anything else would be written
+     * as "any" and override every dtype's entry. */
+    if (d.dtype != FLASHCL_FLOAT32 && d.dtype != FLASHCL_FLOAT16 && d.dtype != FLASHCL_BFLOAT16)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "the tuning file has no problem class for dtype %d (FP8): flashcl_set_params sets one "
+                            "for this context",
+                            (int)d.dtype);
     char def[4096], err[600];
     if (!path || !path[0]) {
         if (!flashcl_tuning_path(def, sizeof def))

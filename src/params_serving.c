@@ -13,7 +13,8 @@
  *   kernel    mma (cl/paged_decode_nv.cl) or decode (cl/paged_decode.cl)
  *             when every block has at most max_rows rows (8 for the decode
  *             kernel under an mma entry) and the kernel applies (NVIDIA sm_80+
- *             f16/bf16, not FP8 pages; 16-byte aligned K/V rows); otherwise, and for tiled
+ *             f16/bf16; FP8 pages on sm_89+ with f16 queries, D <= 128; 16-byte
+ *             aligned K/V rows); otherwise, and for tiled
  *             entries, cl/paged_attention.cl.
  *   wg, unroll, stages the decode kernel's work-group, keys per slot per step
  *                      and pipeline depth (steps of K/V in __local; fewer

@@ -24,7 +24,8 @@
  * FP8 pages (a cache with page_dtype e4m3/e5m2): the kernel is built with
  * -DKV_FP8=<format> and takes the cache's scales buffer after softcap_log2
  * (SERVING_KV_SCALES, cl/common.cl); the decode kernel or the tiled one
- * runs, never the mma kernel (params_serving.c).
+ * runs, or on NVIDIA sm_89+ with float16 queries the mma kernel, which widens
+ * the bytes in registers (params_serving.c).
  * Partial results, which scale with the problem, go in the caller's scratch
  * (flashcl_*_scratch_size). The kernels are chained by
  * events, so an out-of-order queue works.

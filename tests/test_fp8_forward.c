@@ -23,6 +23,7 @@
  *    Hadamard; RMSE against float64 attention on the unquantized inputs.
  */
 #define _POSIX_C_SOURCE 200809L
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -215,14 +216,17 @@ static void refusals(flashcl_context *ctx, const char *where) {
     flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 8, 8, 16);
     char what[200];
     /* Each: edit, call, expect INVALID_ARGUMENT, message, out and lse untouched. */
-    for (int t = 0; t < 4; ++t) {
+    for (int t = 0; t < 7; ++t) {
         flashcl_attention_desc e = d;
-        const float neg = -1.0f, nan_factor = NAN;
+        const float neg = -1.0f, nan_factor = NAN, inf_factor = INFINITY;
         const char *name = "", *needle = "";
         switch (t) {
         case 0: e.out_dtype = FLASHCL_FLOAT8_E4M3, name = "an FP8 out_dtype", needle = "out_dtype"; break;
         case 1: e.fp8.block_rows = 4, name = "block_rows without per_head", needle = "per_head"; break;
         case 2: e.fp8.k_descale = &neg, name = "a negative k descale", needle = "k_descale"; break;
+        case 3: e.out_dtype = (flashcl_dtype)7, name = "an unknown out_dtype", needle = "out_dtype"; break;
+        case 4: e.fp8.per_head = 1, e.fp8.block_rows = -1, name = "a negative block_rows", needle = "block_rows"; break;
+        case 5: e.fp8.q_descale = &inf_factor, name = "an infinite q descale", needle = "q_descale"; break;
         default: e.fp8.v_descale = &nan_factor, name = "a NaN v descale", needle = "v_descale"; break;
         }
         memset(out, 0x5a, sizeof out), memset(lse, 0x5a, sizeof lse);
@@ -235,6 +239,24 @@ static void refusals(flashcl_context *ctx, const char *where) {
         snprintf(what, sizeof what, "%s: the forward refuses %s, says so, writes nothing", where, name);
         expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(ctx), needle) && untouched, what,
                &failures);
+    }
+    /* block_rows past every sequence (INT_MAX: one block, and no overflow on the way to it)
+     * computes what per-head factors do. */
+    {
+        const float qs[2] = {0.5f, 0.25f}, ks[2] = {2.0f, 0.125f}, vs[2] = {1.5f, 0.75f};
+        float per_head[sizeof out / sizeof(float)], huge[sizeof out / sizeof(float)];
+        unsigned char qv[sizeof q], kv[sizeof k], vv[sizeof v]; /* varied finite codes: every factor matters */
+        for (size_t i = 0; i < sizeof q; ++i) {
+            qv[i] = (unsigned char)(0x20 + (i * 37) % 40), kv[i] = (unsigned char)(0xa0 + (i * 11) % 40);
+            vv[i] = (unsigned char)(0x30 + (i * 13) % 40);
+        }
+        flashcl_attention_desc e = d;
+        e.fp8.q_descale = qs, e.fp8.k_descale = ks, e.fp8.v_descale = vs, e.fp8.per_head = 1;
+        const flashcl_status s1 = flashcl_attention_forward_host(ctx, &e, qv, kv, vv, per_head, NULL);
+        e.fp8.block_rows = INT_MAX;
+        const flashcl_status s2 = flashcl_attention_forward_host(ctx, &e, qv, kv, vv, huge, NULL);
+        snprintf(what, sizeof what, "%s: block_rows INT_MAX runs as one block a head", where);
+        expect(!s1 && !s2 && !memcmp(per_head, huge, sizeof huge), what, &failures);
     }
     /* The backward takes no FP8. */
     float dq[sizeof q], dk[sizeof q], dv[sizeof q];
