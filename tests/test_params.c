@@ -448,6 +448,13 @@ static void test_overrides(void) {
     p.block_m = 16;
     expect(flashcl_tuning_file_save(ctx, NULL, &d, &p, NULL) == FLASHCL_SUCCESS, "saving again replaces",
            &failures);
+    /* The file has no FP8 class: an FP8 desc would be stored as dtype "any" and override every
+     * dtype's entry. */
+    flashcl_attention_desc d8 = d;
+    d8.dtype = FLASHCL_FLOAT8_E4M3;
+    expect(flashcl_tuning_file_save(ctx, NULL, &d8, &p, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(ctx), "FP8"),
+           "flashcl_tuning_file_save refuses an FP8 desc, says why", &failures);
     flashcl_context_destroy(ctx);
     char err[200];
     size_t count = 0;
