@@ -48,7 +48,8 @@ int cli_parse_dtype(const char *text, flashcl_dtype *dtype) {
 }
 
 int cli_parse_dtype_fp8(const char *text, flashcl_dtype *dtype) {
-    if (!strcmp(text, "e4m3") || !strcmp(text, "float8_e4m3fn") || !strcmp(text, "fp8"))
+    if (!strcmp(text, "e4m3") || !strcmp(text, "float8_e4m3fn") || !strcmp(text, "float8_e4m3") ||
+        !strcmp(text, "fp8"))
         *dtype = FLASHCL_FLOAT8_E4M3;
     else if (!strcmp(text, "e5m2") || !strcmp(text, "float8_e5m2"))
         *dtype = FLASHCL_FLOAT8_E5M2;

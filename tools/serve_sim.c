@@ -516,11 +516,6 @@ static int warm_kernels(flashcl_context *ctx, const sim_opts *o, device_bufs *bu
 
 /* ---- output ------------------------------------------------------------------------------------ */
 
-static const char *dtype_name(flashcl_dtype dt) {
-    static const char *const names[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
-    return (unsigned)dt < 5 ? names[dt] : "?";
-}
-
 static void print_table(const sim_opts *o, int n, long total_out, const sim_result *r, int count) {
     printf("%d requests, %ld output tokens; batch %d, token budget %d, %d pages of %d tokens, heads %d/%d, "
            "head_dim %d%s\n",
@@ -535,11 +530,11 @@ static void print_table(const sim_opts *o, int n, long total_out, const sim_resu
     if (o->kv_dtype != o->dtype)
         printf("KV pages %s (1 byte an element, queries %s): %d pages of %d tokens in %.3f MiB, the bytes of %d f16 "
                "pages: the same pool holds twice the tokens (%ld instead of %ld)\n",
-               dtype_name(o->kv_dtype), dtype_name(o->dtype), o->pages, o->page_size,
+               cli_dtype_name(o->kv_dtype), cli_dtype_name(o->dtype), o->pages, o->page_size,
                page_mib * (double)o->pages, o->pages / 2, (long)o->pages * o->page_size,
                (long)o->pages / 2 * o->page_size);
     else
-        printf("KV pages %s: %d pages of %d tokens in %.3f MiB\n", dtype_name(o->kv_dtype), o->pages, o->page_size,
+        printf("KV pages %s: %d pages of %d tokens in %.3f MiB\n", cli_dtype_name(o->kv_dtype), o->pages, o->page_size,
                page_mib * (double)flashcl_dtype_size(o->kv_dtype) * (double)o->pages);
     printf("%-11s %7s %9s %9s %9s %8s %8s %8s %10s %10s %10s\n", "mode", "steps", "tokens/s", "mean lat", "p99 lat",
            "slots %", "(time)", "preempt", "KV mean", "KV peak", "contig");
@@ -567,7 +562,7 @@ static void print_json(flashcl_context *ctx, const sim_opts *o, int n, long tota
                        int count) {
     printf("{\"device\": ");
     cli_json_string(stdout, flashcl_context_device_name(ctx));
-    printf(", \"kv_dtype\": \"%s\", \"dtype\": \"%s\"", dtype_name(o->kv_dtype), dtype_name(o->dtype));
+    printf(", \"kv_dtype\": \"%s\", \"dtype\": \"%s\"", cli_dtype_name(o->kv_dtype), cli_dtype_name(o->dtype));
     printf(", \"requests\": %d, \"output_tokens\": %ld, \"max_batch\": %d, \"token_budget\": %d, \"pages\": %d, "
            "\"page_size\": %d, \"heads_q\": %d, \"heads_k\": %d, \"head_dim\": %d, \"spec_k\": %d, \"accept\": %g, \"model_ms\": %g,\n"
            " \"modes\": [",
@@ -718,11 +713,7 @@ int cmd_serve_sim(int argc, char **argv) {
         } else if ((t = cli_take_value(argc, argv, &i, "--kv-dtype", &v))) {
             if (t < 0)
                 return CLI_EXIT_USAGE;
-            if (!strcmp(v, "e4m3") || !strcmp(v, "fp8"))
-                o.kv_dtype = FLASHCL_FLOAT8_E4M3;
-            else if (!strcmp(v, "e5m2"))
-                o.kv_dtype = FLASHCL_FLOAT8_E5M2;
-            else if (cli_parse_dtype(v, &o.kv_dtype))
+            if (cli_parse_dtype_fp8(v, &o.kv_dtype))
                 return usage_fail(usage_serve_sim, "--kv-dtype wants f32, f16, bf16, e4m3 or e5m2, not", v);
             /* 16/32-bit pages: queries in the same type; FP8: f16 queries */
             o.dtype = o.kv_dtype == FLASHCL_FLOAT8_E4M3 || o.kv_dtype == FLASHCL_FLOAT8_E5M2 ? FLASHCL_FLOAT16

@@ -184,21 +184,6 @@ typedef struct decode_opts {
     flashcl_dtype kv_dtype; /* the pool's pages: dtype, or an FP8 format */
 } decode_opts;
 
-/* --kv-dtype: a storage type of cli_parse_dtype, or e4m3 / e5m2. */
-static int parse_kv_dtype(const char *text, flashcl_dtype *dtype) {
-    if (!strcmp(text, "e4m3") || !strcmp(text, "fp8") || !strcmp(text, "float8_e4m3"))
-        *dtype = FLASHCL_FLOAT8_E4M3;
-    else if (!strcmp(text, "e5m2") || !strcmp(text, "float8_e5m2"))
-        *dtype = FLASHCL_FLOAT8_E5M2;
-    else
-        return cli_parse_dtype(text, dtype);
-    return 0;
-}
-
-static const char *kv_dtype_name(flashcl_dtype dt) {
-    static const char *const names[] = {"f32", "f16", "bf16", "e4m3", "e5m2"};
-    return (unsigned)dt < 5 ? names[dt] : "?";
-}
 
 /* Runs one (batch, context) row; prints it. Returns 0 on success. */
 static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int context, int hq, int hk, int dim,
@@ -466,7 +451,7 @@ int cli_bench_decode(int argc, char **argv) {
         if ((r = cli_take_value(argc, argv, &i, "--kv-dtype", &value)) != 0) {
             if (r < 0)
                 return CLI_EXIT_USAGE;
-            if (parse_kv_dtype(value, &kv_dt) != 0) {
+            if (cli_parse_dtype_fp8(value, &kv_dt) != 0) {
                 cli_errorf("--kv-dtype wants f16, bf16, f32, e4m3 or e5m2, not '%s'", value);
                 return CLI_EXIT_USAGE;
             }
@@ -507,16 +492,16 @@ int cli_bench_decode(int argc, char **argv) {
         kv_dt = dt;
     if (kv_dt != dt && kv_dt != FLASHCL_FLOAT8_E4M3 && kv_dt != FLASHCL_FLOAT8_E5M2) {
         cli_errorf("--kv-dtype wants --dtype's type or e4m3/e5m2 (FP8 pages), not %s with --dtype %s",
-                   kv_dtype_name(kv_dt), kv_dtype_name(dt));
+                   cli_dtype_name(kv_dt), cli_dtype_name(dt));
         flashcl_context_destroy(ctx);
         return CLI_EXIT_USAGE;
     }
     const decode_opts opts = {(int)page, shuffled, (int)splits, (int)iters, (int)warmup, step, kv_dt};
     char pages[80] = "";
     if (kv_dt != dt)
-        snprintf(pages, sizeof pages, ", K/V pages %s (1 byte an element, scales 2^-6)", kv_dtype_name(kv_dt));
+        snprintf(pages, sizeof pages, ", K/V pages %s (1 byte an element, scales 2^-6)", cli_dtype_name(kv_dt));
     printf("decode on %s: %s%s, heads %ld/%ld, head_dim %ld, page %ld (%s), causal, one query per sequence%s\n",
-           flashcl_context_device_name(ctx), kv_dtype_name(dt), pages, heads[0], heads[1], dim, page,
+           flashcl_context_device_name(ctx), cli_dtype_name(dt), pages, heads[0], heads[1], dim, page,
            shuffled ? "shuffled" : "sequential",
            step ? "; timed: an append of one token per sequence, then the attention" : "");
     printf("%6s %8s %7s %10s %10s %9s %9s %8s %8s %8s  %-10s\n", "batch", "context", "splits", "median_us", "min_us",
