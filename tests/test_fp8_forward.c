@@ -497,17 +497,19 @@ static void accuracy(flashcl_context *ctx, uint64_t seed) {
      * (a smaller sample: each outlier moves the figure more), so the bound
      * is 1.2e-2, above every seed seen, while factors applied to the wrong
      * rows or heads gave 0.15 .. 0.6. And the options must help: blocks +
-     * Hadamard was at most 0.72x the per-tensor figure and blocks alone
-     * always below it; 0.85x leaves room for other seeds, and a rotation
-     * or blocking that does nothing fails. */
+     * Hadamard was at most 0.72x the per-tensor figure; 0.85x leaves room
+     * for other seeds, and a rotation or blocking that does nothing fails.
+     * Blocks alone are not bounded: over 40 more seeds they gave 0.81 ..
+     * 0.95x per-tensor at this size (a block's few outliers set its scale),
+     * too close to 1 for a check that must not fail by chance. */
     const double bound = 1.2e-2;
     char what[200];
     snprintf(what, sizeof what, "accuracy: blocks + Hadamard %.3g < %.3g (seeds' spread at N=%d; see above)",
              rmse[2], bound, N);
     expect(rmse[2] < bound, what, &failures);
-    snprintf(what, sizeof what, "accuracy: blocks + Hadamard < 0.85x, blocks < 1x the per-tensor RMSE (%.2fx, %.2fx)",
+    snprintf(what, sizeof what, "accuracy: blocks + Hadamard < 0.85x the per-tensor RMSE (%.2fx; blocks alone %.2fx)",
              rmse[2] / rmse[0], rmse[1] / rmse[0]);
-    expect(rmse[2] < 0.85 * rmse[0] && rmse[1] < rmse[0], what, &failures);
+    expect(rmse[2] < 0.85 * rmse[0], what, &failures);
     for (int t = 0; t < 3; ++t)
         free(x[t]);
     free(ref);
