@@ -619,6 +619,14 @@ void flashcl_ref_poison(void *base, flashcl_dtype dtype, size_t count) {
  * checking
  * ------------------------------------------------------------------------- */
 
+int flashcl_ref_lse_ok(double got, double want, double tol, flashcl_ref_report *report) {
+    if (isinf(want))
+        return isinf(got) && got < 0.0;
+    const double e = isfinite(got) ? fabs(got - want) : INFINITY;
+    report->max_lse_err = fmax(report->max_lse_err, e);
+    return e <= tol;
+}
+
 double flashcl_ref_epsilon(flashcl_dtype dtype) {
     // The absolute slack added to 2 * plain_err. It covers what the rule's
     // relative part cannot: when the plain implementation happens to be nearly
@@ -781,16 +789,7 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
                 for (int i = 0; i < Nq; i++) {
                     size_t n = ((size_t)b * Hq + h) * Nq + i;
                     double got = (double)lse[n], want = ref_lse[n];
-                    int ok;
-                    if (isinf(want)) {
-                        ok = isinf(got) && got < 0.0;
-                    } else {
-                        double e = isfinite(got) ? fabs(got - want) : INFINITY;
-                        if (e > report->max_lse_err)
-                            report->max_lse_err = e;
-                        ok = e <= 1e-3 + 1e-4 * fabs(want);
-                    }
-                    if (ok)
+                    if (flashcl_ref_lse_ok(got, want, 1e-3 + 1e-4 * fabs(want), report))
                         continue;
                     report->mismatches++;
                     if (verbose && printed++ < MAX_PRINTED)

@@ -107,6 +107,10 @@ typedef struct flashcl_ref_report {
 /* Epsilon of the rule above for a storage dtype. */
 double flashcl_ref_epsilon(flashcl_dtype dtype);
 
+/* One LSE against the reference's: -inf exactly where want is -inf (its row sees no key),
+ * else |got - want| <= tol (NaN fails), recorded in report->max_lse_err. Returns 1 if right. */
+int flashcl_ref_lse_ok(double got, double want, double tol, flashcl_ref_report *report);
+
 /* Runs the reference and the plain implementation on q, k, v and checks out
  * and lse against them. When `verbose` is nonzero, the first few mismatches
  * are printed to stderr with their indices. Returns report->passed. */

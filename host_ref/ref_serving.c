@@ -142,15 +142,7 @@ int flashcl_ref_check_merge(const flashcl_merge_desc *desc, const void *o1, cons
                 }
                 if (lse_out) {
                     double want = ref_lse[row], got = lse_out[desc->lse_out_offset + row];
-                    int ok;
-                    if (isinf(want)) {
-                        ok = isinf(got) && got < 0.0;
-                    } else {
-                        double e = isfinite(got) ? fabs(got - want) : INFINITY;
-                        report->max_lse_err = fmax(report->max_lse_err, e);
-                        ok = e <= 8.0 * f * fmax(1.0, fabs(want));
-                    }
-                    if (!ok) {
+                    if (!flashcl_ref_lse_ok(got, want, 8.0 * f * fmax(1.0, fabs(want)), report)) {
                         report->mismatches++;
                         if (verbose && printed++ < 8)
                             fprintf(stderr, "flashcl merge check: lse[b=%d h=%d n=%d] = %.8g, ref %.8g\n", b, h,
@@ -513,15 +505,7 @@ int flashcl_ref_check_paged_fp8(const flashcl_varlen_desc *desc, const void *q, 
     // pass 4: LSE, -inf exactly where no key is seen
     for (size_t x = 0; lse && x < (size_t)total_q * Hq; x++) {
         double got = lse[x], want = ref_lse[x];
-        int ok;
-        if (isinf(want)) {
-            ok = isinf(got) && got < 0.0;
-        } else {
-            double e = isfinite(got) ? fabs(got - want) : INFINITY;
-            report->max_lse_err = fmax(report->max_lse_err, e);
-            ok = e <= 1e-3 + 1e-4 * fabs(want);
-        }
-        if (!ok) {
+        if (!flashcl_ref_lse_ok(got, want, 1e-3 + 1e-4 * fabs(want), report)) {
             report->mismatches++;
             if (verbose && printed++ < 8)
                 fprintf(stderr, "flashcl fp8 paged check: lse[%zu] = %.8g, ref %.8g\n", x, got, want);
