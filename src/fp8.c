@@ -277,6 +277,29 @@ static cl_int set_row_args(cl_kernel k, const flashcl_fp8_quant_desc *d, const f
     return err;
 }
 
+/* What both device helpers check before anything is enqueued: the desc; the factor count, which
+ * cl/fp8.cl indexes with int; and the buffers' sizes: `values` (named vname) in desc->src's
+ * layout and src_dtype, `bytes` packed FP8, descale a float a factor. */
+static flashcl_status check_device_args(flashcl_context *ctx, const char *fn, const flashcl_fp8_quant_desc *desc,
+                                        const fp8_format **f, const char *vname, cl_mem values, const char *bname,
+                                        cl_mem bytes, cl_mem descale) {
+    flashcl_status st = check_desc(ctx, fn, desc, f);
+    if (st)
+        return st;
+    if (group_count(desc) >= (size_t)1 << 28)
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "%s: %zu descale factors are too many", fn,
+                            group_count(desc));
+    const flashcl_layout l = src_layout(desc);
+    const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
+    if ((st = flashcl_check_buffer(ctx, vname, values,
+                                   flashcl_layout_bytes(&l, desc->batch, desc->seqlen, desc->heads, desc->head_dim,
+                                                        flashcl_dtype_size(desc->src_dtype)))) ||
+        (st = flashcl_check_buffer(ctx, bname, bytes, n)) ||
+        (st = flashcl_check_buffer(ctx, "descale", descale, group_count(desc) * sizeof(float))))
+        return st;
+    return FLASHCL_SUCCESS;
+}
+
 flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, cl_mem src, cl_mem dst,
                                     cl_mem descale, cl_event *event) {
     FLASHCL_LOCKED(ctx);
@@ -284,21 +307,11 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     if (entry != FLASHCL_SUCCESS)
         return entry;
     const fp8_format *f;
-    flashcl_status st = check_desc(ctx, "flashcl_fp8_quantize", desc, &f);
+    flashcl_status st = check_device_args(ctx, "flashcl_fp8_quantize", desc, &f, "src", src, "dst", dst, descale);
     if (st)
         return st;
     const flashcl_layout l = src_layout(desc);
-    const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
-    if (group_count(desc) >= (size_t)1 << 28)
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize: %zu descale factors are too many",
-                            group_count(desc));
     const int groups = (int)group_count(desc);
-    if ((st = flashcl_check_buffer(ctx, "src", src,
-                                   flashcl_layout_bytes(&l, desc->batch, desc->seqlen, desc->heads, desc->head_dim,
-                                                        flashcl_dtype_size(desc->src_dtype)))) ||
-        (st = flashcl_check_buffer(ctx, "dst", dst, n)) ||
-        (st = flashcl_check_buffer(ctx, "descale", descale, (size_t)groups * sizeof(float))))
-        return st;
     if (dst == src || descale == src || descale == dst)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize: src, dst and descale must differ");
 
@@ -437,20 +450,10 @@ flashcl_status flashcl_fp8_dequantize(flashcl_context *ctx, const flashcl_fp8_qu
     if (entry != FLASHCL_SUCCESS)
         return entry;
     const fp8_format *f;
-    flashcl_status st = check_desc(ctx, "flashcl_fp8_dequantize", desc, &f);
+    flashcl_status st = check_device_args(ctx, "flashcl_fp8_dequantize", desc, &f, "dst", dst, "src", src, descale);
     if (st)
         return st;
     const flashcl_layout l = src_layout(desc);
-    const size_t n = (size_t)desc->batch * desc->seqlen * desc->heads * desc->head_dim;
-    if (group_count(desc) >= (size_t)1 << 28) /* cl/fp8.cl indexes them with int */
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
-                            "flashcl_fp8_dequantize: %zu descale factors are too many", group_count(desc));
-    if ((st = flashcl_check_buffer(ctx, "src", src, n)) ||
-        (st = flashcl_check_buffer(ctx, "descale", descale, group_count(desc) * sizeof(float))) ||
-        (st = flashcl_check_buffer(ctx, "dst", dst,
-                                   flashcl_layout_bytes(&l, desc->batch, desc->seqlen, desc->heads, desc->head_dim,
-                                                        flashcl_dtype_size(desc->src_dtype)))))
-        return st;
     if (dst == src || dst == descale)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_dequantize: dst must differ from src and descale");
     char options[128];
