@@ -1,5 +1,5 @@
 /* flashcl.c: the flashcl command-line tool: the command table and main; each subcommand is in
- * its own file (devices_cli.c, attention_cli.c, check_cli.c, bench_cli.c, tune.c, serve_sim.c). */
+ * its own file (devices_cli.c, attention_cli.c, check_cli.c, bench_cli.c, tune.c, serve_sim.c, spec_sim.c). */
 #define _POSIX_C_SOURCE 200809L
 
 #include <stdio.h>
@@ -12,6 +12,7 @@
 #include "devices_cli.h"
 #include "flashcl.h"
 #include "serve_sim.h"
+#include "spec_sim.h"
 #include "tune.h"
 
 /* ======================================================================
