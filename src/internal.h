@@ -405,6 +405,9 @@ flashcl_status flashcl_decode_params(flashcl_context *ctx, const flashcl_decode_
                                      flashcl_decode_choice *choice);
 /* __local bytes the chosen kernel needs. */
 size_t flashcl_decode_local_bytes(const flashcl_decode_choice *choice, int head_dim);
+/* Elements of K/V in a chunk, one lane's load in the decode kernel
+ * (cl/paged_decode.cl): 16 bytes of 16/32-bit K/V, 8 of FP8 pages. */
+int flashcl_decode_kv_vec(const flashcl_decode_problem *problem);
 /* The META_ARGS switch for the serving calls that have no decode choice of
  * their own (a KV-cache append's slot list): FLASHCL_DECODE_PARAMS's value,
  * else the default; a malformed variable is left for the decode call to

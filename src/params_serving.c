@@ -210,11 +210,10 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
     return FLASHCL_SUCCESS;
 }
 
-/* Elements of K/V in a chunk, one lane's load in the decode kernel: 16 bytes
- * of 16/32-bit K/V; 8 bytes of FP8 pages, so that a lane holds 8 elements of
- * q and of its accumulators as with halves (16 a lane took twice the
- * registers and ran at a quarter of the f16 kernel's bytes/s on the H200). */
-static int kv_vec(const flashcl_decode_problem *pb) {
+/* 8 bytes of FP8 pages, not 16, so that a lane holds 8 elements of q and of
+ * its accumulators as with halves (16 a lane took twice the registers and ran
+ * at a quarter of the f16 kernel's bytes/s on the H200). */
+int flashcl_decode_kv_vec(const flashcl_decode_problem *pb) {
     return pb->kv_fp8 ? 8 : 16 / (int)flashcl_dtype_size(pb->dtype);
 }
 
@@ -238,7 +237,7 @@ static int decode_mma_applies(const flashcl_context *ctx, const flashcl_decode_p
  * is kept after, only where it fits (decode_head_group): what it falls back to is checked here. */
 static void decode_fit(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                        const flashcl_decode_choice *c, char *why, size_t n) {
-    const int vec = kv_vec(pb);
+    const int vec = flashcl_decode_kv_vec(pb);
     why[0] = '\0';
     if (c->kernel == FLASHCL_SERVING_DECODE) {
         if (pb->head_dim % vec || !pb->vec_aligned)
@@ -288,7 +287,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
      * past llvmpipe's 65535 iterations (test_serving, f32 page 256: wrong);
      * with 4 or more work-items a row each iterates a quarter as often. */
     const int cpu = (ctx->info.type & CL_DEVICE_TYPE_CPU) != 0 && !ctx->info.is_rusticl;
-    const int vec = kv_vec(pb);
+    const int vec = flashcl_decode_kv_vec(pb);
     c->wgs_per_cu = e->wgs_per_cu;
     c->min_split_keys = e->min_split_keys;
     c->meta_args = BY_VALUE_DEFAULT;

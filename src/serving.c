@@ -382,11 +382,11 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
         long nr = (long)(r->cu_seqlens_q[i + 1] - r->cu_seqlens_q[i]) * p->group;
         rows[i] = nr > 0x7fffffffL ? 0x7fffffff : (int)nr;
     }
-    /* The decode kernel reads K/V rows as 16-byte chunks (8-byte ones of FP8 pages: params_serving.c's kv_vec). */
     const flashcl_dtype kv_fp8 = cache && cache->scales ? cache->page_dtype : (flashcl_dtype)0;
-    const size_t vec = kv_fp8 ? 8 : 16 / flashcl_dtype_size(r->dtype);
     flashcl_decode_problem pb = {r->dtype, r->head_dim, r->heads_k, n, rows, p->max_keys,
                                  splits > 0 ? splits : r->num_splits, 1, force_tiled, p->group, kv_fp8};
+    /* The decode kernel reads K/V rows in chunks of vec elements. */
+    const size_t vec = (size_t)flashcl_decode_kv_vec(&pb);
     for (int i = 2; i < 4; ++i)
         if (ls[i]->offset % vec || ls[i]->stride_seq % vec || ls[i]->stride_head % vec)
             pb.vec_aligned = 0;
