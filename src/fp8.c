@@ -277,6 +277,18 @@ static cl_int set_row_args(cl_kernel k, const flashcl_fp8_quant_desc *d, const f
     return err;
 }
 
+/* cl/fp8.cl's kernel `which` (1 fp8_amax, 2 fp8_quantize, 3 fp8_dequantize) for desc. One kernel
+ * per (file, options): FP8_KERNEL names it, so each is a program of its own; HADAMARD is the
+ * row length of the rotation (0: none), fixed at build. */
+static flashcl_status fp8_kernel(flashcl_context *ctx, const flashcl_fp8_quant_desc *desc, int which, cl_kernel *k) {
+    static const char *const names[4] = {"", "fp8_amax", "fp8_quantize", "fp8_dequantize"};
+    char options[128];
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=%d",
+             (int)desc->src_dtype, desc->format == FLASHCL_FLOAT8_E5M2, desc->hadamard_seed ? desc->head_dim : 0,
+             which);
+    return flashcl_get_kernel(ctx, "fp8.cl", names[which], options, k);
+}
+
 /* What both device helpers check before anything is enqueued: the desc; the factor count, which
  * cl/fp8.cl indexes with int; and the buffers' sizes: `values` (named vname) in desc->src's
  * layout and src_dtype, `bytes` packed FP8, descale a float a factor. */
@@ -315,18 +327,9 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
     if (dst == src || descale == src || descale == dst)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_quantize: src, dst and descale must differ");
 
-    char options[128];
     cl_kernel k_amax, k_quant;
-    const int is_e5m2 = desc->format == FLASHCL_FLOAT8_E5M2;
-    const int hadamard = desc->hadamard_seed ? desc->head_dim : 0; /* HADAMARD: the row length, fixed at build */
-    /* One kernel per (file, options): a -D naming each kernel keeps them apart. */
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=1",
-             (int)desc->src_dtype, is_e5m2, hadamard);
-    if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_amax", options, &k_amax)))
-        return st;
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=2",
-             (int)desc->src_dtype, is_e5m2, hadamard);
-    if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_quantize", options, &k_quant)))
+    const int hadamard = desc->hadamard_seed ? desc->head_dim : 0;
+    if ((st = fp8_kernel(ctx, desc, 1, &k_amax)) || (st = fp8_kernel(ctx, desc, 2, &k_quant)))
         return st;
     float signs_host[256];
     if (hadamard)
@@ -456,12 +459,9 @@ flashcl_status flashcl_fp8_dequantize(flashcl_context *ctx, const flashcl_fp8_qu
     const flashcl_layout l = src_layout(desc);
     if (dst == src || dst == descale)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_dequantize: dst must differ from src and descale");
-    char options[128];
     cl_kernel kernel;
     const int hadamard = desc->hadamard_seed ? desc->head_dim : 0;
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d -DFP8_E5M2=%d -DHADAMARD=%d -DFP8_KERNEL=3",
-             (int)desc->src_dtype, desc->format == FLASHCL_FLOAT8_E5M2, hadamard);
-    if ((st = flashcl_get_kernel(ctx, "fp8.cl", "fp8_dequantize", options, &kernel)))
+    if ((st = fp8_kernel(ctx, desc, 3, &kernel)))
         return st;
     float signs_host[256];
     cl_int err = CL_SUCCESS;
