@@ -50,6 +50,8 @@
     __global const elem_t *restrict src, ulong off, ulong sb, ulong ss, ulong sh, int heads, int head_dim, \
         int per_head, int block_rows HADAMARD_ARGS
 #define ROW_START (off + (ulong)b * sb + (ulong)s * ss + (ulong)h * sh)
+/* The same row in the packed [batch][seqlen][heads][head_dim] FP8 bytes. */
+#define PACKED_ROW ((((ulong)b * get_global_size(0) + (ulong)s) * (ulong)heads + (ulong)h) * (ulong)head_dim)
 
 /* The descale index of row s of head h of batch b (see above). */
 inline int group_of(int b, int s, int h, int heads, int per_head, int block_rows) {
@@ -109,7 +111,7 @@ __kernel void fp8_quantize(ROW_ARGS, __global const float *restrict inv, __globa
     const int s = (int)get_global_id(0), h = (int)get_global_id(1), b = (int)get_global_id(2);
     const ulong row = ROW_START;
     const float scale = inv[group_of(b, s, h, heads, per_head, block_rows)];
-    const ulong out = (((ulong)b * get_global_size(0) + (ulong)s) * (ulong)heads + (ulong)h) * (ulong)head_dim;
+    const ulong out = PACKED_ROW;
 #if HADAMARD
     float y[HADAMARD];
     for (int d = 0; d < HADAMARD; ++d)
@@ -141,7 +143,7 @@ __kernel void fp8_dequantize(__global elem_t *restrict dst, ulong off, ulong sb,
     const int s = (int)get_global_id(0), h = (int)get_global_id(1), b = (int)get_global_id(2);
     const ulong row = ROW_START;
     const float scale = descale[group_of(b, s, h, heads, per_head, block_rows)];
-    const ulong in = (((ulong)b * get_global_size(0) + (ulong)s) * (ulong)heads + (ulong)h) * (ulong)head_dim;
+    const ulong in = PACKED_ROW;
 #if HADAMARD
     /* x = y M^T: the butterflies, 1/sqrt(D), then the signs. */
     float y[HADAMARD];
