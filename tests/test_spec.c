@@ -6,7 +6,8 @@
  *    two; forced work-group sizes 1, 4, 32 give the same tokens).
  * 3. Losslessness: the first emitted token's histogram over 2*10^5 trials
  *    passes a chi-square goodness-of-fit test against p_0 (p-value > 1e-3,
- *    several seeds, host path and one device launch), and the same test
+ *    or, below that, on a second draw; several seeds, host path and one
+ *    device launch), and the same test
  *    rejects two deliberately wrong samplers (residual replaced by p; no
  *    rejection at all) with p-value < 1e-3.
  * 4. Mean tokens per verification = (1 - a^(k+1)) / (1 - a) for rows with
@@ -410,23 +411,33 @@ static double first_token_p_value(flashcl_context *ctx, uint64_t seed, int trial
     return pv;
 }
 
+/* Under a correct sampler the p-value is uniform, so one draw at 1e-3 fails
+ * one check in a thousand, and the suite runs six of them in each of several
+ * configurations. A check therefore fails only when a second, independent
+ * draw (a fresh seed) also falls below 1e-3: a false failure has probability
+ * 1e-6, while a wrong sampler gives p-values far below 1e-3 on both draws
+ * (the wrong samplers below reach p < 1e-3 on a single draw). */
+static void expect_lossless(flashcl_context *ctx, const char *where, uint64_t seed, int trials, int K) {
+    double pv = first_token_p_value(ctx, seed, trials, K), again = -1.0;
+    if (pv <= 1e-3)
+        again = first_token_p_value(ctx, seed ^ 0x5bd1e995ull, trials, K);
+    char what[160];
+    if (again < 0.0)
+        snprintf(what, sizeof what, "lossless, %s, k=%d: chi-square p = %.4f > 1e-3", where, K, pv);
+    else
+        snprintf(what, sizeof what, "lossless, %s, k=%d: chi-square p = %.4f, on a second draw %.4f > 1e-3", where,
+                 K, pv, again);
+    expect(pv > 1e-3 || again > 1e-3, what, &failures);
+}
+
 static void test_lossless(flashcl_context *dev, flashcl_context *host) {
     const int N = 200000;
     const uint64_t seed = test_seed();
-    for (int s = 0; s < 4; ++s) {
-        double pv = first_token_p_value(host, seed + 31 * s, N, 1 + s % 3);
-        char what[128];
-        snprintf(what, sizeof what, "lossless, host path, seed %d, k=%d: chi-square p = %.4f > 1e-3", s, 1 + s % 3, pv);
-        expect(pv > 1e-3, what, &failures);
-    }
+    for (int s = 0; s < 4; ++s)
+        expect_lossless(host, "host path", seed + 31 * s, N, 1 + s % 3);
     if (dev)
-        for (int s = 0; s < 2; ++s) {
-            double pv = first_token_p_value(dev, seed + 77 * s + 5, N, 2 + s);
-            char what[128];
-            snprintf(what, sizeof what, "lossless, device (one launch of %d), k=%d: chi-square p = %.4f > 1e-3", N,
-                     2 + s, pv);
-            expect(pv > 1e-3, what, &failures);
-        }
+        for (int s = 0; s < 2; ++s)
+            expect_lossless(dev, "device (one launch of 200000)", seed + 77 * s + 5, N, 2 + s);
     for (int variant = 0; variant < 2; ++variant) {
         flashcl_ref_rng rng;
         flashcl_ref_rng_seed(&rng, seed + variant);
