@@ -91,7 +91,7 @@ static const char *src =
     "#else\n"
     "#define CPA \"cp.async.cg.shared.global\"\n"
     "#endif\n"
-    /* A __local pointer as a .shared address (its generic form converted), as common.cl's shared_addr. */
+    /* A __local pointer as a .shared address (its generic form converted), as common_nv.cl's shared_addr. */
     "uint saddr(__local const void *p) {\n"
     "  uint a;\n"
     "  __asm__(\"{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }\" : \"=r\"(a) : \"l\"((ulong)p));\n"

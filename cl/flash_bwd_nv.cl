@@ -85,7 +85,7 @@
 #error "BLOCK_M and BLOCK_N must be multiples of 16"
 #endif
 #ifndef FLASHCL_NV_PTX
-#error "flash_bwd_nv is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#error "flash_bwd_nv is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
 #endif
 #if DTYPE != 1 && DTYPE != 2
 #error "flash_bwd_nv needs DTYPE 1 (float16) or 2 (bfloat16)"

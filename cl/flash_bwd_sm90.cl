@@ -6,7 +6,7 @@
  * kernels: dK/dV per key block, then dQ by a pass over query blocks (a fixed
  * order: deterministic); with DQ_ATOMIC (FLASHCL_BWD_PARAMS=DQ=atomic) the
  * dK/dV kernel adds dQ into a float accumulator itself instead (below). The
- * sm_90a instructions sit behind common.cl's SM90A marker; src/program.c
+ * sm_90a instructions sit behind common_nv.cl's SM90A marker; src/program.c
  * rebuilds the program for sm_90a and the host falls back to flash_bwd_nv.cl
  * when that fails.
  *
@@ -35,7 +35,7 @@
  * dO) are read from __local again before every tile, as the forward does
  * with Q (flash_fwd_sm90.cl says why: held across tiles they went wrong).
  *
- * __local, 1024-byte aligned, every tile 128 bytes a row in common.cl's SW128
+ * __local, 1024-byte aligned, every tile 128 bytes a row in common_nv.cl's SW128
  * layout (head dims zero-padded to 64): the own 64 rows of K and V (Q and
  * dO), 16 KB, then the streamed pairs: two stages of 32-row tiles (the next
  * pair lands during the current one; the table's choice, 34 KB), or one of
@@ -46,7 +46,7 @@
  * measured 149.6 TFLOP/s at (4,32,4096,64) against 113.7 with one of 64
  * (BENCHMARKS.md).
  *
- * With USE_TMA (common.cl; the host builds it where the CUDA driver encodes
+ * With USE_TMA (common_nv.cl; the host builds it where the CUDA driver encodes
  * tensor maps, for two stages of 32-row tiles) work-item 0 copies each
  * streamed pair by TMA, one box per tile counted on the stage's mbarrier,
  * as the forward does; the own block and the stats still come by cp.async
@@ -126,7 +126,7 @@
 #error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 64 (one 128-byte panel)"
 #endif
 #ifndef FLASHCL_NV_PTX
-#error "flash_bwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#error "flash_bwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
 #endif
 #if DTYPE != 1 && DTYPE != 2
 #error "flash_bwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"

@@ -144,7 +144,7 @@
 #error "KV_PAD must be a multiple of 8 (16-byte rows for cp.async and ldmatrix)"
 #endif
 #ifndef FLASHCL_NV_PTX
-#error "flash_fwd_nv is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#error "flash_fwd_nv is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
 #endif
 #if SMEM_HALFS * 2 > 48000
 #error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
@@ -153,7 +153,7 @@
 #error "flash_fwd_nv needs DTYPE 1 (float16) or 2 (bfloat16)"
 #endif
 
-/* ---- global -> __local tile copies (nv_copy_rows in common.cl) ----------------------- */
+/* ---- global -> __local tile copies (nv_copy_rows in common_nv.cl) ----------------------- */
 
 inline void copy_tile(__local ushort *smem, uint s_base, uint dst_off, __global const ushort *src,
                       ulong stride, int rows, int nrows, int vec, int tid) {

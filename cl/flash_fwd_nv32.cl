@@ -136,7 +136,7 @@
 #error "KV_STAGES must be 1 or 2"
 #endif
 #ifndef FLASHCL_NV_PTX
-#error "flash_fwd_nv32 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#error "flash_fwd_nv32 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
 #endif
 #if SMEM_FLOATS * 4 > 48000
 #error "K and V tiles (or the Q block) exceed NVIDIA's ~47 KB of __local memory"
@@ -205,7 +205,7 @@ inline tf32_pair split_tf32(float x) {
 
 /* ---- global -> __local tile copies ------------------------------------------------------ */
 
-/* nv_copy_rows (common.cl) moves 16-bit halves; a float row is two halves
+/* nv_copy_rows (common_nv.cl) moves 16-bit halves; a float row is two halves
  * per element, copied bit for bit, and zero halves make +0.0f. */
 inline void copy_tile(__local float *smem, uint s_base, uint dst_off, __global const float *src,
                       ulong stride, int rows, int nrows, int vec, int tid, int pitch) {

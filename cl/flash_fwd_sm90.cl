@@ -28,7 +28,7 @@
  *
  * __local (1024-byte aligned: the swizzle works on address bits 4-9):
  *   +-----------+-----------+
- *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common.cl)
+ *   |     K     |     V     |   BLOCK_N rows each, in the SW128_OFFSET layout (common_nv.cl)
  *   +-----------+-----------+
  *   |  Q block (BLOCK_M rows) |   read before the loop only; where it fits, a block of
  *   +-----------------------+    its own, read every tile (Q_PER_TILE, below)
@@ -157,7 +157,7 @@
 #error "K and V tiles (the Q block, or at HEAD_DIM <= 64 both) exceed NVIDIA's ~47 KB of __local memory"
 #endif
 #ifndef FLASHCL_NV_PTX
-#error "flash_fwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common.cl)"
+#error "flash_fwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
 #endif
 #if DTYPE != 1 && DTYPE != 2
 #error "flash_fwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"
@@ -253,7 +253,7 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __globa
 inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id) : "memory"); }
 inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
 
-/* ---- USE_TMA (common.cl): K and V tiles by the Tensor Memory Accelerator ---------------- */
+/* ---- USE_TMA (common_nv.cl): K and V tiles by the Tensor Memory Accelerator ------------- */
 #if USE_TMA
 #define FWD_TMA_ARGS TMA_ARGS(k, v)
 /* Keys n.. of (batch b, kv head hk) through the map at map into the tile at

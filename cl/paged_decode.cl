@@ -493,7 +493,7 @@ paged_decode(SERVING_ARGS,
         return;
 
     /* 6. Split-KV: the last split of this (block, kv head) to finish merges
-     *    them all (common.cl), which saves the combine launch. */
+     *    them all (common_serving.cl), which saves the combine launch. */
     __local float wts[BLOCK_M * MAX_SPLITS]; /* [row][split] */
     __local int is_last;
     const split_rows sr = {o_off, o_ss, o_sh, lse_off, part_lse_off, has_lse, total_q, heads_q, group, hk,

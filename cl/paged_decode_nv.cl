@@ -4,7 +4,7 @@
  * Same arguments, meta, grid and results as paged_decode.cl: grid (block,
  * kv head, split), a block being BLOCK_M <= 16 rows of one sequence (row r =
  * token r / group, query head hk * group + r % group), split s taking a slice
- * of the keys, the last split merging (merge_if_last_split, common.cl). Only
+ * of the keys, the last split merging (merge_if_last_split, common_serving.cl). Only
  * for float16/bfloat16, HEAD_DIM a multiple of 16, 16-byte aligned K/V rows.
  *
  * Why tensor cores for a memory-bound kernel: reading K and V at the card's
@@ -396,7 +396,7 @@ inline float2 warps_max_sum(__local const float *m, __local const float *l, int 
 
 /* Both kernels' last step once their rows' parts are written: with several
  * splits, the last split of the block and grid row gy to finish merges them
- * (common.cl), sr naming the rows, wts and row_lse its __local scratch. */
+ * (common_serving.cl), sr naming the rows, wts and row_lse its __local scratch. */
 inline void merge_splits(__global int *meta, int counters_off, int blk, int gy, int splits, __global float *part,
                          __global elem_t *o, __global float *lse, split_rows sr, __local float *wts,
                          __local float *row_lse, __local int *flag) {

@@ -167,7 +167,7 @@ void flashcl_log(const char *fmt, ...)
  * device (its CL_KERNEL_WORK_GROUP_SIZE and CL_KERNEL_LOCAL_MEM_SIZE, within
  * the emulated limits); else 0 and *why says why. */
 int flashcl_kernel_fits(const flashcl_context *ctx, cl_kernel kernel, size_t wg, char *why, size_t why_size);
-/* The kernel `kernel_name` of cl/`file` (prefixed by cl/common.cl) built
+/* The kernel `kernel_name` of cl/`file` (prefixed by cl/common*.cl) built
  * with `options`: from memory, else the disk cache, else source. */
 flashcl_status flashcl_get_kernel(flashcl_context *ctx, const char *file, const char *kernel_name,
                                   const char *options, cl_kernel *kernel);
@@ -241,7 +241,7 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
-/* LPT_HEADS (cl/common.cl) for the tensor-core forward kernels and the
+/* LPT_HEADS (cl/common_nv.cl) for the tensor-core forward kernels and the
  * nv-mma backward on a resolved desc: 8 (16 for `variant` "nv-tf32") where
  * later rows see more keys (a causal mask, or a window bounded on the right
  * only), so that the longest blocks run first; 0 elsewhere, where each
@@ -376,7 +376,7 @@ typedef struct flashcl_decode_choice {
                             * (cl/paged_decode_nv.cl HEAD_GROUP); 0: one      */
     int head_warps;        /* ... and warps a kv head there (HG_WPH; 0: 1)    */
     int l2_prefetch;     /* decode kernels: bytes of L2 prefetch on each cp.async
-                          * (common.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
+                          * (common_nv.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
     int meta_args;       /* decode kernels: 1 passes the batch description as a
                           * by-value kernel argument when it fits (no upload)  */
     const char *source;  /* where the numbers came from                       */
@@ -392,7 +392,7 @@ typedef struct flashcl_decode_choice {
 #define FLASHCL_CPU_LANES 16
 /* The decode kernels merge their splits in two levels above twice
  * FLASHCL_MERGE_GROUP splits, with one counter per (block, kv head) and one
- * per run of that many splits: cl/common.cl's MERGE_GROUP, TWO_LEVELS and
+ * per run of that many splits: cl/common_serving.cl's MERGE_GROUP, TWO_LEVELS and
  * split_counters, which these mirror. */
 #define FLASHCL_MERGE_GROUP 8
 static inline int flashcl_split_counters(int splits) {

@@ -1,6 +1,7 @@
 /* program.c: building kernels once, with an in-memory and an on-disk program cache.
  *
- * A kernel is cl/common.cl followed by one cl/ file, built with -D options.
+ * A kernel is cl/common.cl, cl/common_nv.cl and cl/common_serving.cl followed
+ * by one cl/ file, built with -D options.
  * Lookup order: the context's list (same file + options) -> the disk cache
  * -> a build from source, whose binary is then written to the disk cache.
  *
@@ -70,22 +71,34 @@ static char *load_source(flashcl_context *ctx, const char *file) {
     return NULL;
 }
 
-/* common.cl + file, as one string. */
+/* The files every kernel is built on, in this order (cl/common.cl says what
+ * each holds): a kernel's source is these, then its own file. */
+static const char *const kernel_preludes[] = {"common.cl", "common_nv.cl", "common_serving.cl"};
+#define PRELUDES (sizeof kernel_preludes / sizeof kernel_preludes[0])
+
+/* The preludes + file, as one string, each part ending in a newline. */
 static char *assemble_source(flashcl_context *ctx, const char *file) {
-    char *common = load_source(ctx, "common.cl");
-    char *body = common ? load_source(ctx, file) : NULL;
-    char *all = NULL;
-    if (body) {
-        size_t a = strlen(common), b = strlen(body);
-        all = malloc(a + b + 2);
-        if (all) {
-            memcpy(all, common, a);
-            all[a] = '\n';
-            memcpy(all + a + 1, body, b + 1);
-        }
+    char *part[PRELUDES + 1] = {NULL};
+    size_t len[PRELUDES + 1], total = 1;
+    int ok = 1;
+    for (size_t i = 0; ok && i <= PRELUDES; ++i) {
+        part[i] = load_source(ctx, i < PRELUDES ? kernel_preludes[i] : file);
+        ok = part[i] != NULL;
+        if (ok)
+            total += (len[i] = strlen(part[i])) + 1;
     }
-    free(common);
-    free(body);
+    char *all = ok ? malloc(total) : NULL;
+    if (all) {
+        char *at = all;
+        for (size_t i = 0; i <= PRELUDES; ++i) {
+            memcpy(at, part[i], len[i]);
+            at += len[i];
+            *at++ = '\n';
+        }
+        *at = '\0';
+    }
+    for (size_t i = 0; i <= PRELUDES; ++i)
+        free(part[i]);
     return all;
 }
 
@@ -396,7 +409,7 @@ static cl_program nv_cap_registers(flashcl_context *ctx, cl_program p, const cha
 /* ---- sm_90a kernels on NVIDIA ----------------------------------------------------------- */
 
 /* The marker that hides an sm_90a instruction from the sm_90 build, as
- * cl/common.cl writes it (SM90A there). */
+ * cl/common_nv.cl writes it (SM90A there). */
 #define SM90A_MARKER "//@sm90a "
 
 unsigned char *flashcl_ptx_enable_sm90a(const unsigned char *ptx, size_t size, size_t *out_size,

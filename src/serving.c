@@ -23,7 +23,7 @@
  * (upload_meta), so the call never waits on the queue.
  * FP8 pages (a cache with page_dtype e4m3/e5m2): the kernel is built with
  * -DKV_FP8=<format> and takes the cache's scales buffer after softcap_log2
- * (SERVING_KV_SCALES, cl/common.cl); the decode kernel or the tiled one
+ * (SERVING_KV_SCALES, cl/common_serving.cl); the decode kernel or the tiled one
  * runs, or on NVIDIA sm_89+ with float16 queries the mma kernel, which widens
  * the bytes in registers (params_serving.c).
  * Partial results, which scale with the problem, go in the caller's scratch
@@ -404,7 +404,7 @@ static flashcl_status make_plan(flashcl_context *ctx, const flashcl_varlen_desc 
     p->blocks_off = 4 * (size_t)n;
     p->meta_count = p->blocks_off + 2 * (size_t)blocks;
     /* The decode kernel merges its splits itself: zeroed counters per
-     * (block, kv head) after the blocks (merge_if_last_split, cl/common.cl). */
+     * (block, kv head) after the blocks (merge_if_last_split, cl/common_serving.cl). */
     p->counters_off = p->meta_count;
     if (p->choice.kernel != FLASHCL_SERVING_TILED && p->choice.splits > 1)
         p->meta_count +=
@@ -623,7 +623,7 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     char by_value[32] = "";
     if (arg_ints)
         snprintf(by_value, sizeof by_value, " -DMETA_ARG_INTS=%d", arg_ints);
-    /* FP8 pages: K/V bytes of that format and the cache's scales (SERVING_KV_SCALES, cl/common.cl). */
+    /* FP8 pages: K/V bytes of that format and the cache's scales (SERVING_KV_SCALES, cl/common_serving.cl). */
     const cl_mem kv_scales = p->cache ? p->cache->scales : NULL;
     char fp8[16] = "";
     if (kv_scales)

@@ -2,6 +2,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
 
+#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -220,17 +221,30 @@ int test_copy_file(const char *from_dir, const char *to_dir, const char *name) {
 
 int test_kernel_dir(char *dir, const char *from_dir, const char *const *files, int count) {
     int ok = mkdtemp(dir) != NULL;
+    DIR *d = ok ? opendir(from_dir) : NULL;
+    ok = d != NULL;
+    for (struct dirent *e; ok && d && (e = readdir(d));) {
+        size_t n = strlen(e->d_name);
+        if (!strncmp(e->d_name, "common", 6) && n > 3 && !strcmp(e->d_name + n - 3, ".cl"))
+            ok = test_copy_file(from_dir, dir, e->d_name);
+    }
+    if (d)
+        closedir(d);
     for (int i = 0; ok && i < count; ++i)
         ok = test_copy_file(from_dir, dir, files[i]);
     return ok;
 }
 
-void test_kernel_dir_remove(const char *dir, const char *const *files, int count) {
+void test_kernel_dir_remove(const char *dir) {
     char path[4096];
-    for (int i = 0; i < count; ++i) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        remove(path);
-    }
+    DIR *d = opendir(dir);
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
+            snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+            remove(path);
+        }
+    if (d)
+        closedir(d);
     rmdir(dir);
 }
 

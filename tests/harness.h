@@ -26,7 +26,7 @@ typedef struct test_case {
 /* One batch, one head, no mask, packed layout: the shape cases start from. */
 test_case test_case_basic(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim);
 /* More (batch, head) pairs than one chunk of the NVIDIA kernels'
- * longest-first order (LPT_HEADS=8, cl/common.cl): batch 3, 6 query heads
+ * longest-first order (LPT_HEADS=8, cl/common_nv.cl): batch 3, 6 query heads
  * over heads_k, causal (window_right < 0) or a window bounded on the right
  * only. */
 test_case test_case_many_heads(flashcl_dtype dtype, int seqlen_q, int seqlen_k, int head_dim, int heads_k,
@@ -83,9 +83,10 @@ int test_copy_file(const char *from_dir, const char *to_dir, const char *name);
 
 /* A FLASHCL_KERNEL_DIR holding only some kernel sources (tests that take one
  * away to see a fallback): mkdtemp(dir) on a "...XXXXXX" template, then the
- * `count` files copied from from_dir; 1 on success. test_kernel_dir_remove
- * deletes it, whole or partly made. */
+ * files every kernel is built on (from_dir's common*.cl, src/program.c) and
+ * the `count` files, copied from from_dir; 1 on success.
+ * test_kernel_dir_remove deletes it and what it holds, whole or partly made. */
 int test_kernel_dir(char *dir, const char *from_dir, const char *const *files, int count);
-void test_kernel_dir_remove(const char *dir, const char *const *files, int count);
+void test_kernel_dir_remove(const char *dir);
 
 #endif

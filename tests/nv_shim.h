@@ -1,4 +1,4 @@
-/* nv_shim.h: test_nv_kernels.sh puts this before cl/common.cl when it compiles
+/* nv_shim.h: test_nv_kernels.sh puts this before cl/common*.cl when it compiles
  * the NVIDIA kernels with clang's nvptx target. That target has no OpenCL
  * runtime library, so the work-item functions and the few math and half
  * built-ins the kernels call would stay unresolved externals and ptxas could

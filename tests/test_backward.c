@@ -380,8 +380,8 @@ static void run_with(flashcl_context *ctx, const test_case *tc, int deterministi
  * tiles of its own so no kernel built earlier in this process answers from
  * the in-memory cache (NULL: the table's choice). */
 static void build_failure(flashcl_context *ctx, const char *missing, test_case tc, const char *env) {
-    static const char *const all[] = {"common.cl",    "flash_fwd.cl",     "flash_fwd_cpu.cl", "flash_fwd_nv.cl",
-                                      "flash_bwd.cl", "flash_bwd_cpu.cl", "flash_bwd_nv.cl",  "flash_bwd_sm90.cl"};
+    static const char *const all[] = {"flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl", "flash_bwd.cl",
+                                      "flash_bwd_cpu.cl", "flash_bwd_nv.cl", "flash_bwd_sm90.cl"};
     const char *files[COUNT(all)];
     int count = 0;
     char dir[] = "/tmp/flashcl-bwd-fallback-XXXXXX";
@@ -401,7 +401,7 @@ static void build_failure(flashcl_context *ctx, const char *missing, test_case t
     } else {
         expect(0, "build failure: setting up the source directory", &failures);
     }
-    test_kernel_dir_remove(dir, files, count);
+    test_kernel_dir_remove(dir);
 }
 
 static void cpu_build_failure(flashcl_context *ctx) {

@@ -280,7 +280,7 @@ static int without_source(flashcl_context *ctx, const char *missing, const char 
         ++cases, ++failures;
         printf("setting up the source directory: FAILED\n");
     }
-    test_kernel_dir_remove(dir, files, nfiles);
+    test_kernel_dir_remove(dir);
     return made;
 }
 #endif
@@ -374,7 +374,7 @@ static void wgmma(flashcl_context *ctx) {
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the mma.sync kernel answers
      * (last: the context then no longer picks nv-wgmma). */
-    static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_nv.cl"};
+    static const char *const files[] = {"flash_fwd.cl", "flash_fwd_nv.cl"};
     test_case tc = test_case_basic(FLASHCL_FLOAT16, 70, 90, 100);
     if (without_source(ctx, "flash_fwd_sm90.cl", files, COUNT(files), tc)) {
         flashcl_params p;
@@ -429,7 +429,7 @@ static void tf32(flashcl_context *ctx) {
     unsetenv("FLASHCL_PARAMS");
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Its source missing: the build fails and the portable kernel answers. */
-    static const char *const files[] = {"common.cl", "flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl"};
+    static const char *const files[] = {"flash_fwd.cl", "flash_fwd_cpu.cl", "flash_fwd_nv.cl"};
     without_source(ctx, "flash_fwd_nv32.cl", files, COUNT(files), test_case_basic(FLASHCL_FLOAT32, 70, 90, 72));
 #endif
 }

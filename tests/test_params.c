@@ -1357,7 +1357,7 @@ static void test_serving_backward_file(void) {
     unlink(path);
 }
 
-/* Which masks take the longest blocks first (LPT_HEADS, cl/common.cl): those
+/* Which masks take the longest blocks first (LPT_HEADS, cl/common_nv.cl): those
  * whose later rows see more keys. */
 static void test_block_order(void) {
     struct {

@@ -951,7 +951,7 @@ static void ooo_suite(flashcl_context *base, int grow, const char *name) {
  * the same splits, still right. Head dim 48 so that no kernel built earlier
  * in this process answers from the in-memory cache. */
 static void decode_build_failure(flashcl_context *ctx) {
-    static const char *const keep[] = {"common.cl", "paged_attention.cl", "merge.cl", "kv_cache.cl"};
+    static const char *const keep[] = {"paged_attention.cl", "merge.cl", "kv_cache.cl"};
     char dir[] = "/tmp/flashcl-serving-fallback-XXXXXX";
     int ok = test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, keep, (int)(sizeof keep / sizeof keep[0]));
     if (ok) {
@@ -969,7 +969,7 @@ static void decode_build_failure(flashcl_context *ctx) {
     } else {
         expect(0, "decode build failure: setting up the source directory", &failures);
     }
-    test_kernel_dir_remove(dir, keep, (int)(sizeof keep / sizeof keep[0]));
+    test_kernel_dir_remove(dir);
 }
 
 /* One sequence of `len` tokens in a fresh mirror, and the desc of a

@@ -1,5 +1,5 @@
 /* wgmma_probe.cl: one warpgroup MMA (m64n64k16, f16 in, f32 out) on a tile laid out exactly as
- * cl/flash_fwd_sm90.cl lays out its K and V tiles (common.cl's SW128_OFFSET, 128-byte swizzle),
+ * cl/flash_fwd_sm90.cl lays out its K and V tiles (common_nv.cl's SW128_OFFSET, 128-byte swizzle),
  * read through the same kind of matrix descriptor. tests/test_wgmma_layout.c runs it over tile
  * shapes, k-steps, panels and tile positions and compares every element with the exact product.
  * It exists to pin down which layouts the descriptors describe correctly on the hardware: the

@@ -1,0 +1,810 @@
+/* common_nv.cl: the pieces NVIDIA's tensor-core kernels share (flash_fwd_nv,
+ * flash_fwd_nv32, flash_fwd_sm90, flash_bwd_nv, flash_bwd_sm90,
+ * paged_decode_nv): inline PTX (shared-window addresses, ldmatrix, mma.sync,
+ * cp.async, warpgroup MMA, TMA, shuffles), the online softmax of one mma
+ * fragment, the order of row and key blocks (LPT_HEADS), and the opening and
+ * epilogue macros of the forward and backward kernels.
+ *
+ * Prepended to every kernel after common.cl (src/program.c). The functions
+ * are compiled only with -DFLASHCL_NV_PTX; the rest are macros that only
+ * those kernels expand, so other devices' builds see no PTX.
+ */
+
+/* PTX helpers for kernels built with -DFLASHCL_NV_PTX (NVIDIA devices only). */
+#ifdef FLASHCL_NV_PTX
+/* 32-bit shared-window address of a __local pointer, as PTX's shared-memory
+ * instructions (ldmatrix, cp.async) take it. NVIDIA's OpenCL may hand the
+ * asm either a generic address or a shared-window one; isspacep tells them
+ * apart, so cvta is applied only where it is meaningful. (A direct cast to a
+ * 32-bit integer is rejected by ptxas.) */
+inline uint shared_addr(__local const void *p) {
+    uint a;
+    __asm__("{\n\t.reg .pred ps;\n\t.reg .u64 t;\n\t"
+            "isspacep.shared ps, %1;\n\t"
+            "@ps cvta.to.shared.u64 t, %1;\n\t"
+            "@!ps mov.u64 t, %1;\n\t"
+            "cvt.u32.u64 %0, t;\n\t}"
+            : "=r"(a)
+            : "l"((ulong)p));
+    return a;
+}
+
+/* Tensor cores (mma.sync, sm_80+), for the 16-bit storage types. */
+#if DTYPE == 1 || DTYPE == 2
+#if DTYPE == 1
+#define MMA_TYPE "f16"
+#else
+#define MMA_TYPE "bf16"
+#endif
+/* D += A B for one 16x8x16 block; c[0..3] are the accumulators. */
+#define MMA_16816(c, a0, a1, a2, a3, b0, b1)                                                       \
+    __asm__("mma.sync.aligned.m16n8k16.row.col.f32." MMA_TYPE "." MMA_TYPE ".f32 "                 \
+            "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"                                \
+            : "+f"((c)[0]), "+f"((c)[1]), "+f"((c)[2]), "+f"((c)[3])                               \
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1))
+
+/* Two such blocks side by side: c_lo, c_hi += A (registers a[0..3]) times the
+ * B fragments of two adjacent n8 blocks, as one ldmatrix.x4 returns them
+ * (b[0], b[1] for c_lo; b[2], b[3] for c_hi). */
+#define MMA_16816_X2(c_lo, c_hi, a, b)                                                             \
+    do {                                                                                           \
+        MMA_16816(c_lo, (a)[0], (a)[1], (a)[2], (a)[3], (b)[0], (b)[1]);                           \
+        MMA_16816(c_hi, (a)[0], (a)[1], (a)[2], (a)[3], (b)[2], (b)[3]);                           \
+    } while (0)
+
+/* Four 8x8 16-bit matrices from __local; volatile keeps them after the barriers. */
+#define LDMATRIX_X4(r, addr)                                                                       \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"           \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+#define LDMATRIX_X4_TRANS(r, addr)                                                                 \
+    __asm__ __volatile__("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"     \
+                         : "=r"((r)[0]), "=r"((r)[1]), "=r"((r)[2]), "=r"((r)[3])                  \
+                         : "r"(addr))
+
+/* Two floats rounded to nearest even into one register, lo in the low half
+ * (cvt puts its first source in the high half). */
+inline uint pack2(float lo, float hi) {
+    uint r;
+    __asm__("cvt.rn." MMA_TYPE "x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+/* NV_FWD_STORE_FRAG's stores of 16-bit outputs: two columns as one 32-bit word, or one. */
+#define NV_STORE_PAIR16(orow, d, x0, x1) (*(__global uint *)((orow) + (d)) = pack2((x0), (x1)))
+#define NV_STORE_ONE16(orow, d, x) STORE_ELEM((__global elem_t *)(orow), (d), (x))
+
+#endif
+
+#ifndef USE_CP_ASYNC
+#define USE_CP_ASYNC 1 // 1: cp.async (sm_80+) for aligned tiles; 0: always plain loads
+#endif
+/* The 16-byte global -> __local copy every NVIDIA kernel issues. CP_ASYNC_L2
+ * = 64, 128 or 256 adds an L2 prefetch of that many bytes around each chunk
+ * (PTX ISA 7.4+); 0, the default, none. The tensor-core decode kernel is
+ * built with 128 (its L2_PREFETCH parameter, src/params_serving.c: 1-2.5 % faster on
+ * the H200); the forward and backward did not move with it (BENCHMARKS.md,
+ * 2026-12-03, b0f15f5), so they keep 0. */
+#ifndef CP_ASYNC_L2
+#define CP_ASYNC_L2 0
+#endif
+#if CP_ASYNC_L2 == 64
+#define CP_ASYNC_16 "cp.async.cg.shared.global.L2::64B"
+#elif CP_ASYNC_L2 == 128
+#define CP_ASYNC_16 "cp.async.cg.shared.global.L2::128B"
+#elif CP_ASYNC_L2 == 256
+#define CP_ASYNC_16 "cp.async.cg.shared.global.L2::256B"
+#elif CP_ASYNC_L2 == 0
+#define CP_ASYNC_16 "cp.async.cg.shared.global"
+#else
+#error "CP_ASYNC_L2 is 0, 64, 128 or 256"
+#endif
+
+/* 1 when every row of the matrix at p, `stride` elements apart, starts 16-byte
+ * aligned: what nv_copy_rows's cp.async path needs (vec). Uniform per matrix. */
+#define ROWS_16B(p, stride) ((ulong)(p) % 16 == 0 && (stride) * sizeof(*(p)) % 16 == 0)
+
+/* Byte offset of 16-byte chunk c of row r in a tile of nrows rows laid out for
+ * wgmma's 128-byte swizzle (cl/flash_fwd_sm90.cl): the row's 128-byte panels
+ * (64 halves each) are stored panel after panel, each panel nrows x 128
+ * bytes, and within each 1024-byte atom of 8 rows chunk c of row r sits at
+ * chunk c ^ (r % 8). The tile must start 1024-byte aligned. */
+#define SW128_OFFSET(r, c, nrows) \
+    (((uint)((c) >> 3) * (uint)(nrows) + (uint)(r)) * 128u + ((uint)(((c) & 7) ^ ((r) & 7)) << 4))
+
+/* A wgmma shared-memory matrix descriptor for a tile in the SW128_OFFSET
+ * layout at shared address addr: both byte offsets 1024 (the 8-row group
+ * stride; the other offset is unused by shapes whose k and n extents fit one
+ * swizzle atom width), 128-byte swizzle (flash_fwd_sm90.cl,
+ * tests/wgmma_probe.cl). */
+inline ulong sw128_desc(uint addr) {
+    return (ulong)((addr & 0x3FFFFu) >> 4) | ((ulong)(1024u >> 4) << 16) | ((ulong)(1024u >> 4) << 32) |
+           ((ulong)1 << 62);
+}
+
+/* Tile copies of the tensor-core kernels (flash_fwd_nv.cl, flash_bwd_nv.cl;
+ * flash_fwd_nv32.cl moves float rows as pairs of halves, doubling head_dim
+ * and pitch).
+ * Fills nrows __local rows of `pitch` halves, starting dst_off halves into
+ * smem (shared address s_base), from a [*][head_dim] 16-bit matrix whose row
+ * r is at src + r*stride; the nthreads work-items of the group share it.
+ * Rows >= rows and columns >= head_dim become zero, so padded keys
+ * contribute 0 * 0 rather than 0 * garbage (which may be NaN). head_dim,
+ * pitch and nthreads are compile-time constants at every call, so the loops
+ * fold once this is inlined.
+ *
+ * vec != 0 (uniform): src and stride are 16-byte aligned, so each 16-byte
+ * chunk is one cp.async whose src-size clips it at head_dim (the rest is
+ * zero-filled by the hardware). The copy is only issued: cp_wait() and a
+ * barrier must follow before the tile is read.
+ * vec == 0: 2-byte loads through registers, stored as 16-byte chunks; done
+ * when this returns.
+ * nv_copy_rows: the plain row-major layout, row r at r*pitch halves;
+ * nv_copy_rows_to(..., sw128 = 1) (a compile-time constant at every call):
+ * the SW128_OFFSET layout instead, pitch unused (rows are head_dim rounded up
+ * to 64 halves; flash_fwd_sm90.cl). */
+#define nv_copy_rows(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, head_dim, pitch,   \
+                     nthreads)                                                                     \
+    nv_copy_rows_to(smem, s_base, dst_off, src, stride, rows, nrows, vec, tid, head_dim, pitch,    \
+                    nthreads, 0)
+
+inline void nv_copy_rows_to(__local ushort *smem, uint s_base, uint dst_off,
+                            __global const ushort *src, ulong stride, int rows, int nrows, int vec,
+                            int tid, int head_dim, int pitch, int nthreads, int sw128) {
+    /* 16-byte chunks of a padded row */
+    const int d_chunks = sw128 ? (head_dim + 63) / 64 * 8 : (head_dim + 15) / 16 * 2;
+    const int total = nrows * d_chunks;
+    const int iters = (total + nthreads - 1) / nthreads;
+#if USE_CP_ASYNC
+    if (vec) {
+        for (int it = 0; it < iters; ++it) {
+            const int i = tid + it * nthreads;
+            if (i < total) {
+                const int r = i / d_chunks, c = i % d_chunks;
+                const int bytes = r < rows ? clamp(2 * (head_dim - 8 * c), 0, 16) : 0;
+                /* A chunk that copies nothing still needs a valid address. */
+                __global const ushort *p = bytes > 0 ? src + (ulong)r * stride + 8 * c : src;
+                const uint dst = sw128 ? s_base + dst_off * 2u + SW128_OFFSET(r, c, nrows)
+                                       : s_base + (dst_off + (uint)(r * pitch + 8 * c)) * 2u;
+                __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;"
+                                     :
+                                     : "r"(dst), "l"((ulong)p), "r"(bytes)
+                                     : "memory");
+            }
+        }
+        __asm__ __volatile__("cp.async.commit_group;" ::: "memory");
+        return;
+    }
+#endif
+    for (int it = 0; it < iters; ++it) {
+        const int i = tid + it * nthreads;
+        if (i < total) {
+            const int r = i / d_chunks, c = i % d_chunks;
+            __global const ushort *p = src + (ulong)r * stride;
+            uint w[4];
+#pragma unroll
+            for (int e = 0; e < 4; ++e) {
+                const int d = 8 * c + 2 * e;
+                const uint lo = r < rows && d < head_dim ? p[d] : 0u;
+                const uint hi = r < rows && d + 1 < head_dim ? p[d + 1] : 0u;
+                w[e] = lo | hi << 16;
+            }
+            __local ushort *dst = sw128 ? smem + dst_off + SW128_OFFSET(r, c, nrows) / 2u
+                                        : smem + dst_off + r * pitch + 8 * c;
+            *(__local uint4 *)dst = (uint4)(w[0], w[1], w[2], w[3]);
+        }
+    }
+}
+
+/* Waits for this work-item's outstanding cp.async groups (no-op otherwise). */
+inline void cp_wait(void) {
+#if USE_CP_ASYNC
+    __asm__ __volatile__("cp.async.wait_group 0;" ::: "memory");
+#endif
+}
+
+/* Hopper's warpgroup MMA (sm_90a: flash_fwd_sm90.cl, flash_bwd_sm90.cl). NVIDIA's
+ * OpenCL compiles for sm_90, where ptxas rejects these instructions, so each is
+ * written behind the marker SM90A, a PTX comment that src/program.c removes
+ * from the program's PTX before building it again for sm_90a. */
+#if defined(FLASHCL_NV_PTX) && (DTYPE == 1 || DTYPE == 2)
+#define SM90A "//@sm90a "
+
+#define WGMMA_FENCE() __asm__ __volatile__(SM90A "wgmma.fence.sync.aligned;\n" ::: "memory")
+#define WGMMA_COMMIT() __asm__ __volatile__(SM90A "wgmma.commit_group.sync.aligned;\n" ::: "memory")
+#define WGMMA_WAIT_ALL() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 0;\n" ::: "memory")
+#define WGMMA_WAIT_ONE() __asm__ __volatile__(SM90A "wgmma.wait_group.sync.aligned 1;\n" ::: "memory")
+
+/* One wgmma with A from registers: d[0..N/8-1][0..3] = A (a[0..3], this
+ * warp's 16x16 slice of the 64x16 A) times the 16xN B that desc describes,
+ * plus d when scale_d is 1 (0: d's old values are not read); tnsp_b 0: B
+ * K-major, 1: N-major. N is 64, 48 or 32: WG_N64 / WG_N48 / WG_N32 give the
+ * shape's name, its accumulator operands and their numbering, and the
+ * numbers of the A and descriptor operands that follow them. */
+#define WG_ACC4(d, j) "+f"((d)[j][0]), "+f"((d)[j][1]), "+f"((d)[j][2]), "+f"((d)[j][3])
+#define WG_N32_SHAPE "m64n32k16"
+#define WG_N32_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3)
+#define WG_N32_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
+#define WG_N32_AB "{%16,%17,%18,%19}, %20"
+#define WG_N48_SHAPE "m64n48k16"
+#define WG_N48_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3), WG_ACC4(d, 4), WG_ACC4(d, 5)
+#define WG_N48_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23}"
+#define WG_N48_AB "{%24,%25,%26,%27}, %28"
+#define WG_N64_SHAPE "m64n64k16"
+#define WG_N64_OUT(d) WG_N48_OUT(d), WG_ACC4(d, 6), WG_ACC4(d, 7)
+#define WG_N64_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,"                            \
+                 "%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}"
+#define WG_N64_AB "{%32,%33,%34,%35}, %36"
+#define WGMMA_RS(N, d, a, desc, scale_d, tnsp_b)                                                   \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned." N##_SHAPE ".f32." MMA_TYPE          \
+                               "." MMA_TYPE " " N##_D ", " N##_AB ", " #scale_d ", 1, 1, " #tnsp_b \
+                               ";\n"                                                               \
+                         : N##_OUT(d)                                                              \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
+                         : "memory")
+
+/* One wgmma with both operands in __local: d = A B (plus d when scale_d is
+ * 1), A and B by descriptor; tnsp_a 1: A M-major (its rows are k), tnsp_b 1:
+ * B N-major. N as for WGMMA_RS. */
+#define WG_N32_SS "%16, %17"
+#define WG_N64_SS "%32, %33"
+#define WGMMA_SS(N, d, desc_a, desc_b, scale_d, tnsp_a, tnsp_b)                                    \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned." N##_SHAPE ".f32." MMA_TYPE          \
+                               "." MMA_TYPE " " N##_D ", " N##_SS ", " #scale_d ", 1, 1, " #tnsp_a \
+                               ", " #tnsp_b ";\n"                                                  \
+                         : N##_OUT(d)                                                              \
+                         : "l"(desc_a), "l"(desc_b)                                                \
+                         : "memory")
+
+/* Each register of d[n][4] through an empty asm: after wgmma.wait_group, so
+ * that no use of an accumulator is scheduled above the wait; before
+ * wgmma.fence, so that no write of an operand (the rescaled O, packed P)
+ * sinks between the wgmma of a chain, where ptxas would have to serialise
+ * them. c: the constraint, "f" or "r". */
+#define WG_FENCE_REGS_C(d, n, c)                                                                   \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n); ++j_)                                         \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)                                       \
+                __asm__ __volatile__("" : "+" c((d)[j_][e_])::"memory");                           \
+    } while (0)
+#define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
+
+/* Tiles start at the first 1024-byte boundary of the __local array raw (the
+ * 128-byte swizzle works on address bits 4-9): smem (halves) and s_base (its
+ * shared address). The array holds 1024 bytes more than its tiles need. */
+#define ALIGNED_TILES(raw)                                                                         \
+    const uint raw_base_ = shared_addr(raw);                                                       \
+    const uint align_ = (1024u - (raw_base_ & 1023u)) & 1023u;                                     \
+    __local ushort *smem = (raw) + align_ / 2u;                                                    \
+    const uint s_base = raw_base_ + align_
+
+/* This warp's A fragments f[0..steps-1] (rows 16*warp.. of the nrows-row
+ * SW128 tile at shared address tile, k-steps of 16 dims): lanes 0-15 rows
+ * 0-15 at the k-step's dims 0-7, lanes 16-31 the same rows at dims 8-15: a0,
+ * a1, a2, a3 as in flash_fwd_nv.cl. */
+#define SW128_A_FRAGS(f, tile, nrows, steps)                                                       \
+    do {                                                                                           \
+        const int r_ = warp * 16 + lane % 16;                                                      \
+        _Pragma("unroll") for (int kk = 0; kk < (steps); ++kk)                                     \
+            LDMATRIX_X4((f)[kk], (tile) + SW128_OFFSET(r_, 2 * kk + lane / 16, nrows));            \
+    } while (0)
+
+/* Copies have landed for this work-item and are visible to wgmma's reads. */
+inline void cp_wait_async_proxy(void) {
+    cp_wait();
+    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
+/* ---- USE_TMA: tiles by the Tensor Memory Accelerator --------------------------------------
+ * Built by the host (src/attention.c, src/backward.c) when the CUDA driver
+ * encodes tensor maps (src/nv_tma.c). Why: with cp.async, 16 bytes per
+ * work-item, the forward's copies ran serially with its products
+ * (BENCHMARKS.md, 2026-12-02, 034269e); one cp.async.bulk.tensor per 64-dim panel,
+ * issued by one work-item, lands a tile in the SW128 layout, rows past the
+ * tensor's end and dims past its head dim zero (bench/tma_probe.c checked
+ * that on the H200). A kernel gets two maps as arguments with a placeholder
+ * address: its issuing work-item copies them to its work-group's slot and
+ * writes the buffers' addresses in with tensormap.replace
+ * (cp.async.bulk.tensor reads a map from global memory, not from __local).
+ * A tile's arrival is counted on an mbarrier (its bytes, by complete_tx),
+ * whose phase every consumer waits for before its wgmma reads the tile. */
+#ifndef USE_TMA
+#define USE_TMA 0
+#endif
+#if USE_TMA
+typedef struct {
+    ulong w[16];
+} tma_map;
+/* The kernel's two maps (by value) and the work-groups' slots, after its other arguments. */
+#define TMA_ARGS(a, b) , tma_map a##_map, tma_map b##_map, __global ulong *restrict tma_slots
+/* This work-group's slot: 32 ulongs, the first map then the second (FLASHCL_TMA_SLOT_BYTES, src/internal.h). */
+#define TMA_SLOT()                                                                                 \
+    (tma_slots +                                                                                   \
+     32 * (get_group_id(0) + get_num_groups(0) * (get_group_id(1) + get_num_groups(1) * get_group_id(2))))
+inline void mbar_init(uint bar) {
+    __asm__ __volatile__("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(bar) : "memory");
+}
+/* After the issuing work-item's mbar_init calls, before the barrier that publishes them. */
+inline void mbar_init_fence(void) {
+    __asm__ __volatile__("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+/* Waits until the mbarrier at bar has completed the phase of the given parity. */
+inline void mbar_wait(uint bar, uint parity) {
+    uint done = 0;
+    while (!done)
+        __asm__ __volatile__("{\n\t.reg .pred p;\n\t"
+                             "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\t"
+                             "selp.u32 %0, 1, 0, p;\n\t}"
+                             : "=r"(done)
+                             : "r"(bar), "r"(parity)
+                             : "memory");
+}
+/* The next phase of bar completes once `bytes` more have landed (the issuer's one arrival). */
+inline void mbar_expect(uint bar, uint bytes) {
+    __asm__ __volatile__("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes)
+                         : "memory");
+}
+/* The work-group's map in global memory at slot, from template m, addressed at base. */
+inline void tma_map_place(__global ulong *slot, tma_map m, __global const ushort *base) {
+#pragma unroll
+    for (int i = 0; i < 16; ++i)
+        slot[i] = m.w[i];
+    __asm__ __volatile__(SM90A "tensormap.replace.tile.global_address.global.b1024.b64 [%0], %1;\n" ::"l"(
+                             (ulong)slot),
+                         "l"((ulong)base)
+                         : "memory");
+    __asm__ __volatile__("fence.proxy.tensormap::generic.release.gpu;" ::: "memory");
+    __asm__ __volatile__("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;" ::"l"((ulong)slot) : "memory");
+}
+/* One box of the map at map (dims d0..d0+63 of rows n.., head h, batch b)
+ * into shared address dst, counted on bar. */
+inline void tma_box(uint dst, __global const ulong *map, int d0, int n, int h, int b, uint bar) {
+    __asm__ __volatile__("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                         " [%0], [%1, {%2, %3, %4, %5}], [%6];" ::"r"(dst),
+                         "l"((ulong)map), "r"(d0), "r"(n), "r"(h), "r"(b), "r"(bar)
+                         : "memory");
+}
+/* Generic-proxy accesses of __local before this (another warp's ldmatrix of
+ * bytes a TMA copy will overwrite, ordered by a barrier) come before the
+ * issuing work-item's next copies. */
+inline void tma_fence_shared(void) { __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory"); }
+#endif
+#endif
+
+/* 2^x on the SFU; -inf gives +0, which is what masked scores need. */
+inline float ex2(float x) {
+    float y;
+    __asm__("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+/* Soft-capping of one 16-row fragment's scores s[n_s][4], in place: s
+ * becomes softcap*log2(e) * tanh(s * scale/softcap) (precise tanh, like
+ * the portable kernel), the log2-unit score the softmax then takes. */
+#define SOFTCAP_16(s, n_s, q_mul, softcap_log2)                                                    \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] =                          \
+                (softcap_log2)*tanh((q_mul) * (s)[j_][e_]);                                        \
+    } while (0)
+
+/* The mask of one 16-row fragment's scores s[n_s][4] for the tile whose
+ * first key is n0: -inf where the key is outside [lo[h], hi[h]] of the
+ * lane's row g (h = 0: e = 0, 1) or g+8 (h = 1: e = 2, 3), as NV_FRAG_KEYS
+ * gives them. */
+#define MASK_16(s, n_s, n0, lo, hi)                                                                \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) {                                     \
+            const int key_ = (n0) + 8 * j_ + 2 * t + (e_ & 1);                                     \
+            if (key_ < (lo)[e_ >> 1] || key_ > (hi)[e_ >> 1])                                      \
+                (s)[j_][e_] = -INFINITY;                                                           \
+        }                                                                                          \
+    } while (0)
+
+/* The online-softmax step of one 16-row mma fragment, shared by the
+ * tensor-core kernels. s[n_s][4]: the tile's scores of this lane's rows g
+ * (e = 0, 1) and g+8 (e = 2, 3) in raw units, -inf where masked; they
+ * become p = 2^(s*sc - m*sc). m_run[2] and l_run[2] (l a per-lane partial
+ * sum: alpha is uniform along a row, so the quad reduces it once at the
+ * end) and the output accumulators acc[n_o][4] are rescaled by alpha. While
+ * a row has seen nothing, m_new is -inf: 0 is subtracted instead (p =
+ * 2^-inf = 0) and alpha stays 1, so -inf - -inf is never formed; m_run -
+ * m_new is exact for close maxima, so alpha matches the portable kernel's.
+ * A macro, so the fragments stay in registers. */
+#define ONLINE_SOFTMAX_16(s, n_s, acc, n_o, m_run, l_run, sc)                                      \
+    do {                                                                                           \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                 \
+                (acc)[j_][2 * h_] *= alpha_;                                                       \
+                (acc)[j_][2 * h_ + 1] *= alpha_;                                                   \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* ONLINE_SOFTMAX_16 without touching acc, for a kernel whose previous O += P V
+ * is still running on the tensor cores when the next tile's softmax starts
+ * (flash_fwd_sm90.cl, OVERLAP): alpha[2] receives the factors, applied to acc
+ * by RESCALE_16 once that product has been waited for. */
+#define ONLINE_SOFTMAX_16_P(s, n_s, m_run, l_run, sc, alpha)                                        \
+    do {                                                                                           \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
+            (alpha)[h_] = alpha_;                                                                  \
+        }                                                                                          \
+    } while (0)
+#define RESCALE_16(acc, n_o, alpha)                                                                \
+    do {                                                                                           \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                     \
+            (acc)[j_][0] *= (alpha)[0];                                                            \
+            (acc)[j_][1] *= (alpha)[0];                                                            \
+            (acc)[j_][2] *= (alpha)[1];                                                            \
+            (acc)[j_][3] *= (alpha)[1];                                                            \
+        }                                                                                          \
+    } while (0)
+
+/* One row (h: g or g + 8) of the step: declares alpha_ (the rescale factor). */
+#define SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h, alpha_)                                        \
+    float mx_ = -INFINITY;                                                                         \
+    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx_ =                                     \
+        fmax(mx_, fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]));                                   \
+    mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                             \
+    mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                             \
+    const float m_new_ = fmax((m_run)[h], mx_);                                                    \
+    /* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc    \
+     * once and m sc was rounded another way, so at s = m ~ 1e10 p was 2^+-512 \
+     * (0 or inf). s - m is exact near m and <= 0 always; m = -inf: use 0. */ \
+    const float mr_ = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
+    const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));           \
+    (m_run)[h] = m_new_;                                                                           \
+    float psum_ = 0.0f;                                                                            \
+    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                           \
+        _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                         \
+        const float p_ = ex2(((s)[j_][e_] - mr_) * (sc));                                          \
+        (s)[j_][e_] = p_;                                                                          \
+        psum_ += p_;                                                                               \
+    }                                                                                              \
+    (l_run)[h] = (l_run)[h] * alpha_ + psum_
+
+/* x from lane src of this warp. */
+inline float shfl_idx(float x, int src) {
+    uint y;
+    __asm__ __volatile__("shfl.sync.idx.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                         : "=r"(y)
+                         : "r"(as_uint(x)), "r"(src));
+    return as_float(y);
+}
+
+/* Butterfly exchange inside a warp: OpenCL 1.2 on NVIDIA has no sub-groups,
+ * but inline PTX shfl.sync works on every architecture since sm_30. */
+inline float shfl_xor(float x, int mask) {
+    uint y;
+    __asm__ __volatile__("shfl.sync.bfly.b32 %0, %1, %2, 0x1f, 0xffffffff;"
+                         : "=r"(y)
+                         : "r"(as_uint(x)), "r"(mask));
+    return as_float(y);
+}
+#endif
+
+#ifndef LPT_HEADS
+#define LPT_HEADS 0
+#endif
+#if LPT_HEADS < 0
+#error "LPT_HEADS is a number of (batch, head) pairs, 0 for the order by head"
+#endif
+/* The order of the row (or key) blocks. The hardware starts work-groups in
+ * order of their linear id, dimension 0 (the block) fastest, and under a
+ * causal mask a head's last row blocks see the most keys (its first key
+ * blocks the most rows), so by default each head's blocks run longest
+ * first: that shortens the tail of the launch. Built with LPT_HEADS = n
+ * (the host asks for 8 wherever later rows see more keys, for the nv-mma
+ * and nv-tf32 forward and the nv-mma backward: flashcl_lpt_heads), the ids
+ * are taken in chunks of n (batch, head) pairs instead, and within a chunk
+ * the longest blocks of all its heads come first (longest processing time
+ * first): the short blocks then fill the SMs at the end, not a long one
+ * started late. n pairs, not all, so that the K and V being read at a time
+ * are those of a few heads, which stay in L2. On the H200: causal
+ * (4,32,4096,64) 273 TFLOP/s against 256 by head; the wgmma kernel at D=128
+ * was slower, by 1-11 % (BENCHMARKS.md).
+ * LPT_PLACE(rank, pair): rank 0 is the block to run first, pair = b *
+ * get_num_groups(1) + head; a bijection on the grid's work-groups (the
+ * linear id fits int: fewer than 2^31 work-groups). */
+#if LPT_HEADS
+#define LPT_PLACE(rank, pair)                                                                      \
+    const int n0_ = (int)get_num_groups(0);                                                        \
+    const int hb_all_ = (int)(get_num_groups(1) * get_num_groups(2));                              \
+    const int lin_ =                                                                               \
+        (int)get_group_id(0) + n0_ * (int)(get_group_id(1) + get_num_groups(1) * get_group_id(2)); \
+    const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;            \
+    const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                               \
+    const int pair = chunk_ * LPT_HEADS + in_ % width_, rank = in_ / width_
+#define NV_ROW_BLOCK_ORDER(rows)                                                                   \
+    LPT_PLACE(lpt_rank_, lpt_pair_);                                                               \
+    const int m0 = ((int)get_num_groups(0) - 1 - lpt_rank_) * (rows);                              \
+    const int hq = lpt_pair_ % (int)get_num_groups(1);                                             \
+    const int b = lpt_pair_ / (int)get_num_groups(1)
+#else
+#define NV_ROW_BLOCK_ORDER(rows)                                                                   \
+    const int m0 = (int)(get_num_groups(0) - 1 - get_group_id(0)) * (rows);                        \
+    const int hq = (int)get_global_id(1);                                                          \
+    const int b = (int)get_global_id(2)
+#endif
+/* NV_ROW_BLOCK_ORDER(rows): the row block m0 (of `rows` rows), head hq and
+ * batch b of this work-group, last blocks first (the forward, and the
+ * backward's dQ pass). */
+#define NV_FWD_ORDER NV_ROW_BLOCK_ORDER(BLOCK_M)
+/* The opening of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32,
+ * flash_fwd_sm90), inside a FWD_ARGS kernel: the work-item's warp and lane
+ * (g = lane / 4, t = lane % 4, as in the mma fragment layouts), the block's
+ * first query row m0, its heads and batch (in NV_FWD_ORDER's order), and its
+ * rows. */
+#define NV_FWD_BLOCK                                                                               \
+    const int tid = (int)get_local_id(0);                                                          \
+    const int warp = tid / 32, lane = tid % 32;                                                    \
+    const int g = lane / 4, t = lane % 4;                                                          \
+    NV_FWD_ORDER;                                                                                  \
+    const int hk = hq / group;                                                                     \
+    const int rows_q = min(BLOCK_M, nq - m0)
+
+/* After NV_FWD_BLOCK: the head's Q, K and V as raw T (ushort: the mma takes
+ * the stored bits of both 16-bit dtypes; float), and whether each matrix's
+ * rows all start 16-byte aligned, as cp.async needs (decided once, uniformly). */
+#define NV_FWD_HEADS(T)                                                                            \
+    __global const T *qb = (__global const T *)q + (q_off + b * q_sb + hq * q_sh);                 \
+    __global const T *kb = (__global const T *)k + (k_off + b * k_sb + hk * k_sh);                 \
+    __global const T *vb = (__global const T *)v + (v_off + b * v_sb + hk * v_sh);                 \
+    const int q_vec = ROWS_16B(qb, q_ss);                                                          \
+    const int k_vec = ROWS_16B(kb, k_ss);                                                          \
+    const int v_vec = ROWS_16B(vb, v_ss)
+
+/* The keys of one 16-row fragment's rows g and g+8 of this lane (first row
+ * row0): [lo[h], hi[h]], clipped to [0, nk] and [-1, nk) so they fit int. */
+#define NV_FRAG_KEYS(lo, hi, row0)                                                                 \
+    _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                             \
+        const long2 r_ = visible_keys((row0) + g + 8 * h_, nq, nk, win_left, win_right);           \
+        (lo)[h_] = (int)min(r_.x, (long)nk);                                                       \
+        (hi)[h_] = (int)max(r_.y, -1L);                                                            \
+    }
+
+/* The keys of the warp whose rows are w0 .. w0 + w_rows - 1 (w_rows <= 0:
+ * past nq), inside a FWD_ARGS kernel: lo and hi grow with the row, so the
+ * union of its rows' keys is [w_lo, w_hi] = [lo(first), hi(last)] and the
+ * keys every row sees are [w_all_lo, w_all_hi] = [lo(last), hi(first)]. A
+ * warp past nq keeps empty ranges and skips every tile's math. */
+#define NV_WARP_KEYS(w0, w_rows)                                                                   \
+    int w_lo = INT_MAX, w_hi = -1, w_all_lo = INT_MAX, w_all_hi = -1;                              \
+    if ((w_rows) > 0) {                                                                            \
+        const long2 f_ = visible_keys((w0), nq, nk, win_left, win_right);                          \
+        const long2 l_ = visible_keys((w0) + (w_rows)-1, nq, nk, win_left, win_right);             \
+        w_lo = (int)f_.x;                                                                          \
+        w_hi = (int)max(l_.y, -1L);                                                                \
+        w_all_lo = (int)l_.x;                                                                      \
+        w_all_hi = (int)max(f_.y, -1L);                                                            \
+    }
+
+/* The epilogue of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32,
+ * flash_fwd_sm90), inside a FWD_ARGS kernel, for one 16-row fragment whose
+ * first row is row0: each lane's rows g and g+8 (h = 0, 1) are divided by
+ * their l (summed over the quad) and stored, then their LSE. acc[n_o][4] as
+ * in ONLINE_SOFTMAX_16; T the stored element's raw type (ushort or float),
+ * ob the head's output base; PAIR(orow, d, x0, x1) stores columns d, d+1
+ * where o_pair says every (row, even column) is aligned for it, else
+ * ONE(orow, d, x) one column at a time. A row that saw no key (l = 0)
+ * stores 0 and LSE -inf. */
+#define NV_FWD_STORE_FRAG(acc, n_o, m_run, l_run, sc, row0, T, ob, o_pair, PAIR, ONE)              \
+    do {                                                                                           \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            float l_ = (l_run)[h_];                                                                \
+            l_ += shfl_xor(l_, 1);                                                                 \
+            l_ += shfl_xor(l_, 2);                                                                 \
+            const int row_ = (row0) + g + 8 * h_;                                                  \
+            if (row_ >= nq)                                                                        \
+                continue;                                                                          \
+            const float inv_l_ = l_ > 0.0f ? 1.0f / l_ : 0.0f;                                     \
+            __global T *orow_ = (ob) + (ulong)row_ * o_ss;                                         \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                 \
+                const int d_ = 8 * j_ + 2 * t;                                                     \
+                const float x0_ = (acc)[j_][2 * h_] * inv_l_, x1_ = (acc)[j_][2 * h_ + 1] * inv_l_; \
+                if (d_ >= HEAD_DIM)                                                                \
+                    continue;                                                                      \
+                if (o_pair) {                                                                      \
+                    PAIR(orow_, d_, x0_, x1_);                                                     \
+                } else {                                                                           \
+                    ONE(orow_, d_, x0_);                                                           \
+                    if (d_ + 1 < HEAD_DIM)                                                         \
+                        ONE(orow_, d_ + 1, x1_);                                                   \
+                }                                                                                  \
+            }                                                                                      \
+            if (has_lse && t == 0)                                                                 \
+                lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row_] =           \
+                    l_ > 0.0f ? ((m_run)[h_] * (sc) + log2(l_)) * LN2 : -INFINITY;                 \
+        }                                                                                          \
+    } while (0)
+
+/* ---- the tensor-core backward kernels' shared pieces (flash_bwd_nv.cl, flash_bwd_sm90.cl) ---- */
+#if defined(FLASHCL_NV_PTX) && defined(BWD_KERNEL) && (DTYPE == 1 || DTYPE == 2)
+/* [lo_rel, hi_rel]: key j is visible to row i iff lo_rel <= j - i <= hi_rel
+ * (a side without a window is widened past any j - i). */
+inline long2 visible_rel(int nq, int nk, int win_left, int win_right) {
+    const long shift = (long)nk - (long)nq;
+    return (long2)(win_left < 0 ? -(1L << 40) : shift - win_left,
+                   win_right < 0 ? (1L << 40) : shift + win_right);
+}
+
+/* The raw score x of one (row, key) pair -> (P, dS) given the row's LSE in
+ * log2 units (+inf: the row contributes nothing), its D_i, and dP. */
+inline float2 p_and_ds(float x, float dp, float lse2, float di, float scale, float softcap) {
+    float p, g = 1.0f;
+    if (softcap > 0.0f) {
+        const float th = tanh(x * (scale / softcap));
+        p = ex2(fma(softcap * th, LOG2E, -lse2));
+        g = fma(-th, th, 1.0f); /* d/ds of c*tanh(s/c) */
+    } else {
+        p = ex2(fma(x, scale * LOG2E, -lse2));
+    }
+    return (float2)(p, p * (dp - di) * g * scale);
+}
+
+/* Two adjacent n8 accumulator blocks -> the A fragment of one k16 step (the
+ * forward's P trick, flash_fwd_nv.cl). */
+#define ACC_TO_A(a, lo, hi)                                                                        \
+    do {                                                                                           \
+        (a)[0] = pack2((lo)[0], (lo)[1]);                                                          \
+        (a)[1] = pack2((lo)[2], (lo)[3]);                                                          \
+        (a)[2] = pack2((hi)[0], (hi)[1]);                                                          \
+        (a)[3] = pack2((hi)[2], (hi)[3]);                                                          \
+    } while (0)
+
+/* Stores columns d, d+1 (d even, d < HEAD_DIM) of one row of 16-bit elements:
+ * one 32-bit store when pair (every row start 4-byte aligned). */
+inline void store_two(__global ushort *row, int d, float x0, float x1, int pair) {
+    if (pair) {
+        *(__global uint *)(row + d) = pack2(x0, x1);
+    } else {
+        STORE_ELEM((__global elem_t *)row, d, x0);
+        if (d + 1 < HEAD_DIM)
+            STORE_ELEM((__global elem_t *)row, d + 1, x1);
+    }
+}
+
+/* Stores one warp's 16 x HEAD_DIM f32 accumulators acc[D_FRAGS][4] (this
+ * lane's rows g and g + 8, at most `rows` of them) into a [*][HEAD_DIM]
+ * 16-bit matrix whose row r is at dst + r*stride. A macro: passed to a
+ * function, the accumulators would leave registers for the stack. */
+#define STORE_ACC(dst, stride, acc, rows)                                                          \
+    do {                                                                                           \
+        __global ushort *dst_ = (dst);                                                             \
+        const ulong stride_ = (stride);                                                            \
+        const int pair_ = (HEAD_DIM % 2 == 0) && ((ulong)dst_ % 4 == 0) && (stride_ % 2 == 0);     \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            if (g + 8 * h_ < (rows)) {                                                             \
+                _Pragma("unroll") for (int j_ = 0; j_ < D_FRAGS; ++j_) {                           \
+                    if (8 * j_ + 2 * t < HEAD_DIM)                                                 \
+                        store_two(dst_ + (ulong)(g + 8 * h_) * stride_, 8 * j_ + 2 * t,            \
+                                  (acc)[j_][2 * h_], (acc)[j_][2 * h_ + 1], pair_);                \
+                }                                                                                  \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
+
+/* The opening of a dK/dV kernel: its key block n0 (of `keys` keys), kv head hk
+ * and batch b. Under LPT_HEADS the first key blocks of a chunk of heads run
+ * first (they see the most rows under a causal mask), else grid order. */
+#if LPT_HEADS
+#define NV_KEY_BLOCK_ORDER(keys)                                                                   \
+    LPT_PLACE(lpt_rank_, lpt_pair_);                                                               \
+    const int n0 = lpt_rank_ * (keys);                                                             \
+    const int hk = lpt_pair_ % (int)get_num_groups(1), b = lpt_pair_ / (int)get_num_groups(1)
+#else
+#define NV_KEY_BLOCK_ORDER(keys)                                                                   \
+    const int n0 = (int)get_group_id(0) * (keys);                                                 \
+    const int hk = (int)get_global_id(1), b = (int)get_global_id(2)
+#endif
+
+/* The rows that see any key of [n0, n0 + keys) and the BLOCK_M-row tiles over
+ * them, for each of the `group` query heads: `tiles` tiles in all, streamed in
+ * one loop (tile it: head hk * group + it / m_tiles, first row m_first + (it %
+ * m_tiles) * BLOCK_M); rel is visible_rel's. */
+#define NV_KEY_BLOCK_ROW_TILES(keys)                                                               \
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);                                    \
+    const long n_last = min((long)n0 + (keys), (long)nk) - 1;                                      \
+    const long i_lo = max((long)n0 - rel.y, 0L), i_hi = min(n_last - rel.x, (long)nq - 1);         \
+    const int m_first = i_lo <= i_hi ? (int)(i_lo / BLOCK_M) * BLOCK_M : 0;                        \
+    const int m_tiles = i_lo <= i_hi ? (int)((i_hi - m_first) / BLOCK_M) + 1 : 0;                  \
+    const int tiles = m_tiles * group
+
+/* Whether the Q and dO rows of every query head start 16-byte aligned
+ * (cp.async; else plain loads): uniform over the heads when the head stride
+ * is a multiple of 8 elements. */
+#define NV_QDO_VEC                                                                                 \
+    const int q_vec = ((ulong)q % 16 == 0) && (q_off % 8 == 0) && (q_sb % 8 == 0) &&               \
+                      (q_ss % 8 == 0) && (q_sh % 8 == 0);                                          \
+    const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&     \
+                       (dout_ss % 8 == 0) && (dout_sh % 8 == 0)
+
+/* The LSE (log2 units; +inf where the row contributes nothing: past nq, or a
+ * row that saw no key) and D_i of the BLOCK_M rows from m0_ of query head
+ * hq_ into ts[0][r], ts[1][r] (a dK/dV tile's stats, in __local), by plain
+ * loads: visible after the next barrier. */
+#define NV_TILE_STATS(ts, m0_, hq_)                                                                \
+    do {                                                                                           \
+        const ulong row0_ = ((ulong)b * heads_q + (hq_)) * (ulong)nq;                              \
+        for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
+            const int i_ = (m0_) + r_;                                                             \
+            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
+            (ts)[0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                                 \
+            (ts)[1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                           \
+        }                                                                                          \
+    } while (0)
+
+/* A dK/dV warp's elementwise step: S^T in s and dP^T in dp (its 16 keys kw0..
+ * x the BLOCK_M rows from m0; lane: keys g, g+8 x rows 8j+2t, +1) become P^T
+ * and dS^T, with the rows' stats ts as NV_TILE_STATS left them; where masked,
+ * pairs the mask hides or keys past nk get 0. */
+#define NV_P_DS_T(s, dp, ts, m0, masked)                                                           \
+    _Pragma("unroll") for (int j = 0; j < BLOCK_M / 8; ++j) {                                      \
+        const int r = 8 * j + 2 * t;                                                               \
+        const float2 l2 = vload2(0, &(ts)[0][r]), di = vload2(0, &(ts)[1][r]);                     \
+        _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                            \
+            float2 pd = p_and_ds((s)[j][e], (dp)[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x, \
+                                 scale, softcap);                                                  \
+            if (masked) {                                                                          \
+                const int key = kw0 + g + 8 * (e >> 1);                                            \
+                const long d = (long)key - ((m0) + r + (e & 1));                                   \
+                if (key >= nk || d < rel.x || d > rel.y)                                           \
+                    pd = (float2)(0.0f, 0.0f);                                                     \
+            }                                                                                      \
+            (s)[j][e] = pd.x;                                                                      \
+            (dp)[j][e] = pd.y;                                                                     \
+        }                                                                                          \
+    }
+
+/* The opening of a dQ pass over the row block m0 (rows_q rows) of head hq: w0,
+ * this warp's first row; lse2[h], di[h], the LSE (log2 units, +inf for none)
+ * and D_i of this lane's rows w0 + g + 8h; rel; the keys [n_start, n_end] that
+ * any row of the block sees, n_start on a BLOCK_N boundary; w_rows, the warp's
+ * rows before nq (<= 0: none). */
+#define NV_DQ_ROWS_AND_KEYS                                                                        \
+    const int w0 = m0 + 16 * warp;                                                                 \
+    const ulong row0 = ((ulong)b * get_global_size(1) + hq) * (ulong)nq;                           \
+    float lse2[2], di[2];                                                                          \
+    _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                                \
+        const int i = w0 + g + 8 * h;                                                              \
+        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;                              \
+        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;                                           \
+        di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;                                        \
+    }                                                                                              \
+    const long2 rel = visible_rel(nq, nk, win_left, win_right);                                    \
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);                         \
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);             \
+    const int n_start = blk_first.x <= blk_last.y ? (int)(blk_first.x / BLOCK_N) * BLOCK_N : nk;   \
+    const int n_end = (int)blk_last.y;                                                             \
+    const int w_rows = min(16, nq - w0)
+
+/* A dQ warp's elementwise step: S in s and dP in dp (its 16 rows w0.. x the
+ * BLOCK_N keys from n0; lane: rows g, g+8 x keys 8j+2t, +1) become dS in dp;
+ * where masked, pairs the mask hides or keys past nk get 0. */
+#define NV_DS(s, dp, n0, masked)                                                                   \
+    _Pragma("unroll") for (int j = 0; j < BLOCK_N / 8; ++j)                                        \
+        _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                            \
+            float ds = p_and_ds((s)[j][e], (dp)[j][e], lse2[e >> 1], di[e >> 1], scale, softcap).y; \
+            if (masked) {                                                                          \
+                const int key = (n0) + 8 * j + 2 * t + (e & 1);                                    \
+                const long d = (long)key - (w0 + g + 8 * (e >> 1));                                \
+                if (key >= nk || d < rel.x || d > rel.y)                                           \
+                    ds = 0.0f;                                                                     \
+            }                                                                                      \
+            (dp)[j][e] = ds;                                                                       \
+        }
+
+/* A dK/dV warp's 16 rows of dK and dV (dk_acc, dv_acc) stored, those before nk. */
+#define NV_STORE_DKDV                                                                              \
+    do {                                                                                           \
+        if (kw0 < nk) {                                                                            \
+            const int rows = min(16, nk - kw0);                                                    \
+            STORE_ACC((__global ushort *)dk + ROW_AT(dk, b, kw0, hk), dk_ss, dk_acc, rows);        \
+            STORE_ACC((__global ushort *)dv + ROW_AT(dv, b, kw0, hk), dv_ss, dv_acc, rows);        \
+        }                                                                                          \
+    } while (0)
+#endif
