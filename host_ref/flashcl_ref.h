@@ -117,6 +117,19 @@ int flashcl_ref_lse_ok(double got, double want, double tol, flashcl_ref_report *
 int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report);
+/* The same check with K and V stored apart from q and out, as an FP8 KV
+ * cache holds them: k, v in kv_dtype (in desc->k, desc->v's layouts), each
+ * element standing for descale * value with the descale of its KV head,
+ * k_scales[h] and v_scales[h] (NULL: desc's FP8 descales, 1 unless desc is
+ * FP8); q and out in desc->dtype (not FP8 here). The reference and the plain
+ * implementation read K/V as those products (exact in double, rounded to
+ * float for plain), so what quantization lost is not counted against the
+ * kernel; the rule is flashcl_ref_check_forward's, which is this check with
+ * kv_dtype = desc->dtype and no scales. */
+int flashcl_ref_check_forward_kv(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                                 flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales,
+                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report);
+
 
 /* ---- serving: merge, varlen, paged pools (ref_serving.c) --------------------- */
 
