@@ -288,17 +288,45 @@ static void axpy_float(float *restrict y, float a, const float *restrict x, int 
 }
 
 /* ----------------------------------------------------------------------------
+ * operands: how q, k and v are stored
+ * ------------------------------------------------------------------------- */
+
+/* How one of q, k, v is read: element x stands for descale * x in the
+ * operand's own storage type (for FP8, descale * decode(byte): exact in
+ * double). Two kinds of problems fill it: a forward desc, whose q, k, v all
+ * share desc->dtype and take FP8 descales from desc->fp8; and an FP8 KV
+ * cache, whose K/V bytes carry one static descale per KV head next to a
+ * 16/32-bit q. One description lets both run the same forwards and checks. */
+typedef struct operand {
+    flashcl_dtype dtype;
+    const float *head_scales; /* per KV head; NULL: desc's FP8 descale (1 unless desc is FP8) */
+} operand;
+
+/* q, k, v of a desc: its dtype; K and V may be stored apart as kv_dtype with
+ * per-KV-head descales (NULL: desc's). */
+static void describe_operands(const flashcl_attention_desc *desc, flashcl_dtype kv_dtype, const float *k_scales,
+                              const float *v_scales, operand ops[3]) {
+    ops[0] = (operand){desc->dtype, NULL};
+    ops[1] = (operand){kv_dtype, k_scales};
+    ops[2] = (operand){kv_dtype, v_scales};
+}
+
+/* The descale of row `row` of head h of batch b of operand t (0 q, 1 k, 2 v). */
+static double descale(const flashcl_attention_desc *desc, const operand *ops, int t, int b, int h, int row) {
+    return ops[t].head_scales ? (double)ops[t].head_scales[h] : flashcl_ref_fp8_descale(desc, t, b, h, row);
+}
+
+/* ----------------------------------------------------------------------------
  * forward attention, in double: the exact answer
  * ------------------------------------------------------------------------- */
 
 /* Returns 0 when a buffer could not be allocated (nothing is written then). */
-static int forward_double(const flashcl_attention_desc *desc, const void *q, const void *k,
+static int forward_double(const flashcl_attention_desc *desc, const operand *ops, const void *q, const void *k,
                           const void *v, double *out, double *lse, double *scores, double *probs) {
     // q: (B, Nq, Hq, D), k and v: (B, Nk, Hk, D), in their layouts and dtype
     // out: (B, Nq, Hq, D) packed; lse: (B, Hq, Nq); scores, probs: (B, Hq, Nq, Nk)
     const int B = desc->batch, Hq = desc->heads_q, Hk = desc->heads_k;
     const int Nq = desc->seqlen_q, Nk = desc->seqlen_k, D = desc->head_dim;
-    const flashcl_dtype dt = desc->dtype;
     const flashcl_layout ql = effective_layout(desc->q, Nq, Hq, D);
     const flashcl_layout kl = effective_layout(desc->k, Nk, Hk, D);
     const flashcl_layout vl = effective_layout(desc->v, Nk, Hk, D);
@@ -330,11 +358,10 @@ static int forward_double(const flashcl_attention_desc *desc, const void *q, con
                 size_t kj = row_index(&kl, b, j, kvh), vj = row_index(&vl, b, j, kvh);
                 // FP8: the real inputs are descale * decode(byte) (1 otherwise);
                 // a float times a decoded FP8 value is exact in double.
-                const double ks = flashcl_ref_fp8_descale(desc, 1, b, kvh, j);
-                const double vs = flashcl_ref_fp8_descale(desc, 2, b, kvh, j);
+                const double ks = descale(desc, ops, 1, b, kvh, j), vs = descale(desc, ops, 2, b, kvh, j);
                 for (int d = 0; d < D; d++) {
-                    kh_buf[(size_t)j * D + d] = ks * flashcl_ref_load(k, dt, kj + (size_t)d);
-                    vh_buf[(size_t)j * D + d] = vs * flashcl_ref_load(v, dt, vj + (size_t)d);
+                    kh_buf[(size_t)j * D + d] = ks * flashcl_ref_load(k, ops[1].dtype, kj + (size_t)d);
+                    vh_buf[(size_t)j * D + d] = vs * flashcl_ref_load(v, ops[2].dtype, vj + (size_t)d);
                 }
             }
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
@@ -344,9 +371,9 @@ static int forward_double(const flashcl_attention_desc *desc, const void *q, con
                     double *s_dbg = scores ? scores + stat * Nk : NULL; // row (b, h, i, :)
                     double *p_dbg = probs ? probs + stat * Nk : NULL;
                     size_t qi = row_index(&ql, b, i, h);
-                    const double qs = flashcl_ref_fp8_descale(desc, 0, b, h, i);
+                    const double qs = descale(desc, ops, 0, b, h, i);
                     for (int d = 0; d < D; d++)
-                        q_row[d] = qs * flashcl_ref_load(q, dt, qi + (size_t)d);
+                        q_row[d] = qs * flashcl_ref_load(q, ops[0].dtype, qi + (size_t)d);
 
                     // Masked keys: score -inf, probability 0. Filling the whole
                     // debug row first leaves only the visible part to write.
@@ -428,7 +455,9 @@ static void fill_nan(double *x, size_t count) {
 void flashcl_ref_attention_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                                    const void *v, double *out, double *lse, double *scores,
                                    double *probs) {
-    if (forward_double(desc, q, k, v, out, lse, scores, probs))
+    operand ops[3];
+    describe_operands(desc, desc->dtype, NULL, NULL, ops);
+    if (forward_double(desc, ops, q, k, v, out, lse, scores, probs))
         return;
     size_t rows = (size_t)desc->batch * desc->heads_q * desc->seqlen_q;
     fill_nan(out, rows * desc->head_dim);
@@ -449,7 +478,7 @@ static flashcl_dtype out_dtype_of(const flashcl_attention_desc *desc) {
     return fp8 ? desc->out_dtype : desc->dtype;
 }
 
-static int forward_plain(const flashcl_attention_desc *desc, const void *q, const void *k,
+static int forward_plain(const flashcl_attention_desc *desc, const operand *ops, const void *q, const void *k,
                          const void *v, double *out) {
     // q: (B, Nq, Hq, D), k and v: (B, Nk, Hk, D), in their layouts and dtype
     // out: (B, Nq, Hq, D) packed, each value rounded to the storage dtype
@@ -460,7 +489,7 @@ static int forward_plain(const flashcl_attention_desc *desc, const void *q, cons
     // descale * value rounded to float, P and out in out's type.
     const int B = desc->batch, Hq = desc->heads_q, Hk = desc->heads_k;
     const int Nq = desc->seqlen_q, Nk = desc->seqlen_k, D = desc->head_dim;
-    const flashcl_dtype dt = desc->dtype, odt = out_dtype_of(desc);
+    const flashcl_dtype odt = out_dtype_of(desc);
     const flashcl_layout ql = effective_layout(desc->q, Nq, Hq, D);
     const flashcl_layout kl = effective_layout(desc->k, Nk, Hk, D);
     const flashcl_layout vl = effective_layout(desc->v, Nk, Hk, D);
@@ -487,20 +516,19 @@ static int forward_plain(const flashcl_attention_desc *desc, const void *q, cons
             // pass 0: K and V of (b, kvh) as floats (exact: every storage value is a float)
             for (int j = 0; j < Nk; j++) {
                 size_t kj = row_index(&kl, b, j, kvh), vj = row_index(&vl, b, j, kvh);
-                const double ks = flashcl_ref_fp8_descale(desc, 1, b, kvh, j);
-                const double vs = flashcl_ref_fp8_descale(desc, 2, b, kvh, j);
+                const double ks = descale(desc, ops, 1, b, kvh, j), vs = descale(desc, ops, 2, b, kvh, j);
                 for (int d = 0; d < D; d++) {
-                    kh_buf[(size_t)j * D + d] = (float)(ks * flashcl_ref_load(k, dt, kj + (size_t)d));
-                    vh_buf[(size_t)j * D + d] = (float)(vs * flashcl_ref_load(v, dt, vj + (size_t)d));
+                    kh_buf[(size_t)j * D + d] = (float)(ks * flashcl_ref_load(k, ops[1].dtype, kj + (size_t)d));
+                    vh_buf[(size_t)j * D + d] = (float)(vs * flashcl_ref_load(v, ops[2].dtype, vj + (size_t)d));
                 }
             }
             for (int h = kvh * group; h < (kvh + 1) * group; h++) {
                 for (int i = 0; i < Nq; i++) {
                     double *o = out + (((size_t)b * Nq + i) * Hq + h) * D;
                     size_t qi = row_index(&ql, b, i, h);
-                    const double qs = flashcl_ref_fp8_descale(desc, 0, b, h, i);
+                    const double qs = descale(desc, ops, 0, b, h, i);
                     for (int d = 0; d < D; d++)
-                        q_row[d] = (float)(qs * flashcl_ref_load(q, dt, qi + (size_t)d));
+                        q_row[d] = (float)(qs * flashcl_ref_load(q, ops[0].dtype, qi + (size_t)d));
                     for (int d = 0; d < D; d++)
                         acc[d] = 0.0f;
 
@@ -547,7 +575,9 @@ static int forward_plain(const flashcl_attention_desc *desc, const void *q, cons
 
 void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
                                          const void *k, const void *v, double *out) {
-    if (forward_plain(desc, q, k, v, out))
+    operand ops[3];
+    describe_operands(desc, desc->dtype, NULL, NULL, ops);
+    if (forward_plain(desc, ops, q, k, v, out))
         return;
     fill_nan(out, (size_t)desc->batch * desc->heads_q * desc->seqlen_q * desc->head_dim);
 }
@@ -653,20 +683,19 @@ double flashcl_ref_epsilon(flashcl_dtype dtype) {
     return 0.0;
 }
 
-/* The largest Euclidean norm of a (batch, seq, head) row of a tensor
- * (tensor 0 q, 1 k: for the FP8 descale factors). */
-static double max_row_norm(const flashcl_attention_desc *desc, int tensor, const void *x, flashcl_dtype dtype,
-                           flashcl_layout l, int batch, int seqlen, int heads, int head_dim) {
-    l = effective_layout(l, seqlen, heads, head_dim);
+/* The largest Euclidean norm of a (batch, seq, head) row of operand t (0 q, 1 k). */
+static double max_row_norm(const flashcl_attention_desc *desc, const operand *ops, int t, const void *x,
+                           flashcl_layout l, int seqlen, int heads) {
+    l = effective_layout(l, seqlen, heads, desc->head_dim);
     double best = 0.0;
-    for (int b = 0; b < batch; b++)
+    for (int b = 0; b < desc->batch; b++)
         for (int n = 0; n < seqlen; n++)
             for (int h = 0; h < heads; h++) {
                 size_t base = row_index(&l, b, n, h);
-                const double sc = flashcl_ref_fp8_descale(desc, tensor, b, h, n);
+                const double sc = descale(desc, ops, t, b, h, n);
                 double sum = 0.0;
-                for (int d = 0; d < head_dim; d++) {
-                    double e = sc * flashcl_ref_load(x, dtype, base + (size_t)d);
+                for (int d = 0; d < desc->head_dim; d++) {
+                    double e = sc * flashcl_ref_load(x, ops[t].dtype, base + (size_t)d);
                     sum += e * e;
                 }
                 best = fmax(best, sqrt(sum));
@@ -680,19 +709,19 @@ static double max_row_norm(const flashcl_attention_desc *desc, int tensor, const
  * is negligible for N(0,1) inputs (~1e-6) but dominates when the logits are
  * in the hundreds, where two float kernels that sum in different orders
  * differ by far more than the plain baseline happens to err on one draw. */
-static double score_rounding_bound(const flashcl_attention_desc *desc, const void *q,
+static double score_rounding_bound(const flashcl_attention_desc *desc, const operand *ops, const void *q,
                                    const void *k, const void *v) {
     const int B = desc->batch, D = desc->head_dim;
-    double qn = max_row_norm(desc, 0, q, desc->dtype, desc->q, B, desc->seqlen_q, desc->heads_q, D);
-    double kn = max_row_norm(desc, 1, k, desc->dtype, desc->k, B, desc->seqlen_k, desc->heads_k, D);
+    double qn = max_row_norm(desc, ops, 0, q, desc->q, desc->seqlen_q, desc->heads_q);
+    double kn = max_row_norm(desc, ops, 1, k, desc->k, desc->seqlen_k, desc->heads_k);
     flashcl_layout vl = effective_layout(desc->v, desc->seqlen_k, desc->heads_k, D);
     double vmax = 0.0;
     for (int b = 0; b < B; b++)
         for (int n = 0; n < desc->seqlen_k; n++)
             for (int h = 0; h < desc->heads_k; h++)
                 for (int d = 0; d < D; d++)
-                    vmax = fmax(vmax, fabs(flashcl_ref_fp8_descale(desc, 2, b, h, n) *
-                                           flashcl_ref_load(v, desc->dtype, row_index(&vl, b, n, h) + (size_t)d)));
+                    vmax = fmax(vmax, fabs(descale(desc, ops, 2, b, h, n) *
+                                           flashcl_ref_load(v, ops[2].dtype, row_index(&vl, b, n, h) + (size_t)d)));
     return ldexp(1.0, -24) * effective_scale(desc) * qn * kn * vmax;
 }
 
@@ -701,8 +730,16 @@ enum { MAX_PRINTED = 8 }; // verbose: the first few mismatches say more than tho
 int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report) {
+    return flashcl_ref_check_forward_kv(desc, q, k, v, desc->dtype, NULL, NULL, out, lse, verbose, report);
+}
+
+int flashcl_ref_check_forward_kv(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                                 flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales,
+                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report) {
     // out: (B, Nq, Hq, D) in desc->out's layout and the storage dtype
     // lse: float (B, Hq, Nq) packed, or NULL
+    operand ops[3];
+    describe_operands(desc, kv_dtype, k_scales, v_scales, ops);
     flashcl_ref_report local;
     if (!report)
         report = &local;
@@ -715,8 +752,8 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
     double *ref = malloc(count * sizeof(double));
     double *ref_lse = malloc(rows * sizeof(double));
     double *plain = malloc(count * sizeof(double));
-    int ran = ref && ref_lse && plain && forward_double(desc, q, k, v, ref, ref_lse, NULL, NULL) &&
-              forward_plain(desc, q, k, v, plain);
+    int ran = ref && ref_lse && plain && forward_double(desc, ops, q, k, v, ref, ref_lse, NULL, NULL) &&
+              forward_plain(desc, ops, q, k, v, plain);
     if (!ran) {
         free(ref);
         free(ref_lse);
@@ -742,7 +779,7 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
     for (size_t n = 0; n < count; n++)
         max_ref = fmax(max_ref, fabs(ref[n]));
     const double eps = flashcl_ref_epsilon(out_dtype_of(desc)) * fmax(1.0, max_ref) +
-                       score_rounding_bound(desc, q, k, v);
+                       score_rounding_bound(desc, ops, q, k, v);
     report->plain_err = plain_err;
     report->tolerance = 2.0 * plain_err + eps;
 

@@ -117,6 +117,18 @@ int flashcl_ref_lse_ok(double got, double want, double tol, flashcl_ref_report *
 int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report);
+/* The same check with K and V stored apart from q and out, as an FP8 KV
+ * cache holds them: k, v in kv_dtype (in desc->k, desc->v's layouts), each
+ * element standing for descale * value with the descale of its KV head,
+ * k_scales[h] and v_scales[h] (NULL: desc's FP8 descales, 1 unless desc is
+ * FP8); q and out in desc->dtype (not FP8 here). The reference and the plain
+ * implementation read K/V as those products (exact in double, rounded to
+ * float for plain), so what quantization lost is not counted against the
+ * kernel; the rule is flashcl_ref_check_forward's, which is this check with
+ * kv_dtype = desc->dtype and no scales. */
+int flashcl_ref_check_forward_kv(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                                 flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales,
+                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report);
 
 /* ---- serving: merge, varlen, paged pools (ref_serving.c) --------------------- */
 
@@ -138,30 +150,28 @@ int flashcl_ref_check_merge(const flashcl_merge_desc *desc, const void *o1, cons
 void flashcl_ref_varlen_forward(const flashcl_varlen_desc *desc, const void *q, const void *k,
                                 const void *v, double *out, double *lse);
 /* Checks a varlen result sequence by sequence with flashcl_ref_check_forward's
- * rule (lse float [heads_q][total_q] or NULL); first_bad[0] is the sequence. */
+ * rule (lse float [heads_q][total_q] or NULL); first_bad is (sequence, query
+ * token within it, head, d). */
 int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
                              const void *out, const float *lse, int verbose, flashcl_ref_report *report);
 
 /* Copies a sequence's tokens out of a paged pool [num_pages][page_size]
- * [heads_k][head_dim] into dense [length][heads_k][head_dim] (same dtype). */
+ * [heads_k][head_dim] into dense [length][heads_k][head_dim] (same dtype;
+ * FP8 pages are copied as their bytes). */
 void flashcl_ref_kv_gather(const void *pool, flashcl_dtype dtype, int page_size, int heads_k, int head_dim,
                            const int *pages, int length, void *dense);
 
-/* FP8 pages (a cache with page_dtype FP8): a sequence's tokens out of an
- * FP8 pool, decoded exactly and times the kv head's descale, into double
- * dense [length][heads_k][head_dim] (scales NULL: all 1). */
-void flashcl_ref_kv_dequantize(const unsigned char *pool, flashcl_dtype format, const float *scales, int page_size,
-                               int heads_k, int head_dim, const int *pages, int length, double *dense);
-/* Checks paged attention over FP8 pages: desc as for flashcl_ref_check_varlen
- * (q, out in desc's dtype and layouts, cu_seqlens_k giving each sequence's
- * keys), k, v the dequantized keys and values of every sequence back to back,
- * double [total_k][heads_k][head_dim] (flashcl_ref_kv_dequantize). The
- * reference is computed in double from those values, so what quantization
- * lost is not counted against the kernel; the rule is
- * flashcl_ref_check_forward's (2 * plain error + eps(dtype) * max(1, |ref|)
- * + the float-score term), its plain implementation reading K/V as floats.
- * lse float [heads_q][total_q] or NULL. */
-int flashcl_ref_check_paged_fp8(const flashcl_varlen_desc *desc, const void *q, const double *k, const double *v,
+/* Checks paged attention over FP8 pages (a cache with page_dtype FP8): desc
+ * as for flashcl_ref_check_varlen (q, out in desc's dtype and layouts,
+ * cu_seqlens_k giving each sequence's keys; desc->k, desc->v are ignored),
+ * k, v the FP8 bytes of every sequence back to back, packed [total_k]
+ * [heads_k][head_dim] in kv_format (flashcl_ref_kv_gather), k_scales and
+ * v_scales the cache's descale per KV head (NULL: 1). Each sequence is
+ * checked with flashcl_ref_check_forward_kv: the reference in double from
+ * descale * decode(byte), the rule flashcl_ref_check_forward's. first_bad
+ * as flashcl_ref_check_varlen's. */
+int flashcl_ref_check_paged_fp8(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
+                                flashcl_dtype kv_format, const float *k_scales, const float *v_scales,
                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report);
 
 /* ---- backward (ref_backward.c) ---------------------------------------------

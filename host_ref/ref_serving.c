@@ -11,9 +11,8 @@
  *   pages back into a dense array gives the keys the kernels must see;
  * - merging is the log-sum-exp identity, written out in double;
  * - an FP8 pool is that permutation of bytes, each read as descale * decode
- *   (decode exact, the descale its kv head's): dequantized into doubles, the
- *   keys the kernels must see are exact, and attention over them is the
- *   forward's, written out once more over double K/V.
+ *   (decode exact, the descale its kv head's): gathered, its sequences are
+ *   checked as a varlen batch whose K/V the forward reads in their own type.
  */
 #include <math.h>
 #include <stdio.h>
@@ -230,8 +229,11 @@ void flashcl_ref_varlen_forward(const flashcl_varlen_desc *desc, const void *q, 
     }
 }
 
-int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
-                             const void *out, const float *lse, int verbose, flashcl_ref_report *report) {
+/* The checks of flashcl_ref_check_varlen and flashcl_ref_check_paged_fp8: K/V
+ * stored as kv_dtype with per-KV-head descales (flashcl_ref_check_forward_kv). */
+static int check_sequences(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
+                           flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales, const void *out,
+                           const float *lse, int verbose, flashcl_ref_report *report) {
     // Each sequence is checked as its own forward problem, with the forward's
     // tolerance rule; the report gathers the worst of them. first_bad[0] is
     // the sequence, [1..3] token-in-sequence, head, d.
@@ -273,7 +275,7 @@ int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, con
                     one.mismatches++;
             ok = one.passed = one.mismatches == 0;
         } else {
-            ok = flashcl_ref_check_forward(&d, q, k, v, out, seq_lse, verbose, &one);
+            ok = flashcl_ref_check_forward_kv(&d, q, k, v, kv_dtype, k_scales, v_scales, out, seq_lse, verbose, &one);
         }
         free(seq_lse);
         if (!ok && verbose)
@@ -297,6 +299,11 @@ int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, con
     return report->passed;
 }
 
+int flashcl_ref_check_varlen(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
+                             const void *out, const float *lse, int verbose, flashcl_ref_report *report) {
+    return check_sequences(desc, q, k, v, desc->dtype, NULL, NULL, out, lse, verbose, report);
+}
+
 /* ----------------------------------------------------------------------------
  * paged KV pools
  * ------------------------------------------------------------------------- */
@@ -306,212 +313,20 @@ void flashcl_ref_kv_gather(const void *pool, flashcl_dtype dtype, int page_size,
     // pool: (num_pages, page_size, Hk, D); dense: (length, Hk, D), same dtype.
     // Token n lives in row n % page_size of physical page pages[n / page_size].
     const size_t row = (size_t)heads_k * (size_t)head_dim;
-    const size_t es = dtype == FLASHCL_FLOAT32 ? 4 : 2;
+    const size_t es = dtype == FLASHCL_FLOAT32 ? 4 : dtype == FLASHCL_FLOAT16 || dtype == FLASHCL_BFLOAT16 ? 2 : 1;
     for (int n = 0; n < length; n++) {
         size_t slot = (size_t)pages[n / page_size] * (size_t)page_size + (size_t)(n % page_size);
         memcpy((char *)dense + (size_t)n * row * es, (const char *)pool + slot * row * es, row * es);
     }
 }
 
-/* ----------------------------------------------------------------------------
- * FP8 pages
- * ------------------------------------------------------------------------- */
-
-void flashcl_ref_kv_dequantize(const unsigned char *pool, flashcl_dtype format, const float *scales, int page_size,
-                               int heads_k, int head_dim, const int *pages, int length, double *dense) {
-    // pool: (num_pages, page_size, Hk, D) bytes; dense: (length, Hk, D) double.
-    // descale * decode(byte) is exact in double (4 significant bits times 24).
-    for (int n = 0; n < length; n++) {
-        size_t slot = (size_t)pages[n / page_size] * (size_t)page_size + (size_t)(n % page_size);
-        for (int h = 0; h < heads_k; h++)
-            for (int d = 0; d < head_dim; d++) {
-                size_t at = (slot * (size_t)heads_k + (size_t)h) * (size_t)head_dim + (size_t)d;
-                double scale = scales ? (double)scales[h] : 1.0;
-                dense[((size_t)n * heads_k + h) * head_dim + d] = scale * flashcl_ref_fp8_decode(format, pool[at]);
-            }
-    }
-}
-
-/* One output row over double K/V: query token t of sequence i, query head h.
- * plain = 0: in double (o, *lse exact up to double rounding); plain = 1: the
- * plain implementation's arithmetic (forward_plain in flashcl_ref.c): K, V
- * and q as floats, float scores and softmax, P rounded to the storage dtype,
- * float accumulation, the output rounded to the dtype. Returns 0 when the
- * row sees no key (o = 0, lse = -inf). */
-static int fp8_row(const flashcl_varlen_desc *desc, const void *q, const double *k, const double *v, int i, int t,
-                   int h, int plain, double *o, double *lse) {
-    const int Hq = desc->heads_q, Hk = desc->heads_k, D = desc->head_dim, group = Hq / Hk, kvh = h / group;
-    const int q0 = desc->cu_seqlens_q[i], nq = desc->cu_seqlens_q[i + 1] - q0;
-    const int k0 = desc->cu_seqlens_k[i], nk = desc->cu_seqlens_k[i + 1] - k0;
-    const double scale = desc->scale != 0.0f ? (double)desc->scale : (double)(1.0f / sqrtf((float)D));
-    size_t ss, sh;
-    token_strides(&desc->q, Hq, D, &ss, &sh);
-    const size_t qi = desc->q.offset + (size_t)(q0 + t) * ss + (size_t)h * sh;
-    // pass 0: visible keys, bottom-right causal alignment within the sequence
-    const int hi = desc->causal ? nk - nq + t : nk - 1;
-    for (int d = 0; d < D; d++)
-        o[d] = 0.0;
-    *lse = -INFINITY;
-    if (hi < 0 || nk == 0)
-        return 0;
-    double *s = malloc((size_t)(hi + 1) * sizeof(double));
-    if (!s) {
-        for (int d = 0; d < D; d++)
-            o[d] = NAN;
-        *lse = NAN;
-        return 1;
-    }
-    // pass 1: scores and their max
-    double m = -INFINITY;
-    for (int j = 0; j <= hi; j++) {
-        const double *kr = k + ((size_t)(k0 + j) * Hk + kvh) * D;
-        double x;
-        if (plain) {
-            float dot = 0.0f;
-            for (int d = 0; d < D; d++)
-                dot += (float)flashcl_ref_load(q, desc->dtype, qi + (size_t)d) * (float)kr[d];
-            float fs = (float)scale * dot;
-            if (desc->softcap > 0.0f)
-                fs = desc->softcap * tanhf(fs / desc->softcap);
-            x = fs;
-        } else {
-            x = 0.0;
-            for (int d = 0; d < D; d++)
-                x += flashcl_ref_load(q, desc->dtype, qi + (size_t)d) * kr[d];
-            x *= scale;
-            if (desc->softcap > 0.0f)
-                x = desc->softcap * tanh(x / desc->softcap);
-        }
-        s[j] = x;
-        m = fmax(m, x);
-    }
-    // pass 2: softmax numerators and their sum
-    double sum = 0.0;
-    float fsum = 0.0f;
-    for (int j = 0; j <= hi; j++) {
-        if (plain) {
-            s[j] = expf((float)s[j] - (float)m);
-            fsum += (float)s[j];
-        } else {
-            s[j] = exp(s[j] - m);
-            sum += s[j];
-        }
-    }
-    // pass 3: P.V (plain: P in the storage dtype, float accumulation, rounded output)
-    for (int j = 0; j <= hi; j++) {
-        const double *vr = v + ((size_t)(k0 + j) * Hk + kvh) * D;
-        if (plain) {
-            float p = (float)s[j] / fsum, pr;
-            unsigned char scratch[4];
-            flashcl_ref_store(scratch, desc->dtype, 0, p);
-            pr = (float)flashcl_ref_load(scratch, desc->dtype, 0);
-            for (int d = 0; d < D; d++)
-                o[d] = (double)((float)o[d] + pr * (float)vr[d]);
-        } else {
-            for (int d = 0; d < D; d++)
-                o[d] += s[j] / sum * vr[d];
-        }
-    }
-    if (plain) {
-        unsigned char scratch[4];
-        for (int d = 0; d < D; d++) {
-            flashcl_ref_store(scratch, desc->dtype, 0, o[d]);
-            o[d] = flashcl_ref_load(scratch, desc->dtype, 0);
-        }
-    }
-    *lse = m + log(plain ? (double)fsum : sum);
-    free(s);
-    return 1;
-}
-
-int flashcl_ref_check_paged_fp8(const flashcl_varlen_desc *desc, const void *q, const double *k, const double *v,
+int flashcl_ref_check_paged_fp8(const flashcl_varlen_desc *desc, const void *q, const void *k, const void *v,
+                                flashcl_dtype kv_format, const float *k_scales, const float *v_scales,
                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report) {
-    // q, out: (total_q, Hq, D) in their layouts and desc->dtype; k, v: double
-    // (total_k, Hk, D) packed; lse: float (Hq, total_q) or NULL.
-    flashcl_ref_report local;
-    if (!report)
-        report = &local;
-    memset(report, 0, sizeof *report);
-    const int Hq = desc->heads_q, Hk = desc->heads_k, D = desc->head_dim, n = desc->num_seqs;
-    const int total_q = desc->cu_seqlens_q[n], total_k = desc->cu_seqlens_k[n];
-    const size_t count = (size_t)total_q * Hq * D;
-    double *ref = malloc(count * sizeof(double)), *plain = malloc(count * sizeof(double));
-    double *ref_lse = malloc((size_t)total_q * Hq * sizeof(double)), plain_lse;
-    if (!ref || !plain || !ref_lse) {
-        free(ref), free(plain), free(ref_lse);
-        report->mismatches = (size_t)-1;
-        return report->passed = 0;
-    }
-    // pass 1: the double reference and the plain implementation, row by row
-    for (int i = 0; i < n; i++)
-        for (int t = 0; t < desc->cu_seqlens_q[i + 1] - desc->cu_seqlens_q[i]; t++)
-            for (int h = 0; h < Hq; h++) {
-                const size_t row = (size_t)(desc->cu_seqlens_q[i] + t) * Hq + h;
-                fp8_row(desc, q, k, v, i, t, h, 0, ref + row * D, &ref_lse[(size_t)h * total_q + row / Hq]);
-                fp8_row(desc, q, k, v, i, t, h, 1, plain + row * D, &plain_lse);
-            }
-    // pass 2: the tolerance, as flashcl_ref_check_forward's: 2 * plain error,
-    // eps at the outputs' size, and what float scores cost (2^-24 * scale *
-    // max|q| * max|k| * max|v|, row norms)
-    double plain_err = 0.0, max_ref = 0.0, qn = 0.0, kn = 0.0, vmax = 0.0;
-    for (size_t x = 0; x < count; x++) {
-        plain_err = fmax(plain_err, fabs(plain[x] - ref[x]));
-        max_ref = fmax(max_ref, fabs(ref[x]));
-    }
-    size_t ss, sh;
-    token_strides(&desc->q, Hq, D, &ss, &sh);
-    for (int t = 0; t < total_q; t++)
-        for (int h = 0; h < Hq; h++) {
-            double sq = 0.0;
-            for (int d = 0; d < D; d++) {
-                double x = flashcl_ref_load(q, desc->dtype, desc->q.offset + (size_t)t * ss + (size_t)h * sh + (size_t)d);
-                sq += x * x;
-            }
-            qn = fmax(qn, sqrt(sq));
-        }
-    for (size_t r = 0; r < (size_t)total_k * Hk; r++) {
-        double sq = 0.0;
-        for (int d = 0; d < D; d++) {
-            sq += k[r * D + d] * k[r * D + d];
-            vmax = fmax(vmax, fabs(v[r * D + d]));
-        }
-        kn = fmax(kn, sqrt(sq));
-    }
-    const double scale = desc->scale != 0.0f ? (double)desc->scale : (double)(1.0f / sqrtf((float)D));
-    report->plain_err = plain_err;
-    report->tolerance = 2.0 * plain_err + flashcl_ref_epsilon(desc->dtype) * fmax(1.0, max_ref) +
-                        ldexp(1.0, -24) * scale * qn * kn * vmax;
-    // pass 3: every output element where desc->out puts it; NaN fails
-    token_strides(&desc->out, Hq, D, &ss, &sh);
-    size_t printed = 0;
-    for (int t = 0; t < total_q; t++)
-        for (int h = 0; h < Hq; h++)
-            for (int d = 0; d < D; d++) {
-                double got = flashcl_ref_load(out, desc->dtype, desc->out.offset + (size_t)t * ss + (size_t)h * sh + (size_t)d);
-                double want = ref[((size_t)t * Hq + h) * D + d];
-                double e = isfinite(got) ? fabs(got - want) : INFINITY;
-                report->max_err = fmax(report->max_err, e);
-                if (e <= report->tolerance)
-                    continue;
-                if (report->mismatches++ == 0) {
-                    report->first_bad[1] = (size_t)t;
-                    report->first_bad[2] = (size_t)h;
-                    report->first_bad[3] = (size_t)d;
-                }
-                if (verbose && printed++ < 8)
-                    fprintf(stderr, "flashcl fp8 paged check: out[t=%d h=%d d=%d] = %.8g, ref %.8g, tol %.3g\n", t, h,
-                            d, got, want, report->tolerance);
-            }
-    // pass 4: LSE, -inf exactly where no key is seen
-    for (size_t x = 0; lse && x < (size_t)total_q * Hq; x++) {
-        double got = lse[x], want = ref_lse[x];
-        if (!flashcl_ref_lse_ok(got, want, 1e-3 + 1e-4 * fabs(want), report)) {
-            report->mismatches++;
-            if (verbose && printed++ < 8)
-                fprintf(stderr, "flashcl fp8 paged check: lse[%zu] = %.8g, ref %.8g\n", x, got, want);
-        }
-    }
-    free(ref), free(plain), free(ref_lse);
-    report->passed = report->mismatches == 0;
-    return report->passed;
+    // k, v are gathered bytes, packed whatever desc->k and desc->v say (a
+    // paged desc's own K/V live in the cache's pools)
+    flashcl_varlen_desc packed = *desc;
+    memset(&packed.k, 0, sizeof packed.k);
+    memset(&packed.v, 0, sizeof packed.v);
+    return check_sequences(&packed, q, k, v, kv_format, k_scales, v_scales, out, lse, verbose, report);
 }

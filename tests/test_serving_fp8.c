@@ -8,7 +8,7 @@
  *     different algorithm from src/fp8.c and cl/common.cl) applied to the
  *     float product x * inv;
  *   - attention: host_ref computes it in double from the bytes the device
- *     holds, decoded exactly and times the scales (flashcl_ref_kv_dequantize,
+ *     holds, decoded exactly and times the scales (flashcl_ref_kv_gather,
  *     flashcl_ref_check_paged_fp8), so the kernels' error is measured apart
  *     from quantization's; per-head scales differ (a wrong head's scale
  *     fails), page orders are shuffled, outputs and LSEs are poisoned first.
@@ -182,10 +182,10 @@ static int fp8_bytes_match(flashcl_context *ctx, fp8_mirror *m) {
     return ok;
 }
 
-/* Dequantized keys and values (double [total][heads_k][head_dim]) of the
- * cache sequences ids[0..n), back to back, from the pools on the device. */
+/* The FP8 key and value bytes ([total][heads_k][head_dim]) of the cache
+ * sequences ids[0..n), back to back, from the pools on the device. */
 static void fp8_dense(flashcl_context *ctx, flashcl_kv_cache *cache, int n, const int *ids, const int *cu_k,
-                      double *k, double *v) {
+                      unsigned char *k, unsigned char *v) {
     const flashcl_kv_cache_desc *cd = flashcl_kv_cache_get_desc(cache);
     const size_t row = (size_t)cd->heads_k * cd->head_dim, pool = (size_t)cd->num_pages * cd->page_size * row;
     unsigned char *kp = test_xmalloc(pool), *vp = test_xmalloc(pool);
@@ -194,16 +194,16 @@ static void fp8_dense(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     int *pages = test_xmalloc(4096 * sizeof(int)), count;
     for (int i = 0; i < n; ++i) {
         flashcl_kv_cache_page_table(cache, ids[i], pages, 4096, &count);
-        flashcl_ref_kv_dequantize(kp, cd->page_dtype, cd->k_scales, cd->page_size, cd->heads_k, cd->head_dim, pages,
-                                  cu_k[i + 1] - cu_k[i], k + (size_t)cu_k[i] * row);
-        flashcl_ref_kv_dequantize(vp, cd->page_dtype, cd->v_scales, cd->page_size, cd->heads_k, cd->head_dim, pages,
-                                  cu_k[i + 1] - cu_k[i], v + (size_t)cu_k[i] * row);
+        flashcl_ref_kv_gather(kp, cd->page_dtype, cd->page_size, cd->heads_k, cd->head_dim, pages,
+                              cu_k[i + 1] - cu_k[i], k + (size_t)cu_k[i] * row);
+        flashcl_ref_kv_gather(vp, cd->page_dtype, cd->page_size, cd->heads_k, cd->head_dim, pages,
+                              cu_k[i + 1] - cu_k[i], v + (size_t)cu_k[i] * row);
     }
     free(pages), free(kp), free(vp);
 }
 
 /* Paged attention of nq[i] queries (causal) for cache sequences ids[0..n)
- * against host_ref over the dequantized pools; q, out in the cache's dtype.
+ * against host_ref over the pools' bytes and scales; q, out in the cache's dtype.
  * Returns 1 when right; *out_host (may be NULL) receives the output. */
 static int fp8_attend(flashcl_context *ctx, flashcl_kv_cache *cache, int n, const int *ids, const int *nq,
                       int heads_q, int splits, uint64_t q_seed, const char *name, void **out_host) {
@@ -220,7 +220,7 @@ static int fp8_attend(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     const size_t kv_el = (size_t)cu_k[n] * Hk * D;
     void *q = test_xmalloc(q_el * es), *out = test_xmalloc(q_el * es);
     float *lse = test_xmalloc(lse_n * 4);
-    double *k = test_xmalloc(kv_el * sizeof(double) + 8), *v = test_xmalloc(kv_el * sizeof(double) + 8);
+    unsigned char *k = test_xmalloc(kv_el + 8), *v = test_xmalloc(kv_el + 8);
     fp8_dense(ctx, cache, n, ids, cu_k, k, v);
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, q_seed ? q_seed : next_seed());
@@ -249,7 +249,8 @@ static int fp8_attend(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     d.cu_seqlens_k = cu_k;
     flashcl_ref_report rep;
     memset(&rep, 0, sizeof rep);
-    int ok = !st && flashcl_ref_check_paged_fp8(&d, q, k, v, out, lse, 1, &rep);
+    int ok = !st && flashcl_ref_check_paged_fp8(&d, q, k, v, cd->page_dtype, cd->k_scales, cd->v_scales, out, lse, 1,
+                                                &rep);
     ok &= splits == 0 || used_splits == splits;
     char what[200];
     snprintf(what, sizeof what, "%s (%s, splits %d, err %.2g tol %.2g)", name, st ? "-" : params.variant, used_splits,
