@@ -112,16 +112,17 @@ inline uchar fp8_encode_fmt(float value, int man, int bias, float max_value, uin
 inline uchar float_to_fp8_e4m3(float x) { return fp8_encode_fmt(x, 3, 7, 448.0f, 0x7eu); }
 inline uchar float_to_fp8_e5m2(float x) { return fp8_encode_fmt(x, 2, 15, 57344.0f, 0x7bu); }
 
-#if defined(KV_FP8) && KV_FP8 == 3
+/* By format, the flashcl_dtype value (3 e4m3, 4 e5m2): a constant wherever
+ * these are used, so only one side of each choice is compiled in. */
+#define FP8_DECODE(fmt, b) ((fmt) == 4 ? fp8_e5m2_to_float(b) : fp8_e4m3_to_float(b))
+#define FP8_DECODE8(fmt, b8) ((fmt) == 4 ? fp8_e5m2_to_float8(b8) : fp8_e4m3_to_float8(b8))
+#define FP8_ENCODE(fmt, x) ((fmt) == 4 ? float_to_fp8_e5m2(x) : float_to_fp8_e4m3(x))
+
+#if defined(KV_FP8) && (KV_FP8 == 3 || KV_FP8 == 4)
 typedef uchar kv_t;
-#define LOAD_KV(p, i) fp8_e4m3_to_float((p)[i])
-#define LOAD_KV8(p, i) fp8_e4m3_to_float8(vload8(0, (p) + (i)))
-#define STORE_KV(p, i, x) ((p)[i] = float_to_fp8_e4m3(x))
-#elif defined(KV_FP8) && KV_FP8 == 4
-typedef uchar kv_t;
-#define LOAD_KV(p, i) fp8_e5m2_to_float((p)[i])
-#define LOAD_KV8(p, i) fp8_e5m2_to_float8(vload8(0, (p) + (i)))
-#define STORE_KV(p, i, x) ((p)[i] = float_to_fp8_e5m2(x))
+#define LOAD_KV(p, i) FP8_DECODE(KV_FP8, (p)[i])
+#define LOAD_KV8(p, i) FP8_DECODE8(KV_FP8, vload8(0, (p) + (i)))
+#define STORE_KV(p, i, x) ((p)[i] = FP8_ENCODE(KV_FP8, x))
 #else
 #undef KV_FP8
 #define KV_FP8 0
@@ -130,14 +131,10 @@ typedef elem_t kv_t;
 #define LOAD_KV8(p, i) LOAD_ELEM8(p, i)
 #define STORE_KV(p, i, x) STORE_ELEM(p, i, x)
 #endif
-#if defined(Q_FP8) && Q_FP8 == 3
+#if defined(Q_FP8) && (Q_FP8 == 3 || Q_FP8 == 4)
 typedef uchar q_t;
-#define LOAD_Q(p, i) fp8_e4m3_to_float((p)[i])
-#define LOAD_Q8(p, i) fp8_e4m3_to_float8(vload8(0, (p) + (i)))
-#elif defined(Q_FP8) && Q_FP8 == 4
-typedef uchar q_t;
-#define LOAD_Q(p, i) fp8_e5m2_to_float((p)[i])
-#define LOAD_Q8(p, i) fp8_e5m2_to_float8(vload8(0, (p) + (i)))
+#define LOAD_Q(p, i) FP8_DECODE(Q_FP8, (p)[i])
+#define LOAD_Q8(p, i) FP8_DECODE8(Q_FP8, vload8(0, (p) + (i)))
 #else
 #undef Q_FP8
 #define Q_FP8 0

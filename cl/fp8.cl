@@ -32,11 +32,7 @@
 #ifndef FP8_E5M2
 #define FP8_E5M2 0
 #endif
-#if FP8_E5M2
-#define fp8_encode float_to_fp8_e5m2
-#else
-#define fp8_encode float_to_fp8_e4m3
-#endif
+#define FP8_FORMAT (FP8_E5M2 ? 4 : 3) /* as flashcl_dtype */
 #ifndef HADAMARD
 #define HADAMARD 0 // head_dim when rows are rotated (a power of two <= 256), 0: off
 #endif
@@ -118,10 +114,10 @@ __kernel void fp8_quantize(ROW_ARGS, __global const float *restrict inv, __globa
         y[d] = LOAD_ELEM(src, row + d);
     hadamard_row(y, signs, inv_sqrt_d);
     for (int d = 0; d < HADAMARD; ++d)
-        dst[out + d] = fp8_encode(y[d] * scale);
+        dst[out + d] = FP8_ENCODE(FP8_FORMAT, y[d] * scale);
 #else
     for (int d = 0; d < head_dim; ++d)
-        dst[out + d] = fp8_encode(LOAD_ELEM(src, row + d) * scale);
+        dst[out + d] = FP8_ENCODE(FP8_FORMAT, LOAD_ELEM(src, row + d) * scale);
 #endif
 }
 
@@ -130,13 +126,6 @@ __kernel void fp8_quantize(ROW_ARGS, __global const float *restrict inv, __globa
  * back by M^T = H_D diag(signs) / sqrt(D) when HADAMARD. Whole groups of 8
  * decode through the float8 helpers, the rest one by one (the tests run all
  * 256 codes through each). */
-#if FP8_E5M2
-#define fp8_decode fp8_e5m2_to_float
-#define fp8_decode8 fp8_e5m2_to_float8
-#else
-#define fp8_decode fp8_e4m3_to_float
-#define fp8_decode8 fp8_e4m3_to_float8
-#endif
 __kernel void fp8_dequantize(__global elem_t *restrict dst, ulong off, ulong sb, ulong ss, ulong sh, int heads,
                              int head_dim, int per_head, int block_rows HADAMARD_ARGS,
                              __global const float *restrict descale, __global const uchar *restrict src) {
@@ -148,14 +137,14 @@ __kernel void fp8_dequantize(__global elem_t *restrict dst, ulong off, ulong sb,
     /* x = y M^T: the butterflies, 1/sqrt(D), then the signs. */
     float y[HADAMARD];
     for (int d = 0; d < HADAMARD; ++d)
-        y[d] = fp8_decode(src[in + d]) * scale;
+        y[d] = FP8_DECODE(FP8_FORMAT, src[in + d]) * scale;
     walsh_hadamard(y);
     for (int d = 0; d < HADAMARD; ++d)
         STORE_ELEM(dst, row + d, y[d] * inv_sqrt_d * signs[d]);
 #else
     int d = 0;
     for (; d + 8 <= head_dim; d += 8) {
-        const float8 x = fp8_decode8(vload8(0, src + in + d)) * scale;
+        const float8 x = FP8_DECODE8(FP8_FORMAT, vload8(0, src + in + d)) * scale;
         STORE_ELEM(dst, row + d, x.s0);
         STORE_ELEM(dst, row + d + 1, x.s1);
         STORE_ELEM(dst, row + d + 2, x.s2);
@@ -166,6 +155,6 @@ __kernel void fp8_dequantize(__global elem_t *restrict dst, ulong off, ulong sb,
         STORE_ELEM(dst, row + d + 7, x.s7);
     }
     for (; d < head_dim; ++d)
-        STORE_ELEM(dst, row + d, fp8_decode(src[in + d]) * scale);
+        STORE_ELEM(dst, row + d, FP8_DECODE(FP8_FORMAT, src[in + d]) * scale);
 #endif
 }

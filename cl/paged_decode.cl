@@ -129,7 +129,7 @@ inline void unpack_chunk(chunk_t c, float *f) {
 #if KV_FP8
     /* as_uchar8 keeps the bytes in memory order: element e is byte e. */
     const uchar8 b = as_uchar8(c);
-    vstore8(KV_FP8 == 3 ? fp8_e4m3_to_float8(b) : fp8_e5m2_to_float8(b), 0, f);
+    vstore8(FP8_DECODE8(KV_FP8, b), 0, f);
 #elif DTYPE == 0
     f[0] = c.x, f[1] = c.y, f[2] = c.z, f[3] = c.w;
 #else

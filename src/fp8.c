@@ -94,20 +94,20 @@ static size_t src_index(const flashcl_layout *l, int b, int s, int h, int x) {
 }
 
 /* Row blocks of a (batch, head) with block quantization (1 without). */
-static int row_blocks(const flashcl_fp8_quant_desc *d) {
-    return d->block_rows > 0 ? (d->seqlen - 1) / d->block_rows + 1 : 1; /* seqlen >= 1; no overflow */
+static size_t row_blocks(const flashcl_fp8_quant_desc *d) {
+    return flashcl_fp8_row_blocks(d->seqlen, d->block_rows);
 }
 
 /* Descale factors written: one, one per (batch, head), or one per row block of each. */
 static size_t group_count(const flashcl_fp8_quant_desc *d) {
-    return d->per_head ? (size_t)d->batch * (size_t)d->heads * (size_t)row_blocks(d) : 1;
+    return d->per_head ? (size_t)d->batch * (size_t)d->heads * row_blocks(d) : 1;
 }
 
 /* The group (descale index) of row s of head h of batch b, as flashcl_fp8_scales indexes it. */
 static size_t group_of(const flashcl_fp8_quant_desc *d, int b, int s, int h) {
     if (!d->per_head)
         return 0;
-    return ((size_t)b * (size_t)d->heads + (size_t)h) * (size_t)row_blocks(d) +
+    return ((size_t)b * (size_t)d->heads + (size_t)h) * row_blocks(d) +
            (d->block_rows > 0 ? (size_t)(s / d->block_rows) : 0);
 }
 
@@ -371,7 +371,7 @@ flashcl_status flashcl_fp8_quantize(flashcl_context *ctx, const flashcl_fp8_quan
         int g = 0;
         while (g < groups && host[g] < 0x7f800000u)
             ++g;
-        const int bh = g / row_blocks(desc);
+        const int bh = (int)((size_t)g / row_blocks(desc));
         st = flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
                           "flashcl_fp8_quantize: src holds a %s (in batch %d, head %d%s); nothing written",
                           host[groups] > 0x7f800000u ? "NaN" : "infinity", desc->per_head ? bh / desc->heads : 0,

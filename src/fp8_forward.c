@@ -35,19 +35,14 @@ const char *flashcl_fp8_desc_problem(const flashcl_attention_desc *d) {
     return NULL;
 }
 
-/* Row blocks of a sequence of n rows: ceil(n / block_rows), 1 when off. */
-static size_t row_blocks(const flashcl_fp8_scales *s, int n) {
-    return s->block_rows > 0 ? ((size_t)n + (size_t)s->block_rows - 1) / (size_t)s->block_rows : 1;
-}
-
 void flashcl_fp8_scale_counts(const flashcl_attention_desc *r, size_t counts[3]) {
     const flashcl_fp8_scales *s = &r->fp8;
     if (!s->per_head) {
         counts[0] = counts[1] = counts[2] = 1;
         return;
     }
-    counts[0] = (size_t)r->batch * (size_t)r->heads_q * row_blocks(s, r->seqlen_q);
-    counts[1] = (size_t)r->batch * (size_t)r->heads_k * row_blocks(s, r->seqlen_k);
+    counts[0] = (size_t)r->batch * (size_t)r->heads_q * flashcl_fp8_row_blocks(r->seqlen_q, s->block_rows);
+    counts[1] = (size_t)r->batch * (size_t)r->heads_k * flashcl_fp8_row_blocks(r->seqlen_k, s->block_rows);
     counts[2] = (size_t)r->batch * (size_t)r->heads_k;
 }
 
@@ -106,7 +101,7 @@ flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_att
  * each value times its factor from sc ([counts] as gather_scales lays them out). */
 static void dequantize(const flashcl_attention_desc *r, const unsigned char *x, const flashcl_layout *l, int seqlen,
                        int heads, const float *sc, int by_rows, float *dst) {
-    const size_t blocks = by_rows ? row_blocks(&r->fp8, seqlen) : 1;
+    const size_t blocks = by_rows ? flashcl_fp8_row_blocks(seqlen, r->fp8.block_rows) : 1;
     float table[256]; /* decoding by table: 256 values, each exact */
     for (int c = 0; c < 256; ++c)
         table[c] = flashcl_fp8_decode(r->dtype, (unsigned char)c);

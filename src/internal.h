@@ -528,6 +528,15 @@ int flashcl_dtype_is_fp8(flashcl_dtype dtype);
  * which only the dense forward and the FP8 helpers take in this version), or
  * NULL when it can. The dense forward checks FP8 itself (fp8_forward.c). */
 const char *flashcl_dtype_unusable(flashcl_dtype dtype);
+/* Row blocks of n rows with a descale factor every block_rows rows
+ * (block_rows of flashcl_fp8_scales and flashcl_fp8_quant_desc): ceil(n /
+ * block_rows), without forming n + block_rows (as the kernels' FP8_BLOCKS);
+ * 1 when block_rows is 0. */
+static inline size_t flashcl_fp8_row_blocks(int n, int block_rows) {
+    if (block_rows <= 0)
+        return 1;
+    return n > 0 ? (size_t)(n - 1) / (size_t)block_rows + 1 : 0;
+}
 /* ---- the FP8 forward (fp8_forward.c) ---- */
 /* The storage type of out: out_dtype for an FP8 desc, else dtype. */
 flashcl_dtype flashcl_out_dtype(const flashcl_attention_desc *d);
