@@ -85,6 +85,27 @@ FLASHCL_API int flashcl_cp_local_len(int seqlen, int nranks, int rank);
 /* The global row of local row `local_row` on `rank`; -1 when out of range. */
 FLASHCL_API int flashcl_cp_global_row(int seqlen, int nranks, int rank, int local_row);
 
+/* Host tensors to shards and back, for a caller that holds a whole tensor on
+ * the host (data loading, checking). The tensor is packed [outer][seqlen]
+ * rows of row_bytes each: q, out, dout are outer = batch, row_bytes = heads_q
+ * * head_dim * element size (k, v likewise with heads_k); lse is outer =
+ * batch * heads_q, row_bytes = 4. A shard is [outer][local_len][row_bytes].
+ *
+ * flashcl_cp_take_shard copies rank `rank`'s rows of global into shard (no
+ * communication). flashcl_cp_gather_shards is the inverse, collective over
+ * comm: each rank passes its shard, and root receives the whole tensor in
+ * global (read only there). outer, seqlen, row_bytes and root must agree on
+ * every rank; a rank's shard is read only if it has rows. Both return
+ * FLASHCL_ERROR_INVALID_ARGUMENT for negative sizes, a rank out of range, a
+ * NULL pointer where bytes are due, or (gather) a shard or total over INT_MAX
+ * bytes (MPI's counts are int); gather returns FLASHCL_ERROR_OUT_OF_HOST_MEMORY
+ * when root cannot stage the shards. Gather's status is the same on every
+ * rank, and nothing is written on a failure. */
+FLASHCL_API flashcl_status flashcl_cp_take_shard(const void *global, void *shard, int outer, int seqlen,
+                                                 size_t row_bytes, int nranks, int rank);
+FLASHCL_API flashcl_status flashcl_cp_gather_shards(MPI_Comm comm, int root, const void *shard, void *global,
+                                                    int outer, int seqlen, size_t row_bytes);
+
 /* Context-parallel forward, collective over comm. desc: the global problem
  * (its q/k/v/out layouts: offsets only, strides 0). q, k, v: this rank's
  * shards (above); out: this rank's output shard; lse (may be NULL): float32

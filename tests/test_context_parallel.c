@@ -1,4 +1,5 @@
 /* test_context_parallel.c: ring attention over MPI against the single-device forward/backward and host_ref (run under mpirun). */
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -9,42 +10,6 @@
 #include "harness.h"
 
 static int g_rank, g_size;
-
-/* Shards of a packed [outer][seqlen][row] tensor: this rank's rows, in zigzag order. */
-static void take_shard(const void *global, void *shard, int outer, int seqlen, size_t row_bytes) {
-    int n = flashcl_cp_local_len(seqlen, g_size, g_rank);
-    for (int o = 0; o < outer; ++o)
-        for (int l = 0; l < n; ++l)
-            memcpy((char *)shard + ((size_t)o * n + l) * row_bytes,
-                   (const char *)global + ((size_t)o * seqlen + flashcl_cp_global_row(seqlen, g_size, g_rank, l)) *
-                                              row_bytes,
-                   row_bytes);
-}
-
-/* The inverse on rank 0: every rank's shard gathered into the global tensor. */
-static void gather_shards(const void *shard, void *global, int outer, int seqlen, size_t row_bytes) {
-    int *counts = test_xmalloc(sizeof(int) * (size_t)g_size), *displs = test_xmalloc(sizeof(int) * (size_t)g_size);
-    size_t total = 0;
-    for (int r = 0; r < g_size; ++r) {
-        counts[r] = (int)((size_t)outer * (size_t)flashcl_cp_local_len(seqlen, g_size, r) * row_bytes);
-        displs[r] = (int)total;
-        total += (size_t)counts[r];
-    }
-    char *all = test_xmalloc(total);
-    MPI_Gatherv(shard, counts[g_rank], MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD);
-    if (g_rank == 0)
-        for (int r = 0; r < g_size; ++r) {
-            int n = flashcl_cp_local_len(seqlen, g_size, r);
-            for (int o = 0; o < outer; ++o)
-                for (int l = 0; l < n; ++l)
-                    memcpy((char *)global + ((size_t)o * seqlen + flashcl_cp_global_row(seqlen, g_size, r, l)) *
-                                                row_bytes,
-                           all + displs[r] + ((size_t)o * n + l) * row_bytes, row_bytes);
-        }
-    free(all);
-    free(counts);
-    free(displs);
-}
 
 /* max |a - b| over count elements; inf when either holds a NaN, or -inf
  * meets a finite value (LSE arrays: -inf must match -inf exactly). */
@@ -113,10 +78,10 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
     size_t sq = (size_t)d.batch * nq * qrow, sk = (size_t)d.batch * nk * krow, sl = (size_t)outer_lse * nq * 4;
     /* +4: a rank may hold no rows, and test_upload copies 4 bytes for an empty buffer. */
     void *hq = test_xmalloc(sq + 4), *hk = test_xmalloc(sk + 4), *hv = test_xmalloc(sk + 4), *hdo = test_xmalloc(sq + 4);
-    take_shard(q, hq, d.batch, d.seqlen_q, qrow);
-    take_shard(k, hk, d.batch, d.seqlen_k, krow);
-    take_shard(v, hv, d.batch, d.seqlen_k, krow);
-    take_shard(dout, hdo, d.batch, d.seqlen_q, qrow);
+    int shards_ok = !flashcl_cp_take_shard(q, hq, d.batch, d.seqlen_q, qrow, g_size, g_rank) &&
+                    !flashcl_cp_take_shard(k, hk, d.batch, d.seqlen_k, krow, g_size, g_rank) &&
+                    !flashcl_cp_take_shard(v, hv, d.batch, d.seqlen_k, krow, g_size, g_rank) &&
+                    !flashcl_cp_take_shard(dout, hdo, d.batch, d.seqlen_q, qrow, g_size, g_rank);
     void *ho = test_xmalloc(sq + 4), *hdq = test_xmalloc(sq + 4), *hdk = test_xmalloc(sk + 4), *hdv = test_xmalloc(sk + 4);
     float *hl = test_xmalloc(sl + 4);
     flashcl_ref_poison(ho, d.dtype, sq / es);
@@ -133,7 +98,7 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
     flashcl_status st2 = st ? st
                             : flashcl_cp_attention_backward(ctx, &d, MPI_COMM_WORLD, bq, bk, bv, bo, bdo, bl, 0, bdq,
                                                             bdk, bdv, &bs);
-    int ok = st == FLASHCL_SUCCESS && st2 == FLASHCL_SUCCESS;
+    int ok = shards_ok && st == FLASHCL_SUCCESS && st2 == FLASHCL_SUCCESS;
     if (!ok)
         fprintf(stderr, "rank %d %s: %s: %s\n", g_rank, c->name, flashcl_status_string(st ? st : st2),
                 flashcl_last_error(ctx));
@@ -146,11 +111,13 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
     void *go = test_xmalloc(nqe * es), *gdq = test_xmalloc(nqe * es), *gdk = test_xmalloc(nke * es),
          *gdv = test_xmalloc(nke * es);
     float *gl = test_xmalloc(nl * 4);
-    gather_shards(ho, go, d.batch, d.seqlen_q, qrow);
-    gather_shards(hl, gl, outer_lse, d.seqlen_q, 4);
-    gather_shards(hdq, gdq, d.batch, d.seqlen_q, qrow);
-    gather_shards(hdk, gdk, d.batch, d.seqlen_k, krow);
-    gather_shards(hdv, gdv, d.batch, d.seqlen_k, krow);
+    /* Collectives, in one order on every rank, whatever its own ok. */
+    int gathered = !flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, ho, go, d.batch, d.seqlen_q, qrow);
+    gathered &= !flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, hl, gl, outer_lse, d.seqlen_q, 4);
+    gathered &= !flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, hdq, gdq, d.batch, d.seqlen_q, qrow);
+    gathered &= !flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, hdk, gdk, d.batch, d.seqlen_k, krow);
+    gathered &= !flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, hdv, gdv, d.batch, d.seqlen_k, krow);
+    ok = ok && gathered;
     int all_ok = 0;
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     ok = all_ok;
@@ -259,6 +226,42 @@ static int run_mismatch(flashcl_context *ctx, int which) {
     return all_ok;
 }
 
+/* The shard helpers: a round trip through take and gather gives the tensor
+ * back (5 rows: empty chunks from P = 3 up), and each refusal is
+ * FLASHCL_ERROR_INVALID_ARGUMENT, on every rank for gather, with root's
+ * tensor untouched. */
+static int run_shard_helpers(void) {
+    enum { OUTER = 2, SEQ = 5, ROW = 3 };
+    unsigned char global[OUTER * SEQ * ROW], shard[OUTER * SEQ * ROW], back[OUTER * SEQ * ROW];
+    for (int i = 0; i < OUTER * SEQ * ROW; ++i)
+        global[i] = (unsigned char)(7 * i + 1);
+    memset(back, 0xee, sizeof back);
+    const flashcl_status bad = FLASHCL_ERROR_INVALID_ARGUMENT;
+    const int rows = flashcl_cp_local_len(SEQ, g_size, g_rank);
+    int ok = !flashcl_cp_take_shard(global, shard, OUTER, SEQ, ROW, g_size, g_rank);
+    ok &= !flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, shard, back, OUTER, SEQ, ROW);
+    ok &= g_rank != 0 || !memcmp(back, global, sizeof global);
+    /* take: no communication, each refusal on its own */
+    ok &= flashcl_cp_take_shard(global, shard, OUTER, SEQ, ROW, g_size, g_size) == bad;
+    ok &= flashcl_cp_take_shard(global, shard, -1, SEQ, ROW, g_size, g_rank) == bad;
+    ok &= flashcl_cp_take_shard(global, NULL, OUTER, SEQ, ROW, g_size, g_rank) == (rows > 0 ? bad : FLASHCL_SUCCESS);
+    /* gather: root out of range, a row over INT_MAX bytes, root's tensor
+     * NULL, the last rank's shard NULL (where it has rows) */
+    memset(back, 0xee, sizeof back);
+    ok &= flashcl_cp_gather_shards(MPI_COMM_WORLD, g_size, shard, back, OUTER, SEQ, ROW) == bad;
+    ok &= flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, shard, back, OUTER, SEQ, (size_t)INT_MAX + 1) == bad;
+    ok &= flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, shard, g_rank == 0 ? NULL : back, OUTER, SEQ, ROW) == bad;
+    const int last = g_rank == g_size - 1, last_rows = flashcl_cp_local_len(SEQ, g_size, g_size - 1);
+    if (last_rows > 0)
+        ok &= flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, last ? NULL : shard, back, OUTER, SEQ, ROW) == bad;
+    for (size_t i = 0; i < sizeof back; ++i)
+        ok &= back[i] == 0xee;
+    printf("P=%d rank %d shard helpers: %s\n", g_size, g_rank, ok ? "ok" : "FAILED");
+    int all_ok = 0;
+    MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all_ok;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -286,6 +289,7 @@ int main(int argc, char **argv) {
     failures += !run_mismatch(ctx, 1);
     failures += !run_mismatch(ctx, 2);
     failures += !run_mismatch(ctx, 3);
+    failures += !run_shard_helpers();
     if (g_rank == 0)
         printf("%d failure(s)\n", failures);
     flashcl_context_destroy(ctx);

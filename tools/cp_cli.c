@@ -88,47 +88,9 @@ static cp_sizes sizes_of(const flashcl_attention_desc *d) {
     return z;
 }
 
-/* Rows of a packed [outer][seqlen][row] tensor that this rank holds, in zigzag order. */
-static void take_shard(const void *global, void *shard, int outer, int seqlen, size_t row_bytes) {
-    int n = flashcl_cp_local_len(seqlen, g_size, g_rank);
-    for (int o = 0; o < outer; ++o)
-        for (int l = 0; l < n; ++l)
-            memcpy((char *)shard + ((size_t)o * n + l) * row_bytes,
-                   (const char *)global +
-                       ((size_t)o * seqlen + flashcl_cp_global_row(seqlen, g_size, g_rank, l)) * row_bytes,
-                   row_bytes);
-}
-
-/* Every rank's shard into the global tensor on rank 0 (MPI counts are int: CLI-sized problems). */
+/* Every rank's shard into the global tensor on rank 0; nonzero (on every rank) on failure. */
 static int gather_shards(const void *shard, void *global, int outer, int seqlen, size_t row_bytes) {
-    int *counts = malloc(sizeof(int) * (size_t)g_size), *displs = malloc(sizeof(int) * (size_t)g_size);
-    size_t total = 0;
-    int ok = counts && displs;
-    for (int r = 0; ok && r < g_size; ++r) {
-        size_t c = (size_t)outer * (size_t)flashcl_cp_local_len(seqlen, g_size, r) * row_bytes;
-        ok = c <= INT_MAX && total <= INT_MAX;
-        counts[r] = (int)c;
-        displs[r] = (int)total;
-        total += c;
-    }
-    char *all = ok ? malloc(total + 1) : NULL;
-    int mine = all != NULL, everyone = 0;
-    MPI_Allreduce(&mine, &everyone, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
-    if (everyone) {
-        MPI_Gatherv(shard, counts[g_rank], MPI_BYTE, all, counts, displs, MPI_BYTE, 0, MPI_COMM_WORLD);
-        for (int r = 0; g_rank == 0 && r < g_size; ++r) {
-            int n = flashcl_cp_local_len(seqlen, g_size, r);
-            for (int o = 0; o < outer; ++o)
-                for (int l = 0; l < n; ++l)
-                    memcpy((char *)global + ((size_t)o * seqlen + flashcl_cp_global_row(seqlen, g_size, r, l)) *
-                                                row_bytes,
-                           all + displs[r] + ((size_t)o * n + l) * row_bytes, row_bytes);
-        }
-    }
-    free(all);
-    free(counts);
-    free(displs);
-    return everyone ? 0 : -1;
+    return flashcl_cp_gather_shards(MPI_COMM_WORLD, 0, shard, global, outer, seqlen, row_bytes) != FLASHCL_SUCCESS;
 }
 
 /* One device buffer holding `bytes` of host (NULL: uninitialised). */
@@ -276,13 +238,10 @@ static int attention_cp(int argc, char **argv) {
     size_t sizes[9] = {sq, sk, sk, sq, sl, sq, sq, sk, sk};
     for (int i = 0; i < 9; ++i)
         ok = ok && (h[i] = malloc(sizes[i] + 1)) != NULL;
-    if (ok) {
-        take_shard(in[0].data, h[BQ], d.batch, d.seqlen_q, qrow);
-        take_shard(in[1].data, h[BK], d.batch, d.seqlen_k, krow);
-        take_shard(in[2].data, h[BV], d.batch, d.seqlen_k, krow);
-        if (backward)
-            take_shard(in[3].data, h[BDO], d.batch, d.seqlen_q, qrow);
-    }
+    ok = ok && !flashcl_cp_take_shard(in[0].data, h[BQ], d.batch, d.seqlen_q, qrow, g_size, g_rank) &&
+         !flashcl_cp_take_shard(in[1].data, h[BK], d.batch, d.seqlen_k, krow, g_size, g_rank) &&
+         !flashcl_cp_take_shard(in[2].data, h[BV], d.batch, d.seqlen_k, krow, g_size, g_rank) &&
+         (!backward || !flashcl_cp_take_shard(in[3].data, h[BDO], d.batch, d.seqlen_q, qrow, g_size, g_rank));
     flashcl_status st = ok ? flashcl_context_create(&ctx, device) : FLASHCL_ERROR_OUT_OF_HOST_MEMORY;
     if (st) {
         cli_errorf("rank %d: cannot create a context: %s", g_rank, ctx ? flashcl_last_error(ctx) : flashcl_last_error(NULL));
@@ -389,9 +348,9 @@ static int bench_one(flashcl_context *ctx, const cp_shape *s, flashcl_dtype dtyp
         flashcl_ref_fill_normal(&rng, q, dtype, nqe, 1.0);
         flashcl_ref_fill_normal(&rng, k, dtype, nke, 1.0);
         flashcl_ref_fill_normal(&rng, v, dtype, nke, 1.0);
-        take_shard(q, hq, d.batch, d.seqlen_q, qrow);
-        take_shard(k, hk, d.batch, d.seqlen_k, krow);
-        take_shard(v, hv, d.batch, d.seqlen_k, krow);
+        ok = ok && !flashcl_cp_take_shard(q, hq, d.batch, d.seqlen_q, qrow, g_size, g_rank);
+        ok = ok && !flashcl_cp_take_shard(k, hk, d.batch, d.seqlen_k, krow, g_size, g_rank);
+        ok = ok && !flashcl_cp_take_shard(v, hv, d.batch, d.seqlen_k, krow, g_size, g_rank);
         b[0] = upload(ctx, hq, sq);
         b[1] = upload(ctx, hk, sk);
         b[2] = upload(ctx, hv, sk);
@@ -511,10 +470,10 @@ static int bench_one_backward(flashcl_context *ctx, const cp_shape *s, flashcl_d
         flashcl_ref_fill_normal(&rng, h[GK], dtype, nke, 1.0);
         flashcl_ref_fill_normal(&rng, h[GV], dtype, nke, 1.0);
         flashcl_ref_fill_normal(&rng, h[GDO], dtype, nqe, 1.0);
-        take_shard(h[GQ], h[SQ], d.batch, d.seqlen_q, qrow);
-        take_shard(h[GK], h[SK], d.batch, d.seqlen_k, krow);
-        take_shard(h[GV], h[SV], d.batch, d.seqlen_k, krow);
-        take_shard(h[GDO], h[SDO], d.batch, d.seqlen_q, qrow);
+        ok = ok && !flashcl_cp_take_shard(h[GQ], h[SQ], d.batch, d.seqlen_q, qrow, g_size, g_rank);
+        ok = ok && !flashcl_cp_take_shard(h[GK], h[SK], d.batch, d.seqlen_k, krow, g_size, g_rank);
+        ok = ok && !flashcl_cp_take_shard(h[GV], h[SV], d.batch, d.seqlen_k, krow, g_size, g_rank);
+        ok = ok && !flashcl_cp_take_shard(h[GDO], h[SDO], d.batch, d.seqlen_q, qrow, g_size, g_rank);
         size_t bs[9] = {sq, sk, sk, sq, sl, sq, sq, sk, sk};
         const void *init[9] = {h[SQ], h[SK], h[SV], NULL, NULL, h[SDO], NULL, NULL, NULL};
         for (int i = 0; i < 9; ++i)
