@@ -21,6 +21,13 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     "$venv/bin/pip" install -q --disable-pip-version-check torch numpy
 fi
 
+# Threads pinned to cores on both sides. Unpinned, PoCL's two worker threads sometimes share one
+# core for a whole run: (1,8,1024,64) f32 on the 2-core EPYC, 2026-12-04, `flashcl bench --device
+# cpu --iters 30`, 5 of 22 runs at 0.5-0.75x the others' event-timed median (back-to-back wall
+# clock unaffected), 0 of 22 with POCL_AFFINITY=1. PyTorch's OpenMP threads get the same
+# (OMP_PROC_BIND=true; it read 0-10 % higher with it in the same session). Either can be overridden.
+export POCL_AFFINITY=${POCL_AFFINITY:-1} OMP_PROC_BIND=${OMP_PROC_BIND:-true}
+
 cc -O2 -march=native -pthread "$root/bench/fma_peak.c" -o "$build/fma_peak"
 peak=$("$build/fma_peak")
 exec "$venv/bin/python" "$root/bench/cpu_vs_torch.py" --flashcl "$exe" --peak "$peak" "$@"

@@ -20,6 +20,11 @@ import subprocess
 import sys
 import time
 
+# The CPUs this process may run on, read before PyTorch loads: with OMP_PROC_BIND set (bench/cpu.sh
+# sets it), its OpenMP runtime binds this thread to one core, and a child process inherits that
+# mask. flashcl's runs get the whole set back (a host-path run bound to one core ran at half speed).
+ALL_CPUS = os.sched_getaffinity(0)
+
 FORWARD = [(1, 8, 1024, 64), (1, 8, 4096, 64), (1, 4, 2048, 128)]
 SWEEP = [(1, 8, n, 64) for n in (1024, 2048, 4096, 8192, 16384)]
 BACKWARD = [(1, 8, 1024, 64)]
@@ -32,7 +37,7 @@ def flashcl(exe, device, shapes, iters, backward=False, causal=None):
         cmd.append("--causal" if causal else "--no-causal")
     for s in shapes:
         cmd += ["--shape", ",".join(map(str, s))]
-    out = subprocess.run(cmd, capture_output=True, text=True)
+    out = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=lambda: os.sched_setaffinity(0, ALL_CPUS))
     try:
         doc = json.loads(out.stdout)
     except json.JSONDecodeError:
@@ -99,6 +104,8 @@ def main():
           "interleaved rounds (the sweep: %d) of each round's median of %d calls (flashcl cpu by events; "
           "wall = per call of %d back to back)" % (torch.__version__, threads, args.rounds, max(1, args.rounds - 1),
                                                    args.iters, args.iters))
+    print("threads: POCL_AFFINITY=%s, OMP_PROC_BIND=%s (bench/cpu.sh pins both)" %
+          (os.environ.get("POCL_AFFINITY", "unset"), os.environ.get("OMP_PROC_BIND", "unset")))
     if peak:
         print("FMA ceiling (bench/fma_peak.c, %d threads, %d lanes): %.1f GFLOP/s" %
               (peak["threads"], peak["lanes"], peak["gflops"]))
