@@ -246,71 +246,85 @@ __kernel __attribute__((reqd_work_group_size(1, 1, 1))) void flash_bwd_dkdv_cpu(
     float lse2[BLOCK_M], di[BLOCK_M];
     long lo[BLOCK_M], hi[BLOCK_M];
 
-    const int n0 = (int)get_group_id(0) * BLOCK_N;
     const int hk = (int)get_global_id(1), b = (int)get_global_id(2);
     const int heads_q = (int)get_global_size(1) * group;
-    const int n = min(BLOCK_N, nk - n0); /* valid keys in this block */
     const long shift = (long)nk - (long)nq;
+    /* use_atomics 2: this work-item is the one of its (batch, kv head) and
+     * walks every key block in turn (the grid's dimension 0 is 1), so it is
+     * the only writer of its query heads' dQ rows, which it adds to with plain
+     * loads and stores, in a fixed order. Otherwise one key block per
+     * work-item, and dQ by atomics when use_atomics is 1. */
+    const int owner = use_atomics == 2;
+    const int first = owner ? 0 : (int)get_group_id(0) * BLOCK_N, end = owner ? nk : first + 1;
+    for (int n0 = first; n0 < end; n0 += BLOCK_N) {
+        const int n = min(BLOCK_N, nk - n0); /* valid keys in this block */
 
-    /* 1. K and V once (dv_acc is the staging tile, then starts at zero). */
-    load_keys(k_tile, kt_tile, vt_tile, dv_acc, k, ROW_AT(k, b, n0, hk), k_ss, v, ROW_AT(v, b, n0, hk), v_ss, n);
-    for (int c = 0; c < BLOCK_N; ++c)
-        for (int j = 0; j < CPU_DV; ++j)
-            dk_acc[c][j] = dv_acc[c][j] = 0.0f;
+        /* 1. K and V once (dv_acc is the staging tile, then starts at zero). */
+        load_keys(k_tile, kt_tile, vt_tile, dv_acc, k, ROW_AT(k, b, n0, hk), k_ss, v, ROW_AT(v, b, n0, hk), v_ss, n);
+        for (int c = 0; c < BLOCK_N; ++c)
+            for (int j = 0; j < CPU_DV; ++j)
+                dk_acc[c][j] = dv_acc[c][j] = 0.0f;
 
-    /* Rows that see any key of [n0, n0 + n - 1] (flash_bwd_dkdv's bounds). */
-    const long n_last = (long)n0 + n - 1;
-    const long i_lo = max(win_right < 0 ? 0L : (long)n0 - win_right - shift, 0L);
-    const long i_hi = min(win_left < 0 ? (long)nq - 1 : n_last + win_left - shift, (long)nq - 1);
+        /* Rows that see any key of [n0, n0 + n - 1] (flash_bwd_dkdv's bounds). */
+        const long n_last = (long)n0 + n - 1;
+        const long i_lo = max(win_right < 0 ? 0L : (long)n0 - win_right - shift, 0L);
+        const long i_hi = min(win_left < 0 ? (long)nq - 1 : n_last + win_left - shift, (long)nq - 1);
 
-    for (int hh = 0; hh < group; ++hh) {
-        const int hq = hk * group + hh;
-        const ulong row0 = ((ulong)b * heads_q + hq) * (ulong)nq; /* this head's first LSE / D row */
-        for (long m0 = (i_lo / BLOCK_M) * BLOCK_M; m0 <= i_hi; m0 += BLOCK_M) {
-            const int rows = (int)min((long)BLOCK_M, (long)nq - m0);
-            /* 2. The query tile. */
-            load_queries(q_tile, do_tile, lse2, di, lo, hi, q, ROW_AT(q, b, 0, hq), q_ss, dout,
-                         ROW_AT(dout, b, 0, hq), dout_ss, lse, lse_off + row0, scratch, di_off + row0, m0, nq, nk,
-                         win_left, win_right);
-            /* 3. P and dS over the block's keys (zero for a row that sees none). */
-            score_tile(p_tile, ds_tile, q_tile, do_tile, kt_tile, vt_tile, lse2, di, lo, hi, rows, n0, scale,
-                       softcap);
-            /* 4. dV += P^T dO, dK += dS^T Q. */
-            accumulate_keys(dv_acc, p_tile, do_tile, n, rows);
-            accumulate_keys(dk_acc, ds_tile, q_tile, n, rows);
-            /* 5. Atomic mode: each row's dS K into the float dQ accumulator. */
-            if (!use_atomics)
-                continue;
-            for (int r = 0; r < rows; r += 2) { /* two rows share each K load; row r + 1 < M_EVEN */
-                const int see0 = sees_block(lo[r], hi[r], n0, n);
-                const int see1 = r + 1 < rows && sees_block(lo[r + 1], hi[r + 1], n0, n);
-                if (!see0 && !see1)
+        for (int hh = 0; hh < group; ++hh) {
+            const int hq = hk * group + hh;
+            const ulong row0 = ((ulong)b * heads_q + hq) * (ulong)nq; /* this head's first LSE / D row */
+            for (long m0 = (i_lo / BLOCK_M) * BLOCK_M; m0 <= i_hi; m0 += BLOCK_M) {
+                const int rows = (int)min((long)BLOCK_M, (long)nq - m0);
+                /* 2. The query tile. */
+                load_queries(q_tile, do_tile, lse2, di, lo, hi, q, ROW_AT(q, b, 0, hq), q_ss, dout,
+                             ROW_AT(dout, b, 0, hq), dout_ss, lse, lse_off + row0, scratch, di_off + row0, m0, nq, nk,
+                             win_left, win_right);
+                /* 3. P and dS over the block's keys (zero for a row that sees none). */
+                score_tile(p_tile, ds_tile, q_tile, do_tile, kt_tile, vt_tile, lse2, di, lo, hi, rows, n0, scale,
+                           softcap);
+                /* 4. dV += P^T dO, dK += dS^T Q. */
+                accumulate_keys(dv_acc, p_tile, do_tile, n, rows);
+                accumulate_keys(dk_acc, ds_tile, q_tile, n, rows);
+                /* 5. Atomic mode: each row's dS K into the float dQ accumulator. */
+                if (!use_atomics)
                     continue;
-                volatile __global float *acc_row = scratch + dq_acc_off + (row0 + m0 + r) * HEAD_DIM;
-                for (int j0 = 0; j0 < CPU_DV; j0 += AK_CH) {
-                    float8 a[2][AK_CH];
-#pragma unroll
-                    for (int u = 0; u < AK_CH; ++u)
-                        a[0][u] = a[1][u] = 0.0f;
-                    rows_times_keys(a, ds_tile[r], ds_tile[r + 1], k_tile, n, j0);
-                    for (int y = 0; y < 2; ++y) {
-                        if (!(y ? see1 : see0))
-                            continue;
-                        const float *af = (const float *)a[y];
-                        for (int e = 0; e < AK_CH * CPU_VEC && j0 * CPU_VEC + e < HEAD_DIM; ++e)
-                            atomic_add_float(acc_row + y * HEAD_DIM + j0 * CPU_VEC + e, af[e]);
+                for (int r = 0; r < rows; r += 2) { /* two rows share each K load; row r + 1 < M_EVEN */
+                    const int see0 = sees_block(lo[r], hi[r], n0, n);
+                    const int see1 = r + 1 < rows && sees_block(lo[r + 1], hi[r + 1], n0, n);
+                    if (!see0 && !see1)
+                        continue;
+                    volatile __global float *acc_row = scratch + dq_acc_off + (row0 + m0 + r) * HEAD_DIM;
+                    for (int j0 = 0; j0 < CPU_DV; j0 += AK_CH) {
+                        float8 a[2][AK_CH];
+    #pragma unroll
+                        for (int u = 0; u < AK_CH; ++u)
+                            a[0][u] = a[1][u] = 0.0f;
+                        rows_times_keys(a, ds_tile[r], ds_tile[r + 1], k_tile, n, j0);
+                        for (int y = 0; y < 2; ++y) {
+                            if (!(y ? see1 : see0))
+                                continue;
+                            const float *af = (const float *)a[y];
+                            if (owner) {
+                                __global float *row = (__global float *)acc_row + y * HEAD_DIM + j0 * CPU_VEC;
+                                for (int e = 0; e < AK_CH * CPU_VEC && j0 * CPU_VEC + e < HEAD_DIM; ++e)
+                                    row[e] += af[e];
+                            } else {
+                                for (int e = 0; e < AK_CH * CPU_VEC && j0 * CPU_VEC + e < HEAD_DIM; ++e)
+                                    atomic_add_float(acc_row + y * HEAD_DIM + j0 * CPU_VEC + e, af[e]);
+                            }
+                        }
                     }
                 }
             }
         }
-    }
 
-    /* 6. The block's dK and dV rows. */
-    for (int c = 0; c < n; ++c) {
-        __local const float *kr = (__local const float *)dk_acc[c], *vr = (__local const float *)dv_acc[c];
-        for (int d = 0; d < HEAD_DIM; ++d) {
-            STORE_ELEM(dk, ROW_AT(dk, b, n0 + c, hk) + d, kr[d]);
-            STORE_ELEM(dv, ROW_AT(dv, b, n0 + c, hk) + d, vr[d]);
+        /* 6. The block's dK and dV rows. */
+        for (int c = 0; c < n; ++c) {
+            __local const float *kr = (__local const float *)dk_acc[c], *vr = (__local const float *)dv_acc[c];
+            for (int d = 0; d < HEAD_DIM; ++d) {
+                STORE_ELEM(dk, ROW_AT(dk, b, n0 + c, hk) + d, kr[d]);
+                STORE_ELEM(dv, ROW_AT(dv, b, n0 + c, hk) + d, vr[d]);
+            }
         }
     }
 }

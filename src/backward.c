@@ -351,7 +351,9 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     const cl_ulong di_off = scratch_offset, dq_acc_off = scratch_offset + rows, lse_off = lse_offset;
     const cl_int nq = r->seqlen_q, nk = r->seqlen_k, group = r->heads_q / r->heads_k, D = r->head_dim;
     const int dq_pass = !flashcl_backward_dq_atomic(c);
-    const cl_int atomics = !dq_pass, wl = r->window_left, wr = r->window_right;
+    /* use_atomics: 0 the dQ pass sums dQ, 1 atomics from the dK/dV kernel, 2
+     * the cpu kernel's owner mode (plain adds; dQ's accumulator as for 1) */
+    const cl_int atomics = dq_pass ? 0 : c->cpu_dq_owner ? 2 : 1, wl = r->window_left, wr = r->window_right;
     const cl_float scale = r->scale, softcap = r->softcap;
     cl_int err = CL_SUCCESS;
     cl_uint a = 0;
@@ -361,7 +363,8 @@ flashcl_status flashcl_backward_enqueue(flashcl_context *ctx, const flashcl_atte
     const int keys = flashcl_backward_keys_per_group(c), rows_per = flashcl_backward_rows_per_group(c);
     size_t rows_global[3], rows_local[3];
     const size_t *pre_local = row_range(k->row_lanes, nq, r->heads_q, r->batch, rows_global, rows_local);
-    const size_t main_global[3] = {(size_t)((nk + keys - 1) / keys) * wg, (size_t)r->heads_k, (size_t)r->batch};
+    const size_t key_groups = c->cpu_dq_owner ? 1 : (size_t)((nk + keys - 1) / keys);
+    const size_t main_global[3] = {key_groups * wg, (size_t)r->heads_k, (size_t)r->batch};
     const size_t dq_global[3] = {(size_t)((nq + rows_per - 1) / rows_per) * wg, (size_t)r->heads_q,
                                  (size_t)r->batch};
 

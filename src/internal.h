@@ -438,6 +438,9 @@ typedef struct flashcl_backward_choice {
     int nv_dq_pass;      /* nv-mma: 1 runs the dQ pass in both modes, 0 adds
                           * dQ with atomics unless deterministic             */
     int nv_max_registers; /* nv-mma: register cap per thread, 0: none         */
+    int cpu_dq_owner;    /* cpu, outside deterministic mode: 1 has one work-item
+                          * per (batch, kv head) walk all its key blocks and add
+                          * dQ without atomics (flashcl_backward_params) */
     flashcl_backward_variant variant;
     const char *source;  /* where the numbers came from                     */
 } flashcl_backward_choice;

@@ -27,6 +27,9 @@
  *     64); a build failure re-picks without nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
  *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
+ *     DQ=owner|atomic the cpu variant's: whole (batch, kv head) pairs a work-item with plain adds, or a
+ *     key block a work-item with atomics (by default owner where the pairs fill the compute units,
+ *     cpu_dq_owner);
  *     MAXNREG=N caps nv-mma's registers per thread (an entry's
  *     nv_max_registers; 0: the compiler's choice; nv-wgmma: its dK/dV
  *     kernel's), see src/program.c.
@@ -279,14 +282,14 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
 /* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64,VARIANT=cpu", read once:
  * each field -1 where the variable does not set it. */
 typedef struct backward_overrides {
-    int set, variant, block_m, block_n, work_group_size, dq_pass, max_registers;
+    int set, variant, block_m, block_n, work_group_size, dq_pass, dq_owner, max_registers;
 } backward_overrides;
 
 static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) {
     const char *env = getenv("FLASHCL_BWD_PARAMS");
     flashcl_kv kv;
     int item, value;
-    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1};
+    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1, -1};
     for (const char *s = env ? env : ""; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END; o->set = 1) {
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
             if ((o->variant = backward_variant_named(kv.value, kv.value_len)) < 0)
@@ -300,9 +303,10 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
                                     kv.at);
         } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ")) {
             o->dq_pass = kv.value_len == 4 && !strncmp(kv.value, "pass", 4);
-            if (!o->dq_pass && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
+            o->dq_owner = kv.value_len == 5 && !strncmp(kv.value, "owner", 5);
+            if (!o->dq_pass && !o->dq_owner && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                    "FLASHCL_BWD_PARAMS: DQ is atomic or pass at '%s'", kv.at);
+                                    "FLASHCL_BWD_PARAMS: DQ is atomic, pass or owner at '%s'", kv.at);
         } else if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value)) {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", kv.at);
@@ -322,6 +326,25 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
     return FLASHCL_SUCCESS;
 }
 
+/* Whether the cpu variant's dK/dV kernel should own whole (batch, kv head)
+ * pairs: one work-item each walking all the key blocks, so that it is the only
+ * writer of those heads' dQ rows and adds to them without atomics (use_atomics
+ * 2 in cl/flash_bwd_cpu.cl). The atomics' compare-and-swap loop was 20 % of
+ * the dK/dV kernel's samples at (1,8,1024,64) f32 (perf, 2026-12-04, 2-core
+ * EPYC). The price is parallelism: B * heads_k work-items instead of that
+ * times the key blocks, so the pairs must fill the compute units in nearly
+ * whole waves (90 %; pairs of equal shape take equal time), or there must be
+ * a single key block, where nothing is lost. Deterministic mode keeps its dQ
+ * pass. */
+static int cpu_dq_owner(const flashcl_context *ctx, const flashcl_attention_desc *d,
+                        const flashcl_backward_choice *c) {
+    if (c->variant != FLASHCL_BWD_CPU || c->deterministic)
+        return 0;
+    const long pairs = (long)d->batch * d->heads_k, units = ctx->info.compute_units ? ctx->info.compute_units : 1;
+    const long waves = (pairs + units - 1) / units;
+    return d->seqlen_k <= c->block_n || pairs * 10 >= 9 * waves * units;
+}
+
 /* The values o sets replace c's. */
 static void backward_override(const backward_overrides *o, flashcl_backward_choice *c) {
     if (o->variant >= 0)
@@ -334,6 +357,8 @@ static void backward_override(const backward_overrides *o, flashcl_backward_choi
         c->work_group_size = o->work_group_size;
     if (o->dq_pass >= 0)
         c->nv_dq_pass = o->dq_pass;
+    if (o->dq_owner >= 0)
+        c->cpu_dq_owner = o->dq_owner && c->variant == FLASHCL_BWD_CPU && !c->deterministic;
     if (o->max_registers >= 0)
         c->nv_max_registers = o->max_registers;
     if (o->set)
@@ -395,6 +420,8 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
             c->source = flashcl_shrunk_source(ctx, c->source);
     }
     backward_override(&env, c);
+    if (env.dq_owner < 0)
+        c->cpu_dq_owner = cpu_dq_owner(ctx, desc, c);
     char why[200];
     if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size,
                       flashcl_backward_dq_atomic(c), why, sizeof why))

@@ -422,6 +422,9 @@ static void quick(flashcl_context *ctx) {
     run(ctx, tc, 1);
     run_with(ctx, &tc, 1, "VARIANT=portable,BLOCK_M=8,BLOCK_N=4,WG=32");
     run_with(ctx, &tc, 1, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=8");
+    /* the cpu kernel's two ways to sum dQ outside deterministic mode, over 7 key blocks */
+    run_with(ctx, &tc, 0, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=8,DQ=owner");
+    run_with(ctx, &tc, 0, "VARIANT=cpu,BLOCK_M=8,BLOCK_N=8,DQ=atomic");
     tc.softcap = 30.0f; /* large scores, where the cap bends: its derivative matters */
     tc.input_scale = 4.0;
     tc.seqlen_q = 64;
@@ -441,6 +444,8 @@ static void quick(flashcl_context *ctx) {
     run(ctx, tc, 0);
     run_with(ctx, &tc, 0, "VARIANT=portable");
     run_with(ctx, &tc, 0, "VARIANT=cpu");
+    run_with(ctx, &tc, 0, "VARIANT=cpu,BLOCK_N=8,DQ=owner"); /* GQA 3: one work-item, three heads' dQ */
+    run_with(ctx, &tc, 0, "VARIANT=cpu,BLOCK_N=8,DQ=atomic");
     tc.causal = 0;
     tc.window_left = 17;
     tc.window_right = 5;

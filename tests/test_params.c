@@ -789,6 +789,46 @@ static void test_backward_levels(void) {
     expect(backward_choice(ctx, 64, "VARIANT=cpu,BLOCK_N=12", &c) == FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "multiple of 8"),
            "the cpu kernel refuses BLOCK_N not a multiple of 8", &failures);
+    /* How the cpu kernel sums dQ (cpu_dq_owner): whole (batch, kv head) pairs a
+     * work-item where they fill the compute units in whole waves, or where
+     * there is one key block; atomics otherwise; the dQ pass when deterministic. */
+    {
+        static const struct {
+            int units, batch, heads_k, seqlen, deterministic;
+            const char *env;
+            int owner;
+            const char *what;
+        } cases[] = {
+            {2, 1, 8, 1024, 0, NULL, 1, "8 pairs on 2 units: owner"},
+            {2, 1, 3, 1024, 0, NULL, 0, "3 pairs on 2 units (75 %): atomics"},
+            {2, 1, 9, 1024, 0, NULL, 1, "9 pairs on 2 units (90 %): owner"},
+            {16, 1, 8, 1024, 0, NULL, 0, "8 pairs on 16 units: atomics"},
+            {16, 1, 1, 256, 0, NULL, 1, "one key block: owner whatever the units"},
+            {2, 1, 8, 1024, 1, NULL, 0, "deterministic: the dQ pass"},
+            {2, 1, 8, 1024, 0, "DQ=atomic", 0, "DQ=atomic: atomics"},
+            {16, 1, 1, 1024, 0, "DQ=owner", 1, "DQ=owner: owner"},
+            {2, 1, 8, 1024, 1, "DQ=owner", 0, "DQ=owner, deterministic: the dQ pass"},
+            {2, 1, 8, 1024, 0, "VARIANT=portable,DQ=owner", 0, "DQ=owner on the portable kernel: none"},
+        };
+        const cl_uint units = ctx->info.compute_units;
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+            flashcl_attention_desc r = desc_of(FLASHCL_FLOAT32, cases[i].seqlen, 64, 0);
+            r.batch = cases[i].batch;
+            r.heads_q = r.heads_k = cases[i].heads_k;
+            flashcl_attention_desc_resolve(&r);
+            ctx->info.compute_units = (cl_uint)cases[i].units;
+            if (cases[i].env)
+                setenv("FLASHCL_BWD_PARAMS", cases[i].env, 1);
+            flashcl_status st = flashcl_backward_params(ctx, &r, cases[i].deterministic, 0, &c);
+            unsetenv("FLASHCL_BWD_PARAMS");
+            char what[160];
+            snprintf(what, sizeof what, "backward, CPU dQ: %s", cases[i].what);
+            expect(st == FLASHCL_SUCCESS && c.cpu_dq_owner == cases[i].owner &&
+                       flashcl_backward_dq_atomic(&c) == !cases[i].deterministic,
+                   what, &failures);
+        }
+        ctx->info.compute_units = units;
+    }
     /* A small CPU: the cpu default shrinks, its keys staying a multiple of 8. */
     ctx->info.local_mem = 48 * 1024;
     expect(backward_choice(ctx, 256, NULL, &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_CPU && c.block_n % 8 == 0 &&
@@ -816,7 +856,7 @@ static void test_backward_levels(void) {
     expect(backward_choice(ctx, 128, "block_m=8,WG=32", &c) == FLASHCL_SUCCESS && c.block_m == 8 &&
                c.block_n == 16 && c.work_group_size == 32 && !strcmp(c.source, "FLASHCL_BWD_PARAMS"),
            "FLASHCL_BWD_PARAMS override is used and named as the source", &failures);
-    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "DQ=", "DQ=fast", "MAXNREG=8", "MAXNREG=256", "MAXNREG=", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
+    static const char *const bad[] = {"BLOCK_M=16,BOGUS=2", "VARIANT=gpu", "VARIANT=", "DQ=", "DQ=fast", "DQ=owners", "MAXNREG=8", "MAXNREG=256", "MAXNREG=", "BLOCK_M", "BLOCK_M=", "BLOCK_M=abc", "BLOCK_M=16,",
                                       "BLOCK_M=0", "BLOCK_M=1025", ",BLOCK_M=16", "BLOCK_M=16,,WG=32",
                                       "BLOCK_M=16x"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; ++i) {
