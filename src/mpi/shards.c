@@ -12,7 +12,7 @@ static int shape_ok(int outer, int seqlen, size_t row_bytes, int nranks, int ran
     return outer >= 0 && seqlen >= 0 && row_bytes > 0 && nranks >= 1 && rank >= 0 && rank < nranks;
 }
 
-/* Copies rows [0, n) of rank's shard between the shard and the global tensor. */
+/* Copies rank's rows from global into its shard (to_shard) or back. */
 static void copy_rows(char *global, char *shard, int to_shard, int outer, int seqlen,
                       size_t row_bytes, int nranks, int rank) {
     const int n = flashcl_cp_local_len(seqlen, nranks, rank);
