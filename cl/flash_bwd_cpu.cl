@@ -1,21 +1,22 @@
-/* flash_bwd_cpu.cl: the backward's dK/dV (with atomic dQ) and deterministic dQ kernels shaped for CPUs.
+/* flash_bwd_cpu.cl: the backward's dK/dV (with dQ's sum) and deterministic dQ kernels shaped for CPUs.
  *
  * The math is flash_bwd.cl's (see there): with s = scale * q.k (soft-capped
  * c * tanh(s / c)), P = exp(s - LSE), D_i = rowsum(dO_i * O_i),
  *   dV += P^T dO,  dS = P * (dO.v - D) * g * scale,  dK += dS^T Q,  dQ += dS K.
  * Only the shape differs, as flash_fwd_cpu.cl's does from flash_fwd.cl's:
- * one work-item owns BLOCK_N keys of one (batch, kv head) (flash_bwd_dkdv_cpu)
- * or BLOCK_M query rows of one (batch, query head) (flash_bwd_dq_cpu, the
- * deterministic dQ pass), the work-group is that single work-item (no
- * barriers: the driver's threads take whole blocks), and every hot loop has
- * independent float8 lanes innermost so it maps onto AVX registers without
- * reassociating a sum:
+ * one work-item owns BLOCK_N keys of one (batch, kv head) (flash_bwd_dkdv_cpu;
+ * with use_atomics 2, all the pair's keys, block by block, so that it alone
+ * writes those heads' dQ rows) or BLOCK_M query rows of one (batch, query
+ * head) (flash_bwd_dq_cpu, the deterministic dQ pass), the work-group is
+ * that single work-item (no barriers: the driver's threads take whole
+ * blocks), and every hot loop has independent float8 lanes innermost so it
+ * maps onto AVX registers without reassociating a sum:
  *
  *   S[r][c]  += Q[r][d]  * Kt[d][c]     innermost c (keys): K transposed
  *   dP[r][c] += dO[r][d] * Vt[d][c]     innermost c: V transposed
  *   dV[c][d] += P[r][c]  * dO[r][d]     innermost d (head dim)
  *   dK[c][d] += dS[r][c] * Q[r][d]      innermost d
- *   dQ[r][d] += dS[r][c] * K[c][d]      innermost d, then float atomics
+ *   dQ[r][d] += dS[r][c] * K[c][d]      innermost d, then float atomics (or plain adds)
  *
  *   __local (one work-item's scratch; PoCL gives CPUs megabytes):
  *     kt_tile, vt_tile [HEAD_DIM][BLOCK_N]   K, V transposed (fixed)

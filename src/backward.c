@@ -7,7 +7,9 @@
  *   flash_bwd_dkdv  dK, dV (and, in atomic mode, dQ into the accumulator)
  *   flash_bwd_dq    deterministic mode: dQ by a pass over query blocks
  *   (the "cpu" variant: flash_bwd_dkdv_cpu and flash_bwd_dq_cpu from
- *   cl/flash_bwd_cpu.cl, same arguments, one work-item per work-group; the
+ *   cl/flash_bwd_cpu.cl, same arguments, one work-item per work-group, whose
+ *   dK/dV kernel may own whole (batch, kv head) pairs and add dQ without
+ *   atomics: cpu_dq_owner in src/params_backward.c; the
  *   "nv-mma" variant: flash_bwd_dkdv_nv and flash_bwd_dq_nv from
  *   cl/flash_bwd_nv.cl on tensor cores, the dQ pass in both modes unless
  *   FLASHCL_BWD_PARAMS says DQ=atomic: then flash_bwd_dkdv_nv, built with
