@@ -219,6 +219,34 @@ int test_copy_file(const char *from_dir, const char *to_dir, const char *name) {
     return ok;
 }
 
+flashcl_status test_paged_attention(flashcl_context *ctx, const flashcl_varlen_desc *d, flashcl_kv_cache *cache,
+                                    const int *ids, const void *q, size_t q_el, void *out, size_t out_el, float *lse,
+                                    size_t lse_n, flashcl_params *params, int *used_splits) {
+    const size_t es = flashcl_dtype_size(d->dtype);
+    flashcl_ref_poison(out, d->dtype, out_el);
+    flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
+    size_t scratch_bytes = 0;
+    *used_splits = 0;
+    flashcl_status st = flashcl_paged_scratch_size(ctx, d, cache, ids, &scratch_bytes);
+    if (!st)
+        st = flashcl_serving_params(ctx, d, cache, ids, params, used_splits);
+    cl_mem bq = test_upload(ctx, q, q_el * es), bo = test_upload(ctx, out, out_el * es),
+           bl = test_upload(ctx, lse, lse_n * 4);
+    cl_mem scratch = scratch_bytes ? test_upload(ctx, NULL, scratch_bytes) : NULL;
+    if (!st)
+        st = flashcl_paged_attention(ctx, d, cache, ids, bq, bo, bl, 0, scratch, NULL);
+    if (!st) {
+        test_download(ctx, bo, out, out_el * es);
+        test_download(ctx, bl, lse, lse_n * 4);
+    } else {
+        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
+    }
+    clReleaseMemObject(bq), clReleaseMemObject(bo), clReleaseMemObject(bl);
+    if (scratch)
+        clReleaseMemObject(scratch);
+    return st;
+}
+
 int test_kernel_dir(char *dir, const char *from_dir, const char *const *files, int count) {
     int ok = mkdtemp(dir) != NULL;
     DIR *d = ok ? opendir(from_dir) : NULL;

@@ -81,6 +81,16 @@ void test_download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes);
 /* Copies from_dir/name to to_dir/name; 1 on success. */
 int test_copy_file(const char *from_dir, const char *to_dir, const char *name);
 
+/* One flashcl_paged_attention call as the serving tests make it: out
+ * (out_el elements of d->dtype) and lse (lse_n floats) are poisoned and
+ * uploaded with q (q_el elements), scratch is sized by
+ * flashcl_paged_scratch_size, and on success out and lse hold the results
+ * (on failure the status and message are printed). *params and *used_splits
+ * receive flashcl_serving_params's choice. */
+flashcl_status test_paged_attention(flashcl_context *ctx, const flashcl_varlen_desc *d, flashcl_kv_cache *cache,
+                                    const int *ids, const void *q, size_t q_el, void *out, size_t out_el, float *lse,
+                                    size_t lse_n, flashcl_params *params, int *used_splits);
+
 /* A FLASHCL_KERNEL_DIR holding only some kernel sources (tests that take one
  * away to see a fallback): mkdtemp(dir) on a "...XXXXXX" template, then the
  * files every kernel is built on (from_dir's common*.cl, src/program.c) and

@@ -279,30 +279,16 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, q_seed ? q_seed : next_seed());
     flashcl_ref_fill_normal(&rng, q, dt, q_alloc, 1.0);
-    flashcl_ref_poison(out, dt, q_el);
-    flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
     flashcl_varlen_desc d = test_varlen_desc(dt, n, heads_q, Hk, D, cu_q, NULL);
     d.causal = causal;
     d.num_splits = splits;
     d.q.offset = q_off;
     d.q.stride_seq = q_ss;
     d.q.stride_head = q_sh;
-    size_t scratch_bytes = 0;
-    flashcl_status st = flashcl_paged_scratch_size(ctx, &d, m->cache, ids, &scratch_bytes);
     int used_splits = 0;
     flashcl_params params;
-    if (!st)
-        st = flashcl_serving_params(ctx, &d, m->cache, ids, &params, &used_splits);
-    cl_mem bq = test_upload(ctx, q, q_alloc * es), bo = test_upload(ctx, out, q_el * es), bl = test_upload(ctx, lse, lse_n * 4);
-    cl_mem scratch = scratch_bytes ? test_upload(ctx, NULL, scratch_bytes) : NULL;
-    if (!st)
-        st = flashcl_paged_attention(ctx, &d, m->cache, ids, bq, bo, bl, 0, scratch, NULL);
-    if (!st) {
-        test_download(ctx, bo, out, q_el * es);
-        test_download(ctx, bl, lse, lse_n * 4);
-    } else {
-        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
-    }
+    flashcl_status st =
+        test_paged_attention(ctx, &d, m->cache, ids, q, q_alloc, out, q_el, lse, lse_n, &params, &used_splits);
     d.cu_seqlens_k = cu_k;
     flashcl_ref_report rep;
     int ok = !st && flashcl_ref_check_varlen(&d, q, k, v, out, lse, 1, &rep);
@@ -311,9 +297,6 @@ static int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots,
     snprintf(what, sizeof what, "%s (splits %d, err %.2g tol %.2g)", name, used_splits, st ? -1.0 : rep.max_err,
              st ? -1.0 : rep.tolerance);
     expect(ok, what, &failures);
-    clReleaseMemObject(bq), clReleaseMemObject(bo), clReleaseMemObject(bl);
-    if (scratch)
-        clReleaseMemObject(scratch);
     free(q), free(k), free(v), free(lse);
     if (out_host)
         *out_host = out;

@@ -225,27 +225,12 @@ static int fp8_attend(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, q_seed ? q_seed : next_seed());
     flashcl_ref_fill_normal(&rng, q, dt, q_el, 1.0);
-    flashcl_ref_poison(out, dt, q_el);
-    flashcl_ref_poison(lse, FLASHCL_FLOAT32, lse_n);
     flashcl_varlen_desc d = test_varlen_desc(dt, n, heads_q, Hk, D, cu_q, NULL);
     d.causal = 1;
     d.num_splits = splits;
-    size_t scratch_bytes = 0;
     int used_splits = 0;
     flashcl_params params;
-    flashcl_status st = flashcl_paged_scratch_size(ctx, &d, cache, ids, &scratch_bytes);
-    if (!st)
-        st = flashcl_serving_params(ctx, &d, cache, ids, &params, &used_splits);
-    cl_mem bq = test_upload(ctx, q, q_el * es), bo = test_upload(ctx, out, q_el * es), bl = test_upload(ctx, lse, lse_n * 4);
-    cl_mem scratch = scratch_bytes ? test_upload(ctx, NULL, scratch_bytes) : NULL;
-    if (!st)
-        st = flashcl_paged_attention(ctx, &d, cache, ids, bq, bo, bl, 0, scratch, NULL);
-    if (!st) {
-        test_download(ctx, bo, out, q_el * es);
-        test_download(ctx, bl, lse, lse_n * 4);
-    } else {
-        printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
-    }
+    flashcl_status st = test_paged_attention(ctx, &d, cache, ids, q, q_el, out, q_el, lse, lse_n, &params, &used_splits);
     d.cu_seqlens_k = cu_k;
     flashcl_ref_report rep;
     memset(&rep, 0, sizeof rep);
@@ -256,9 +241,6 @@ static int fp8_attend(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     snprintf(what, sizeof what, "%s (%s, splits %d, err %.2g tol %.2g)", name, st ? "-" : params.variant, used_splits,
              st ? -1.0 : rep.max_err, st ? -1.0 : rep.tolerance);
     expect(ok, what, &failures);
-    clReleaseMemObject(bq), clReleaseMemObject(bo), clReleaseMemObject(bl);
-    if (scratch)
-        clReleaseMemObject(scratch);
     free(q), free(lse), free(k), free(v);
     if (out_host)
         *out_host = out;
