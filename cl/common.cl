@@ -112,6 +112,11 @@ inline uchar fp8_encode_fmt(float value, int man, int bias, float max_value, uin
 inline uchar float_to_fp8_e4m3(float x) { return fp8_encode_fmt(x, 3, 7, 448.0f, 0x7eu); }
 inline uchar float_to_fp8_e5m2(float x) { return fp8_encode_fmt(x, 2, 15, 57344.0f, 0x7bu); }
 
+/* Row blocks of n >= 1 rows with a descale factor every `rows` rows (0: one
+ * block): ceil(n / rows) without forming n + rows, as src/internal.h's
+ * flashcl_fp8_row_blocks. */
+inline int fp8_row_blocks(int n, int rows) { return rows > 0 ? (n - 1) / rows + 1 : 1; }
+
 /* By format, the flashcl_dtype value (3 e4m3, 4 e5m2): a constant wherever
  * these are used, so only one side of each choice is compiled in. */
 #define FP8_DECODE(fmt, b) ((fmt) == 4 ? fp8_e5m2_to_float(b) : fp8_e4m3_to_float(b))
@@ -200,7 +205,7 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
 #if Q_FP8 || KV_FP8
 #define FWD_FP8_ARGS                                                                               \
     , __global const float *restrict fp8_sc, int sc_per_head, int sc_rows, int sc_k_off, int sc_v_off
-#define FP8_BLOCKS(n) (sc_rows > 0 ? ((n) - 1) / sc_rows + 1 : 1) /* n >= 1; no n + rows overflow */
+#define FP8_BLOCKS(n) fp8_row_blocks(n, sc_rows)
 #define FP8_BLOCK(row) (sc_rows > 0 ? (row) / sc_rows : 0)
 #define FP8_Q_BASE(b, hq) (sc_per_head ? ((b) * (int)get_global_size(1) + (hq)) * FP8_BLOCKS(nq) : 0)
 #define FP8_K_BASE(b, hk)                                                                          \

@@ -53,7 +53,7 @@
 inline int group_of(int b, int s, int h, int heads, int per_head, int block_rows) {
     if (!per_head)
         return 0;
-    const int blocks = block_rows > 0 ? ((int)get_global_size(0) - 1) / block_rows + 1 : 1;
+    const int blocks = fp8_row_blocks((int)get_global_size(0), block_rows);
     return (b * heads + h) * blocks + (block_rows > 0 ? s / block_rows : 0);
 }
 
@@ -97,7 +97,7 @@ __kernel void fp8_amax(ROW_ARGS, __global uint *restrict amax) {
         m = max(m, as_uint(fabs(LOAD_ELEM(src, row + d))));
     raw = m;
 #endif
-    const int blocks = block_rows > 0 ? ((int)get_global_size(0) - 1) / block_rows + 1 : 1;
+    const int blocks = fp8_row_blocks((int)get_global_size(0), block_rows);
     const int groups = per_head ? (int)get_global_size(2) * heads * blocks : 1;
     atomic_max(&amax[group_of(b, s, h, heads, per_head, block_rows)], m);
     atomic_max(&amax[groups], raw);
