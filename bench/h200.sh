@@ -33,7 +33,8 @@
 #      FP8 pages on the default, decode and mma kernels; the mma kernel's registers over e4m3
 #      pages; decode over an e4m3 pool against PyTorch's float16 FlashAttention-2 and flashcl's
 #      own float16 pool (compare_decode.py --kv-dtype e4m3, ROUNDS, default 2); the FP8 forward's
-#      TFLOP/s next to the float16 one's (FWD_SHAPES).
+#      TFLOP/s next to the float16 one's (FWD_SHAPES); the opt-in FP8 wgmma kernel's registers and
+#      TFLOP/s at the shapes (FWD_SHAPES).
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -220,6 +221,15 @@ if [ "$what" = fp8 ]; then
     ./build-gpu/flashcl bench --device nvidia ${FWD_SHAPES:---shape 4,32,4096,128 --shape 4,32,4096,64} \
       --dtype $dt --iters 5 2>&1 | tail -n 3
   done
+  # The FP8 warpgroup-MMA kernel is opt-in until test_fp8_forward (above) has passed its cases here.
+  echo "== ptxas report of nv-wgmma-fp8 (e4m3, D=128), then its TFLOP/s (--json: wall_ms too)"
+  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
+    ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,128 --dtype e4m3 --iters 2 2>&1 |
+    grep -E "registers|spill|stack" | head -4
+  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 ./build-gpu/flashcl bench --device nvidia --dtype e4m3 --iters 10 \
+    ${FWD_SHAPES:---shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64} --json > "$out/fwd-wgmma-fp8.json"
+  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 ./build-gpu/flashcl bench --device nvidia --dtype e4m3 --iters 10 \
+    ${FWD_SHAPES:---shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64} 2>&1 | tail -n 7
   exit 0
 fi
 if [ "$what" = decode ]; then

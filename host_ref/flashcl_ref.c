@@ -486,10 +486,14 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
     // Same loops as forward_double, with every number a float, plus the
     // roundings a non-fused implementation cannot avoid: P is stored in the
     // storage type before the P.V product, and so is the output. FP8 inputs:
-    // descale * value rounded to float, P and out in out's type.
+    // descale * value rounded to float, P in e4m3 (the multiplicands' storage,
+    // as FlashAttention-3's FP8 forward and cl/flash_fwd_sm90_fp8.cl round it
+    // for the FP8 P.V product; scaled by 256 first, a power of two, so that
+    // p down to 2^-17 keeps a code), out in out's type.
     const int B = desc->batch, Hq = desc->heads_q, Hk = desc->heads_k;
     const int Nq = desc->seqlen_q, Nk = desc->seqlen_k, D = desc->head_dim;
     const flashcl_dtype odt = out_dtype_of(desc);
+    const int fp8 = desc->dtype == FLASHCL_FLOAT8_E4M3 || desc->dtype == FLASHCL_FLOAT8_E5M2;
     const flashcl_layout ql = effective_layout(desc->q, Nq, Hq, D);
     const flashcl_layout kl = effective_layout(desc->k, Nk, Hk, D);
     const flashcl_layout vl = effective_layout(desc->v, Nk, Hk, D);
@@ -554,6 +558,11 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
                         // then P.V accumulated in float
                         for (int j = lo; j <= hi; j++) {
                             float p = round_to_dtype(s_row[j] / sum, odt);
+                            if (fp8)
+                                p = (float)(flashcl_ref_fp8_decode(FLASHCL_FLOAT8_E4M3,
+                                                                   flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3,
+                                                                                          256.0 * (s_row[j] / sum))) /
+                                            256.0);
                             axpy_float(acc, p, vh_buf + (size_t)j * D, D);
                         }
                     }

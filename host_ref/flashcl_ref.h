@@ -62,8 +62,9 @@ void flashcl_ref_attention_forward(const flashcl_attention_desc *desc, const voi
 
 /* A plain (non-tiled) implementation in the storage precision, used to set
  * tolerances the way flash-attn's tests do: scores and softmax in float, the
- * probabilities rounded to the storage dtype before P·V, accumulation in
- * float, the output rounded to the storage dtype. Same out layout as above. */
+ * probabilities rounded to the storage dtype before P·V (FP8 inputs: to e4m3,
+ * at 256 p), accumulation in float, the output rounded to the storage dtype
+ * (FP8 inputs: out_dtype). Same out layout as above. */
 void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
                                          const void *k, const void *v, double *out);
 

@@ -276,7 +276,7 @@ typedef struct flashcl_params {
     int block_n;         /* keys per tile held in __local memory           */
     int threads_per_row; /* portable kernel: work-items sharing a row      */
     int work_group_size; /* work-items per work-group                      */
-    const char *variant; /* "portable", "cpu", "nv-mma", "nv-tf32", "nv-wgmma" or "host" */
+    const char *variant; /* "portable", "cpu", "nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8" or "host" */
     const char *source;  /* where the numbers came from: "set: flashcl_set_params",
                           * "tuned: <file>", "built-in device: <name>",
                           * "built-in arch: sm_80+", "built-in vendor: NVIDIA",

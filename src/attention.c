@@ -95,6 +95,7 @@ static const forward_variant variants[] = {
     {"nv-mma", "flash_fwd_nv.cl", "flash_fwd_nv", "WARPS"},
     {"nv-tf32", "flash_fwd_nv32.cl", "flash_fwd_nv32", "WARPS"},
     {"nv-wgmma", "flash_fwd_sm90.cl", "flash_fwd_sm90", "WARPS"},
+    {"nv-wgmma-fp8", "flash_fwd_sm90_fp8.cl", "flash_fwd_sm90_fp8", "WARPS"},
 };
 
 static const forward_variant *find_variant(const char *name) {
@@ -129,7 +130,8 @@ static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_atten
             memcpy(name, kv.value, kv.value_len);
         if (!find_variant(name))
             return flashcl_fail(ctx, FLASHCL_ERROR_MALFORMED_ENV,
-                                "FLASHCL_PARAMS: VARIANT must be portable, cpu, nv-mma, nv-tf32 or nv-wgmma in '%s'",
+                                "FLASHCL_PARAMS: VARIANT must be portable, cpu, nv-mma, nv-tf32, nv-wgmma or nv-wgmma-fp8 "
+                                "in '%s'",
                                 env);
         if (!flashcl_variant_params(ctx, r, name, p))
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
@@ -224,7 +226,7 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
              "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
              (int)flashcl_out_dtype(r), fp8, r->head_dim, p->block_m, p->block_n, define,
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
-             !strcmp(v->name, "nv-wgmma") ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
+             !strncmp(v->name, "nv-wgmma", 8) ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
              extra ? " " : "", extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
@@ -249,12 +251,19 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
         return st;
-    /* flashcl_nv_*_eligible keep FP8 off the tensor-core kernels; a
-     * tuning-file or set entry naming one for the FP8 class must not reach
-     * a kernel that would read the bytes as 16-bit values. */
-    if (flashcl_dtype_is_fp8(r->dtype) && flashcl_variant_is_nv(p.variant))
+    /* flashcl_nv_*_eligible keep FP8 off the 16-bit tensor-core kernels and
+     * everything else off the FP8 one; a tuning-file or set entry naming one
+     * for the wrong class must not reach a kernel that would read the bytes
+     * as another type. */
+    const int fp8_kernel = !strcmp(p.variant, "nv-wgmma-fp8");
+    if (flashcl_dtype_is_fp8(r->dtype) && flashcl_variant_is_nv(p.variant) && !fp8_kernel)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "the %s kernel does not take FP8 q, k, v (the portable and cpu kernels do)", p.variant);
+                            "the %s kernel does not take FP8 q, k, v (the portable, cpu and nv-wgmma-fp8 kernels do)",
+                            p.variant);
+    if (fp8_kernel && !flashcl_nv_wgmma_fp8_eligible(ctx, r))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "the nv-wgmma-fp8 kernel takes FP8 q, k, v with a float16 or bfloat16 output, head dims "
+                            "32..128 in steps of 16 and 16-byte aligned rows, on compute capability 9.0");
     *tma = forward_tma_maps(ctx, r, &p, maps);
     st = build_forward(ctx, r, &p, *tma, kernel);
     if (st == FLASHCL_ERROR_BUILD_FAILED && *tma) {

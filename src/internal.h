@@ -238,6 +238,7 @@ int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention
 /* cl/flash_fwd_sm90.cl applies: NVIDIA compute capability 9.0 whose driver has
  * built it (or not yet tried), f16/bf16, head_dim 32..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);

@@ -197,6 +197,8 @@ size_t flashcl_forward_local_bytes(const flashcl_params *p, int head_dim) {
         if (wgmma_q_own_block(head_dim, p->block_m, p->block_n)) /* Q_PER_TILE: after K and V */
             return qb + kv + 1024;
         return (qb > kv ? qb : kv) + 1024;
+    } else if (!strcmp(p->variant, "nv-wgmma-fp8")) { /* bytes, see SMEM_BYTES: K, Vt, Q in 128-byte rows + 1024 */
+        return (n + (d + 63) / 64 * 64 + m) * 128 + 1024;
     } else if (!strcmp(p->variant, "nv-tf32")) { /* floats, see SMEM_FLOATS: Q, then K + V stages */
         size_t dpad = (d + 7) / 8 * 8, pitch = dpad + 4;
         size_t k_pitch = d > 64 && dpad % 16 == 0 ? (dpad + 16) / 32 * 32 + 16 : pitch; /* DIM_PERM */
@@ -216,7 +218,7 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
     const char *v = p->variant ? p->variant : "";
     why[0] = '\0';
     if (strcmp(v, "cpu") && strcmp(v, "portable") && !flashcl_variant_is_nv(v))
-        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma)", v);
+        snprintf(why, n, "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma, nv-wgmma-fp8)", v);
     else if (p->block_m < 1 || p->block_m > 4096 || p->block_n < 1 || p->block_n > 4096)
         snprintf(why, n, "BLOCK_M %d / BLOCK_N %d outside 1..4096", p->block_m, p->block_n);
     else if (!strcmp(v, "cpu") && ctx->info.is_rusticl)
@@ -240,6 +242,11 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                  "48 or 64", p->work_group_size / 32, p->block_m, p->block_n);
     else if (!strcmp(v, "nv-wgmma") && (head_dim < 32 || head_dim > 128))
         snprintf(why, n, "wgmma kernel: head_dim %d outside 32..128", head_dim);
+    else if (!strcmp(v, "nv-wgmma-fp8") && (p->work_group_size != 128 || p->block_m != 64 || p->block_n != 128))
+        snprintf(why, n, "FP8 wgmma kernel: one warpgroup (WARPS 4, not %d) of BLOCK_M 64 (not %d) over BLOCK_N 128 "
+                 "(not %d)", p->work_group_size / 32, p->block_m, p->block_n);
+    else if (!strcmp(v, "nv-wgmma-fp8") && (head_dim < 32 || head_dim > 128 || head_dim % 16))
+        snprintf(why, n, "FP8 wgmma kernel: head_dim %d is not a multiple of 16 in 32..128", head_dim);
     else if (!strcmp(v, "nv-tf32") && (p->work_group_size < 32 || p->work_group_size % 32 ||
                                         p->block_m != p->work_group_size / 2 || p->block_n % 8))
         snprintf(why, n, "float32 tensor-core kernel: BLOCK_M %d must be 16*WARPS (WARPS %d) and BLOCK_N %d a "
@@ -290,6 +297,8 @@ static int variant_applies(const flashcl_context *ctx, const flashcl_attention_d
         return flashcl_nv_mma_eligible(ctx, d);
     if (v && !strcmp(v, "nv-wgmma"))
         return flashcl_nv_wgmma_eligible(ctx, d);
+    if (v && !strcmp(v, "nv-wgmma-fp8"))
+        return flashcl_nv_wgmma_fp8_eligible(ctx, d);
     if (v && !strcmp(v, "nv-tf32"))
         return flashcl_nv_tf32_eligible(ctx, d);
     return v != NULL;
@@ -311,7 +320,8 @@ static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
 }
 
 int flashcl_variant_is_nv(const char *variant) {
-    return variant && (!strcmp(variant, "nv-mma") || !strcmp(variant, "nv-tf32") || !strcmp(variant, "nv-wgmma"));
+    return variant && (!strcmp(variant, "nv-mma") || !strcmp(variant, "nv-tf32") || !strcmp(variant, "nv-wgmma") ||
+                       !strcmp(variant, "nv-wgmma-fp8"));
 }
 
 /* NVIDIA sm_80+ and not FLASHCL_VARIANT=portable. */
@@ -334,6 +344,25 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
     return nv_tensor_cores(ctx) && !ctx->no_sm90a && !flashcl_variant_forced("nv-mma") &&
            ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 && sixteen_bit(desc) &&
            desc->head_dim >= 32 && desc->head_dim <= 128;
+}
+
+/* cl/flash_fwd_sm90_fp8.cl's conditions: compute capability 9.0 with sm_90a,
+ * FP8 q, k, v with a 16-bit output, head dims 32..128 in steps of 16, every
+ * row of q, k and v 16-byte aligned (its cp.async and V's 16-byte loads:
+ * offsets and strides in bytes, the buffers' own alignment being the
+ * driver's), and row blocks of descale factors, if any, a multiple of 8 keys
+ * (the kernel reads a k factor per 8 keys). */
+static int rows_16_bytes(const flashcl_layout *t) {
+    return t->offset % 16 == 0 && t->stride_batch % 16 == 0 && t->stride_seq % 16 == 0 && t->stride_head % 16 == 0;
+}
+
+int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
+    return nv_tensor_cores(ctx) && !ctx->no_sm90a && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
+           flashcl_dtype_is_fp8(desc->dtype) &&
+           (desc->out_dtype == FLASHCL_FLOAT16 || desc->out_dtype == FLASHCL_BFLOAT16) && desc->head_dim >= 32 &&
+           desc->head_dim <= 128 && desc->head_dim % 16 == 0 && rows_16_bytes(&desc->q) &&
+           rows_16_bytes(&desc->k) && rows_16_bytes(&desc->v) &&
+           (!desc->fp8.per_head || desc->fp8.block_rows % 8 == 0);
 }
 
 int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
@@ -441,6 +470,20 @@ static int lookup(const flashcl_context *ctx, const flashcl_attention_desc *desc
 
 int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
                            flashcl_params *p) {
+    /* The FP8 wgmma kernel has one shape and no table entry: it runs only
+     * when asked for until it has been validated on an H200 (see
+     * cl/flash_fwd_sm90_fp8.cl). */
+    if (!strcmp(variant, "nv-wgmma-fp8")) {
+        if (!flashcl_nv_wgmma_fp8_eligible(ctx, desc))
+            return 0;
+        memset(p, 0, sizeof *p);
+        p->variant = "nv-wgmma-fp8";
+        p->block_m = 64;
+        p->block_n = 128;
+        p->work_group_size = 128;
+        p->source = "FLASHCL_PARAMS";
+        return 1;
+    }
     /* The tensor-core variants' tiles are the architecture table's, where
      * one of its entries applies to the problem on this device. */
     for (size_t i = 0; i < COUNT(builtin_arch); ++i) {

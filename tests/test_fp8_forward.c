@@ -9,6 +9,9 @@
  *    factors, GQA, causal, windows, odd lengths, head_dim 40, 64, 128,
  *    packed and padded layouts (offsets, strides with gaps that must stay), on
  *    the cpu and portable kernels (FLASHCL_PARAMS) and a host context.
+ *    On compute capability 9.0, the FP8 warpgroup-MMA kernel (nv-wgmma-fp8,
+ *    opt-in) on its own cases, with a bound for its e4m3 P (below);
+ *    elsewhere, that asking for it is refused with outputs untouched.
  * 2. Refusals: FP8 out, block_rows without per_head, a bad factor, the
  *    backward and varlen given FP8, Hadamard on a head_dim that is not a
  *    power of two: each an error with outputs untouched.
@@ -147,6 +150,21 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         flashcl_attention_desc_resolve(&r);
         double *ref = test_xmalloc(nq * sizeof *ref), *ref_lse = test_xmalloc(nlse * sizeof *ref_lse);
         flashcl_ref_attention_forward(&r, q, k, v, ref, ref_lse, NULL, NULL);
+        /* The wgmma kernel rounds P (times 256) to e4m3 before P V: each
+         * p_i then carries a relative error of at most 2^-4, so out_i may
+         * move by 2^-4 * sum_i p_i |v_i| / l, which is attention over |v|
+         * (sign bits cleared) times 2^-4, plus the absolute error of p_i
+         * under e4m3's subnormals (2^-18 each, far below 2e-5 of amax). The
+         * LSE does not see P's rounding and keeps its tolerance. */
+        double *bound_p = NULL;
+        if (variant && !strcmp(variant, "nv-wgmma-fp8")) {
+            unsigned char *v_abs = test_xmalloc(span_k);
+            for (size_t i = 0; i < span_k; ++i)
+                v_abs[i] = v[i] & 0x7f;
+            bound_p = test_xmalloc(nq * sizeof *bound_p);
+            flashcl_ref_attention_forward(&r, q, k, v_abs, bound_p, NULL, NULL, NULL);
+            free(v_abs);
+        }
         /* Tolerance: out's own rounding (a unit roundoff of its type, relative)
          * plus what float32 accumulation costs (a few 2^-24 of the largest
          * output, the scores' size and the key count folded into 2e-5). */
@@ -160,7 +178,8 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         for (size_t i = 0; i < nq; ++i) {
             const size_t o = at(&ol, c->seqlen_q, c->heads_q, c->head_dim, i);
             const double got = flashcl_ref_load(out, c->out_dtype, o), err = fabs(got - ref[i]);
-            if (!(err <= 2.0 * eps * fabs(ref[i]) + 2e-5 * fmax(1.0, amax))) {
+            const double p_err = bound_p ? 0x1p-4 * 1.01 * bound_p[i] : 0.0;
+            if (!(err <= 2.0 * eps * fabs(ref[i]) + 2e-5 * fmax(1.0, amax) + p_err)) {
                 if (!bad++)
                     first = i;
             }
@@ -183,7 +202,7 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         snprintf(what + strlen(what), sizeof what - strlen(what), " (max err %.2g, %zu out / %zu lse bad)", worst, bad,
                  bad_lse);
         expect(bad == 0 && bad_lse == 0, what, &failures);
-        free(ref), free(ref_lse);
+        free(ref), free(ref_lse), free(bound_p);
     }
     free(q), free(k), free(v), free(qs), free(ks), free(vs), free(out), free(lse);
 }
@@ -206,6 +225,49 @@ static const fp8_case tiny_cases[] = {
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0},
     {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1},
 };
+
+/* The FP8 warpgroup-MMA kernel (cl/flash_fwd_sm90_fp8.cl): head dims in steps
+ * of 16, 16-bit outputs, 16-byte aligned rows (so packed layouts only); odd
+ * lengths, several 128-key tiles and a partial last one, GQA, causal,
+ * windows, soft-cap, every kind of factors, block rows straddling tiles. */
+static const fp8_case wgmma_cases[] = {
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 200, 333, 128, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 150, 300, 128, 1, 0, 0, 0, 2, 64, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 70, 260, 96, 0, 1, 50, 10, 2, 16, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 3, 8, 2, 1, 515, 128, 0, 0, 0, 0, 1, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0},
+};
+
+/* On compute capability 9.0 the wgmma cases; elsewhere, that asking for the
+ * kernel is refused and leaves the outputs as they were. */
+static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
+    flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 64, 64, 64);
+    d.out_dtype = FLASHCL_FLOAT16;
+    flashcl_params p;
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
+    const flashcl_status applies = flashcl_attention_params(ctx, &d, &p);
+    if (applies != FLASHCL_SUCCESS) {
+        unsigned char x[64 * 2 * 64];
+        uint16_t out[64 * 2 * 64];
+        memset(x, 0x38, sizeof x), memset(out, 0x5a, sizeof out);
+        const flashcl_status st = flashcl_attention_forward_host(ctx, &d, x, x, x, out, NULL);
+        int untouched = 1;
+        for (size_t i = 0; i < sizeof out / sizeof out[0]; ++i)
+            untouched &= out[i] == 0x5a5a;
+        unsetenv("FLASHCL_PARAMS");
+        expect(st == FLASHCL_ERROR_INVALID_PARAMS && strstr(flashcl_last_error(ctx), "nv-wgmma-fp8") && untouched,
+               "device: FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 off compute capability 9.0 is refused, writes nothing",
+               &failures);
+        return;
+    }
+    unsetenv("FLASHCL_PARAMS");
+    for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
+        run_fp8_case(ctx, "device", "nv-wgmma-fp8", &wgmma_cases[i], seed + 7919u * (uint64_t)i);
+}
 
 /* ---- refusals ------------------------------------------------------------------------------------ */
 
@@ -546,6 +608,8 @@ int main(int argc, char **argv) {
             run_fp8_case(ctx, "device", "portable", &cases[i], s);
         }
     }
+    if (!is_host && !only_host)
+        wgmma_kernel(ctx, seed + 31);
     refusals(host, "host");
     if (!is_host)
         refusals(ctx, "device");

@@ -1,0 +1,322 @@
+/* flash_fwd_sm90_fp8.cl: the FP8 forward on Hopper's warpgroup MMA in e4m3/e5m2 (wgmma k32, sm_90a).
+ *
+ * Arguments and semantics are those of the FP8 forward of flash_fwd.cl
+ * (FWD_ARGS FWD_FP8_ARGS, cl/common.cl): q, k, v are FP8 bytes of one format
+ * (Q_FP8 = KV_FP8 = 3 e4m3 or 4 e5m2), the output is DTYPE (1 float16 or 2
+ * bfloat16), and the true inputs are descale * decode(byte). The host
+ * (src/attention.c) builds it the way it builds flash_fwd_sm90.cl: the sm_90a
+ * instructions sit behind the SM90A marker and src/program.c rebuilds the
+ * program's PTX for sm_90a.
+ *
+ * Status: opt-in (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 or flashcl_set_params),
+ * never chosen by default, until test_fp8_forward's wgmma cases have passed on
+ * an H200 (docs/perf-notes.md, "FP8 forward on warpgroup MMA").
+ *
+ * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
+ * of one (batch, query head) and walks the visible keys in tiles of
+ * BLOCK_N = 128:
+ *   S  = Q K^T : wgmma m64n64k32 e4m3|e5m2 x2 per k-step (keys 0-63, 64-127),
+ *                Q (A) from registers, K (B) from __local, K-major;
+ *   O += P V   : wgmma m64n64k32 per 64 head dims, P (A) quantized to e4m3
+ *                in registers, V (B) from __local, K-major: transposed.
+ * 8-bit wgmma takes both operands K-major only (no transpose bit), so V,
+ * stored keys x dims, is written into __local as Vt, dims x keys, by the
+ * work-items themselves (fill_vt) while S = Q K^T runs on the tensor cores.
+ *
+ * The operand layouts in bytes. An 8-bit k32 step is 32 bytes, as a 16-bit
+ * k16 step is, and wgmma's 8-bit A fragment puts bytes 4t..4t+3 of rows g
+ * and g+8 and bytes 16+4t.. of both in a0..a3, which is where ldmatrix puts
+ * the 16-bit fragment's elements: so Q's fragments (SW128_A_FRAGS) and K's
+ * descriptors (sw128_desc, 128-byte rows, step kk 32*kk bytes in) are the
+ * 16-bit kernel's, with a row of HEAD_DIM <= 128 bytes in one 128-byte panel.
+ *
+ * P. The accumulator gives lane (g, t) columns 8j+2t and 8j+2t+1 of n8 block
+ * j; the A fragment wants 4 consecutive k positions 4t..4t+3 a register. So
+ * the four values of blocks j = 4kk, 4kk+1 (columns 2t, 2t+1, 8+2t, 9+2t of
+ * a 16-key half) become one register as they stand, and Vt's k positions
+ * follow them: position 16G + 4t + i of a tile holds key 16G + 2t + (i & 1) +
+ * 8 (i >> 1) (VT_KEY). No shuffle between lanes is needed. P is scaled by
+ * P_SCALE = 256 before it is rounded to e4m3 (exact, a power of two): p in
+ * [2^-17, 1] keeps a normal or subnormal code instead of flushing below
+ * 2^-10; the output divides it out with v's descale.
+ *
+ * Descale factors: per tensor or per (batch, head), they fold into the
+ * softmax's scale; with row blocks (sc_rows, a multiple of 8 the host
+ * checks) each score is multiplied by its row's q factor and its 8-key
+ * block's k factor before the softmax.
+ *
+ * __local (1024-byte aligned: the swizzle works on address bits 4-9):
+ *   K tile  BLOCK_N rows x 128 bytes         16 KB
+ *   Vt      VT_ROWS (64 or 128) x 128 bytes   8 or 16 KB
+ *   Q block BLOCK_M rows x 128 bytes          8 KB, reloaded into registers every tile
+ * Q's fragments are reloaded before every tile, as flash_fwd_sm90.cl does
+ * at one panel (Q_PER_TILE there: held across tiles they went wrong on the
+ * H200).
+ *
+ * Ordering: K arrives by cp.async and is fenced (fence.proxy.async) before
+ * the barrier that publishes it; Vt's generic stores are fenced the same
+ * way. wgmma's registers are pinned with WG_FENCE_REGS around each chain.
+ */
+
+#ifndef HEAD_DIM
+#define HEAD_DIM 128
+#endif
+#define WARPS 4
+#define WG_SIZE 128
+#if !defined(BLOCK_M) || !defined(BLOCK_N) || BLOCK_M != 64 || BLOCK_N != 128
+#error "flash_fwd_sm90_fp8 is one warpgroup of BLOCK_M 64 rows over BLOCK_N 128-key tiles"
+#endif
+#define K_STEPS ((HEAD_DIM + 31) / 32)  // k32 steps of S = Q K^T (bytes past HEAD_DIM are zero)
+#define VT_PANELS ((HEAD_DIM + 63) / 64) // 64-dim groups of O = P V
+#define VT_ROWS (64 * VT_PANELS)
+#define S_FRAGS (BLOCK_N / 8)            // n8 blocks of S per 16 rows
+#define P_STEPS (BLOCK_N / 32)           // k32 steps of O = P V
+#define O_FRAGS (VT_ROWS / 8)            // n8 blocks of O per 16 rows
+#define K_TILE_BYTES (BLOCK_N * 128)
+#define VT_BYTES (VT_ROWS * 128)
+#define Q_BYTES (BLOCK_M * 128)
+#define VT_AT K_TILE_BYTES
+#define Q_AT (K_TILE_BYTES + VT_BYTES)
+#define SMEM_BYTES (K_TILE_BYTES + VT_BYTES + Q_BYTES + 1024)
+#define P_SCALE 256.0f
+
+#ifndef FLASHCL_NV_PTX
+#error "flash_fwd_sm90_fp8 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
+#endif
+#if !Q_FP8 || Q_FP8 != KV_FP8
+#error "flash_fwd_sm90_fp8 needs -DQ_FP8 and -DKV_FP8 of one format (3 e4m3, 4 e5m2)"
+#endif
+#if DTYPE != 1 && DTYPE != 2
+#error "flash_fwd_sm90_fp8 writes DTYPE 1 (float16) or 2 (bfloat16)"
+#endif
+#if HEAD_DIM < 32 || HEAD_DIM > 128 || HEAD_DIM % 16
+#error "flash_fwd_sm90_fp8 takes HEAD_DIM 32..128, a multiple of 16"
+#endif
+#if SMEM_BYTES > 48000
+#error "the tiles exceed NVIDIA's ~47 KB of __local memory"
+#endif
+
+#if KV_FP8 == 4
+#define FP8_PTX "e5m2"
+#else
+#define FP8_PTX "e4m3"
+#endif
+
+/* d[0..7][0..3] (+)= A (a[0..3], this warp's 16x32 bytes of the 64x32 A) times
+ * the 32x64 B that desc describes (K-major), in atype x btype; scale_d 0: d's
+ * old values are not read. 8-bit wgmma has no transpose operands. */
+#define WGMMA_FP8(d, a, desc, scale_d, atype, btype)                                               \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n64k32.f32." atype "." btype      \
+                               " " WG_N64_D ", " WG_N64_AB ", " #scale_d ", 1, 1;\n"               \
+                         : WG_N64_OUT(d)                                                           \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
+                         : "memory")
+
+/* S = Q K^T over the head dims into s[S_FRAGS][4], for the K tile at shared
+ * address k_tile: keys 64h.. (rows 64h.., 8 KB in) into s[8h..8h+7]; k-step
+ * kk is 32*kk bytes into the rows; the first overwrites s. */
+#define S_CHAIN(s, k_tile)                                                                         \
+    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                         \
+        _Pragma("unroll") for (int hh = 0; hh < 2; ++hh) {                                         \
+        const ulong db = sw128_desc((k_tile) + (uint)(hh * 64 * 128 + kk * 32));                   \
+        if (kk == 0)                                                                               \
+            WGMMA_FP8((s) + 8 * hh, qf[kk], db, 0, FP8_PTX, FP8_PTX);                              \
+        else                                                                                       \
+            WGMMA_FP8((s) + 8 * hh, qf[kk], db, 1, FP8_PTX, FP8_PTX);                              \
+    }
+
+/* O += P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
+ * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in). */
+#define PV_CHAIN(acc, pf, vt)                                                                      \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
+        _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh)                                   \
+            WGMMA_FP8((acc) + 8 * hh, (pf)[kk], sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32)), 1, \
+                      "e4m3", FP8_PTX)
+
+/* Four floats rounded to e4m3 (nearest even, saturating) into one register,
+ * x0 in its lowest byte (cvt puts its first source in the high byte). */
+inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
+    uint r;
+    __asm__("{\n.reg .b16 lo_, hi_;\n"
+            "cvt.rn.satfinite.e4m3x2.f32 lo_, %2, %1;\n"
+            "cvt.rn.satfinite.e4m3x2.f32 hi_, %4, %3;\n"
+            "mov.b32 %0, {lo_, hi_};\n}"
+            : "=r"(r)
+            : "f"(x0), "f"(x1), "f"(x2), "f"(x3));
+    return r;
+}
+
+/* P (the softmax's s, times P_SCALE) into the A fragments of O = P V: k-step
+ * kk's register 0 holds row g's columns 2t, 2t+1 of blocks 4kk and 4kk+1,
+ * register 1 the same of row g+8, registers 2 and 3 those of blocks 4kk+2
+ * and 4kk+3 (Vt's key order, VT_KEY). */
+#define PACK_P(pf, s)                                                                              \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) _Pragma("unroll") for (int r_ = 0; r_ < 4; ++r_) { \
+        const int j_ = 4 * kk + 2 * (r_ >> 1), e_ = 2 * (r_ & 1);                                  \
+        (pf)[kk][r_] = pack_e4m3x4(P_SCALE * (s)[j_][e_], P_SCALE * (s)[j_][e_ + 1],                \
+                                   P_SCALE * (s)[j_ + 1][e_], P_SCALE * (s)[j_ + 1][e_ + 1]);      \
+    }
+
+/* The key (0..BLOCK_N-1) at k position c of Vt's rows: the order PACK_P makes. */
+#define VT_KEY(c) (((c) & ~15) + 2 * (((c) >> 2) & 3) + ((c) & 1) + 8 * (((c) >> 1) & 1))
+
+/* V's keys n0.. -> Vt at byte vt_at of smem (shared address base s_base): row
+ * d = head dim d, k position c = key VT_KEY(c), in the SW128 layout of
+ * VT_ROWS rows; keys past nk and dims past HEAD_DIM are zero. Work item
+ * (lane, warp + 4 it): lane = 4G + t takes the k positions 16G + 4t .. +3
+ * (keys 16G + 2t + {0, 1, 8, 9}) and dims 16w .. 16w+15, one 16-byte load a
+ * key; its 16 words (4 keys of one dim each) go to 16 rows, all lanes of a
+ * warp in the same row at once, where the swizzle spreads them over the 32
+ * banks. v rows are 16-byte aligned (the host's condition). */
+inline void fill_vt(__local uchar *smem8, __global const uchar *vb, ulong v_ss, int n0, int nk, int tid) {
+    const int lane = tid % 32, G = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int it = 0; it < (VT_ROWS / 16 + WARPS - 1) / WARPS; ++it) {
+        const int w = tid / 32 + WARPS * it;
+        if (w >= VT_ROWS / 16)
+            break;
+        uint4 x[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int key = n0 + 16 * G + 2 * tq + (i & 1) + 8 * (i >> 1);
+            x[i] = key < nk && 16 * w < HEAD_DIM ? *(__global const uint4 *)(vb + (ulong)key * v_ss + 16 * w)
+                                                 : (uint4)(0u);
+        }
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+            const uint a0 = e == 0 ? x[0].x : e == 1 ? x[0].y : e == 2 ? x[0].z : x[0].w;
+            const uint a1 = e == 0 ? x[1].x : e == 1 ? x[1].y : e == 2 ? x[1].z : x[1].w;
+            const uint a2 = e == 0 ? x[2].x : e == 1 ? x[2].y : e == 2 ? x[2].z : x[2].w;
+            const uint a3 = e == 0 ? x[3].x : e == 1 ? x[3].y : e == 2 ? x[3].z : x[3].w;
+#pragma unroll
+            for (int by = 0; by < 4; ++by) {
+                const int row = 16 * w + 4 * e + by;
+                const uint word = ((a0 >> (8 * by)) & 0xffu) | (((a1 >> (8 * by)) & 0xffu) << 8) |
+                                  (((a2 >> (8 * by)) & 0xffu) << 16) | (((a3 >> (8 * by)) & 0xffu) << 24);
+                *(__local uint *)(smem8 + VT_AT + SW128_OFFSET(row, G, VT_ROWS) + 4 * tq) = word;
+            }
+        }
+    }
+}
+
+/* A tile of 128-byte rows (head dims as bytes, zero past HEAD_DIM and past
+ * rows) by cp.async: nv_copy_rows_to moves 16-bit pairs, so byte counts are
+ * halved (HEAD_DIM and the stride are even, rows 16-byte aligned). */
+inline void copy_rows8(__local uchar *smem8, uint s_base, uint dst_bytes, __global const uchar *src, ulong stride,
+                       int rows, int nrows, int tid) {
+    nv_copy_rows_to((__local ushort *)smem8, s_base, dst_bytes / 2u, (__global const ushort *)src, stride / 2,
+                    rows, nrows, 1, tid, HEAD_DIM / 2, 0, WG_SIZE, 1);
+}
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90_fp8(FWD_ARGS FWD_FP8_ARGS) {
+    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+
+    NV_FWD_BLOCK;
+    __global const uchar *qb = (__global const uchar *)q + (q_off + b * q_sb + hq * q_sh);
+    __global const uchar *kb = (__global const uchar *)k + (k_off + b * k_sb + hk * k_sh);
+    __global const uchar *vb = (__global const uchar *)v + (v_off + b * v_sb + hk * v_sh);
+
+    ALIGNED_TILES(smem_raw);
+    __local uchar *smem8 = (__local uchar *)smem;
+
+    /* The descale factors: folded into the score scale where they are one a
+     * head; with row blocks, per row (rows g, g+8 of this lane) and per 8 keys. */
+    const int q_base = FP8_Q_BASE(b, hq), k_base = FP8_K_BASE(b, hk);
+    const int row_blocks = sc_per_head && sc_rows > 0;
+    const int w0 = m0 + warp * 16; /* first row of this warp */
+    float q_row_f[2] = {1.0f, 1.0f}, qk_f = 1.0f;
+    if (row_blocks) {
+        q_row_f[0] = FP8_Q_SCALE(q_base, min(w0 + g, nq - 1));
+        q_row_f[1] = FP8_Q_SCALE(q_base, min(w0 + g + 8, nq - 1));
+    } else {
+        qk_f = FP8_Q_SCALE(q_base, 0) * FP8_K_SCALE(k_base, 0);
+    }
+    const float q_mul_f = q_mul * qk_f;
+
+    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
+    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
+    const long blk_lo = blk_first.x, blk_hi = blk_last.y;
+    /* The mask test is per warpgroup (wgmma is collective; w_lo and w_hi go unused). */
+    NV_WARP_KEYS(m0, rows_q);
+    int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
+    NV_FRAG_KEYS(row_lo, row_hi, w0);
+
+    const int softcap = softcap_log2 > 0.0f;
+    const float sc = softcap ? 1.0f : q_mul_f;
+
+    float acc[O_FRAGS][4];
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < O_FRAGS; ++j)
+        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+    const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
+    const int n_end = (int)blk_hi;
+    const uint k_tile = s_base, vt = s_base + VT_AT;
+
+    /* Q block and the first K tile; Q stays for the whole loop. */
+    copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, tid);
+    if (n_start <= n_end)
+        copy_rows8(smem8, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N, tid);
+
+    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+        const int n_next = n0 + BLOCK_N;
+        /* K(n0) (and Q) have landed; every warp is done with the last tile's Vt. */
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+
+        /* ---- S = Q K^T, with V's transpose into Vt under it ---- */
+        uint qf[K_STEPS][4];
+        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
+        float s[S_FRAGS][4];
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
+        fill_vt(smem8, vb, v_ss, n0, nk, tid);
+        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory"); /* Vt, for wgmma */
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+
+        if (row_blocks) {
+#pragma unroll
+            for (int j = 0; j < S_FRAGS; ++j) {
+                const float kf = FP8_K_SCALE(k_base, min(n0 + 8 * j, nk - 1));
+                s[j][0] *= q_row_f[0] * kf;
+                s[j][1] *= q_row_f[0] * kf;
+                s[j][2] *= q_row_f[1] * kf;
+                s[j][3] *= q_row_f[1] * kf;
+            }
+        }
+        if (softcap)
+            SOFTCAP_16(s, S_FRAGS, q_mul_f, softcap_log2);
+        if (!(n0 >= w_all_lo && n0 + BLOCK_N - 1 <= w_all_hi))
+            MASK_16(s, S_FRAGS, n0, row_lo, row_hi);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        uint pf[P_STEPS][4];
+        PACK_P(pf, s);
+
+        /* Vt is complete; every warp is done reading K(n0). */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            copy_rows8(smem8, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next), BLOCK_N, tid);
+
+        /* ---- O += P V ---- */
+        WG_FENCE_REGS(acc, O_FRAGS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        PV_CHAIN(acc, pf, vt);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(acc, O_FRAGS);
+    }
+    cp_wait(); /* a tile copied for no loop iteration cannot happen, but Q's copy may be all there was */
+
+    /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE ---- */
+    const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
+#pragma unroll
+    for (int j = 0; j < O_FRAGS; ++j)
+        acc[j][0] *= o_f, acc[j][1] *= o_f, acc[j][2] *= o_f, acc[j][3] *= o_f;
+    __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
+    const int o_pair = ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
+    NV_FWD_STORE_FRAG(acc, O_FRAGS, m_run, l_run, sc, w0, ushort, ob, o_pair, NV_STORE_PAIR16, NV_STORE_ONE16);
+}
