@@ -269,6 +269,22 @@ inline void cp_wait(void) {
     } while (0)
 #define WG_FENCE_REGS(d, n) WG_FENCE_REGS_C(d, n, "f")
 
+/* A use of the A fragments f[0..steps-1] that ptxas has to keep: each group
+ * of four stored to the shared address addr + 16 k, predicated on never < 0,
+ * where never is a value the caller knows is not negative and neither
+ * compiler can prove so (the store never runs). An empty asm such as
+ * WG_FENCE_REGS emits no PTX instruction, so it holds nothing for ptxas;
+ * this does. Why flash_fwd_sm90 needs it: its Q_KEEP (issue 36). */
+#define WG_KEEP_A(f, steps, addr, never)                                                           \
+    do {                                                                                           \
+        _Pragma("unroll") for (int k_ = 0; k_ < (steps); ++k_)                                     \
+            __asm__ __volatile__("{\n\t.reg .pred p_;\n\tsetp.lt.s32 p_, %5, 0;\n\t"                 \
+                                 "@p_ st.shared.v4.b32 [%4], {%0,%1,%2,%3};\n\t}\n"                \
+                                 ::"r"((f)[k_][0]), "r"((f)[k_][1]), "r"((f)[k_][2]),               \
+                                 "r"((f)[k_][3]), "r"((addr) + 16u * (uint)k_), "r"(never)         \
+                                 : "memory");                                                      \
+    } while (0)
+
 /* Tiles start at the first 1024-byte boundary of the __local array raw (the
  * 128-byte swizzle works on address bits 4-9): smem (halves) and s_base (its
  * shared address). The array holds 1024 bytes more than its tiles need. */

@@ -92,7 +92,9 @@
 #endif
 /* Q keeps a __local block of its own, reloaded every tile, wherever it fits
  * beside one K and one V tile; at one panel it must (why: below). */
+#ifndef Q_PER_TILE /* overridable for study builds (issue 36) */
 #define Q_PER_TILE (PANELS == 1 || 2 * TILE_BYTES + Q_BYTES + 1024 <= 48000)
+#endif
 #if OVERLAP && 3 * TILE_BYTES + (Q_PER_TILE ? Q_BYTES : 0) + 1024 > 48000
 /* Three tiles do not fit beside Q's own block (one warpgroup of 48-key
  * tiles above D=64), or at all (64 keys at D=128): the plain loop, so that
@@ -132,6 +134,21 @@
  * copying them each tile did not help. The reload costs about 2 %
  * (BENCHMARKS.md). (Q kept in __local for an SS wgmma, 32 registers fewer,
  * gave wrong results at D=128 too.) */
+/* Q_KEEP (issue 36): where Q's fragments stay in registers for the whole
+ * loop, one more use of them after it (WG_KEEP_A: a store that never runs).
+ * Their only uses in the loop are wgmma A operands, and ptxas (13.0, sm_90a,
+ * on clang's PTX) then treats them as dead once the tile's S = Q K^T has
+ * waited: at HEAD_DIM <= 64 with 64-key tiles it packs P into Q's registers,
+ * so the next tile's S = P K^T, the fault described above; at 128 its SASS
+ * keeps them, but with the second panel's P V taken out it packs P into them
+ * too, so nothing there is known to protect them. A use past the loop makes
+ * them live around its back edge. Empty asm (pinning) and "+r" constraints
+ * leave the PTX, and so ptxas's choice, as they were. On by default only where Q_PER_TILE is forced off at one panel
+ * (-DQ_PER_TILE=0, the GPU test of this fix); -DQ_KEEP=1 adds it at two
+ * panels, which changes their SASS and waits for a GPU run. */
+#ifndef Q_KEEP
+#define Q_KEEP (!Q_PER_TILE && PANELS == 1)
+#endif
 #if Q_PER_TILE
 #define Q_AT KV_BYTES
 #define SMEM_USED (KV_BYTES + Q_BYTES)
@@ -583,6 +600,11 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         barrier(CLK_LOCAL_MEM_FENCE);
         PV_WAITED(acc, pf, v_cur);
     }
+#endif
+
+#if Q_KEEP
+    /* Q's fragments used past the loop (Q_KEEP); nk is never negative. */
+    WG_KEEP_A(qf, K_STEPS, s_base, nk);
 #endif
 
     /* ---- epilogue: O / l and LSE ---- */
