@@ -3,7 +3,7 @@
  *
  *   gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c \
  *       host_ref/ref_fp8.c -Lbuild -lflashcl -Wl,-rpath,$PWD/build -lOpenCL -lm -o /tmp/fp8_accuracy
- *   /tmp/fp8_accuracy [B H N D] [--device SPEC] [--npy DIR]
+ *   /tmp/fp8_accuracy [B H N D] [--device SPEC] [--npy DIR] [--out f32|f16|bf16] [--model-p8]
  *
  * Q, K, V ~ N(0,1) with 0.1% of the entries drawn from N(0, 10^2) (FA3, section 4.3; default
  * B=1, H=8, N=4096, D=128, seed fixed), quantized with the library's own helpers
@@ -13,6 +13,10 @@
  * the UNQUANTIZED inputs (host_ref, one core: the slow part, about a minute at the default size).
  * Prints one RMSE per format and option. --npy DIR also writes q, k, v as float32 .npy there,
  * for `flashcl attention --dtype e4m3 [--block-quant] [--hadamard]` to rerun any row.
+ * --out picks the output type (the nv-wgmma-fp8 kernel writes float16 or bfloat16 only:
+ * FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 with --out f16). --model-p8 runs no kernel: host_ref's
+ * plain FP8 forward instead (float scores and sums, P rounded to e4m3 at 256 p as nv-wgmma-fp8
+ * rounds it), which is what that kernel's error should come to.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>
@@ -52,9 +56,21 @@ static int write_npy(const char *path, const float *x, int b, int n, int h, int 
 int main(int argc, char **argv) {
     int shape[4] = {1, 8, 4096, 128}, n_shape = 0;
     const char *device = NULL, *npy = NULL;
+    flashcl_dtype out_dtype = FLASHCL_FLOAT32;
+    int model_p8 = 0;
     for (int i = 1; i < argc; ++i) {
         if (!strcmp(argv[i], "--device") && i + 1 < argc)
             device = argv[++i];
+        else if (!strcmp(argv[i], "--model-p8"))
+            model_p8 = 1;
+        else if (!strcmp(argv[i], "--out") && i + 1 < argc) {
+            const char *o = argv[++i];
+            out_dtype = !strcmp(o, "f16") ? FLASHCL_FLOAT16 : !strcmp(o, "bf16") ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT32;
+            if (out_dtype == FLASHCL_FLOAT32 && strcmp(o, "f32")) {
+                fprintf(stderr, "--out takes f32, f16 or bf16\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--npy") && i + 1 < argc)
             npy = argv[++i];
         else if (n_shape < 4)
@@ -89,8 +105,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "flashcl: %s\n", flashcl_last_error(NULL));
         return 1;
     }
-    printf("B=%d H=%d N=%d D=%d, N(0,1) with 0.1%% from N(0,100), seed %llu, on %s\n", B, H, N, D,
-           (unsigned long long)seed, flashcl_context_device_name(ctx));
+    printf("B=%d H=%d N=%d D=%d, N(0,1) with 0.1%% from N(0,100), seed %llu, out %s, on %s\n", B, H, N, D,
+           (unsigned long long)seed, out_dtype == FLASHCL_FLOAT32 ? "f32" : out_dtype == FLASHCL_FLOAT16 ? "f16" : "bf16",
+           model_p8 ? "host_ref's plain model (P in e4m3), no kernel" : flashcl_context_device_name(ctx));
 
     double t0 = now();
     flashcl_attention_desc f = {0};
@@ -105,7 +122,8 @@ int main(int argc, char **argv) {
                                            "64-row blocks + Hadamard"};
     unsigned char *bytes[3];
     float *scales[3];
-    float *out = malloc(n * sizeof *out);
+    float *out = malloc(n * sizeof *out); /* out_dtype elements */
+    double *model = model_p8 ? malloc(n * sizeof *model) : NULL;
     for (int t = 0; t < 3; ++t) {
         bytes[t] = malloc(n);
         scales[t] = malloc((size_t)B * H * ((N + 63) / 64) * sizeof(float));
@@ -117,7 +135,7 @@ int main(int argc, char **argv) {
             memset(&d.q, 0, sizeof d.q), memset(&d.k, 0, sizeof d.k), memset(&d.v, 0, sizeof d.v);
             memset(&d.out, 0, sizeof d.out);
             d.dtype = fmt ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-            d.out_dtype = FLASHCL_FLOAT32;
+            d.out_dtype = out_dtype;
             d.fp8.per_head = block;
             d.fp8.block_rows = block ? 64 : 0;
             for (int t = 0; t < 3; ++t) {
@@ -134,18 +152,25 @@ int main(int argc, char **argv) {
             }
             d.fp8.q_descale = scales[0], d.fp8.k_descale = scales[1], d.fp8.v_descale = scales[2];
             t0 = now();
-            const flashcl_status st = flashcl_attention_forward_host(ctx, &d, bytes[0], bytes[1], bytes[2], out, NULL);
+            flashcl_status st = FLASHCL_SUCCESS;
+            if (model_p8)
+                flashcl_ref_attention_forward_plain(&d, bytes[0], bytes[1], bytes[2], model);
+            else
+                st = flashcl_attention_forward_host(ctx, &d, bytes[0], bytes[1], bytes[2], out, NULL);
             const double ms = (now() - t0) * 1e3;
             if (st != FLASHCL_SUCCESS) {
                 fprintf(stderr, "forward: %s\n", flashcl_last_error(ctx));
                 return 1;
             }
             double se = 0;
-            for (size_t i = 0; i < n; ++i)
-                se += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
-            printf("%s %-26s RMSE %.4g   (forward %.0f ms incl. copies)\n", fmt ? "e5m2" : "e4m3", options[opt],
-                   sqrt(se / (double)n), ms);
+            for (size_t i = 0; i < n; ++i) {
+                const double o = model_p8 ? model[i] : flashcl_ref_load(out, out_dtype, i);
+                se += (o - ref[i]) * (o - ref[i]);
+            }
+            printf("%s %-26s RMSE %.4g   (%s %.0f ms)\n", fmt ? "e5m2" : "e4m3", options[opt],
+                   sqrt(se / (double)n), model_p8 ? "model" : "forward incl. copies", ms);
         }
+    free(model);
     flashcl_context_destroy(ctx);
     return 0;
 }
