@@ -599,6 +599,32 @@ inline float shfl_xor(float x, int mask) {
         w_all_hi = (int)max(f_.y, -1L);                                                            \
     }
 
+/* The key loop's state in the wgmma forward kernels (flash_fwd_sm90,
+ * flash_fwd_sm90_fp8), after NV_FWD_BLOCK: the tiles of BLOCK_N keys the
+ * block's rows see, n_start .. n_end (n_start = nk when they see none); the
+ * mask's key ranges of the warpgroup whose 64 rows start at row g0
+ * (NV_WARP_KEYS: the mask test is per warpgroup, wgmma being collective;
+ * w_lo and w_hi go unused) and of this lane's rows, g and g+8 of the warp's
+ * 16 from w0 (row_lo, row_hi); the softmax's scale sc (1 under a soft-cap,
+ * else q_scale); O's accumulators acc[O_FRAGS][4], and the running max and
+ * sum, zeroed. */
+#define NV_WG_FWD_LOOP_STATE(g0, q_scale)                                                          \
+    const long2 blk_first_ = visible_keys(m0, nq, nk, win_left, win_right);                        \
+    const long2 blk_last_ = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);            \
+    const int g0_ = (g0);                                                                          \
+    NV_WARP_KEYS(g0_, min(64, nq - g0_));                                                          \
+    const int w0 = m0 + warp * 16;                                                                 \
+    int row_lo[2], row_hi[2];                                                                      \
+    NV_FRAG_KEYS(row_lo, row_hi, w0);                                                              \
+    const int softcap = softcap_log2 > 0.0f;                                                       \
+    const float sc = softcap ? 1.0f : (q_scale);                                                   \
+    float acc[O_FRAGS][4];                                                                         \
+    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};                              \
+    _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) acc[j_][0] = acc[j_][1] = acc[j_][2] =  \
+        acc[j_][3] = 0.0f;                                                                         \
+    const int n_start = blk_first_.x <= blk_last_.y ? (int)(blk_first_.x / BLOCK_N) * BLOCK_N : nk; \
+    const int n_end = (int)blk_last_.y
+
 /* The epilogue of the tensor-core forward kernels (flash_fwd_nv, flash_fwd_nv32,
  * flash_fwd_sm90), inside a FWD_ARGS kernel, for one 16-row fragment whose
  * first row is row0: each lane's rows g and g+8 (h = 0, 1) are divided by

@@ -346,28 +346,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     barrier(CLK_LOCAL_MEM_FENCE);
 #endif
 
-    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
-    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
-    const long blk_lo = blk_first.x, blk_hi = blk_last.y;
-
-    /* The mask test is per warpgroup (wgmma is collective; w_lo and w_hi go unused). */
-    const int g0 = m0 + wgrp * 64;
-    NV_WARP_KEYS(g0, min(64, nq - g0));
-    const int w0 = m0 + warp * 16; /* first row of this warp */
-    int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
-    NV_FRAG_KEYS(row_lo, row_hi, w0);
-
-    const int softcap = softcap_log2 > 0.0f;
-    const float sc = softcap ? 1.0f : q_mul;
-
-    float acc[O_FRAGS][4];
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < O_FRAGS; ++j)
-        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-    const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
-    const int n_end = (int)blk_hi;
+    NV_WG_FWD_LOOP_STATE(m0 + wgrp * 64, q_mul);
 #if !PINGPONG && USE_TMA
     if (n_start <= n_end) {
         if (tid == TMA_TID) /* every warp's reads of Q, which K may overwrite, come before the copy */

@@ -223,35 +223,14 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
      * head; with row blocks, per row (rows g, g+8 of this lane) and per 8 keys. */
     const int q_base = FP8_Q_BASE(b, hq), k_base = FP8_K_BASE(b, hk);
     const int row_blocks = sc_per_head && sc_rows > 0;
-    const int w0 = m0 + warp * 16; /* first row of this warp */
-    float q_row_f[2] = {1.0f, 1.0f}, qk_f = 1.0f;
+    const float q_mul_f = row_blocks ? q_mul : q_mul * FP8_Q_SCALE(q_base, 0) * FP8_K_SCALE(k_base, 0);
+
+    NV_WG_FWD_LOOP_STATE(m0, q_mul_f);
+    float q_row_f[2] = {1.0f, 1.0f};
     if (row_blocks) {
         q_row_f[0] = FP8_Q_SCALE(q_base, min(w0 + g, nq - 1));
         q_row_f[1] = FP8_Q_SCALE(q_base, min(w0 + g + 8, nq - 1));
-    } else {
-        qk_f = FP8_Q_SCALE(q_base, 0) * FP8_K_SCALE(k_base, 0);
     }
-    const float q_mul_f = q_mul * qk_f;
-
-    const long2 blk_first = visible_keys(m0, nq, nk, win_left, win_right);
-    const long2 blk_last = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);
-    const long blk_lo = blk_first.x, blk_hi = blk_last.y;
-    /* The mask test is per warpgroup (wgmma is collective; w_lo and w_hi go unused). */
-    NV_WARP_KEYS(m0, rows_q);
-    int row_lo[2], row_hi[2]; /* rows g and g+8 of this lane */
-    NV_FRAG_KEYS(row_lo, row_hi, w0);
-
-    const int softcap = softcap_log2 > 0.0f;
-    const float sc = softcap ? 1.0f : q_mul_f;
-
-    float acc[O_FRAGS][4];
-    float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int j = 0; j < O_FRAGS; ++j)
-        acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
-
-    const int n_start = blk_lo <= blk_hi ? (int)(blk_lo / BLOCK_N) * BLOCK_N : nk;
-    const int n_end = (int)blk_hi;
     const uint k_tile = s_base, vt = s_base + VT_AT;
 
     /* Q block and the first K tile; Q stays for the whole loop. */
