@@ -553,7 +553,7 @@ static int same_class(const flashcl_param_entry *a, const flashcl_param_entry *b
 /* Checks params for desc's class on ctx and fills e from them. */
 static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention_desc *d,
                                    const flashcl_params *params, flashcl_param_entry *e) {
-    static const char *const names[] = {"portable", "cpu", "nv-mma", "nv-tf32", "nv-wgmma"};
+    static const char *const names[] = {"portable", "cpu", "nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8"};
     flashcl_params p = *params;
     char why[200];
     class_entry(d, e);
@@ -562,13 +562,17 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
             e->variant = names[i];
     if (!e->variant)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma)", p.variant ? p.variant : "(null)");
+                            "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma, nv-wgmma-fp8)",
+                            p.variant ? p.variant : "(null)");
     if (!variant_applies(ctx, d, e->variant))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             !strcmp(e->variant, "nv-mma")
                                 ? "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)"
                             : !strcmp(e->variant, "nv-wgmma")
                                 ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 32..128)"
+                            : !strcmp(e->variant, "nv-wgmma-fp8")
+                                ? "the nv-wgmma-fp8 kernel does not apply here (NVIDIA sm_90, FP8 q, k, v with a "
+                                  "f16/bf16 out, D 32..128 in steps of 16, 16-byte aligned rows)"
                                 : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))

@@ -773,6 +773,70 @@ static flashcl_status backward_choice(flashcl_context *ctx, int d, const char *e
     return backward_choice_of(ctx, FLASHCL_FLOAT32, d, env, 0, c);
 }
 
+/* The FP8 warpgroup-MMA forward (nv-wgmma-fp8) on the pretend H200: never chosen by a table,
+ * only when asked for, and only where cl/flash_fwd_sm90_fp8.cl's conditions hold. */
+static void test_fp8_wgmma_choice(void) {
+    flashcl_context *ctx = test_context();
+    pretend_h200(ctx);
+    flashcl_params p;
+    flashcl_attention_desc d8 = desc_of(FLASHCL_FLOAT8_E4M3, 1000, 128, 0);
+    d8.out_dtype = FLASHCL_FLOAT16;
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
+           "sm_90, e4m3: the tables choose portable, not the opt-in nv-wgmma-fp8", &failures);
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8") &&
+               p.block_m == 64 && p.block_n == 128 && p.work_group_size == 128 &&
+               flashcl_forward_local_bytes(&p, 128) == (128 + 128 + 64) * 128 + 1024 &&
+               flashcl_forward_local_bytes(&p, 64) == (128 + 64 + 64) * 128 + 1024,
+           "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8: one warpgroup, 64 rows, 128-key tiles; __local K + Vt + Q",
+           &failures);
+    struct {
+        const char *what;
+        flashcl_attention_desc d;
+    } refused[8];
+    int n = 0;
+    refused[n].what = "a float32 output", refused[n].d = d8, refused[n++].d.out_dtype = FLASHCL_FLOAT32;
+    refused[n].what = "head_dim 72 (not a multiple of 16)", refused[n].d = d8, refused[n++].d.head_dim = 72;
+    refused[n].what = "head_dim 144", refused[n].d = d8, refused[n++].d.head_dim = 144;
+    refused[n].what = "float16 q, k, v", refused[n].d = d8, refused[n++].d.dtype = FLASHCL_FLOAT16;
+    refused[n].what = "row blocks of 12 factors", refused[n].d = d8;
+    refused[n].d.fp8.per_head = 1, refused[n++].d.fp8.block_rows = 12;
+    refused[n].what = "k rows 8 bytes apart from 16-byte alignment", refused[n].d = d8;
+    refused[n].d.k.stride_head = 136, refused[n].d.k.stride_seq = 2 * 136, refused[n++].d.k.stride_batch = 2 * 136 * 1000;
+    refused[n].what = "a v offset of 8 bytes", refused[n].d = d8, refused[n++].d.v.offset = 8;
+    for (int i = 0; i < n; ++i) {
+        char what[160];
+        snprintf(what, sizeof what, "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 with %s is refused, and says why",
+                 refused[i].what);
+        expect(flashcl_attention_params(ctx, &refused[i].d, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
+                   strstr(flashcl_last_error(ctx), "nv-wgmma-fp8"),
+               what, &failures);
+    }
+    flashcl_attention_desc blocks = d8;
+    blocks.fp8.per_head = 1, blocks.fp8.block_rows = 64;
+    expect(flashcl_attention_params(ctx, &blocks, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8"),
+           "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 with 64-row blocks of factors", &failures);
+    setenv("FLASHCL_VARIANT", "portable", 1);
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_ERROR_INVALID_PARAMS,
+           "FLASHCL_VARIANT=portable keeps nv-wgmma-fp8 off too", &failures);
+    unsetenv("FLASHCL_VARIANT");
+    ctx->no_sm90a = 1;
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_ERROR_INVALID_PARAMS,
+           "after an sm_90a build failure nv-wgmma-fp8 does not apply", &failures);
+    ctx->no_sm90a = 0;
+    unsetenv("FLASHCL_PARAMS");
+    flashcl_params fp8_tiles = {64, 128, 0, 128, "nv-wgmma-fp8", NULL}, other = {64, 64, 0, 128, "nv-wgmma-fp8", NULL};
+    expect(flashcl_set_params(ctx, &d8, &fp8_tiles) == FLASHCL_SUCCESS &&
+               flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8") &&
+               !strcmp(p.source, "set: flashcl_set_params"),
+           "flashcl_set_params: nv-wgmma-fp8 for an FP8 class", &failures);
+    expect(flashcl_set_params(ctx, &d8, &other) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "FP8 wgmma kernel"),
+           "flashcl_set_params: nv-wgmma-fp8 with 64-key tiles is refused, and says why", &failures);
+    flashcl_set_params(ctx, &d8, NULL);
+    flashcl_context_destroy(ctx);
+}
+
 static void test_backward_levels(void) {
     flashcl_backward_choice c;
     flashcl_context *ctx = test_context();
@@ -1543,6 +1607,7 @@ int main(void) {
         test_file();
         test_overrides();
         test_levels();
+        test_fp8_wgmma_choice();
         test_backward_levels();
         test_serving_backward_file();
         test_decode_levels();
