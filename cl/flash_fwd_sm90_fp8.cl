@@ -299,3 +299,71 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     const int o_pair = ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
     NV_FWD_STORE_FRAG(acc, O_FRAGS, m_run, l_run, sc, w0, ushort, ob, o_pair, NV_STORE_PAIR16, NV_STORE_ONE16);
 }
+
+#ifdef FP8_PROBE
+/* fp8_wgmma_probe: this file's two products alone, on small integers so that every sum is
+ * exact (tests/test_wgmma_layout.c compares with ==), to tell which half of the kernel reads its
+ * operands wrong should it ever do so. Row-major inputs with 16-byte rows, nk keys (<= BLOCK_N;
+ * the rest zero, as past the end of a sequence):
+ *   mode 0: out[64][BLOCK_N] = S = Q K^T, q [64][HEAD_DIM] and k [nk][HEAD_DIM] bytes, through
+ *           copy_rows8, SW128_A_FRAGS and S_CHAIN;
+ *   mode 1: out[64][VT_ROWS] = P V, p [64][BLOCK_N] floats taken as the accumulator layout gives
+ *           them (p = value / P_SCALE carries the value exactly), v [nk][HEAD_DIM] bytes, through
+ *           PACK_P, fill_vt and PV_CHAIN.
+ * Outputs in the accumulator layout's places: row 16 warp + g (+8), column 8j + 2t (+1). */
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const uchar *v, __global const float *p,
+                __global float *out, int mode, int nk) {
+    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+    const int tid = (int)get_local_id(0), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    ALIGNED_TILES(smem_raw);
+    __local uchar *smem8 = (__local uchar *)smem;
+    const int row0 = 16 * warp + g;
+    if (mode == 0) {
+        copy_rows8(smem8, s_base, Q_AT, q, HEAD_DIM, BLOCK_M, BLOCK_M, tid);
+        copy_rows8(smem8, s_base, 0, k, HEAD_DIM, nk, BLOCK_N, tid);
+        cp_wait_async_proxy();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        uint qf[K_STEPS][4];
+        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
+        float s[S_FRAGS][4];
+        WGMMA_FENCE();
+        S_CHAIN(s, s_base);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                out[(row0 + 8 * (e >> 1)) * BLOCK_N + 8 * j + 2 * t + (e & 1)] = s[j][e];
+    } else {
+        fill_vt(smem8, v, HEAD_DIM, 0, nk, tid);
+        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        barrier(CLK_LOCAL_MEM_FENCE);
+        float s[S_FRAGS][4], acc[O_FRAGS][4];
+#pragma unroll
+        for (int j = 0; j < S_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                s[j][e] = p[(row0 + 8 * (e >> 1)) * BLOCK_N + 8 * j + 2 * t + (e & 1)];
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j)
+            acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+        uint pf[P_STEPS][4];
+        PACK_P(pf, s);
+        WG_FENCE_REGS(acc, O_FRAGS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        PV_CHAIN(acc, pf, s_base + VT_AT);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(acc, O_FRAGS);
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j)
+#pragma unroll
+            for (int e = 0; e < 4; ++e)
+                out[(row0 + 8 * (e >> 1)) * VT_ROWS + 8 * j + 2 * t + (e & 1)] = acc[j][e];
+    }
+}
+#endif
