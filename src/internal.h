@@ -238,8 +238,11 @@ int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention
 /* cl/flash_fwd_sm90.cl applies: NVIDIA compute capability 9.0 whose driver has
  * built it (or not yet tried), f16/bf16, head_dim 32..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+/* cl/flash_fwd_sm90_fp8.cl applies (chosen only when asked for): compute
+ * capability 9.0 with sm_90a, FP8 q, k, v into f16/bf16, head_dim 32..128 in
+ * steps of 16, 16-byte aligned rows, factor blocks a multiple of 8 rows. */
 int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
-/* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma"): parameterised by warps,
+/* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
 /* LPT_HEADS (cl/common_nv.cl) for the tensor-core forward kernels and the
