@@ -154,7 +154,7 @@ int main(int argc, char **argv) {
             t0 = now();
             flashcl_status st = FLASHCL_SUCCESS;
             if (model_p8)
-                flashcl_ref_attention_forward_plain(&d, bytes[0], bytes[1], bytes[2], model);
+                flashcl_ref_attention_forward_plain_p8(&d, bytes[0], bytes[1], bytes[2], model);
             else
                 st = flashcl_attention_forward_host(ctx, &d, bytes[0], bytes[1], bytes[2], out, NULL);
             const double ms = (now() - t0) * 1e3;

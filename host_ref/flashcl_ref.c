@@ -479,21 +479,20 @@ static flashcl_dtype out_dtype_of(const flashcl_attention_desc *desc) {
 }
 
 static int forward_plain(const flashcl_attention_desc *desc, const operand *ops, const void *q, const void *k,
-                         const void *v, double *out) {
+                         const void *v, double *out, int p_e4m3) {
     // q: (B, Nq, Hq, D), k and v: (B, Nk, Hk, D), in their layouts and dtype
     // out: (B, Nq, Hq, D) packed, each value rounded to the storage dtype
     //
     // Same loops as forward_double, with every number a float, plus the
     // roundings a non-fused implementation cannot avoid: P is stored in the
     // storage type before the P.V product, and so is the output. FP8 inputs:
-    // descale * value rounded to float, P in e4m3 (the multiplicands' storage,
-    // as FlashAttention-3's FP8 forward and cl/flash_fwd_sm90_fp8.cl round it
-    // for the FP8 P.V product; scaled by 256 first, a power of two, so that
-    // p down to 2^-17 keeps a code), out in out's type.
+    // descale * value rounded to float, P and out in out's type, or with
+    // p_e4m3 P in e4m3 (as FlashAttention-3's FP8 forward and
+    // cl/flash_fwd_sm90_fp8.cl round it for an FP8 P.V product; scaled by 256
+    // first, a power of two, so that p down to 2^-17 keeps a code).
     const int B = desc->batch, Hq = desc->heads_q, Hk = desc->heads_k;
     const int Nq = desc->seqlen_q, Nk = desc->seqlen_k, D = desc->head_dim;
     const flashcl_dtype odt = out_dtype_of(desc);
-    const int fp8 = desc->dtype == FLASHCL_FLOAT8_E4M3 || desc->dtype == FLASHCL_FLOAT8_E5M2;
     const flashcl_layout ql = effective_layout(desc->q, Nq, Hq, D);
     const flashcl_layout kl = effective_layout(desc->k, Nk, Hk, D);
     const flashcl_layout vl = effective_layout(desc->v, Nk, Hk, D);
@@ -558,7 +557,7 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
                         // then P.V accumulated in float
                         for (int j = lo; j <= hi; j++) {
                             float p = round_to_dtype(s_row[j] / sum, odt);
-                            if (fp8)
+                            if (p_e4m3)
                                 p = (float)(flashcl_ref_fp8_decode(FLASHCL_FLOAT8_E4M3,
                                                                    flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3,
                                                                                           256.0 * (s_row[j] / sum))) /
@@ -582,13 +581,23 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
     return 1;
 }
 
-void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
-                                         const void *k, const void *v, double *out) {
+static void attention_forward_plain(const flashcl_attention_desc *desc, const void *q, const void *k,
+                                    const void *v, double *out, int p_e4m3) {
     operand ops[3];
     describe_operands(desc, desc->dtype, NULL, NULL, ops);
-    if (forward_plain(desc, ops, q, k, v, out))
+    if (forward_plain(desc, ops, q, k, v, out, p_e4m3))
         return;
     fill_nan(out, (size_t)desc->batch * desc->heads_q * desc->seqlen_q * desc->head_dim);
+}
+
+void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
+                                         const void *k, const void *v, double *out) {
+    attention_forward_plain(desc, q, k, v, out, 0);
+}
+
+void flashcl_ref_attention_forward_plain_p8(const flashcl_attention_desc *desc, const void *q, const void *k,
+                                            const void *v, double *out) {
+    attention_forward_plain(desc, q, k, v, out, 1);
 }
 
 /* ----------------------------------------------------------------------------
@@ -736,15 +745,30 @@ static double score_rounding_bound(const flashcl_attention_desc *desc, const ope
 
 enum { MAX_PRINTED = 8 }; // verbose: the first few mismatches say more than thousands
 
+static int check_forward(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                         flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales, const void *out,
+                         const float *lse, int verbose, flashcl_ref_report *report, int p_e4m3);
+
 int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report) {
-    return flashcl_ref_check_forward_kv(desc, q, k, v, desc->dtype, NULL, NULL, out, lse, verbose, report);
+    return check_forward(desc, q, k, v, desc->dtype, NULL, NULL, out, lse, verbose, report, 0);
+}
+
+int flashcl_ref_check_forward_p8(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report) {
+    return check_forward(desc, q, k, v, desc->dtype, NULL, NULL, out, lse, verbose, report, 1);
 }
 
 int flashcl_ref_check_forward_kv(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
                                  flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales,
                                  const void *out, const float *lse, int verbose, flashcl_ref_report *report) {
+    return check_forward(desc, q, k, v, kv_dtype, k_scales, v_scales, out, lse, verbose, report, 0);
+}
+
+static int check_forward(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                         flashcl_dtype kv_dtype, const float *k_scales, const float *v_scales, const void *out,
+                         const float *lse, int verbose, flashcl_ref_report *report, int p_e4m3) {
     // out: (B, Nq, Hq, D) in desc->out's layout and the storage dtype
     // lse: float (B, Hq, Nq) packed, or NULL
     operand ops[3];
@@ -762,7 +786,7 @@ int flashcl_ref_check_forward_kv(const flashcl_attention_desc *desc, const void 
     double *ref_lse = malloc(rows * sizeof(double));
     double *plain = malloc(count * sizeof(double));
     int ran = ref && ref_lse && plain && forward_double(desc, ops, q, k, v, ref, ref_lse, NULL, NULL) &&
-              forward_plain(desc, ops, q, k, v, plain);
+              forward_plain(desc, ops, q, k, v, plain, p_e4m3);
     if (!ran) {
         free(ref);
         free(ref_lse);

@@ -62,11 +62,15 @@ void flashcl_ref_attention_forward(const flashcl_attention_desc *desc, const voi
 
 /* A plain (non-tiled) implementation in the storage precision, used to set
  * tolerances the way flash-attn's tests do: scores and softmax in float, the
- * probabilities rounded to the storage dtype before P·V (FP8 inputs: to e4m3,
- * at 256 p), accumulation in float, the output rounded to the storage dtype
- * (FP8 inputs: out_dtype). Same out layout as above. */
+ * probabilities rounded to the storage dtype before P·V, accumulation in
+ * float, the output rounded to the storage dtype (FP8 inputs: out_dtype for
+ * both). Same out layout as above. */
 void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
                                          const void *k, const void *v, double *out);
+/* The same with P rounded to e4m3 (at 256 p) before P·V: what an FP8 kernel
+ * that multiplies P·V in e4m3 (nv-wgmma-fp8, FlashAttention-3's FP8) does. */
+void flashcl_ref_attention_forward_plain_p8(const flashcl_attention_desc *desc, const void *q, const void *k,
+                                            const void *v, double *out);
 
 /* ---- seeded random numbers (never bare rand()) ------------------------------ */
 typedef struct flashcl_ref_rng {
@@ -118,6 +122,11 @@ int flashcl_ref_lse_ok(double got, double want, double tol, flashcl_ref_report *
 int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report);
+/* flashcl_ref_check_forward for a kernel that rounds P to e4m3 before P·V
+ * (nv-wgmma-fp8): the plain baseline is flashcl_ref_attention_forward_plain_p8,
+ * so the tolerance includes what that rounding costs (~2^-4 of the output). */
+int flashcl_ref_check_forward_p8(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                                 const void *out, const float *lse, int verbose, flashcl_ref_report *report);
 /* The same check with K and V stored apart from q and out, as an FP8 KV
  * cache holds them: k, v in kv_dtype (in desc->k, desc->v's layouts), each
  * element standing for descale * value with the descale of its KV head,

@@ -544,6 +544,33 @@ static void test_plain_rounds_p(void) {
     CHECK(fabs(ref[0] - (p0 - p1)) < 1e-7, "ref %.9g, want %.9g", ref[0], (double)(p0 - p1));
 }
 
+/* The _p8 baseline rounds 256 P to e4m3 before P.V, as nv-wgmma-fp8 does:
+ * e4m3 q = 1, k = (0, 0.5), v = (1, -1), scale 1: 256 p = (96.6, 159.4) round
+ * to (96, 160), so out = (96 - 160) / 256 = -0.25 exactly, against p0 - p1 =
+ * -0.2449 unrounded. A result with that rounding passes the _p8 check and
+ * fails the plain one (whose baseline keeps P in float32). */
+static void test_plain_p8(void) {
+    flashcl_attention_desc d = make_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 1, 2, 1);
+    d.out_dtype = FLASHCL_FLOAT32;
+    d.scale = 1.0f;
+    const unsigned char q[1] = {flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3, 1.0)};
+    const unsigned char k[2] = {flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3, 0.0),
+                                flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3, 0.5)};
+    const unsigned char v[2] = {flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3, 1.0),
+                                flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3, -1.0)};
+    double p8[1], plain[1];
+    flashcl_ref_attention_forward_plain_p8(&d, q, k, v, p8);
+    flashcl_ref_attention_forward_plain(&d, q, k, v, plain);
+    CHECK(p8[0] == -0.25, "plain_p8 %.9g, want -0.25 (256 P rounded to e4m3: 96 and 160)", p8[0]);
+    CHECK(fabs(plain[0] - (1.0 - exp(0.5)) / (1.0 + exp(0.5))) < 1e-7, "plain %.9g keeps P in float32", plain[0]);
+    const float out[1] = {(float)p8[0]};
+    flashcl_ref_report rep;
+    CHECK(flashcl_ref_check_forward_p8(&d, q, k, v, out, NULL, 0, &rep), "the _p8 check takes e4m3 P (tolerance %g)",
+          rep.tolerance);
+    CHECK(!flashcl_ref_check_forward(&d, q, k, v, out, NULL, 0, &rep),
+          "the plain check refuses e4m3 P (max_err %g, tolerance %g)", rep.max_err, rep.tolerance);
+}
+
 /* Nq > Nk under a causal mask: rows 0 .. Nq-Nk-1 see nothing (out 0, lse
  * -inf, scores -inf, probs 0); row Nq-Nk sees only key 0. */
 static void test_empty_rows(flashcl_dtype dt) {
@@ -893,6 +920,7 @@ int main(void) {
     test_by_hand();
     test_softcap();
     test_plain_rounds_p();
+    test_plain_p8();
     test_gqa(2);
     test_gqa(1);
     for (int t = 0; t < 3; t++) {
