@@ -1,13 +1,23 @@
 #!/usr/bin/env python3
 """compare_torch.py: flashcl's forward next to PyTorch's scaled_dot_product_attention, same card, same run.
 
-flashcl is timed by its own CLI (`flashcl bench --json`: OpenCL profiling
-events, warm-up, median of --iters); PyTorch by CUDA events around each call
-(warm-up, median of the same count). FLOPs = 4*B*H*N*N*D, halved when causal,
-for both. Prints one table with the ratios and writes the raw rows as JSON.
+Two timings of each. By events: flashcl's CLI (`flashcl bench --json`: OpenCL
+profiling events, warm-up, median of --iters), PyTorch by CUDA events around
+each call (warm-up, median of the same count). By wall clock: --iters calls
+back to back, one wait at the end, per call (flashcl's `wall_ms`; PyTorch
+between two events around the whole run, which is what the host waits for).
+FLOPs = 4*B*H*N*N*D, halved when causal, for both. Prints one table with the
+ratios (events, then wall clock) and writes the raw rows as JSON.
 
-    python3 bench/compare_torch.py --flashcl build/flashcl [--json out.json]
+FP8 (--dtypes e4m3 or e5m2): PyTorch has no FP8 attention, so its peers run
+float16, and flashcl's own float16 forward is measured in the same run too:
+the table then gives FP8 / own f16 and FP8 / cuDNN f16, issue 35's two bars.
+FLASHCL_PARAMS in the environment reaches the runs of the dtypes listed (e.g.
+VARIANT=nv-wgmma-fp8 with --dtypes e4m3), not those own float16 runs.
+
+    python3 bench/compare_torch.py --flashcl build/flashcl [--dtypes f16,e4m3] [--json out.json]
 """
+import os
 import argparse
 import json
 import subprocess
@@ -17,8 +27,17 @@ SHAPES = [(4, 32, 1024, 64), (4, 32, 4096, 64), (4, 32, 4096, 128), (1, 32, 1638
           (16, 16, 512, 64)]
 
 
+FP8 = ("e4m3", "e5m2")
+
+
+def flops(shape, causal):
+    b, h, n, d = shape
+    return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
+
+
 def flashcl_rows(exe, device, dtype, shapes, iters, extra_env=None):
-    """Runs `flashcl bench --json` once per dtype; returns {(shape, causal): row}."""
+    """Runs `flashcl bench --json` once per dtype; returns {(shape, causal): row}, each row with
+    `wall_tflops` added (from its wall_ms)."""
     cmd = [exe, "bench", "--json", "--device", device, "--dtype", dtype, "--iters", str(iters)]
     for s in shapes:
         cmd += ["--shape", ",".join(map(str, s))]
@@ -33,11 +52,14 @@ def flashcl_rows(exe, device, dtype, shapes, iters, extra_env=None):
         return rows
     for r in doc["rows"]:
         key = ((r["batch"], r["heads_q"], r["seqlen_q"], r["head_dim"]), r["causal"])
+        wall = r.get("wall_ms")
+        r["wall_tflops"] = flops(key[0], key[1]) / (wall * 1e-3) / 1e12 if wall and not r.get("error") else None
         rows[key] = r
     return rows
 
 
 def torch_tflops(shape, dtype, causal, backend, iters):
+    """(TFLOP/s by the median of per-call events, TFLOP/s by wall clock back to back), or (None, None)."""
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
     b, h, n, d = shape
@@ -57,12 +79,19 @@ def torch_tflops(shape, dtype, causal, backend, iters):
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            end.record()
+            torch.cuda.synchronize()
+            wall_ms = start.elapsed_time(end) / iters
     except RuntimeError:
-        return None  # backend does not support this dtype/shape
+        return None, None  # backend does not support this dtype/shape
     times.sort()
     ms = times[len(times) // 2]
-    flops = 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
-    return flops / (ms * 1e-3) / 1e12
+    f = flops(shape, causal)
+    return f / (ms * 1e-3) / 1e12, f / (wall_ms * 1e-3) / 1e12
 
 
 def main():
@@ -76,29 +105,41 @@ def main():
     args = ap.parse_args()
 
     results = []
-    print(f"flashcl vs PyTorch SDPA {args.label} (TFLOP/s, median of {args.iters}; ratio = flashcl / peer)")
-    print(f"{'B,H,N,D':>16} {'dtype':>5} {'mask':>6} {'flashcl':>8} {'check':>6} {'FA2':>7} "
-          f"{'cuDNN':>7} {'memeff':>7} {'vs FA2':>7} {'vs memeff':>9}")
+    print(f"flashcl vs PyTorch SDPA {args.label} (TFLOP/s: events, median of {args.iters} | wall clock, "
+          f"{args.iters} back to back; ratio = flashcl / peer, events | wall)")
+    print(f"{'B,H,N,D':>16} {'dtype':>5} {'mask':>6} {'flashcl':>13} {'check':>6} {'FA2':>13} "
+          f"{'cuDNN':>13} {'memeff':>13} {'vs FA2':>11} {'vs cuDNN':>11} {'own f16':>13} {'vs own f16':>11}")
+    # FLASHCL_PARAMS is for the dtypes listed (see the docstring), not FP8's own float16 runs.
+    plain_env = {k: v for k, v in os.environ.items() if k != "FLASHCL_PARAMS"}
     for dtype in args.dtypes.split(","):
+        fp8 = dtype in FP8
+        peer_dtype = "f16" if fp8 else dtype
         fc = flashcl_rows(args.flashcl, args.device, dtype, SHAPES, args.iters)
+        own = flashcl_rows(args.flashcl, args.device, "f16", SHAPES, args.iters, plain_env) if fp8 else {}
         for shape in SHAPES:
             for causal in (False, True):
                 r = fc.get((shape, causal), {})
-                mine = r.get("tflops") if not r.get("error") else None
-                peers = {be: torch_tflops(shape, dtype, causal, be, args.iters)
+                mine = (r.get("tflops"), r.get("wall_tflops")) if not r.get("error") else (None, None)
+                o = own.get((shape, causal), {})
+                own_f16 = (o.get("tflops"), o.get("wall_tflops")) if o and not o.get("error") else (None, None)
+                peers = {be: torch_tflops(shape, peer_dtype, causal, be, args.iters)
                          for be in ("flash", "cudnn", "efficient")}
 
                 def ratio(p):
-                    return f"{mine / p:.2f}x" if mine and p else "-"
+                    return "|".join(f"{m / x:.2f}" if m and x else "-" for m, x in zip(mine, p))
 
                 def fmt(x):
-                    return f"{x:.1f}" if x else "-"
+                    return "|".join(f"{v:.1f}" if v else "-" for v in x)
                 print(f"{','.join(map(str, shape)):>16} {dtype:>5} {'causal' if causal else 'none':>6} "
-                      f"{fmt(mine):>8} {r.get('validated', '-'):>6} {fmt(peers['flash']):>7} "
-                      f"{fmt(peers['cudnn']):>7} {fmt(peers['efficient']):>7} "
-                      f"{ratio(peers['flash']):>7} {ratio(peers['efficient']):>9}", flush=True)
+                      f"{fmt(mine):>13} {r.get('validated', '-'):>6} {fmt(peers['flash']):>13} "
+                      f"{fmt(peers['cudnn']):>13} {fmt(peers['efficient']):>13} "
+                      f"{ratio(peers['flash']):>11} {ratio(peers['cudnn']):>11} "
+                      f"{fmt(own_f16) if fp8 else '':>13} {ratio(own_f16) if fp8 else '':>11}", flush=True)
                 results.append({"shape": shape, "dtype": dtype, "causal": causal, "flashcl": r,
-                                "torch_tflops": peers})
+                                "torch_dtype": peer_dtype,
+                                "torch_tflops": {be: p[0] for be, p in peers.items()},
+                                "torch_wall_tflops": {be: p[1] for be, p in peers.items()},
+                                "flashcl_f16": o if fp8 else None})
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
