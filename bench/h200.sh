@@ -33,8 +33,9 @@
 #      FP8 pages on the default, decode and mma kernels; the mma kernel's registers over e4m3
 #      pages; decode over an e4m3 pool against PyTorch's float16 FlashAttention-2 and flashcl's
 #      own float16 pool (compare_decode.py --kv-dtype e4m3, ROUNDS, default 2); the FP8 forward's
-#      TFLOP/s next to the float16 one's (FWD_SHAPES); the opt-in FP8 wgmma kernel's registers and
-#      TFLOP/s at the issue's shapes (FWD_SHAPES).
+#      TFLOP/s next to the float16 one's (FWD_SHAPES); the opt-in FP8 wgmma kernel (nv-wgmma-fp8):
+#      its registers, compare_torch.py --dtypes e4m3 (against PyTorch's float16 and flashcl's own,
+#      events and wall clock) and FA3's accuracy experiment on it (bench/fp8_accuracy.c --out f16).
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -226,10 +227,14 @@ if [ "$what" = fp8 ]; then
   FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
     ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,128 --dtype e4m3 --iters 2 2>&1 |
     grep -E "registers|spill|stack" | head -4
-  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 ./build-gpu/flashcl bench --device nvidia --dtype e4m3 --iters 10 \
-    ${FWD_SHAPES:---shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64} --json > "$out/fwd-wgmma-fp8.json"
-  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 ./build-gpu/flashcl bench --device nvidia --dtype e4m3 --iters 10 \
-    ${FWD_SHAPES:---shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64} 2>&1 | tail -n 7
+  echo "== nv-wgmma-fp8 (e4m3) vs PyTorch's float16 FA2/cuDNN and flashcl's own float16, events and wall clock"
+  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl \
+    --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/compare-fp8.json" 2>&1 | tee "$out/compare-fp8.txt"
+  echo "== FA3's accuracy experiment on nv-wgmma-fp8 (out f16), then host_ref's e4m3-P model of it"
+  gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c host_ref/ref_fp8.c \
+    -Lbuild-gpu -lflashcl -Wl,-rpath,"$PWD/build-gpu" -lOpenCL -lm -o build-gpu/fp8_accuracy &&
+    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 ./build-gpu/fp8_accuracy --device nvidia --out f16 2>&1 |
+    tee "$out/fp8-accuracy-wgmma.txt"
   exit 0
 fi
 if [ "$what" = decode ]; then
