@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|forward|regs|profile|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|forward|regs|profile|pending|setup]   (results also under $OUT when set)
+# pending: what was built without a GPU and waits for one (the FP8 wgmma kernel, the Q_KEEP study).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
 #         backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -91,6 +92,28 @@ if [ "$what" = profile ]; then
 fi
 ./build-gpu/flashcl devices > "$out/devices.txt"
 [ "$what" = setup ] && exit 0
+if [ "$what" = pending ]; then
+  # What was built without a GPU and waits for one (docs/perf-notes.md: "FP8 forward on warpgroup
+  # MMA" and "The Q-register fault found in SASS"), in one call: the FP8 kernel's two products
+  # alone, its test cases, then (only if those pass) its speed against both bars and its accuracy;
+  # the Q_KEEP study (of the three builds the middle one, Q reloaded by nothing, should fail).
+  gpu_test test_wgmma_layout
+  gpu_test test_fp8_forward
+  if grep -q "nv-wgmma-fp8.*FAILED\|FP8 .*FAILED" "$out/test_wgmma_layout.log" "$out/test_fp8_forward.log"; then
+    echo "nv-wgmma-fp8 failed its tests: not timed"
+  else
+    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
+      ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,128 --dtype e4m3 --iters 2 2>&1 |
+      grep -E "registers|spill|stack" | head -4
+    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl \
+      build-gpu/flashcl --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/compare-fp8.json" 2>&1 |
+      tee "$out/compare-fp8.txt"
+  fi
+  for o in -DQ_PER_TILE=0 -DQ_PER_TILE=0+-DQ_KEEP=0 -DQ_KEEP=1; do
+    FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
+  done
+  exit 0
+fi
 if [ "$what" = serve ]; then
   for t in test_serving "test_serving mma" test_params; do
     gpu_test "$t"
