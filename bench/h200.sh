@@ -112,6 +112,29 @@ if [ "$what" = pending ]; then
   for o in -DQ_PER_TILE=0 -DQ_PER_TILE=0+-DQ_KEEP=0 -DQ_KEEP=1; do
     FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
   done
+  # The shipping nv-wgmma forward as NVIDIA's compiler builds it: its sm_90a PTX from a fresh
+  # kernel cache, assembled by ptxas, and scripts/wgmma_a_regs.py on the SASS (a write of the S
+  # chain's A registers in the key loop, other than an LDSM reload, is the Q-register fault).
+  echo "== SASS check of the shipping nv-wgmma forward (D=64 and 128, f16)"
+  export PATH=$PATH:/usr/local/cuda/bin
+  rm -rf build-gpu/sass && mkdir -p build-gpu/sass
+  FLASHCL_CACHE_DIR=$PWD/build-gpu/sass ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,64 \
+    --shape 1,8,1024,128 --dtype f16 --iters 1 > /dev/null 2>&1
+  python3 - <<'PY'
+import glob, re
+for i, f in enumerate(sorted(glob.glob("build-gpu/sass/*.bin"))):
+    data = open(f, "rb").read()
+    at = data.find(b".version")
+    if at >= 0 and b".entry flash_fwd_sm90" in data:
+        ptx = data[at:].split(b"\0")[0].replace(b"//@sm90a ", b"")  # as src/program.c unmasks it
+        ptx = re.sub(rb"\.target sm_90\b(?!a)", b".target sm_90a", ptx)
+        open("build-gpu/sass/fwd%d.ptx" % i, "wb").write(ptx)
+PY
+  for f in build-gpu/sass/fwd*.ptx; do
+    [ -f "$f" ] || { echo "no nv-wgmma PTX in the cache"; break; }
+    echo "-- $f: $(grep -o 'Used [0-9]* registers' <(ptxas -arch=sm_90a -v "$f" -o "${f%.ptx}.cubin" 2>&1))"
+    cuobjdump -sass "${f%.ptx}.cubin" > "${f%.ptx}.sass" && python3 scripts/wgmma_a_regs.py "${f%.ptx}.sass" | tail -n 5
+  done
   exit 0
 fi
 if [ "$what" = serve ]; then
