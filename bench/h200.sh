@@ -26,7 +26,7 @@
 #         backward vs PyTorch, two forward rows (SWEEP=1: a FLASHCL_BWD_PARAMS sweep first).
 # decode: the serving tests on the GPU (TESTS="": none), the decode kernel's registers, decode vs
 #         PyTorch (each of COMPARES, "params@page": "-@16"; ""), a sweep of FLASHCL_DECODE_PARAMS values
-#         (DECODE_SWEEP, at SWEEP_BATCH x SWEEP_CONTEXT), then (DECODE_OPTIONS, "+"
+#         (DECODE_SWEEP, at SWEEP_BATCH x SWEEP_CONTEXT, pages of SWEEP_KV: e4m3 for an FP8 pool), then (DECODE_OPTIONS, "+"
 #         for a space: DECODE_OPTIONS="-DCP_ASYNC_L2=256 -DCP_ASYNC_L2=256+-DQ_IN_LOCAL=1") build-option
 #         variants of the decode kernels, each passing test_serving mma before it is timed.
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
@@ -316,7 +316,8 @@ if [ "$what" = decode ]; then
       grep -m4 FAILED "$log"
     fi
     FLASHCL_DECODE_PARAMS=$p ./build-gpu/flashcl bench --decode --device nvidia --batch ${SWEEP_BATCH:-1,8,64} \
-      --context ${SWEEP_CONTEXT:-4096,32768,131072} --iters 20 2>&1 | grep -E '^ +[0-9]'
+      --context ${SWEEP_CONTEXT:-4096,32768,131072} ${SWEEP_KV:+--kv-dtype $SWEEP_KV} --iters 20 2>&1 |
+      grep -E '^ +[0-9]'
   done
   # DECODE_OPTIONS: build-option variants of the decode kernels ("+" for a space, e.g.
   # "-DCP_ASYNC_L2=256 -DCP_ASYNC_L2=256+-DQ_IN_LOCAL=1"): each passes test_serving mma under its
