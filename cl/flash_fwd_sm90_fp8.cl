@@ -9,8 +9,9 @@
  * program's PTX for sm_90a.
  *
  * Status: opt-in (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 or flashcl_set_params),
- * never chosen by default, until test_fp8_forward's wgmma cases have passed on
- * an H200 (docs/perf-notes.md, "FP8 forward on warpgroup MMA").
+ * never chosen by default, until test_fp8_forward's wgmma cases and
+ * test_wgmma_layout's probe of its two products (FP8_PROBE, at the end) have
+ * passed on an H200 (docs/perf-notes.md, "FP8 forward on warpgroup MMA").
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
  * of one (batch, query head) and walks the visible keys in tiles of
@@ -50,8 +51,9 @@
  *   Vt      VT_ROWS (64 or 128) x 128 bytes   8 or 16 KB
  *   Q block BLOCK_M rows x 128 bytes          8 KB, reloaded into registers every tile
  * Q's fragments are reloaded before every tile, as flash_fwd_sm90.cl does
- * at one panel (Q_PER_TILE there: held across tiles they went wrong on the
- * H200).
+ * at one panel (Q_PER_TILE there): held across tiles, registers read only by
+ * wgmma are not kept live by ptxas around the loop's back edge, and P lands
+ * in them (docs/perf-notes.md, "The Q-register fault found in SASS").
  *
  * Ordering: K arrives by cp.async and is fenced (fence.proxy.async) before
  * the barrier that publishes it; Vt's generic stores are fenced the same
