@@ -15,8 +15,9 @@
  * for `flashcl attention --dtype e4m3 [--block-quant] [--hadamard]` to rerun any row.
  * --out picks the output type (the nv-wgmma-fp8 kernel writes float16 or bfloat16 only:
  * FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 with --out f16). --model-p8 runs no kernel: host_ref's
- * plain FP8 forward instead (float scores and sums, P rounded to e4m3 at 256 p as nv-wgmma-fp8
- * rounds it), which is what that kernel's error should come to.
+ * plain FP8 forward instead (float scores and sums, 256 exp(s - m) rounded to e4m3 before P V,
+ * flashcl_ref_attention_forward_plain_p8), a model of what that kernel's error should come to
+ * (the kernel rounds against the running max, the model against the row's).
  */
 #define _POSIX_C_SOURCE 200809L
 #include <math.h>

@@ -235,7 +235,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     }
     const uint k_tile = s_base, vt = s_base + VT_AT;
 
-    /* Q block and the first K tile; Q stays for the whole loop. */
+    /* Q block and the first K tile; Q's block stays in __local for the whole loop. */
     copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, tid);
     if (n_start <= n_end)
         copy_rows8(smem8, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N, tid);

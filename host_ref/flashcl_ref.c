@@ -487,9 +487,12 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
     // roundings a non-fused implementation cannot avoid: P is stored in the
     // storage type before the P.V product, and so is the output. FP8 inputs:
     // descale * value rounded to float, P and out in out's type, or with
-    // p_e4m3 P in e4m3 (as FlashAttention-3's FP8 forward and
-    // cl/flash_fwd_sm90_fp8.cl round it for an FP8 P.V product; scaled by 256
-    // first, a power of two, so that p down to 2^-17 keeps a code).
+    // p_e4m3 the unnormalised P, exp(s - m) <= 1, times 256 in e4m3 before
+    // the division by the row's sum: a model of what FlashAttention-3's FP8
+    // forward and cl/flash_fwd_sm90_fp8.cl do for an FP8 P.V product (they
+    // round against the running max, which is this m from the tile that
+    // holds the row's max on; 256, a power of two, keeps a code for values
+    // down to 2^-17).
     const int B = desc->batch, Hq = desc->heads_q, Hk = desc->heads_k;
     const int Nq = desc->seqlen_q, Nk = desc->seqlen_k, D = desc->head_dim;
     const flashcl_dtype odt = out_dtype_of(desc);
@@ -557,11 +560,12 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
                         // then P.V accumulated in float
                         for (int j = lo; j <= hi; j++) {
                             float p = round_to_dtype(s_row[j] / sum, odt);
-                            if (p_e4m3)
+                            if (p_e4m3) /* 256 exp(s - m), m the row's max, rounded; then / sum */
                                 p = (float)(flashcl_ref_fp8_decode(FLASHCL_FLOAT8_E4M3,
                                                                    flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3,
-                                                                                          256.0 * (s_row[j] / sum))) /
-                                            256.0);
+                                                                                          256.0 * s_row[j])) /
+                                            256.0) /
+                                    sum;
                             axpy_float(acc, p, vh_buf + (size_t)j * D, D);
                         }
                     }

@@ -302,7 +302,7 @@ FLASHCL_API flashcl_status flashcl_attention_params(flashcl_context *ctx,
  * desc's class (its dtype, head_dim class, phase and causality); NULL params
  * removes that override. Only variant, block_m, block_n and threads_per_row
  * ("portable") or work_group_size (32 * warps: "nv-mma", "nv-tf32",
- * "nv-wgmma") are read. Checked now against the device (local memory,
+ * "nv-wgmma", "nv-wgmma-fp8") are read. Checked now against the device (local memory,
  * work-group size, the kernel's divisibility rules): parameters that cannot
  * fit return FLASHCL_ERROR_INVALID_PARAMS with a message and change nothing.
  * A kernel built with them that the driver still refuses fails the forward

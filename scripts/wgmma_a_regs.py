@@ -4,7 +4,9 @@
 # innermost loop around it, the P V chain's A registers, and every instruction in that loop
 # that writes the S chain's A registers. With Q held in registers (Q_PER_TILE=0) any such
 # write is the fault: the next tile's S then reads whatever was written (P), not Q. With
-# Q_PER_TILE=1 the LDSM reloads at the loop's top are the expected writes.
+# Q_PER_TILE=1 the LDSM reloads at the loop's top are the expected writes. The last line is the
+# verdict: the writes, anywhere in the loop, of A registers that no LDSM reloads between the
+# loop's top and the S chain (0 where Q is held safely or reloaded every tile).
 import re, sys
 lines = open(sys.argv[1]).read().splitlines()
 ins = []
@@ -29,13 +31,24 @@ print(f"loop 0x{lo:x}..0x{hi:x}" if lo is not None else "no loop around S")
 qa = set()
 for a, t in s_hg:
     if lo is not None and not (lo <= a <= hi): continue
-    r = regs(t.split(',')[1].strip())
-    qa |= set(range(r, r + 4))
+    r = regs(t.split(',')[1].strip())  # None: A from shared memory (a descriptor)
+    if r is not None: qa |= set(range(r, r + 4))
 pa = set()
 for a, t in pv_hg:
-    r = regs(t.split(',')[1].strip()); pa |= set(range(r, r + 4))
+    r = regs(t.split(',')[1].strip())
+    if r is not None: pa |= set(range(r, r + 4))
 print("S A regs:", sorted(qa)); print("PV A regs:", sorted(pa)); print("overlap:", sorted(qa & pa))
-n = 0
+def width(mn):
+    # registers an instruction's destination spans: 128-bit loads and 4-matrix LDSM four, 64-bit two
+    if mn.startswith('LDSM'):
+        return 4 if '.4' in mn else 2 if '.2' in mn else 1
+    if '.128' in mn: return 4
+    if '.64' in mn or 'WIDE' in mn or mn.startswith('CS2R'): return 2
+    return 1
+s_first = min((a for a, _ in s_hg if lo is not None and lo <= a <= hi), default=None)
+reloaded = set()
+writes = []  # (address, registers) of every write of an S-chain A register in the loop
+n = faults = 0
 for a, t in ins:
     if lo is None or not (lo <= a <= hi): continue
     op = re.sub(r'^@!?U?P\w+\s+', '', t)
@@ -45,9 +58,14 @@ for a, t in ins:
     if mn.startswith(('ST', 'HGMMA', 'BRA', 'BAR', 'LDGSTS', 'ISETP', 'FSETP', 'WARPGROUP')): continue
     d = regs(rest.split(',')[0].strip())
     if d is None: continue
-    width = 4 if mn.startswith('LDSM') and '.4' in mn else (2 if '.64' in mn or 'WIDE' in mn or mn.startswith('CS2R') else 1)
-    w = set(range(d, d + width))
+    w = set(range(d, d + width(mn)))
     if w & qa:
         n += 1
+        if mn.startswith('LDSM') and s_first is not None and a < s_first:
+            reloaded |= w
         if n <= 8 or mn.startswith('LDSM'): print(f"  0x{a:04x} {t}")
+        writes.append((a, w))
 print("writes of S A regs inside loop:", n)
+faults = sum(1 for a, w in writes if w & (qa - reloaded))
+print(f"verdict: {faults} writes in the loop of S-chain A registers that no LDSM reloads before the S chain"
+      + (" (the Q-register fault)" if faults else ""))

@@ -135,7 +135,9 @@ static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_atten
                                 env);
         if (!flashcl_variant_params(ctx, r, name, p))
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "FLASHCL_PARAMS: the %s kernel does not apply to this problem on this device", name);
+                                "FLASHCL_PARAMS: the %s kernel does not apply to this problem on this device%s%s", name,
+                                !strcmp(name, "nv-wgmma-fp8") ? ": it needs " : "",
+                                !strcmp(name, "nv-wgmma-fp8") ? FLASHCL_NV_WGMMA_FP8_NEEDS : "");
     }
     const forward_variant *v = find_variant(p->variant);
     for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {
@@ -226,7 +228,7 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
              "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
              (int)flashcl_out_dtype(r), fp8, r->head_dim, p->block_m, p->block_n, define,
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
-             !strncmp(v->name, "nv-wgmma", 8) ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
+             !strcmp(v->name, "nv-wgmma") || !strcmp(v->name, "nv-wgmma-fp8") ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
              extra ? " " : "", extra ? extra : "");
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
@@ -262,8 +264,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
                             p.variant);
     if (fp8_kernel && !flashcl_nv_wgmma_fp8_eligible(ctx, r))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            "the nv-wgmma-fp8 kernel takes FP8 q, k, v with a float16 or bfloat16 output, head dims "
-                            "32..128 in steps of 16 and 16-byte aligned rows, on compute capability 9.0");
+                            "the nv-wgmma-fp8 kernel does not apply: it needs " FLASHCL_NV_WGMMA_FP8_NEEDS);
     *tma = forward_tma_maps(ctx, r, &p, maps);
     st = build_forward(ctx, r, &p, *tma, kernel);
     if (st == FLASHCL_ERROR_BUILD_FAILED && *tma) {

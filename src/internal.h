@@ -242,6 +242,10 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
  * capability 9.0 with sm_90a, FP8 q, k, v into f16/bf16, head_dim 32..128 in
  * steps of 16, 16-byte aligned rows, factor blocks a multiple of 8 rows. */
 int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
+/* Those conditions, for the messages that refuse it. */
+#define FLASHCL_NV_WGMMA_FP8_NEEDS                                                                 \
+    "NVIDIA compute capability 9.0 (sm_90a), FP8 q, k, v into a float16 or bfloat16 out, "          \
+    "head_dim 32..128 in steps of 16, 16-byte aligned rows, descale row blocks a multiple of 8"
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);

@@ -243,8 +243,8 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
     else if (!strcmp(v, "nv-wgmma") && (head_dim < 32 || head_dim > 128))
         snprintf(why, n, "wgmma kernel: head_dim %d outside 32..128", head_dim);
     else if (!strcmp(v, "nv-wgmma-fp8") && (p->work_group_size != 128 || p->block_m != 64 || p->block_n != 128))
-        snprintf(why, n, "FP8 wgmma kernel: one warpgroup (WARPS 4, not %d) of BLOCK_M 64 (not %d) over BLOCK_N 128 "
-                 "(not %d)", p->work_group_size / 32, p->block_m, p->block_n);
+        snprintf(why, n, "FP8 wgmma kernel: one warpgroup of 64 rows over 128-key tiles, WARPS 4, BLOCK_M 64, "
+                 "BLOCK_N 128 (got %d, %d, %d)", p->work_group_size / 32, p->block_m, p->block_n);
     else if (!strcmp(v, "nv-wgmma-fp8") && (head_dim < 32 || head_dim > 128 || head_dim % 16))
         snprintf(why, n, "FP8 wgmma kernel: head_dim %d is not a multiple of 16 in 32..128", head_dim);
     else if (!strcmp(v, "nv-tf32") && (p->work_group_size < 32 || p->work_group_size % 32 ||
@@ -357,7 +357,8 @@ static int rows_16_bytes(const flashcl_layout *t) {
 }
 
 int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
-    return nv_tensor_cores(ctx) && !ctx->no_sm90a && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
+    return nv_tensor_cores(ctx) && !ctx->no_sm90a && !flashcl_variant_forced("nv-mma") &&
+           ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
            flashcl_dtype_is_fp8(desc->dtype) &&
            (desc->out_dtype == FLASHCL_FLOAT16 || desc->out_dtype == FLASHCL_BFLOAT16) && desc->head_dim >= 32 &&
            desc->head_dim <= 128 && desc->head_dim % 16 == 0 && rows_16_bytes(&desc->q) &&
@@ -481,6 +482,7 @@ int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_d
         p->block_m = 64;
         p->block_n = 128;
         p->work_group_size = 128;
+        /* Explicit (flashcl_params_explicit): a failed build is an error, not a fallback. */
         p->source = "FLASHCL_PARAMS";
         return 1;
     }
@@ -571,8 +573,7 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
                             : !strcmp(e->variant, "nv-wgmma")
                                 ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 32..128)"
                             : !strcmp(e->variant, "nv-wgmma-fp8")
-                                ? "the nv-wgmma-fp8 kernel does not apply here (NVIDIA sm_90, FP8 q, k, v with a "
-                                  "f16/bf16 out, D 32..128 in steps of 16, 16-byte aligned rows)"
+                                ? "the nv-wgmma-fp8 kernel does not apply here (" FLASHCL_NV_WGMMA_FP8_NEEDS ")"
                                 : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))

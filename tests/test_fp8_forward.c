@@ -35,6 +35,7 @@
 #include "flashcl.h"
 #include "flashcl_ref.h"
 #include "harness.h"
+#include "internal.h" /* the device's compute capability, for nv-wgmma-fp8 */
 
 static int failures;
 
@@ -150,12 +151,16 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         flashcl_attention_desc_resolve(&r);
         double *ref = test_xmalloc(nq * sizeof *ref), *ref_lse = test_xmalloc(nlse * sizeof *ref_lse);
         flashcl_ref_attention_forward(&r, q, k, v, ref, ref_lse, NULL, NULL);
-        /* The wgmma kernel rounds P (times 256) to e4m3 before P V: each
-         * p_i then carries a relative error of at most 2^-4, so out_i may
-         * move by 2^-4 * sum_i p_i |v_i| / l, which is attention over |v|
-         * (sign bits cleared) times 2^-4, plus the absolute error of p_i
-         * under e4m3's subnormals (2^-18 each, far below 2e-5 of amax). The
-         * LSE does not see P's rounding and keeps its tolerance. */
+        /* The wgmma kernel rounds 256 e to e4m3 before P V, e = 2^((s - m) c)
+         * against the running max m (P = e / l at the end). Where 256 e is a
+         * normal e4m3 (e >= 2^-14, which holds wherever the normalised p =
+         * e_final / l >= 2^-14, since e >= e_final >= p) it carries a relative
+         * error of at most 2^-4, so out moves by at most 2^-4 sum_i p_i |v_i|:
+         * attention over |v| (sign bits cleared) times 2^-4. Below, a subnormal
+         * or zero code is off by at most 2^-10 / 256 = 2^-18 in e, so by at
+         * most 2^-18 |v_i| in out (l >= 1): summed over the keys with p_i <
+         * 2^-14, from the reference's probabilities. The LSE does not see P's
+         * rounding and keeps its tolerance. */
         double *bound_p = NULL;
         if (variant && !strcmp(variant, "nv-wgmma-fp8")) {
             unsigned char *v_abs = test_xmalloc(span_k);
@@ -163,7 +168,27 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
                 v_abs[i] = v[i] & 0x7f;
             bound_p = test_xmalloc(nq * sizeof *bound_p);
             flashcl_ref_attention_forward(&r, q, k, v_abs, bound_p, NULL, NULL, NULL);
-            free(v_abs);
+            const int B = c->batch, Hq = c->heads_q, Nq = c->seqlen_q, Nk = c->seqlen_k, D = c->head_dim;
+            double *probs = test_xmalloc((size_t)B * Hq * Nq * Nk * sizeof *probs);
+            flashcl_ref_attention_forward(&r, q, k, v, ref, ref_lse, NULL, probs);
+            for (int b = 0; b < B; ++b)
+                for (int n = 0; n < Nq; ++n)
+                    for (int h = 0; h < Hq; ++h) {
+                        const int hk = h / (Hq / c->heads_k);
+                        const double *pr = probs + (((size_t)b * Hq + h) * Nq + n) * Nk;
+                        for (int e = 0; e < D; ++e) {
+                            double sub = 0.0;
+                            for (int j = 0; j < Nk; ++j)
+                                if (pr[j] < 0x1p-14) {
+                                    const size_t vi = at(&r.v, Nk, c->heads_k, D,
+                                                         (((size_t)b * Nk + j) * c->heads_k + hk) * D + e);
+                                    sub += fabs(flashcl_ref_fp8_decode(c->format, v[vi]) *
+                                                flashcl_ref_fp8_descale(&r, 2, b, hk, j));
+                                }
+                            bound_p[(((size_t)b * Nq + n) * Hq + h) * D + e] += 0x1p-18 / 0x1p-4 / 1.01 * sub;
+                        }
+                    }
+            free(v_abs), free(probs);
         }
         /* Tolerance: out's own rounding (a unit roundoff of its type, relative)
          * plus what float32 accumulation costs (a few 2^-24 of the largest
@@ -242,15 +267,18 @@ static const fp8_case wgmma_cases[] = {
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0},
 };
 
-/* On compute capability 9.0 the wgmma cases; elsewhere, that asking for the
- * kernel is refused and leaves the outputs as they were. */
+/* On compute capability 9.0 the wgmma cases (the kernel must apply there);
+ * elsewhere, that asking for the kernel is refused and leaves the outputs as
+ * they were. The device decides which, not the library's own answer, so that
+ * a wrong eligibility rule cannot skip the cases. */
 static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
     flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 64, 64, 64);
     d.out_dtype = FLASHCL_FLOAT16;
     flashcl_params p;
+    const int hopper = ctx->info.is_nvidia && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0;
     setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
     const flashcl_status applies = flashcl_attention_params(ctx, &d, &p);
-    if (applies != FLASHCL_SUCCESS) {
+    if (!hopper) {
         unsigned char x[64 * 2 * 64];
         uint16_t out[64 * 2 * 64];
         memset(x, 0x38, sizeof x), memset(out, 0x5a, sizeof out);
@@ -265,6 +293,10 @@ static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
         return;
     }
     unsetenv("FLASHCL_PARAMS");
+    expect(applies == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8"),
+           "device: compute capability 9.0 takes FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8", &failures);
+    if (applies != FLASHCL_SUCCESS)
+        return;
     for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
         run_fp8_case(ctx, "device", "nv-wgmma-fp8", &wgmma_cases[i], seed + 7919u * (uint64_t)i);
 }

@@ -809,7 +809,8 @@ static void test_fp8_wgmma_choice(void) {
         snprintf(what, sizeof what, "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 with %s is refused, and says why",
                  refused[i].what);
         expect(flashcl_attention_params(ctx, &refused[i].d, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
-                   strstr(flashcl_last_error(ctx), "nv-wgmma-fp8"),
+                   strstr(flashcl_last_error(ctx), "nv-wgmma-fp8") &&
+                   strstr(flashcl_last_error(ctx), "16-byte aligned rows"),
                what, &failures);
     }
     flashcl_attention_desc blocks = d8;
@@ -819,6 +820,9 @@ static void test_fp8_wgmma_choice(void) {
     setenv("FLASHCL_VARIANT", "portable", 1);
     expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_ERROR_INVALID_PARAMS,
            "FLASHCL_VARIANT=portable keeps nv-wgmma-fp8 off too", &failures);
+    setenv("FLASHCL_VARIANT", "nv-mma", 1);
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_ERROR_INVALID_PARAMS,
+           "FLASHCL_VARIANT=nv-mma keeps nv-wgmma-fp8 off (no wgmma forward)", &failures);
     unsetenv("FLASHCL_VARIANT");
     ctx->no_sm90a = 1;
     expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_ERROR_INVALID_PARAMS,

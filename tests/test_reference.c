@@ -544,11 +544,11 @@ static void test_plain_rounds_p(void) {
     CHECK(fabs(ref[0] - (p0 - p1)) < 1e-7, "ref %.9g, want %.9g", ref[0], (double)(p0 - p1));
 }
 
-/* The _p8 baseline rounds 256 P to e4m3 before P.V, as nv-wgmma-fp8 does:
- * e4m3 q = 1, k = (0, 0.5), v = (1, -1), scale 1: 256 p = (96.6, 159.4) round
- * to (96, 160), so out = (96 - 160) / 256 = -0.25 exactly, against p0 - p1 =
- * -0.2449 unrounded. A result with that rounding passes the _p8 check and
- * fails the plain one (whose baseline keeps P in float32). */
+/* The _p8 baseline rounds 256 exp(s - m) to e4m3 before P.V and divides by
+ * the sum after: e4m3 q = 1, k = (0, 0.5), v = (1, -1), scale 1: 256 e =
+ * (155.3, 256) round to (160, 256), so out = (0.625 - 1) / sum = -0.2334,
+ * against -0.2449 unrounded. A result with that rounding passes the _p8
+ * check and fails the plain one (whose baseline keeps P in float32). */
 static void test_plain_p8(void) {
     flashcl_attention_desc d = make_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 1, 2, 1);
     d.out_dtype = FLASHCL_FLOAT32;
@@ -561,7 +561,9 @@ static void test_plain_p8(void) {
     double p8[1], plain[1];
     flashcl_ref_attention_forward_plain_p8(&d, q, k, v, p8);
     flashcl_ref_attention_forward_plain(&d, q, k, v, plain);
-    CHECK(p8[0] == -0.25, "plain_p8 %.9g, want -0.25 (256 P rounded to e4m3: 96 and 160)", p8[0]);
+    const float sum = expf(-0.5f) + 1.0f, want = 0.625f / sum - 1.0f / sum;
+    CHECK(fabs(p8[0] - want) < 1e-6 && fabs(want + 0.2334) < 1e-4,
+          "plain_p8 %.9g, want %.9g (256 e rounded to e4m3: 160 and 256)", p8[0], (double)want);
     CHECK(fabs(plain[0] - (1.0 - exp(0.5)) / (1.0 + exp(0.5))) < 1e-7, "plain %.9g keeps P in float32", plain[0]);
     const float out[1] = {(float)p8[0]};
     flashcl_ref_report rep;

@@ -113,7 +113,7 @@ static void on_sigint(int sig) {
 
 /* The tensor-core variants, parameterised by warps. */
 static int is_nv_variant(const char *v) {
-    return !strcmp(v, "nv-mma") || !strcmp(v, "nv-tf32") || !strcmp(v, "nv-wgmma");
+    return !strcmp(v, "nv-mma") || !strcmp(v, "nv-tf32") || !strcmp(v, "nv-wgmma") || !strcmp(v, "nv-wgmma-fp8");
 }
 
 static void describe(const flashcl_params *p, char *buf, size_t n) {
