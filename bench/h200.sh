@@ -98,8 +98,9 @@ fi
 if [ "$what" = pending ]; then
   # What was built without a GPU and waits for one (docs/perf-notes.md: "FP8 forward on warpgroup
   # MMA" and "The Q-register fault found in SASS"), in one call: the FP8 kernel's two products
-  # alone, its test cases, then (only if those pass) its speed against both bars and its accuracy;
-  # the Q_KEEP study (of the three builds the middle one, Q reloaded by nothing, should fail).
+  # alone, its test cases, then (only if those pass) its registers and speed against both bars
+  # (`fp8` adds its accuracy); the Q_KEEP study (of the three builds the middle one, Q neither
+  # reloaded nor kept, should fail); the SASS check below.
   ok=1
   gpu_test test_wgmma_layout || ok=0
   gpu_test test_fp8_forward || ok=0
@@ -117,8 +118,9 @@ if [ "$what" = pending ]; then
     FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
   done
   # The shipping nv-wgmma forward as NVIDIA's compiler builds it: its sm_90a PTX from a fresh
-  # kernel cache, assembled by ptxas, and scripts/wgmma_a_regs.py on the SASS (a write of the S
-  # chain's A registers in the key loop, other than an LDSM reload, is the Q-register fault).
+  # kernel cache, assembled by ptxas, and scripts/wgmma_a_regs.py on the SASS (its verdict: writes
+  # in the key loop of S-chain A registers that no LDSM reloads before the chain, the Q-register
+  # fault, 0 where Q is kept or reloaded).
   echo "== SASS check of the shipping nv-wgmma forward (D=64 and 128, f16)"
   export PATH=$PATH:/usr/local/cuda/bin
   rm -rf build-gpu/sass && mkdir -p build-gpu/sass
