@@ -135,6 +135,29 @@
             WGMMA_FP8((acc) + 8 * hh, (pf)[kk], sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32)), 1, \
                       "e4m3", FP8_PTX)
 
+/* Q's A fragments qf from its block, then S = Q K^T on them issued
+ * (committed, not waited for: the caller's work may run under it). */
+#define S_ISSUE(qf, s, k_tile)                                                                     \
+    do {                                                                                           \
+        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);                                        \
+        WGMMA_FENCE();                                                                             \
+        S_CHAIN(s, k_tile);                                                                        \
+        WGMMA_COMMIT();                                                                            \
+    } while (0)
+
+/* O += P V on Vt at vt, waited for; the operands pinned first, so that no
+ * write of them sinks into the chain. */
+#define PV_WAITED(acc, pf, vt)                                                                     \
+    do {                                                                                           \
+        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
+        WGMMA_FENCE();                                                                             \
+        PV_CHAIN(acc, pf, vt);                                                                     \
+        WGMMA_COMMIT();                                                                            \
+        WGMMA_WAIT_ALL();                                                                          \
+        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+    } while (0)
+
 /* Four floats rounded to e4m3 (nearest even, saturating) into one register,
  * x0 in its lowest byte (cvt puts its first source in the high byte). */
 inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
@@ -248,11 +271,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
         /* ---- S = Q K^T, with V's transpose into Vt under it ---- */
         uint qf[K_STEPS][4];
-        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
         float s[S_FRAGS][4];
-        WGMMA_FENCE();
-        S_CHAIN(s, k_tile);
-        WGMMA_COMMIT();
+        S_ISSUE(qf, s, k_tile);
         fill_vt(smem8, vb, v_ss, n0, nk, tid);
         __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory"); /* Vt, for wgmma */
         WGMMA_WAIT_ALL();
@@ -282,13 +302,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             copy_rows8(smem8, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next), BLOCK_N, tid);
 
         /* ---- O += P V ---- */
-        WG_FENCE_REGS(acc, O_FRAGS);
-        WG_FENCE_REGS_C(pf, P_STEPS, "r");
-        WGMMA_FENCE();
-        PV_CHAIN(acc, pf, vt);
-        WGMMA_COMMIT();
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(acc, O_FRAGS);
+        PV_WAITED(acc, pf, vt);
     }
     cp_wait(); /* a tile copied for no loop iteration cannot happen, but Q's copy may be all there was */
 
@@ -327,11 +341,8 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
         uint qf[K_STEPS][4];
-        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
         float s[S_FRAGS][4];
-        WGMMA_FENCE();
-        S_CHAIN(s, s_base);
-        WGMMA_COMMIT();
+        S_ISSUE(qf, s, s_base);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
 #pragma unroll
@@ -354,13 +365,7 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
-        WG_FENCE_REGS(acc, O_FRAGS);
-        WG_FENCE_REGS_C(pf, P_STEPS, "r");
-        WGMMA_FENCE();
-        PV_CHAIN(acc, pf, s_base + VT_AT);
-        WGMMA_COMMIT();
-        WGMMA_WAIT_ALL();
-        WG_FENCE_REGS(acc, O_FRAGS);
+        PV_WAITED(acc, pf, s_base + VT_AT);
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j)
 #pragma unroll
