@@ -13,7 +13,6 @@ ins = []
 for l in lines:
     m = re.match(r'\s+/\*([0-9a-f]{4,})\*/\s+(.*?);', l)
     if m: ins.append((int(m.group(1), 16), m.group(2).strip()))
-addr = {a: i for i, (a, _) in enumerate(ins)}
 def regs(op):
     m = re.match(r'R(\d+)', op); return int(m.group(1)) if m else None
 hg = [(a, t) for a, t in ins if t.startswith('HGMMA')]
