@@ -217,19 +217,6 @@
         (pf)[kk][3] = pack2((s)[2 * kk + 1][2], (s)[2 * kk + 1][3]);                               \
     }
 
-/* O += P V on the V tile at v_tile, waited for: the operands pinned first, so
- * that no write of them sinks into the chain. */
-#define PV_WAITED(acc, pf, v_tile)                                                                 \
-    do {                                                                                           \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
-        WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
-        WGMMA_FENCE();                                                                             \
-        PV_CHAIN(acc, pf, v_tile);                                                                 \
-        WGMMA_COMMIT();                                                                            \
-        WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
-    } while (0)
-
 /* Soft-cap, then the mask of keys n0.. unless every row sees the whole tile. */
 #define SCORES_POST(s, n0)                                                                         \
     do {                                                                                           \

@@ -145,19 +145,6 @@
         WGMMA_COMMIT();                                                                            \
     } while (0)
 
-/* O += P V on Vt at vt, waited for; the operands pinned first, so that no
- * write of them sinks into the chain. */
-#define PV_WAITED(acc, pf, vt)                                                                     \
-    do {                                                                                           \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
-        WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
-        WGMMA_FENCE();                                                                             \
-        PV_CHAIN(acc, pf, vt);                                                                     \
-        WGMMA_COMMIT();                                                                            \
-        WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
-    } while (0)
-
 /* Four floats rounded to e4m3 (nearest even, saturating) into one register,
  * x0 in its lowest byte (cvt puts its first source in the high byte). */
 inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
