@@ -63,6 +63,17 @@ gpu_test() {
   grep -m5 FAILED "$log"
   return $rc
 }
+# time_fp8_wgmma TAG: the opt-in FP8 wgmma kernel's registers (NVIDIA's build log), then
+# compare_torch.py --dtypes e4m3 (both of issue 35's bars), its files named $out/TAG.*.
+time_fp8_wgmma() {
+  echo "== ptxas report of nv-wgmma-fp8 (e4m3, D=128)"
+  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
+    ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,128 --dtype e4m3 --iters 2 2>&1 |
+    grep -E "registers|spill|stack" | head -4
+  echo "== nv-wgmma-fp8 (e4m3) vs PyTorch's float16 FA2/cuDNN and flashcl's own float16, events and wall clock"
+  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl \
+    --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/$1.json" 2>&1 | tee "$out/$1.txt"
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ "$what" = profile ]; then
   # Four files a shape (the tool that fetches $OUT takes eight): the log (harness, then ncu's run of
@@ -107,12 +118,7 @@ if [ "$what" = pending ]; then
   if [ $ok = 0 ]; then
     echo "nv-wgmma-fp8 (or another check of those two tests) failed: not timed"
   else
-    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
-      ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,128 --dtype e4m3 --iters 2 2>&1 |
-      grep -E "registers|spill|stack" | head -4
-    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl \
-      build-gpu/flashcl --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/pending-compare-fp8.json" 2>&1 |
-      tee "$out/pending-compare-fp8.txt"
+    time_fp8_wgmma pending-compare-fp8
   fi
   for o in -DQ_PER_TILE=0 -DQ_PER_TILE=0+-DQ_KEEP=0 -DQ_KEEP=1; do
     FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
@@ -278,13 +284,7 @@ if [ "$what" = fp8 ]; then
   done
   # The FP8 warpgroup-MMA kernel is opt-in until test_fp8_forward (above) has passed its cases here.
   [ $fp8_ok = 1 ] || { echo "test_fp8_forward failed: nv-wgmma-fp8 not timed"; exit 0; }
-  echo "== ptxas report of nv-wgmma-fp8 (e4m3, D=128), then its TFLOP/s (--json: wall_ms too)"
-  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose \
-    ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,128 --dtype e4m3 --iters 2 2>&1 |
-    grep -E "registers|spill|stack" | head -4
-  echo "== nv-wgmma-fp8 (e4m3) vs PyTorch's float16 FA2/cuDNN and flashcl's own float16, events and wall clock"
-  FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 PYTHONUNBUFFERED=1 python3 bench/compare_torch.py --flashcl build-gpu/flashcl \
-    --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/compare-fp8.json" 2>&1 | tee "$out/compare-fp8.txt"
+  time_fp8_wgmma compare-fp8
   echo "== FA3's accuracy experiment on nv-wgmma-fp8 (out f16)"
   gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c host_ref/ref_fp8.c \
     -Lbuild-gpu -lflashcl -Wl,-rpath,"$PWD/build-gpu" -lOpenCL -lm -o build-gpu/fp8_accuracy &&
