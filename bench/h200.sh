@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|forward|regs|profile|pending|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|forward|regs|profile|study|pending|setup]   (results also under $OUT when set)
 # pending: what was built without a GPU and waits for one (the FP8 wgmma kernel, the Q_KEEP study).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
@@ -9,6 +9,12 @@
 #         both, at each of SHAPES ("B,H,N,D", default 4,32,4096,64 4,32,4096,128; f16, non-causal;
 #         HARNESS_ARGS added, e.g. "--causal" or "--dtype bf16"), then runs ncu on its dK/dV and dQ
 #         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT).
+# study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
+#         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64 and its causal twin; f16),
+#         every STUDY_CONFIGS entry (WG,ROWS,STAGES[,MAXNREG] specs; default: today's tiles, then
+#         ones needing about 50, 65, 97 and 129-145 KB) launched with that much dynamic shared
+#         memory, checked against flashcl's gradients and timed; then PyTorch's FA2 and cuDNN
+#         backward at the same shapes (compare_backward.py) for the ratio.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
 #         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
@@ -46,7 +52,8 @@ out=${OUT:-/tmp/flashcl-out}
 mkdir -p "$out" /etc/OpenCL/vendors
 echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
 # No -Werror here: this machine's gcc 13 warns where CI's gcc 12 (which runs -Werror) does not.
-harness=; targets=; [ "$what" = profile ] && harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness"
+harness=; targets=
+case $what in profile|study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;; esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
@@ -102,6 +109,25 @@ if [ "$what" = profile ]; then
     fi
     tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
   done
+  exit 0
+fi
+if [ "$what" = study ]; then
+  configs=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=128,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=2
+    WG=256,ROWS=32,STAGES=2,MAXNREG=128 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=4
+    WG=128,ROWS=64,STAGES=4 WG=256,ROWS=64,STAGES=4 WG=256,ROWS=32,STAGES=8 WG=256,ROWS=64,STAGES=6
+    WG=128,ROWS=64,STAGES=8"}
+  shapes=${STUDY_SHAPES:-4,32,4096,64 4,32,4096,64,causal}
+  for shape in $shapes; do
+    dims=${shape%,causal}; tag=study-${shape//,/-}; causal=; [ "$dims" != "$shape" ] && causal=--causal
+    echo "== ptx_harness ${dims//,/ } $causal --study ..." | tee "$out/$tag.log"
+    timeout 280 ./build-gpu/ptx_harness ${dims//,/ } $causal --iters 20 --cache "/tmp/$tag" \
+      $(printf -- '--study %s ' $configs) 2>&1 | tee -a "$out/$tag.log"
+    echo "ptx_harness exit ${PIPESTATUS[0]}" | tee -a "$out/$tag.log"
+  done
+  echo "== PyTorch's backward at the same shapes (f16), flashcl's through the OpenCL API beside it"
+  PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16 \
+    --shapes $(for s in $shapes; do echo "${s%,causal}"; done | sort -u) --json "$out/study-torch.json" 2>&1 |
+    tee "$out/study-torch.txt"
   exit 0
 fi
 ./build-gpu/flashcl devices > "$out/devices.txt"

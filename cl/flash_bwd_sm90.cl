@@ -53,6 +53,13 @@
  * and plain loads. On the H200 (4,32,4096,64) f16 ran 166 / 155 TFLOP/s
  * (none / causal) so, against 148 / 132 with cp.async (BENCHMARKS.md).
  *
+ * For bench/ptx_harness.c's study of tiles past that limit (issue 36; the
+ * library builds only WG 128 and one or two stages): WG 256, two warpgroups
+ * owning 64 keys (rows) each, 128 a work-group, every streamed tile read by
+ * both, as FA2's 128-key blocks; STAGES up to 8, a ring of pairs counted on
+ * the TMA mbarriers, tile it+STAGES-1 issued as tile it starts; SMEM_LIMIT
+ * and SMEM_DYNAMIC (below) for the CUDA driver's dynamic shared memory.
+ *
  * Ordering, as in flash_fwd_sm90.cl: each thread's copies are waited for and
  * fenced for the async proxy (cp_wait_async_proxy) before the barrier that
  * publishes a tile; accumulators are read only after wgmma.wait_group and
@@ -73,7 +80,7 @@
 #define BLOCK_N 32 // dq: keys per streamed K/V tile, 32 or 64
 #endif
 
-#define OWN 64                 // keys (dkdv) or rows (dq) per work-group: the warpgroup's M
+#define OWN (WG / 2)           // keys (dkdv) or rows (dq) per work-group: 64 a warpgroup (its M)
 #define OWN_BYTES (OWN * 128)  // the work-group's own K, V (or Q, dO): 128 bytes a row
 #define K_STEPS 4              // k16 steps over the head dim (padded to 64)
 #define D_FRAGS 8              // n8 blocks over the head dim (padded to 64)
@@ -85,10 +92,18 @@
 #define T_BYTES (TROWS * 128) // one streamed tile
 #define S_FRAGS (TROWS / 8)   // n8 blocks of S (S^T) per 16 rows
 #define T_STEPS (TROWS / 16)  // k16 steps over a streamed tile's rows (P^T dO, dS^T Q, dS K)
+/* SMEM_LIMIT: the bytes of __local a work-group may take, NVIDIA's OpenCL's
+ * ~47 KB unless bench/ptx_harness.c's study asks for more (SMEM_DYNAMIC). */
+#ifndef SMEM_LIMIT
+#define SMEM_LIMIT 48000
+#endif
+#ifndef SMEM_DYNAMIC
+#define SMEM_DYNAMIC 0
+#endif
 /* Two stages of the streamed pair (the next lands during the current) where
  * they fit beside the own block and the 1024 bytes that align the tiles. */
 #ifndef STAGES
-#if 2 * OWN_BYTES + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= 48000
+#if 2 * OWN_BYTES + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= SMEM_LIMIT
 #define STAGES 2
 #else
 #define STAGES 1
@@ -106,12 +121,31 @@
 #define STAGE_BYTES (2 * T_BYTES)
 #define DS_AT (2 * OWN_BYTES + STAGES * STAGE_BYTES) /* bytes: dS, DQ_ATOMIC only */
 #define SMEM_BYTES (DS_AT + DQ_ATOMIC * T_BYTES + 1024)
-
-#if WG != 128 || (TROWS != 32 && TROWS != 64) || (STAGES != 1 && STAGES != 2)
-#error "flash_bwd_sm90 is one warpgroup (WG 128) streaming 32- or 64-row tiles in one or two stages"
+/* The tiles' __local array. SMEM_DYNAMIC is bench/ptx_harness.c's study of
+ * tiles larger than NVIDIA's OpenCL allows (never built by the library): the
+ * array is declared with 1024 bytes so that the OpenCL build's ptxas accepts
+ * it, and the harness turns the declaration into the CUDA driver's dynamic
+ * shared memory (.extern .shared) and launches with SMEM_BYTES of it. The
+ * tiles are addressed from ALIGNED_TILES' base, by shared addresses in inline
+ * PTX (cp.async, TMA, ldmatrix, wgmma descriptors) or smem; the study's
+ * shapes have whole, aligned tiles, which come by cp.async and TMA only. */
+#if SMEM_DYNAMIC
+#define TILES_ARRAY_BYTES 1024
+#else
+#define TILES_ARRAY_BYTES SMEM_BYTES
 #endif
-#if SMEM_BYTES + STAGES * 2 * TROWS * 4 > 48000
-#error "the tiles exceed NVIDIA's ~47 KB of __local memory"
+
+#if (WG != 128 && WG != 256) || (TROWS != 32 && TROWS != 64) || STAGES < 1 || STAGES > 8
+#error "flash_bwd_sm90 is one or two warpgroups (WG 128, 256) streaming 32- or 64-row tiles in 1..8 stages"
+#endif
+#if WG != 128 && DQ_ATOMIC
+#error "DQ_ATOMIC's dS tile and dQ product are one warpgroup's (WG 128)"
+#endif
+#if STAGES > 2 && !USE_TMA
+#error "more than two stages are counted on TMA's mbarriers (USE_TMA)"
+#endif
+#if SMEM_BYTES + STAGES * 2 * TROWS * 4 > SMEM_LIMIT
+#error "the tiles exceed SMEM_LIMIT (NVIDIA's OpenCL: ~47 KB of __local memory)"
 #endif
 /* A wgmma whose n is a streamed tile's rows (its B K-major); WGMMA_SS_NT the
  * same with both operands in __local, A M-major (DQ_ATOMIC's dQ^T = K^T dS^T). */
@@ -132,8 +166,8 @@
 #error "flash_bwd_sm90 needs DTYPE 1 (float16) or 2 (bfloat16)"
 #endif
 
-#if USE_TMA && STAGES != 2
-#error "USE_TMA takes two stages of streamed tiles (32 rows)"
+#if USE_TMA && STAGES < 2
+#error "USE_TMA takes two or more stages of streamed tiles"
 #endif
 #if USE_TMA
 /* The stage's mbarrier: phase it / STAGES of it holds tile it. */
@@ -164,6 +198,12 @@
 #define TMA_PAIR_WAIT(st, it) mbar_wait(TMA_BAR(st), TMA_PARITY(it))
 #else
 #define TMA_PAIR_WAIT(st, it) do { } while (0)
+#endif
+/* The stage after st, in place: a ring of STAGES buffers. */
+#if STAGES > 2
+#define NEXT_STAGE(st) (st) = (st) + 1 == STAGES ? 0 : (st) + 1
+#else
+#define NEXT_STAGE(st) (st) ^= STAGES - 1
 #endif
 
 /* B operands, 64 x 64 tiles at shared address `tile` in the SW128 layout:
@@ -287,7 +327,7 @@
 #define DKDV_TMA_ARGS
 #endif
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm90(BWD_DKDV_ARGS DKDV_TMA_ARGS) {
-    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+    __local ushort smem_raw[TILES_ARRAY_BYTES / 2] __attribute__((aligned(1024)));
     /* per row of a stage's tile: LSE in log2 units (+inf: the row contributes nothing), D_i */
     __local float stats[STAGES][2][BLOCK_M];
 
@@ -343,14 +383,21 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 
     if (tiles > 0)
         ISSUE_TILE(0, 0);
+#if STAGES > 2
+    for (int i = 1; i < STAGES - 1 && i < tiles; ++i)
+        ISSUE_TILE(i, i);
+#endif
     int stage = 0;
     for (int it = 0; it < tiles; ++it) {
         /* Tile it (and, the first time, K and V) has landed for everyone; with
-         * two stages every warp is also done with tile it-1, whose buffers
-         * now take tile it+1. */
+         * two or more stages every warp is also done with tile it-1, whose
+         * buffers now take tile it+STAGES-1. */
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
-#if STAGES == 2
+#if STAGES > 2
+        if (it + STAGES - 1 < tiles)
+            ISSUE_TILE(it + STAGES - 1, stage == 0 ? STAGES - 1 : stage - 1);
+#elif STAGES == 2
         if (it + 1 < tiles)
             ISSUE_TILE(it + 1, stage ^ 1);
 #endif
@@ -400,7 +447,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
         if (it + 1 < tiles)
             ISSUE_TILE(it + 1, 0);
 #endif
-        stage ^= STAGES - 1;
+        NEXT_STAGE(stage);
     }
 #undef ISSUE_TILE
     cp_wait(); /* K and V when there was no tile */
@@ -418,7 +465,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 #define DQ_TMA_ARGS
 #endif
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(BWD_DQ_ARGS DQ_TMA_ARGS) {
-    __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+    __local ushort smem_raw[TILES_ARRAY_BYTES / 2] __attribute__((aligned(1024)));
 
     const int tid = (int)get_local_id(0);
     const int warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
@@ -465,15 +512,22 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 #endif
     if (n_start <= n_end)
         ISSUE_PAIR(n_start, 0);
+#if STAGES > 2
+    for (int i = 1; i < STAGES - 1 && n_start + i * BLOCK_N <= n_end; ++i)
+        ISSUE_PAIR(n_start + i * BLOCK_N, i);
+#endif
     int stage = 0;
     for (int n0 = n_start, it = 0; n0 <= n_end; n0 += BLOCK_N, ++it) {
         const int n1 = n0 + BLOCK_N, more = n1 <= n_end;
         /* K(n0) and V(n0) (and, the first time, Q and dO) have landed for
-         * everyone; with two stages every warp is also done with the previous
-         * tile, whose buffers now take the next one. */
+         * everyone; with two or more stages every warp is also done with the
+         * previous tile, whose buffers now take the one STAGES-1 ahead. */
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
-#if STAGES == 2
+#if STAGES > 2
+        if (n0 + (STAGES - 1) * BLOCK_N <= n_end)
+            ISSUE_PAIR(n0 + (STAGES - 1) * BLOCK_N, stage == 0 ? STAGES - 1 : stage - 1);
+#elif STAGES == 2
         if (more)
             ISSUE_PAIR(n1, stage ^ 1);
 #endif
@@ -513,7 +567,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
         if (more)
             ISSUE(k, 0u, n1, 0);
 #endif
-        stage ^= STAGES - 1;
+        NEXT_STAGE(stage);
     }
 #undef ISSUE
 #undef ISSUE_PAIR
