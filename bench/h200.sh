@@ -11,8 +11,8 @@
 #         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT).
 # study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
 #         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64 and its causal twin; f16),
-#         every STUDY_CONFIGS entry (WG,ROWS,STAGES[,MAXNREG] specs; default: today's tiles, then
-#         ones needing about 50, 65, 97 and 129-145 KB) launched with that much dynamic shared
+#         every STUDY_CONFIGS entry (WG,ROWS,STAGES[,MAXNREG] specs; default: today's tiles, two
+#         warpgroups in 41-45 KB, then ones needing about 50, 65, 97 and 129-145 KB) with that much dynamic shared
 #         memory, checked against flashcl's gradients and timed; then PyTorch's FA2 and cuDNN
 #         backward at the same shapes (compare_backward.py) for the ratio.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
@@ -112,7 +112,8 @@ if [ "$what" = profile ]; then
   exit 0
 fi
 if [ "$what" = study ]; then
-  configs=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=128,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=2
+  configs=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=256,ROWS=16,STAGES=2 WG=256,ROWS=16,STAGES=3
+    WG=128,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=2
     WG=256,ROWS=32,STAGES=2,MAXNREG=128 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=4
     WG=128,ROWS=64,STAGES=4 WG=256,ROWS=64,STAGES=4 WG=256,ROWS=32,STAGES=8 WG=256,ROWS=64,STAGES=6
     WG=128,ROWS=64,STAGES=8"}

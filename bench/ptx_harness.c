@@ -756,7 +756,8 @@ static double time_backward(kernel *k, const cached_program *const *progs, int i
  * says how the array is declared), and launches them with dynamic shared memory on the same inputs:
  *   WG      128 (one warpgroup, 64 keys or rows a work-group, today's) or 256 (two, 128: every
  *           streamed Q/dO or K/V tile serves twice the keys or rows, as FA2's 128-key blocks);
- *   ROWS    the streamed tiles' rows, 32 (today's) or 64;
+ *   ROWS    the streamed tiles' rows, 32 (today's), 64, or 16 (WG 256 in two stages of 16 rows, 41 KB,
+ *           is the one two-warpgroup shape that NVIDIA's OpenCL could run);
  *   STAGES  streamed pairs in flight, 2 (today's) to 8, a ring counted on TMA mbarriers;
  *   MAXNREG the dK/dV kernel's register cap (.maxnreg; flashcl's default kept when absent).
  * The dK/dV sum over rows and dQ's over keys run in the same k16 order whatever the tile, so the
@@ -783,7 +784,7 @@ static int parse_study(const char *spec, study_config *c) {
         else
             return 0;
     }
-    return (c->wg == 128 || c->wg == 256) && (c->rows == 32 || c->rows == 64) && c->stages >= 2 &&
+    return (c->wg == 128 || c->wg == 256) && (c->rows == 16 || c->rows == 32 || c->rows == 64) && c->stages >= 2 &&
            c->stages <= 8 && c->maxnreg >= 0 && c->maxnreg <= 255;
 }
 
@@ -853,7 +854,7 @@ int main(int argc, char **argv) {
         return rewrite_only(argv[2], argv[3], argv[4]);
     if (argc < 5) {
         fprintf(stderr, "usage: %s B H N D [--dtype f16|bf16] [--causal] [--iters N] [--dump DIR] [--cache DIR] "
-                        "[--device SPEC] [--study WG=128|256,ROWS=32|64,STAGES=2..8[,MAXNREG=N]]...\n",
+                        "[--device SPEC] [--study WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N]]...\n",
                 argv[0]);
         return 2;
     }
@@ -1070,7 +1071,7 @@ int main(int argc, char **argv) {
     for (int si = 0; si < n_study; ++si) {
         study_config c;
         if (!parse_study(study[si], &c))
-            die("--study %s: WG=128|256,ROWS=32|64,STAGES=2..8[,MAXNREG=N] expected", study[si]);
+            die("--study %s: WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N] expected", study[si]);
         char study_opts[2][1024];
         const cached_program *sp[3] = {pick[0], NULL, NULL};
         kernel sk[3] = {kern[0], {.role = "dkdv"}, {.role = "dq"}};

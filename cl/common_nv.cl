@@ -218,10 +218,14 @@ inline void cp_wait(void) {
 /* One wgmma with A from registers: d[0..N/8-1][0..3] = A (a[0..3], this
  * warp's 16x16 slice of the 64x16 A) times the 16xN B that desc describes,
  * plus d when scale_d is 1 (0: d's old values are not read); tnsp_b 0: B
- * K-major, 1: N-major. N is 64, 48 or 32: WG_N64 / WG_N48 / WG_N32 give the
+ * K-major, 1: N-major. N is 64, 48, 32 or 16: WG_N64 / WG_N48 / WG_N32 / WG_N16 give the
  * shape's name, its accumulator operands and their numbering, and the
  * numbers of the A and descriptor operands that follow them. */
 #define WG_ACC4(d, j) "+f"((d)[j][0]), "+f"((d)[j][1]), "+f"((d)[j][2]), "+f"((d)[j][3])
+#define WG_N16_SHAPE "m64n16k16"
+#define WG_N16_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1)
+#define WG_N16_D "{%0,%1,%2,%3,%4,%5,%6,%7}"
+#define WG_N16_AB "{%8,%9,%10,%11}, %12"
 #define WG_N32_SHAPE "m64n32k16"
 #define WG_N32_OUT(d) WG_ACC4(d, 0), WG_ACC4(d, 1), WG_ACC4(d, 2), WG_ACC4(d, 3)
 #define WG_N32_D "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15}"
@@ -246,6 +250,7 @@ inline void cp_wait(void) {
 /* One wgmma with both operands in __local: d = A B (plus d when scale_d is
  * 1), A and B by descriptor; tnsp_a 1: A M-major (its rows are k), tnsp_b 1:
  * B N-major. N as for WGMMA_RS. */
+#define WG_N16_SS "%8, %9"
 #define WG_N32_SS "%16, %17"
 #define WG_N64_SS "%32, %33"
 #define WGMMA_SS(N, d, desc_a, desc_b, scale_d, tnsp_a, tnsp_b)                                    \

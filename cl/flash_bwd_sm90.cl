@@ -74,10 +74,10 @@
 #define WG 128
 #endif
 #ifndef BLOCK_M
-#define BLOCK_M 32 // dkdv: query rows per streamed Q/dO tile, 32 or 64
+#define BLOCK_M 32 // dkdv: query rows per streamed Q/dO tile, 32 or 64 (16: the study's)
 #endif
 #ifndef BLOCK_N
-#define BLOCK_N 32 // dq: keys per streamed K/V tile, 32 or 64
+#define BLOCK_N 32 // dq: keys per streamed K/V tile, 32 or 64 (16: the study's)
 #endif
 
 #define OWN (WG / 2)           // keys (dkdv) or rows (dq) per work-group: 64 a warpgroup (its M)
@@ -135,8 +135,8 @@
 #define TILES_ARRAY_BYTES SMEM_BYTES
 #endif
 
-#if (WG != 128 && WG != 256) || (TROWS != 32 && TROWS != 64) || STAGES < 1 || STAGES > 8
-#error "flash_bwd_sm90 is one or two warpgroups (WG 128, 256) streaming 32- or 64-row tiles in 1..8 stages"
+#if (WG != 128 && WG != 256) || (TROWS != 16 && TROWS != 32 && TROWS != 64) || STAGES < 1 || STAGES > 8
+#error "flash_bwd_sm90 is one or two warpgroups (WG 128, 256) streaming 16-, 32- or 64-row tiles in 1..8 stages"
 #endif
 #if WG != 128 && DQ_ATOMIC
 #error "DQ_ATOMIC's dS tile and dQ product are one warpgroup's (WG 128)"
@@ -152,6 +152,9 @@
 #if TROWS == 64
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N64, d, a, desc, scale_d, 0)
 #define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N64, d, desc_a, desc_b, scale_d, 1, 0)
+#elif TROWS == 16
+#define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N16, d, a, desc, scale_d, 0)
+#define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N16, d, desc_a, desc_b, scale_d, 1, 0)
 #else
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N32, d, a, desc, scale_d, 0)
 #define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N32, d, desc_a, desc_b, scale_d, 1, 0)
