@@ -14,7 +14,9 @@
 #         every STUDY_CONFIGS entry (WG,ROWS,STAGES[,MAXNREG] specs; default: today's tiles, two
 #         warpgroups in 41-45 KB, then ones needing about 50, 65, 97 and 129-145 KB) with that much dynamic shared
 #         memory, checked against flashcl's gradients and timed; then PyTorch's FA2 and cuDNN
-#         backward at the same shapes (compare_backward.py) for the ratio.
+#         backward at the same shapes (compare_backward.py) for the ratio; then, once
+#         test_backward wgmma passes, flashcl under STUDY_BWD_PARAMS (default: two warpgroups
+#         with 16-row tiles, VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16) against PyTorch.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
 #         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
@@ -53,7 +55,10 @@ mkdir -p "$out" /etc/OpenCL/vendors
 echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.icd
 # No -Werror here: this machine's gcc 13 warns where CI's gcc 12 (which runs -Werror) does not.
 harness=; targets=
-case $what in profile|study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;; esac
+case $what in
+  profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness" ;;
+  study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli test_backward" ;;
+esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
@@ -126,9 +131,17 @@ if [ "$what" = study ]; then
     echo "ptx_harness exit ${PIPESTATUS[0]}" | tee -a "$out/$tag.log"
   done
   echo "== PyTorch's backward at the same shapes (f16), flashcl's through the OpenCL API beside it"
+  torch_shapes=$(for s in $shapes; do echo "${s%,causal}"; done | sort -u)
   PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16 \
-    --shapes $(for s in $shapes; do echo "${s%,causal}"; done | sort -u) --json "$out/study-torch.json" 2>&1 |
-    tee "$out/study-torch.txt"
+    --shapes $torch_shapes --json "$out/study-torch.json" 2>&1 | tee "$out/study-torch.txt"
+  # The two-warpgroup tiles that fit NVIDIA's 48 KB, through the OpenCL path: validated, then timed.
+  params=${STUDY_BWD_PARAMS:-VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16}
+  if gpu_test "test_backward wgmma" study; then
+    echo "== FLASHCL_BWD_PARAMS=$params (flashcl's OpenCL path) against PyTorch"
+    FLASHCL_BWD_PARAMS=$params PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl \
+      --dtypes f16 --shapes $torch_shapes --label "($params)" --json "$out/study-params.json" 2>&1 |
+      tee "$out/study-params.txt"
+  fi
   exit 0
 fi
 ./build-gpu/flashcl devices > "$out/devices.txt"

@@ -239,11 +239,11 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
         }
         if (st != FLASHCL_SUCCESS)
             return st;
-        if (sm90a && (i == 1 || i == 2) && c->block_m == 32 && c->block_n == 32 &&
-            flashcl_tma_usable(ctx)) {
-            /* The same kernel with its streamed tiles copied by TMA (two
-             * stages of 32 rows, cl/flash_bwd_sm90.cl). If it does not
-             * build, the cp.async kernel just built answers. */
+        if (sm90a && (i == 1 || i == 2) && flashcl_backward_wgmma_stages(c->block_m, c->work_group_size) == 2 &&
+            flashcl_backward_wgmma_stages(c->block_n, c->work_group_size) == 2 && flashcl_tma_usable(ctx)) {
+            /* The same kernel with its streamed tiles copied by TMA (where
+             * both kernels' tiles take two stages, cl/flash_bwd_sm90.cl). If it
+             * does not build, the cp.async kernel just built answers. */
             char with_tma[540];
             snprintf(with_tma, sizeof with_tma, "%s -DUSE_TMA=1", options);
             st = flashcl_get_kernel(ctx, file, name, with_tma, i == 1 ? &k->dkdv_tma : &k->dq_tma);

@@ -23,8 +23,9 @@
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
- *     32..64; WG 128, 64 keys or rows a work-group, BLOCK_M and BLOCK_N 32 or
- *     64); a build failure re-picks without nv-wgmma entries (so nv-mma's).
+ *     32..64; WG 128, 64 keys or rows a work-group, or 256, two warpgroups and
+ *     128 (not with DQ=atomic); BLOCK_M and BLOCK_N 16, 32 or 64, within
+ *     NVIDIA's 48 KB); a build failure re-picks without nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
  *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
  *     DQ=owner|atomic the cpu variant's: whole (batch, kv head) pairs a work-item with plain adds, or a
@@ -134,14 +135,22 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
     return dkdv > dq ? dkdv : dq;
 }
 
-/* cl/flash_bwd_sm90.cl's __local: the own 64 rows of K and V (or Q and dO),
- * 128 bytes a row, then STAGES pairs of streamed tiles of `rows` rows (two
- * where they fit), 1 KB to align the tiles, and the dK/dV kernel's LSE and
- * D_i per streamed row (stats: 1). */
-static size_t backward_wgmma_bytes(int rows, int stats) {
-    const size_t own = 2 * 64 * 128, pair = 2 * (size_t)rows * 128, row_stats = 2 * (size_t)rows * sizeof(float);
-    const size_t stages = own + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
-    return own + stages * (pair + (stats ? row_stats : 0)) + 1024;
+/* cl/flash_bwd_sm90.cl's __local: the own rows of K and V (or Q and dO), 64
+ * a warpgroup, 128 bytes a row, then STAGES pairs of streamed tiles of `rows`
+ * rows, 1 KB to align the tiles, and the dK/dV kernel's LSE and D_i per
+ * streamed row (stats: 1). STAGES is the kernel's default: two where they fit
+ * NVIDIA's 48000 bytes, else one. */
+int flashcl_backward_wgmma_stages(int rows, int work_group_size) {
+    const size_t own = 2 * (size_t)(work_group_size / 2) * 128, pair = 2 * (size_t)rows * 128;
+    const size_t row_stats = 2 * (size_t)rows * sizeof(float);
+    return own + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
+}
+
+static size_t backward_wgmma_bytes(int rows, int work_group_size, int stats) {
+    const size_t own = 2 * (size_t)(work_group_size / 2) * 128, pair = 2 * (size_t)rows * 128;
+    const size_t row_stats = 2 * (size_t)rows * sizeof(float);
+    return own + (size_t)flashcl_backward_wgmma_stages(rows, work_group_size) * (pair + (stats ? row_stats : 0)) +
+           1024;
 }
 
 static int backward_variant_nv(flashcl_backward_variant variant) {
@@ -173,8 +182,9 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
     if (variant == FLASHCL_BWD_NV_WGMMA) {
         /* DQ=atomic: the dK/dV kernel holds a tile of dS (block_m rows of 128 bytes) as well */
-        const size_t dkdv = backward_wgmma_bytes(block_m, 1) + (dq_atomic == 1 ? (size_t)block_m * 128 : 0);
-        const size_t dq = backward_wgmma_bytes(block_n, 0);
+        const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, 1) +
+                            (dq_atomic == 1 ? (size_t)block_m * 128 : 0);
+        const size_t dq = backward_wgmma_bytes(block_n, work_group_size, 0);
         return dkdv > dq ? dkdv : dq;
     }
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
@@ -203,6 +213,11 @@ static int backward_variant_applies(const flashcl_context *ctx, const flashcl_at
                                              : 1;
 }
 
+/* The streamed tiles' rows cl/flash_bwd_sm90.cl takes: its score products are m64nNk16 with N the rows. */
+static int wgmma_tile_rows(int rows) {
+    return rows == 16 || rows == 32 || rows == 64;
+}
+
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
 static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc *d, flashcl_backward_variant variant,
                         int block_m, int block_n, int work_group_size, int dq_atomic, char *why, size_t n) {
@@ -217,10 +232,16 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (variant == FLASHCL_BWD_NV_WGMMA && !backward_wgmma_applies(ctx, d))
         snprintf(why, n, "the nv-wgmma backward needs NVIDIA compute capability 9.0 whose driver builds sm_90a, "
                  "float16 or bfloat16 and head_dim 32..64");
-    else if (variant == FLASHCL_BWD_NV_WGMMA && (work_group_size != 128 || (block_m != 32 && block_m != 64) ||
-                                                 (block_n != 32 && block_n != 64)))
-        snprintf(why, n, "the nv-wgmma backward is one warpgroup (WG 128) streaming tiles of 32 or 64 rows "
-                 "(BLOCK_M, BLOCK_N), not WG %d, BLOCK_M %d, BLOCK_N %d", work_group_size, block_m, block_n);
+    else if (variant == FLASHCL_BWD_NV_WGMMA && ((work_group_size != 128 && work_group_size != 256) ||
+                                                 !wgmma_tile_rows(block_m) || !wgmma_tile_rows(block_n)))
+        snprintf(why, n, "the nv-wgmma backward is one or two warpgroups (WG 128 or 256) streaming tiles of 16, "
+                 "32 or 64 rows (BLOCK_M, BLOCK_N), not WG %d, BLOCK_M %d, BLOCK_N %d", work_group_size, block_m,
+                 block_n);
+    else if (variant == FLASHCL_BWD_NV_WGMMA && work_group_size != 128 && dq_atomic == 1)
+        snprintf(why, n, "the nv-wgmma backward adds dQ with atomics (DQ=atomic) with one warpgroup only (WG 128)");
+    else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)
+        snprintf(why, n, "nv-wgmma backward tiles (WG %d, BLOCK_M %d, BLOCK_N %d) need %zu bytes of local memory, "
+                 "over NVIDIA's 48000", work_group_size, block_m, block_n, local);
     else if (variant == FLASHCL_BWD_NV_MMA && (work_group_size % 32 || block_m % 16 || block_n % 16))
         snprintf(why, n, "the nv-mma backward needs WG a multiple of 32 and BLOCK_M, BLOCK_N multiples of 16 "
                  "(WG %d, BLOCK_M %d, BLOCK_N %d)", work_group_size, block_m, block_n);

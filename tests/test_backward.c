@@ -613,6 +613,11 @@ static void wgmma(flashcl_context *ctx) {
         {64, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64"},
         {64, "VARIANT=nv-wgmma,DQ=atomic"},               /* dQ = dS K inside the dK/dV kernel */
         {40, "VARIANT=nv-wgmma,DQ=atomic,BLOCK_M=64"},    /* 64-row tiles, padded head dims */
+        /* two warpgroups, 128 keys (rows) a work-group: 16-row tiles in two stages (TMA), 32-row in one */
+        {64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16"},
+        {40, "VARIANT=nv-wgmma,WG=256"},
+        {59, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=32"},
+        {48, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16"},   /* one warpgroup, 16-row tiles */
     };
     for (int i = 0; i < COUNT(configs); ++i)
         run_config_shapes(ctx, i, configs[i].d, configs[i].env);
@@ -623,6 +628,7 @@ static void wgmma(flashcl_context *ctx) {
     run_config_shapes(ctx, 0, 64, env);
     run_config_shapes(ctx, 1, 40, env);
     run_config_shapes(ctx, 2, 59, "VARIANT=nv-wgmma,DQ=atomic");
+    run_config_shapes(ctx, 3, 64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16");
     unsetenv("FLASHCL_TMA");
     test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
     run_with(ctx, &tc, 0, env);

@@ -980,6 +980,20 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "BLOCK_M=64,BLOCK_N=64", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 64 && c.block_n == 64,
            "FLASHCL_BWD_PARAMS: nv-wgmma with 64-row tiles (one stage)", &failures);
+    /* Two warpgroups (128 keys or rows a work-group) fit NVIDIA's 48 KB with 16-row tiles in two stages
+     * (42240 bytes, by TMA) or 32-row tiles in one (41 KB); 16-row tiles with one warpgroup too. */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.work_group_size == 256 &&
+               flashcl_backward_keys_per_group(&c) == 128 && flashcl_backward_rows_per_group(&c) == 128 &&
+               flashcl_backward_wgmma_stages(16, 256) == 2,
+           "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 16-row tiles in two stages", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 48, "WG=256", 0, &c) == FLASHCL_SUCCESS &&
+               c.work_group_size == 256 && c.block_m == 32 && flashcl_backward_wgmma_stages(32, 256) == 1 &&
+               flashcl_backward_wgmma_stages(32, 128) == 2 && flashcl_backward_wgmma_stages(64, 128) == 1,
+           "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 32-row tiles (one stage)", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
+               c.work_group_size == 128 && c.block_m == 16 && flashcl_backward_wgmma_stages(16, 128) == 2,
+           "FLASHCL_BWD_PARAMS: nv-wgmma with 16-row tiles", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 1, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
            "backward, sm_90 f16 D=64 after a tensor-core build failure: the portable kernels", &failures);
@@ -1039,7 +1053,9 @@ static void test_backward_levels(void) {
     } refused[] = {{FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,BLOCK_M=24", "multiples of 16"},
                    {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,WG=48", "multiple of 32"},
                    {FLASHCL_FLOAT16, 64, "BLOCK_M=48", "32 or 64 rows"},
-                   {FLASHCL_FLOAT16, 48, "WG=256", "32 or 64 rows"},
+                   {FLASHCL_FLOAT16, 48, "WG=512", "WG 128 or 256"},
+                   {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=64", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic", "one warpgroup only"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "head_dim 32..64"},
                    {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
