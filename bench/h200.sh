@@ -10,13 +10,15 @@
 #         HARNESS_ARGS added, e.g. "--causal" or "--dtype bf16"), then runs ncu on its dK/dV and dQ
 #         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT).
 # study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
-#         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64 and its causal twin; f16),
+#         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64; f16; one a call fits
+#         the 600 s limit with room; D > 64: the nv-wgmma backward on request),
 #         every STUDY_CONFIGS entry (WG,ROWS,STAGES[,MAXNREG] specs; default: today's tiles, two
 #         warpgroups in 41-45 KB, then ones needing about 50, 65, 97 and 129-145 KB) with that much dynamic shared
 #         memory, checked against flashcl's gradients and timed; then PyTorch's FA2 and cuDNN
 #         backward at the same shapes (compare_backward.py) for the ratio; then, once
 #         test_backward wgmma passes, flashcl under STUDY_BWD_PARAMS (default: two warpgroups
-#         with 16-row tiles, VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16) against PyTorch.
+#         with 16-row tiles, VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16; at D > 64
+#         VARIANT=nv-wgmma) against PyTorch.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
 #         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
@@ -117,30 +119,41 @@ if [ "$what" = profile ]; then
   exit 0
 fi
 if [ "$what" = study ]; then
-  configs=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=256,ROWS=16,STAGES=2 WG=256,ROWS=16,STAGES=3
+  # Per head dim: 48 KB's own shapes first, then ones needing about 50, 65, 81, 97, 129-145 KB.
+  configs64=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=256,ROWS=16,STAGES=2 WG=256,ROWS=16,STAGES=3
     WG=128,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=2
     WG=256,ROWS=32,STAGES=2,MAXNREG=128 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=4
     WG=128,ROWS=64,STAGES=4 WG=256,ROWS=64,STAGES=4 WG=256,ROWS=32,STAGES=8 WG=256,ROWS=64,STAGES=6
     WG=128,ROWS=64,STAGES=8"}
-  shapes=${STUDY_SHAPES:-4,32,4096,64 4,32,4096,64,causal}
+  configs128=${STUDY_CONFIGS:-"WG=128,ROWS=16,STAGES=2 WG=128,ROWS=32,STAGES=2 WG=128,ROWS=32,STAGES=3
+    WG=256,ROWS=16,STAGES=2 WG=128,ROWS=64,STAGES=2 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=32,STAGES=2
+    WG=256,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2"}
+  shapes=${STUDY_SHAPES:-4,32,4096,64}
   for shape in $shapes; do
     dims=${shape%,causal}; tag=study-${shape//,/-}; causal=; [ "$dims" != "$shape" ] && causal=--causal
-    echo "== ptx_harness ${dims//,/ } $causal --study ..." | tee "$out/$tag.log"
-    timeout 280 ./build-gpu/ptx_harness ${dims//,/ } $causal --iters 20 --cache "/tmp/$tag" \
-      $(printf -- '--study %s ' $configs) 2>&1 | tee -a "$out/$tag.log"
+    # Head dims past 64: flashcl runs nv-wgmma there only when asked (one stage of 16-row tiles).
+    configs=$configs64 params=; [ "${dims##*,}" -gt 64 ] && configs=$configs128 params=VARIANT=nv-wgmma
+    rm -rf "/tmp/$tag" # a fresh cache: this run's programs only
+    echo "== ptx_harness ${dims//,/ } $causal --study ... ${params:+(FLASHCL_BWD_PARAMS=$params)}" | tee "$out/$tag.log"
+    env ${params:+FLASHCL_BWD_PARAMS=$params} timeout 200 ./build-gpu/ptx_harness ${dims//,/ } $causal --iters 20 \
+      --cache "/tmp/$tag" $(printf -- '--study %s ' $configs) 2>&1 | tee -a "$out/$tag.log"
     echo "ptx_harness exit ${PIPESTATUS[0]}" | tee -a "$out/$tag.log"
   done
   echo "== PyTorch's backward at the same shapes (f16), flashcl's through the OpenCL API beside it"
   torch_shapes=$(for s in $shapes; do echo "${s%,causal}"; done | sort -u)
   PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16 \
     --shapes $torch_shapes --json "$out/study-torch.json" 2>&1 | tee "$out/study-torch.txt"
-  # The two-warpgroup tiles that fit NVIDIA's 48 KB, through the OpenCL path: validated, then timed.
-  params=${STUDY_BWD_PARAMS:-VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16}
+  # What fits NVIDIA's 48 KB and flashcl does not choose by itself, through the OpenCL path: validated,
+  # then timed (D <= 64: two warpgroups with 16-row tiles; D > 64: nv-wgmma at all).
   if gpu_test "test_backward wgmma" study; then
-    echo "== FLASHCL_BWD_PARAMS=$params (flashcl's OpenCL path) against PyTorch"
-    FLASHCL_BWD_PARAMS=$params PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl \
-      --dtypes f16 --shapes $torch_shapes --label "($params)" --json "$out/study-params.json" 2>&1 |
-      tee "$out/study-params.txt"
+    for dims in $torch_shapes; do
+      params=${STUDY_BWD_PARAMS:-VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16}
+      [ -z "${STUDY_BWD_PARAMS:-}" ] && [ "${dims##*,}" -gt 64 ] && params=VARIANT=nv-wgmma
+      echo "== FLASHCL_BWD_PARAMS=$params (flashcl's OpenCL path) against PyTorch"
+      FLASHCL_BWD_PARAMS=$params PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl \
+        --dtypes f16 --shapes $dims --label "($params)" --json "$out/study-params-${dims//,/-}.json" 2>&1 |
+        tee -a "$out/study-params.txt"
+    done
   fi
   exit 0
 fi

@@ -488,8 +488,20 @@ static char *dynamic_tiles(const char *ptx) {
     return out;
 }
 
-/* Loads one cached program's PTX and its entry; prints what the JIT says about registers. */
-static void load_kernel(kernel *k, const cached_program *prog, const char *prefix, const char *not, const char *dump) {
+/* A failure of load_kernel: fatal for flashcl's own kernels, the config's row for a study's. */
+static int load_failed(const kernel *k, const char *what, CUresult rc) {
+    const char *msg = NULL;
+    if (rc && cu.get_error_string)
+        cu.get_error_string(rc, &msg);
+    fprintf(stderr, "ptx_harness: %s: %s failed%s%s\n", k->name, what, msg ? ": " : "", msg ? msg : "");
+    if (!k->dyn_smem)
+        exit(2);
+    return 0;
+}
+
+/* Loads one cached program's PTX and its entry; prints what the JIT says about registers. Returns 1,
+ * or 0 (a study's kernel, with dyn_smem) where it could not. */
+static int load_kernel(kernel *k, const cached_program *prog, const char *prefix, const char *not, const char *dump) {
     if (!find_entry(prog->ptx, prefix, not, k->name, sizeof k->name))
         die("no entry %s... in the cached program", prefix);
     char *unmasked = unmask_sm90a(prog->ptx);
@@ -497,12 +509,12 @@ static void load_kernel(kernel *k, const cached_program *prog, const char *prefi
     char *ptx = translate(unmasked, &envregs);
     free(unmasked);
     if (!ptx)
-        exit(2);
+        return load_failed(k, "translating its PTX", 0);
     if (k->dyn_smem) {
         char *dyn = dynamic_tiles(ptx);
-        if (!dyn)
-            die("%s: no 1024-byte smem_raw declaration to make dynamic (not a -DSMEM_DYNAMIC=1 build?)", k->name);
         free(ptx);
+        if (!dyn) /* --dump shows the PTX NVIDIA's compiler wrote */
+            return load_failed(k, "finding the 1024-byte smem_raw declaration (a -DSMEM_DYNAMIC=1 build?)", 0);
         ptx = dyn;
     }
     if (dump) { /* the PTX as flashcl's cache holds it, and as the CUDA driver gets it */
@@ -525,18 +537,23 @@ static void load_kernel(kernel *k, const cached_program *prog, const char *prefi
     void *vals[] = {info, (void *)(uintptr_t)sizeof info, error, (void *)(uintptr_t)sizeof error, (void *)(uintptr_t)1};
     info[0] = error[0] = '\0';
     CUmodule mod = NULL;
-    const CUresult rc = cu.module_load_data_ex(&mod, ptx, 5, opts, vals);
-    if (rc != 0)
+    CUresult rc = cu.module_load_data_ex(&mod, ptx, 5, opts, vals);
+    if (rc != 0) {
         fprintf(stderr, "ptx_harness: the JIT log of %s:\n%s\n%s\n", k->name, error, info);
-    cu_check(rc, "cuModuleLoadDataEx");
-    cu_check(cu.module_get_function(&k->fn, mod, k->name), "cuModuleGetFunction");
-    if (k->dyn_smem) {
-        /* Past 48 KB a kernel must ask; the carveout preference (all of L1/shared as shared memory)
-         * lets registers, not the carveout, set how many work-groups an SM holds. */
-        cu_check(cu.func_set_attribute(k->fn, FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)k->dyn_smem),
-                 "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
-        cu_check(cu.func_set_attribute(k->fn, FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT, 100),
-                 "cuFuncSetAttribute(PREFERRED_SHARED_MEMORY_CARVEOUT)");
+        free(ptx);
+        return load_failed(k, "cuModuleLoadDataEx", rc);
+    }
+    if ((rc = cu.module_get_function(&k->fn, mod, k->name)) != 0) {
+        free(ptx);
+        return load_failed(k, "cuModuleGetFunction", rc);
+    }
+    /* Past 48 KB a kernel must ask; the carveout preference (all of L1/shared as shared memory)
+     * lets registers, not the carveout, set how many work-groups an SM holds. */
+    if (k->dyn_smem &&
+        ((rc = cu.func_set_attribute(k->fn, FUNC_MAX_DYNAMIC_SHARED_SIZE_BYTES, (int)k->dyn_smem)) != 0 ||
+         (rc = cu.func_set_attribute(k->fn, FUNC_PREFERRED_SHARED_MEMORY_CARVEOUT, 100)) != 0)) {
+        free(ptx);
+        return load_failed(k, "cuFuncSetAttribute (dynamic shared memory, carveout)", rc);
     }
     int regs = 0, smem = 0, local = 0;
     cu.func_get_attribute(&regs, FUNC_NUM_REGS, k->fn);
@@ -547,6 +564,7 @@ static void load_kernel(kernel *k, const cached_program *prog, const char *prefi
            k->role, k->name, target ? (int)strcspn(target, "\n") : 0, target ? target : "",
            strstr(ptx, ".maxnreg") ? "with .maxnreg" : "no .maxnreg", regs, smem, k->dyn_smem, local, (unsigned)envregs);
     free(ptx);
+    return 1;
 }
 
 /* Checks the argument list against the entry's declaration, then launches. */
@@ -624,8 +642,9 @@ static long compare(const char *what, const void *a, const void *b, size_t n, si
 }
 
 /* Element-wise comparison of n 16-bit gradients with the tolerance of a different summation order:
- * |got - ref| <= 2^-8 |ref| + 2^-12 max |ref| (a few units in the last place of float16). NaN never
- * passes. Returns the elements outside it, after printing the largest difference. */
+ * |got - ref| <= r |ref| + 2^-12 max |ref|, r = 2^-8 for float16 (a few units in its last place),
+ * 2^-6 for bfloat16 (two in its). NaN never passes. Returns the elements outside it, after printing
+ * the largest difference. */
 static long compare_close(const char *what, const void *ref, const void *got, size_t n, int bf16) {
     double amax = 0, worst = 0;
     for (size_t i = 0; i < n; ++i) {
@@ -641,7 +660,7 @@ static long compare_close(const char *what, const void *ref, const void *got, si
         memcpy(&u, (const char *)ref + 2 * i, 2);
         memcpy(&v, (const char *)got + 2 * i, 2);
         const double x = bits_value(u, bf16), y = bits_value(v, bf16), d = fabs(x - y);
-        if (!(d <= 0x1p-8 * fabs(x) + 0x1p-12 * amax))
+        if (!(d <= (bf16 ? 0x1p-6 : 0x1p-8) * fabs(x) + 0x1p-12 * amax))
             ++off;
         if (!(d <= worst))
             worst = d == d ? d : INFINITY;
@@ -751,7 +770,8 @@ static double time_backward(kernel *k, const cached_program *const *progs, int i
 /* ---- --study: tiles past NVIDIA's OpenCL limit ------------------------------------------------------
  * Issue 36 asks what the 48 KB of __local NVIDIA's OpenCL allows a work-group costs the backward. The
  * CUDA driver gives a kernel up to 227 KB of dynamic shared memory, so the harness builds
- * cl/flash_bwd_sm90.cl's kernels (the nv-wgmma TMA backward, head dim <= 64) through flashcl's own
+ * cl/flash_bwd_sm90.cl's kernels (the nv-wgmma backward; at head dims 65..128 flashcl runs it only
+ * under FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma, which the harness's own run must then have) through flashcl's own
  * program path with larger tiles than flashcl may choose, under -DSMEM_DYNAMIC=1 (the kernel file
  * says how the array is declared), and launches them with dynamic shared memory on the same inputs:
  *   WG      128 (one warpgroup, 64 keys or rows a work-group, today's) or 256 (two, 128: every
@@ -759,7 +779,8 @@ static double time_backward(kernel *k, const cached_program *const *progs, int i
  *   ROWS    the streamed tiles' rows, 32 (today's), 64, or 16 (WG 256 in two stages of 16 rows, 41 KB,
  *           is the one two-warpgroup shape that NVIDIA's OpenCL could run);
  *   STAGES  streamed pairs in flight, 2 (today's) to 8, a ring counted on TMA mbarriers;
- *   MAXNREG the dK/dV kernel's register cap (.maxnreg; flashcl's default kept when absent).
+ *   MAXNREG the dK/dV kernel's register cap (.maxnreg; 0 none; when absent, flashcl's with one
+ *           warpgroup, none with two: see study_options).
  * The dK/dV sum over rows and dQ's over keys run in the same k16 order whatever the tile, so the
  * gradients are expected bitwise equal to flashcl's; compare_close's tolerance still lets a different
  * order pass, and says which it was. */
@@ -768,7 +789,7 @@ typedef struct {
 } study_config;
 
 static int parse_study(const char *spec, study_config *c) {
-    *c = (study_config){128, 32, 2, 0};
+    *c = (study_config){128, 32, 2, -1};
     char buf[128];
     snprintf(buf, sizeof buf, "%s", spec);
     for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
@@ -785,7 +806,7 @@ static int parse_study(const char *spec, study_config *c) {
             return 0;
     }
     return (c->wg == 128 || c->wg == 256) && (c->rows == 16 || c->rows == 32 || c->rows == 64) && c->stages >= 2 &&
-           c->stages <= 8 && c->maxnreg >= 0 && c->maxnreg <= 255;
+           c->stages <= 8 && c->maxnreg >= -1 && c->maxnreg <= 255;
 }
 
 /* options with -DNAME=value set (replaced where present, else appended). */
@@ -807,18 +828,22 @@ static void set_define(char *options, size_t cap, const char *name, int value) {
     snprintf(at, cap - (size_t)(at - options), "%s%s", with, rest);
 }
 
-/* A study kernel's options: flashcl's TMA build's, with the config's tiles (the dK/dV kernel's cap
- * replaced when MAXNREG is given). 232448 bytes: the H200's dynamic shared memory a block may ask. */
+/* A study kernel's options: flashcl's build's, with the config's tiles, by TMA, and the dK/dV kernel's
+ * cap replaced when MAXNREG is given (0: none). Two warpgroups drop flashcl's cap unless given one:
+ * at 168 registers a work-group of 256 takes 43008, so an SM holds one either way, and the cap only
+ * spills. 232448 bytes: the H200's dynamic shared memory a block may ask. */
 static void study_options(char *out, size_t cap, const char *base, const study_config *c, int dkdv) {
     snprintf(out, cap, "%s", base);
     set_define(out, cap, "WG", c->wg);
     set_define(out, cap, "BLOCK_M", c->rows);
     set_define(out, cap, "BLOCK_N", c->rows);
     set_define(out, cap, "STAGES", c->stages);
+    set_define(out, cap, "USE_TMA", 1); /* more than one stage is counted on TMA's mbarriers */
     set_define(out, cap, "SMEM_LIMIT", 232448);
     set_define(out, cap, "SMEM_DYNAMIC", 1);
-    if (dkdv && c->maxnreg)
-        set_define(out, cap, "FLASHCL_NV_MAXNREG", c->maxnreg);
+    const int cap_regs = c->maxnreg >= 0 ? c->maxnreg : c->wg > 128 ? 0 : -1;
+    if (dkdv && cap_regs >= 0)
+        set_define(out, cap, "FLASHCL_NV_MAXNREG", cap_regs);
 }
 
 /* ---- main ---------------------------------------------------------------------------------------- */
@@ -964,7 +989,8 @@ int main(int argc, char **argv) {
     const cached_program *pick[3] = {NULL, NULL, NULL};
     for (int i = 0; i < np; ++i) {
         const int which = option_int(progs[i].options, "BWD_KERNEL", 0);
-        if (which < 1 || which > 3 || option_int(progs[i].options, "DTYPE", -1) != (int)desc.dtype)
+        if (which < 1 || which > 3 || option_int(progs[i].options, "DTYPE", -1) != (int)desc.dtype ||
+            option_int(progs[i].options, "SMEM_DYNAMIC", 0)) /* an earlier --study's build (same cache) */
             continue;
         const int tma = option_int(progs[i].options, "USE_TMA", 0);
         if (!pick[which - 1] || (tma && !option_int(pick[which - 1]->options, "USE_TMA", 0)))
@@ -1018,7 +1044,7 @@ int main(int argc, char **argv) {
     arg_layout(&kp->args, &r.out), arg_layout(&kp->args, &r.q); /* dout is packed like q */
     arg_u64(&kp->args, 0), arg_u64(&kp->args, env.dq_acc_off); /* di_off 0 */
     arg_i32(&kp->args, 0), arg_i32(&kp->args, N), arg_i32(&kp->args, D);
-    if (tma) { /* the work-groups' map slots, for the most work-groups any grid here has (64 rows each) */
+    if (tma || n_study > 0) { /* the work-groups' map slots, for the most work-groups any grid here has (64 rows each) */
         const size_t groups = (size_t)((N + 63) / 64) * (size_t)H * (size_t)B;
         cu_check(cu.mem_alloc(&env.slots, groups * 256), "cuMemAlloc"); /* FLASHCL_TMA_SLOT_BYTES */
     }
@@ -1057,13 +1083,13 @@ int main(int argc, char **argv) {
     /* ---- --study: the same backward with tiles NVIDIA's OpenCL cannot hold ---- */
     long study_bad = 0;
     if (n_study > 0) {
-        if (!tma || !strstr(o1, "-DFLASHCL_SM90A"))
-            die("%s", "--study takes the nv-wgmma backward with TMA copies (f16/bf16, head dim 32..64, compute "
-                      "capability 9.0), which flashcl did not run at this shape");
+        if (!strstr(o1, "-DFLASHCL_SM90A"))
+            die("%s", "--study takes the nv-wgmma backward (f16/bf16, head dim 32..64 by default, 65..128 under "
+                      "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma; compute capability 9.0), which flashcl did not run here");
         printf("\nstudy: the dK/dV and dQ kernels of cl/flash_bwd_sm90.cl with -DSMEM_DYNAMIC=1, tiles in the CUDA "
                "driver's dynamic shared memory (carveout preference: all shared), checked against flashcl's "
                "gradients, %d launches timed by cuEvents\n", iters);
-        printf("| WG | rows | stages | cap | dK/dV shared | dQ shared | registers dK/dV, dQ | groups an SM dK/dV, dQ "
+        printf("| WG | rows | stages | cap (-1: flashcl's) | dK/dV shared | dQ shared | registers dK/dV, dQ | groups an SM dK/dV, dQ "
                "| dK/dV us | dQ us | backward ms | TFLOP/s | check |\n"
                "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
         fflush(stdout);
@@ -1099,10 +1125,18 @@ int main(int argc, char **argv) {
                     sp[i + 1] = &again[j];
         if (!sp[1] || !sp[2])
             die("%s", "the study's programs are not in the disk cache (FLASHCL_CACHE off?)");
-        for (int i = 1; i < 3; ++i) {
-            /* cl/flash_bwd_sm90.cl's SMEM_BYTES: own block, the stages' pairs, 1024 to align them */
-            sk[i].dyn_smem = (unsigned)(2 * (c.wg / 2) * 128 + c.stages * 2 * c.rows * 128 + 1024);
-            load_kernel(&sk[i], sp[i], entries[i - 1], NULL, dump);
+        int loaded = 1;
+        for (int i = 1; i < 3 && loaded; ++i) {
+            /* cl/flash_bwd_sm90.cl's SMEM_BYTES: own block, the stages' pairs (128 bytes a row and
+             * 64-dim panel), 1024 to align them */
+            const int panels = (D + 63) / 64;
+            sk[i].dyn_smem = (unsigned)((2 * (c.wg / 2) + c.stages * 2 * c.rows) * 128 * panels + 1024);
+            loaded = load_kernel(&sk[i], sp[i], entries[i - 1], NULL, dump);
+        }
+        if (!loaded) {
+            printf("| %d | %d | %d | %d | did not load (above) |\n", c.wg, c.rows, c.stages, c.maxnreg);
+            ++study_bad;
+            continue;
         }
         set_tiled_launches(&sk[1], &sk[2], &env, c.wg, c.wg / 2, c.wg / 2, c.rows, c.rows, maps);
         const CUdeviceptr grads_at[3] = {env.dq, env.dk, env.dv};

@@ -1,7 +1,8 @@
 /* flash_bwd_sm90.cl: FlashAttention-2 backward on Hopper's warpgroup MMA (wgmma, sm_90a).
  *
  * The "nv-wgmma" backward variant, for float16/bfloat16 with 32 <= head_dim
- * <= 64 on compute capability 9.0. Same arguments, semantics and D_i pre-pass
+ * <= 64 on compute capability 9.0 (and, on request until it has run on a GPU,
+ * head_dim 65..128: two 128-byte panels, below). Same arguments, semantics and D_i pre-pass
  * as flash_bwd_nv.cl (whose comment gives the formulas), and the same two
  * kernels: dK/dV per key block, then dQ by a pass over query blocks (a fixed
  * order: deterministic); with DQ_ATOMIC (FLASHCL_BWD_PARAMS=DQ=atomic) the
@@ -53,6 +54,13 @@
  * and plain loads. On the H200 (4,32,4096,64) f16 ran 166 / 155 TFLOP/s
  * (none / causal) so, against 148 / 132 with cp.async (BENCHMARKS.md).
  *
+ * Head dims 65..128 (PANELS 2): every tile holds two 128-byte panels (dims
+ * 0-63, then 64-127), dK and dV (dQ) take 128 (64) registers a work-item,
+ * the gradient products are one m64n64 wgmma a panel, and the score products
+ * read the own block's K and V (Q and dO) from __local (SS: held A fragments
+ * would add 64 registers to dK's and dV's 128). In 48 KB that leaves one
+ * stage of 16-row tiles: 32 KB of own block, 8 KB of pair (42 KB).
+ *
  * For bench/ptx_harness.c's study of tiles past that limit (issue 36; the
  * library builds only WG 128 and one or two stages): WG 256, two warpgroups
  * owning 64 keys (rows) each, 128 a work-group, every streamed tile read by
@@ -80,16 +88,17 @@
 #define BLOCK_N 32 // dq: keys per streamed K/V tile, 32 or 64 (16: the study's)
 #endif
 
-#define OWN (WG / 2)           // keys (dkdv) or rows (dq) per work-group: 64 a warpgroup (its M)
-#define OWN_BYTES (OWN * 128)  // the work-group's own K, V (or Q, dO): 128 bytes a row
-#define K_STEPS 4              // k16 steps over the head dim (padded to 64)
-#define D_FRAGS 8              // n8 blocks over the head dim (padded to 64)
+#define PANELS ((HEAD_DIM + 63) / 64)  // 128-byte panels of 64 halves a row
+#define OWN (WG / 2)                    // keys (dkdv) or rows (dq) per work-group: 64 a warpgroup (its M)
+#define OWN_BYTES (OWN * 128 * PANELS)  // the work-group's own K, V (or Q, dO)
+#define K_STEPS (4 * PANELS)            // k16 steps over the head dim (padded to 64s)
+#define D_FRAGS (8 * PANELS)            // n8 blocks over the head dim (padded to 64s)
 #if BWD_KERNEL == 3
 #define TROWS BLOCK_N // rows of a streamed tile
 #else
 #define TROWS BLOCK_M
 #endif
-#define T_BYTES (TROWS * 128) // one streamed tile
+#define T_BYTES (TROWS * 128 * PANELS) // one streamed tile
 #define S_FRAGS (TROWS / 8)   // n8 blocks of S (S^T) per 16 rows
 #define T_STEPS (TROWS / 16)  // k16 steps over a streamed tile's rows (P^T dO, dS^T Q, dS K)
 /* SMEM_LIMIT: the bytes of __local a work-group may take, NVIDIA's OpenCL's
@@ -148,19 +157,26 @@
 #error "the tiles exceed SMEM_LIMIT (NVIDIA's OpenCL: ~47 KB of __local memory)"
 #endif
 /* A wgmma whose n is a streamed tile's rows (its B K-major); WGMMA_SS_NT the
- * same with both operands in __local, A M-major (DQ_ATOMIC's dQ^T = K^T dS^T). */
+ * same with both operands in __local, A M-major (DQ_ATOMIC's dQ^T = K^T dS^T);
+ * WGMMA_SS_K with A K-major (the scores at two panels). */
 #if TROWS == 64
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N64, d, a, desc, scale_d, 0)
 #define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N64, d, desc_a, desc_b, scale_d, 1, 0)
+#define WGMMA_SS_K(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N64, d, desc_a, desc_b, scale_d, 0, 0)
 #elif TROWS == 16
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N16, d, a, desc, scale_d, 0)
 #define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N16, d, desc_a, desc_b, scale_d, 1, 0)
+#define WGMMA_SS_K(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N16, d, desc_a, desc_b, scale_d, 0, 0)
 #else
 #define WGMMA_NT(d, a, desc, scale_d) WGMMA_RS(WG_N32, d, a, desc, scale_d, 0)
 #define WGMMA_SS_NT(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N32, d, desc_a, desc_b, scale_d, 1, 0)
+#define WGMMA_SS_K(d, desc_a, desc_b, scale_d) WGMMA_SS(WG_N32, d, desc_a, desc_b, scale_d, 0, 0)
 #endif
-#if HEAD_DIM < 32 || HEAD_DIM > 64
-#error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 64 (one 128-byte panel)"
+#if HEAD_DIM < 32 || HEAD_DIM > 128
+#error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 128 (one or two 128-byte panels)"
+#endif
+#if PANELS > 1 && DQ_ATOMIC
+#error "DQ_ATOMIC's dQ^T product is one 64-dim panel's (HEAD_DIM <= 64)"
 #endif
 #ifndef FLASHCL_NV_PTX
 #error "flash_bwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
@@ -194,8 +210,11 @@
     do {                                                                                           \
         if (tid == 0) {                                                                            \
             mbar_expect(TMA_BAR(st), 2u * T_BYTES);                                                \
-            tma_box(s_base + (at), x##_map_at, 0, n, h, b, TMA_BAR(st));                           \
-            tma_box(s_base + (at) + T_BYTES, y##_map_at, 0, n, h, b, TMA_BAR(st));                 \
+            _Pragma("unroll") for (int p_ = 0; p_ < PANELS; ++p_) {                                \
+                const uint pan_ = (uint)p_ * TROWS * 128u;                                         \
+                tma_box(s_base + (at) + pan_, x##_map_at, 64 * p_, n, h, b, TMA_BAR(st));          \
+                tma_box(s_base + (at) + T_BYTES + pan_, y##_map_at, 64 * p_, n, h, b, TMA_BAR(st)); \
+            }                                                                                      \
         }                                                                                          \
     } while (0)
 #define TMA_PAIR_WAIT(st, it) mbar_wait(TMA_BAR(st), TMA_PARITY(it))
@@ -209,12 +228,17 @@
 #define NEXT_STAGE(st) (st) ^= STAGES - 1
 #endif
 
-/* B operands, 64 x 64 tiles at shared address `tile` in the SW128 layout:
- * K-major (rows are n, dims are k: X Y^T over the head dim), k-step kk 32*kk
- * bytes into the panel; N-major (rows are k: A Y over the tile's rows), k-step
- * kk at its 16 rows. */
-#define B_K_MAJOR(tile, kk) sw128_desc((tile) + (uint)(kk)*32u)
+/* B operands, streamed tiles (TROWS rows) at shared address `tile` in the
+ * SW128 layout: K-major (rows are n, dims are k: X Y^T over the head dim),
+ * k-step kk 32*(kk%4) bytes into panel kk/4; N-major (rows are k: A Y over
+ * the tile's rows), k-step kk at its 16 rows, of the first panel (A Y takes
+ * one wgmma a panel). A_K_MAJOR: the same K-major steps of the own block (OWN
+ * rows), this warpgroup's 64 rows, as the A operand of an SS wgmma. */
+#define B_K_MAJOR(tile, kk) sw128_desc((tile) + (uint)((kk) / 4) * (TROWS * 128u) + (uint)((kk) % 4) * 32u)
 #define B_N_MAJOR(tile, kk) sw128_desc((tile) + (uint)(kk)*2048u)
+#define A_K_MAJOR(tile, kk)                                                                        \
+    sw128_desc((tile) + (uint)((kk) / 4) * (OWN * 128u) + (WG > 128 ? (uint)(warp / 4) * 8192u : 0u) +            \
+               (uint)((kk) % 4) * 32u)
 
 /* acc = A Y^T, A's fragments a[K_STEPS][4] (this warp's 16 rows of X), Y the
  * TROWS rows of the streamed tile at y: a product over the head dim, acc
@@ -228,18 +252,46 @@
     }
 
 /* acc += A Y, A's fragments a[T_STEPS][4] (TROWS wide, over Y's rows), Y the
- * streamed tile at y, acc 64 (head dims) wide. */
+ * streamed tile at y, acc HEAD_DIM wide: one m64n64 wgmma a 64-dim panel. */
+#if PANELS == 1
 #define CHAIN_AY(acc, a, y)                                                                        \
     _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk)                                         \
         WGMMA_RS(WG_N64, acc, (a)[kk], B_N_MAJOR(y, kk), 1, 1)
+#else
+#define CHAIN_AY(acc, a, y)                                                                        \
+    _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk)                                         \
+        _Pragma("unroll") for (int hh = 0; hh < PANELS; ++hh)                                      \
+            WGMMA_RS(WG_N64, (acc) + 8 * hh, (a)[kk], B_N_MAJOR((y) + (uint)hh * (TROWS * 128u), kk), 1, 1)
+#endif
 
 /* This warp's A fragments (rows 16*warp..) of the own block at x over the head dim. */
 #define LOAD_A_FRAGS(f, x) SW128_A_FRAGS(f, x, OWN, K_STEPS)
 
 /* s = X Y^T and dp = Z W^T over the head dim, waited for: X and Z the own
- * block's tiles at x and z (A fragments through ldmatrix), Y and W the
- * streamed tiles at y and w. S^T and dP^T in the dK/dV kernel, S and dP in
- * the dQ pass. */
+ * block's tiles at x and z, Y and W the streamed tiles at y and w. S^T and
+ * dP^T in the dK/dV kernel, S and dP in the dQ pass. At one panel X and Z
+ * are A fragments (ldmatrix, reloaded every tile); at two, 64 registers of
+ * them would join the 128 of dK and dV (at most 255), so the wgmma read X
+ * and Z from __local themselves (SS). */
+#if PANELS > 1
+#define CHAIN_SS_XYT(acc, x, y)                                                                    \
+    _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \
+        if (kk == 0)                                                                               \
+            WGMMA_SS_K(acc, A_K_MAJOR(x, kk), B_K_MAJOR(y, kk), 0);                                \
+        else                                                                                       \
+            WGMMA_SS_K(acc, A_K_MAJOR(x, kk), B_K_MAJOR(y, kk), 1);                                \
+    }
+#define SCORES(s, dp, x, y, z, w)                                                                  \
+    do {                                                                                           \
+        WGMMA_FENCE();                                                                             \
+        CHAIN_SS_XYT(s, x, y);                                                                     \
+        CHAIN_SS_XYT(dp, z, w);                                                                    \
+        WGMMA_COMMIT();                                                                            \
+        WGMMA_WAIT_ALL();                                                                          \
+        WG_FENCE_REGS(s, S_FRAGS);                                                                 \
+        WG_FENCE_REGS(dp, S_FRAGS);                                                                \
+    } while (0)
+#else
 #define SCORES(s, dp, x, y, z, w)                                                                  \
     do {                                                                                           \
         uint xf_[K_STEPS][4], zf_[K_STEPS][4];                                                     \
@@ -253,6 +305,7 @@
         WG_FENCE_REGS(s, S_FRAGS);                                                                 \
         WG_FENCE_REGS(dp, S_FRAGS);                                                                \
     } while (0)
+#endif
 
 /* A fragments of a TROWS-wide accumulator (n8 blocks 2kk, 2kk+1 per k-step). */
 #define PACK_A(a, acc)                                                                             \

@@ -239,8 +239,10 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
         }
         if (st != FLASHCL_SUCCESS)
             return st;
-        if (sm90a && (i == 1 || i == 2) && flashcl_backward_wgmma_stages(c->block_m, c->work_group_size) == 2 &&
-            flashcl_backward_wgmma_stages(c->block_n, c->work_group_size) == 2 && flashcl_tma_usable(ctx)) {
+        if (sm90a && (i == 1 || i == 2) &&
+            flashcl_backward_wgmma_stages(c->block_m, c->work_group_size, r->head_dim) == 2 &&
+            flashcl_backward_wgmma_stages(c->block_n, c->work_group_size, r->head_dim) == 2 &&
+            flashcl_tma_usable(ctx)) {
             /* The same kernel with its streamed tiles copied by TMA (where
              * both kernels' tiles take two stages, cl/flash_bwd_sm90.cl). If it
              * does not build, the cp.async kernel just built answers. */

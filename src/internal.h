@@ -475,7 +475,7 @@ int flashcl_backward_nv(const flashcl_backward_choice *c);
 /* Rows of keys (dK/dV) and of queries (dQ) one work-group of the choice owns. */
 int flashcl_backward_keys_per_group(const flashcl_backward_choice *c);
 /* cl/flash_bwd_sm90.cl's streamed stages (2 where they fit 48 KB, else 1) for tiles of `rows` rows. */
-int flashcl_backward_wgmma_stages(int rows, int work_group_size);
+int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim);
 int flashcl_backward_rows_per_group(const flashcl_backward_choice *c);
 
 /* ---- the pure-C host path (host_path.c) ---- */

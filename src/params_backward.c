@@ -23,9 +23,10 @@
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
- *     32..64; WG 128, 64 keys or rows a work-group, or 256, two warpgroups and
- *     128 (not with DQ=atomic); BLOCK_M and BLOCK_N 16, 32 or 64, within
- *     NVIDIA's 48 KB); a build failure re-picks without nv-wgmma entries (so nv-mma's).
+ *     32..64 by the table, 65..128 on request; WG 128, 64 keys or rows a
+ *     work-group, or 256, two warpgroups and 128 (not with DQ=atomic, nor
+ *     D > 64); BLOCK_M and BLOCK_N 16, 32 or 64, within NVIDIA's 48 KB); a
+ *     build failure re-picks without nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
  *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
  *     DQ=owner|atomic the cpu variant's: whole (batch, kv head) pairs a work-item with plain adds, or a
@@ -136,21 +137,23 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
 }
 
 /* cl/flash_bwd_sm90.cl's __local: the own rows of K and V (or Q and dO), 64
- * a warpgroup, 128 bytes a row, then STAGES pairs of streamed tiles of `rows`
- * rows, 1 KB to align the tiles, and the dK/dV kernel's LSE and D_i per
- * streamed row (stats: 1). STAGES is the kernel's default: two where they fit
- * NVIDIA's 48000 bytes, else one. */
-int flashcl_backward_wgmma_stages(int rows, int work_group_size) {
-    const size_t own = 2 * (size_t)(work_group_size / 2) * 128, pair = 2 * (size_t)rows * 128;
+ * a warpgroup, 128 bytes a row and 64-dim panel, then STAGES pairs of
+ * streamed tiles of `rows` rows, 1 KB to align the tiles, and the dK/dV
+ * kernel's LSE and D_i per streamed row (stats: 1). STAGES is the kernel's
+ * default: two where they fit NVIDIA's 48000 bytes, else one. */
+int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim) {
+    const size_t panels = ((size_t)head_dim + 63) / 64;
+    const size_t own = 2 * (size_t)(work_group_size / 2) * 128 * panels, pair = 2 * (size_t)rows * 128 * panels;
     const size_t row_stats = 2 * (size_t)rows * sizeof(float);
     return own + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
 }
 
-static size_t backward_wgmma_bytes(int rows, int work_group_size, int stats) {
-    const size_t own = 2 * (size_t)(work_group_size / 2) * 128, pair = 2 * (size_t)rows * 128;
+static size_t backward_wgmma_bytes(int rows, int work_group_size, int head_dim, int stats) {
+    const size_t panels = ((size_t)head_dim + 63) / 64;
+    const size_t own = 2 * (size_t)(work_group_size / 2) * 128 * panels, pair = 2 * (size_t)rows * 128 * panels;
     const size_t row_stats = 2 * (size_t)rows * sizeof(float);
-    return own + (size_t)flashcl_backward_wgmma_stages(rows, work_group_size) * (pair + (stats ? row_stats : 0)) +
-           1024;
+    const size_t stages = (size_t)flashcl_backward_wgmma_stages(rows, work_group_size, head_dim);
+    return own + stages * (pair + (stats ? row_stats : 0)) + 1024;
 }
 
 static int backward_variant_nv(flashcl_backward_variant variant) {
@@ -182,9 +185,9 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
     if (variant == FLASHCL_BWD_NV_WGMMA) {
         /* DQ=atomic: the dK/dV kernel holds a tile of dS (block_m rows of 128 bytes) as well */
-        const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, 1) +
+        const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, head_dim, 1) +
                             (dq_atomic == 1 ? (size_t)block_m * 128 : 0);
-        const size_t dq = backward_wgmma_bytes(block_n, work_group_size, 0);
+        const size_t dq = backward_wgmma_bytes(block_n, work_group_size, head_dim, 0);
         return dkdv > dq ? dkdv : dq;
     }
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
@@ -198,10 +201,11 @@ static int backward_nv_applies(const flashcl_context *ctx, const flashcl_attenti
 }
 
 /* 1 when the nv-wgmma kernels apply: compute capability 9.0 exactly (sm_90a
- * code runs there only), unless they failed to build here. */
+ * code runs there only), unless they failed to build here. Head dims 65..128
+ * have no table entry: FLASHCL_BWD_PARAMS or a tuning file asks for them. */
 static int backward_wgmma_applies(const flashcl_context *ctx, const flashcl_attention_desc *d) {
     return !ctx->is_host && !ctx->no_sm90a_bwd && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
-           d->dtype != FLASHCL_FLOAT32 && d->head_dim >= 32 && d->head_dim <= 64;
+           d->dtype != FLASHCL_FLOAT32 && d->head_dim >= 32 && d->head_dim <= 128;
 }
 
 /* Whether a variant's kernels apply to the device and problem (the portable and cpu ones always do). */
@@ -231,7 +235,7 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
         snprintf(why, n, "the nv-mma backward needs NVIDIA sm_80+, float16 or bfloat16 and head_dim <= 128");
     else if (variant == FLASHCL_BWD_NV_WGMMA && !backward_wgmma_applies(ctx, d))
         snprintf(why, n, "the nv-wgmma backward needs NVIDIA compute capability 9.0 whose driver builds sm_90a, "
-                 "float16 or bfloat16 and head_dim 32..64");
+                 "float16 or bfloat16 and head_dim 32..128");
     else if (variant == FLASHCL_BWD_NV_WGMMA && ((work_group_size != 128 && work_group_size != 256) ||
                                                  !wgmma_tile_rows(block_m) || !wgmma_tile_rows(block_n)))
         snprintf(why, n, "the nv-wgmma backward is one or two warpgroups (WG 128 or 256) streaming tiles of 16, "
@@ -239,6 +243,8 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
                  block_n);
     else if (variant == FLASHCL_BWD_NV_WGMMA && work_group_size != 128 && dq_atomic == 1)
         snprintf(why, n, "the nv-wgmma backward adds dQ with atomics (DQ=atomic) with one warpgroup only (WG 128)");
+    else if (variant == FLASHCL_BWD_NV_WGMMA && d->head_dim > 64 && dq_atomic == 1)
+        snprintf(why, n, "the nv-wgmma backward adds dQ with atomics (DQ=atomic) at head_dim <= 64 only");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)
         snprintf(why, n, "nv-wgmma backward tiles (WG %d, BLOCK_M %d, BLOCK_N %d) need %zu bytes of local memory, "
                  "over NVIDIA's 48000", work_group_size, block_m, block_n, local);

@@ -591,9 +591,10 @@ static void mma(flashcl_context *ctx) {
 #endif
 }
 
-/* `test_backward wgmma`: cl/flash_bwd_sm90.cl forced, over its head dims (32..64,
- * padded to 64), masks, windows, soft-cap, GQA and MQA, layouts (the padded one
- * takes the plain-load path), one row, one key. Skips (passing) where nv-wgmma
+/* `test_backward wgmma`: cl/flash_bwd_sm90.cl forced, over its head dims (32..128,
+ * padded to 64s), tiles (one or two warpgroups, 16-, 32- and 64-row tiles),
+ * masks, windows, soft-cap, GQA and MQA, layouts (the padded one takes the
+ * plain-load path), one row, one key. Skips (passing) where nv-wgmma
  * does not apply (no compute capability 9.0, or a driver without sm_90a). */
 static void wgmma(flashcl_context *ctx) {
     const char *env = "VARIANT=nv-wgmma";
@@ -618,6 +619,10 @@ static void wgmma(flashcl_context *ctx) {
         {40, "VARIANT=nv-wgmma,WG=256"},
         {59, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=32"},
         {48, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16"},   /* one warpgroup, 16-row tiles */
+        /* head dims 65..128 (on request): two 64-dim panels, SS score products, one stage of 16 rows */
+        {128, "VARIANT=nv-wgmma"},
+        {96, "VARIANT=nv-wgmma"},
+        {80, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16"},    /* padded to two panels */
     };
     for (int i = 0; i < COUNT(configs); ++i)
         run_config_shapes(ctx, i, configs[i].d, configs[i].env);

@@ -985,14 +985,23 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.work_group_size == 256 &&
                flashcl_backward_keys_per_group(&c) == 128 && flashcl_backward_rows_per_group(&c) == 128 &&
-               flashcl_backward_wgmma_stages(16, 256) == 2,
+               flashcl_backward_wgmma_stages(16, 256, 64) == 2,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 16-row tiles in two stages", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 48, "WG=256", 0, &c) == FLASHCL_SUCCESS &&
-               c.work_group_size == 256 && c.block_m == 32 && flashcl_backward_wgmma_stages(32, 256) == 1 &&
-               flashcl_backward_wgmma_stages(32, 128) == 2 && flashcl_backward_wgmma_stages(64, 128) == 1,
+               c.work_group_size == 256 && c.block_m == 32 && flashcl_backward_wgmma_stages(32, 256, 64) == 1 &&
+               flashcl_backward_wgmma_stages(32, 128, 64) == 2 && flashcl_backward_wgmma_stages(64, 128, 64) == 1,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 32-row tiles (one stage)", &failures);
+    /* Head dims 65..128 on request: two 64-dim panels, one stage of 16-row tiles (42 KB); no table entry. */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 16 && c.block_n == 16 && c.work_group_size == 128 &&
+               c.nv_max_registers == 0 && flashcl_backward_wgmma_stages(16, 128, 128) == 1 &&
+               flashcl_backward_wgmma_stages(16, 128, 96) == 1,
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at D=128: 16-row tiles, one stage, no register cap", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA,
+           "... but not chosen by the table at D=128 (nv-mma) until it has run on a GPU", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
-               c.work_group_size == 128 && c.block_m == 16 && flashcl_backward_wgmma_stages(16, 128) == 2,
+               c.work_group_size == 128 && c.block_m == 16 && flashcl_backward_wgmma_stages(16, 128, 64) == 2,
            "FLASHCL_BWD_PARAMS: nv-wgmma with 16-row tiles", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 1, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
@@ -1057,7 +1066,10 @@ static void test_backward_levels(void) {
                    {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=64", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic", "one warpgroup only"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
-                   {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "head_dim 32..64"},
+                   {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 160, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16", "head_dim 32..128"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,DQ=atomic", "head_dim <= 64 only"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=16", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-mma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 256, "VARIANT=nv-mma,BLOCK_M=16,BLOCK_N=16,WG=32", "head_dim <= 128"}};
