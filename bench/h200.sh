@@ -133,11 +133,18 @@ if [ "$what" = study ]; then
     dims=${shape%,causal}; tag=study-${shape//,/-}; causal=; [ "$dims" != "$shape" ] && causal=--causal
     # Head dims past 64: flashcl runs nv-wgmma there only when asked (one stage of 16-row tiles).
     configs=$configs64 params=; [ "${dims##*,}" -gt 64 ] && configs=$configs128 params=VARIANT=nv-wgmma
-    rm -rf "/tmp/$tag" # a fresh cache: this run's programs only
+    rm -rf "/tmp/$tag" "/tmp/$tag-ptx" && mkdir -p "/tmp/$tag-ptx" # a fresh cache: this run's programs only
     echo "== ptx_harness ${dims//,/ } $causal --study ... ${params:+(FLASHCL_BWD_PARAMS=$params)}" | tee "$out/$tag.log"
     env ${params:+FLASHCL_BWD_PARAMS=$params} timeout 200 ./build-gpu/ptx_harness ${dims//,/ } $causal --iters 20 \
-      --cache "/tmp/$tag" $(printf -- '--study %s ' $configs) 2>&1 | tee -a "$out/$tag.log"
+      --cache "/tmp/$tag" --dump "/tmp/$tag-ptx" $(printf -- '--study %s ' $configs) 2>&1 | tee -a "$out/$tag.log"
     echo "ptx_harness exit ${PIPESTATUS[0]}" | tee -a "$out/$tag.log"
+    # NVIDIA's own PTX of every kernel the harness ran, assembled for sm_90a: no register a warpgroup
+    # MMA reads or writes may be written while it is in flight (scripts/wgmma_inflight.py).
+    echo "== SASS check (ptxas, cuobjdump, scripts/wgmma_inflight.py) of the kernels above" | tee -a "$out/$tag.log"
+    for p in /tmp/$tag-ptx/*.cuda.ptx; do
+      /usr/local/cuda/bin/ptxas -arch=sm_90a "$p" -o "${p%.ptx}.cubin" && /usr/local/cuda/bin/cuobjdump -sass "${p%.ptx}.cubin" > "${p%.ptx}.sass"
+    done
+    python3 scripts/wgmma_inflight.py /tmp/$tag-ptx/*.sass 2>&1 | sed "s#/tmp/$tag-ptx/##" | tail -n 40 | tee -a "$out/$tag.log"
   done
   echo "== PyTorch's backward at the same shapes (f16), flashcl's through the OpenCL API beside it"
   torch_shapes=$(for s in $shapes; do echo "${s%,causal}"; done | sort -u)

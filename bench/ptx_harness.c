@@ -448,6 +448,7 @@ typedef struct {
     CUfunction fn;
     unsigned grid[3], block;
     unsigned dyn_smem; /* > 0: the tiles in this many bytes of dynamic shared memory (the --study builds) */
+    char tag[32];      /* --dump's file names: "" for flashcl's kernels, ".study-N" for the N-th config's */
     arg_list args;
 } kernel;
 
@@ -519,13 +520,13 @@ static int load_kernel(kernel *k, const cached_program *prog, const char *prefix
     }
     if (dump) { /* the PTX as flashcl's cache holds it, and as the CUDA driver gets it */
         char path[4200];
-        snprintf(path, sizeof path, "%s/%s%s.ptx", dump, k->name, k->dyn_smem ? ".study" : "");
+        snprintf(path, sizeof path, "%s/%s%s.ptx", dump, k->name, k->tag);
         FILE *f = fopen(path, "w");
         if (f) {
             fputs(prog->ptx, f);
             fclose(f);
         }
-        snprintf(path, sizeof path, "%s/%s%s.cuda.ptx", dump, k->name, k->dyn_smem ? ".study" : "");
+        snprintf(path, sizeof path, "%s/%s%s.cuda.ptx", dump, k->name, k->tag);
         if ((f = fopen(path, "w"))) {
             fputs(ptx, f);
             fclose(f);
@@ -1131,6 +1132,7 @@ int main(int argc, char **argv) {
              * 64-dim panel), 1024 to align them */
             const int panels = (D + 63) / 64;
             sk[i].dyn_smem = (unsigned)((2 * (c.wg / 2) + c.stages * 2 * c.rows) * 128 * panels + 1024);
+            snprintf(sk[i].tag, sizeof sk[i].tag, ".study-%d", si + 1);
             loaded = load_kernel(&sk[i], sp[i], entries[i - 1], NULL, dump);
         }
         if (!loaded) {
