@@ -4,11 +4,13 @@
 # and the ones its GPU tests force; the tensor-core kernels must contain mma.sync and keep
 # their fragments in registers (no local_depot), as the portable forward (which NVIDIA runs
 # too when asked) must keep its private tiles; when ptxas is at hand, it assembles the
-# PTX for sm_90, which checks every inline PTX instruction. Registers are printed, not
-# judged: clang's PTX is not NVIDIA's, and only the GPU's own build log counts them.
-#   test_nv_kernels.sh CL_DIR SHIM CLANG [PTXAS]
+# PTX for sm_90, which checks every inline PTX instruction; with cuobjdump as well, the sm_90a
+# kernels' SASS must write no register of a warpgroup MMA in flight (scripts/wgmma_inflight.py).
+# Registers are printed, not judged: clang's PTX is not NVIDIA's, and only the GPU's own build
+# log counts them.
+#   test_nv_kernels.sh CL_DIR SHIM CLANG [PTXAS [CUOBJDUMP]]
 set -uo pipefail
-cl=$1 shim=$2 clang=$3 ptxas=${4:-}
+cl=$1 shim=$2 clang=$3 ptxas=${4:-} cuobjdump=${5:-}
 tmp=$(mktemp -d /tmp/flashcl-nv-kernels.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 failures=0 cases=0
@@ -151,8 +153,16 @@ for c in "${configs[@]}"; do
       echo "$name: FAILED (ptxas)"; grep -v '^ptxas info' "$tmp/log" | head -n 20; failures=$((failures + 1)); continue
     fi
     regs=", ptxas: $(grep -o 'Used [0-9]* registers' "$tmp/log" | tr '\n' ' ')"
+    if [ "$mma" = 3 ] && [ -n "$cuobjdump" ]; then
+      "$cuobjdump" -sass "$tmp/k.cubin" > "$tmp/k.sass" 2>&1
+      if ! python3 "$cl/../scripts/wgmma_inflight.py" "$tmp/k.sass" > "$tmp/inflight" 2>&1; then
+        echo "$name: FAILED (a warpgroup MMA's register written in flight)"; head -n 5 "$tmp/inflight"
+        failures=$((failures + 1)); continue
+      fi
+      regs="$regs, SASS: $(tail -n 1 "$tmp/inflight" | sed 's/^[^:]*: //')"
+    fi
   fi
   echo "$name: ok ($n_mma mma$regs)"
 done
-echo "$((cases - failures)) of $cases kernel builds passed${ptxas:+ (assembled by ptxas)}"
+echo "$((cases - failures)) of $cases kernel builds passed${ptxas:+ (assembled by ptxas)}${cuobjdump:+ (SASS checked)}"
 [ "$failures" -eq 0 ]
