@@ -171,7 +171,8 @@ if [ "$what" = pending ]; then
   # MMA" and "The Q-register fault found in SASS"), in one call: the FP8 kernel's two products
   # alone, its test cases, then (only if those pass) its registers and speed against both bars
   # (`fp8` adds its accuracy); the Q_KEEP study (of the three builds the middle one, Q neither
-  # reloaded nor kept, should fail); the SASS check below.
+  # reloaded nor kept, should fail); test_backward wgmma (the backward's opt-in shapes); the SASS
+  # check below, which also runs scripts/wgmma_inflight.py.
   ok=1
   gpu_test test_wgmma_layout || ok=0
   gpu_test test_fp8_forward || ok=0
@@ -183,6 +184,9 @@ if [ "$what" = pending ]; then
   for o in -DQ_PER_TILE=0 -DQ_PER_TILE=0+-DQ_KEEP=0 -DQ_KEEP=1; do
     FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
   done
+  # The nv-wgmma backward's new shapes, on request only (two warpgroups, 16-row tiles, head dims
+  # 65..128): test_backward wgmma runs them beside the validated ones; `study` then times them.
+  gpu_test "test_backward wgmma" pending
   # The shipping nv-wgmma forward as NVIDIA's compiler builds it: its sm_90a PTX from a fresh
   # kernel cache, assembled by ptxas, and scripts/wgmma_a_regs.py on the SASS (its verdict: writes
   # in the key loop of S-chain A registers that no LDSM reloads before the chain, the Q-register
@@ -207,6 +211,7 @@ PY
     echo "-- $f: $(grep -o 'Used [0-9]* registers' <(ptxas -arch=sm_90a -v "$f" -o "${f%.ptx}.cubin" 2>&1))"
     cuobjdump -sass "${f%.ptx}.cubin" > "${f%.ptx}.sass" && python3 scripts/wgmma_a_regs.py "${f%.ptx}.sass" |
       grep -v "^  0x"  # the loop, the registers, the verdict; not each write
+    python3 scripts/wgmma_inflight.py "${f%.ptx}.sass" | tail -n 5
   done
   exit 0
 fi
