@@ -1,0 +1,277 @@
+#!/usr/bin/env python3
+"""scripts/wgmma_bwd_layout_model.py: a model of flash_bwd_sm90.cl's __local layout and wgmma operand reads (numpy; no GPU).
+
+Written to review f17e189 (head dims 65..128, two warpgroups, 16-row tiles) before any GPU run: the
+kernels' eight products over D 40/64/96/128, TROWS 16/32/64, WG 128/256, stage bases up to 256 KB,
+compared exactly with numpy. MUT=<name> plants one known error (see the code) to show the model
+catches it. Run: python3 scripts/wgmma_bwd_layout_model.py (about 25 s).
+
+Layout: SW128_OFFSET (common_nv.cl:112) / TMA SWIZZLE_128B (boxes {64, TROWS}, one a panel).
+Descriptors: sw128_desc (common_nv.cl:120) encoded, then decoded the way the hardware reads them
+(PTX ISA "matrix descriptor"; CUTLASS mma_traits_sm90_gmma.hpp canonical layouts, uint128 units):
+  K-major  B128: Swizzle<3,4,3> o ((8,m),2):((8,SBO),1)          (LBO unused)
+  MN-major B128: Swizzle<3,4,3> o ((8,n),(8,k)):((1,LBO),(8,SBO))
+The swizzle acts on the absolute shared address: bits [4:6] ^= bits [7:9] (base_offset 0).
+Fragments: RS A (m64nNk16, per warp = m16n8k16's A), accumulator (row 16w+g(+8), col 8j+2t(+1)).
+"""
+import itertools, sys
+import numpy as np, os
+MUT = os.environ.get("MUT", "")
+
+SMEM = 256 * 1024
+
+
+def sw128_offset(r, c, nrows):  # bytes, chunk c (16 B) of row r
+    return ((c >> 3) * nrows + r) * 128 + (((c & 7) ^ (r & 7)) << 4)
+
+
+def sw128_desc(addr):
+    return ((addr & (0xFFFF if MUT == 'mask16' else 0x3FFFF)) >> 4) | ((1024 >> 4) << 16) | (((512 if MUT == 'sbo512' else 1024) >> 4) << 32) | (1 << 62)
+
+
+def swz(addr):
+    return addr ^ (((addr >> 7) & 7) << 4)
+
+
+def decode(desc):
+    start = (desc & 0x3FFF) << 4
+    lbo = ((desc >> 16) & 0x3FFF) << 4
+    sbo = ((desc >> 32) & 0x3FFF) << 4
+    base_off = (desc >> 49) & 7
+    mode = (desc >> 62) & 3
+    assert mode == 1 and base_off == 0
+    assert start & 0x380 == 0, 'start not on a 1024-byte swizzle row phase: base_offset would matter'
+    return start, lbo, sbo
+
+
+class Smem:
+    def __init__(self):
+        self.m = np.full(SMEM // 2, np.nan)  # halves; NaN = never written
+        self.owner = {}
+
+    def put_tile(self, base, mat, nrows, panels):
+        """nv_copy_rows_to(sw128=1): rows >= mat.shape[0] and dims >= head_dim zero."""
+        assert base % 1024 == 0
+        for r in range(nrows):
+            for c in range(8 * panels):
+                off = base + sw128_offset(r, c, nrows)
+                for e in range(8):
+                    d = 8 * c + e
+                    v = mat[r, d] if r < mat.shape[0] and d < mat.shape[1] else 0.0
+                    self.m[(off >> 1) + e] = v
+
+    def put_tma(self, dst, mat, nrows, panels):
+        """TMA_PAIR: one box {64, nrows} a panel at dst + p*nrows*128, coordinate 64p; the
+        SWIZZLE_128B pattern is the address's (dst panel 1024-aligned): 16-byte chunk c of
+        box row r at r*128 + ((c ^ (addr bits 7-9)) << 4)."""
+        for p in range(panels):
+            pd = dst + p * nrows * 128
+            for r in range(nrows):
+                for c in range(8):
+                    lin = pd + r * 128 + c * 16
+                    for e in range(8):
+                        d = 64 * p + 8 * c + e
+                        v = mat[r, d] if r < mat.shape[0] and d < mat.shape[1] else 0.0
+                        self.m[(swz(lin) >> 1) + e] = v
+
+    def rd(self, addr):
+        v = self.m[addr >> 1]
+        if np.isnan(v):
+            raise RuntimeError("read of unwritten __local at %#x" % addr)
+        return v
+
+    def kmajor(self, desc, rows):
+        """rows x 16 operand, K-major, 128B swizzle: element (i, k)."""
+        start, lbo, sbo = decode(desc)
+        out = np.zeros((rows, 16))
+        for i in range(rows):
+            for k in range(16):
+                lin = start + (i // 8) * sbo + (i % 8) * 128 + (k // 8) * 16 + (k % 8) * 2
+                out[i, k] = self.rd(swz(lin))
+        return out
+
+    def nmajor(self, desc, n):
+        """16 x n operand (k rows), MN-major, 128B swizzle: element (k, j)."""
+        start, lbo, sbo = decode(desc)
+        out = np.zeros((16, n))
+        for k in range(16):
+            for j in range(n):
+                lin = start + (j // 64) * lbo + ((j % 64) // 8) * 16 + (j % 8) * 2 + (k // 8) * sbo + (k % 8) * 128
+                out[k, j] = self.rd(swz(lin))
+        return out
+
+
+# ---- register fragments (per warp of a warpgroup: 32 lanes) ----
+def acc_from_matrix(Mwg, nfr):
+    """64 x (8 nfr) warpgroup accumulator -> d[warp][lane][j][e]."""
+    d = np.zeros((4, 32, nfr, 4))
+    for w, lane, j, e in itertools.product(range(4), range(32), range(nfr), range(4)):
+        g, t = lane // 4, lane % 4
+        d[w, lane, j, e] = Mwg[16 * w + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)]
+    return d
+
+
+def acc_to_matrix(d):
+    nfr = d.shape[2]
+    M = np.full((64, 8 * nfr), np.nan)
+    for w, lane, j, e in itertools.product(range(4), range(32), range(nfr), range(4)):
+        g, t = lane // 4, lane % 4
+        r, c = 16 * w + g + 8 * (e >> 1), 8 * j + 2 * t + (e & 1)
+        assert np.isnan(M[r, c])
+        M[r, c] = d[w, lane, j, e]
+    assert not np.isnan(M).any()
+    return M
+
+
+def pack_a(d, t_steps):
+    """PACK_A / ACC_TO_A: a[kk] = {lo0,lo1},{lo2,lo3},{hi0,hi1},{hi2,hi3}; a pair is (lo half, hi half)."""
+    a = np.zeros((4, 32, t_steps, 4, 2))
+    for w, lane, kk in itertools.product(range(4), range(32), range(t_steps)):
+        lo, hi = d[w, lane, 2 * kk], d[w, lane, 2 * kk + 1]
+        a[w, lane, kk] = [(lo[0], lo[1]), (hi[0], hi[1]), (lo[2], lo[3]), (hi[2], hi[3])] if MUT == 'pack' else [(lo[0], lo[1]), (lo[2], lo[3]), (hi[0], hi[1]), (hi[2], hi[3])]
+    return a
+
+
+def a_regs_to_matrix(a, kk):
+    """wgmma m64nNk16 RS A: warp w rows 16w..; a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..)."""
+    M = np.full((64, 16), np.nan)
+    for w, lane in itertools.product(range(4), range(32)):
+        g, t = lane // 4, lane % 4
+        for i, (dr, dc) in enumerate([(0, 0), (8, 0), (0, 8), (8, 8)]):
+            for h in range(2):
+                r, c = 16 * w + g + dr, 2 * t + dc + h
+                assert np.isnan(M[r, c])
+                M[r, c] = a[w, lane, kk, i, h]
+    assert not np.isnan(M).any()
+    return M
+
+
+def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
+    PANELS = (D + 63) // 64
+    OWN = WG // 2
+    OWN_BYTES = OWN * 128 * PANELS
+    K_STEPS = 4 * PANELS
+    T_BYTES = TROWS * 128 * PANELS
+    STAGE_BYTES = 2 * T_BYTES
+    S_FRAGS, T_STEPS = TROWS // 8, TROWS // 16
+    DP = 64 * PANELS
+    sm = Smem()
+    ri = lambda r, c: rng.integers(-4, 5, size=(r, c)).astype(np.float64)
+    X, Z = ri(OWN, D), ri(OWN, D)          # own block: K, V (dkdv) or Q, dO (dq)
+    Y, W = ri(TROWS, D), ri(TROWS, D)      # streamed: Q, dO (dkdv) or K, V (dq)
+    x_own, z_own = s_base, s_base + OWN_BYTES
+    sm.put_tile(x_own, X, OWN, PANELS)     # COPY_TILE(0u, ...)
+    sm.put_tile(z_own, Z, OWN, PANELS)     # COPY_TILE(OWN_BYTES, ...)
+    y_tile = s_base + 2 * OWN_BYTES + stage * STAGE_BYTES
+    w_tile = y_tile + T_BYTES
+    assert w_tile + T_BYTES <= s_base + 2 * OWN_BYTES + stages * STAGE_BYTES
+    if stage % 2:  # alternate the two fill paths
+        sm.put_tile(y_tile, Y, TROWS, PANELS)
+        sm.put_tile(w_tile, W, TROWS, PANELS)
+    else:
+        sm.put_tma(y_tile, Y, TROWS, PANELS)
+        sm.put_tma(w_tile, W, TROWS, PANELS)
+    pad = lambda M: np.pad(M, ((0, 0), (0, DP - M.shape[1])))
+    fails = []
+    for wgi in range(WG // 128):
+        rows = slice(64 * wgi, 64 * wgi + 64)
+        warp = 4 * wgi  # any warp of the warpgroup: warp / 4 is uniform
+
+        def A_K_MAJOR(tile, kk):
+            return sw128_desc(tile + (kk // 4) * ((TROWS if MUT == 'a_panel' else OWN) * 128) + ((warp // 4) * 8192 if WG > 128 and MUT != 'no8192' else 0) + (kk % 4) * 32)
+
+        def B_K_MAJOR(tile, kk):
+            return sw128_desc(tile + (kk // 4) * (TROWS * 128) + (kk % 4) * 32)
+
+        def B_N_MAJOR(tile, kk):
+            return sw128_desc(tile + kk * 2048)
+
+        def chain_ss_xyt(x, y):  # CHAIN_SS_XYT: m64 n TROWS k16, both K-major
+            acc = np.zeros((64, TROWS))
+            for kk in range(K_STEPS):
+                A = sm.kmajor(A_K_MAJOR(x, kk), 64)
+                B = sm.kmajor(B_K_MAJOR(y, kk), TROWS)
+                acc = (acc if kk else 0) + A @ B.T
+            return acc
+
+        s = chain_ss_xyt(x_own, y_tile)
+        dp = chain_ss_xyt(z_own, w_tile)
+        for name, got, want in (("S(T)=X Y^T", s, X[rows] @ Y.T), ("dP(T)=Z W^T", dp, Z[rows] @ W.T)):
+            if not np.array_equal(got, want):
+                bad = np.argwhere(got != want)
+                fails.append("%s wg%d: %d bad, first %s" % (name, wgi, len(bad), bad[:4].tolist()))
+        # accumulator fragments as the elementwise code sees them
+        s_fr = acc_from_matrix(s, S_FRAGS)
+        dp_fr = acc_from_matrix(dp, S_FRAGS)
+        assert np.array_equal(acc_to_matrix(s_fr), s)
+        # elementwise step stand-ins: P^T := S^T / 2, dS^T := dP^T (exact in f16 for small ints)
+        P = s / 2
+        dS = dp
+        pa = pack_a(acc_from_matrix(P, S_FRAGS), T_STEPS)
+        da = pack_a(acc_from_matrix(dS, S_FRAGS), T_STEPS)
+        for kk in range(T_STEPS):
+            assert np.array_equal(a_regs_to_matrix(pa, kk), P[:, 16 * kk:16 * kk + 16])
+            assert np.array_equal(a_regs_to_matrix(da, kk), dS[:, 16 * kk:16 * kk + 16])
+
+        def chain_ay(a, y):  # CHAIN_AY, PANELS 2: acc + 8 hh, B at y + hh*TROWS*128 + kk*2048
+            acc = np.zeros((64, 8 * 8 * PANELS))
+            for kk in range(T_STEPS):
+                A = a_regs_to_matrix(a, kk)
+                for hh in range(PANELS):
+                    if PANELS == 1:
+                        B = sm.nmajor(B_N_MAJOR(y, kk), 64)
+                    else:
+                        B = sm.nmajor(B_N_MAJOR(y + hh * ((OWN if MUT == 'ay_panel' else TROWS) * 128), kk), 64)
+                    acc[:, 64 * hh:64 * hh + 64] += A @ B
+            return acc
+
+        if kernel == "dkdv":
+            dv = chain_ay(pa, w_tile)   # dV += P^T dO   (w = dO tile)
+            dk = chain_ay(da, y_tile)   # dK += dS^T Q   (y = Q tile)
+            checks = (("dV+=P^T dO", dv, P @ pad(W)), ("dK+=dS^T Q", dk, dS @ pad(Y)))
+        else:
+            dq = chain_ay(da, y_tile)   # dQ += dS K     (y = K tile)
+            checks = (("dQ+=dS K", dq, dS @ pad(Y)),)
+        for name, got, want in checks:
+            # fragments of the D_FRAGS-wide accumulator round trip too
+            assert np.array_equal(acc_to_matrix(acc_from_matrix(got, 8 * PANELS)), got)
+            if not np.array_equal(got, want):
+                bad = np.argwhere(got != want)
+                fails.append("%s wg%d: %d bad, first %s" % (name, wgi, len(bad), bad[:4].tolist()))
+    return fails
+
+
+def desc_field_check():
+    """Every shared address < 256 KB, 16-byte aligned: the 14-bit start field round-trips."""
+    for addr in range(0, SMEM, 16):
+        assert ((sw128_desc(addr) & 0x3FFF) << 4) == addr
+    return True
+
+
+def main():
+    rng = np.random.default_rng(1)
+    desc_field_check()
+    total = bad = 0
+    for kernel, D, TROWS, WG in itertools.product(("dkdv", "dq"), (128, 96, 64, 40), (16, 32, 64), (128, 256)):
+        PANELS = (D + 63) // 64
+        OWN_BYTES = (WG // 2) * 128 * PANELS
+        STAGE_BYTES = 2 * TROWS * 128 * PANELS
+        # stages as large as fit ~170 KB, and bases: 0, 1 KB, and one pushing the last stage near 256 KB
+        stages = max(1, min(8, (170 * 1024 - 2 * OWN_BYTES - 1024) // STAGE_BYTES))
+        span = 2 * OWN_BYTES + stages * STAGE_BYTES
+        for s_base in sorted({0, 1024, (SMEM - span) // 1024 * 1024}):
+            for stage in sorted({0, stages - 1}):
+                f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng)
+                total += 1
+                tag = "%s D=%d TROWS=%d WG=%d base=%#x stage=%d/%d" % (kernel, D, TROWS, WG, s_base, stage, stages)
+                if f:
+                    bad += 1
+                    print("FAIL", tag, *f, sep="\n  ")
+                else:
+                    print("ok  ", tag)
+    print("%d configs, %d failing" % (total, bad))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
