@@ -274,38 +274,32 @@
  * them would join the 128 of dK and dV (at most 255), so the wgmma read X
  * and Z from __local themselves (SS). */
 #if PANELS > 1
-#define CHAIN_SS_XYT(acc, x, y)                                                                    \
+#define SCORES_A_FRAGS(x, z) /* none: the wgmma read X and Z */
+#define CHAIN_S(acc, f, x, y)                                                                      \
     _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \
         if (kk == 0)                                                                               \
             WGMMA_SS_K(acc, A_K_MAJOR(x, kk), B_K_MAJOR(y, kk), 0);                                \
         else                                                                                       \
             WGMMA_SS_K(acc, A_K_MAJOR(x, kk), B_K_MAJOR(y, kk), 1);                                \
     }
-#define SCORES(s, dp, x, y, z, w)                                                                  \
-    do {                                                                                           \
-        WGMMA_FENCE();                                                                             \
-        CHAIN_SS_XYT(s, x, y);                                                                     \
-        CHAIN_SS_XYT(dp, z, w);                                                                    \
-        WGMMA_COMMIT();                                                                            \
-        WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(s, S_FRAGS);                                                                 \
-        WG_FENCE_REGS(dp, S_FRAGS);                                                                \
-    } while (0)
 #else
+#define SCORES_A_FRAGS(x, z)                                                                       \
+    uint xf_[K_STEPS][4], zf_[K_STEPS][4];                                                         \
+    LOAD_A_FRAGS(xf_, x);                                                                          \
+    LOAD_A_FRAGS(zf_, z)
+#define CHAIN_S(acc, f, x, y) CHAIN_XYT(acc, f, y)
+#endif
 #define SCORES(s, dp, x, y, z, w)                                                                  \
     do {                                                                                           \
-        uint xf_[K_STEPS][4], zf_[K_STEPS][4];                                                     \
-        LOAD_A_FRAGS(xf_, x);                                                                      \
-        LOAD_A_FRAGS(zf_, z);                                                                      \
+        SCORES_A_FRAGS(x, z);                                                                      \
         WGMMA_FENCE();                                                                             \
-        CHAIN_XYT(s, xf_, y);                                                                      \
-        CHAIN_XYT(dp, zf_, w);                                                                     \
+        CHAIN_S(s, xf_, x, y);                                                                     \
+        CHAIN_S(dp, zf_, z, w);                                                                    \
         WGMMA_COMMIT();                                                                            \
         WGMMA_WAIT_ALL();                                                                          \
         WG_FENCE_REGS(s, S_FRAGS);                                                                 \
         WG_FENCE_REGS(dp, S_FRAGS);                                                                \
     } while (0)
-#endif
 
 /* A fragments of a TROWS-wide accumulator (n8 blocks 2kk, 2kk+1 per k-step). */
 #define PACK_A(a, acc)                                                                             \
