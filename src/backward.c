@@ -239,15 +239,22 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
         }
         if (st != FLASHCL_SUCCESS)
             return st;
+        if (sm90a && i == 1 && c->nv_stages && !flashcl_tma_usable(ctx))
+            flashcl_log("FLASHCL_BWD_PARAMS STAGES=%d sets the TMA kernels' stages; without TMA here the "
+                        "cp.async kernels run with their own", c->nv_stages);
         if (sm90a && (i == 1 || i == 2) &&
-            flashcl_backward_wgmma_stages(c->block_m, c->work_group_size, r->head_dim) == 2 &&
-            flashcl_backward_wgmma_stages(c->block_n, c->work_group_size, r->head_dim) == 2 &&
+            (c->nv_stages || (flashcl_backward_wgmma_stages(c->block_m, c->work_group_size, r->head_dim) == 2 &&
+                              flashcl_backward_wgmma_stages(c->block_n, c->work_group_size, r->head_dim) == 2)) &&
             flashcl_tma_usable(ctx)) {
             /* The same kernel with its streamed tiles copied by TMA (where
-             * both kernels' tiles take two stages, cl/flash_bwd_sm90.cl). If it
-             * does not build, the cp.async kernel just built answers. */
-            char with_tma[540];
+             * both kernels' tiles take two stages, cl/flash_bwd_sm90.cl, or
+             * as many as FLASHCL_BWD_PARAMS's STAGES). If it does not build,
+             * the cp.async kernel just built answers. */
+            char with_tma[560];
             snprintf(with_tma, sizeof with_tma, "%s -DUSE_TMA=1", options);
+            if (c->nv_stages)
+                snprintf(with_tma + strlen(with_tma), sizeof with_tma - strlen(with_tma), " -DSTAGES=%d",
+                         c->nv_stages);
             st = flashcl_get_kernel(ctx, file, name, with_tma, i == 1 ? &k->dkdv_tma : &k->dq_tma);
             if (st == FLASHCL_ERROR_BUILD_FAILED) {
                 flashcl_log("the nv-wgmma backward kernel %s with TMA copies did not build, using it without: %.300s",

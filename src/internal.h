@@ -434,9 +434,9 @@ typedef enum flashcl_backward_variant {
                            * (dQ) each; block_m = dK/dV's streamed query rows, block_n =
                            * dQ's streamed keys; dQ always by its own pass (deterministic) */
     FLASHCL_BWD_NV_WGMMA  /* cl/flash_bwd_sm90.cl: Hopper's warpgroup MMA (compute capability
-                           * 9.0), f16/bf16, head_dim 32..64; one warpgroup (WG 128) owns 64
-                           * keys or rows; block_m, block_n (32 or 64) as nv-mma's; dQ by
-                           * its own pass */
+                           * 9.0), f16/bf16, head_dim 32..64 (65..128 on request); one or two
+                           * warpgroups (WG 128, 256) own 64 keys or rows each; block_m,
+                           * block_n (16, 32 or 64) as nv-mma's; dQ by its own pass */
 } flashcl_backward_variant;
 typedef struct flashcl_backward_choice {
     int block_m;         /* query rows per streamed tile                    */
@@ -446,6 +446,8 @@ typedef struct flashcl_backward_choice {
     int nv_dq_pass;      /* nv-mma: 1 runs the dQ pass in both modes, 0 adds
                           * dQ with atomics unless deterministic             */
     int nv_max_registers; /* nv-mma: register cap per thread, 0: none         */
+    int nv_stages;       /* nv-wgmma: its TMA kernels' streamed stages (2..8),
+                          * 0: the kernel's default (two where they fit)      */
     int cpu_dq_owner;    /* cpu, outside deterministic mode: 1 has one work-item
                           * per (batch, kv head) walk all its key blocks and add
                           * dQ without atomics (flashcl_backward_params) */

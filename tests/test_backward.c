@@ -619,6 +619,9 @@ static void wgmma(flashcl_context *ctx) {
         {40, "VARIANT=nv-wgmma,WG=256"},
         {59, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=32"},
         {48, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16"},   /* one warpgroup, 16-row tiles */
+        {64, "VARIANT=nv-wgmma,STAGES=3"},                /* a ring of three TMA stages */
+        {59, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3"},
+        {40, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4"},
         /* head dims 65..128 (on request): two 64-dim panels, SS score products, one stage of 16 rows */
         {128, "VARIANT=nv-wgmma"},
         {96, "VARIANT=nv-wgmma"},

@@ -197,6 +197,15 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA,
            "... but not chosen by the table at D=128 (nv-mma) until it has run on a GPU", &failures);
+    /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_stages == 3 && c.block_m == 32,
+           "FLASHCL_BWD_PARAMS STAGES=3: three stages of 32-row tiles (41 KB)", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3", 0, &c) ==
+                   FLASHCL_SUCCESS && c.nv_stages == 3 && c.work_group_size == 256,
+           "... two warpgroups with three stages of 16-row tiles (45 KB)", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS && c.nv_stages == 0,
+           "... and none by default (the kernel's own)", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
                c.work_group_size == 128 && c.block_m == 16 && flashcl_backward_wgmma_stages(16, 128, 64) == 2,
            "FLASHCL_BWD_PARAMS: nv-wgmma with 16-row tiles", &failures);
@@ -262,6 +271,12 @@ static void test_backward_levels(void) {
                    {FLASHCL_FLOAT16, 48, "WG=512", "WG 128 or 256"},
                    {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=64", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic", "one warpgroup only"},
+                   {FLASHCL_FLOAT16, 64, "STAGES=4", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 64, "STAGES=1", "2..8"},
+                   {FLASHCL_FLOAT16, 64, "STAGES=9", "2..8"},
+                   {FLASHCL_FLOAT16, 64, "STAGES=3,DQ=atomic", "DQ=atomic does not take"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,STAGES=2", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,STAGES=2", "another variant"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 160, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16", "head_dim 32..128"},
