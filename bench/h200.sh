@@ -16,9 +16,9 @@
 #         warpgroups in 41-45 KB, then ones needing about 50, 65, 97 and 129-145 KB) with that much dynamic shared
 #         memory, checked against flashcl's gradients and timed; then PyTorch's FA2 and cuDNN
 #         backward at the same shapes (compare_backward.py) for the ratio; then, once
-#         test_backward wgmma passes, flashcl under STUDY_BWD_PARAMS (default: two warpgroups
-#         with 16-row tiles, VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16; at D > 64
-#         VARIANT=nv-wgmma) against PyTorch.
+#         test_backward wgmma passes, `flashcl bench --backward` under each of STUDY_BWD_PARAMS
+#         (default: the opt-in shapes that fit 48 KB: STAGES, two warpgroups, 16-row tiles; at
+#         D > 64 nv-wgmma itself).
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
 #         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
@@ -150,16 +150,23 @@ if [ "$what" = study ]; then
   torch_shapes=$(for s in $shapes; do echo "${s%,causal}"; done | sort -u)
   PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16 \
     --shapes $torch_shapes --json "$out/study-torch.json" 2>&1 | tee "$out/study-torch.txt"
-  # What fits NVIDIA's 48 KB and flashcl does not choose by itself, through the OpenCL path: validated,
-  # then timed (D <= 64: two warpgroups with 16-row tiles; D > 64: nv-wgmma at all).
+  # What fits NVIDIA's 48 KB and flashcl does not choose by itself, through the OpenCL path once
+  # test_backward wgmma has validated it: `flashcl bench --backward` (events, and wall clock back to
+  # back in its JSON) under each of STUDY_BWD_PARAMS, then the best one against PyTorch by hand.
   if gpu_test "test_backward wgmma" study; then
     for dims in $torch_shapes; do
-      params=${STUDY_BWD_PARAMS:-VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16}
-      [ -z "${STUDY_BWD_PARAMS:-}" ] && [ "${dims##*,}" -gt 64 ] && params=VARIANT=nv-wgmma
-      echo "== FLASHCL_BWD_PARAMS=$params (flashcl's OpenCL path) against PyTorch"
-      FLASHCL_BWD_PARAMS=$params PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl \
-        --dtypes f16 --shapes $dims --label "($params)" --json "$out/study-params-${dims//,/-}.json" 2>&1 |
-        tee -a "$out/study-params.txt"
+      if [ "${dims##*,}" -gt 64 ]; then
+        list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,MAXNREG=0"}
+      else
+        list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,STAGES=3 VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4
+          VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16 VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3
+          VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3,MAXNREG=128"}
+      fi
+      for params in $list; do
+        echo "== FLASHCL_BWD_PARAMS=$params flashcl bench --backward --shape $dims" | tee -a "$out/study-params.txt"
+        FLASHCL_BWD_PARAMS=$params timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
+          --shape "$dims" --iters 20 2>&1 | tee -a "$out/study-params.txt"
+      done
     done
   fi
   exit 0
