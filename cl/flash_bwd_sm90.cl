@@ -129,7 +129,8 @@
 #endif
 #define STAGE_BYTES (2 * T_BYTES)
 #define DS_AT (2 * OWN_BYTES + STAGES * STAGE_BYTES) /* bytes: dS, DQ_ATOMIC only */
-#define SMEM_BYTES (DS_AT + DQ_ATOMIC * T_BYTES + 1024)
+#define DS_BYTES (TROWS * OWN * 2)                   /* dS: the tile's rows x the own keys, DQ_ATOMIC only */
+#define SMEM_BYTES (DS_AT + DQ_ATOMIC * DS_BYTES + 1024)
 /* The tiles' __local array. SMEM_DYNAMIC is bench/ptx_harness.c's study of
  * tiles larger than NVIDIA's OpenCL allows (never built by the library): the
  * array is declared with 1024 bytes so that the OpenCL build's ptxas accepts
@@ -146,9 +147,6 @@
 
 #if (WG != 128 && WG != 256) || (TROWS != 16 && TROWS != 32 && TROWS != 64) || STAGES < 1 || STAGES > 8
 #error "flash_bwd_sm90 is one or two warpgroups (WG 128, 256) streaming 16-, 32- or 64-row tiles in 1..8 stages"
-#endif
-#if WG != 128 && DQ_ATOMIC
-#error "DQ_ATOMIC's dS tile and dQ product are one warpgroup's (WG 128)"
 #endif
 #if STAGES > 2 && !USE_TMA
 #error "more than two stages are counted on TMA's mbarriers (USE_TMA)"
@@ -333,6 +331,10 @@
  * under FLASHCL_BWD_PARAMS=DQ=atomic. Adding 4 floats a red (a 4 x 4
  * exchange among lanes first) was slower (8.3 / 4.5 ms against 8.0 / 4.0):
  * the added time is not the reds' count.
+ * With two warpgroups (WG 256, opt-in, not yet run on a GPU) dS holds the 128
+ * keys in two panels and warpgroup 0 alone takes k over all of them, so each
+ * dQ element gets one red per 128 keys, as in FA2, where one warpgroup gets
+ * one per 64.
  *
  * DS_STORE: this warp's dS^T fragments (keys 16w.., the tile's rows) into the
  * dS tile as dS[row][key], rounded to DTYPE. */
@@ -489,7 +491,8 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
          * first barrier keeps it until every warp's product is done. */
         __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
         barrier(CLK_LOCAL_MEM_FENCE);
-        DQ_ADD(m0, hk * group + it / m_tiles);
+        if (WG == 128 || warp < 4) /* one warpgroup: all the keys' dS in one product */
+            DQ_ADD(m0, hk * group + it / m_tiles);
 #endif
 #if STAGES == 1
         /* Every warp is done with tile it: its buffers take tile it+1. */

@@ -24,8 +24,8 @@
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
  *     32..64 by the table, 65..128 on request; WG 128, 64 keys or rows a
- *     work-group, or 256, two warpgroups and 128 (not with DQ=atomic, nor
- *     D > 64); BLOCK_M and BLOCK_N 16, 32 or 64, within NVIDIA's 48 KB); a
+ *     work-group, or 256, two warpgroups and 128; BLOCK_M and BLOCK_N 16,
+ *     32 or 64, within NVIDIA's 48 KB; DQ=atomic at D <= 64 only); a
  *     build failure re-picks without nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
  *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
@@ -192,7 +192,7 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
     if (variant == FLASHCL_BWD_NV_WGMMA) {
         /* DQ=atomic: the dK/dV kernel holds a tile of dS (block_m rows of 128 bytes) as well */
         const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, head_dim, 1, stages) +
-                            (dq_atomic == 1 ? (size_t)block_m * 128 : 0);
+                            (dq_atomic == 1 ? (size_t)block_m * (size_t)work_group_size : 0); /* dS: rows x keys */
         const size_t dq = backward_wgmma_bytes(block_n, work_group_size, head_dim, 0, stages);
         return dkdv > dq ? dkdv : dq;
     }
@@ -253,8 +253,6 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
                  variant == FLASHCL_BWD_NV_WGMMA ? "nv-wgmma" : "another variant");
     else if (variant == FLASHCL_BWD_NV_WGMMA && stages && dq_atomic == 1)
         snprintf(why, n, "STAGES sets the nv-wgmma backward's TMA stages, which DQ=atomic does not take");
-    else if (variant == FLASHCL_BWD_NV_WGMMA && work_group_size != 128 && dq_atomic == 1)
-        snprintf(why, n, "the nv-wgmma backward adds dQ with atomics (DQ=atomic) with one warpgroup only (WG 128)");
     else if (variant == FLASHCL_BWD_NV_WGMMA && d->head_dim > 64 && dq_atomic == 1)
         snprintf(why, n, "the nv-wgmma backward adds dQ with atomics (DQ=atomic) at head_dim <= 64 only");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)

@@ -622,6 +622,7 @@ static void wgmma(flashcl_context *ctx) {
         {64, "VARIANT=nv-wgmma,STAGES=3"},                /* a ring of three TMA stages */
         {59, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3"},
         {40, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4"},
+        {64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic"}, /* one red per 128 keys */
         /* head dims 65..128 (on request): two 64-dim panels, SS score products, one stage of 16 rows */
         {128, "VARIANT=nv-wgmma"},
         {96, "VARIANT=nv-wgmma"},
