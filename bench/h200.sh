@@ -156,7 +156,7 @@ if [ "$what" = study ]; then
   if gpu_test "test_backward wgmma" study; then
     for dims in $torch_shapes; do
       if [ "${dims##*,}" -gt 64 ]; then
-        list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,MAXNREG=0"}
+        list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ=atomic"}
       else
         list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,STAGES=3 VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4
           VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16 VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3

@@ -173,9 +173,6 @@
 #if HEAD_DIM < 32 || HEAD_DIM > 128
 #error "flash_bwd_sm90 takes 32 <= HEAD_DIM <= 128 (one or two 128-byte panels)"
 #endif
-#if PANELS > 1 && DQ_ATOMIC
-#error "DQ_ATOMIC's dQ^T product is one 64-dim panel's (HEAD_DIM <= 64)"
-#endif
 #ifndef FLASHCL_NV_PTX
 #error "flash_bwd_sm90 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
 #endif
@@ -334,7 +331,8 @@
  * With two warpgroups (WG 256, opt-in, not yet run on a GPU) dS holds the 128
  * keys in two panels and warpgroup 0 alone takes k over all of them, so each
  * dQ element gets one red per 128 keys, as in FA2, where one warpgroup gets
- * one per 64.
+ * one per 64. At two panels (head dims 65..128) the product runs once a
+ * 64-dim panel of K (M is 64), into the same accumulator registers.
  *
  * DS_STORE: this warp's dS^T fragments (keys 16w.., the tile's rows) into the
  * dS tile as dS[row][key], rounded to DTYPE. */
@@ -348,14 +346,15 @@
 /* dQ^T = K^T dS^T (fresh), waited for; then this lane's part added into the
  * accumulator rows of tile rows m0_.. of query head hq_. */
 #define DQ_ADD(m0_, hq_)                                                                           \
-    do {                                                                                           \
+    _Pragma("unroll") for (int mb_ = 0; mb_ < PANELS; ++mb_) {                                     \
+        const uint kp_ = k_own + (uint)mb_ * (OWN * 128u); /* dims 64 mb_.. of K: its panel mb_ */ \
         float dq_[S_FRAGS][4];                                                                     \
         WGMMA_FENCE();                                                                             \
         _Pragma("unroll") for (int kk = 0; kk < OWN / 16; ++kk) {                                  \
             if (kk == 0)                                                                           \
-                WGMMA_SS_NT(dq_, B_N_MAJOR(k_own, kk), B_K_MAJOR(s_base + DS_AT, kk), 0);          \
+                WGMMA_SS_NT(dq_, B_N_MAJOR(kp_, kk), B_K_MAJOR(s_base + DS_AT, kk), 0);            \
             else                                                                                   \
-                WGMMA_SS_NT(dq_, B_N_MAJOR(k_own, kk), B_K_MAJOR(s_base + DS_AT, kk), 1);          \
+                WGMMA_SS_NT(dq_, B_N_MAJOR(kp_, kk), B_K_MAJOR(s_base + DS_AT, kk), 1);            \
         }                                                                                          \
         WGMMA_COMMIT();                                                                            \
         WGMMA_WAIT_ALL();                                                                          \
@@ -363,14 +362,15 @@
         __global float *acc_ = scratch + dq_acc_off + ((ulong)b * heads_q + (hq_)) * (ulong)nq * HEAD_DIM; \
         _Pragma("unroll") for (int j = 0; j < S_FRAGS; ++j)                                        \
             _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                        \
-                const int row_ = (m0_) + 8 * j + 2 * t + (e & 1), d_ = 16 * warp + g + 8 * (e >> 1); \
+                const int row_ = (m0_) + 8 * j + 2 * t + (e & 1);                                 \
+                const int d_ = 64 * mb_ + 16 * warp + g + 8 * (e >> 1);                            \
                 if (row_ < nq && d_ < HEAD_DIM)                                                    \
                     __asm__ __volatile__("red.global.add.f32 [%0], %1;" ::"l"(                     \
                                              acc_ + (ulong)row_ * HEAD_DIM + d_),                  \
                                          "f"(dq_[j][e])                                            \
                                          : "memory");                                              \
             }                                                                                      \
-    } while (0)
+    }
 #endif
 
 #if USE_TMA

@@ -25,7 +25,7 @@
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
  *     32..64 by the table, 65..128 on request; WG 128, 64 keys or rows a
  *     work-group, or 256, two warpgroups and 128; BLOCK_M and BLOCK_N 16,
- *     32 or 64, within NVIDIA's 48 KB; DQ=atomic at D <= 64 only); a
+ *     32 or 64, within NVIDIA's 48 KB); a
  *     build failure re-picks without nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
  *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
@@ -253,8 +253,6 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
                  variant == FLASHCL_BWD_NV_WGMMA ? "nv-wgmma" : "another variant");
     else if (variant == FLASHCL_BWD_NV_WGMMA && stages && dq_atomic == 1)
         snprintf(why, n, "STAGES sets the nv-wgmma backward's TMA stages, which DQ=atomic does not take");
-    else if (variant == FLASHCL_BWD_NV_WGMMA && d->head_dim > 64 && dq_atomic == 1)
-        snprintf(why, n, "the nv-wgmma backward adds dQ with atomics (DQ=atomic) at head_dim <= 64 only");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)
         snprintf(why, n, "nv-wgmma backward tiles (WG %d, BLOCK_M %d, BLOCK_N %d) need %zu bytes of local memory, "
                  "over NVIDIA's 48000", work_group_size, block_m, block_n, local);

@@ -623,6 +623,7 @@ static void wgmma(flashcl_context *ctx) {
         {59, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3"},
         {40, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4"},
         {64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic"}, /* one red per 128 keys */
+        {128, "VARIANT=nv-wgmma,DQ=atomic"},              /* the dQ product once a 64-dim panel */
         /* head dims 65..128 (on request): two 64-dim panels, SS score products, one stage of 16 rows */
         {128, "VARIANT=nv-wgmma"},
         {96, "VARIANT=nv-wgmma"},

@@ -201,6 +201,9 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic", 0, &c) ==
                    FLASHCL_SUCCESS && flashcl_backward_dq_atomic(&c) && c.work_group_size == 256,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and DQ=atomic (16-row tiles)", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
+               flashcl_backward_dq_atomic(&c) && c.block_m == 16,
+           "... and one warpgroup at D=128 (dS 2 KB beside 42 KB)", &failures);
     /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_stages == 3 && c.block_m == 32,
@@ -284,7 +287,6 @@ static void test_backward_levels(void) {
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 160, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16", "head_dim 32..128"},
-                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,DQ=atomic", "head_dim <= 64 only"},
                    {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=16", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-mma", "float16 or bfloat16"},
