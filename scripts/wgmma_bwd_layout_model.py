@@ -4,7 +4,7 @@
 Written to review f17e189 (head dims 65..128, two warpgroups, 16-row tiles) before any GPU run: the
 kernels' eight products over D 40/64/96/128, TROWS 16/32/64, WG 128/256, stage bases up to 256 KB,
 compared exactly with numpy. MUT=<name> plants one known error (see the code) to show the model
-catches it. Run: python3 scripts/wgmma_bwd_layout_model.py (about 25 s).
+catches it. Run: python3 scripts/wgmma_bwd_layout_model.py (about 35 s).
 
 Layout: SW128_OFFSET (common_nv.cl:112) / TMA SWIZZLE_128B (boxes {64, TROWS}, one a panel).
 Descriptors: sw128_desc (common_nv.cl:120) encoded, then decoded the way the hardware reads them
@@ -13,10 +13,18 @@ Descriptors: sw128_desc (common_nv.cl:120) encoded, then decoded the way the har
   MN-major B128: Swizzle<3,4,3> o ((8,n),(8,k)):((1,LBO),(8,SBO))
 The swizzle acts on the absolute shared address: bits [4:6] ^= bits [7:9] (base_offset 0).
 Fragments: RS A (m64nNk16, per warp = m16n8k16's A), accumulator (row 16w+g(+8), col 8j+2t(+1)).
+
+Kernel "dqa" (added to review 825773a): the dK/dV kernel with DQ_ATOMIC, its dkdv products plus
+DS_STORE (each warp's dS^T fragments into dS[row][key] at DS_AT, SW128, nrows TROWS, 64-key panels)
+and DQ_ADD (warpgroup 0 only: dQ^T = K^T dS^T, WGMMA_SS_NT with A = K^T M-major via B_N_MAJOR of
+the own K tile, B = dS^T K-major via B_K_MAJOR of the dS tile, k over the OWN keys; then one red
+per dQ element from the accumulator fragments), summed dQ compared with dS @ K
+(DQA_DIMS: its head dims, 64,40,128,96 by default; 128 and 96 take DQ_ADD once a 64-dim panel). Its MUTs: ds_warp, ds_nrows, dqa_allwg, dqa_kmajor.
 """
 import itertools, sys
 import numpy as np, os
 MUT = os.environ.get("MUT", "")
+DQA_DIMS = tuple(int(d) for d in os.environ.get("DQA_DIMS", "64,40,128,96").split(","))  # DQ_ATOMIC head dims
 
 SMEM = 256 * 1024
 
@@ -146,7 +154,50 @@ def a_regs_to_matrix(a, kk):
     return M
 
 
+def ds_store(sm, ds_at, d_fr, warp0, TROWS):
+    """DS_STORE: warp warp0+w's dS^T fragments (key 16 warp+g(+8), row 8j+2t(+1)) into
+    dS[row][key] at ds_at, SW128_OFFSET(row, key/8, TROWS); returns the halves that fell past
+    256 KB or were already written (twice by DS_STORE, or over a tile): none expected."""
+    clash = 0
+    for w, lane, j, e in itertools.product(range(4), range(32), range(d_fr.shape[2]), range(4)):
+        g, t = lane // 4, lane % 4
+        warp = (warp0 % 4 if MUT == 'ds_warp' else warp0) + w
+        r, c = 8 * j + 2 * t + (e & 1), 16 * warp + g + 8 * (e >> 1)
+        nrows = 64 if MUT == 'ds_nrows' else TROWS
+        h = (ds_at + sw128_offset(r, c >> 3, nrows) + 2 * (c & 7)) >> 1
+        if h >= sm.m.size or not np.isnan(sm.m[h]):
+            clash += 1
+            continue
+        sm.m[h] = d_fr[w, lane, j, e]
+    return clash
+
+
+def dq_add(sm, k_own, ds_tile, D, TROWS, OWN, PANELS, dq, reds):
+    """DQ_ADD by one warpgroup (warps 0-3): per 64-dim panel mb of K, dQ^T (64 dims x TROWS rows)
+    = sum over kk < OWN/16 of A (K^T, M-major: B_N_MAJOR(kp, kk)) times B (dS^T, K-major:
+    B_K_MAJOR(ds_tile, kk)); then lane (g,t) of warp w reds its fragment j, e into
+    dq[8j+2t+(e&1)][64 mb+16w+g+8(e>>1)] (dims >= D skipped), counting reds per element."""
+    for mb in range(PANELS):
+        kp = k_own + mb * OWN * 128
+        acc = np.zeros((64, TROWS))
+        for kk in range(OWN // 16):
+            A = sm.nmajor(sw128_desc(kp + kk * 2048), 64).T        # 64 dims x 16 keys
+            if MUT == 'dqa_kmajor':  # A read K-major (tnsp_a = 0) instead
+                A = sm.kmajor(sw128_desc(kp + (kk // 4) * (OWN * 128) + (kk % 4) * 32), 64)
+            B = sm.kmajor(sw128_desc(ds_tile + (kk // 4) * (TROWS * 128) + (kk % 4) * 32), TROWS)
+            acc += A @ B.T                                           # B: TROWS rows x 16 keys
+        fr = acc_from_matrix(acc, TROWS // 8)
+        for w, lane, j, e in itertools.product(range(4), range(32), range(TROWS // 8), range(4)):
+            g, t = lane // 4, lane % 4
+            row, d = 8 * j + 2 * t + (e & 1), 64 * mb + 16 * w + g + 8 * (e >> 1)
+            if d < D:
+                dq[row, d] += fr[w, lane, j, e]
+                reds[row, d] += 1
+
+
 def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
+    dqa = kernel == "dqa"  # the dK/dV kernel with DQ_ATOMIC
+    kernel = "dkdv" if dqa else kernel
     PANELS = (D + 63) // 64
     OWN = WG // 2
     OWN_BYTES = OWN * 128 * PANELS
@@ -173,6 +224,9 @@ def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
         sm.put_tma(w_tile, W, TROWS, PANELS)
     pad = lambda M: np.pad(M, ((0, 0), (0, DP - M.shape[1])))
     fails = []
+    ds_at = s_base + 2 * OWN_BYTES + stages * STAGE_BYTES  # s_base + DS_AT
+    assert not dqa or (ds_at % 1024 == 0 and ds_at + TROWS * OWN * 2 <= SMEM)
+    ds_parts = []  # each warpgroup's dS^T (its 64 keys x TROWS rows)
     for wgi in range(WG // 128):
         rows = slice(64 * wgi, 64 * wgi + 64)
         warp = 4 * wgi  # any warp of the warpgroup: warp / 4 is uniform
@@ -209,6 +263,11 @@ def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
         dS = dp
         pa = pack_a(acc_from_matrix(P, S_FRAGS), T_STEPS)
         da = pack_a(acc_from_matrix(dS, S_FRAGS), T_STEPS)
+        if dqa:  # DS_STORE(dp): this warpgroup's warps 4 wgi..
+            clash = ds_store(sm, ds_at, acc_from_matrix(dS, S_FRAGS), 4 * wgi, TROWS)
+            if clash:
+                fails.append("DS_STORE wg%d: %d halves past 256 KB, written twice or over a tile" % (wgi, clash))
+            ds_parts.append(dS)
         for kk in range(T_STEPS):
             assert np.array_equal(a_regs_to_matrix(pa, kk), P[:, 16 * kk:16 * kk + 16])
             assert np.array_equal(a_regs_to_matrix(da, kk), dS[:, 16 * kk:16 * kk + 16])
@@ -238,6 +297,18 @@ def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
             if not np.array_equal(got, want):
                 bad = np.argwhere(got != want)
                 fails.append("%s wg%d: %d bad, first %s" % (name, wgi, len(bad), bad[:4].tolist()))
+    if dqa:  # after the barrier: DQ_ADD by warpgroup 0 (`WG == 128 || warp < 4`)
+        dq, reds = np.zeros((TROWS, D)), np.zeros((TROWS, D), dtype=int)
+        try:
+            for wgi in range(WG // 128 if MUT == 'dqa_allwg' else 1):
+                dq_add(sm, x_own, ds_at, D, TROWS, OWN, PANELS, dq, reds)
+        except RuntimeError as e:  # a descriptor read of __local that nothing wrote
+            return fails + ["dQ+=dS K (DQ_ATOMIC): %s" % e]
+        want = np.vstack(ds_parts).T @ X   # dQ = dS K: TROWS rows x D, k over the OWN keys
+        if not np.array_equal(dq, want) or not (reds == 1).all():
+            bad = np.argwhere(dq != want)
+            fails.append("dQ+=dS K (DQ_ATOMIC): %d bad, first %s; reds per element %d..%d"
+                         % (len(bad), bad[:4].tolist(), reds.min(), reds.max()))
     return fails
 
 
@@ -252,13 +323,15 @@ def main():
     rng = np.random.default_rng(1)
     desc_field_check()
     total = bad = 0
-    for kernel, D, TROWS, WG in itertools.product(("dkdv", "dq"), (128, 96, 64, 40), (16, 32, 64), (128, 256)):
+    cases = list(itertools.product(("dkdv", "dq"), (128, 96, 64, 40), (16, 32, 64), (128, 256)))
+    cases += list(itertools.product(("dqa",), DQA_DIMS, (16, 32, 64), (128, 256)))  # after: same rng draws above
+    for kernel, D, TROWS, WG in cases:
         PANELS = (D + 63) // 64
         OWN_BYTES = (WG // 2) * 128 * PANELS
         STAGE_BYTES = 2 * TROWS * 128 * PANELS
         # stages as large as fit ~170 KB, and bases: 0, 1 KB, and one pushing the last stage near 256 KB
         stages = max(1, min(8, (170 * 1024 - 2 * OWN_BYTES - 1024) // STAGE_BYTES))
-        span = 2 * OWN_BYTES + stages * STAGE_BYTES
+        span = 2 * OWN_BYTES + stages * STAGE_BYTES + (TROWS * WG if kernel == "dqa" else 0)  # + DS_BYTES
         for s_base in sorted({0, 1024, (SMEM - span) // 1024 * 1024}):
             for stage in sorted({0, stages - 1}):
                 f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng)
