@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|forward|regs|profile|study|pending|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|forward|regs|profile|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what was built without a GPU and waits for one (the FP8 wgmma kernel, the Q_KEEP study).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
@@ -15,10 +15,9 @@
 #         every STUDY_CONFIGS entry (WG,ROWS,STAGES[,MAXNREG] specs; default: today's tiles, two
 #         warpgroups in 41-45 KB, then ones needing about 50, 65, 97 and 129-145 KB) with that much dynamic shared
 #         memory, checked against flashcl's gradients and timed; then PyTorch's FA2 and cuDNN
-#         backward at the same shapes (compare_backward.py) for the ratio; then, once
-#         test_backward wgmma passes, `flashcl bench --backward` under each of STUDY_BWD_PARAMS
-#         (default: the opt-in shapes that fit 48 KB: STAGES, two warpgroups, 16-row tiles; at
-#         D > 64 nv-wgmma itself).
+#         backward at the same shapes (compare_backward.py) for the ratio.
+# optin: the nv-wgmma backward's opt-in shapes that fit 48 KB (FLASHCL_BWD_PARAMS): test_backward
+#         wgmma, then `flashcl bench --backward` under each (STUDY_BWD_PARAMS) at OPTIN_SHAPES.
 # forward: test_wgmma_layout (one wgmma per tile layout: which read as meant), test_forward wgmma
 #         and mma (tile shapes forced) and quick on the GPU (TESTS="a b+mode": these instead; TESTS="":
 #         none, for a call that only times what an earlier one validated), wgmma also under each of
@@ -59,7 +58,8 @@ echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.
 harness=; targets=
 case $what in
   profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness" ;;
-  study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli test_backward" ;;
+  study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
+  optin) targets="--target flashcl_cli test_backward" ;;
 esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
@@ -71,7 +71,8 @@ export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 gpu_test() {
   local t=${1//+/ } rc
   local log="$out/${t// /_}${2:+-$2}.log"
-  FLASHCL_TEST_DEVICE=nvidia stdbuf -oL ./build-gpu/tests/$t > "$log" 2>&1
+  # GPU_TEST_TIMEOUT (seconds): the modes that must fit one 600-second call bound each test.
+  FLASHCL_TEST_DEVICE=nvidia ${GPU_TEST_TIMEOUT:+timeout $GPU_TEST_TIMEOUT} stdbuf -oL ./build-gpu/tests/$t > "$log" 2>&1
   rc=$?
   echo "$t${2:+ ($2)}: exit $rc $(tail -n 1 "$log")"
   grep -m5 FAILED "$log"
@@ -141,32 +142,36 @@ if [ "$what" = study ]; then
     # NVIDIA's own PTX of every kernel the harness ran, assembled for sm_90a: no register a warpgroup
     # MMA reads or writes may be written while it is in flight (scripts/wgmma_inflight.py).
     echo "== SASS check (ptxas, cuobjdump, scripts/wgmma_inflight.py) of the kernels above" | tee -a "$out/$tag.log"
-    for p in /tmp/$tag-ptx/*.cuda.ptx; do
+    for p in /tmp/$tag-ptx/*sm90*.cuda.ptx; do
       /usr/local/cuda/bin/ptxas -arch=sm_90a "$p" -o "${p%.ptx}.cubin" && /usr/local/cuda/bin/cuobjdump -sass "${p%.ptx}.cubin" > "${p%.ptx}.sass"
     done
-    python3 scripts/wgmma_inflight.py /tmp/$tag-ptx/*.sass 2>&1 | sed "s#/tmp/$tag-ptx/##" | tail -n 40 | tee -a "$out/$tag.log"
+    python3 scripts/wgmma_inflight.py /tmp/$tag-ptx/*sm90*.sass 2>&1 | sed "s#/tmp/$tag-ptx/##" | tail -n 40 | tee -a "$out/$tag.log"
   done
   echo "== PyTorch's backward at the same shapes (f16), flashcl's through the OpenCL API beside it"
   torch_shapes=$(for s in $shapes; do echo "${s%,causal}"; done | sort -u)
-  PYTHONUNBUFFERED=1 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16 \
+  PYTHONUNBUFFERED=1 timeout 150 python3 bench/compare_backward.py --flashcl build-gpu/flashcl --dtypes f16 \
     --shapes $torch_shapes --json "$out/study-torch.json" 2>&1 | tee "$out/study-torch.txt"
-  # What fits NVIDIA's 48 KB and flashcl does not choose by itself, through the OpenCL path once
-  # test_backward wgmma has validated it: `flashcl bench --backward` (events, and wall clock back to
-  # back in its JSON) under each of STUDY_BWD_PARAMS, then the best one against PyTorch by hand.
-  if gpu_test "test_backward wgmma" study; then
-    for dims in $torch_shapes; do
+  exit 0
+fi
+if [ "$what" = optin ]; then
+  # The nv-wgmma backward's opt-in shapes (FLASHCL_BWD_PARAMS: two warpgroups, 16-row tiles,
+  # STAGES, head dims 65..128, the atomic dQ with them): test_backward wgmma, then, if it passes,
+  # `flashcl bench --backward` (events; its JSON adds wall clock back to back) under each of
+  # STUDY_BWD_PARAMS at OPTIN_SHAPES (default 4,32,4096,64 and 4,32,4096,128).
+  GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-300}
+  if gpu_test "test_backward wgmma" optin; then
+    for dims in ${OPTIN_SHAPES:-4,32,4096,64 4,32,4096,128}; do
       if [ "${dims##*,}" -gt 64 ]; then
         list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ=atomic"}
       else
         list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,STAGES=3 VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4
           VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16 VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3
-          VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3,MAXNREG=128 VARIANT=nv-wgmma,DQ=atomic
-          VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic"}
+          VARIANT=nv-wgmma,DQ=atomic VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic"}
       fi
       for params in $list; do
-        echo "== FLASHCL_BWD_PARAMS=$params flashcl bench --backward --shape $dims" | tee -a "$out/study-params.txt"
-        FLASHCL_BWD_PARAMS=$params timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
-          --shape "$dims" --iters 20 2>&1 | tee -a "$out/study-params.txt"
+        echo "== FLASHCL_BWD_PARAMS=$params flashcl bench --backward --shape $dims" | tee -a "$out/optin.txt"
+        FLASHCL_BWD_PARAMS=$params timeout 30 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
+          --shape "$dims" --iters 20 2>&1 | tee -a "$out/optin.txt"
       done
     done
   fi
@@ -179,8 +184,8 @@ if [ "$what" = pending ]; then
   # MMA" and "The Q-register fault found in SASS"), in one call: the FP8 kernel's two products
   # alone, its test cases, then (only if those pass) its registers and speed against both bars
   # (`fp8` adds its accuracy); the Q_KEEP study (of the three builds the middle one, Q neither
-  # reloaded nor kept, should fail); test_backward wgmma (the backward's opt-in shapes); the SASS
-  # check below, which also runs scripts/wgmma_inflight.py.
+  # reloaded nor kept, should fail); the SASS check below, which also runs
+  # scripts/wgmma_inflight.py. The backward's opt-in shapes: `optin`.
   ok=1
   gpu_test test_wgmma_layout || ok=0
   gpu_test test_fp8_forward || ok=0
@@ -192,9 +197,6 @@ if [ "$what" = pending ]; then
   for o in -DQ_PER_TILE=0 -DQ_PER_TILE=0+-DQ_KEEP=0 -DQ_KEEP=1; do
     FLASHCL_BUILD_OPTIONS="${o//+/ }" gpu_test "test_forward wgmma" "${o//[^A-Za-z0-9]/_}"
   done
-  # The nv-wgmma backward's new shapes, on request only (two warpgroups, 16-row tiles, head dims
-  # 65..128): test_backward wgmma runs them beside the validated ones; `study` then times them.
-  gpu_test "test_backward wgmma" pending
   # The shipping nv-wgmma forward as NVIDIA's compiler builds it: its sm_90a PTX from a fresh
   # kernel cache, assembled by ptxas, and scripts/wgmma_a_regs.py on the SASS (its verdict: writes
   # in the key loop of S-chain A registers that no LDSM reloads before the chain, the Q-register

@@ -264,8 +264,8 @@ static void set_tiled_launches(kernel *km, kernel *kd, const launch_env *e, int 
  * says how the array is declared), and launches them with dynamic shared memory on the same inputs:
  *   WG      128 (one warpgroup, 64 keys or rows a work-group, today's) or 256 (two, 128: every
  *           streamed Q/dO or K/V tile serves twice the keys or rows, as FA2's 128-key blocks);
- *   ROWS    the streamed tiles' rows, 32 (today's), 64, or 16 (WG 256 in two stages of 16 rows, 41 KB,
- *           is the one two-warpgroup shape that NVIDIA's OpenCL could run);
+ *   ROWS    the streamed tiles' rows, 32 (today's), 64, or 16 (with WG 256 the tiles that fit
+ *           NVIDIA's OpenCL in two or three stages, 41-45 KB);
  *   STAGES  streamed pairs in flight, 2 (today's) to 8, a ring counted on TMA mbarriers;
  *   MAXNREG the dK/dV kernel's register cap (.maxnreg; 0 none; when absent, flashcl's with one
  *           warpgroup, none with two: see study_options).

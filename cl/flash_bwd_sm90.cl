@@ -61,12 +61,13 @@
  * would add 64 registers to dK's and dV's 128). In 48 KB that leaves one
  * stage of 16-row tiles: 32 KB of own block, 8 KB of pair (42 KB).
  *
- * For bench/ptx_harness.c's study of tiles past that limit (issue 36; the
- * library builds only WG 128 and one or two stages): WG 256, two warpgroups
- * owning 64 keys (rows) each, 128 a work-group, every streamed tile read by
- * both, as FA2's 128-key blocks; STAGES up to 8, a ring of pairs counted on
- * the TMA mbarriers, tile it+STAGES-1 issued as tile it starts; SMEM_LIMIT
- * and SMEM_DYNAMIC (below) for the CUDA driver's dynamic shared memory.
+ * On request (FLASHCL_BWD_PARAMS, src/params_backward.c; not yet run on a
+ * GPU), within 48 KB, and for bench/ptx_harness.c's study of tiles past that
+ * limit (issue 36): WG 256, two warpgroups owning 64 keys (rows) each, 128 a
+ * work-group, every streamed tile read by both, as FA2's 128-key blocks;
+ * STAGES up to 8, a ring of pairs counted on the TMA mbarriers, tile
+ * it+STAGES-1 issued as tile it starts. The study alone: SMEM_LIMIT and
+ * SMEM_DYNAMIC (below) for the CUDA driver's dynamic shared memory.
  *
  * Ordering, as in flash_fwd_sm90.cl: each thread's copies are waited for and
  * fenced for the async proxy (cp_wait_async_proxy) before the barrier that
@@ -151,7 +152,7 @@
 #if STAGES > 2 && !USE_TMA
 #error "more than two stages are counted on TMA's mbarriers (USE_TMA)"
 #endif
-#if SMEM_BYTES + STAGES * 2 * TROWS * 4 > SMEM_LIMIT
+#if SMEM_BYTES + (BWD_KERNEL != 3) * STAGES * 2 * TROWS * 4 > SMEM_LIMIT /* + the dK/dV kernel's stats */
 #error "the tiles exceed SMEM_LIMIT (NVIDIA's OpenCL: ~47 KB of __local memory)"
 #endif
 /* A wgmma whose n is a streamed tile's rows (its B K-major); WGMMA_SS_NT the

@@ -256,6 +256,8 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                 snprintf(with_tma + strlen(with_tma), sizeof with_tma - strlen(with_tma), " -DSTAGES=%d",
                          c->nv_stages);
             st = flashcl_get_kernel(ctx, file, name, with_tma, i == 1 ? &k->dkdv_tma : &k->dq_tma);
+            if (st == FLASHCL_ERROR_BUILD_FAILED && c->nv_stages)
+                return st; /* STAGES means the TMA kernels: no quiet fallback to two stages of cp.async */
             if (st == FLASHCL_ERROR_BUILD_FAILED) {
                 flashcl_log("the nv-wgmma backward kernel %s with TMA copies did not build, using it without: %.300s",
                             name, flashcl_last_error(ctx));

@@ -11,6 +11,9 @@
 #   test_nv_kernels.sh CL_DIR SHIM CLANG [PTXAS [CUOBJDUMP]]
 set -uo pipefail
 cl=$1 shim=$2 clang=$3 ptxas=${4:-} cuobjdump=${5:-}
+if [ -n "$cuobjdump" ] && ! python3 "$cl/../scripts/wgmma_inflight.py" --self-test > /dev/null 2>&1; then
+  echo "scripts/wgmma_inflight.py --self-test FAILED: it no longer finds planted in-flight writes"; exit 1
+fi
 tmp=$(mktemp -d /tmp/flashcl-nv-kernels.XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 failures=0 cases=0
@@ -158,7 +161,10 @@ for c in "${configs[@]}"; do
     fi
     regs=", ptxas: $(grep -o 'Used [0-9]* registers' "$tmp/log" | tr '\n' ' ')"
     if [ "$mma" = 3 ] && [ -n "$cuobjdump" ]; then
-      "$cuobjdump" -sass "$tmp/k.cubin" > "$tmp/k.sass" 2>&1
+      if ! "$cuobjdump" -sass "$tmp/k.cubin" > "$tmp/k.sass" 2>&1; then
+        echo "$name: FAILED (cuobjdump -sass)"; head -n 3 "$tmp/k.sass"; failures=$((failures + 1)); continue
+      fi
+      # (wgmma_inflight.py fails a listing without a warpgroup MMA too: nothing would be checked)
       if ! python3 "$cl/../scripts/wgmma_inflight.py" "$tmp/k.sass" > "$tmp/inflight" 2>&1; then
         echo "$name: FAILED (a warpgroup MMA's register written in flight)"; head -n 5 "$tmp/inflight"
         failures=$((failures + 1)); continue
