@@ -268,16 +268,18 @@ static void set_tiled_launches(kernel *km, kernel *kd, const launch_env *e, int 
  *           NVIDIA's OpenCL in two or three stages, 41-45 KB);
  *   STAGES  streamed pairs in flight, 2 (today's) to 8, a ring counted on TMA mbarriers;
  *   MAXNREG the dK/dV kernel's register cap (.maxnreg; 0 none; when absent, flashcl's with one
- *           warpgroup, none with two: see study_options).
+ *           warpgroup, none with two: see study_options);
+ *   OWN_REGS 1: the own block's A fragments held in registers, its __local taken by the stages
+ *           (issue 36's "K and V as register A operands"; head dims <= 64).
  * The dK/dV sum over rows and dQ's over keys run in the same k16 order whatever the tile, so the
  * gradients are expected bitwise equal to flashcl's; compare_close's tolerance still lets a different
  * order pass, and says which it was. */
 typedef struct {
-    int wg, rows, stages, maxnreg;
+    int wg, rows, stages, maxnreg, own_regs;
 } study_config;
 
 static int parse_study(const char *spec, study_config *c) {
-    *c = (study_config){128, 32, 2, -1};
+    *c = (study_config){128, 32, 2, -1, 0};
     char buf[128];
     snprintf(buf, sizeof buf, "%s", spec);
     for (char *save = NULL, *kv = strtok_r(buf, ",", &save); kv; kv = strtok_r(NULL, ",", &save)) {
@@ -290,11 +292,13 @@ static int parse_study(const char *spec, study_config *c) {
             c->stages = v;
         else if (sscanf(kv, "MAXNREG=%d", &v) == 1)
             c->maxnreg = v;
+        else if (sscanf(kv, "OWN_REGS=%d", &v) == 1)
+            c->own_regs = v;
         else
             return 0;
     }
     return (c->wg == 128 || c->wg == 256) && (c->rows == 16 || c->rows == 32 || c->rows == 64) && c->stages >= 2 &&
-           c->stages <= 8 && c->maxnreg >= -1 && c->maxnreg <= 255;
+           c->stages <= 8 && c->maxnreg >= -1 && c->maxnreg <= 255 && (c->own_regs == 0 || c->own_regs == 1);
 }
 
 /* options with -DNAME=value set (replaced where present, else appended). */
@@ -327,6 +331,8 @@ static void study_options(char *out, size_t cap, const char *base, const study_c
     set_define(out, cap, "BLOCK_N", c->rows);
     set_define(out, cap, "STAGES", c->stages);
     set_define(out, cap, "USE_TMA", 1); /* more than one stage is counted on TMA's mbarriers */
+    if (c->own_regs)
+        set_define(out, cap, "OWN_REGS", 1);
     set_define(out, cap, "SMEM_LIMIT", 232448);
     set_define(out, cap, "SMEM_DYNAMIC", 1);
     const int cap_regs = c->maxnreg >= 0 ? c->maxnreg : c->wg > 128 ? 0 : -1;
@@ -367,7 +373,7 @@ int main(int argc, char **argv) {
         return rewrite_only(argv[2], argv[3], argv[4]);
     if (argc < 5) {
         fprintf(stderr, "usage: %s B H N D [--dtype f16|bf16] [--causal] [--iters N] [--dump DIR] [--cache DIR] "
-                        "[--device SPEC] [--study WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N]]...\n",
+                        "[--device SPEC] [--study WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N][,OWN_REGS=1]]...\n",
                 argv[0]);
         return 2;
     }
@@ -577,15 +583,15 @@ int main(int argc, char **argv) {
         printf("\nstudy: the dK/dV and dQ kernels of cl/flash_bwd_sm90.cl with -DSMEM_DYNAMIC=1, tiles in the CUDA "
                "driver's dynamic shared memory (carveout preference: all shared), checked against flashcl's "
                "gradients, %d launches timed by cuEvents\n", iters);
-        printf("| WG | rows | stages | cap (-1: flashcl's) | dK/dV shared | dQ shared | registers dK/dV, dQ | groups an SM dK/dV, dQ "
-               "| dK/dV us | dQ us | backward ms | TFLOP/s | check |\n"
-               "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+        printf("| WG | rows | stages | cap (-1: flashcl's) | own in registers | dK/dV shared | dQ shared "
+               "| registers dK/dV, dQ | groups an SM dK/dV, dQ | dK/dV us | dQ us | backward ms | TFLOP/s | check |\n"
+               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
         fflush(stdout);
     }
     for (int si = 0; si < n_study; ++si) {
         study_config c;
         if (!parse_study(study[si], &c))
-            die("--study %s: WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N] expected", study[si]);
+            die("--study %s: WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N][,OWN_REGS=1] expected", study[si]);
         char study_opts[2][1024];
         const cached_program *sp[3] = {pick[0], NULL, NULL};
         kernel sk[3] = {kern[0], {.role = "dkdv"}, {.role = "dq"}};
@@ -595,7 +601,7 @@ int main(int argc, char **argv) {
             study_options(study_opts[i], sizeof study_opts[i], pick[i + 1]->options, &c, i == 0);
             cl_kernel unused;
             if (flashcl_get_kernel(ctx, "flash_bwd_sm90.cl", entries[i], study_opts[i], &unused) != FLASHCL_SUCCESS) {
-                printf("| %d | %d | %d | %d | build failed: %.300s |\n", c.wg, c.rows, c.stages, c.maxnreg,
+                printf("| %d | %d | %d | %d | %d | build failed: %.300s |\n", c.wg, c.rows, c.stages, c.maxnreg, c.own_regs,
                        flashcl_last_error(ctx));
                 flashcl_clear_error(ctx);
                 built = 0;
@@ -617,13 +623,15 @@ int main(int argc, char **argv) {
         for (int i = 1; i < 3 && loaded; ++i) {
             /* cl/flash_bwd_sm90.cl's SMEM_BYTES: own block, the stages' pairs (128 bytes a row and
              * 64-dim panel), 1024 to align them */
-            const int panels = (D + 63) / 64;
-            sk[i].dyn_smem = (unsigned)((2 * (c.wg / 2) + c.stages * 2 * c.rows) * 128 * panels + 1024);
+            const int panels = (D + 63) / 64, own = 2 * (c.wg / 2) * 128 * panels;
+            const int stages = c.stages * 2 * c.rows * 128 * panels; /* OWN_REGS: one area, the larger */
+            sk[i].dyn_smem = (unsigned)((c.own_regs ? (own > stages ? own : stages) : own + stages) + 1024);
             snprintf(sk[i].tag, sizeof sk[i].tag, ".study-%d", si + 1);
             loaded = load_kernel(&sk[i], sp[i], entries[i - 1], NULL, dump);
         }
         if (!loaded) {
-            printf("| %d | %d | %d | %d | did not load (above) |\n", c.wg, c.rows, c.stages, c.maxnreg);
+            printf("| %d | %d | %d | %d | %d | did not load (above) |\n", c.wg, c.rows, c.stages, c.maxnreg,
+                   c.own_regs);
             ++study_bad;
             continue;
         }
@@ -647,8 +655,8 @@ int main(int argc, char **argv) {
             cu.func_get_attribute(&regs[i - 1], FUNC_NUM_REGS, sk[i].fn);
         }
         const double st = time_backward(sk, sp, iters, per);
-        printf("| %d | %d | %d | %d | %u | %u | %d, %d | %d, %d | %.1f | %.1f | %.3f | %.1f | %s |\n", c.wg, c.rows,
-               c.stages, c.maxnreg, sk[1].dyn_smem, sk[2].dyn_smem, regs[0], regs[1], blocks[0], blocks[1],
+        printf("| %d | %d | %d | %d | %d | %u | %u | %d, %d | %d, %d | %.1f | %.1f | %.3f | %.1f | %s |\n", c.wg, c.rows,
+               c.stages, c.maxnreg, c.own_regs, sk[1].dyn_smem, sk[2].dyn_smem, regs[0], regs[1], blocks[0], blocks[1],
                per[1] * 1e3, per[2] * 1e3, st, flops / st * 1e-9,
                off ? "DIFFERS" : exact ? "bitwise equal" : "within tolerance");
         fflush(stdout);

@@ -110,10 +110,19 @@
 #ifndef SMEM_DYNAMIC
 #define SMEM_DYNAMIC 0
 #endif
+/* OWN_REGS (bench/ptx_harness.c's study, issue 36's idea; one panel, not
+ * with DQ_ATOMIC): the own block's A fragments (K and V, or Q and dO) are
+ * read into registers once, kept live past the loop by WG_KEEP_A, and the
+ * streamed stages reuse the own block's __local: 16-32 KB freed for deeper
+ * Q/dO (K/V) stages, for 32 more registers a work-item. */
+#ifndef OWN_REGS
+#define OWN_REGS 0
+#endif
+#define OWN_AREA (OWN_REGS ? 0 : 2 * OWN_BYTES) /* bytes of the own block beside the stages */
 /* Two stages of the streamed pair (the next lands during the current) where
  * they fit beside the own block and the 1024 bytes that align the tiles. */
 #ifndef STAGES
-#if 2 * OWN_BYTES + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= SMEM_LIMIT
+#if OWN_AREA + 4 * T_BYTES + 1024 + 4 * 4 * TROWS <= SMEM_LIMIT
 #define STAGES 2
 #else
 #define STAGES 1
@@ -128,8 +137,17 @@
 #if DQ_ATOMIC && BWD_KERNEL != 2
 #error "DQ_ATOMIC is the dK/dV kernel's"
 #endif
+#if OWN_REGS && (PANELS > 1 || DQ_ATOMIC)
+#error "OWN_REGS holds one panel's fragments, and DQ_ATOMIC reads K from __local"
+#endif
 #define STAGE_BYTES (2 * T_BYTES)
-#define DS_AT (2 * OWN_BYTES + STAGES * STAGE_BYTES) /* bytes: dS, DQ_ATOMIC only */
+#define STAGE_AT(st) ((uint)OWN_AREA + (uint)(st)*STAGE_BYTES) /* bytes: stage st's pair */
+/* bytes: dS (DQ_ATOMIC only), after the own block and stages, or the larger of both (OWN_REGS) */
+#if OWN_REGS && STAGES * STAGE_BYTES < 2 * OWN_BYTES
+#define DS_AT (2 * OWN_BYTES)
+#else
+#define DS_AT (OWN_AREA + STAGES * STAGE_BYTES)
+#endif
 #define DS_BYTES (TROWS * OWN * 2)                   /* dS: the tile's rows x the own keys, DQ_ATOMIC only */
 #define SMEM_BYTES (DS_AT + DQ_ATOMIC * DS_BYTES + 1024)
 /* The tiles' __local array. SMEM_DYNAMIC is bench/ptx_harness.c's study of
@@ -278,12 +296,46 @@
         else                                                                                       \
             WGMMA_SS_K(acc, A_K_MAJOR(x, kk), B_K_MAJOR(y, kk), 1);                                \
     }
+#elif OWN_REGS
+#define SCORES_A_FRAGS(x, z) /* none: xf_ and zf_ are held (OWN_FRAGS_HELD) */
+#define CHAIN_S(acc, f, x, y) CHAIN_XYT(acc, f, y)
 #else
 #define SCORES_A_FRAGS(x, z)                                                                       \
     uint xf_[K_STEPS][4], zf_[K_STEPS][4];                                                         \
     LOAD_A_FRAGS(xf_, x);                                                                          \
     LOAD_A_FRAGS(zf_, z)
 #define CHAIN_S(acc, f, x, y) CHAIN_XYT(acc, f, y)
+#endif
+#if OWN_REGS
+/* The own block's fragments into the registers SCORES reads (xf_ of x, zf_ of z), once the block
+ * has landed; then every warp is done with the block's __local, which the stages take. With TMA
+ * the issuing work-item orders those generic reads before its copies (tma_fence_shared). */
+#define OWN_FRAGS_HELD(x, z)                                                                       \
+    uint xf_[K_STEPS][4], zf_[K_STEPS][4];                                                         \
+    cp_wait_async_proxy();                                                                         \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
+    LOAD_A_FRAGS(xf_, x);                                                                          \
+    LOAD_A_FRAGS(zf_, z);                                                                          \
+    barrier(CLK_LOCAL_MEM_FENCE);                                                                  \
+    OWN_FRAGS_TMA_FENCE
+#if USE_TMA
+#define OWN_FRAGS_TMA_FENCE                                                                        \
+    if (tid == 0)                                                                                  \
+        tma_fence_shared()
+#else
+#define OWN_FRAGS_TMA_FENCE do { } while (0)
+#endif
+/* After the loop: a use of the held fragments ptxas must keep (WG_KEEP_A; never is not negative),
+ * so that it does not reuse their registers inside the loop (docs/perf-notes.md, the Q-register
+ * fault). */
+#define OWN_FRAGS_KEEP(never)                                                                      \
+    do {                                                                                           \
+        WG_KEEP_A(xf_, K_STEPS, s_base, never);                                                    \
+        WG_KEEP_A(zf_, K_STEPS, s_base, never);                                                    \
+    } while (0)
+#else
+#define OWN_FRAGS_HELD(x, z) do { } while (0)
+#define OWN_FRAGS_KEEP(never) do { } while (0)
 #endif
 #define SCORES(s, dp, x, y, z, w)                                                                  \
     do {                                                                                           \
@@ -407,7 +459,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     do {                                                                                           \
         const int hq_ = hk * group + (it) / m_tiles;                                               \
         const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
-        TMA_PAIR(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES, st, q, dout, m0_, hq_);                  \
+        TMA_PAIR(STAGE_AT(st), st, q, dout, m0_, hq_);                                             \
         NV_TILE_STATS(stats[st], m0_, hq_);                                                        \
     } while (0)
 #else
@@ -420,7 +472,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
         const int hq_ = hk * group + (it) / m_tiles;                                               \
         const int m0_ = m_first + ((it) % m_tiles) * BLOCK_M;                                      \
         const int rows_ = min(BLOCK_M, nq - m0_);                                                  \
-        const uint at_ = 2u * OWN_BYTES + (uint)(st)*STAGE_BYTES;                                  \
+        const uint at_ = STAGE_AT(st);                                                             \
         COPY_TILE(at_, (__global const ushort *)q + ROW_AT(q, b, m0_, hq_), q_ss, rows_, BLOCK_M,  \
                   q_vec);                                                                          \
         COPY_TILE(at_ + T_BYTES, (__global const ushort *)dout + ROW_AT(dout, b, m0_, hq_),        \
@@ -434,6 +486,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     ZERO_ACC(dv_acc);
     const int kw0 = n0 + 16 * warp; /* this warp's first key */
 
+    OWN_FRAGS_HELD(k_own, v_own);
     if (tiles > 0)
         ISSUE_TILE(0, 0);
 #if STAGES > 2
@@ -455,7 +508,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
             ISSUE_TILE(it + 1, stage ^ 1);
 #endif
         const int m0 = m_first + (it % m_tiles) * BLOCK_M;
-        const uint q_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, do_tile = q_tile + T_BYTES;
+        const uint q_tile = s_base + STAGE_AT(stage), do_tile = q_tile + T_BYTES;
 
         /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
@@ -504,6 +557,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
         NEXT_STAGE(stage);
     }
 #undef ISSUE_TILE
+    OWN_FRAGS_KEEP(nk);
     cp_wait(); /* K and V when there was no tile */
 
     NV_STORE_DKDV;
@@ -552,11 +606,11 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 #if USE_TMA
     TMA_SETUP(k, k + k_off, v, v + v_off);
     /* K and V of the keys n.. into stage st, by TMA (K's tile first). */
-#define ISSUE_PAIR(n, st) TMA_PAIR(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES, st, k, v, n, hk)
+#define ISSUE_PAIR(n, st) TMA_PAIR(STAGE_AT(st), st, k, v, n, hk)
 #else
     /* K or V (x) of the keys n.. into stage st: K's tile first (slot 0), V's after it (slot 1). */
 #define ISSUE(x, slot, n, st)                                                                      \
-    COPY_TILE(2u * OWN_BYTES + (uint)(st)*STAGE_BYTES + (slot)*T_BYTES, x##b + (ulong)(n)*x##_ss,  \
+    COPY_TILE(STAGE_AT(st) + (slot)*T_BYTES, x##b + (ulong)(n)*x##_ss,                             \
               x##_ss, min(BLOCK_N, nk - (n)), BLOCK_N, x##_vec)
 #define ISSUE_PAIR(n, st)                                                                          \
     do {                                                                                           \
@@ -564,6 +618,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
         ISSUE(v, 1u, n, st);                                                                       \
     } while (0)
 #endif
+    OWN_FRAGS_HELD(q_own, do_own);
     if (n_start <= n_end)
         ISSUE_PAIR(n_start, 0);
 #if STAGES > 2
@@ -585,7 +640,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
         if (more)
             ISSUE_PAIR(n1, stage ^ 1);
 #endif
-        const uint k_tile = s_base + 2u * OWN_BYTES + (uint)stage * STAGE_BYTES, v_tile = k_tile + T_BYTES;
+        const uint k_tile = s_base + STAGE_AT(stage), v_tile = k_tile + T_BYTES;
 
         /* ---- S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
@@ -625,6 +680,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
     }
 #undef ISSUE
 #undef ISSUE_PAIR
+    OWN_FRAGS_KEEP(nk);
     cp_wait(); /* Q and dO when there was no tile */
 
     if (w_rows > 0)
