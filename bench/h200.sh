@@ -167,7 +167,8 @@ if [ "$what" = optin ]; then
       else
         list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,STAGES=3 VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4
           VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16 VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3
-          VARIANT=nv-wgmma,DQ=atomic VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic"}
+          VARIANT=nv-wgmma,DQ=atomic VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic
+          VARIANT=nv-wgmma,OWN_REGS=1,STAGES=4 VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=64,BLOCK_N=64"}
       fi
       for params in $list; do
         echo "== FLASHCL_BWD_PARAMS=$params flashcl bench --backward --shape $dims" | tee -a "$out/optin.txt"

@@ -196,7 +196,7 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s%s", r->head_dim,
                  c->block_m, c->block_n, c->work_group_size,
                  !nv ? "" : atomic && i == 1 ? " -DFLASHCL_NV_PTX -DDQ_ATOMIC=1" : " -DFLASHCL_NV_PTX",
-                 sm90a ? " -DFLASHCL_SM90A" : "", cap, order);
+                 !sm90a ? "" : c->nv_own_regs ? " -DFLASHCL_SM90A -DOWN_REGS=1" : " -DFLASHCL_SM90A", cap, order);
         char lanes[24] = "";
         if (i == 0) /* the first kernel of each pass over the choice */
             k->row_lanes = row_lanes(ctx, c);
@@ -243,8 +243,9 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
             flashcl_log("FLASHCL_BWD_PARAMS STAGES=%d sets the TMA kernels' stages; without TMA here the "
                         "cp.async kernels run with their own", c->nv_stages);
         if (sm90a && (i == 1 || i == 2) &&
-            (c->nv_stages || (flashcl_backward_wgmma_stages(c->block_m, c->work_group_size, r->head_dim) == 2 &&
-                              flashcl_backward_wgmma_stages(c->block_n, c->work_group_size, r->head_dim) == 2)) &&
+            (c->nv_stages ||
+             (flashcl_backward_wgmma_stages(c->block_m, c->work_group_size, r->head_dim, c->nv_own_regs) == 2 &&
+              flashcl_backward_wgmma_stages(c->block_n, c->work_group_size, r->head_dim, c->nv_own_regs) == 2)) &&
             flashcl_tma_usable(ctx)) {
             /* The same kernel with its streamed tiles copied by TMA (where
              * both kernels' tiles take two stages, cl/flash_bwd_sm90.cl, or

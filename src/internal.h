@@ -448,6 +448,8 @@ typedef struct flashcl_backward_choice {
     int nv_max_registers; /* nv-mma: register cap per thread, 0: none         */
     int nv_stages;       /* nv-wgmma: its TMA kernels' streamed stages (2..8),
                           * 0: the kernel's default (two where they fit)      */
+    int nv_own_regs;     /* nv-wgmma: 1 holds the own block's fragments in
+                          * registers (cl/flash_bwd_sm90.cl's OWN_REGS)       */
     int cpu_dq_owner;    /* cpu, outside deterministic mode: 1 has one work-item
                           * per (batch, kv head) walk all its key blocks and add
                           * dQ without atomics (flashcl_backward_params) */
@@ -477,7 +479,7 @@ int flashcl_backward_nv(const flashcl_backward_choice *c);
 /* Rows of keys (dK/dV) and of queries (dQ) one work-group of the choice owns. */
 int flashcl_backward_keys_per_group(const flashcl_backward_choice *c);
 /* cl/flash_bwd_sm90.cl's streamed stages (2 where they fit 48 KB, else 1) for tiles of `rows` rows. */
-int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim);
+int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim, int own_regs);
 int flashcl_backward_rows_per_group(const flashcl_backward_choice *c);
 
 /* ---- the pure-C host path (host_path.c) ---- */

@@ -37,7 +37,9 @@
  *     kernel's), see src/program.c; STAGES=2..8 the nv-wgmma kernels' TMA
  *     pipeline depth (streamed pairs in flight; by default two where they
  *     fit 48 KB), within 48 KB; the cp.async kernels built beside them, which
- *     run where a tensor map does not encode, keep their own.
+ *     run where a tensor map does not encode, keep their own; OWN_REGS=1
+ *     its K and V (Q and dO) fragments held in registers, their __local
+ *     taken by the stages (head_dim <= 64, not with DQ=atomic).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,25 +143,27 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
 
 /* cl/flash_bwd_sm90.cl's __local: the own rows of K and V (or Q and dO), 64
  * a warpgroup, 128 bytes a row and 64-dim panel, then STAGES pairs of
- * streamed tiles of `rows` rows, 1 KB to align the tiles, and the dK/dV
+ * streamed tiles of `rows` rows (with OWN_REGS the stages take the own
+ * block's bytes: the larger of both), 1 KB to align the tiles, and the dK/dV
  * kernel's LSE and D_i per streamed row (stats: 1). STAGES is the kernel's
  * default: two where they fit NVIDIA's 48000 bytes, else one. */
-int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim) {
+int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim, int own_regs) {
     const size_t panels = ((size_t)head_dim + 63) / 64;
     const size_t own = 2 * (size_t)(work_group_size / 2) * 128 * panels, pair = 2 * (size_t)rows * 128 * panels;
     const size_t row_stats = 2 * (size_t)rows * sizeof(float);
-    return own + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
+    return (own_regs ? 0 : own) + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
 }
 
 /* stages: FLASHCL_BWD_PARAMS's STAGES for the TMA kernels (0: the kernel's default); the cp.async
  * kernels built beside them keep the default, so both must fit. */
-static size_t backward_wgmma_bytes(int rows, int work_group_size, int head_dim, int stats, int stages) {
+static size_t backward_wgmma_bytes(int rows, int work_group_size, int head_dim, int stats, int stages, int own_regs) {
     const size_t panels = ((size_t)head_dim + 63) / 64;
     const size_t own = 2 * (size_t)(work_group_size / 2) * 128 * panels, pair = 2 * (size_t)rows * 128 * panels;
     const size_t row_stats = 2 * (size_t)rows * sizeof(float);
-    const int own_default = flashcl_backward_wgmma_stages(rows, work_group_size, head_dim);
+    const int own_default = flashcl_backward_wgmma_stages(rows, work_group_size, head_dim, own_regs);
     const size_t most = (size_t)(stages > own_default ? stages : own_default);
-    return own + most * (pair + (stats ? row_stats : 0)) + 1024;
+    const size_t tiles = own_regs ? (own > most * pair ? own : most * pair) : own + most * pair;
+    return tiles + (stats ? most * row_stats : 0) + 1024;
 }
 
 static int backward_variant_nv(flashcl_backward_variant variant) {
@@ -186,14 +190,14 @@ int flashcl_backward_rows_per_group(const flashcl_backward_choice *c) {
 /* __local bytes of the variant's kernels: the cpu variant may run the portable dQ pass too. */
 /* dq_atomic: nv-mma's dQ mode (-1: not known yet, so the larger of both). */
 static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int block_n, int work_group_size,
-                             int head_dim, int dq_atomic, int stages) {
+                             int head_dim, int dq_atomic, int stages, int own_regs) {
     if (variant == FLASHCL_BWD_NV_MMA)
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
     if (variant == FLASHCL_BWD_NV_WGMMA) {
         /* DQ=atomic: the dK/dV kernel holds a tile of dS (block_m rows of 128 bytes) as well */
-        const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, head_dim, 1, stages) +
+        const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, head_dim, 1, stages, own_regs) +
                             (dq_atomic == 1 ? (size_t)block_m * (size_t)work_group_size : 0); /* dS: rows x keys */
-        const size_t dq = backward_wgmma_bytes(block_n, work_group_size, head_dim, 0, stages);
+        const size_t dq = backward_wgmma_bytes(block_n, work_group_size, head_dim, 0, stages, own_regs);
         return dkdv > dq ? dkdv : dq;
     }
     size_t portable = flashcl_backward_local_bytes(block_m, block_n, head_dim);
@@ -230,9 +234,10 @@ static int wgmma_tile_rows(int rows) {
 
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
 static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc *d, flashcl_backward_variant variant,
-                        int block_m, int block_n, int work_group_size, int dq_atomic, int stages, char *why,
-                        size_t n) {
-    size_t local = backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim, dq_atomic, stages);
+                        int block_m, int block_n, int work_group_size, int dq_atomic, int stages, int own_regs,
+                        char *why, size_t n) {
+    size_t local =
+        backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim, dq_atomic, stages, own_regs);
     why[0] = '\0';
     if (variant == FLASHCL_BWD_CPU && ctx->info.is_rusticl)
         snprintf(why, n, "%s", FLASHCL_RUSTICL_NO_CPU);
@@ -251,6 +256,9 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (stages && (variant != FLASHCL_BWD_NV_WGMMA || stages < 2 || stages > 8))
         snprintf(why, n, "STAGES is the nv-wgmma backward's TMA pipeline depth, 2..8 (not %d with %s)", stages,
                  variant == FLASHCL_BWD_NV_WGMMA ? "nv-wgmma" : "another variant");
+    else if (own_regs && (variant != FLASHCL_BWD_NV_WGMMA || d->head_dim > 64 || dq_atomic == 1))
+        snprintf(why, n, "OWN_REGS holds the nv-wgmma backward's K and V (Q and dO) fragments in registers at "
+                 "head_dim <= 64, without DQ=atomic (which reads K from local memory)");
     else if (variant == FLASHCL_BWD_NV_WGMMA && stages && dq_atomic == 1)
         snprintf(why, n, "STAGES sets the nv-wgmma backward's TMA stages, which DQ=atomic does not take");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)
@@ -304,7 +312,7 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     if (!backward_variant_applies(ctx, w->desc, variant))
         return 0;
     if (level >= LVL_TYPE ||
-        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, 0, why, sizeof why))
+        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, 0, 0, why, sizeof why))
         return 1;
     flashcl_param_entry key;
     memset(&key, 0, sizeof key);
@@ -317,14 +325,14 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
 /* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64,VARIANT=cpu", read once:
  * each field -1 where the variable does not set it. */
 typedef struct backward_overrides {
-    int set, variant, block_m, block_n, work_group_size, dq_pass, dq_owner, max_registers, stages;
+    int set, variant, block_m, block_n, work_group_size, dq_pass, dq_owner, max_registers, stages, own_regs;
 } backward_overrides;
 
 static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) {
     const char *env = getenv("FLASHCL_BWD_PARAMS");
     flashcl_kv kv;
     int item, value;
-    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1, -1, -1};
+    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1, -1, -1, -1};
     for (const char *s = env ? env : ""; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END; o->set = 1) {
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
             if ((o->variant = backward_variant_named(kv.value, kv.value_len)) < 0)
@@ -353,10 +361,15 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
             o->work_group_size = value;
         } else if (flashcl_kv_key(&kv, "STAGES")) {
             o->stages = value;
+        } else if (flashcl_kv_key(&kv, "OWN_REGS")) {
+            if (value != 1)
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_BWD_PARAMS: OWN_REGS is 1 at '%s'",
+                                    kv.at);
+            o->own_regs = value;
         } else {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ, "
-                                "MAXNREG, STAGES)",
+                                "MAXNREG, STAGES, OWN_REGS)",
                                 (int)kv.key_len, kv.key);
         }
     }
@@ -400,6 +413,8 @@ static void backward_override(const backward_overrides *o, flashcl_backward_choi
         c->nv_max_registers = o->max_registers;
     if (o->stages >= 0)
         c->nv_stages = o->stages;
+    if (o->own_regs >= 0)
+        c->nv_own_regs = o->own_regs;
     if (o->set)
         c->source = "FLASHCL_BWD_PARAMS";
 }
@@ -448,10 +463,10 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         const int min_n = c->variant == FLASHCL_BWD_CPU ? 8 : 1; /* the cpu kernel's key vectors */
         int shrunk = 0;
         while (c->block_n > min_n &&
-               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1, 0) > budget)
+               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1, 0, 0) > budget)
             c->block_n /= 2, shrunk = 1;
         while (c->block_m > 1 &&
-               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1, 0) > budget)
+               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1, 0, 0) > budget)
             c->block_m /= 2, shrunk = 1;
         if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
             c->work_group_size = (int)ctx->info.max_wg, shrunk = 1;
@@ -463,7 +478,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         c->cpu_dq_owner = cpu_dq_owner(ctx, desc, c);
     char why[200];
     if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size,
-                      flashcl_backward_dq_atomic(c), c->nv_stages, why, sizeof why))
+                      flashcl_backward_dq_atomic(c), c->nv_stages, c->nv_own_regs, why, sizeof why))
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     return FLASHCL_SUCCESS;
 }

@@ -635,6 +635,9 @@ static void wgmma(flashcl_context *ctx) {
         {40, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4"},
         {64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic"}, /* one red per 128 keys */
         {128, "VARIANT=nv-wgmma,DQ=atomic"},              /* the dQ product once a 64-dim panel */
+        {64, "VARIANT=nv-wgmma,OWN_REGS=1,STAGES=4"},     /* K, V (Q, dO) held: four TMA stages */
+        {48, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=64,BLOCK_N=64"}, /* two 64-row stages */
+        {40, "VARIANT=nv-wgmma,WG=256,OWN_REGS=1"},
         /* head dims 65..128 (on request): two 64-dim panels, SS score products, one stage of 16 rows */
         {128, "VARIANT=nv-wgmma"},
         {96, "VARIANT=nv-wgmma"},

@@ -182,17 +182,17 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.work_group_size == 256 &&
                flashcl_backward_keys_per_group(&c) == 128 && flashcl_backward_rows_per_group(&c) == 128 &&
-               flashcl_backward_wgmma_stages(16, 256, 64) == 2,
+               flashcl_backward_wgmma_stages(16, 256, 64, 0) == 2,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 16-row tiles in two stages", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 48, "WG=256", 0, &c) == FLASHCL_SUCCESS &&
-               c.work_group_size == 256 && c.block_m == 32 && flashcl_backward_wgmma_stages(32, 256, 64) == 1 &&
-               flashcl_backward_wgmma_stages(32, 128, 64) == 2 && flashcl_backward_wgmma_stages(64, 128, 64) == 1,
+               c.work_group_size == 256 && c.block_m == 32 && flashcl_backward_wgmma_stages(32, 256, 64, 0) == 1 &&
+               flashcl_backward_wgmma_stages(32, 128, 64, 0) == 2 && flashcl_backward_wgmma_stages(64, 128, 64, 0) == 1,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 32-row tiles (one stage)", &failures);
     /* Head dims 65..128 on request: two 64-dim panels, one stage of 16-row tiles (42 KB); no table entry. */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 16 && c.block_n == 16 && c.work_group_size == 128 &&
-               c.nv_max_registers == 0 && flashcl_backward_wgmma_stages(16, 128, 128) == 1 &&
-               flashcl_backward_wgmma_stages(16, 128, 96) == 1,
+               c.nv_max_registers == 0 && flashcl_backward_wgmma_stages(16, 128, 128, 0) == 1 &&
+               flashcl_backward_wgmma_stages(16, 128, 96, 0) == 1,
            "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at D=128: 16-row tiles, one stage, no register cap", &failures);
     expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA,
@@ -204,6 +204,12 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
                flashcl_backward_dq_atomic(&c) && c.block_m == 16,
            "... and one warpgroup at D=128 (dS 2 KB beside 42 KB)", &failures);
+    /* OWN_REGS: K and V held in registers, the stages in their __local: four 32-row stages in 34 KB. */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,STAGES=4", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_own_regs == 1 && c.nv_stages == 4 && flashcl_backward_wgmma_stages(64, 128, 64, 1) == 2 &&
+               flashcl_backward_wgmma_stages(64, 128, 64, 0) == 1,
+           "FLASHCL_BWD_PARAMS OWN_REGS=1: four stages of 32 rows, or two of 64 (which without it take one)",
+           &failures);
     /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_stages == 3 && c.block_m == 32,
@@ -214,7 +220,7 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS && c.nv_stages == 0,
            "... and none by default (the kernel's own)", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "BLOCK_M=16,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
-               c.work_group_size == 128 && c.block_m == 16 && flashcl_backward_wgmma_stages(16, 128, 64) == 2,
+               c.work_group_size == 128 && c.block_m == 16 && flashcl_backward_wgmma_stages(16, 128, 64, 0) == 2,
            "FLASHCL_BWD_PARAMS: nv-wgmma with 16-row tiles", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 1, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
@@ -279,6 +285,11 @@ static void test_backward_levels(void) {
                    {FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=64", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "WG=256,DQ=atomic", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "STAGES=4", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 64, "OWN_REGS=1,STAGES=6", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 64, "OWN_REGS=1,DQ=atomic", "without DQ=atomic"},
+                   {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,OWN_REGS=1", "head_dim <= 64"},
+                   {FLASHCL_FLOAT16, 64, "OWN_REGS=2", "OWN_REGS is 1"},
+                   {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,OWN_REGS=1", "head_dim <= 64"},
                    {FLASHCL_FLOAT16, 64, "STAGES=1", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=9", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=3,DQ=atomic", "DQ=atomic does not take"},
