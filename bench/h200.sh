@@ -8,7 +8,8 @@
 #         backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
 #         both, at each of SHAPES ("B,H,N,D", default 4,32,4096,64 4,32,4096,128; f16, non-causal;
 #         HARNESS_ARGS added, e.g. "--causal" or "--dtype bf16"), then runs ncu on its dK/dV and dQ
-#         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT).
+#         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT). With
+#         FLASHCL_BWD_PARAMS set, flashcl (and so the profile) runs that choice: an opt-in shape's.
 # study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
 #         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64; f16; one a call fits
 #         the 600 s limit with room; D > 64: the nv-wgmma backward on request),
@@ -100,7 +101,7 @@ if [ "$what" = profile ]; then
     LaunchStats Occupancy SchedulerStats WarpStateStats}
   for shape in ${SHAPES:-4,32,4096,64 4,32,4096,128}; do
     tag=${shape//,/-}; log="$out/profile-$tag.log"; work=/tmp/profile-$tag
-    mkdir -p "$work/ptx"
+    rm -rf "$work" && mkdir -p "$work/ptx" # a fresh cache: this call's programs only (FLASHCL_BWD_PARAMS may differ)
     echo "== ptx_harness $shape ${HARNESS_ARGS:-}: CUDA-driver launches vs flashcl" | tee "$log"
     timeout 120 ./build-gpu/ptx_harness ${shape//,/ } --iters 20 --dump "$work/ptx" --cache "$work/cache" \
       ${HARNESS_ARGS:-} 2>&1 | tee -a "$log"
