@@ -123,11 +123,11 @@ fi
 if [ "$what" = study ]; then
   # Per head dim: 48 KB's own shapes first, then ones needing about 50, 65, 81, 97, 129-145 KB.
   configs64=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=256,ROWS=16,STAGES=2 WG=256,ROWS=16,STAGES=3
+    WG=128,ROWS=32,STAGES=4,OWN_REGS=1 WG=128,ROWS=64,STAGES=2,OWN_REGS=1 WG=256,ROWS=32,STAGES=2,OWN_REGS=1
     WG=128,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=2
     WG=256,ROWS=32,STAGES=2,MAXNREG=128 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2 WG=256,ROWS=32,STAGES=4
     WG=128,ROWS=64,STAGES=4 WG=256,ROWS=64,STAGES=4 WG=256,ROWS=32,STAGES=8 WG=256,ROWS=64,STAGES=6
-    WG=128,ROWS=64,STAGES=8 WG=128,ROWS=32,STAGES=4,OWN_REGS=1 WG=128,ROWS=64,STAGES=2,OWN_REGS=1
-    WG=256,ROWS=32,STAGES=2,OWN_REGS=1 WG=128,ROWS=32,STAGES=8,OWN_REGS=1"}
+    WG=128,ROWS=64,STAGES=8 WG=128,ROWS=32,STAGES=8,OWN_REGS=1"}
   configs128=${STUDY_CONFIGS:-"WG=128,ROWS=16,STAGES=2 WG=128,ROWS=32,STAGES=2 WG=128,ROWS=32,STAGES=3
     WG=256,ROWS=16,STAGES=2 WG=128,ROWS=64,STAGES=2 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=32,STAGES=2
     WG=256,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2"}
@@ -179,7 +179,7 @@ if [ "$what" = optin ]; then
           break 2
         fi
         echo "== FLASHCL_BWD_PARAMS=$params flashcl bench --backward --shape $dims" | tee -a "$out/optin.txt"
-        FLASHCL_BWD_PARAMS=$params timeout 30 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
+        FLASHCL_BWD_PARAMS=$params timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
           --shape "$dims" --iters 20 2>&1 | tee -a "$out/optin.txt"
       done
     done

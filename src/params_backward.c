@@ -415,6 +415,10 @@ static void backward_override(const backward_overrides *o, flashcl_backward_choi
         c->nv_stages = o->stages;
     if (o->own_regs >= 0)
         c->nv_own_regs = o->own_regs;
+    /* The held fragments take 16-32 registers more: under the table's cap of 168 ptxas spills
+     * (clang's PTX at 64-row tiles) and could reuse them inside the loop, so no cap unless given. */
+    if (o->own_regs > 0 && o->max_registers < 0)
+        c->nv_max_registers = 0;
     if (o->set)
         c->source = "FLASHCL_BWD_PARAMS";
 }

@@ -605,14 +605,16 @@ static void count_build_failures(void *user, const char *line) {
 
 static void wgmma(flashcl_context *ctx) {
     const char *env = "VARIANT=nv-wgmma";
+    /* A kernel with TMA copies that does not build falls back to its cp.async twin, right but
+     * untested, and turns TMA off for the context: every kernel from here on, the probe's too,
+     * must build as asked. */
+    builds_failed = 0;
+    flashcl_set_log(count_build_failures, NULL);
     if (!nv_variant_available(ctx, env, 64)) {
+        flashcl_set_log(NULL, NULL);
         printf("nv-wgmma backward does not apply to this device: skipped (%s)\n", flashcl_last_error(ctx));
         return;
     }
-    /* A kernel with TMA copies that does not build falls back to its cp.async twin, right but
-     * untested: every shape below must build as asked. */
-    builds_failed = 0;
-    flashcl_set_log(count_build_failures, NULL);
     static const struct {
         int d;
         const char *env;
@@ -686,7 +688,8 @@ static void wgmma(flashcl_context *ctx) {
     tc.causal = 0;
     run_with(ctx, &tc, 0, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64");
     flashcl_set_log(NULL, NULL);
-    expect(builds_failed == 0, "nv-wgmma backward: every kernel above built as asked (no fallback)", &failures);
+    expect(builds_failed == 0, "nv-wgmma: every kernel above, forward and backward, built as asked (no fallback)",
+           &failures);
 #ifdef FLASHCL_SOURCE_CL_DIR
     /* Last: the failure is remembered by the context, which then never picks nv-wgmma again. */
     tc = test_case_basic(FLASHCL_FLOAT16, 37, 53, 56); /* a head dim no case above built */

@@ -206,10 +206,15 @@ static void test_backward_levels(void) {
            "... and one warpgroup at D=128 (dS 2 KB beside 42 KB)", &failures);
     /* OWN_REGS: K and V held in registers, the stages in their __local: four 32-row stages in 34 KB. */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,STAGES=4", 0, &c) == FLASHCL_SUCCESS &&
-               c.nv_own_regs == 1 && c.nv_stages == 4 && flashcl_backward_wgmma_stages(64, 128, 64, 1) == 2 &&
+               c.nv_own_regs == 1 && c.nv_stages == 4 && c.nv_max_registers == 0 &&
+               flashcl_backward_wgmma_stages(64, 128, 64, 1) == 2 &&
                flashcl_backward_wgmma_stages(64, 128, 64, 0) == 1,
-           "FLASHCL_BWD_PARAMS OWN_REGS=1: four stages of 32 rows, or two of 64 (which without it take one)",
+           "FLASHCL_BWD_PARAMS OWN_REGS=1: four stages of 32 rows, or two of 64 (which without it take one); "
+           "no register cap",
            &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,MAXNREG=200", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_max_registers == 200,
+           "... unless MAXNREG gives one", &failures);
     /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_stages == 3 && c.block_m == 32,
