@@ -323,7 +323,8 @@ static void set_define(char *options, size_t cap, const char *name, int value) {
 /* A study kernel's options: flashcl's build's, with the config's tiles, by TMA, and the dK/dV kernel's
  * cap replaced when MAXNREG is given (0: none). Two warpgroups drop flashcl's cap unless given one:
  * at 168 registers a work-group of 256 takes 43008, so an SM holds one either way, and the cap only
- * spills. 232448 bytes: the H200's dynamic shared memory a block may ask. */
+ * spills; so does OWN_REGS, as the library does (src/params_backward.c). 232448 bytes: the H200's
+ * dynamic shared memory a block may ask. */
 static void study_options(char *out, size_t cap, const char *base, const study_config *c, int dkdv) {
     snprintf(out, cap, "%s", base);
     set_define(out, cap, "WG", c->wg);
@@ -335,7 +336,7 @@ static void study_options(char *out, size_t cap, const char *base, const study_c
         set_define(out, cap, "OWN_REGS", 1);
     set_define(out, cap, "SMEM_LIMIT", 232448);
     set_define(out, cap, "SMEM_DYNAMIC", 1);
-    const int cap_regs = c->maxnreg >= 0 ? c->maxnreg : c->wg > 128 ? 0 : -1;
+    const int cap_regs = c->maxnreg >= 0 ? c->maxnreg : c->wg > 128 || c->own_regs ? 0 : -1;
     if (dkdv && cap_regs >= 0)
         set_define(out, cap, "FLASHCL_NV_MAXNREG", cap_regs);
 }
