@@ -267,16 +267,10 @@
 
 /* acc += A Y, A's fragments a[T_STEPS][4] (TROWS wide, over Y's rows), Y the
  * streamed tile at y, acc HEAD_DIM wide: one m64n64 wgmma a 64-dim panel. */
-#if PANELS == 1
-#define CHAIN_AY(acc, a, y)                                                                        \
-    _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk)                                         \
-        WGMMA_RS(WG_N64, acc, (a)[kk], B_N_MAJOR(y, kk), 1, 1)
-#else
 #define CHAIN_AY(acc, a, y)                                                                        \
     _Pragma("unroll") for (int kk = 0; kk < T_STEPS; ++kk)                                         \
         _Pragma("unroll") for (int hh = 0; hh < PANELS; ++hh)                                      \
             WGMMA_RS(WG_N64, (acc) + 8 * hh, (a)[kk], B_N_MAJOR((y) + (uint)hh * (TROWS * 128u), kk), 1, 1)
-#endif
 
 /* This warp's A fragments (rows 16*warp..) of the own block at x over the head dim. */
 #define LOAD_A_FRAGS(f, x) SW128_A_FRAGS(f, x, OWN, K_STEPS)
