@@ -25,8 +25,8 @@
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
  *     32..64 by the table, 65..128 on request; WG 128, 64 keys or rows a
  *     work-group, or 256, two warpgroups and 128; BLOCK_M and BLOCK_N 16,
- *     32 or 64, within NVIDIA's 48 KB); a
- *     build failure re-picks without nv-wgmma entries (so nv-mma's).
+ *     32 or 64, within NVIDIA's 48 KB); a build failure re-picks without
+ *     nv-wgmma entries (so nv-mma's).
  *     FLASHCL_BWD_PARAMS's VARIANT=portable|cpu|nv-mma|nv-wgmma picks one,
  *     and DQ=atomic|pass how nv-mma sums dQ outside deterministic mode: red.add from the dK/dV kernel, or its own pass (the default);
  *     DQ=owner|atomic the cpu variant's: whole (batch, kv head) pairs a work-item with plain adds, or a
@@ -145,25 +145,31 @@ size_t flashcl_backward_nv_local_bytes(int block_m, int block_n, int work_group_
  * a warpgroup, 128 bytes a row and 64-dim panel, then STAGES pairs of
  * streamed tiles of `rows` rows (with OWN_REGS the stages take the own
  * block's bytes: the larger of both), 1 KB to align the tiles, and the dK/dV
- * kernel's LSE and D_i per streamed row (stats: 1). STAGES is the kernel's
- * default: two where they fit NVIDIA's 48000 bytes, else one. */
-int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim, int own_regs) {
+ * kernel's LSE and D_i per streamed row (stats: 1). */
+typedef struct wgmma_bytes {
+    size_t own, pair, row_stats; /* the own block, one stage's pair of tiles, one stage's stats */
+} wgmma_bytes;
+
+static wgmma_bytes wgmma_bytes_of(int rows, int work_group_size, int head_dim) {
     const size_t panels = ((size_t)head_dim + 63) / 64;
-    const size_t own = 2 * (size_t)(work_group_size / 2) * 128 * panels, pair = 2 * (size_t)rows * 128 * panels;
-    const size_t row_stats = 2 * (size_t)rows * sizeof(float);
-    return (own_regs ? 0 : own) + 2 * pair + 1024 + 2 * row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
+    return (wgmma_bytes){2 * (size_t)(work_group_size / 2) * 128 * panels, 2 * (size_t)rows * 128 * panels,
+                         2 * (size_t)rows * sizeof(float)};
+}
+
+/* STAGES, the kernel's default: two where they fit NVIDIA's 48000 bytes, else one. */
+int flashcl_backward_wgmma_stages(int rows, int work_group_size, int head_dim, int own_regs) {
+    const wgmma_bytes b = wgmma_bytes_of(rows, work_group_size, head_dim);
+    return (own_regs ? 0 : b.own) + 2 * b.pair + 1024 + 2 * b.row_stats <= FLASHCL_NV_LOCAL_LIMIT ? 2 : 1;
 }
 
 /* stages: FLASHCL_BWD_PARAMS's STAGES for the TMA kernels (0: the kernel's default); the cp.async
  * kernels built beside them keep the default, so both must fit. */
 static size_t backward_wgmma_bytes(int rows, int work_group_size, int head_dim, int stats, int stages, int own_regs) {
-    const size_t panels = ((size_t)head_dim + 63) / 64;
-    const size_t own = 2 * (size_t)(work_group_size / 2) * 128 * panels, pair = 2 * (size_t)rows * 128 * panels;
-    const size_t row_stats = 2 * (size_t)rows * sizeof(float);
+    const wgmma_bytes b = wgmma_bytes_of(rows, work_group_size, head_dim);
     const int own_default = flashcl_backward_wgmma_stages(rows, work_group_size, head_dim, own_regs);
     const size_t most = (size_t)(stages > own_default ? stages : own_default);
-    const size_t tiles = own_regs ? (own > most * pair ? own : most * pair) : own + most * pair;
-    return tiles + (stats ? most * row_stats : 0) + 1024;
+    const size_t tiles = own_regs ? (b.own > most * b.pair ? b.own : most * b.pair) : b.own + most * b.pair;
+    return tiles + (stats ? most * b.row_stats : 0) + 1024;
 }
 
 static int backward_variant_nv(flashcl_backward_variant variant) {
@@ -194,7 +200,7 @@ static size_t backward_bytes(flashcl_backward_variant variant, int block_m, int 
     if (variant == FLASHCL_BWD_NV_MMA)
         return flashcl_backward_nv_local_bytes(block_m, block_n, work_group_size, head_dim, dq_atomic != 0);
     if (variant == FLASHCL_BWD_NV_WGMMA) {
-        /* DQ=atomic: the dK/dV kernel holds a tile of dS (block_m rows of 128 bytes) as well */
+        /* DQ=atomic: the dK/dV kernel holds a tile of dS as well (block_m rows x WG/2 keys, 2 bytes each) */
         const size_t dkdv = backward_wgmma_bytes(block_m, work_group_size, head_dim, 1, stages, own_regs) +
                             (dq_atomic == 1 ? (size_t)block_m * (size_t)work_group_size : 0); /* dS: rows x keys */
         const size_t dq = backward_wgmma_bytes(block_n, work_group_size, head_dim, 0, stages, own_regs);
