@@ -79,6 +79,12 @@ gpu_test() {
   grep -m5 FAILED "$log"
   return $rc
 }
+# sass_of PTX: PTX (sm_90a) assembled by ptxas into PTX's .cubin and disassembled into its .sass
+# beside it (for scripts/wgmma_*.py); prints ptxas's register count.
+sass_of() {
+  /usr/local/cuda/bin/ptxas -arch=sm_90a -v "$1" -o "${1%.ptx}.cubin" 2>&1 | grep -o 'Used [0-9]* registers'
+  /usr/local/cuda/bin/cuobjdump -sass "${1%.ptx}.cubin" > "${1%.ptx}.sass"
+}
 # time_fp8_wgmma TAG: the opt-in FP8 wgmma kernel's registers (NVIDIA's build log), then
 # compare_torch.py --dtypes e4m3 (both of issue 35's bars), its files named $out/TAG.*.
 time_fp8_wgmma() {
@@ -145,7 +151,7 @@ if [ "$what" = study ]; then
     # MMA reads or writes may be written while it is in flight (scripts/wgmma_inflight.py).
     echo "== SASS check (ptxas, cuobjdump, scripts/wgmma_inflight.py) of the kernels above" | tee -a "$out/$tag.log"
     for p in /tmp/$tag-ptx/*sm90*.cuda.ptx; do
-      /usr/local/cuda/bin/ptxas -arch=sm_90a "$p" -o "${p%.ptx}.cubin" && /usr/local/cuda/bin/cuobjdump -sass "${p%.ptx}.cubin" > "${p%.ptx}.sass"
+      sass_of "$p" > /dev/null
     done
     python3 scripts/wgmma_inflight.py /tmp/$tag-ptx/*sm90*.sass 2>&1 | sed "s#/tmp/$tag-ptx/##" | tail -n 40 | tee -a "$out/$tag.log"
   done
@@ -227,9 +233,8 @@ for i, f in enumerate(sorted(glob.glob("build-gpu/sass/*.bin"))):
 PY
   for f in build-gpu/sass/fwd*.ptx; do
     [ -f "$f" ] || { echo "no nv-wgmma PTX in the cache"; break; }
-    echo "-- $f: $(grep -o 'Used [0-9]* registers' <(ptxas -arch=sm_90a -v "$f" -o "${f%.ptx}.cubin" 2>&1))"
-    cuobjdump -sass "${f%.ptx}.cubin" > "${f%.ptx}.sass" && python3 scripts/wgmma_a_regs.py "${f%.ptx}.sass" |
-      grep -v "^  0x"  # the loop, the registers, the verdict; not each write
+    echo "-- $f: $(sass_of "$f")"
+    python3 scripts/wgmma_a_regs.py "${f%.ptx}.sass" | grep -v "^  0x" # the loop, the registers, the verdict; not each write
     python3 scripts/wgmma_inflight.py "${f%.ptx}.sass" | tail -n 5
   done
   exit 0

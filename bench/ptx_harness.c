@@ -301,6 +301,11 @@ static int parse_study(const char *spec, study_config *c) {
            c->stages <= 8 && c->maxnreg >= -1 && c->maxnreg <= 255 && (c->own_regs == 0 || c->own_regs == 1);
 }
 
+/* The first columns of a config's row in the study's table. */
+static void study_row_start(const study_config *c) {
+    printf("| %d | %d | %d | %d | %d |", c->wg, c->rows, c->stages, c->maxnreg, c->own_regs);
+}
+
 /* options with -DNAME=value set (replaced where present, else appended). */
 static void set_define(char *options, size_t cap, const char *name, int value) {
     char key[64], with[64];
@@ -584,9 +589,9 @@ int main(int argc, char **argv) {
         printf("\nstudy: the dK/dV and dQ kernels of cl/flash_bwd_sm90.cl with -DSMEM_DYNAMIC=1, tiles in the CUDA "
                "driver's dynamic shared memory (carveout preference: all shared), checked against flashcl's "
                "gradients, %d launches timed by cuEvents\n", iters);
-        printf("| WG | rows | stages | cap (-1: flashcl's) | own in registers | dK/dV shared | dQ shared "
+        printf("| WG | rows | stages | cap (-1: flashcl's) | own in registers | dynamic shared, each kernel "
                "| registers dK/dV, dQ | groups an SM dK/dV, dQ | dK/dV us | dQ us | backward ms | TFLOP/s | check |\n"
-               "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
+               "| ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: | ---: | ---: | ---: | --- |\n");
         fflush(stdout);
     }
     for (int si = 0; si < n_study; ++si) {
@@ -602,8 +607,8 @@ int main(int argc, char **argv) {
             study_options(study_opts[i], sizeof study_opts[i], pick[i + 1]->options, &c, i == 0);
             cl_kernel unused;
             if (flashcl_get_kernel(ctx, "flash_bwd_sm90.cl", entries[i], study_opts[i], &unused) != FLASHCL_SUCCESS) {
-                printf("| %d | %d | %d | %d | %d | build failed: %.300s |\n", c.wg, c.rows, c.stages, c.maxnreg, c.own_regs,
-                       flashcl_last_error(ctx));
+                study_row_start(&c);
+                printf(" build failed: %.300s |\n", flashcl_last_error(ctx));
                 flashcl_clear_error(ctx);
                 built = 0;
             }
@@ -620,19 +625,21 @@ int main(int argc, char **argv) {
                     sp[i + 1] = &again[j];
         if (!sp[1] || !sp[2])
             die("%s", "the study's programs are not in the disk cache (FLASHCL_CACHE off?)");
+        /* cl/flash_bwd_sm90.cl's SMEM_BYTES, both kernels: the own block and the stages' pairs (128
+         * bytes a row and 64-dim panel; with OWN_REGS one area, the larger), 1024 to align them */
+        const int panels = (D + 63) / 64, own = 2 * (c.wg / 2) * 128 * panels;
+        const int stage_bytes = c.stages * 2 * c.rows * 128 * panels;
+        const unsigned dyn =
+            (unsigned)((c.own_regs ? (own > stage_bytes ? own : stage_bytes) : own + stage_bytes) + 1024);
         int loaded = 1;
         for (int i = 1; i < 3 && loaded; ++i) {
-            /* cl/flash_bwd_sm90.cl's SMEM_BYTES: own block, the stages' pairs (128 bytes a row and
-             * 64-dim panel), 1024 to align them */
-            const int panels = (D + 63) / 64, own = 2 * (c.wg / 2) * 128 * panels;
-            const int stages = c.stages * 2 * c.rows * 128 * panels; /* OWN_REGS: one area, the larger */
-            sk[i].dyn_smem = (unsigned)((c.own_regs ? (own > stages ? own : stages) : own + stages) + 1024);
+            sk[i].dyn_smem = dyn;
             snprintf(sk[i].tag, sizeof sk[i].tag, ".study-%d", si + 1);
             loaded = load_kernel(&sk[i], sp[i], entries[i - 1], NULL, dump);
         }
         if (!loaded) {
-            printf("| %d | %d | %d | %d | %d | did not load (above) |\n", c.wg, c.rows, c.stages, c.maxnreg,
-                   c.own_regs);
+            study_row_start(&c);
+            printf(" did not load (above) |\n");
             ++study_bad;
             continue;
         }
@@ -656,8 +663,8 @@ int main(int argc, char **argv) {
             cu.func_get_attribute(&regs[i - 1], FUNC_NUM_REGS, sk[i].fn);
         }
         const double st = time_backward(sk, sp, iters, per);
-        printf("| %d | %d | %d | %d | %d | %u | %u | %d, %d | %d, %d | %.1f | %.1f | %.3f | %.1f | %s |\n", c.wg, c.rows,
-               c.stages, c.maxnreg, c.own_regs, sk[1].dyn_smem, sk[2].dyn_smem, regs[0], regs[1], blocks[0], blocks[1],
+        study_row_start(&c);
+        printf(" %u | %d, %d | %d, %d | %.1f | %.1f | %.3f | %.1f | %s |\n", dyn, regs[0], regs[1], blocks[0], blocks[1],
                per[1] * 1e3, per[2] * 1e3, st, flops / st * 1e-9,
                off ? "DIFFERS" : exact ? "bitwise equal" : "within tolerance");
         fflush(stdout);
