@@ -87,6 +87,35 @@ static float *random_factors(flashcl_ref_rng *rng, size_t n) {
     return s;
 }
 
+/* The worst LSE row's error beside what the scores' accumulation could cost: the LSE is an
+ * average of the row's scores (weights p), so a score error of at most u times sum_i |q_i k_i|
+ * (scaled, as the score is) moves it by at most u times that sum's largest value over the row's
+ * keys. The reference's scores over |q| and |k| (sign bits cleared) give that sum. Printed: the
+ * error, the sum and their ratio as a power of two. float32 accumulation shows about 2^-23; a
+ * hardware accumulator that keeps about 14 bits would show 2^-14 and below, a wrong index or
+ * factor something near 2^0. row: the LSE's index, [batch][head][query]. */
+static void explain_lse(const flashcl_attention_desc *r, const unsigned char *q, const unsigned char *k, double got,
+                        double want, size_t row, size_t span_q, size_t span_k) {
+    const size_t nk = (size_t)r->seqlen_k, n = (size_t)r->batch * r->heads_q * r->seqlen_q;
+    unsigned char *qa = test_xmalloc(span_q), *ka = test_xmalloc(span_k);
+    for (size_t i = 0; i < span_q; ++i)
+        qa[i] = q[i] & 0x7f;
+    for (size_t i = 0; i < span_k; ++i)
+        ka[i] = k[i] & 0x7f;
+    flashcl_attention_desc a = *r;
+    a.softcap = 0.0f; /* the sum before any cap */
+    double *scores = test_xmalloc(n * nk * sizeof *scores), *out = test_xmalloc(n * (size_t)r->head_dim * sizeof *out);
+    flashcl_ref_attention_forward(&a, qa, ka, ka, out, NULL, scores, NULL); /* k for v: out is not read */
+    double most = 0.0;
+    for (size_t j = 0; j < nk; ++j)
+        if (isfinite(scores[row * nk + j]))
+            most = fmax(most, scores[row * nk + j]);
+    printf("  worst lse: row %zu, %.6g against %.6g (error %.3g); largest sum |q||k| x scale of the row %.4g, "
+           "error / sum = 2^%.1f\n",
+           row, got, want, fabs(got - want), most, most > 0.0 ? log2(fabs(got - want) / most) : INFINITY);
+    free(qa), free(ka), free(scores), free(out);
+}
+
 /* Runs one case on ctx (variant NULL: the device's choice, else forced by
  * FLASHCL_PARAMS) and checks out and lse against host_ref. */
 static void run_fp8_case(flashcl_context *ctx, const char *where, const char *variant, const fp8_case *c, uint64_t seed) {
@@ -211,10 +240,14 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
             }
             worst = fmax(worst, isnan(err) ? INFINITY : err);
         }
+        size_t worst_lse = nlse;
         for (size_t i = 0; i < nlse; ++i) {
             const double want = ref_lse[i], got = lse[i];
-            if (isinf(want) ? got != want : !(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want)))
+            if (isinf(want) ? got != want : !(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want))) {
                 ++bad_lse;
+                if (worst_lse == nlse || !(fabs(got - want) <= fabs(lse[worst_lse] - ref_lse[worst_lse])))
+                    worst_lse = i;
+            }
         }
         /* The gaps of a padded out stay as poisoned. */
         size_t written = 0;
@@ -228,6 +261,8 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         snprintf(what + strlen(what), sizeof what - strlen(what), " (max err %.2g, %zu out / %zu lse bad)", worst, bad,
                  bad_lse);
         expect(bad == 0 && bad_lse == 0, what, &failures);
+        if (bad_lse)
+            explain_lse(&r, q, k, lse[worst_lse], ref_lse[worst_lse], worst_lse, span_q, span_k);
         free(ref), free(ref_lse), free(p_err);
     }
     free(q), free(k), free(v), free(qs), free(ks), free(vs), free(out), free(lse);
