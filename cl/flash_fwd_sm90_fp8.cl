@@ -21,7 +21,9 @@
  *   S  = Q K^T : wgmma m64n64k32 e4m3|e5m2 x2 per k-step (keys 0-63, 64-127),
  *                Q (A) from registers, K (B) from __local, K-major;
  *   O += P V   : wgmma m64n64k32 per 64 head dims, P (A) quantized to e4m3
- *                in registers, V (B) from __local, K-major: transposed.
+ *                in registers, V (B) from __local, K-major: transposed; each
+ *                tile's product in fresh registers, added to O in float32
+ *                (PV_TWO_LEVEL: the FP8 MMA's accumulator is not float32).
  * 8-bit wgmma takes both operands K-major only (no transpose bit), so V,
  * stored keys x dims, is written into __local as Vt, dims x keys, by the
  * work-items themselves (fill_vt) while S = Q K^T runs on the tensor cores.
@@ -129,13 +131,43 @@
             WGMMA_FP8((s) + 8 * hh, qf[kk], db, 1, FP8_PTX, FP8_PTX);                              \
     }
 
-/* O += P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
- * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in). */
-#define PV_CHAIN(acc, pf, vt)                                                                      \
+/* t = P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
+ * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in); the first
+ * k-step overwrites t. */
+#define PV_CHAIN(t, pf, vt)                                                                        \
     _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
-        _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh)                                   \
-            WGMMA_FP8((acc) + 8 * hh, (pf)[kk], sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32)), 1, \
-                      "e4m3", FP8_PTX)
+        _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
+        const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                      \
+        if (kk == 0)                                                                               \
+            WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 0, "e4m3", FP8_PTX);                            \
+        else                                                                                       \
+            WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
+    }
+
+/* O += P V in two levels: the tile's product into fresh registers, waited for,
+ * then added to acc by the CUDA cores in float32. Hopper's FP8 MMA keeps 13
+ * mantissa bits of the D it adds to (SageAttention2's measurement; DeepSeek-V3
+ * reports 14-bit alignment of the products), truncating: O chained through
+ * every tile's MMAs shrank by 2.2 % at 32768 keys and 8.4 % at 131072 in a
+ * model of it, against 0.1 % in two levels (docs/perf-notes.md, "FP8 forward
+ * on warpgroup MMA"). acc stays out of the tensor cores; the 4 k-steps of a
+ * tile still chain, truncating relative to that tile's sum only. */
+#define PV_TWO_LEVEL(acc, pf, vt)                                                                  \
+    do {                                                                                           \
+        float t_[O_FRAGS][4];                                                                      \
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
+        WGMMA_FENCE();                                                                             \
+        PV_CHAIN(t_, pf, vt);                                                                      \
+        WGMMA_COMMIT();                                                                            \
+        WGMMA_WAIT_ALL();                                                                          \
+        WG_FENCE_REGS(t_, O_FRAGS);                                                                \
+        _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
+            (acc)[j_][0] += t_[j_][0];                                                             \
+            (acc)[j_][1] += t_[j_][1];                                                             \
+            (acc)[j_][2] += t_[j_][2];                                                             \
+            (acc)[j_][3] += t_[j_][3];                                                             \
+        }                                                                                          \
+    } while (0)
 
 /* Q's A fragments qf from its block, then S = Q K^T on them issued
  * (committed, not waited for: the caller's work may run under it). */
@@ -291,7 +323,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             copy_rows8(smem8, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next), BLOCK_N, tid);
 
         /* ---- O += P V ---- */
-        PV_WAITED(acc, pf, vt);
+        PV_TWO_LEVEL(acc, pf, vt);
     }
     cp_wait(); /* a tile copied for no loop iteration cannot happen, but Q's copy may be all there was */
 
@@ -314,7 +346,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
  *           copy_rows8, SW128_A_FRAGS and S_CHAIN;
  *   mode 1: out[64][VT_ROWS] = P V, p [64][BLOCK_N] floats taken as the accumulator layout gives
  *           them (p = value / P_SCALE carries the value exactly), v [nk][HEAD_DIM] bytes, through
- *           PACK_P, fill_vt and PV_CHAIN.
+ *           PACK_P, fill_vt and PV_TWO_LEVEL.
  * Outputs in the accumulator layout's places: row 16 warp + g (+8), column 8j + 2t (+1). */
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const uchar *v, __global const float *p,
@@ -354,7 +386,7 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
-        PV_WAITED(acc, pf, s_base + VT_AT);
+        PV_TWO_LEVEL(acc, pf, s_base + VT_AT);
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j)
 #pragma unroll

@@ -10,8 +10,10 @@
  *    packed and padded layouts (offsets, strides with gaps that must stay), on
  *    the cpu and portable kernels (FLASHCL_PARAMS) and a host context.
  *    On compute capability 9.0, the FP8 warpgroup-MMA kernel (nv-wgmma-fp8,
- *    opt-in) on its own cases, with a bound for its e4m3 P (below);
- *    elsewhere, that asking for it is refused with outputs untouched.
+ *    opt-in) on its own cases, with bounds for its e4m3 P and its MMA's
+ *    truncating accumulator (below), and 32768-key rows checked for an
+ *    output shrunk by that accumulator; elsewhere, that asking for it is
+ *    refused with outputs untouched.
  * 2. Refusals: FP8 out, block_rows without per_head, a bad factor, the
  *    backward and varlen given FP8, Hadamard on a head_dim that is not a
  *    power of two: each an error with outputs untouched.
@@ -87,15 +89,12 @@ static float *random_factors(flashcl_ref_rng *rng, size_t n) {
     return s;
 }
 
-/* The worst LSE row's error beside what the scores' accumulation could cost: the LSE is an
- * average of the row's scores (weights p), so a score error of at most u times sum_i |q_i k_i|
- * (scaled, as the score is) moves it by at most u times that sum's largest value over the row's
- * keys. The reference's scores over |q| and |k| (sign bits cleared) give that sum. Printed: the
- * error, the sum and their ratio as a power of two. float32 accumulation shows about 2^-23; a
- * hardware accumulator that keeps about 14 bits would show 2^-14 and below, a wrong index or
- * factor something near 2^0. row: the LSE's index, [batch][head][query]. */
-static void explain_lse(const flashcl_attention_desc *r, const unsigned char *q, const unsigned char *k, double got,
-                        double want, size_t row, size_t span_q, size_t span_k) {
+/* Per LSE row ([batch][head][query]), the largest sum_i |q_i k_i| over the row's visible keys,
+ * scaled as the score is (the reference's scores over |q| and |k|, sign bits cleared; 0 for a row
+ * that sees no key): what bounds the error of a score summed with a relative precision u, and so
+ * of the LSE, an average of the row's scores. Caller frees. */
+static double *row_abs_sums(const flashcl_attention_desc *r, const unsigned char *q, const unsigned char *k,
+                            size_t span_q, size_t span_k) {
     const size_t nk = (size_t)r->seqlen_k, n = (size_t)r->batch * r->heads_q * r->seqlen_q;
     unsigned char *qa = test_xmalloc(span_q), *ka = test_xmalloc(span_k);
     for (size_t i = 0; i < span_q; ++i)
@@ -105,15 +104,16 @@ static void explain_lse(const flashcl_attention_desc *r, const unsigned char *q,
     flashcl_attention_desc a = *r;
     a.softcap = 0.0f; /* the sum before any cap */
     double *scores = test_xmalloc(n * nk * sizeof *scores), *out = test_xmalloc(n * (size_t)r->head_dim * sizeof *out);
+    double *sums = test_xmalloc(n * sizeof *sums);
     flashcl_ref_attention_forward(&a, qa, ka, ka, out, NULL, scores, NULL); /* k for v: out is not read */
-    double most = 0.0;
-    for (size_t j = 0; j < nk; ++j)
-        if (isfinite(scores[row * nk + j]))
-            most = fmax(most, scores[row * nk + j]);
-    printf("  worst lse: row %zu, %.6g against %.6g (error %.3g); largest sum |q||k| x scale of the row %.4g, "
-           "error / sum = 2^%.1f\n",
-           row, got, want, fabs(got - want), most, most > 0.0 ? log2(fabs(got - want) / most) : INFINITY);
+    for (size_t i = 0; i < n; ++i) {
+        sums[i] = 0.0;
+        for (size_t j = 0; j < nk; ++j)
+            if (isfinite(scores[i * nk + j]))
+                sums[i] = fmax(sums[i], scores[i * nk + j]);
+    }
     free(qa), free(ka), free(scores), free(out);
+    return sums;
 }
 
 /* Runs one case on ctx (variant NULL: the device's choice, else forced by
@@ -231,19 +231,30 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         size_t bad = 0, bad_lse = 0, first = 0;
         double worst = 0;
         const flashcl_layout ol = r.out; /* resolved: packed strides when not padded */
+        double along = 0.0, ref_sq = 0.0; /* sum (got - ref) ref and sum ref^2: out's shift along ref */
         for (size_t i = 0; i < nq; ++i) {
             const size_t o = at(&ol, c->seqlen_q, c->heads_q, c->head_dim, i);
             const double got = flashcl_ref_load(out, c->out_dtype, o), err = fabs(got - ref[i]);
+            along += (got - ref[i]) * ref[i], ref_sq += ref[i] * ref[i];
             if (!(err <= 2.0 * eps * fabs(ref[i]) + 2e-5 * fmax(1.0, amax) + (p_err ? p_err[i] : 0.0))) {
                 if (!bad++)
                     first = i;
             }
             worst = fmax(worst, isnan(err) ? INFINITY : err);
         }
+        /* The LSE's tolerance. The FP8 warpgroup MMA does not sum in float32: it aligns a k-step's
+         * products to the largest and keeps 14 bits of each (DeepSeek-V3's report, section
+         * 3.5.2), and keeps 13 mantissa bits of the accumulator it adds to (SageAttention2's
+         * measurement on Ada and Hopper), both by truncation. A model of both (docs/perf-notes.md,
+         * "FP8 forward on warpgroup MMA") put every score's error, and so the LSE's, below 2^-14
+         * of the row's largest sum |q||k| x scale; 2^-12 of it is allowed on that kernel. A
+         * wrong factor or index errs by a good fraction of that sum, far outside. */
+        double *abs_sums = p_e4m3 ? row_abs_sums(&r, q, k, span_q, span_k) : NULL;
         size_t worst_lse = nlse;
         for (size_t i = 0; i < nlse; ++i) {
             const double want = ref_lse[i], got = lse[i];
-            if (isinf(want) ? got != want : !(fabs(got - want) <= 1e-4 + 1e-5 * fabs(want))) {
+            const double tol = 1e-4 + 1e-5 * fabs(want) + (abs_sums ? 0x1p-12 * abs_sums[i] : 0.0);
+            if (isinf(want) ? got != want : !(fabs(got - want) <= tol)) {
                 ++bad_lse;
                 if (worst_lse == nlse || !(fabs(got - want) <= fabs(lse[worst_lse] - ref_lse[worst_lse])))
                     worst_lse = i;
@@ -261,8 +272,30 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         snprintf(what + strlen(what), sizeof what - strlen(what), " (max err %.2g, %zu out / %zu lse bad)", worst, bad,
                  bad_lse);
         expect(bad == 0 && bad_lse == 0, what, &failures);
-        if (bad_lse)
-            explain_lse(&r, q, k, lse[worst_lse], ref_lse[worst_lse], worst_lse, span_q, span_k);
+        if (p_e4m3 && Nk >= 4096) {
+            /* Long rows: out not shrunk. Chained through the FP8 MMA's truncating accumulator over
+             * every key tile, out shrank by 2.2 % at 32768 keys in a model, by 0.1 % added up in
+             * float32 a tile at a time as the kernel does (PV_TWO_LEVEL); P's rounding alone
+             * shifted it by 0.1 %. The output's tolerance above, 2^-4 of attention over |v|
+             * against outputs of 1/sqrt(keys), cannot see it. */
+            const double shift = ref_sq > 0.0 ? along / ref_sq : 0.0;
+            char why[360];
+            snprintf(why, sizeof why, "%s: out not shrunk over %d keys (shift along the reference %+.4f, at most 0.005)",
+                     what, Nk, shift);
+            expect(fabs(shift) <= 0.005, why, &failures);
+        }
+        if (bad_lse) {
+            /* The worst row's error over its largest sum: float32 kernels show about 2^-23, the
+             * FP8 MMA's truncation 2^-14 and below, a wrong factor or index something near 2^0. */
+            double *sums = abs_sums ? abs_sums : row_abs_sums(&r, q, k, span_q, span_k);
+            const double err = fabs(lse[worst_lse] - ref_lse[worst_lse]), most = sums[worst_lse];
+            printf("  worst lse: row %zu, %.6g against %.6g (error %.3g); largest sum |q||k| x scale of the row "
+                   "%.4g, error / sum = 2^%.1f\n",
+                   worst_lse, lse[worst_lse], ref_lse[worst_lse], err, most, most > 0.0 ? log2(err / most) : INFINITY);
+            if (!abs_sums)
+                free(sums);
+        }
+        free(abs_sums);
         free(ref), free(ref_lse), free(p_err);
     }
     free(q), free(k), free(v), free(qs), free(ks), free(vs), free(out), free(lse);
@@ -301,6 +334,7 @@ static const fp8_case wgmma_cases[] = {
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 3, 8, 2, 1, 515, 128, 0, 0, 0, 0, 1, 0, 0, 0},
     {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0},
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 64, 32768, 128, 0, 0, 0, 0, 0, 0, 0, 0}, /* long rows */
 };
 
 /* On compute capability 9.0 the wgmma cases (the kernel must apply there);
