@@ -279,7 +279,7 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
              * shifted it by 0.1 %. The output's tolerance above, 2^-4 of attention over |v|
              * against outputs of 1/sqrt(keys), cannot see it. */
             const double shift = ref_sq > 0.0 ? along / ref_sq : 0.0;
-            char why[360];
+            char why[sizeof what + 96];
             snprintf(why, sizeof why, "%s: out not shrunk over %d keys (shift along the reference %+.4f, at most 0.005)",
                      what, Nk, shift);
             expect(fabs(shift) <= 0.005, why, &failures);
