@@ -6,7 +6,9 @@ The FP8 warpgroup MMA does not sum in float32. Two published measurements:
   - DeepSeek-V3's report (section 3.5.2): a k-step's products are aligned to the largest one's
     exponent and only the top 14 bits of each are kept (truncated) before they are added;
   - SageAttention2: the D an MMA adds to keeps 13 mantissa bits (the low 10 of a float32 zeroed).
-This script applies both to the kernel's two products and prints:
+This script applies both to S = Q K^T, and the accumulator's truncation to O = P V (its sums of
+products exact: adding the 14-bit alignment there, or truncating each MMA's output too, moved the
+32768-key figures below by under 0.05 points in a review of the script), and prints:
   1. O = P V chained through the MMA's accumulator over every 128-key tile (the kernel before
      PV_TWO_LEVEL) against one fresh accumulator a tile, added in float32 (PV_TWO_LEVEL): O's
      shift along the exact result and its RMS error, relative, by key count;
