@@ -155,12 +155,7 @@
 #define PV_TWO_LEVEL(acc, pf, vt)                                                                  \
     do {                                                                                           \
         float t_[O_FRAGS][4];                                                                      \
-        WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
-        WGMMA_FENCE();                                                                             \
-        PV_CHAIN(t_, pf, vt);                                                                      \
-        WGMMA_COMMIT();                                                                            \
-        WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(t_, O_FRAGS);                                                                \
+        PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] += t_[j_][0];                                                             \
             (acc)[j_][1] += t_[j_][1];                                                             \
