@@ -29,13 +29,7 @@ char *read_all(const char *path) {
 }
 
 flashcl_attention_desc desc_of(flashcl_dtype dtype, int n, int d, int causal) {
-    flashcl_attention_desc x;
-    memset(&x, 0, sizeof x);
-    x.dtype = dtype;
-    x.batch = 1;
-    x.heads_q = x.heads_k = 2;
-    x.seqlen_q = x.seqlen_k = n;
-    x.head_dim = d;
+    flashcl_attention_desc x = test_attention_desc(dtype, 1, 2, 2, n, n, d);
     x.causal = causal;
     return x;
 }
