@@ -299,6 +299,16 @@ void test_download(flashcl_context *ctx, cl_mem b, void *host, size_t bytes) {
         die("clEnqueueReadBuffer", err);
 }
 
+flashcl_status test_kv_append(flashcl_context *ctx, flashcl_kv_cache *cache, int n, const int *ids,
+                              const int *counts, const void *k, const void *v, size_t bytes) {
+    cl_mem bk = test_upload(ctx, k, bytes), bv = test_upload(ctx, v, bytes);
+    const flashcl_status st = flashcl_kv_cache_append(cache, n, ids, counts, bk, NULL, bv, NULL, NULL);
+    clFinish(flashcl_context_cl_queue(ctx));
+    clReleaseMemObject(bk);
+    clReleaseMemObject(bv);
+    return st;
+}
+
 flashcl_attention_desc test_attention_desc(flashcl_dtype dtype, int batch, int heads_q, int heads_k,
                                            int seqlen_q, int seqlen_k, int head_dim) {
     flashcl_attention_desc d = {.dtype = dtype,

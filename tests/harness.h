@@ -91,6 +91,11 @@ flashcl_status test_paged_attention(flashcl_context *ctx, const flashcl_varlen_d
                                     const int *ids, const void *q, size_t q_el, void *out, size_t out_el, float *lse,
                                     size_t lse_n, flashcl_params *params, int *used_splits);
 
+/* Host K and V (bytes each) uploaded and appended to cache (n sequences ids, counts[i] new tokens
+ * each, one call), the queue finished and the buffers released; the append's status. */
+flashcl_status test_kv_append(flashcl_context *ctx, flashcl_kv_cache *cache, int n, const int *ids,
+                              const int *counts, const void *k, const void *v, size_t bytes);
+
 /* A FLASHCL_KERNEL_DIR holding only some kernel sources (tests that take one
  * away to see a fallback): mkdtemp(dir) on a "...XXXXXX" template, then the
  * files every kernel is built on (from_dir's common*.cl, src/program.c) and

@@ -62,9 +62,7 @@ flashcl_status mirror_append(flashcl_context *ctx, mirror *m, int n, const int *
     flashcl_ref_rng_seed(&rng, serving_seed());
     flashcl_ref_fill_normal(&rng, k, m->desc.dtype, (size_t)total * m->row, 1.0);
     flashcl_ref_fill_normal(&rng, v, m->desc.dtype, (size_t)total * m->row, 1.0);
-    cl_mem bk = test_upload(ctx, k, (size_t)total * m->row * es),
-           bv = test_upload(ctx, v, (size_t)total * m->row * es);
-    flashcl_status st = flashcl_kv_cache_append(m->cache, n, ids, counts, bk, NULL, bv, NULL, NULL);
+    const flashcl_status st = test_kv_append(ctx, m->cache, n, ids, counts, k, v, (size_t)total * m->row * es);
     if (st == FLASHCL_SUCCESS) {
         size_t t = 0;
         for (int i = 0; i < n; ++i) {
@@ -77,9 +75,6 @@ flashcl_status mirror_append(flashcl_context *ctx, mirror *m, int n, const int *
             t += (size_t)counts[i];
         }
     }
-    clFinish(flashcl_context_cl_queue(ctx));
-    clReleaseMemObject(bk);
-    clReleaseMemObject(bv);
     free(k), free(v);
     return st;
 }

@@ -134,8 +134,7 @@ static flashcl_status fp8_append(flashcl_context *ctx, fp8_mirror *m, int n, con
     flashcl_ref_rng_seed(&rng, next_seed());
     fp8_fill(&rng, m, k, (size_t)total, m->k_scales);
     fp8_fill(&rng, m, v, (size_t)total, m->v_scales);
-    cl_mem bk = test_upload(ctx, k, (size_t)total * m->row * es), bv = test_upload(ctx, v, (size_t)total * m->row * es);
-    flashcl_status st = flashcl_kv_cache_append(m->cache, n, ids, counts, bk, NULL, bv, NULL, NULL);
+    const flashcl_status st = test_kv_append(ctx, m->cache, n, ids, counts, k, v, (size_t)total * m->row * es);
     if (st == FLASHCL_SUCCESS) {
         size_t t = 0;
         for (int i = 0; i < n; ++i) {
@@ -152,9 +151,6 @@ static flashcl_status fp8_append(flashcl_context *ctx, fp8_mirror *m, int n, con
             t += (size_t)counts[i];
         }
     }
-    clFinish(flashcl_context_cl_queue(ctx));
-    clReleaseMemObject(bk);
-    clReleaseMemObject(bv);
     free(k), free(v);
     return st;
 }
