@@ -62,12 +62,13 @@
  * stage of 16-row tiles: 32 KB of own block, 8 KB of pair (42 KB).
  *
  * On request (FLASHCL_BWD_PARAMS, src/params_backward.c; tested on the H200,
- * none faster than the defaults by more than 2 %), within 48 KB, and for bench/ptx_harness.c's study of tiles past that
- * limit (issue 36): WG 256, two warpgroups owning 64 keys (rows) each, 128 a
- * work-group, every streamed tile read by both, as FA2's 128-key blocks;
- * STAGES up to 8, a ring of pairs counted on the TMA mbarriers, tile
- * it+STAGES-1 issued as tile it starts. The study alone: SMEM_LIMIT and
- * SMEM_DYNAMIC (below) for the CUDA driver's dynamic shared memory.
+ * none faster than the defaults by more than 2 %), within 48 KB, and for
+ * bench/ptx_harness.c's study of tiles past that limit (issue 36): WG 256,
+ * two warpgroups owning 64 keys (rows) each, 128 a work-group, every
+ * streamed tile read by both, as FA2's 128-key blocks; STAGES up to 8, a ring
+ * of pairs counted on the TMA mbarriers, tile it+STAGES-1 issued as tile it
+ * starts. The study alone: SMEM_LIMIT and SMEM_DYNAMIC (below) for the CUDA
+ * driver's dynamic shared memory.
  *
  * Ordering, as in flash_fwd_sm90.cl: each thread's copies are waited for and
  * fenced for the async proxy (cp_wait_async_proxy) before the barrier that
@@ -375,8 +376,8 @@
  * under FLASHCL_BWD_PARAMS=DQ=atomic. Adding 4 floats a red (a 4 x 4
  * exchange among lanes first) was slower (8.3 / 4.5 ms against 8.0 / 4.0):
  * the added time is not the reds' count.
- * With two warpgroups (WG 256, opt-in) dS holds the 128
- * keys in two panels and warpgroup 0 alone takes k over all of them, so each
+ * With two warpgroups (WG 256, opt-in) dS holds the 128 keys in two panels
+ * and warpgroup 0 alone takes k over all of them, so each
  * dQ element gets one red per 128 keys, as in FA2, where one warpgroup gets
  * one per 64. At two panels (head dims 65..128) the product runs once a
  * 64-dim panel of K (M is 64), into the same accumulator registers.
