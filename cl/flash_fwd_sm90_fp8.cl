@@ -21,12 +21,14 @@
  *   S  = Q K^T : wgmma m64n64k32 e4m3|e5m2 x2 per k-step (keys 0-63, 64-127),
  *                Q (A) from registers, K (B) from __local, K-major;
  *   O += P V   : wgmma m64n64k32 per 64 head dims, P (A) quantized to e4m3
- *                in registers, V (B) from __local, K-major: transposed; each
- *                tile's product in fresh registers, added to O in float32
+ *                in registers, Vt (B) from __local, K-major; each tile's
+ *                product in fresh registers, added to O in float32
  *                (PV_TWO_LEVEL: the FP8 MMA's accumulator is not float32).
  * 8-bit wgmma takes both operands K-major only (no transpose bit), so V,
- * stored keys x dims, is written into __local as Vt, dims x keys, by the
- * work-items themselves (fill_vt) while S = Q K^T runs on the tensor cores.
+ * stored keys x dims, is first transposed into Vt, dims x keys, in global
+ * memory by fp8_vt_pack (below; the host runs it before the forward, into
+ * the context's scratch), and Vt tiles then arrive as K tiles do: by TMA
+ * where the host encodes tensor maps (USE_TMA), by cp.async elsewhere.
  *
  * The operand layouts in bytes. An 8-bit k32 step is 32 bytes, as a 16-bit
  * k16 step is, and wgmma's 8-bit A fragment puts bytes 4t..4t+3 of rows g
@@ -54,14 +56,20 @@
  *   K tile  BLOCK_N rows x 128 bytes         16 KB
  *   Vt      VT_ROWS (64 or 128) x 128 bytes   8 or 16 KB
  *   Q block BLOCK_M rows x 128 bytes          8 KB, reloaded into registers every tile
+ * One K and one Vt buffer, as flash_fwd_sm90.cl's plain loop: Vt(n0) lands
+ * while S = Q K^T runs, K(n0 + BLOCK_N) while O += P V does. A second stage
+ * of either does not fit NVIDIA's 48 KB beside the other tiles.
  * Q's fragments are reloaded before every tile, as flash_fwd_sm90.cl does
  * at one panel (Q_PER_TILE there): held across tiles, registers read only by
  * wgmma are not kept live by ptxas around the loop's back edge, and P lands
  * in them (docs/perf-notes.md, "The Q-register fault found in SASS").
  *
- * Ordering: K arrives by cp.async and is fenced (fence.proxy.async) before
- * the barrier that publishes it; Vt's generic stores are fenced the same
- * way. wgmma's registers are pinned with WG_FENCE_REGS around each chain.
+ * Ordering: K and Vt arrive by TMA, counted on an mbarrier each that every
+ * work-item waits on before its wgmma reads the tile, or by cp.async, waited
+ * for and fenced (fence.proxy.async) before the barrier that publishes them;
+ * a buffer is refilled only after the barrier that follows every warp's wait
+ * for the wgmma that read it. wgmma's registers are pinned with
+ * WG_FENCE_REGS around each chain.
  */
 
 #ifndef HEAD_DIM
@@ -201,64 +209,114 @@ inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
 /* The key (0..BLOCK_N-1) at k position c of Vt's rows: the order PACK_P makes. */
 #define VT_KEY(c) (((c) & ~15) + 2 * (((c) >> 2) & 3) + ((c) & 1) + 8 * (((c) >> 1) & 1))
 
-/* V's keys n0.. -> Vt at byte vt_at of smem (shared address base s_base): row
- * d = head dim d, k position c = key VT_KEY(c), in the SW128 layout of
- * VT_ROWS rows; keys past nk and dims past HEAD_DIM are zero. Work item
- * (lane, warp + 4 it): lane = 4G + t takes the k positions 16G + 4t .. +3
- * (keys 16G + 2t + {0, 1, 8, 9}) and dims 16w .. 16w+15, one 16-byte load a
- * key; its 16 words (4 keys of one dim each) go to 16 rows, all lanes of a
- * warp in the same row at once, where the swizzle spreads them over the 32
- * banks. v rows are 16-byte aligned (the host's condition). */
-inline void fill_vt(__local uchar *smem8, __global const uchar *vb, ulong v_ss, int n0, int nk, int tid) {
-    const int lane = tid % 32, G = lane / 4, tq = lane % 4;
+/* ---- fp8_vt_pack: V transposed for the P V product, before the forward ------------------ *
+ * 8-bit wgmma reads its B operand K-major only, so O = P V needs V as Vt (head dims x keys).
+ * Transposing in the forward cost every tile a load, a byte shuffle and 32 stores a work-item on
+ * the critical path; this pass writes Vt once, to global memory, and the forward copies Vt tiles
+ * as it copies K tiles (TMA or cp.async). Vt of (batch b, kv head hk) is VT_ROWS rows of
+ * vt_keys bytes (nk rounded up to BLOCK_N) at ((b * heads_k + hk) * VT_ROWS) * vt_keys: row d
+ * is head dim d, each BLOCK_N-key tile's keys in VT_KEY order, zero past nk and past HEAD_DIM.
+ * One work-group a tile: its keys' rows into __local (one 16-byte load a chunk), then 16-byte
+ * chunks of Vt out, eight lanes a row (128 contiguous bytes). Rows of VT_PACK_PITCH = 129
+ * bytes put the eight keys 16 apart that a warp's lanes read at once in eight banks. */
+#define VT_PACK_PITCH 129
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *restrict vt, int nk, int vt_keys) {
+    __local uchar tile[BLOCK_N * VT_PACK_PITCH];
+    const int tid = (int)get_local_id(0), n0 = (int)get_group_id(0) * BLOCK_N;
+    const int hk = (int)get_group_id(1), b = (int)get_group_id(2);
+    __global const uchar *vb = v + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
+    for (int i = tid; i < BLOCK_N * (HEAD_DIM / 16); i += WG_SIZE) {
+        const int key = i / (HEAD_DIM / 16), c = i % (HEAD_DIM / 16);
+        const uint4 x = n0 + key < nk ? *(__global const uint4 *)(vb + (ulong)(n0 + key) * v_ss + 16 * c) : (uint4)(0u);
+        const uint w[4] = {x.x, x.y, x.z, x.w};
+        __local uchar *row = tile + key * VT_PACK_PITCH + 16 * c;
 #pragma unroll
-    for (int it = 0; it < (VT_ROWS / 16 + WARPS - 1) / WARPS; ++it) {
-        const int w = tid / 32 + WARPS * it;
-        if (w >= VT_ROWS / 16)
-            break;
-        uint4 x[4];
+        for (int j = 0; j < 16; ++j)
+            row[j] = (uchar)(w[j / 4] >> (8 * (j % 4)));
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    __global uchar *out = vt + ((ulong)(b * (int)get_num_groups(1) + hk) * VT_ROWS) * (ulong)vt_keys + n0;
+    for (int i = tid; i < VT_ROWS * (BLOCK_N / 16); i += WG_SIZE) {
+        const int d = i / (BLOCK_N / 16), G = i % (BLOCK_N / 16);
+        uint w[4] = {0u, 0u, 0u, 0u};
+        if (d < HEAD_DIM) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            const int key = n0 + 16 * G + 2 * tq + (i & 1) + 8 * (i >> 1);
-            x[i] = key < nk && 16 * w < HEAD_DIM ? *(__global const uint4 *)(vb + (ulong)key * v_ss + 16 * w)
-                                                 : (uint4)(0u);
+            for (int j = 0; j < 16; ++j)
+                w[j / 4] |= (uint)tile[VT_KEY(16 * G + j) * VT_PACK_PITCH + d] << (8 * (j % 4));
         }
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-            const uint a0 = e == 0 ? x[0].x : e == 1 ? x[0].y : e == 2 ? x[0].z : x[0].w;
-            const uint a1 = e == 0 ? x[1].x : e == 1 ? x[1].y : e == 2 ? x[1].z : x[1].w;
-            const uint a2 = e == 0 ? x[2].x : e == 1 ? x[2].y : e == 2 ? x[2].z : x[2].w;
-            const uint a3 = e == 0 ? x[3].x : e == 1 ? x[3].y : e == 2 ? x[3].z : x[3].w;
-#pragma unroll
-            for (int by = 0; by < 4; ++by) {
-                const int row = 16 * w + 4 * e + by;
-                const uint word = ((a0 >> (8 * by)) & 0xffu) | (((a1 >> (8 * by)) & 0xffu) << 8) |
-                                  (((a2 >> (8 * by)) & 0xffu) << 16) | (((a3 >> (8 * by)) & 0xffu) << 24);
-                *(__local uint *)(smem8 + VT_AT + SW128_OFFSET(row, G, VT_ROWS) + 4 * tq) = word;
-            }
-        }
+        *(__global uint4 *)(out + (ulong)d * (ulong)vt_keys + 16 * G) = (uint4)(w[0], w[1], w[2], w[3]);
     }
 }
 
-/* A tile of 128-byte rows (head dims as bytes, zero past HEAD_DIM and past
+/* A tile of 128-byte rows (width bytes of each, zero past width and past
  * rows) by cp.async: nv_copy_rows_to moves 16-bit pairs, so byte counts are
- * halved (HEAD_DIM and the stride are even, rows 16-byte aligned). */
+ * halved (width and the stride are even, rows 16-byte aligned). */
 inline void copy_rows8(__local uchar *smem8, uint s_base, uint dst_bytes, __global const uchar *src, ulong stride,
-                       int rows, int nrows, int tid) {
+                       int rows, int nrows, int width, int tid) {
     nv_copy_rows_to((__local ushort *)smem8, s_base, dst_bytes / 2u, (__global const ushort *)src, stride / 2,
-                    rows, nrows, 1, tid, HEAD_DIM / 2, 0, WG_SIZE, 1);
+                    rows, nrows, 1, tid, width / 2, 0, WG_SIZE, 1);
 }
 
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90_fp8(FWD_ARGS FWD_FP8_ARGS) {
+/* ---- USE_TMA (common_nv.cl): K and Vt tiles by the Tensor Memory Accelerator ------------ */
+#if USE_TMA
+/* K's map (over k) and V's (over Vt, vtg below), with the work-groups' slots. */
+#define FP8_TMA_ARGS TMA_ARGS(k, v)
+/* One box of 128 bytes by rows (the map's box) at coordinates (c0, c1, h, b) into dst, counted on bar. */
+inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h, int b, uint bar, uint bytes) {
+    mbar_expect(bar, bytes);
+    tma_box(dst, map, c0, c1, h, b, bar);
+}
+/* K: keys n.. (all head dims, one 128-byte panel); Vt: its tile of keys n.. (VT_ROWS rows). */
+#define COPY_K(n)                                                                                  \
+    do {                                                                                           \
+        if (tid == 0)                                                                              \
+            tma_rows(k_tile, k_map_at, 0, n, hk, b, k_bar, (uint)K_TILE_BYTES);                    \
+    } while (0)
+#define COPY_VT(n)                                                                                 \
+    do {                                                                                           \
+        if (tid == 0)                                                                              \
+            tma_rows(vt, v_map_at, n, 0, hk, b, v_bar, (uint)VT_BYTES);                            \
+    } while (0)
+#define COPIES_LANDED() do { } while (0)
+#define TILE_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
+#else
+#define FP8_TMA_ARGS
+#define COPY_K(n) copy_rows8(smem8, s_base, 0, kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, HEAD_DIM, tid)
+#define COPY_VT(n) copy_rows8(smem8, s_base, VT_AT, vtb + (n), (ulong)vt_keys, VT_ROWS, VT_ROWS, 128, tid)
+#define COPIES_LANDED() cp_wait_async_proxy()
+#define TILE_WAIT(bar, tile) do { } while (0)
+#endif
+
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS,
+                                                                                       __global const uchar *restrict vtg,
+                                                                                       int vt_keys) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
 
     NV_FWD_BLOCK;
     __global const uchar *qb = (__global const uchar *)q + (q_off + b * q_sb + hq * q_sh);
     __global const uchar *kb = (__global const uchar *)k + (k_off + b * k_sb + hk * k_sh);
-    __global const uchar *vb = (__global const uchar *)v + (v_off + b * v_sb + hk * v_sh);
+    /* This head's Vt (fp8_vt_pack's layout). */
+    __global const uchar *vtb = vtg + ((ulong)(b * ((int)get_global_size(1) / group) + hk) * VT_ROWS) * (ulong)vt_keys;
 
     ALIGNED_TILES(smem_raw);
     __local uchar *smem8 = (__local uchar *)smem;
+    const uint k_tile = s_base, vt = s_base + VT_AT;
+#if USE_TMA
+    /* Work-item 0 places the maps (K's over k, V's over this call's Vt) and
+     * sets up the two mbarriers, which the barrier after Q's copy publishes. */
+    __local ulong tma_bars[2]; /* K, Vt */
+    const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
+    __global ulong *k_map_at = TMA_SLOT(), *v_map_at = k_map_at + 16;
+    if (tid == 0) {
+        tma_map_place(k_map_at, k_map, (__global const ushort *)((__global const uchar *)k + k_off));
+        tma_map_place(v_map_at, v_map, (__global const ushort *)vtg);
+        mbar_init(k_bar);
+        mbar_init(v_bar);
+        mbar_init_fence();
+    }
+#endif
 
     /* The descale factors: folded into the score scale where they are one a
      * head; with row blocks, per row (rows g, g+8 of this lane) and per 8 keys. */
@@ -272,25 +330,28 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         q_row_f[0] = FP8_Q_SCALE(q_base, min(w0 + g, nq - 1));
         q_row_f[1] = FP8_Q_SCALE(q_base, min(w0 + g + 8, nq - 1));
     }
-    const uint k_tile = s_base, vt = s_base + VT_AT;
 
-    /* Q block and the first K tile; Q's block stays in __local for the whole loop. */
-    copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, tid);
+    /* Q's block (it stays in __local for the whole loop), published with the mbarriers. */
+    copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, HEAD_DIM, tid);
+    cp_wait_async_proxy();
+    barrier(CLK_LOCAL_MEM_FENCE);
     if (n_start <= n_end)
-        copy_rows8(smem8, s_base, 0, kb + (ulong)n_start * k_ss, k_ss, min(BLOCK_N, nk - n_start), BLOCK_N, tid);
+        COPY_K(n_start);
 
-    for (int n0 = n_start; n0 <= n_end; n0 += BLOCK_N) {
+    /* One K and one Vt buffer, as flash_fwd_sm90.cl's plain loop: Vt(n0)
+     * lands while S is computed, K(n0+BN) while O += P V is. */
+    for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
         const int n_next = n0 + BLOCK_N;
-        /* K(n0) (and Q) have landed; every warp is done with the last tile's Vt. */
-        cp_wait_async_proxy();
+        /* K(n0) has landed (with TMA: is on its way); every warp is done with Vt(n0-BN). */
+        COPIES_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
+        COPY_VT(n0);
 
-        /* ---- S = Q K^T, with V's transpose into Vt under it ---- */
+        /* ---- S = Q K^T ---- */
         uint qf[K_STEPS][4];
         float s[S_FRAGS][4];
+        TILE_WAIT(k_bar, tile);
         S_ISSUE(qf, s, k_tile);
-        fill_vt(smem8, vb, v_ss, n0, nk, tid);
-        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory"); /* Vt, for wgmma */
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
 
@@ -312,15 +373,16 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
 
-        /* Vt is complete; every warp is done reading K(n0). */
+        /* Vt(n0) has landed (with TMA: is on its way); every warp is done reading K(n0). */
+        COPIES_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n_next <= n_end)
-            copy_rows8(smem8, s_base, 0, kb + (ulong)n_next * k_ss, k_ss, min(BLOCK_N, nk - n_next), BLOCK_N, tid);
+            COPY_K(n_next);
 
         /* ---- O += P V ---- */
+        TILE_WAIT(v_bar, tile);
         PV_TWO_LEVEL(acc, pf, vt);
     }
-    cp_wait(); /* a tile copied for no loop iteration cannot happen, but Q's copy may be all there was */
 
     /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE ---- */
     const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
@@ -340,8 +402,9 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
  *   mode 0: out[64][BLOCK_N] = S = Q K^T, q [64][HEAD_DIM] and k [nk][HEAD_DIM] bytes, through
  *           copy_rows8, SW128_A_FRAGS and S_CHAIN;
  *   mode 1: out[64][VT_ROWS] = P V, p [64][BLOCK_N] floats taken as the accumulator layout gives
- *           them (p = value / P_SCALE carries the value exactly), v [nk][HEAD_DIM] bytes, through
- *           PACK_P, fill_vt and PV_TWO_LEVEL.
+ *           them (p = value / P_SCALE carries the value exactly), v one tile of Vt as
+ *           fp8_vt_pack writes it (VT_ROWS rows of BLOCK_N bytes; the test runs that pass on
+ *           v [nk][HEAD_DIM] first), through copy_rows8, PACK_P and PV_TWO_LEVEL.
  * Outputs in the accumulator layout's places: row 16 warp + g (+8), column 8j + 2t (+1). */
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const uchar *v, __global const float *p,
@@ -352,8 +415,8 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
     __local uchar *smem8 = (__local uchar *)smem;
     const int row0 = 16 * warp + g;
     if (mode == 0) {
-        copy_rows8(smem8, s_base, Q_AT, q, HEAD_DIM, BLOCK_M, BLOCK_M, tid);
-        copy_rows8(smem8, s_base, 0, k, HEAD_DIM, nk, BLOCK_N, tid);
+        copy_rows8(smem8, s_base, Q_AT, q, HEAD_DIM, BLOCK_M, BLOCK_M, HEAD_DIM, tid);
+        copy_rows8(smem8, s_base, 0, k, HEAD_DIM, nk, BLOCK_N, HEAD_DIM, tid);
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
         uint qf[K_STEPS][4];
@@ -367,8 +430,8 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
             for (int e = 0; e < 4; ++e)
                 out[(row0 + 8 * (e >> 1)) * BLOCK_N + 8 * j + 2 * t + (e & 1)] = s[j][e];
     } else {
-        fill_vt(smem8, v, HEAD_DIM, 0, nk, tid);
-        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        copy_rows8(smem8, s_base, VT_AT, v, BLOCK_N, VT_ROWS, VT_ROWS, BLOCK_N, tid);
+        cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
         float s[S_FRAGS][4], acc[O_FRAGS][4];
 #pragma unroll

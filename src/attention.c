@@ -206,8 +206,10 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
+/* The forward's kernel for r under p (name: v->kernel's, or another kernel
+ * of the same program, as the FP8 forward's V transpose, when not NULL). */
 static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attention_desc *r,
-                                    const flashcl_params *p, int tma, cl_kernel *kernel) {
+                                    const flashcl_params *p, int tma, const char *name, cl_kernel *kernel) {
     const forward_variant *v = find_variant(p->variant);
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
@@ -230,17 +232,41 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
              !strcmp(v->name, "nv-wgmma") || !strcmp(v->name, "nv-wgmma-fp8") ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
              extra ? " " : "", extra ? extra : "");
-    return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
+    return flashcl_get_kernel(ctx, v->file, name ? name : v->kernel, options, kernel);
 }
 
-/* Whether the forward copies its K and V tiles by TMA (cl/flash_fwd_sm90.cl,
- * USE_TMA), and if so their tensor maps in maps[0] and maps[1]: the wgmma
- * kernel where TMA is usable (flashcl_tma_usable) and K and V encode. */
+/* The nv-wgmma-fp8 forward's Vt (fp8_vt_pack, cl/flash_fwd_sm90_fp8.cl):
+ * keys a row (seqlen_k rounded up to the kernel's 128-key tiles), rows a
+ * (batch, kv head) (head_dim rounded up to 64), and its bytes. */
+#define FP8_VT_TILE 128
+static size_t fp8_vt_shape(const flashcl_attention_desc *r, int *keys, int *rows) {
+    *keys = (r->seqlen_k + FP8_VT_TILE - 1) / FP8_VT_TILE * FP8_VT_TILE;
+    *rows = (r->head_dim + 63) / 64 * 64;
+    return (size_t)r->batch * (size_t)r->heads_k * (size_t)*rows * (size_t)*keys;
+}
+
+/* Whether the forward copies its K and V tiles by TMA (cl/flash_fwd_sm90.cl
+ * and flash_fwd_sm90_fp8.cl, USE_TMA), and if so their tensor maps in maps[0]
+ * and maps[1]: the wgmma kernels where TMA is usable (flashcl_tma_usable) and
+ * both encode. The FP8 kernel's second map is over its Vt scratch. */
 static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *r, const flashcl_params *p,
                             flashcl_tensor_map maps[2]) {
-    return !strcmp(p->variant, "nv-wgmma") && flashcl_tma_usable(ctx) &&
-           flashcl_tma_encode_pair(&r->k, &r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
-                                   (unsigned)p->block_n, maps);
+    const int fp8 = !strcmp(p->variant, "nv-wgmma-fp8");
+    if ((!fp8 && strcmp(p->variant, "nv-wgmma") != 0) || !flashcl_tma_usable(ctx))
+        return 0;
+    if (!fp8)
+        return flashcl_tma_encode_pair(&r->k, &r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
+                                       (unsigned)p->block_n, maps);
+    int keys, rows;
+    fp8_vt_shape(r, &keys, &rows);
+    const uint64_t k_dims[4] = {(uint64_t)r->head_dim, (uint64_t)r->seqlen_k, (uint64_t)r->heads_k,
+                                (uint64_t)r->batch},
+                   k_strides[3] = {r->k.stride_seq, r->k.stride_head, r->k.stride_batch};
+    const uint64_t vt_dims[4] = {(uint64_t)keys, (uint64_t)rows, (uint64_t)r->heads_k, (uint64_t)r->batch},
+                   vt_strides[3] = {(uint64_t)keys, (uint64_t)rows * keys, (uint64_t)r->heads_k * rows * keys};
+    /* The kernel adds k's offset to the buffer's address: it must keep 16-byte alignment. */
+    return r->k.offset % 16 == 0 && flashcl_tma_encode(&maps[0], 1, k_dims, k_strides, (unsigned)p->block_n) &&
+           flashcl_tma_encode(&maps[1], 1, vt_dims, vt_strides, (unsigned)rows);
 }
 
 /* Builds the kernel for r and sizes its launch. A variant that fails to
@@ -248,7 +274,7 @@ static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *
  * wrong answer; the log says why (the failure is remembered, so once). */
 static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
                                      cl_kernel *kernel, size_t *local, size_t *global, int *tma,
-                                     flashcl_tensor_map maps[2]) {
+                                     flashcl_tensor_map maps[2], cl_kernel *pack) {
     flashcl_params p;
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
@@ -266,15 +292,15 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "the nv-wgmma-fp8 kernel does not apply: it needs " FLASHCL_NV_WGMMA_FP8_NEEDS);
     *tma = forward_tma_maps(ctx, r, &p, maps);
-    st = build_forward(ctx, r, &p, *tma, kernel);
+    st = build_forward(ctx, r, &p, *tma, NULL, kernel);
     if (st == FLASHCL_ERROR_BUILD_FAILED && *tma) {
         /* The same kernel copying through cp.async cannot be wrong either. */
-        flashcl_log("the nv-wgmma kernel with TMA copies did not build, building it without: %.300s",
+        flashcl_log("the %s kernel with TMA copies did not build, building it without: %.300s", p.variant,
                     flashcl_last_error(ctx));
         ctx->no_tma = 1;
         *tma = 0;
         flashcl_clear_error(ctx);
-        st = build_forward(ctx, r, &p, 0, kernel);
+        st = build_forward(ctx, r, &p, 0, NULL, kernel);
     }
     /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
      * database entry falls back (see src/params_forward.c). */
@@ -287,7 +313,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         if ((st = choose_params(ctx, r, &p)) != FLASHCL_SUCCESS)
             return st;
         *tma = 0;
-        st = build_forward(ctx, r, &p, 0, kernel);
+        st = build_forward(ctx, r, &p, 0, NULL, kernel);
     }
     if (st == FLASHCL_ERROR_BUILD_FAILED && flashcl_variant_is_nv(p.variant) && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
@@ -295,7 +321,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         flashcl_fallback_params(ctx, r, &p);
         flashcl_clear_error(ctx);
         *tma = 0;
-        st = build_forward(ctx, r, &p, 0, kernel);
+        st = build_forward(ctx, r, &p, 0, NULL, kernel);
     }
     if (st != FLASHCL_SUCCESS)
         return st;
@@ -312,18 +338,67 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
             break;
         }
         *tma = 0;
-        if ((st = build_forward(ctx, r, &p, 0, kernel)) != FLASHCL_SUCCESS)
+        if ((st = build_forward(ctx, r, &p, 0, NULL, kernel)) != FLASHCL_SUCCESS)
             return st;
         wg = (size_t)p.work_group_size;
     }
     if (why[0])
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
+    /* The FP8 warpgroup-MMA kernel reads V through the transpose its program also holds. */
+    *pack = NULL;
+    if (!strcmp(p.variant, "nv-wgmma-fp8") &&
+        (st = build_forward(ctx, r, &p, *tma, "fp8_vt_pack", pack)) != FLASHCL_SUCCESS)
+        return st;
     local[0] = wg;
     local[1] = local[2] = 1;
     global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;
     global[1] = (size_t)r->heads_q;
     global[2] = (size_t)r->batch;
     return FLASHCL_SUCCESS;
+}
+
+/* fp8_vt_pack (cl/flash_fwd_sm90_fp8.cl): v transposed into ctx->fp8_vt
+ * (grown to fit; a smaller one is released once the calls already enqueued
+ * are done with it), after the last forward that read it; then the FP8
+ * kernel's arguments from *a on (Vt and its keys a row). *packed: the pass's
+ * event. */
+static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc *r, cl_mem v, cl_kernel pack,
+                              cl_kernel kernel, cl_uint *a, cl_event *packed) {
+    int keys, rows;
+    const size_t bytes = fp8_vt_shape(r, &keys, &rows);
+    cl_int err = CL_SUCCESS;
+    if (ctx->fp8_vt_bytes < bytes) {
+        cl_mem m = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+        if (!m) {
+            flashcl_fail(ctx, err, "allocating %zu bytes for the FP8 forward's transposed V: %s", bytes,
+                         flashcl_status_string(err));
+            return err;
+        }
+        if (ctx->fp8_vt)
+            clReleaseMemObject(ctx->fp8_vt);
+        ctx->fp8_vt = m;
+        ctx->fp8_vt_bytes = bytes;
+    }
+    /* fp8_vt_pack(v, v:4, vt, nk, vt_keys) */
+    const cl_ulong vl[4] = {r->v.offset, r->v.stride_batch, r->v.stride_seq, r->v.stride_head};
+    const cl_int nk = r->seqlen_k, vt_keys = keys;
+    cl_uint i = 0;
+    err = clSetKernelArg(pack, i++, sizeof(cl_mem), &v);
+    for (int j = 0; j < 4; ++j)
+        err |= clSetKernelArg(pack, i++, sizeof(cl_ulong), &vl[j]);
+    err |= clSetKernelArg(pack, i++, sizeof(cl_mem), &ctx->fp8_vt);
+    err |= clSetKernelArg(pack, i++, sizeof(cl_int), &nk);
+    err |= clSetKernelArg(pack, i++, sizeof(cl_int), &vt_keys);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &vt_keys);
+    if (err != CL_SUCCESS)
+        return err;
+    /* A work-group of 128 (the kernel's WG_SIZE) a tile of keys. */
+    const size_t local[3] = {128, 1, 1},
+                 global[3] = {(size_t)(keys / FP8_VT_TILE) * 128, (size_t)r->heads_k, (size_t)r->batch};
+    cl_event after = ctx->fp8_vt_reader;
+    return clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, after ? 1 : 0, after ? &after : NULL,
+                                  packed);
 }
 
 flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -359,11 +434,11 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     if (fp8 && (st = flashcl_fp8_check_scales(ctx, &r)) != FLASHCL_SUCCESS)
         return st;
 
-    cl_kernel kernel;
+    cl_kernel kernel, pack;
     size_t local[3], global[3];
     int tma = 0;
     flashcl_tensor_map maps[2];
-    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps)) != FLASHCL_SUCCESS)
+    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps, &pack)) != FLASHCL_SUCCESS)
         return st;
     if (tma && (st = flashcl_ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
         return st;
@@ -412,8 +487,8 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     /* FP8: the descale factors (FWD_FP8_ARGS in cl/common.cl), uploaded into
      * the context's buffer; the kernel waits for the write and becomes the
      * buffer's last reader, which the next call's write waits for. */
-    cl_event written = NULL, ran = NULL;
-    if ((st = flashcl_fp8_upload_scales(ctx, &r, &written)) != FLASHCL_SUCCESS)
+    cl_event waits[2] = {NULL, NULL}, ran = NULL;
+    if ((st = flashcl_fp8_upload_scales(ctx, &r, &waits[0])) != FLASHCL_SUCCESS)
         return st;
     size_t counts[3];
     flashcl_fp8_scale_counts(&r, counts);
@@ -422,16 +497,30 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &ctx->fp8_scales);
     for (int i = 0; i < 4; ++i)
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &sc[i]);
+    /* The warpgroup-MMA kernel reads V as Vt, which fp8_vt_pack writes first
+     * into the context's scratch (the last forward that read it done). */
+    if (err == CL_SUCCESS && pack)
+        err = enqueue_vt_pack(ctx, &r, v, pack, kernel, &a, &waits[1]);
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, 1, &written, &ran);
-    /* The buffer's last user: the kernel, or where it failed to launch the write, which stays
-     * enqueued (on an out-of-order queue the next call's write must still land after it). */
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, pack ? 2 : 1, waits, &ran);
+    /* The buffers' last user: the kernel, or where it failed to launch the
+     * enqueued work before it (on an out-of-order queue the next call's
+     * writes must still land after that). */
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
-    ctx->fp8_scales_reader = err == CL_SUCCESS ? ran : written;
+    ctx->fp8_scales_reader = err == CL_SUCCESS ? ran : waits[0];
+    if (waits[1] || (pack && err == CL_SUCCESS)) {
+        if (ctx->fp8_vt_reader)
+            clReleaseEvent(ctx->fp8_vt_reader);
+        ctx->fp8_vt_reader = err == CL_SUCCESS ? ran : waits[1];
+        if (err == CL_SUCCESS) {
+            clRetainEvent(ran); /* held as both buffers' reader */
+            clReleaseEvent(waits[1]);
+        }
+    }
     if (err != CL_SUCCESS)
         return flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));
-    clReleaseEvent(written);
+    clReleaseEvent(waits[0]);
     if (event) {
         clRetainEvent(ran);
         *event = ran;

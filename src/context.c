@@ -516,6 +516,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseEvent(ctx->serving_meta_reader);
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
+    if (ctx->fp8_vt_reader)
+        clReleaseEvent(ctx->fp8_vt_reader);
     for (int i = 0; i < FLASHCL_STAGING_SLOTS; ++i) {
         if (ctx->serving_staging[i].written) { /* the write reads the host copy freed below */
             clWaitForEvents(1, &ctx->serving_staging[i].written);
@@ -531,6 +533,8 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseMemObject(ctx->tma_slots);
     if (ctx->fp8_scales)
         clReleaseMemObject(ctx->fp8_scales);
+    if (ctx->fp8_vt)
+        clReleaseMemObject(ctx->fp8_vt);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

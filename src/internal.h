@@ -123,6 +123,12 @@ struct flashcl_context {
     cl_mem fp8_scales;
     size_t fp8_scales_bytes;
     cl_event fp8_scales_reader;
+    /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
+     * cl/flash_fwd_sm90_fp8.cl; grown, kept); fp8_vt_reader, the last forward
+     * that read it, which the next call's transpose waits for. */
+    cl_mem fp8_vt;
+    size_t fp8_vt_bytes;
+    cl_event fp8_vt_reader;
 };
 
 /* ---- the context's lock (context.c) ---- */
@@ -198,23 +204,25 @@ typedef struct flashcl_tensor_map {
 /* 1 when the CUDA driver (libcuda.so.1, opened at run time) can encode
  * tensor maps; loaded once per process, the reason logged when not. */
 int flashcl_tma_available(void);
-/* A map of a 16-bit tensor of dims {cols, rows, heads, batch} whose element
- * strides are {rows, heads, batch}, read in boxes of 64 columns (one 128-byte
- * panel) by box_rows rows into the 128-byte swizzle, out-of-bounds elements
- * zero, at a placeholder address (the kernel replaces it). 1 on success; 0
- * when TMA is unavailable or the strides are not multiples of 16 bytes. */
-int flashcl_tma_encode_16bit(flashcl_tensor_map *map, const uint64_t dims[4], const uint64_t strides[3],
-                             unsigned box_rows);
+/* A map of a tensor of elem_bytes-byte elements (1: FP8, 2: float16 and
+ * bfloat16) of dims {cols, rows, heads, batch} whose element strides are
+ * {rows, heads, batch}, read in boxes of one 128-byte panel of columns (64
+ * 16-bit ones, 128 bytes) by box_rows rows into the 128-byte swizzle,
+ * out-of-bounds elements zero, at a placeholder address (the kernel replaces
+ * it). 1 on success; 0 when TMA is unavailable or the strides are not
+ * multiples of 16 bytes. */
+int flashcl_tma_encode(flashcl_tensor_map *map, unsigned elem_bytes, const uint64_t dims[4],
+                       const uint64_t strides[3], unsigned box_rows);
 /* The map's byte strides for dims and element strides as above: 1, or 0 when
  * a stepped one is not a multiple of 16 bytes below 2^40 (the driver's rule). */
-int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], uint64_t bytes[3]);
+int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], unsigned elem_bytes, uint64_t bytes[3]);
 /* Whether kernels may copy by TMA on ctx: the driver's encoder, an in-order
  * queue (each work-group writes its maps to a slot of ctx->tma_slots, which
  * the next kernel's work-groups rewrite), no TMA build failure before, and
  * not FLASHCL_TMA=0 (the cp.async copies, for comparison). */
 int flashcl_tma_usable(flashcl_context *ctx);
 /* The maps of two 16-bit tensors a and b of [batch][seqlen][heads][dim], in
- * boxes of 64 dims by box_rows rows (flashcl_tma_encode_16bit): 1, or 0 when
+ * boxes of 64 dims by box_rows rows (flashcl_tma_encode): 1, or 0 when
  * either cannot be encoded (an offset, or a stride, not a multiple of 16 bytes). */
 int flashcl_tma_encode_pair(const flashcl_layout *a, const flashcl_layout *b, int batch, int seqlen, int heads,
                             int dim, unsigned box_rows, flashcl_tensor_map maps[2]);

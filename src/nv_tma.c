@@ -41,6 +41,7 @@ typedef int (*cu_encode_tiled_fn)(void *map, int dtype, unsigned rank, void *add
                                   const uint64_t *strides, const unsigned *box, const unsigned *element_strides,
                                   int interleave, int swizzle, int l2_promotion, int oob_fill);
 enum {
+    CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0,  /* FP8 bytes */
     CU_TENSOR_MAP_DATA_TYPE_UINT16 = 1, /* the bits of float16 and bfloat16 alike */
     CU_TENSOR_MAP_INTERLEAVE_NONE = 0,
     CU_TENSOR_MAP_SWIZZLE_128B = 3,
@@ -85,11 +86,11 @@ int flashcl_tma_available(void) {
     return driver.ready;
 }
 
-int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], uint64_t bytes[3]) {
+int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], unsigned elem_bytes, uint64_t bytes[3]) {
     for (int i = 0; i < 3; ++i) {
         /* A dimension of extent 1 is never stepped: its stride only has to be
          * valid, so it becomes the extent of the ones below it. */
-        const uint64_t s = dims[i + 1] == 1 && i > 0 ? bytes[i - 1] * dims[i] : 2 * strides[i];
+        const uint64_t s = dims[i + 1] == 1 && i > 0 ? bytes[i - 1] * dims[i] : elem_bytes * strides[i];
         if (s == 0 || s % 16 != 0 || s >= ((uint64_t)1 << 40))
             return 0;
         bytes[i] = s;
@@ -97,18 +98,20 @@ int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], uint6
     return 1;
 }
 
-int flashcl_tma_encode_16bit(flashcl_tensor_map *map, const uint64_t dims[4], const uint64_t strides[3],
-                             unsigned box_rows) {
+int flashcl_tma_encode(flashcl_tensor_map *map, unsigned elem_bytes, const uint64_t dims[4],
+                       const uint64_t strides[3], unsigned box_rows) {
     uint64_t bytes[3];
-    if (!flashcl_tma_strides(dims, strides, bytes) || !flashcl_tma_available())
+    if ((elem_bytes != 1 && elem_bytes != 2) || !flashcl_tma_strides(dims, strides, elem_bytes, bytes) ||
+        !flashcl_tma_available())
         return 0;
-    const unsigned box[4] = {64, box_rows, 1, 1}, element_strides[4] = {1, 1, 1, 1};
+    /* One 128-byte swizzle span of columns a box. */
+    const unsigned box[4] = {128 / elem_bytes, box_rows, 1, 1}, element_strides[4] = {1, 1, 1, 1};
     /* cuCtxSetCurrent binds the context to the calling thread only, which may
      * be any of the caller's. */
     if (driver.set_current(driver.context) != 0)
         return 0;
     memset(map, 0, sizeof *map);
-    return driver.encode(map->words, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, (void *)PLACEHOLDER_ADDRESS, dims, bytes,
+    return driver.encode(map->words, elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, (void *)PLACEHOLDER_ADDRESS, dims, bytes,
                          box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == 0;
 }
@@ -130,7 +133,7 @@ int flashcl_tma_encode_pair(const flashcl_layout *a, const flashcl_layout *b, in
             return 0;
         const uint64_t dims[4] = {(uint64_t)dim, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
         const uint64_t strides[3] = {t[i]->stride_seq, t[i]->stride_head, t[i]->stride_batch};
-        if (!flashcl_tma_encode_16bit(&maps[i], dims, strides, box_rows))
+        if (!flashcl_tma_encode(&maps[i], 2, dims, strides, box_rows))
             return 0;
     }
     return 1;

@@ -831,23 +831,30 @@ static void test_tma_strides(void) {
     uint64_t bytes[3];
     /* [B][H][N][D] at D=128: rows 256 bytes, heads N rows, batches H heads */
     const uint64_t dims[4] = {128, 4096, 32, 4}, bhnd[3] = {128, 4096 * 128, 32 * 4096 * 128};
-    expect(flashcl_tma_strides(dims, bhnd, bytes) && bytes[0] == 256 && bytes[1] == 2 * 4096 * 128 &&
+    expect(flashcl_tma_strides(dims, bhnd, 2, bytes) && bytes[0] == 256 && bytes[1] == 2 * 4096 * 128 &&
                bytes[2] == 2 * 32 * 4096 * 128,
            "TMA strides: [B][H][N][D] in bytes", &failures);
     /* [B][N][H][D] (heads inside a row of tokens): not monotonic, still valid */
     const uint64_t bnhd[3] = {32 * 128, 128, 4096 * 32 * 128};
-    expect(flashcl_tma_strides(dims, bnhd, bytes) && bytes[0] == 2 * 32 * 128 && bytes[1] == 256,
+    expect(flashcl_tma_strides(dims, bnhd, 2, bytes) && bytes[0] == 2 * 32 * 128 && bytes[1] == 256,
            "TMA strides: [B][N][H][D]", &failures);
     const uint64_t odd_row[3] = {100, 4096 * 100, 32 * 4096 * 100}; /* 200-byte rows */
-    expect(!flashcl_tma_strides(dims, odd_row, bytes), "TMA strides: a row of 200 bytes is refused", &failures);
+    expect(!flashcl_tma_strides(dims, odd_row, 2, bytes), "TMA strides: a row of 200 bytes is refused", &failures);
     const uint64_t zero_head[3] = {128, 0, 4096 * 128}; /* heads broadcast */
-    expect(!flashcl_tma_strides(dims, zero_head, bytes), "TMA strides: a zero head stride is refused", &failures);
+    expect(!flashcl_tma_strides(dims, zero_head, 2, bytes), "TMA strides: a zero head stride is refused", &failures);
     /* one head, one batch: their strides (here 8 bytes, invalid) are replaced */
     const uint64_t one[4] = {64, 77, 1, 1}, junk[3] = {64, 4, 4};
-    expect(flashcl_tma_strides(one, junk, bytes) && bytes[0] == 128 && bytes[1] == 128 * 77 && bytes[2] == 128 * 77,
+    expect(flashcl_tma_strides(one, junk, 2, bytes) && bytes[0] == 128 && bytes[1] == 128 * 77 && bytes[2] == 128 * 77,
            "TMA strides: extent-1 dimensions get valid strides", &failures);
     const uint64_t huge[3] = {(uint64_t)1 << 40, 128, 128};
-    expect(!flashcl_tma_strides(dims, huge, bytes), "TMA strides: 2^41 bytes is refused", &failures);
+    expect(!flashcl_tma_strides(dims, huge, 2, bytes), "TMA strides: 2^41 bytes is refused", &failures);
+    /* FP8 (one byte an element): [B][N][H][D] rows of 128 bytes are stepped by bytes, not pairs;
+     * a row of 72 bytes is refused (the nv-wgmma-fp8 forward's K then arrives by cp.async) */
+    const uint64_t fp8_bnhd[3] = {32 * 128, 128, 4096 * 32 * 128}, fp8_odd[3] = {72, 4096 * 72, 32 * 4096 * 72};
+    expect(flashcl_tma_strides(dims, fp8_bnhd, 1, bytes) && bytes[0] == 32 * 128 && bytes[1] == 128 &&
+               bytes[2] == (uint64_t)4096 * 32 * 128,
+           "TMA strides: FP8 [B][N][H][D] in bytes", &failures);
+    expect(!flashcl_tma_strides(dims, fp8_odd, 1, bytes), "TMA strides: an FP8 row of 72 bytes is refused", &failures);
 }
 
 int main(void) {

@@ -52,6 +52,30 @@ static void fill_small8(flashcl_ref_rng *rng, flashcl_dtype f, unsigned char *b,
     }
 }
 
+/* fp8_vt_pack on one tile: v [nk][d] bytes -> vt (vt_rows rows of 128 keys), poisoned first. */
+static cl_int vt_pack_run(flashcl_context *ctx, cl_kernel pack, const unsigned char *v, int d, int nk, cl_mem vt,
+                          int vt_rows) {
+    cl_mem vb = test_upload(ctx, v, (size_t)128 * d);
+    const cl_ulong layout[4] = {0, (cl_ulong)128 * d, (cl_ulong)d, (cl_ulong)128 * d}; /* off, batch, seq, head */
+    const cl_int keys = 128;
+    const unsigned char poison = 0x7f; /* a NaN code in both formats */
+    cl_uint a = 0;
+    cl_int err = clSetKernelArg(pack, a++, sizeof(cl_mem), &vb);
+    for (int i = 0; i < 4; ++i)
+        err |= clSetKernelArg(pack, a++, sizeof(cl_ulong), &layout[i]);
+    err |= clSetKernelArg(pack, a++, sizeof(cl_mem), &vt);
+    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &nk);
+    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &keys);
+    err |= clEnqueueFillBuffer(ctx->queue, vt, &poison, 1, 0, (size_t)vt_rows * 128, 0, NULL, NULL);
+    const size_t global[3] = {128, 1, 1}, local[3] = {128, 1, 1};
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        err = clFinish(ctx->queue);
+    clReleaseMemObject(vb);
+    return err;
+}
+
 /* One run of fp8_wgmma_probe; the number of elements of out that differ from want. */
 static int fp8_probe_run(flashcl_context *ctx, cl_kernel kernel, cl_mem buf[5], int mode, int nk, size_t out_n,
                          const float *want, float *got, int cols, char *first, size_t first_size) {
@@ -94,8 +118,9 @@ static int fp8_products(flashcl_context *ctx, flashcl_ref_rng *rng, int *lines) 
                  "-cl-std=CL1.2 -DFLASHCL_NV_PTX -DFLASHCL_SM90A -DFP8_PROBE -DDTYPE=1 -DQ_FP8=%d -DKV_FP8=%d "
                  "-DHEAD_DIM=%d -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4",
                  (int)f, (int)f, d);
-        cl_kernel kernel;
-        if (flashcl_get_kernel(ctx, "flash_fwd_sm90_fp8.cl", "fp8_wgmma_probe", options, &kernel) != FLASHCL_SUCCESS) {
+        cl_kernel kernel, pack;
+        if (flashcl_get_kernel(ctx, "flash_fwd_sm90_fp8.cl", "fp8_wgmma_probe", options, &kernel) != FLASHCL_SUCCESS ||
+            flashcl_get_kernel(ctx, "flash_fwd_sm90_fp8.cl", "fp8_vt_pack", options, &pack) != FLASHCL_SUCCESS) {
             printf("FP8 probe, D=%d: build FAILED: %.400s\n", d, flashcl_last_error(ctx));
             ++failures;
             continue;
@@ -118,8 +143,14 @@ static int fp8_products(flashcl_context *ctx, flashcl_ref_rng *rng, int *lines) 
             for (size_t i = (size_t)nk * d; i < (size_t)bn * d; ++i)
                 kb[i] = vb[i] = 0x7f;
             cl_mem buf[5] = {test_upload(ctx, qb, (size_t)64 * d), test_upload(ctx, kb, (size_t)bn * d),
-                             test_upload(ctx, vb, (size_t)bn * d), test_upload(ctx, p, (size_t)64 * bn * 4),
+                             test_upload(ctx, NULL, (size_t)vt_rows * bn), test_upload(ctx, p, (size_t)64 * bn * 4),
                              test_upload(ctx, NULL, (size_t)64 * bn * 4)};
+            /* The P V probe reads V as the forward does: transposed by fp8_vt_pack (over poison). */
+            if (vt_pack_run(ctx, pack, vb, d, nk, buf[2], vt_rows) != CL_SUCCESS) {
+                printf("FP8 %s, D=%d, %d keys: fp8_vt_pack FAILED to run\n", f == FLASHCL_FLOAT8_E4M3 ? "e4m3" : "e5m2",
+                       d, nk);
+                ++failures;
+            }
             for (int mode = 0; mode < 2; ++mode) {
                 const int cols = mode == 0 ? bn : vt_rows;
                 for (int m = 0; m < 64; ++m)
