@@ -26,9 +26,10 @@
  *                (PV_TWO_LEVEL: the FP8 MMA's accumulator is not float32).
  * 8-bit wgmma takes both operands K-major only (no transpose bit), so V,
  * stored keys x dims, is first transposed into Vt, dims x keys, in global
- * memory by fp8_vt_pack (below; the host runs it before the forward, into
- * the context's scratch), and Vt tiles then arrive as K tiles do: by TMA
- * where the host encodes tensor maps (USE_TMA), by cp.async elsewhere.
+ * memory by fp8_vt_pack (cl/fp8_vt_pack.cl; the host runs it before the
+ * forward, into the context's scratch), and Vt tiles then arrive as K tiles
+ * do: by TMA where the host encodes tensor maps (USE_TMA), by cp.async
+ * elsewhere.
  *
  * The operand layouts in bytes. An 8-bit k32 step is 32 bytes, as a 16-bit
  * k16 step is, and wgmma's 8-bit A fragment puts bytes 4t..4t+3 of rows g
@@ -42,7 +43,8 @@
  * the four values of blocks j = 4kk, 4kk+1 (columns 2t, 2t+1, 8+2t, 9+2t of
  * a 16-key half) become one register as they stand, and Vt's k positions
  * follow them: position 16G + 4t + i of a tile holds key 16G + 2t + (i & 1) +
- * 8 (i >> 1) (VT_KEY). No shuffle between lanes is needed. P is scaled by
+ * 8 (i >> 1) (VT_KEY in cl/fp8_vt_pack.cl, which writes Vt in that order).
+ * No shuffle between lanes is needed. P is scaled by
  * P_SCALE = 256 before it is rounded to e4m3 (exact, a power of two): p in
  * [2^-17, 1] keeps a normal or subnormal code instead of flushing below
  * 2^-10; the output divides it out with v's descale.
@@ -206,50 +208,6 @@ inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
                                    P_SCALE * (s)[j_ + 1][e_], P_SCALE * (s)[j_ + 1][e_ + 1]);      \
     }
 
-/* The key (0..BLOCK_N-1) at k position c of Vt's rows: the order PACK_P makes. */
-#define VT_KEY(c) (((c) & ~15) + 2 * (((c) >> 2) & 3) + ((c) & 1) + 8 * (((c) >> 1) & 1))
-
-/* ---- fp8_vt_pack: V transposed for the P V product, before the forward ------------------ *
- * 8-bit wgmma reads its B operand K-major only, so O = P V needs V as Vt (head dims x keys).
- * Transposing in the forward cost every tile a load, a byte shuffle and 32 stores a work-item on
- * the critical path; this pass writes Vt once, to global memory, and the forward copies Vt tiles
- * as it copies K tiles (TMA or cp.async). Vt of (batch b, kv head hk) is VT_ROWS rows of
- * vt_keys bytes (nk rounded up to BLOCK_N) at ((b * heads_k + hk) * VT_ROWS) * vt_keys: row d
- * is head dim d, each BLOCK_N-key tile's keys in VT_KEY order, zero past nk and past HEAD_DIM.
- * One work-group a tile: its keys' rows into __local (one 16-byte load a chunk), then 16-byte
- * chunks of Vt out, eight lanes a row (128 contiguous bytes). Rows of VT_PACK_PITCH = 129
- * bytes put the eight keys 16 apart that a warp's lanes read at once in eight banks. */
-#define VT_PACK_PITCH 129
-
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *restrict vt, int nk, int vt_keys) {
-    __local uchar tile[BLOCK_N * VT_PACK_PITCH];
-    const int tid = (int)get_local_id(0), n0 = (int)get_group_id(0) * BLOCK_N;
-    const int hk = (int)get_group_id(1), b = (int)get_group_id(2);
-    __global const uchar *vb = v + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
-    for (int i = tid; i < BLOCK_N * (HEAD_DIM / 16); i += WG_SIZE) {
-        const int key = i / (HEAD_DIM / 16), c = i % (HEAD_DIM / 16);
-        const uint4 x = n0 + key < nk ? *(__global const uint4 *)(vb + (ulong)(n0 + key) * v_ss + 16 * c) : (uint4)(0u);
-        const uint w[4] = {x.x, x.y, x.z, x.w};
-        __local uchar *row = tile + key * VT_PACK_PITCH + 16 * c;
-#pragma unroll
-        for (int j = 0; j < 16; ++j)
-            row[j] = (uchar)(w[j / 4] >> (8 * (j % 4)));
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    __global uchar *out = vt + ((ulong)(b * (int)get_num_groups(1) + hk) * VT_ROWS) * (ulong)vt_keys + n0;
-    for (int i = tid; i < VT_ROWS * (BLOCK_N / 16); i += WG_SIZE) {
-        const int d = i / (BLOCK_N / 16), G = i % (BLOCK_N / 16);
-        uint w[4] = {0u, 0u, 0u, 0u};
-        if (d < HEAD_DIM) {
-#pragma unroll
-            for (int j = 0; j < 16; ++j)
-                w[j / 4] |= (uint)tile[VT_KEY(16 * G + j) * VT_PACK_PITCH + d] << (8 * (j % 4));
-        }
-        *(__global uint4 *)(out + (ulong)d * (ulong)vt_keys + 16 * G) = (uint4)(w[0], w[1], w[2], w[3]);
-    }
-}
-
 /* A tile of 128-byte rows (width bytes of each, zero past width and past
  * rows) by cp.async: nv_copy_rows_to moves 16-bit pairs, so byte counts are
  * halved (width and the stride are even, rows 16-byte aligned). */
@@ -297,7 +255,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     NV_FWD_BLOCK;
     __global const uchar *qb = (__global const uchar *)q + (q_off + b * q_sb + hq * q_sh);
     __global const uchar *kb = (__global const uchar *)k + (k_off + b * k_sb + hk * k_sh);
-    /* This head's Vt (fp8_vt_pack's layout). */
+    /* This head's Vt (cl/fp8_vt_pack.cl's layout). */
     __global const uchar *vtb = vtg + ((ulong)(b * ((int)get_global_size(1) / group) + hk) * VT_ROWS) * (ulong)vt_keys;
 
     ALIGNED_TILES(smem_raw);
@@ -403,7 +361,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
  *           copy_rows8, SW128_A_FRAGS and S_CHAIN;
  *   mode 1: out[64][VT_ROWS] = P V, p [64][BLOCK_N] floats taken as the accumulator layout gives
  *           them (p = value / P_SCALE carries the value exactly), v one tile of Vt as
- *           fp8_vt_pack writes it (VT_ROWS rows of BLOCK_N bytes; the test runs that pass on
+ *           fp8_vt_pack (cl/fp8_vt_pack.cl) writes it (VT_ROWS rows of BLOCK_N bytes; the test runs that pass on
  *           v [nk][HEAD_DIM] first), through copy_rows8, PACK_P and PV_TWO_LEVEL.
  * Outputs in the accumulator layout's places: row 16 warp + g (+8), column 8j + 2t (+1). */
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void

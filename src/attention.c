@@ -206,10 +206,8 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
-/* The forward's kernel for r under p (name: v->kernel's, or another kernel
- * of the same program, as the FP8 forward's V transpose, when not NULL). */
 static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attention_desc *r,
-                                    const flashcl_params *p, int tma, const char *name, cl_kernel *kernel) {
+                                    const flashcl_params *p, int tma, cl_kernel *kernel) {
     const forward_variant *v = find_variant(p->variant);
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
@@ -232,10 +230,16 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
              flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
              !strcmp(v->name, "nv-wgmma") || !strcmp(v->name, "nv-wgmma-fp8") ? " -DFLASHCL_SM90A" : "", tma ? " -DUSE_TMA=1" : "", cap, order,
              extra ? " " : "", extra ? extra : "");
-    return flashcl_get_kernel(ctx, v->file, name ? name : v->kernel, options, kernel);
+    return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 
-/* The nv-wgmma-fp8 forward's Vt (fp8_vt_pack, cl/flash_fwd_sm90_fp8.cl):
+flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel) {
+    char options[64];
+    snprintf(options, sizeof options, "-cl-std=CL1.2 -DHEAD_DIM=%d", head_dim);
+    return flashcl_get_kernel(ctx, "fp8_vt_pack.cl", "fp8_vt_pack", options, kernel);
+}
+
+/* The nv-wgmma-fp8 forward's Vt (cl/fp8_vt_pack.cl):
  * keys a row (seqlen_k rounded up to the kernel's 128-key tiles), rows a
  * (batch, kv head) (head_dim rounded up to 64), and its bytes. */
 #define FP8_VT_TILE 128
@@ -292,7 +296,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "the nv-wgmma-fp8 kernel does not apply: it needs " FLASHCL_NV_WGMMA_FP8_NEEDS);
     *tma = forward_tma_maps(ctx, r, &p, maps);
-    st = build_forward(ctx, r, &p, *tma, NULL, kernel);
+    st = build_forward(ctx, r, &p, *tma, kernel);
     if (st == FLASHCL_ERROR_BUILD_FAILED && *tma) {
         /* The same kernel copying through cp.async cannot be wrong either. */
         flashcl_log("the %s kernel with TMA copies did not build, building it without: %.300s", p.variant,
@@ -300,7 +304,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         ctx->no_tma = 1;
         *tma = 0;
         flashcl_clear_error(ctx);
-        st = build_forward(ctx, r, &p, 0, NULL, kernel);
+        st = build_forward(ctx, r, &p, 0, kernel);
     }
     /* Explicit parameters (flashcl_set_params, FLASHCL_PARAMS) fail here; a
      * database entry falls back (see src/params_forward.c). */
@@ -313,7 +317,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         if ((st = choose_params(ctx, r, &p)) != FLASHCL_SUCCESS)
             return st;
         *tma = 0;
-        st = build_forward(ctx, r, &p, 0, NULL, kernel);
+        st = build_forward(ctx, r, &p, 0, kernel);
     }
     if (st == FLASHCL_ERROR_BUILD_FAILED && flashcl_variant_is_nv(p.variant) && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
@@ -321,7 +325,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         flashcl_fallback_params(ctx, r, &p);
         flashcl_clear_error(ctx);
         *tma = 0;
-        st = build_forward(ctx, r, &p, 0, NULL, kernel);
+        st = build_forward(ctx, r, &p, 0, kernel);
     }
     if (st != FLASHCL_SUCCESS)
         return st;
@@ -338,16 +342,15 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
             break;
         }
         *tma = 0;
-        if ((st = build_forward(ctx, r, &p, 0, NULL, kernel)) != FLASHCL_SUCCESS)
+        if ((st = build_forward(ctx, r, &p, 0, kernel)) != FLASHCL_SUCCESS)
             return st;
         wg = (size_t)p.work_group_size;
     }
     if (why[0])
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
-    /* The FP8 warpgroup-MMA kernel reads V through the transpose its program also holds. */
+    /* The FP8 warpgroup-MMA kernel reads V as fp8_vt_pack transposes it. */
     *pack = NULL;
-    if (!strcmp(p.variant, "nv-wgmma-fp8") &&
-        (st = build_forward(ctx, r, &p, *tma, "fp8_vt_pack", pack)) != FLASHCL_SUCCESS)
+    if (!strcmp(p.variant, "nv-wgmma-fp8") && (st = flashcl_fp8_vt_pack_kernel(ctx, r->head_dim, pack)) != FLASHCL_SUCCESS)
         return st;
     local[0] = wg;
     local[1] = local[2] = 1;
@@ -357,7 +360,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     return FLASHCL_SUCCESS;
 }
 
-/* fp8_vt_pack (cl/flash_fwd_sm90_fp8.cl): v transposed into ctx->fp8_vt
+/* fp8_vt_pack (cl/fp8_vt_pack.cl): v transposed into ctx->fp8_vt
  * (grown to fit; a smaller one is released once the calls already enqueued
  * are done with it), after the last forward that read it; then the FP8
  * kernel's arguments from *a on (Vt and its keys a row). *packed: the pass's
@@ -393,7 +396,7 @@ static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc
     err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &vt_keys);
     if (err != CL_SUCCESS)
         return err;
-    /* A work-group of 128 (the kernel's WG_SIZE) a tile of keys. */
+    /* A work-group of 128 a tile of keys. */
     const size_t local[3] = {128, 1, 1},
                  global[3] = {(size_t)(keys / FP8_VT_TILE) * 128, (size_t)r->heads_k, (size_t)r->batch};
     cl_event after = ctx->fp8_vt_reader;

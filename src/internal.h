@@ -254,6 +254,9 @@ int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_atte
 #define FLASHCL_NV_WGMMA_FP8_NEEDS                                                                 \
     "NVIDIA compute capability 9.0 (sm_90a), FP8 q, k, v into a float16 or bfloat16 out, "          \
     "head_dim 32..128 in steps of 16, 16-byte aligned rows, descale row blocks a multiple of 8"
+/* cl/fp8_vt_pack.cl's kernel for head_dim (attention.c): FP8 V transposed as
+ * the nv-wgmma-fp8 forward reads it; plain OpenCL C, built on any device. */
+flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel);
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);

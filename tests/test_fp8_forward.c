@@ -21,7 +21,10 @@
  *    factors on the device as on the host; dequantize inverts them; the
  *    device decode of all 256 codes of both formats (float8 and scalar
  *    helpers of cl/common.cl) equals flashcl_fp8_decode bit for bit.
- * 4. Accuracy as FlashAttention-3 measured it, at a small size (B=1, H=8,
+ * 4. The V transpose the FP8 warpgroup-MMA forward reads (cl/fp8_vt_pack.cl,
+ *    plain OpenCL C) on every device, against a host transpose in the
+ *    forward's P order.
+ * 5. Accuracy as FlashAttention-3 measured it, at a small size (B=1, H=8,
  *    N=512, D=128; bench/fp8_accuracy.c runs the full one): N(0,1)
  *    inputs with 0.1% outliers from N(0,10^2), quantized by the library's
  *    own helpers per tensor, per head and 64-row block, and block plus
@@ -585,6 +588,80 @@ static void device_decode(flashcl_context *dev) {
         }
 }
 
+/* ---- the V transpose of the FP8 warpgroup-MMA forward -------------------------------------------- */
+
+/* fp8_vt_pack (cl/fp8_vt_pack.cl, plain OpenCL C) on this device against a
+ * host transpose written from the forward's P layout: lane t of a 16-key
+ * group G holds keys 16G + 2t, +1, +8, +9 at k positions 16G + 4t .. +3.
+ * Strided V (16-byte aligned rows with gaps), lengths off the 128-key tile,
+ * head dims 32, 80, 128; the output poisoned, every byte of it checked
+ * (zeros past the keys and past head_dim included) and the bytes after it
+ * untouched. */
+static void vt_pack(flashcl_context *ctx, uint64_t seed) {
+    static const int shapes[][4] = {{2, 3, 300, 80}, {1, 2, 128, 128}, {1, 1, 77, 32}}; /* B, Hk, nk, D */
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; ++c) {
+        const int B = shapes[c][0], H = shapes[c][1], N = shapes[c][2], D = shapes[c][3];
+        const int keys = (N + 127) / 128 * 128, rows = (D + 63) / 64 * 64;
+        flashcl_layout l = {16, 0, 0, 0};
+        l.stride_head = (size_t)D + 16;
+        l.stride_seq = (size_t)H * l.stride_head + 32;
+        l.stride_batch = (size_t)N * l.stride_seq + 48;
+        const size_t span = l.offset + (size_t)B * l.stride_batch, out_n = (size_t)B * H * rows * keys, guard = 64;
+        unsigned char *v = test_xmalloc(span), *want = test_xmalloc(out_n), *got = test_xmalloc(out_n + guard);
+        for (size_t i = 0; i < span; ++i)
+            v[i] = (unsigned char)flashcl_ref_rng_next(&rng);
+        memset(want, 0, out_n);
+        for (int b = 0; b < B; ++b)
+            for (int h = 0; h < H; ++h)
+                for (int key = 0; key < N; ++key)
+                    for (int d = 0; d < D; ++d) {
+                        const int within = key % 128, G = within / 16, t = within % 16 % 8 / 2;
+                        const int i = within % 2 + 2 * (within % 16 >= 8); /* keys 2t, 2t+1, 8+2t, 9+2t */
+                        const size_t pos = (size_t)(key / 128 * 128 + 16 * G + 4 * t + i);
+                        want[(((size_t)b * H + h) * rows + d) * keys + pos] =
+                            v[l.offset + b * l.stride_batch + (size_t)key * l.stride_seq + h * l.stride_head + d];
+                    }
+        cl_kernel pack;
+        cl_int err = flashcl_fp8_vt_pack_kernel(ctx, D, &pack) == FLASHCL_SUCCESS ? CL_SUCCESS : CL_BUILD_PROGRAM_FAILURE;
+        cl_mem bv = test_upload(ctx, v, span), bo = test_upload(ctx, NULL, out_n + guard);
+        const unsigned char poison = 0x7f;
+        const cl_ulong ul[4] = {l.offset, l.stride_batch, l.stride_seq, l.stride_head};
+        const cl_int nk = N, vt_keys = keys;
+        cl_uint a = 0;
+        if (err == CL_SUCCESS) {
+            err = clSetKernelArg(pack, a++, sizeof(cl_mem), &bv);
+            for (int i = 0; i < 4; ++i)
+                err |= clSetKernelArg(pack, a++, sizeof(cl_ulong), &ul[i]);
+            err |= clSetKernelArg(pack, a++, sizeof(cl_mem), &bo);
+            err |= clSetKernelArg(pack, a++, sizeof(cl_int), &nk);
+            err |= clSetKernelArg(pack, a++, sizeof(cl_int), &vt_keys);
+            err |= clEnqueueFillBuffer(ctx->queue, bo, &poison, 1, 0, out_n + guard, 0, NULL, NULL);
+            const size_t global[3] = {(size_t)keys, (size_t)H, (size_t)B}, local[3] = {128, 1, 1};
+            if (err == CL_SUCCESS)
+                err = clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, 0, NULL, NULL);
+        }
+        memset(got, 0x5a, out_n + guard);
+        if (err == CL_SUCCESS)
+            test_download(ctx, bo, got, out_n + guard);
+        size_t bad = 0, first = 0, kept = 0;
+        for (size_t i = 0; i < out_n; ++i)
+            if (got[i] != want[i] && !bad++)
+                first = i;
+        for (size_t i = out_n; i < out_n + guard; ++i)
+            kept += got[i] == poison;
+        char what[200];
+        snprintf(what, sizeof what,
+                 "fp8_vt_pack B=%d Hk=%d nk=%d D=%d (strided V): %zu of %zu bytes differ (first at %zu), %zu of %zu "
+                 "bytes past Vt kept%s",
+                 B, H, N, D, bad, out_n, first, kept, guard, err == CL_SUCCESS ? "" : " (did not run)");
+        expect(err == CL_SUCCESS && bad == 0 && kept == guard, what, &failures);
+        clReleaseMemObject(bv), clReleaseMemObject(bo);
+        free(v), free(want), free(got);
+    }
+}
+
 /* ---- accuracy ------------------------------------------------------------------------------------- */
 
 /* N(0,1) with 0.1% of entries from N(0, 10^2), FlashAttention-3's test. */
@@ -700,6 +777,7 @@ int main(int argc, char **argv) {
         if (!is_host) {
             quantize_options(ctx, seed + 7);
             device_decode(ctx);
+            vt_pack(ctx, seed + 13);
         }
         flashcl_context_destroy(ctx);
         return test_summary(failures);
@@ -724,9 +802,10 @@ int main(int argc, char **argv) {
     if (!is_host)
         refusals(ctx, "device");
     quantize_options(is_host ? NULL : ctx, seed + 7);
-    if (!is_host)
+    if (!is_host) {
         device_decode(ctx);
-    else
+        vt_pack(ctx, seed + 13);
+    } else
         printf("no OpenCL device: the device decode and quantize are not checked\n");
     accuracy(is_host || only_host ? host : ctx, seed + 11);
     flashcl_context_destroy(host);

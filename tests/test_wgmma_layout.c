@@ -120,7 +120,7 @@ static int fp8_products(flashcl_context *ctx, flashcl_ref_rng *rng, int *lines) 
                  (int)f, (int)f, d);
         cl_kernel kernel, pack;
         if (flashcl_get_kernel(ctx, "flash_fwd_sm90_fp8.cl", "fp8_wgmma_probe", options, &kernel) != FLASHCL_SUCCESS ||
-            flashcl_get_kernel(ctx, "flash_fwd_sm90_fp8.cl", "fp8_vt_pack", options, &pack) != FLASHCL_SUCCESS) {
+            flashcl_fp8_vt_pack_kernel(ctx, d, &pack) != FLASHCL_SUCCESS) {
             printf("FP8 probe, D=%d: build FAILED: %.400s\n", d, flashcl_last_error(ctx));
             ++failures;
             continue;
