@@ -141,15 +141,28 @@
             WGMMA_FP8((s) + 8 * hh, qf[kk], db, 1, FP8_PTX, FP8_PTX);                              \
     }
 
+/* PV_CHAINED=1, a study build only: O chained through the FP8 MMA's own
+ * accumulator across tiles, as the first version of this kernel did, to
+ * measure on the GPU what PV_TWO_LEVEL (below) costs and saves; it loses
+ * precision over long rows, which test_fp8_forward's 32768-key case checks. */
+#ifndef PV_CHAINED
+#define PV_CHAINED 0
+#endif
+#if PV_CHAINED
+#define PV_FIRST_STEP(t, a, desc) WGMMA_FP8(t, a, desc, 1, "e4m3", FP8_PTX)
+#else
+#define PV_FIRST_STEP(t, a, desc) WGMMA_FP8(t, a, desc, 0, "e4m3", FP8_PTX)
+#endif
+
 /* t = P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
  * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in); the first
- * k-step overwrites t. */
+ * k-step overwrites t (PV_CHAINED: adds to it). */
 #define PV_CHAIN(t, pf, vt)                                                                        \
     _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
         _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
         const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                      \
         if (kk == 0)                                                                               \
-            WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 0, "e4m3", FP8_PTX);                            \
+            PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                            \
         else                                                                                       \
             WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
     }
@@ -339,7 +352,11 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
         /* ---- O += P V ---- */
         TILE_WAIT(v_bar, tile);
+#if PV_CHAINED
+        PV_WAITED(acc, pf, vt);
+#else
         PV_TWO_LEVEL(acc, pf, vt);
+#endif
     }
 
     /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE ---- */
