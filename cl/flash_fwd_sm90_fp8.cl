@@ -91,9 +91,27 @@
 #define K_TILE_BYTES (BLOCK_N * 128)
 #define VT_BYTES (VT_ROWS * 128)
 #define Q_BYTES (BLOCK_M * 128)
+/* OVERLAP=1 (HEAD_DIM <= 64, opt-in through FLASHCL_BUILD_OPTIONS until timed):
+ * FlashAttention-3's overlap within a warpgroup. Tile t+1's S = Q K^T and
+ * tile t's P V are issued together; the softmax of S(t+1) runs while P(t) V(t)
+ * is still on the tensor cores, which the two-level sum allows (P V lands in
+ * its own registers, and O is rescaled before it is added). Needs two Vt
+ * buffers, which fit 48 KB only with one 64-dim panel; not with PV_CHAINED. */
+#ifndef OVERLAP
+#define OVERLAP 0
+#endif
+#ifndef PV_CHAINED
+#define PV_CHAINED 0
+#endif
+#if OVERLAP && (VT_PANELS != 1 || PV_CHAINED)
+/* Above 64 dims the plain loop, so that a test run under -DOVERLAP=1 still builds every case. */
+#undef OVERLAP
+#define OVERLAP 0
+#endif
+#define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
-#define Q_AT (K_TILE_BYTES + VT_BYTES)
-#define SMEM_BYTES (K_TILE_BYTES + VT_BYTES + Q_BYTES + 1024)
+#define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
+#define SMEM_BYTES (Q_AT + Q_BYTES + 1024)
 #define P_SCALE 256.0f
 
 #ifndef FLASHCL_NV_PTX
@@ -245,20 +263,41 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
         if (tid == 0)                                                                              \
             tma_rows(k_tile, k_map_at, 0, n, hk, b, k_bar, (uint)K_TILE_BYTES);                    \
     } while (0)
-#define COPY_VT(n)                                                                                 \
+#define COPY_VT_TO(buf, n)                                                                         \
     do {                                                                                           \
         if (tid == 0)                                                                              \
-            tma_rows(vt, v_map_at, n, 0, hk, b, v_bar, (uint)VT_BYTES);                            \
+            tma_rows(vt + (uint)(buf) * VT_BYTES, v_map_at, n, 0, hk, b, v_bar + 8u * (uint)(buf),  \
+                     (uint)VT_BYTES);                                                              \
     } while (0)
 #define COPIES_LANDED() do { } while (0)
 #define TILE_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
 #else
 #define FP8_TMA_ARGS
 #define COPY_K(n) copy_rows8(smem8, s_base, 0, kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, HEAD_DIM, tid)
-#define COPY_VT(n) copy_rows8(smem8, s_base, VT_AT, vtb + (n), (ulong)vt_keys, VT_ROWS, VT_ROWS, 128, tid)
+#define COPY_VT_TO(buf, n)                                                                         \
+    copy_rows8(smem8, s_base, VT_AT + (buf) * VT_BYTES, vtb + (n), (ulong)vt_keys, VT_ROWS, VT_ROWS, 128, tid)
 #define COPIES_LANDED() cp_wait_async_proxy()
 #define TILE_WAIT(bar, tile) do { } while (0)
 #endif
+#define COPY_VT(n) COPY_VT_TO(0, n)
+
+/* Scale (row blocks), soft-cap and mask of the scores s of keys n0.. */
+#define SCORES_POST(s, n0)                                                                         \
+    do {                                                                                           \
+        if (row_blocks) {                                                                          \
+            _Pragma("unroll") for (int j_ = 0; j_ < S_FRAGS; ++j_) {                                \
+                const float kf_ = FP8_K_SCALE(k_base, min((n0) + 8 * j_, nk - 1));                 \
+                s[j_][0] *= q_row_f[0] * kf_;                                                      \
+                s[j_][1] *= q_row_f[0] * kf_;                                                      \
+                s[j_][2] *= q_row_f[1] * kf_;                                                      \
+                s[j_][3] *= q_row_f[1] * kf_;                                                      \
+            }                                                                                      \
+        }                                                                                          \
+        if (softcap)                                                                               \
+            SOFTCAP_16(s, S_FRAGS, q_mul_f, softcap_log2);                                         \
+        if (!((n0) >= w_all_lo && (n0) + BLOCK_N - 1 <= w_all_hi))                                 \
+            MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
+    } while (0)
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS,
                                                                                        __global const uchar *restrict vtg,
@@ -277,14 +316,15 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 #if USE_TMA
     /* Work-item 0 places the maps (K's over k, V's over this call's Vt) and
      * sets up the two mbarriers, which the barrier after Q's copy publishes. */
-    __local ulong tma_bars[2]; /* K, Vt */
+    __local ulong tma_bars[1 + VT_BUFS]; /* K, then each Vt buffer's */
     const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
     __global ulong *k_map_at = TMA_SLOT(), *v_map_at = k_map_at + 16;
     if (tid == 0) {
         tma_map_place(k_map_at, k_map, (__global const ushort *)((__global const uchar *)k + k_off));
         tma_map_place(v_map_at, v_map, (__global const ushort *)vtg);
         mbar_init(k_bar);
-        mbar_init(v_bar);
+        for (int i = 0; i < VT_BUFS; ++i)
+            mbar_init(v_bar + 8u * (uint)i);
         mbar_init_fence();
     }
 #endif
@@ -309,6 +349,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     if (n_start <= n_end)
         COPY_K(n_start);
 
+#if !OVERLAP
     /* One K and one Vt buffer, as flash_fwd_sm90.cl's plain loop: Vt(n0)
      * lands while S is computed, K(n0+BN) while O += P V is. */
     for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
@@ -326,20 +367,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
 
-        if (row_blocks) {
-#pragma unroll
-            for (int j = 0; j < S_FRAGS; ++j) {
-                const float kf = FP8_K_SCALE(k_base, min(n0 + 8 * j, nk - 1));
-                s[j][0] *= q_row_f[0] * kf;
-                s[j][1] *= q_row_f[0] * kf;
-                s[j][2] *= q_row_f[1] * kf;
-                s[j][3] *= q_row_f[1] * kf;
-            }
-        }
-        if (softcap)
-            SOFTCAP_16(s, S_FRAGS, q_mul_f, softcap_log2);
-        if (!(n0 >= w_all_lo && n0 + BLOCK_N - 1 <= w_all_hi))
-            MASK_16(s, S_FRAGS, n0, row_lo, row_hi);
+        SCORES_POST(s, n0);
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
@@ -358,6 +386,75 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         PV_TWO_LEVEL(acc, pf, vt);
 #endif
     }
+#else
+    /* OVERLAP: one K buffer, Vt of tile t in buffer t % 2. Iteration t issues
+     * S(t+1) and P(t) V(t) into pv, waits for S(t+1) only, computes its
+     * softmax under P(t) V(t), then waits for that and sets O = alpha (O +
+     * pv): O and pv both hold sums against tile t's running max, alpha moves
+     * them to tile t+1's. Every wgmma chain sits outside branches (ptxas
+     * serialises a chain in one); the last tile's P V follows the loop. */
+    const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
+    float s[S_FRAGS][4], pv[O_FRAGS][4];
+    uint qf[K_STEPS][4], pf[P_STEPS][4];
+    if (tiles > 0) {
+        COPY_VT_TO(0, n_start);
+        COPIES_LANDED(); /* K(0) (with TMA: nothing; the waits below) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        TILE_WAIT(k_bar, 0);
+        S_ISSUE(qf, s, k_tile);
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(0) */
+        if (tiles > 1)
+            COPY_K(n_start + BLOCK_N);
+        SCORES_POST(s, n_start);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        PACK_P(pf, s);
+    }
+    for (int tile = 0; tile + 1 < tiles; ++tile) { /* not t: the lane's column, which MASK_16 reads */
+        const int n1 = n_start + (tile + 1) * BLOCK_N; /* the next tile */
+        const int cur = tile & 1;
+        /* K(t+1) and Vt(t) have landed (with TMA: are on their way); every warp
+         * is done with Vt(t-1), whose buffer Vt(t+1) takes. */
+        COPIES_LANDED();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        COPY_VT_TO(cur ^ 1, n1);
+        TILE_WAIT(k_bar, tile + 1);
+        TILE_WAIT(v_bar + 8u * (uint)cur, tile >> 1);
+        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
+        PV_CHAIN(pv, pf, vt + (uint)cur * VT_BYTES);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ONE(); /* S(t+1); P(t) V(t) may still run */
+        WG_FENCE_REGS(s, S_FRAGS);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(t+1) */
+        if (tile + 2 < tiles)
+            COPY_K(n1 + BLOCK_N);
+        SCORES_POST(s, n1);
+        float alpha[2];
+        ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha);
+        WGMMA_WAIT_ALL(); /* P(t) V(t) */
+        WG_FENCE_REGS(pv, O_FRAGS);
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j) {
+            acc[j][0] = alpha[0] * (acc[j][0] + pv[j][0]);
+            acc[j][1] = alpha[0] * (acc[j][1] + pv[j][1]);
+            acc[j][2] = alpha[1] * (acc[j][2] + pv[j][2]);
+            acc[j][3] = alpha[1] * (acc[j][3] + pv[j][3]);
+        }
+        PACK_P(pf, s);
+    }
+    if (tiles > 0) {
+        const int cur = (tiles - 1) & 1;
+        COPIES_LANDED(); /* Vt(tiles - 1) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        TILE_WAIT(v_bar + 8u * (uint)cur, (tiles - 1) >> 1);
+        PV_TWO_LEVEL(acc, pf, vt + (uint)cur * VT_BYTES);
+    }
+#endif
 
     /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE ---- */
     const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
