@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|forward|regs|profile|study|optin|pending|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what was built without a GPU and waits for one (the FP8 wgmma kernel, the Q_KEEP study).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
@@ -47,6 +47,13 @@
 #      TFLOP/s next to the float16 one's (FWD_SHAPES); the opt-in FP8 wgmma kernel (nv-wgmma-fp8):
 #      its registers, compare_torch.py --dtypes e4m3 (against PyTorch's float16 and flashcl's own,
 #      events and wall clock) and FA3's accuracy experiment on it (bench/fp8_accuracy.c --out f16).
+# fp8-kernel: the opt-in FP8 warpgroup-MMA forward (nv-wgmma-fp8) in two calls of under 600 s on
+#      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
+#      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
+#      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
+#      PART=2: test_fp8_forward under -DOVERLAP=1, then `flashcl bench --dtype e4m3` at issue 35's
+#      shapes under each FP8_OPTIONS entry (default: as built, OVERLAP=1, a 168-register cap,
+#      FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and flashcl's f16 beside them, the registers.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -352,6 +359,49 @@ if [ "$what" = backward ]; then
       --json "$out/backward.json" 2>&1 | tee "$out/backward.txt"
   fi
   ./build-gpu/flashcl bench --device nvidia --shape 4,32,4096,64 --shape 4,32,4096,128 --dtype f16 --iters 10 | tail -n 5
+  exit 0
+fi
+if [ "$what" = fp8-kernel ]; then
+  shapes="--shape 4,32,4096,128 --shape 4,32,4096,64 --shape 1,32,16384,128"
+  GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-120}
+  if [ "${PART:-1}" = 1 ]; then
+    gpu_test test_wgmma_layout
+    gpu_test test_fp8_forward || { echo "test_fp8_forward failed: nv-wgmma-fp8 not timed"; exit 0; }
+    FLASHCL_TMA=0 gpu_test test_fp8_forward cp-async
+    FLASHCL_BUILD_OPTIONS=-DPV_CHAINED=1 gpu_test test_fp8_forward pv-chained
+    grep -E "32768" "$out/test_fp8_forward.log" "$out/test_fp8_forward-pv-chained.log" | head -6
+    time_fp8_wgmma compare-fp8
+    echo "== FA3's accuracy experiment on nv-wgmma-fp8 (out f16)"
+    gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c host_ref/ref_fp8.c \
+      -Lbuild-gpu -lflashcl -Wl,-rpath,"$PWD/build-gpu" -lOpenCL -lm -o build-gpu/fp8_accuracy &&
+      FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 60 ./build-gpu/fp8_accuracy --device nvidia --out f16 2>&1 |
+      tee "$out/fp8-accuracy-wgmma.txt"
+  else
+    FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap
+    for o in ${FP8_OPTIONS-"- -DOVERLAP=1 -DFLASHCL_NV_MAXNREG=168 FLASHCL_TMA=0 -DPV_CHAINED=1"}; do
+      for mask in "" --causal; do
+        echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"
+        case $o in
+          -) env=() ;;
+          FLASHCL_*) env=("$o") ;;
+          *) env=("FLASHCL_BUILD_OPTIONS=${o//+/ }") ;;
+        esac
+        env "${env[@]}" FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 60 ./build-gpu/flashcl bench --device nvidia \
+          --dtype e4m3 $shapes $mask --iters 20 2>&1 | grep -E "^e4m3 " | tee -a "$out/fp8-options.txt"
+      done
+    done
+    for mask in "" --causal; do
+      echo "== f16 (the default forward) $mask" | tee -a "$out/fp8-options.txt"
+      timeout 60 ./build-gpu/flashcl bench --device nvidia --dtype f16 $shapes $mask --iters 20 2>&1 |
+        grep -E "^f16 " | tee -a "$out/fp8-options.txt"
+    done
+    echo "== ptxas report of nv-wgmma-fp8 (e4m3, D=128, then D=64 under OVERLAP=1)"
+    for d in 128 64; do
+      FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 \
+        FLASHCL_BUILD_OPTIONS="-cl-nv-verbose$([ $d = 64 ] && echo " -DOVERLAP=1")" ./build-gpu/flashcl bench \
+        --device nvidia --shape 1,8,1024,$d --dtype e4m3 --iters 2 2>&1 | grep -E "registers|spill" | head -3
+    done
+  fi
   exit 0
 fi
 if [ "$what" = fp8 ]; then
