@@ -395,11 +395,32 @@ if [ "$what" = fp8-kernel ]; then
       timeout 60 ./build-gpu/flashcl bench --device nvidia --dtype f16 $shapes $mask --iters 20 2>&1 |
         grep -E "^f16 " | tee -a "$out/fp8-options.txt"
     done
-    echo "== ptxas report of nv-wgmma-fp8 (e4m3, D=128, then D=64 under OVERLAP=1)"
+    # NVIDIA's own PTX of the kernel (D=128 as built, D=64 under OVERLAP=1) from a fresh cache,
+    # assembled by ptxas: its registers and spills, and no register of a warpgroup MMA written
+    # while it is in flight (scripts/wgmma_inflight.py).
+    echo "== nv-wgmma-fp8 as NVIDIA's compiler builds it: registers, SASS check"
+    export PATH=$PATH:/usr/local/cuda/bin
+    rm -rf build-gpu/sass-fp8 && mkdir -p build-gpu/sass-fp8
     for d in 128 64; do
-      FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 FLASHCL_LOG=1 FLASHCL_CACHE=0 \
-        FLASHCL_BUILD_OPTIONS="-cl-nv-verbose$([ $d = 64 ] && echo " -DOVERLAP=1")" ./build-gpu/flashcl bench \
-        --device nvidia --shape 1,8,1024,$d --dtype e4m3 --iters 2 2>&1 | grep -E "registers|spill" | head -3
+      FLASHCL_CACHE_DIR=$PWD/build-gpu/sass-fp8 FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 \
+        FLASHCL_BUILD_OPTIONS="$([ $d = 64 ] && echo -DOVERLAP=1)" ./build-gpu/flashcl bench --device nvidia \
+        --shape 1,8,1024,$d --dtype e4m3 --iters 1 > /dev/null 2>&1
+    done
+    python3 - <<'PY'
+import glob, re
+for i, f in enumerate(sorted(glob.glob("build-gpu/sass-fp8/*.bin"))):
+    data = open(f, "rb").read()
+    at = data.find(b".version")
+    if at >= 0 and b".entry flash_fwd_sm90_fp8" in data:
+        ptx = data[at:].split(b"\0")[0].replace(b"//@sm90a ", b"")  # as src/program.c unmasks it
+        ptx = re.sub(rb"\.target sm_90\b(?!a)", b".target sm_90a", ptx)
+        open("build-gpu/sass-fp8/fwd%d.ptx" % i, "wb").write(ptx)
+PY
+    for f in build-gpu/sass-fp8/fwd*.ptx; do
+      [ -f "$f" ] || { echo "no nv-wgmma-fp8 PTX in the cache"; break; }
+      echo "-- $f ($(grep -c 'wgmma.mma_async' "$f") wgmma): $(sass_of "$f")"
+      /usr/local/cuda/bin/ptxas -arch=sm_90a -v "$f" -o /dev/null 2>&1 | grep -E "spill" | head -1
+      python3 scripts/wgmma_inflight.py "${f%.ptx}.sass" | tail -n 2
     done
   fi
   exit 0

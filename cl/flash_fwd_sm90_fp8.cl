@@ -9,11 +9,12 @@
  * program's PTX for sm_90a.
  *
  * Status: opt-in (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 or flashcl_set_params),
- * never chosen by default. On the H200 (2026-12-05) test_wgmma_layout's probe
- * of its two products (FP8_PROBE, at the end) passed and test_fp8_forward's
- * outputs did, but its LSE missed the tolerance in 5 of 8 cases; it is also
- * slower than the 16-bit kernel (docs/perf-notes.md, "FP8 forward on
- * warpgroup MMA").
+ * never chosen by default. Its first version (V transposed by the
+ * work-items, O chained through the FP8 MMA's accumulator) ran on the H200
+ * on 2026-12-05: its two products (FP8_PROBE, at the end) and its outputs
+ * passed, and it ran at 0.56-0.70x the 16-bit kernel. This version (Vt by a
+ * pre-pass and TMA, the two-level P V sum, OVERLAP) is built and checked
+ * offline, not yet run (docs/perf-notes.md, "FP8 forward on warpgroup MMA").
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
  * of one (batch, query head) and walks the visible keys in tiles of
@@ -60,7 +61,8 @@
  *   Q block BLOCK_M rows x 128 bytes          8 KB, reloaded into registers every tile
  * One K and one Vt buffer, as flash_fwd_sm90.cl's plain loop: Vt(n0) lands
  * while S = Q K^T runs, K(n0 + BLOCK_N) while O += P V does. A second stage
- * of either does not fit NVIDIA's 48 KB beside the other tiles.
+ * of either fits NVIDIA's 48 KB beside the other tiles only for Vt of one
+ * 64-dim panel (8 KB), which OVERLAP (below) uses.
  * Q's fragments are reloaded before every tile, as flash_fwd_sm90.cl does
  * at one panel (Q_PER_TILE there): held across tiles, registers read only by
  * wgmma are not kept live by ptxas around the loop's back edge, and P lands
@@ -163,9 +165,6 @@
  * accumulator across tiles, as the first version of this kernel did, to
  * measure on the GPU what PV_TWO_LEVEL (below) costs and saves; it loses
  * precision over long rows, which test_fp8_forward's 32768-key case checks. */
-#ifndef PV_CHAINED
-#define PV_CHAINED 0
-#endif
 #if PV_CHAINED
 #define PV_FIRST_STEP(t, a, desc) WGMMA_FP8(t, a, desc, 1, "e4m3", FP8_PTX)
 #else
@@ -185,6 +184,14 @@
             WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
     }
 
+/* PV_CHAINED's first k-step adds to t_, so a two-level sum there (the probe's) starts it at zero. */
+#if PV_CHAINED
+#define PV_T_INIT(t_)                                                                              \
+    _Pragma("unroll") for (int i_ = 0; i_ < O_FRAGS; ++i_) t_[i_][0] = t_[i_][1] = t_[i_][2] = t_[i_][3] = 0.0f
+#else
+#define PV_T_INIT(t_) do { } while (0)
+#endif
+
 /* O += P V in two levels: the tile's product into fresh registers, waited for,
  * then added to acc by the CUDA cores in float32. Hopper's FP8 MMA keeps 13
  * mantissa bits of the D it adds to (SageAttention2's measurement; DeepSeek-V3
@@ -196,6 +203,7 @@
 #define PV_TWO_LEVEL(acc, pf, vt)                                                                  \
     do {                                                                                           \
         float t_[O_FRAGS][4];                                                                      \
+        PV_T_INIT(t_);                                                                             \
         PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] += t_[j_][0];                                                             \

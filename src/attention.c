@@ -256,7 +256,7 @@ static size_t fp8_vt_shape(const flashcl_attention_desc *r, int *keys, int *rows
 static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *r, const flashcl_params *p,
                             flashcl_tensor_map maps[2]) {
     const int fp8 = !strcmp(p->variant, "nv-wgmma-fp8");
-    if ((!fp8 && strcmp(p->variant, "nv-wgmma") != 0) || !flashcl_tma_usable(ctx))
+    if ((!fp8 && strcmp(p->variant, "nv-wgmma") != 0) || (fp8 && ctx->no_tma_fp8) || !flashcl_tma_usable(ctx))
         return 0;
     if (!fp8)
         return flashcl_tma_encode_pair(&r->k, &r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
@@ -301,7 +301,10 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         /* The same kernel copying through cp.async cannot be wrong either. */
         flashcl_log("the %s kernel with TMA copies did not build, building it without: %.300s", p.variant,
                     flashcl_last_error(ctx));
-        ctx->no_tma = 1;
+        if (fp8_kernel)
+            ctx->no_tma_fp8 = 1;
+        else
+            ctx->no_tma = 1;
         *tma = 0;
         flashcl_clear_error(ctx);
         st = build_forward(ctx, r, &p, 0, kernel);
@@ -364,7 +367,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
  * (grown to fit; a smaller one is released once the calls already enqueued
  * are done with it), after the last forward that read it; then the FP8
  * kernel's arguments from *a on (Vt and its keys a row). *packed: the pass's
- * event. */
+ * event. A failure is described in ctx's error here. */
 static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc *r, cl_mem v, cl_kernel pack,
                               cl_kernel kernel, cl_uint *a, cl_event *packed) {
     int keys, rows;
@@ -394,14 +397,18 @@ static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc
     err |= clSetKernelArg(pack, i++, sizeof(cl_int), &vt_keys);
     err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt);
     err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &vt_keys);
+    if (err == CL_SUCCESS) {
+        /* A work-group of 128 a tile of keys. */
+        const size_t local[3] = {128, 1, 1},
+                     global[3] = {(size_t)(keys / FP8_VT_TILE) * 128, (size_t)r->heads_k, (size_t)r->batch};
+        cl_event after = ctx->fp8_vt_reader;
+        err = clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, after ? 1 : 0,
+                                     after ? &after : NULL, packed);
+    }
     if (err != CL_SUCCESS)
-        return err;
-    /* A work-group of 128 a tile of keys. */
-    const size_t local[3] = {128, 1, 1},
-                 global[3] = {(size_t)(keys / FP8_VT_TILE) * 128, (size_t)r->heads_k, (size_t)r->batch};
-    cl_event after = ctx->fp8_vt_reader;
-    return clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, after ? 1 : 0, after ? &after : NULL,
-                                  packed);
+        flashcl_fail(ctx, err, "launching the FP8 forward's V transpose (fp8_vt_pack): %s",
+                     flashcl_status_string(err));
+    return err;
 }
 
 flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_attention_desc *desc,
@@ -502,8 +509,11 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &sc[i]);
     /* The warpgroup-MMA kernel reads V as Vt, which fp8_vt_pack writes first
      * into the context's scratch (the last forward that read it done). */
-    if (err == CL_SUCCESS && pack)
+    int described = 0; /* the failure already has its message */
+    if (err == CL_SUCCESS && pack) {
         err = enqueue_vt_pack(ctx, &r, v, pack, kernel, &a, &waits[1]);
+        described = err != CL_SUCCESS;
+    }
     if (err == CL_SUCCESS)
         err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, pack ? 2 : 1, waits, &ran);
     /* The buffers' last user: the kernel, or where it failed to launch the
@@ -522,7 +532,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
         }
     }
     if (err != CL_SUCCESS)
-        return flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));
+        return described ? err : flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));
     clReleaseEvent(waits[0]);
     if (event) {
         clRetainEvent(ran);
