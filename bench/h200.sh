@@ -51,9 +51,11 @@
 #      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
 #      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
 #      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
-#      PART=2: test_fp8_forward under -DOVERLAP=1, then `flashcl bench --dtype e4m3` at issue 35's
-#      shapes under each FP8_OPTIONS entry (default: as built, OVERLAP=1, a 168-register cap,
-#      FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and flashcl's f16 beside them, the registers.
+#      PART=2: test_fp8_forward under -DOVERLAP=1 (and with -DEX2_FMA_EVERY=2), then `flashcl bench
+#      --dtype e4m3` at issue 35's shapes under each FP8_OPTIONS entry (default: as built, OVERLAP=1,
+#      with half the exponents on the FMA pipes, a quarter of them without OVERLAP, a 168-register
+#      cap, FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and flashcl's f16 beside them, then
+#      NVIDIA's own PTX of the kernel through ptxas and the in-flight check.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
@@ -378,7 +380,9 @@ if [ "$what" = fp8-kernel ]; then
       tee "$out/fp8-accuracy-wgmma.txt"
   else
     FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap
-    for o in ${FP8_OPTIONS-"- -DOVERLAP=1 -DFLASHCL_NV_MAXNREG=168 FLASHCL_TMA=0 -DPV_CHAINED=1"}; do
+    FLASHCL_BUILD_OPTIONS="-DOVERLAP=1 -DEX2_FMA_EVERY=2" gpu_test test_fp8_forward overlap-ex2-fma
+    for o in ${FP8_OPTIONS-"- -DOVERLAP=1 -DOVERLAP=1+-DEX2_FMA_EVERY=2 -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168
+        FLASHCL_TMA=0 -DPV_CHAINED=1"}; do
       for mask in "" --causal; do
         echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"
         case $o in

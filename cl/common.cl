@@ -117,6 +117,25 @@ inline uchar float_to_fp8_e5m2(float x) { return fp8_encode_fmt(x, 2, 15, 57344.
  * flashcl_fp8_row_blocks. */
 inline int fp8_row_blocks(int n, int rows) { return rows > 0 ? (n - 1) / rows + 1 : 1; }
 
+/* 2^x on the FMA and integer pipes alone, for the softmax's exponents (x <= 0;
+ * right up to x = 126): FlashAttention-4's way past the SFU, whose 16 results a
+ * clock an SM bound a softmax of many scores per product (the FP8 forward at
+ * head_dim 64; cl/flash_fwd_sm90_fp8.cl, EX2_FMA_EVERY). x = j + f with j the
+ * nearest integer (1.5 * 2^23 added puts it in the low mantissa bits) and f in
+ * [-1/2, 1/2]; 2^f by a degree-4 polynomial (near-minimax, relative error
+ * 2.9e-6 evaluated in float); j added to the exponent bits. Below -126 (and
+ * -inf, a masked score) it gives 0, as ex2.approx.ftz does; NaN stays NaN.
+ * tests/test_fp8_forward.c checks it on the device against exp2 in double. */
+inline float ex2_fma(float x) {
+    const float xc = fmax(x, -126.0f);
+    const float r = xc + 12582912.0f;
+    const float f = xc - (r - 12582912.0f);
+    const float p =
+        fma(fma(fma(fma(0.00958285294f, f, 0.0559064262f), f, 0.240240991f), f, 0.693124175f), f, 1.0f);
+    const float y = as_float(as_int(p) + (as_int(r) << 23));
+    return x >= -126.0f ? y : (x < -126.0f ? 0.0f : x);
+}
+
 /* By format, the flashcl_dtype value (3 e4m3, 4 e5m2): a constant wherever
  * these are used, so only one side of each choice is compiled in. */
 #define FP8_DECODE(fmt, b) ((fmt) == 4 ? fp8_e5m2_to_float(b) : fp8_e4m3_to_float(b))

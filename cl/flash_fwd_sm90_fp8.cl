@@ -110,6 +110,19 @@
 #undef OVERLAP
 #define OVERLAP 0
 #endif
+/* EX2_FMA_EVERY=k (opt-in through FLASHCL_BUILD_OPTIONS until timed): every
+ * k-th n8 block of scores takes its exponents from ex2_fma (cl/common.cl, the
+ * FMA pipes) instead of the SFU. A tile's 64 x 128 exponents take the SFU 512
+ * clocks a warpgroup, as long as its two products take the FP8 tensor cores
+ * at head_dim 128 and twice as long at 64, where the SFU bounds the kernel
+ * (FlashAttention-4 moves part of them the same way). */
+#ifndef EX2_FMA_EVERY
+#define EX2_FMA_EVERY 0
+#endif
+#if EX2_FMA_EVERY > 0
+#undef EX2_SCORE
+#define EX2_SCORE(x, j) ((j) % EX2_FMA_EVERY == EX2_FMA_EVERY - 1 ? ex2_fma(x) : ex2(x))
+#endif
 #define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)

@@ -29,6 +29,8 @@
  *    inputs with 0.1% outliers from N(0,10^2), quantized by the library's
  *    own helpers per tensor, per head and 64-row block, and block plus
  *    Hadamard; RMSE against float64 attention on the unquantized inputs.
+ * 6. ex2_fma (cl/common.cl), the FP8 forward's optional exponent off the SFU,
+ *    on the device against exp2 in double.
  */
 #define _POSIX_C_SOURCE 200809L
 #include <limits.h>
@@ -662,6 +664,80 @@ static void vt_pack(flashcl_context *ctx, uint64_t seed) {
     }
 }
 
+/* ---- ex2_fma: the softmax's exponent off the SFU (cl/common.cl) ------------------------------------ */
+
+/* ex2_fma on this device (tests/ex2_probe.cl, built from a FLASHCL_KERNEL_DIR
+ * holding the sources and the probe) against exp2 in double: over [-126, 0]
+ * densely, every half-integer and its neighbours (the rounding of j), and up
+ * to 16, relative error at most 4e-6 (the polynomial's 2.9e-6 and float
+ * rounding); below -126 and -inf exactly 0 (a masked score must add
+ * nothing); NaN stays NaN. FLASHCL_KERNEL_DIR points at that directory for
+ * the probe's build only. */
+static void ex2_fma_check(flashcl_context *ctx) {
+    enum { DENSE = 200000, HALF = 3 * 253, SPECIAL = 8 };
+    const int n = DENSE + HALF + SPECIAL;
+    float *x = test_xmalloc((size_t)n * 4), *y = test_xmalloc((size_t)n * 4);
+    int i = 0;
+    for (; i < DENSE; ++i)
+        x[i] = -126.0f + 142.0f * (float)i / (float)(DENSE - 1); /* [-126, 16] */
+    for (int k = -126; k <= 126; ++k) {
+        const float h = (float)k - 0.5f;
+        x[i++] = h, x[i++] = nextafterf(h, -INFINITY), x[i++] = nextafterf(h, INFINITY);
+    }
+    const float special[SPECIAL] = {0.0f, -0.0f, -126.0f, nextafterf(-126.0f, -INFINITY), -127.5f, -1e30f,
+                                    -INFINITY, NAN};
+    for (int k = 0; k < SPECIAL; ++k)
+        x[i++] = special[k];
+    char dir[] = "/tmp/flashcl-ex2-probe-XXXXXX";
+    cl_kernel kernel = NULL;
+    cl_int err = CL_BUILD_PROGRAM_FAILURE;
+    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, NULL, 0) && test_copy_file(FLASHCL_SOURCE_TEST_DIR, dir, "ex2_probe.cl")) {
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        if (flashcl_get_kernel(ctx, "ex2_probe.cl", "ex2_probe", "-cl-std=CL1.2", &kernel) == FLASHCL_SUCCESS)
+            err = CL_SUCCESS;
+        unsetenv("FLASHCL_KERNEL_DIR");
+    }
+    test_kernel_dir_remove(dir);
+    cl_mem bx = test_upload(ctx, x, (size_t)n * 4), by = test_upload(ctx, NULL, (size_t)n * 4);
+    const cl_int count = n;
+    const size_t global = (size_t)(n + 63) / 64 * 64;
+    if (err == CL_SUCCESS) {
+        err = clSetKernelArg(kernel, 0, sizeof(cl_mem), &bx);
+        err |= clSetKernelArg(kernel, 1, sizeof(cl_mem), &by);
+        err |= clSetKernelArg(kernel, 2, sizeof(cl_int), &count);
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(ctx->queue, kernel, 1, NULL, &global, NULL, 0, NULL, NULL);
+    }
+    for (int k = 0; k < n; ++k)
+        y[k] = 12345.0f; /* a value no input gives */
+    if (err == CL_SUCCESS)
+        test_download(ctx, by, y, (size_t)n * 4);
+    double worst = 0.0;
+    int bad = 0, worst_at = 0;
+    for (int k = 0; k < n; ++k) {
+        int ok;
+        if (isnan(x[k]))
+            ok = isnan(y[k]);
+        else if (x[k] < -126.0f)
+            ok = y[k] == 0.0f;
+        else {
+            const double rel = fabs((double)y[k] / exp2((double)x[k]) - 1.0);
+            ok = rel <= 4e-6; /* NaN fails */
+            if (rel > worst || rel != rel)
+                worst = rel, worst_at = k;
+        }
+        bad += !ok;
+    }
+    char what[200];
+    snprintf(what, sizeof what,
+             "ex2_fma on the device: %d inputs in [-126, 16], below, -inf and NaN; %d wrong; worst relative error "
+             "%.2e at x = %.7g%s",
+             n, bad, worst, (double)x[worst_at], err == CL_SUCCESS ? "" : " (did not run)");
+    expect(err == CL_SUCCESS && bad == 0, what, &failures);
+    clReleaseMemObject(bx), clReleaseMemObject(by);
+    free(x), free(y);
+}
+
 /* ---- accuracy ------------------------------------------------------------------------------------- */
 
 /* N(0,1) with 0.1% of entries from N(0, 10^2), FlashAttention-3's test. */
@@ -808,6 +884,8 @@ int main(int argc, char **argv) {
     } else
         printf("no OpenCL device: the device decode and quantize are not checked\n");
     accuracy(is_host || only_host ? host : ctx, seed + 11);
+    if (!is_host && !only_host)
+        ex2_fma_check(ctx);
     flashcl_context_destroy(host);
     flashcl_context_destroy(ctx);
     return test_summary(failures);
