@@ -94,6 +94,21 @@ sass_of() {
   /usr/local/cuda/bin/ptxas -arch=sm_90a -v "$1" -o "${1%.ptx}.cubin" 2>&1 | grep -o 'Used [0-9]* registers'
   /usr/local/cuda/bin/cuobjdump -sass "${1%.ptx}.cubin" > "${1%.ptx}.sass"
 }
+# ptx_from_cache DIR ENTRY: the PTX of every program in the kernel cache DIR that holds a kernel
+# named ENTRY..., unmasked and retargeted to sm_90a as src/program.c does, as DIR/fwdN.ptx.
+ptx_from_cache() {
+  python3 - "$1" "$2" <<'PY'
+import glob, re, sys
+d, entry = sys.argv[1], sys.argv[2].encode()
+for i, f in enumerate(sorted(glob.glob(d + "/*.bin"))):
+    data = open(f, "rb").read()
+    at = data.find(b".version")
+    if at >= 0 and b".entry " + entry in data:
+        ptx = data[at:].split(b"\0")[0].replace(b"//@sm90a ", b"")  # as src/program.c unmasks it
+        ptx = re.sub(rb"\.target sm_90\b(?!a)", b".target sm_90a", ptx)
+        open("%s/fwd%d.ptx" % (d, i), "wb").write(ptx)
+PY
+}
 # time_fp8_wgmma TAG: the opt-in FP8 wgmma kernel's registers (NVIDIA's build log), then
 # compare_torch.py --dtypes e4m3 (both of issue 35's bars), its files named $out/TAG.*.
 time_fp8_wgmma() {
@@ -230,16 +245,7 @@ if [ "$what" = pending ]; then
   rm -rf build-gpu/sass && mkdir -p build-gpu/sass
   FLASHCL_CACHE_DIR=$PWD/build-gpu/sass ./build-gpu/flashcl bench --device nvidia --shape 1,8,1024,64 \
     --shape 1,8,1024,128 --dtype f16 --iters 1 > /dev/null 2>&1
-  python3 - <<'PY'
-import glob, re
-for i, f in enumerate(sorted(glob.glob("build-gpu/sass/*.bin"))):
-    data = open(f, "rb").read()
-    at = data.find(b".version")
-    if at >= 0 and b".entry flash_fwd_sm90" in data:
-        ptx = data[at:].split(b"\0")[0].replace(b"//@sm90a ", b"")  # as src/program.c unmasks it
-        ptx = re.sub(rb"\.target sm_90\b(?!a)", b".target sm_90a", ptx)
-        open("build-gpu/sass/fwd%d.ptx" % i, "wb").write(ptx)
-PY
+  ptx_from_cache build-gpu/sass flash_fwd_sm90
   for f in build-gpu/sass/fwd*.ptx; do
     [ -f "$f" ] || { echo "no nv-wgmma PTX in the cache"; break; }
     echo "-- $f: $(sass_of "$f")"
@@ -410,16 +416,7 @@ if [ "$what" = fp8-kernel ]; then
         FLASHCL_BUILD_OPTIONS="$([ $d = 64 ] && echo -DOVERLAP=1)" ./build-gpu/flashcl bench --device nvidia \
         --shape 1,8,1024,$d --dtype e4m3 --iters 1 > /dev/null 2>&1
     done
-    python3 - <<'PY'
-import glob, re
-for i, f in enumerate(sorted(glob.glob("build-gpu/sass-fp8/*.bin"))):
-    data = open(f, "rb").read()
-    at = data.find(b".version")
-    if at >= 0 and b".entry flash_fwd_sm90_fp8" in data:
-        ptx = data[at:].split(b"\0")[0].replace(b"//@sm90a ", b"")  # as src/program.c unmasks it
-        ptx = re.sub(rb"\.target sm_90\b(?!a)", b".target sm_90a", ptx)
-        open("build-gpu/sass-fp8/fwd%d.ptx" % i, "wb").write(ptx)
-PY
+    ptx_from_cache build-gpu/sass-fp8 flash_fwd_sm90_fp8
     for f in build-gpu/sass-fp8/fwd*.ptx; do
       [ -f "$f" ] || { echo "no nv-wgmma-fp8 PTX in the cache"; break; }
       echo "-- $f ($(grep -c 'wgmma.mma_async' "$f") wgmma): $(sass_of "$f")"
