@@ -246,13 +246,16 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * lse (may be NULL): float32 [batch][heads_q][seqlen_q], at element
  * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
  * On error nothing is enqueued and no output is touched (except that an FP8
- * call whose kernel fails to launch leaves its descale upload enqueued: it
- * writes only the context's own buffer). `event` (may be NULL) receives the
- * kernel's event; the caller releases it.
+ * call whose kernel fails to launch leaves its descale upload, and its V
+ * transpose, enqueued: they write only the context's own buffers). `event`
+ * (may be NULL) receives the kernel's event; the caller releases it.
  * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
  * are copied during the call (the arrays may be freed when it returns) and
  * uploaded without blocking; the portable kernel runs on GPUs, the cpu kernel
- * on CPUs (the tensor-core kernels take 16-bit inputs only, for now). */
+ * on CPUs. The opt-in Hopper kernel (variant "nv-wgmma-fp8") first writes v
+ * transposed into a buffer the context allocates, keeps for later calls and
+ * frees in flashcl_context_destroy: batch * heads_k * head_dim rounded up to
+ * 64 * seqlen_k rounded up to 128 bytes (v's own size at head_dim 128). */
 FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
                                                      const flashcl_attention_desc *desc,
                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,
