@@ -6,10 +6,13 @@ profiling events around all its backward kernels, after a forward, warm-up,
 median of --iters). PyTorch: scaled_dot_product_attention forward once under
 sdpa_kernel(backend), then torch.autograd.grad(out, (q, k, v), dout) timed by
 CUDA events (warm-up, median of the same count); autograd.grad rather than
-out.backward so no .grad accumulation is timed. FLOPs = 2.5 * 4*B*H*N*N*D,
-halved when causal, for both (flash-attn's convention). Prints one markdown
-table of TFLOP/s; --json writes the raw rows. torch is imported lazily: without
-it (or without CUDA) the torch columns read n/a.
+out.backward so no .grad accumulation is timed. Then by wall clock: --iters
+calls back to back, one wait at the end, per call (flashcl's `wall_ms`;
+PyTorch between two events around the whole run, which is what the host waits
+for). FLOPs = 2.5 * 4*B*H*N*N*D, halved when causal, for both (flash-attn's
+convention). Prints one markdown table of TFLOP/s, each cell "events | wall";
+--json writes the raw rows. torch is imported lazily: without it (or without
+CUDA) the torch columns read n/a.
 
     python3 bench/compare_backward.py --flashcl build/flashcl [--json out.json]
 """
@@ -47,14 +50,15 @@ def flashcl_rows(exe, device, dtype, shapes, iters, warmup):
 
 
 def torch_tflops(shape, dtype, causal, backend, iters, warmup):
-    """TFLOP/s of SDPA's backward with one backend, or None (no torch/CUDA, or the backend refused)."""
+    """(TFLOP/s by the median of per-call events, TFLOP/s by wall clock back to back) of SDPA's
+    backward with one backend, or (None, None): no torch or CUDA, or the backend refused."""
     try:
         import torch
         from torch.nn.attention import SDPBackend, sdpa_kernel
     except ImportError:
-        return None
+        return None, None
     if not torch.cuda.is_available():
-        return None
+        return None, None
     b, h, n, d = shape
     tdtype = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}[dtype]
     which = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -76,15 +80,27 @@ def torch_tflops(shape, dtype, causal, backend, iters, warmup):
                 end.record()
                 torch.cuda.synchronize()
                 times.append(start.elapsed_time(end))
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
+            end.record()
+            torch.cuda.synchronize()
+            wall_ms = start.elapsed_time(end) / iters
     except RuntimeError as e:  # backend does not support this dtype/shape (or out of memory)
         sys.stderr.write(f"torch {backend} {shape} {dtype} causal={causal}: {str(e).splitlines()[0]}\n")
-        return None
+        return None, None
     finally:
         torch.cuda.empty_cache()
     times.sort()
     ms = times[len(times) // 2]
     flops = 2.5 * 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
-    return flops / (ms * 1e-3) / 1e12
+    return flops / (ms * 1e-3) / 1e12, flops / (wall_ms * 1e-3) / 1e12
+
+
+def flops_of(shape, causal):
+    b, h, n, d = shape
+    return 2.5 * 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
 
 
 def main():
@@ -106,12 +122,19 @@ def main():
     def fmt(x):
         return "n/a" if not x else f"{x:.1f}" if x >= 10 else f"{x:.3g}"
 
+    def pair(t):  # "events | wall"
+        return f"{fmt(t[0])} \\| {fmt(t[1])}"
+
+    def ratio(a, b):
+        return f"{a / b:.2f}" if a and b else "n/a"
+
     if importlib.util.find_spec("torch") is None:
         sys.stderr.write("torch is not installed: the torch columns read n/a\n")
 
     results = []
     print(f"### flashcl backward vs PyTorch SDPA backward {args.label}\n\n"
-          f"TFLOP/s (2.5x the forward's FLOPs), median of {args.iters}\n")
+          f"TFLOP/s (2.5x the forward's FLOPs): events, median of {args.iters} | wall clock, "
+          f"{args.iters} back to back\n")
     print("| B,H,N,D | dtype | mask | flashcl | FA2 | cuDNN | mem-eff | flashcl / FA2 |")
     print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: |", flush=True)
     for dtype in args.dtypes.split(","):
@@ -119,16 +142,21 @@ def main():
         for shape in shapes:
             for causal in (False, True):
                 r = fc.get((shape, causal), {})
-                mine = r.get("tflops") if not r.get("error") else None
+                wall = r.get("wall_ms")
+                mine = ((r.get("tflops"), flops_of(shape, causal) / (wall * 1e-3) / 1e12 if wall and wall > 0 else None)
+                        if not r.get("error") else (None, None))
                 peers = {be: torch_tflops(shape, dtype, causal, be, args.iters, args.warmup)
                          for be in BACKENDS}
                 mark = " (INVALID)" if r.get("validated") == "INVALID" else ""
-                ratio = f"{mine / peers['flash']:.2f}x" if mine and peers["flash"] else "n/a"
+                fa2 = peers["flash"]
                 print(f"| {','.join(map(str, shape))} | {dtype} | {'causal' if causal else 'none'} | "
-                      f"{fmt(mine)}{mark} | {fmt(peers['flash'])} | {fmt(peers['cudnn'])} | "
-                      f"{fmt(peers['efficient'])} | {ratio} |", flush=True)
+                      f"{pair(mine)}{mark} | {pair(fa2)} | {pair(peers['cudnn'])} | "
+                      f"{pair(peers['efficient'])} | {ratio(mine[0], fa2[0])} \\| {ratio(mine[1], fa2[1])} |",
+                      flush=True)
                 results.append({"shape": shape, "dtype": dtype, "causal": causal, "flashcl": r,
-                                "torch_tflops": peers})
+                                "flashcl_wall_tflops": mine[1],
+                                "torch_tflops": {be: p[0] for be, p in peers.items()},
+                                "torch_wall_tflops": {be: p[1] for be, p in peers.items()}})
     if args.json == "-":
         json.dump(results, sys.stdout, indent=1)
         print()
