@@ -189,8 +189,8 @@ int main(void) {
         return 0;
     }
     char dir[] = "/tmp/flashcl-wgmma-probe-XXXXXX";
-    static const char *const kernel_files[] = {"flash_fwd_sm90_fp8.cl"};
-    if (!test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, kernel_files, 1) ||
+    static const char *const kernel_files[] = {"flash_fwd_sm90_fp8.cl", "fp8_vt_pack.cl"};
+    if (!test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, kernel_files, 2) ||
         !test_copy_file(FLASHCL_SOURCE_TEST_DIR, dir, "wgmma_probe.cl")) {
         printf("setting up the kernel directory: FAILED\n");
         return 1;
