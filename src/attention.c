@@ -522,7 +522,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
     ctx->fp8_scales_reader = err == CL_SUCCESS ? ran : waits[0];
-    if (waits[1] || (pack && err == CL_SUCCESS)) {
+    if (waits[1]) { /* the transpose ran: it, or the kernel after it, is Vt's last user */
         if (ctx->fp8_vt_reader)
             clReleaseEvent(ctx->fp8_vt_reader);
         ctx->fp8_vt_reader = err == CL_SUCCESS ? ran : waits[1];
