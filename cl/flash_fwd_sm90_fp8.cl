@@ -13,8 +13,9 @@
  * work-items, O chained through the FP8 MMA's accumulator) ran on the H200
  * on 2026-12-05: its two products (FP8_PROBE, at the end) and its outputs
  * passed, and it ran at 0.56-0.70x the 16-bit kernel. This version (Vt by a
- * pre-pass and TMA, the two-level P V sum, OVERLAP) is built and checked
- * offline, not yet run (docs/perf-notes.md, "FP8 forward on warpgroup MMA").
+ * pre-pass and TMA, the two-level P V sum; OVERLAP and EX2_FMA_EVERY on
+ * request) is built and checked offline, not yet run (docs/perf-notes.md,
+ * "FP8 forward on warpgroup MMA").
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
  * of one (batch, query head) and walks the visible keys in tiles of
