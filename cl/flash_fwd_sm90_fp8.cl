@@ -198,14 +198,6 @@
             WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
     }
 
-/* PV_CHAINED's first k-step adds to t_, so a two-level sum there (the probe's) starts it at zero. */
-#if PV_CHAINED
-#define PV_T_INIT(t_)                                                                              \
-    _Pragma("unroll") for (int i_ = 0; i_ < O_FRAGS; ++i_) t_[i_][0] = t_[i_][1] = t_[i_][2] = t_[i_][3] = 0.0f
-#else
-#define PV_T_INIT(t_) do { } while (0)
-#endif
-
 /* O += P V in two levels: the tile's product into fresh registers, waited for,
  * then added to acc by the CUDA cores in float32. Hopper's FP8 MMA keeps 13
  * mantissa bits of the D it adds to (SageAttention2's measurement; DeepSeek-V3
@@ -217,7 +209,6 @@
 #define PV_TWO_LEVEL(acc, pf, vt)                                                                  \
     do {                                                                                           \
         float t_[O_FRAGS][4];                                                                      \
-        PV_T_INIT(t_);                                                                             \
         PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] += t_[j_][0];                                                             \
@@ -226,6 +217,14 @@
             (acc)[j_][3] += t_[j_][3];                                                             \
         }                                                                                          \
     } while (0)
+
+/* O += P V as this build sums it: in two levels, or (PV_CHAINED) through the
+ * MMA's accumulator. */
+#if PV_CHAINED
+#define PV_ADD(acc, pf, vt) PV_WAITED(acc, pf, vt)
+#else
+#define PV_ADD(acc, pf, vt) PV_TWO_LEVEL(acc, pf, vt)
+#endif
 
 /* Q's A fragments qf from its block, then S = Q K^T on them issued
  * (committed, not waited for: the caller's work may run under it). */
@@ -402,11 +401,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 
         /* ---- O += P V ---- */
         TILE_WAIT(v_bar, tile);
-#if PV_CHAINED
-        PV_WAITED(acc, pf, vt);
-#else
-        PV_TWO_LEVEL(acc, pf, vt);
-#endif
+        PV_ADD(acc, pf, vt);
     }
 #else
     /* OVERLAP: one K buffer, Vt of tile t in buffer t % 2. Iteration t issues
@@ -498,7 +493,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
  *   mode 1: out[64][VT_ROWS] = P V, p [64][BLOCK_N] floats taken as the accumulator layout gives
  *           them (p = value / P_SCALE carries the value exactly), v one tile of Vt as
  *           fp8_vt_pack (cl/fp8_vt_pack.cl) writes it (VT_ROWS rows of BLOCK_N bytes; the test runs that pass on
- *           v [nk][HEAD_DIM] first), through copy_rows8, PACK_P and PV_TWO_LEVEL.
+ *           v [nk][HEAD_DIM] first), through copy_rows8, PACK_P and PV_ADD.
  * Outputs in the accumulator layout's places: row 16 warp + g (+8), column 8j + 2t (+1). */
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const uchar *v, __global const float *p,
@@ -538,7 +533,7 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
-        PV_TWO_LEVEL(acc, pf, s_base + VT_AT);
+        PV_ADD(acc, pf, s_base + VT_AT);
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j)
 #pragma unroll
