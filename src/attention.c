@@ -233,16 +233,39 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     return flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 
+#define FP8_VT_TILE 128 /* keys a tile of the FP8 forward, and of Vt's key order (cl/fp8_vt_pack.cl) */
+
 flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel) {
     char options[64];
     snprintf(options, sizeof options, "-cl-std=CL1.2 -DHEAD_DIM=%d", head_dim);
     return flashcl_get_kernel(ctx, "fp8_vt_pack.cl", "fp8_vt_pack", options, kernel);
 }
 
+cl_int flashcl_fp8_vt_pack_enqueue(flashcl_context *ctx, cl_kernel pack, cl_mem v, const flashcl_layout *vl,
+                                   int batch, int heads_k, int seqlen_k, cl_mem vt, int vt_keys, cl_event after,
+                                   cl_event *done) {
+    /* fp8_vt_pack(v, v:4, vt, nk, vt_keys) */
+    const cl_ulong ul[4] = {vl->offset, vl->stride_batch, vl->stride_seq, vl->stride_head};
+    const cl_int nk = seqlen_k, keys = vt_keys;
+    cl_uint a = 0;
+    cl_int err = clSetKernelArg(pack, a++, sizeof(cl_mem), &v);
+    for (int i = 0; i < 4; ++i)
+        err |= clSetKernelArg(pack, a++, sizeof(cl_ulong), &ul[i]);
+    err |= clSetKernelArg(pack, a++, sizeof(cl_mem), &vt);
+    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &nk);
+    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &keys);
+    if (err != CL_SUCCESS)
+        return err;
+    /* A work-group of 128 a tile of keys. */
+    const size_t local[3] = {128, 1, 1},
+                 global[3] = {(size_t)(vt_keys / FP8_VT_TILE) * 128, (size_t)heads_k, (size_t)batch};
+    return clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, after ? 1 : 0, after ? &after : NULL,
+                                  done);
+}
+
 /* The nv-wgmma-fp8 forward's Vt (cl/fp8_vt_pack.cl):
  * keys a row (seqlen_k rounded up to the kernel's 128-key tiles), rows a
  * (batch, kv head) (head_dim rounded up to 64), and its bytes. */
-#define FP8_VT_TILE 128
 static size_t fp8_vt_shape(const flashcl_attention_desc *r, int *keys, int *rows) {
     *keys = (r->seqlen_k + FP8_VT_TILE - 1) / FP8_VT_TILE * FP8_VT_TILE;
     *rows = (r->head_dim + 63) / 64 * 64;
@@ -385,26 +408,12 @@ static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc
         ctx->fp8_vt = m;
         ctx->fp8_vt_bytes = bytes;
     }
-    /* fp8_vt_pack(v, v:4, vt, nk, vt_keys) */
-    const cl_ulong vl[4] = {r->v.offset, r->v.stride_batch, r->v.stride_seq, r->v.stride_head};
-    const cl_int nk = r->seqlen_k, vt_keys = keys;
-    cl_uint i = 0;
-    err = clSetKernelArg(pack, i++, sizeof(cl_mem), &v);
-    for (int j = 0; j < 4; ++j)
-        err |= clSetKernelArg(pack, i++, sizeof(cl_ulong), &vl[j]);
-    err |= clSetKernelArg(pack, i++, sizeof(cl_mem), &ctx->fp8_vt);
-    err |= clSetKernelArg(pack, i++, sizeof(cl_int), &nk);
-    err |= clSetKernelArg(pack, i++, sizeof(cl_int), &vt_keys);
-    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt);
+    const cl_int vt_keys = keys;
+    err = clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt);
     err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &vt_keys);
-    if (err == CL_SUCCESS) {
-        /* A work-group of 128 a tile of keys. */
-        const size_t local[3] = {128, 1, 1},
-                     global[3] = {(size_t)(keys / FP8_VT_TILE) * 128, (size_t)r->heads_k, (size_t)r->batch};
-        cl_event after = ctx->fp8_vt_reader;
-        err = clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, after ? 1 : 0,
-                                     after ? &after : NULL, packed);
-    }
+    if (err == CL_SUCCESS)
+        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, v, &r->v, r->batch, r->heads_k, r->seqlen_k, ctx->fp8_vt, keys,
+                                          ctx->fp8_vt_reader, packed);
     if (err != CL_SUCCESS)
         flashcl_fail(ctx, err, "launching the FP8 forward's V transpose (fp8_vt_pack): %s",
                      flashcl_status_string(err));

@@ -258,6 +258,12 @@ int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_atte
 /* cl/fp8_vt_pack.cl's kernel for head_dim (attention.c): FP8 V transposed as
  * the nv-wgmma-fp8 forward reads it; plain OpenCL C, built on any device. */
 flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel);
+/* That kernel enqueued: v (layout vl, batch x heads_k x seqlen_k keys) into
+ * vt, whose rows hold vt_keys keys (seqlen_k rounded up to 128), after the
+ * event `after` (may be NULL); *done (may be NULL) gets the pass's event. */
+cl_int flashcl_fp8_vt_pack_enqueue(flashcl_context *ctx, cl_kernel pack, cl_mem v, const flashcl_layout *vl,
+                                   int batch, int heads_k, int seqlen_k, cl_mem vt, int vt_keys, cl_event after,
+                                   cl_event *done);
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);

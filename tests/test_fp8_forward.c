@@ -598,7 +598,7 @@ static void device_decode(flashcl_context *dev) {
  * Strided V (16-byte aligned rows with gaps), lengths off the 128-key tile,
  * head dims 32, 80, 128; the output poisoned, every byte of it checked
  * (zeros past the keys and past head_dim included) and the bytes after it
- * untouched. */
+ * untouched. Launched as the library launches it (flashcl_fp8_vt_pack_enqueue). */
 static void vt_pack(flashcl_context *ctx, uint64_t seed) {
     static const int shapes[][4] = {{2, 3, 300, 80}, {1, 2, 128, 128}, {1, 1, 77, 32}}; /* B, Hk, nk, D */
     flashcl_ref_rng rng;
@@ -629,21 +629,10 @@ static void vt_pack(flashcl_context *ctx, uint64_t seed) {
         cl_int err = flashcl_fp8_vt_pack_kernel(ctx, D, &pack) == FLASHCL_SUCCESS ? CL_SUCCESS : CL_BUILD_PROGRAM_FAILURE;
         cl_mem bv = test_upload(ctx, v, span), bo = test_upload(ctx, NULL, out_n + guard);
         const unsigned char poison = 0x7f;
-        const cl_ulong ul[4] = {l.offset, l.stride_batch, l.stride_seq, l.stride_head};
-        const cl_int nk = N, vt_keys = keys;
-        cl_uint a = 0;
-        if (err == CL_SUCCESS) {
-            err = clSetKernelArg(pack, a++, sizeof(cl_mem), &bv);
-            for (int i = 0; i < 4; ++i)
-                err |= clSetKernelArg(pack, a++, sizeof(cl_ulong), &ul[i]);
-            err |= clSetKernelArg(pack, a++, sizeof(cl_mem), &bo);
-            err |= clSetKernelArg(pack, a++, sizeof(cl_int), &nk);
-            err |= clSetKernelArg(pack, a++, sizeof(cl_int), &vt_keys);
-            err |= clEnqueueFillBuffer(ctx->queue, bo, &poison, 1, 0, out_n + guard, 0, NULL, NULL);
-            const size_t global[3] = {(size_t)keys, (size_t)H, (size_t)B}, local[3] = {128, 1, 1};
-            if (err == CL_SUCCESS)
-                err = clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, 0, NULL, NULL);
-        }
+        if (err == CL_SUCCESS)
+            err = clEnqueueFillBuffer(ctx->queue, bo, &poison, 1, 0, out_n + guard, 0, NULL, NULL);
+        if (err == CL_SUCCESS)
+            err = flashcl_fp8_vt_pack_enqueue(ctx, pack, bv, &l, B, H, N, bo, keys, NULL, NULL);
         memset(got, 0x5a, out_n + guard);
         if (err == CL_SUCCESS)
             test_download(ctx, bo, got, out_n + guard);

@@ -56,20 +56,11 @@ static void fill_small8(flashcl_ref_rng *rng, flashcl_dtype f, unsigned char *b,
 static cl_int vt_pack_run(flashcl_context *ctx, cl_kernel pack, const unsigned char *v, int d, int nk, cl_mem vt,
                           int vt_rows) {
     cl_mem vb = test_upload(ctx, v, (size_t)128 * d);
-    const cl_ulong layout[4] = {0, (cl_ulong)128 * d, (cl_ulong)d, (cl_ulong)128 * d}; /* off, batch, seq, head */
-    const cl_int keys = 128;
+    const flashcl_layout layout = {0, (size_t)128 * d, (size_t)d, (size_t)128 * d}; /* offset, batch, seq, head */
     const unsigned char poison = 0x7f; /* a NaN code in both formats */
-    cl_uint a = 0;
-    cl_int err = clSetKernelArg(pack, a++, sizeof(cl_mem), &vb);
-    for (int i = 0; i < 4; ++i)
-        err |= clSetKernelArg(pack, a++, sizeof(cl_ulong), &layout[i]);
-    err |= clSetKernelArg(pack, a++, sizeof(cl_mem), &vt);
-    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &nk);
-    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &keys);
-    err |= clEnqueueFillBuffer(ctx->queue, vt, &poison, 1, 0, (size_t)vt_rows * 128, 0, NULL, NULL);
-    const size_t global[3] = {128, 1, 1}, local[3] = {128, 1, 1};
+    cl_int err = clEnqueueFillBuffer(ctx->queue, vt, &poison, 1, 0, (size_t)vt_rows * 128, 0, NULL, NULL);
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, 0, NULL, NULL);
+        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, vb, &layout, 1, 1, nk, vt, 128, NULL, NULL);
     if (err == CL_SUCCESS)
         err = clFinish(ctx->queue);
     clReleaseMemObject(vb);
