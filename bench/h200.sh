@@ -94,6 +94,15 @@ sass_of() {
   /usr/local/cuda/bin/ptxas -arch=sm_90a -v "$1" -o "${1%.ptx}.cubin" 2>&1 | grep -o 'Used [0-9]* registers'
   /usr/local/cuda/bin/cuobjdump -sass "${1%.ptx}.cubin" > "${1%.ptx}.sass"
 }
+# fp8_accuracy_wgmma: FA3's accuracy experiment (bench/fp8_accuracy.c, out f16) on nv-wgmma-fp8,
+# into $out/fp8-accuracy-wgmma.txt; bounded, for the modes that must fit one 600-second call.
+fp8_accuracy_wgmma() {
+  echo "== FA3's accuracy experiment on nv-wgmma-fp8 (out f16)"
+  gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c host_ref/ref_fp8.c \
+    -Lbuild-gpu -lflashcl -Wl,-rpath,"$PWD/build-gpu" -lOpenCL -lm -o build-gpu/fp8_accuracy &&
+    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 120 ./build-gpu/fp8_accuracy --device nvidia --out f16 2>&1 |
+    tee "$out/fp8-accuracy-wgmma.txt"
+}
 # ptx_from_cache DIR ENTRY: the PTX of every program in the kernel cache DIR that holds a kernel
 # named ENTRY..., unmasked and retargeted to sm_90a as src/program.c does, as DIR/fwdN.ptx.
 ptx_from_cache() {
@@ -379,11 +388,7 @@ if [ "$what" = fp8-kernel ]; then
     FLASHCL_BUILD_OPTIONS=-DPV_CHAINED=1 gpu_test test_fp8_forward pv-chained
     grep -E "32768" "$out/test_fp8_forward.log" "$out/test_fp8_forward-pv-chained.log" | head -6
     time_fp8_wgmma compare-fp8
-    echo "== FA3's accuracy experiment on nv-wgmma-fp8 (out f16)"
-    gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c host_ref/ref_fp8.c \
-      -Lbuild-gpu -lflashcl -Wl,-rpath,"$PWD/build-gpu" -lOpenCL -lm -o build-gpu/fp8_accuracy &&
-      FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 60 ./build-gpu/fp8_accuracy --device nvidia --out f16 2>&1 |
-      tee "$out/fp8-accuracy-wgmma.txt"
+    fp8_accuracy_wgmma
   else
     FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap
     FLASHCL_BUILD_OPTIONS="-DOVERLAP=1 -DEX2_FMA_EVERY=2" gpu_test test_fp8_forward overlap-ex2-fma
@@ -446,11 +451,7 @@ if [ "$what" = fp8 ]; then
   # The FP8 warpgroup-MMA kernel is opt-in until test_fp8_forward (above) has passed its cases here.
   [ $fp8_ok = 1 ] || { echo "test_fp8_forward failed: nv-wgmma-fp8 not timed"; exit 0; }
   time_fp8_wgmma compare-fp8
-  echo "== FA3's accuracy experiment on nv-wgmma-fp8 (out f16)"
-  gcc -O2 -std=c11 -Iinclude -Ihost_ref bench/fp8_accuracy.c host_ref/flashcl_ref.c host_ref/ref_fp8.c \
-    -Lbuild-gpu -lflashcl -Wl,-rpath,"$PWD/build-gpu" -lOpenCL -lm -o build-gpu/fp8_accuracy &&
-    FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 ./build-gpu/fp8_accuracy --device nvidia --out f16 2>&1 |
-    tee "$out/fp8-accuracy-wgmma.txt"
+  fp8_accuracy_wgmma
   exit 0
 fi
 if [ "$what" = decode ]; then
