@@ -480,13 +480,13 @@ inline float ex2(float x) {
         }                                                                                          \
     } while (0)
 
-/* One row (h: g or g + 8) of the step: declares alpha_ (the rescale factor). */
 /* The exponent of score block j (an n8 fragment, a compile-time index):
  * ex2 on the SFU, unless a kernel sends some blocks to ex2_fma (cl/common.cl)
  * by defining EX2_SCORE itself. */
 #ifndef EX2_SCORE
 #define EX2_SCORE(x, j) ex2(x)
 #endif
+/* One row (h: g or g + 8) of the step: declares alpha_ (the rescale factor). */
 #define SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h, alpha_)                                        \
     float mx_ = -INFINITY;                                                                         \
     _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx_ =                                     \

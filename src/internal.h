@@ -125,7 +125,7 @@ struct flashcl_context {
     size_t fp8_scales_bytes;
     cl_event fp8_scales_reader;
     /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
-     * cl/flash_fwd_sm90_fp8.cl; grown, kept); fp8_vt_reader, the last forward
+     * cl/fp8_vt_pack.cl; grown, kept); fp8_vt_reader, the last forward
      * that read it, which the next call's transpose waits for. */
     cl_mem fp8_vt;
     size_t fp8_vt_bytes;
