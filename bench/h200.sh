@@ -169,7 +169,8 @@ if [ "$what" = study ]; then
     WG=128,ROWS=64,STAGES=8 WG=128,ROWS=32,STAGES=8,OWN_REGS=1"}
   configs128=${STUDY_CONFIGS:-"WG=128,ROWS=16,STAGES=2 WG=128,ROWS=32,STAGES=2 WG=128,ROWS=32,STAGES=3
     WG=256,ROWS=16,STAGES=2 WG=128,ROWS=64,STAGES=2 WG=128,ROWS=32,STAGES=4 WG=256,ROWS=32,STAGES=2
-    WG=256,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2"}
+    WG=256,ROWS=32,STAGES=4 WG=256,ROWS=64,STAGES=2 WG=128,ROWS=32,STAGES=2,OWN_REGS=1
+    WG=128,ROWS=16,STAGES=5,OWN_REGS=1 WG=128,ROWS=64,STAGES=2,OWN_REGS=1"}
   shapes=${STUDY_SHAPES:-4,32,4096,64}
   for shape in $shapes; do
     dims=${shape%,causal}; tag=study-${shape//,/-}; causal=; [ "$dims" != "$shape" ] && causal=--causal
@@ -205,7 +206,8 @@ if [ "$what" = optin ]; then
   if [ "${OPTIN_SKIP_TEST:-0}" = 1 ] || gpu_test "test_backward wgmma" optin; then
     for dims in ${OPTIN_SHAPES:-4,32,4096,64 4,32,4096,128}; do
       if [ "${dims##*,}" -gt 64 ]; then
-        list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ=atomic"}
+        list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32 VARIANT=nv-wgmma
+          VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=16,BLOCK_N=16,STAGES=5 VARIANT=nv-wgmma,DQ=atomic"}
       else
         list=${STUDY_BWD_PARAMS:-"VARIANT=nv-wgmma VARIANT=nv-wgmma,STAGES=3 VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,STAGES=4
           VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16 VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16,STAGES=3

@@ -270,7 +270,7 @@ static void set_tiled_launches(kernel *km, kernel *kd, const launch_env *e, int 
  *   MAXNREG the dK/dV kernel's register cap (.maxnreg; 0 none; when absent, flashcl's with one
  *           warpgroup, none with two: see study_options);
  *   OWN_REGS 1: the own block's A fragments held in registers, its __local taken by the stages
- *           (issue 36's "K and V as register A operands"; head dims <= 64).
+ *           (issue 36's "K and V as register A operands").
  * The dK/dV sum over rows and dQ's over keys run in the same k16 order whatever the tile, so the
  * gradients are expected bitwise equal to flashcl's; compare_close's tolerance still lets a different
  * order pass, and says which it was. */

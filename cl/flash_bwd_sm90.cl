@@ -59,7 +59,12 @@
  * the gradient products are one m64n64 wgmma a panel, and the score products
  * read the own block's K and V (Q and dO) from __local (SS: held A fragments
  * would add 64 registers to dK's and dV's 128). In 48 KB that leaves one
- * stage of 16-row tiles: 32 KB of own block, 8 KB of pair (42 KB).
+ * stage of 16-row tiles: 32 KB of own block, 8 KB of pair (42 KB). With
+ * OWN_REGS (below) the fragments are held after all, and the own block's
+ * 32 KB take two stages of 32-row tiles: bench/ptx_harness.c's study measured
+ * wider tiles as what pays at this head dim (16 -> 32 rows, two stages:
+ * 158 -> 211 TFLOP/s, in 49 and 65 KB). ptxas 13.0 on clang's PTX: 255
+ * registers (dK/dV) and 198 (dQ), no spill, no serialisation.
  *
  * On request (FLASHCL_BWD_PARAMS, src/params_backward.c; tested on the H200,
  * none faster than the defaults by more than 2 %), within 48 KB, and for
@@ -111,11 +116,11 @@
 #ifndef SMEM_DYNAMIC
 #define SMEM_DYNAMIC 0
 #endif
-/* OWN_REGS (bench/ptx_harness.c's study, issue 36's idea; one panel, not
- * with DQ_ATOMIC): the own block's A fragments (K and V, or Q and dO) are
- * read into registers once, kept live past the loop by WG_KEEP_A, and the
- * streamed stages reuse the own block's __local: 16-32 KB freed for deeper
- * Q/dO (K/V) stages, for 32 more registers a work-item. */
+/* OWN_REGS (issue 36's idea; not with DQ_ATOMIC): the own block's A
+ * fragments (K and V, or Q and dO) are read into registers once, kept live
+ * past the loop by WG_KEEP_A, and the streamed stages reuse the own block's
+ * __local: 16-32 KB freed for deeper or wider Q/dO (K/V) stages, for 32 more
+ * registers a work-item a panel. */
 #ifndef OWN_REGS
 #define OWN_REGS 0
 #endif
@@ -138,8 +143,8 @@
 #if DQ_ATOMIC && BWD_KERNEL != 2
 #error "DQ_ATOMIC is the dK/dV kernel's"
 #endif
-#if OWN_REGS && (PANELS > 1 || DQ_ATOMIC)
-#error "OWN_REGS holds one panel's fragments, and DQ_ATOMIC reads K from __local"
+#if OWN_REGS && DQ_ATOMIC
+#error "OWN_REGS: DQ_ATOMIC reads K from __local"
 #endif
 #define STAGE_BYTES (2 * T_BYTES)
 #define STAGE_AT(st) ((uint)OWN_AREA + (uint)(st)*STAGE_BYTES) /* bytes: stage st's pair */
@@ -281,8 +286,8 @@
  * dP^T in the dK/dV kernel, S and dP in the dQ pass. At one panel X and Z
  * are A fragments (ldmatrix, reloaded every tile); at two, 64 registers of
  * them would join the 128 of dK and dV (at most 255), so the wgmma read X
- * and Z from __local themselves (SS). */
-#if PANELS > 1
+ * and Z from __local themselves (SS), unless OWN_REGS holds them. */
+#if PANELS > 1 && !OWN_REGS
 #define SCORES_A_FRAGS(x, z) /* none: the wgmma read X and Z */
 #define CHAIN_S(acc, f, x, y)                                                                      \
     _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk) {                                       \

@@ -4,7 +4,7 @@
 Written to review f17e189 (head dims 65..128, two warpgroups, 16-row tiles) before any GPU run: the
 kernels' eight products over D 40/64/96/128, TROWS 16/32/64, WG 128/256, stage bases up to 256 KB,
 compared exactly with numpy. MUT=<name> plants one known error (see the code) to show the model
-catches it. Run: python3 scripts/wgmma_bwd_layout_model.py (about 35 s).
+catches it. Run: python3 scripts/wgmma_bwd_layout_model.py (about 45 s).
 
 Layout: SW128_OFFSET (common_nv.cl:112) / TMA SWIZZLE_128B (boxes {64, TROWS}, one a panel).
 Descriptors: sw128_desc (common_nv.cl:120) encoded, then decoded the way the hardware reads them
@@ -20,6 +20,11 @@ and DQ_ADD (warpgroup 0 only: dQ^T = K^T dS^T, WGMMA_SS_NT with A = K^T M-major 
 the own K tile, B = dS^T K-major via B_K_MAJOR of the dS tile, k over the OWN keys; then one red
 per dQ element from the accumulator fragments), summed dQ compared with dS @ K
 (DQA_DIMS: its head dims, 64,40,128,96 by default; 128 and 96 take DQ_ADD once a 64-dim panel). Its MUTs: ds_warp, ds_nrows, dqa_allwg, dqa_kmajor.
+
+OWN_REGS (added 2026-12-05 for head dims 65..128): the own block's A fragments read by ldmatrix.x4
+(SW128_A_FRAGS) into registers, the own block's __local then poisoned and taken by the stages
+(OWN_AREA 0), the score products from those registers; every configuration that fits 48 KB.
+Its MUT: ldsm_chunk (both halves of a k-step from one 16-byte chunk).
 """
 import itertools, sys
 import numpy as np, os
@@ -195,7 +200,21 @@ def dq_add(sm, k_own, ds_tile, D, TROWS, OWN, PANELS, dq, reds):
                 reds[row, d] += 1
 
 
-def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
+def ldsm_a_frags(sm, tile, nrows, k_steps, warp0):
+    """SW128_A_FRAGS (OWN_REGS): each warp's ldmatrix.x4 of its 16 rows, k-step kk at chunks
+    2kk, 2kk+1; lane l gives the address of row 16 warp + l%16, chunk 2kk + l/16, and matrix i
+    (lanes 8i..8i+7's rows) lands in register i of every lane: row l/4, halves 2(l%4), +1."""
+    a = np.zeros((4, 32, k_steps, 4, 2))
+    for w, lane, kk, i in itertools.product(range(4), range(32), range(k_steps), range(4)):
+        src = 8 * i + lane // 4  # the lane whose address row the matrix's row comes from
+        r = 16 * (warp0 + w) + src % 16
+        c = 2 * kk + (src // 16 if MUT != 'ldsm_chunk' else 0)
+        at = tile + sw128_offset(r, c, nrows) + 4 * (lane % 4)
+        a[w, lane, kk, i] = (sm.rd(at), sm.rd(at + 2))
+    return a
+
+
+def run(D, TROWS, WG, s_base, stage, stages, kernel, rng, own_regs=False):
     dqa = kernel == "dqa"  # the dK/dV kernel with DQ_ATOMIC
     kernel = "dkdv" if dqa else kernel
     PANELS = (D + 63) // 64
@@ -213,9 +232,14 @@ def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
     x_own, z_own = s_base, s_base + OWN_BYTES
     sm.put_tile(x_own, X, OWN, PANELS)     # COPY_TILE(0u, ...)
     sm.put_tile(z_own, Z, OWN, PANELS)     # COPY_TILE(OWN_BYTES, ...)
-    y_tile = s_base + 2 * OWN_BYTES + stage * STAGE_BYTES
+    own_area = 0 if own_regs else 2 * OWN_BYTES  # OWN_AREA: with OWN_REGS the stages take the own block's bytes
+    if own_regs:  # OWN_FRAGS_HELD: every warpgroup's fragments, then the block's __local is free
+        held = [(ldsm_a_frags(sm, x_own, OWN, K_STEPS, 4 * wgi), ldsm_a_frags(sm, z_own, OWN, K_STEPS, 4 * wgi))
+                for wgi in range(WG // 128)]
+        sm.m[s_base // 2:(s_base + 2 * OWN_BYTES) // 2] = np.nan  # a later read of the own block fails
+    y_tile = s_base + own_area + stage * STAGE_BYTES
     w_tile = y_tile + T_BYTES
-    assert w_tile + T_BYTES <= s_base + 2 * OWN_BYTES + stages * STAGE_BYTES
+    assert w_tile + T_BYTES <= s_base + own_area + stages * STAGE_BYTES
     if stage % 2:  # alternate the two fill paths
         sm.put_tile(y_tile, Y, TROWS, PANELS)
         sm.put_tile(w_tile, W, TROWS, PANELS)
@@ -248,8 +272,18 @@ def run(D, TROWS, WG, s_base, stage, stages, kernel, rng):
                 acc = (acc if kk else 0) + A @ B.T
             return acc
 
-        s = chain_ss_xyt(x_own, y_tile)
-        dp = chain_ss_xyt(z_own, w_tile)
+        def chain_rs_xyt(a, y):  # CHAIN_XYT with held fragments: m64 n TROWS k16, B K-major
+            acc = np.zeros((64, TROWS))
+            for kk in range(K_STEPS):
+                acc = (acc if kk else 0) + a_regs_to_matrix(a, kk) @ sm.kmajor(B_K_MAJOR(y, kk), TROWS).T
+            return acc
+
+        if own_regs:
+            s = chain_rs_xyt(held[wgi][0], y_tile)
+            dp = chain_rs_xyt(held[wgi][1], w_tile)
+        else:
+            s = chain_ss_xyt(x_own, y_tile)
+            dp = chain_ss_xyt(z_own, w_tile)
         for name, got, want in (("S(T)=X Y^T", s, X[rows] @ Y.T), ("dP(T)=Z W^T", dp, Z[rows] @ W.T)):
             if not np.array_equal(got, want):
                 bad = np.argwhere(got != want)
@@ -337,6 +371,26 @@ def main():
                 f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng)
                 total += 1
                 tag = "%s D=%d TROWS=%d WG=%d base=%#x stage=%d/%d" % (kernel, D, TROWS, WG, s_base, stage, stages)
+                if f:
+                    bad += 1
+                    print("FAIL", tag, *f, sep="\n  ")
+                else:
+                    print("ok  ", tag)
+    # OWN_REGS (one warpgroup; WG 256 too at one panel): the own block's fragments by ldmatrix,
+    # then the stages over its bytes
+    for kernel, D, TROWS, WG in itertools.product(("dkdv", "dq"), (128, 96, 64, 40), (16, 32, 64), (128, 256)):
+        PANELS = (D + 63) // 64
+        OWN_BYTES = (WG // 2) * 128 * PANELS
+        STAGE_BYTES = 2 * TROWS * 128 * PANELS
+        if max(2 * OWN_BYTES, 2 * STAGE_BYTES) > 48 * 1024:  # the library's limit
+            continue
+        stages = max(1, min(8, 2 * OWN_BYTES // STAGE_BYTES))
+        for s_base in (0, 1024 * 7):
+            for stage in sorted({0, stages - 1}):
+                f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng, own_regs=True)
+                total += 1
+                tag = "%s OWN_REGS D=%d TROWS=%d WG=%d base=%#x stage=%d/%d" % (kernel, D, TROWS, WG, s_base,
+                                                                               stage, stages)
                 if f:
                     bad += 1
                     print("FAIL", tag, *f, sep="\n  ")

@@ -39,7 +39,8 @@
  *     fit 48 KB), within 48 KB; the cp.async kernels built beside them, which
  *     run where a tensor map does not encode, keep their own; OWN_REGS=1
  *     its K and V (Q and dO) fragments held in registers, their __local
- *     taken by the stages (head_dim <= 64, not with DQ=atomic).
+ *     taken by the stages (not with DQ=atomic; at head_dim 65..128 the
+ *     only way past one stage of 16-row tiles: two stages of 32 rows in 34 KB).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -262,9 +263,9 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (stages && (variant != FLASHCL_BWD_NV_WGMMA || stages < 2 || stages > 8))
         snprintf(why, n, "STAGES is the nv-wgmma backward's TMA pipeline depth, 2..8 (not %d with %s)", stages,
                  variant == FLASHCL_BWD_NV_WGMMA ? "nv-wgmma" : "another variant");
-    else if (own_regs && (variant != FLASHCL_BWD_NV_WGMMA || d->head_dim > 64 || dq_atomic == 1))
-        snprintf(why, n, "OWN_REGS holds the nv-wgmma backward's K and V (Q and dO) fragments in registers at "
-                 "head_dim <= 64, without DQ=atomic (which reads K from local memory)");
+    else if (own_regs && (variant != FLASHCL_BWD_NV_WGMMA || dq_atomic == 1))
+        snprintf(why, n, "OWN_REGS holds the nv-wgmma backward's K and V (Q and dO) fragments in registers, "
+                 "without DQ=atomic (which reads K from local memory)");
     else if (variant == FLASHCL_BWD_NV_WGMMA && stages && dq_atomic == 1)
         snprintf(why, n, "STAGES sets the nv-wgmma backward's TMA stages, which DQ=atomic does not take");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)

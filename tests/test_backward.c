@@ -644,6 +644,11 @@ static void wgmma(flashcl_context *ctx) {
         {128, "VARIANT=nv-wgmma"},
         {96, "VARIANT=nv-wgmma"},
         {80, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16"},    /* padded to two panels */
+        /* ... with K and V (Q and dO) held as register A operands (OWN_REGS): the own block's 32 KB
+         * taken by two stages of 32-row tiles, or five of 16 rows */
+        {128, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
+        {96, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
+        {112, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=16,BLOCK_N=16,STAGES=5"},
     };
     for (int i = 0; i < COUNT(configs); ++i)
         run_config_shapes(ctx, i, configs[i].d, configs[i].env);
@@ -655,6 +660,7 @@ static void wgmma(flashcl_context *ctx) {
     run_config_shapes(ctx, 1, 40, env);
     run_config_shapes(ctx, 2, 59, "VARIANT=nv-wgmma,DQ=atomic");
     run_config_shapes(ctx, 3, 64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16");
+    run_config_shapes(ctx, 4, 128, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32");
     unsetenv("FLASHCL_TMA");
     test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
     run_with(ctx, &tc, 0, env);

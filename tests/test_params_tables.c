@@ -212,6 +212,15 @@ static void test_backward_levels(void) {
            "FLASHCL_BWD_PARAMS OWN_REGS=1: four stages of 32 rows, or two of 64 (which without it take one); "
            "no register cap",
            &failures);
+    /* ... and at D=128 (two panels): 64 registers of fragments beside dK's and dV's 128, and the
+     * own block's 32 KB for two stages of 32-row tiles (one of 16 rows without it). */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32", 0, &c) ==
+                   FLASHCL_SUCCESS && c.nv_own_regs == 1 && c.block_m == 32 && c.nv_max_registers == 0 &&
+               flashcl_backward_wgmma_stages(32, 128, 128, 1) == 2 && flashcl_backward_wgmma_stages(32, 128, 128, 0) == 1,
+           "FLASHCL_BWD_PARAMS OWN_REGS=1 at D=128: two stages of 32-row tiles", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 96, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=16,BLOCK_N=16,STAGES=5",
+                              0, &c) == FLASHCL_SUCCESS && c.nv_stages == 5,
+           "... or five of 16 rows at D=96 (41 KB)", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,MAXNREG=200", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_max_registers == 200,
            "... unless MAXNREG gives one", &failures);
@@ -292,9 +301,11 @@ static void test_backward_levels(void) {
                    {FLASHCL_FLOAT16, 64, "STAGES=4", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "OWN_REGS=1,STAGES=6", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "OWN_REGS=1,DQ=atomic", "without DQ=atomic"},
-                   {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16,OWN_REGS=1", "head_dim <= 64"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=32,OWN_REGS=1,STAGES=3",
+                    "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=32,STAGES=2", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "OWN_REGS=2", "OWN_REGS is 1"},
-                   {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,OWN_REGS=1", "head_dim <= 64"},
+                   {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,OWN_REGS=1", "OWN_REGS holds the nv-wgmma"},
                    {FLASHCL_FLOAT16, 64, "STAGES=1", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=9", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=3,DQ=atomic", "DQ=atomic does not take"},
