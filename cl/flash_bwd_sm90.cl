@@ -34,11 +34,12 @@
  * Every product is m64nNk16 with A from registers (N: a streamed tile's rows
  * for the scores, 64 head dims for the gradients); A fragments of K, V (or Q,
  * dO) are read from __local again before every tile, as the forward does
- * with Q (flash_fwd_sm90.cl says why: held across tiles they went wrong).
+ * with Q (flash_fwd_sm90.cl says why: held across tiles they went wrong),
+ * unless OWN_REGS holds them (WG_KEEP_A keeps them; below).
  *
  * __local, 1024-byte aligned, every tile 128 bytes a row in common_nv.cl's SW128
  * layout (head dims zero-padded to 64): the own 64 rows of K and V (Q and
- * dO), 16 KB, then the streamed pairs: two stages of 32-row tiles (the next
+ * dO), 16 KB a 64-dim panel (with OWN_REGS the stages start over it), then the streamed pairs: two stages of 32-row tiles (the next
  * pair lands during the current one; the table's choice, 34 KB), or one of
  * 64 rows, whose loads are issued once a buffer is free (in the dQ pass V's
  * after dP, K's after dQ += dS K); plus LSE and D_i of the dK/dV kernel's
@@ -63,8 +64,10 @@
  * OWN_REGS (below) the fragments are held after all, and the own block's
  * 32 KB take two stages of 32-row tiles: bench/ptx_harness.c's study measured
  * wider tiles as what pays at this head dim (16 -> 32 rows, two stages:
- * 158 -> 211 TFLOP/s, in 49 and 65 KB). ptxas 13.0 on clang's PTX: 255
- * registers (dK/dV) and 198 (dQ), no spill, no serialisation.
+ * 158 -> 211 TFLOP/s, in 49 and 65 KB). ptxas 13.0 on clang's PTX of the
+ * TMA builds: 255 registers (dK/dV) and 198 (dQ), no spill, no
+ * serialisation; the cp.async twins spill 16-56 bytes; 64-row tiles do not
+ * fit (112 bytes of spill, serialised wgmma), so the host refuses them.
  *
  * On request (FLASHCL_BWD_PARAMS, src/params_backward.c; tested on the H200,
  * none faster than the defaults by more than 2 %), within 48 KB, and for

@@ -4,9 +4,11 @@
 # innermost loop around it, the P V chain's A registers, and every instruction in that loop
 # that writes the S chain's A registers. With Q held in registers (Q_PER_TILE=0) any such
 # write is the fault: the next tile's S then reads whatever was written (P), not Q. With
-# Q_PER_TILE=1 the LDSM reloads at the loop's top are the expected writes. The last line is the
-# verdict: the writes, anywhere in the loop, of A registers that no LDSM reloads between the
-# loop's top and the S chain (0 where Q is held safely or reloaded every tile).
+# Q_PER_TILE=1 the LDSM reloads at the loop's top are the expected writes; so are LDL reloads of
+# fragments ptxas spilled (a capped build). The last line is the verdict: the writes, anywhere in
+# the loop, of A registers that no LDSM or LDL reloads between the loop's top and the S chain (0
+# where Q is held safely or reloaded every tile). The backward's score chains (RS, no tnspB) are
+# read the same way (flash_bwd_sm90.cl's OWN_REGS: K and V, or Q and dO, held).
 import re, sys
 lines = open(sys.argv[1]).read().splitlines()
 ins = []
@@ -60,11 +62,11 @@ for a, t in ins:
     w = set(range(d, d + width(mn)))
     if w & qa:
         n += 1
-        if mn.startswith('LDSM') and s_first is not None and a < s_first:
+        if mn.startswith(('LDSM', 'LDL')) and s_first is not None and a < s_first:
             reloaded |= w
         if n <= 8 or mn.startswith('LDSM'): print(f"  0x{a:04x} {t}")
         writes.append((a, w))
 print("writes of S A regs inside loop:", n)
 faults = sum(1 for a, w in writes if w & (qa - reloaded))
-print(f"verdict: {faults} writes in the loop of S-chain A registers that no LDSM reloads before the S chain"
+print(f"verdict: {faults} writes in the loop of S-chain A registers that no LDSM or LDL reloads before the S chain"
       + (" (the Q-register fault)" if faults else ""))

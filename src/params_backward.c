@@ -39,8 +39,9 @@
  *     fit 48 KB), within 48 KB; the cp.async kernels built beside them, which
  *     run where a tensor map does not encode, keep their own; OWN_REGS=1
  *     its K and V (Q and dO) fragments held in registers, their __local
- *     taken by the stages (not with DQ=atomic; at head_dim 65..128 the
- *     only way past one stage of 16-row tiles: two stages of 32 rows in 34 KB).
+ *     taken by the stages (not with DQ=atomic; at head_dim 65..128, where
+ *     without it one stage of 16-row tiles fits, 16- or 32-row tiles in up to
+ *     five or two stages).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -266,6 +267,9 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (own_regs && (variant != FLASHCL_BWD_NV_WGMMA || dq_atomic == 1))
         snprintf(why, n, "OWN_REGS holds the nv-wgmma backward's K and V (Q and dO) fragments in registers, "
                  "without DQ=atomic (which reads K from local memory)");
+    else if (own_regs && d->head_dim > 64 && (block_m == 64 || block_n == 64))
+        snprintf(why, n, "OWN_REGS at head_dim 65..128 takes 16- or 32-row tiles: with 64-row tiles the held "
+                 "fragments, dK and dV do not fit the registers (ptxas spills and serialises the wgmma)");
     else if (variant == FLASHCL_BWD_NV_WGMMA && stages && dq_atomic == 1)
         snprintf(why, n, "STAGES sets the nv-wgmma backward's TMA stages, which DQ=atomic does not take");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)
