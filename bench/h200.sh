@@ -263,6 +263,10 @@ if [ "$what" = pending ]; then
         FLASHCL_BWD_PARAMS=$([ "$params" = - ] || echo "$params") timeout 90 ./build-gpu/flashcl bench --backward \
           --device nvidia --dtype $dt --shape 4,32,4096,128 --shape 1,32,16384,128 --iters 10 2>&1 |
           grep -E " (full|causal) |rror" | tee -a "$out/pending-backward.txt"
+        # each kernel's time (the log's last lines: the timed calls), f16 only
+        [ $dt = f16 ] && FLASHCL_LOG=1 FLASHCL_PROFILE=1 FLASHCL_BWD_PARAMS=$([ "$params" = - ] || echo "$params") \
+          timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 --shape 4,32,4096,128 \
+          --no-causal --iters 3 2>&1 | grep "backward kernels:" | tail -n 2 | tee -a "$out/pending-backward.txt"
       done
     done
   fi
