@@ -71,6 +71,7 @@ case $what in
   profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness" ;;
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
+  pending) targets="--target flashcl_cli test_backward test_fp8_forward test_wgmma_layout" ;;
 esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
