@@ -2,8 +2,8 @@
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|study|optin|pending|setup]   (results also under $OUT when set)
-# pending: what was built without a GPU and waits for one, both issues in one call (the rebuilt FP8
-#         forward's tests and speed; the backward's tests and D=128 with K and V held).
+# pending: what was built without a GPU and waits for one, both issues in one call (the backward's
+#         tests, its tile stats by cp.async and D=128 with K and V held; the rebuilt FP8 forward).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
 #         backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -233,20 +233,55 @@ fi
 [ "$what" = setup ] && exit 0
 if [ "$what" = pending ]; then
   # The first call on a tree built without a GPU since the last run (2026-12-05), both open issues
-  # in one call of under 600 s, each timing only after its tests pass:
+  # in one call of under 600 s, each timing only after its tests pass and while time is left:
+  #   - issue 36: test_backward wgmma and mma (the tile stats by cp.async in both backward
+  #     kernels; the held K and V at head dims 96..128), then `flashcl bench --backward` at D=64
+  #     and 128 with the stats as before (-DNV_STATS_ASYNC=0) and as now, and at D=128 today's
+  #     nv-mma against OWN_REGS=1,BLOCK_M=32,BLOCK_N=32, f16 and bf16, with each kernel's time.
   #   - issue 35: test_wgmma_layout (the FP8 probe reads V through the transpose) and
   #     test_fp8_forward (the rebuilt nv-wgmma-fp8: Vt pre-pass, TMA, two-level P V); then its
-  #     TFLOP/s beside flashcl's f16 at the issue's three shapes, causal and not (`flashcl bench`:
-  #     events and wall clock). PyTorch, accuracy and the build options: `fp8-kernel`, PART=1 and 2.
-  #   - issue 36: test_backward wgmma (with the held K and V at head dims 96..128), then
-  #     `flashcl bench --backward` at D=128, f16 and bf16, today's nv-mma against
-  #     OWN_REGS=1,BLOCK_M=32,BLOCK_N=32 (docs/perf-notes.md, "Head dim 128 with K and V held").
-  GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-150}
+  #     TFLOP/s beside flashcl's f16 at the issue's three shapes, causal and not (`flashcl bench`).
+  #     PyTorch, accuracy and the build options: `fp8-kernel`, PART=1 and 2.
+  # bwd_bench LABEL "ENV..." ARGS...: one `flashcl bench --backward` under the given variables.
+  bwd_bench() {
+    local label=$1 vars=$2; shift 2
+    [ "$SECONDS" -gt "${PENDING_BUDGET:-500}" ] && { echo "== time budget reached before $label"; return 1; }
+    echo "== $label" | tee -a "$out/pending-backward.txt"
+    env $vars timeout 90 ./build-gpu/flashcl bench --backward --device nvidia "$@" 2>&1 |
+      grep -E " (full|causal) |rror|backward kernels:" | tail -n 6 | tee -a "$out/pending-backward.txt"
+  }
+  bwd_ok=1
+  GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-240} gpu_test "test_backward wgmma" pending || bwd_ok=0
+  GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-150} gpu_test "test_backward mma" pending || bwd_ok=0
+  if [ $bwd_ok = 1 ]; then
+    for d in 64 128; do
+      for o in -DNV_STATS_ASYNC=0 -; do
+        opt=$([ "$o" = - ] || echo "$o")
+        bwd_bench "D=$d f16, build options ${opt:-none}" "FLASHCL_BUILD_OPTIONS=$opt" \
+          --shape 4,32,4096,$d --iters 10 || break 2
+      done
+    done
+    for dt in f16 bf16; do
+      for params in - VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32; do
+        bwd_bench "D=128 $dt FLASHCL_BWD_PARAMS=$params" "FLASHCL_BWD_PARAMS=${params#-}" --dtype $dt \
+          --shape 4,32,4096,128 --shape 1,32,16384,128 --iters 10 || break 2
+      done
+    done
+    for params in - VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32; do # each kernel's time
+      bwd_bench "D=128 kernels, FLASHCL_BWD_PARAMS=$params" \
+        "FLASHCL_LOG=1 FLASHCL_PROFILE=1 FLASHCL_BWD_PARAMS=${params#-}" --shape 4,32,4096,128 --no-causal \
+        --iters 3 || break
+    done
+  else
+    echo "a backward test failed: the backward not timed"
+  fi
+  GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-120}
   fp8_ok=1
   gpu_test test_wgmma_layout || fp8_ok=0
   gpu_test test_fp8_forward || fp8_ok=0
   if [ $fp8_ok = 1 ]; then
     for v in nv-wgmma-fp8:e4m3 -:f16; do # each: both masks
+      [ "$SECONDS" -gt "${PENDING_BUDGET:-500}" ] && { echo "== time budget reached before ${v#*:}"; break; }
       echo "== ${v%%:*} ${v#*:}" | tee -a "$out/pending-fp8.txt"
       FLASHCL_PARAMS=$([ "${v%%:*}" = - ] || echo "VARIANT=${v%%:*}") timeout 90 ./build-gpu/flashcl bench \
         --device nvidia --dtype ${v#*:} --shape 4,32,4096,128 --shape 4,32,4096,64 --shape 1,32,16384,128 \
@@ -254,22 +289,6 @@ if [ "$what" = pending ]; then
     done
   else
     echo "test_wgmma_layout or test_fp8_forward failed: nv-wgmma-fp8 not timed"
-  fi
-  GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-280}
-  if gpu_test "test_backward wgmma" pending; then
-    for dt in f16 bf16; do
-      for params in - VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32; do
-        [ "$SECONDS" -gt 540 ] && { echo "== time budget reached before $params $dt"; break 2; }
-        echo "== FLASHCL_BWD_PARAMS=$params $dt" | tee -a "$out/pending-backward.txt"
-        FLASHCL_BWD_PARAMS=$([ "$params" = - ] || echo "$params") timeout 90 ./build-gpu/flashcl bench --backward \
-          --device nvidia --dtype $dt --shape 4,32,4096,128 --shape 1,32,16384,128 --iters 10 2>&1 |
-          grep -E " (full|causal) |rror" | tee -a "$out/pending-backward.txt"
-        # each kernel's time (the log's last lines: the timed calls), f16 only
-        [ $dt = f16 ] && FLASHCL_LOG=1 FLASHCL_PROFILE=1 FLASHCL_BWD_PARAMS=$([ "$params" = - ] || echo "$params") \
-          timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 --shape 4,32,4096,128 \
-          --no-causal --iters 3 2>&1 | grep "backward kernels:" | tail -n 2 | tee -a "$out/pending-backward.txt"
-      done
-    done
   fi
   exit 0
 fi

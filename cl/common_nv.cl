@@ -791,20 +791,57 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
     const int do_vec = ((ulong)dout % 16 == 0) && (dout_off % 8 == 0) && (dout_sb % 8 == 0) &&     \
                        (dout_ss % 8 == 0) && (dout_sh % 8 == 0)
 
-/* The LSE (log2 units; +inf where the row contributes nothing: past nq, or a
- * row that saw no key) and D_i of the BLOCK_M rows from m0_ of query head
- * hq_ into ts[0][r], ts[1][r] (a dK/dV tile's stats, in __local), by plain
- * loads: visible after the next barrier. */
+/* One float from src into dst: by a 4-byte cp.async, waited for by cp_wait()
+ * after the next cp.async.commit_group; or, without cp.async, a plain load.
+ * NV_STATS_ASYNC=0 (FLASHCL_BUILD_OPTIONS) takes the plain load always: the
+ * backward's tile stats as they were copied before 2026-12-05, for timing the
+ * two side by side. */
+#ifndef NV_STATS_ASYNC
+#define NV_STATS_ASYNC USE_CP_ASYNC
+#endif
+inline void nv_copy_f32(__local float *dst, __global const float *src) {
+#if NV_STATS_ASYNC
+    __asm__ __volatile__("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_addr(dst)), "l"((ulong)src)
+                         : "memory");
+#else
+    *dst = *src;
+#endif
+}
+
+/* An LSE as the backward's elementwise steps use it: log2 units, +inf where
+ * the row contributes nothing (-inf: past nq, or a row that saw no key). */
+inline float lse_log2(float l) {
+    return l == -INFINITY ? INFINITY : l * LOG2E;
+}
+
+/* The LSE and D_i of the BLOCK_M rows from m0_ of query head hq_ into
+ * ts[0][r], ts[1][r] (a dK/dV tile's stats, in __local), as stored: the LSE in
+ * natural-log units (NV_P_DS_T applies lse_log2), -inf and 0 past nq. By
+ * 4-byte cp.async, committed as a group and waited for with the tile's copies
+ * before the barrier that publishes them, so that no warp waits on these
+ * loads: the kernels issue them with the next tile's copies, where a plain
+ * load stalls its warp for the load's latency, and with it the warpgroup's
+ * next wgmma (or the work-group's next barrier), every tile. */
 #define NV_TILE_STATS(ts, m0_, hq_)                                                                \
     do {                                                                                           \
         const ulong row0_ = ((ulong)b * heads_q + (hq_)) * (ulong)nq;                              \
         for (int r_ = tid; r_ < BLOCK_M; r_ += WG) {                                               \
             const int i_ = (m0_) + r_;                                                             \
-            const float l_ = i_ < nq ? lse[lse_off + row0_ + i_] : -INFINITY;                      \
-            (ts)[0][r_] = l_ == -INFINITY ? INFINITY : l_ * LOG2E;                                 \
-            (ts)[1][r_] = i_ < nq ? scratch[di_off + row0_ + i_] : 0.0f;                           \
+            if (i_ < nq) {                                                                         \
+                nv_copy_f32(&(ts)[0][r_], lse + lse_off + row0_ + i_);                             \
+                nv_copy_f32(&(ts)[1][r_], scratch + di_off + row0_ + i_);                          \
+            } else {                                                                               \
+                (ts)[0][r_] = -INFINITY;                                                           \
+                (ts)[1][r_] = 0.0f;                                                                \
+            }                                                                                      \
         }                                                                                          \
+        NV_COMMIT_COPIES();                                                                        \
     } while (0)
+#if NV_STATS_ASYNC
+#define NV_COMMIT_COPIES() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
+#else
+#define NV_COMMIT_COPIES() do { } while (0)
+#endif
 
 /* A dK/dV warp's elementwise step: S^T in s and dP^T in dp (its 16 keys kw0..
  * x the BLOCK_M rows from m0; lane: keys g, g+8 x rows 8j+2t, +1) become P^T
@@ -813,7 +850,8 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
 #define NV_P_DS_T(s, dp, ts, m0, masked)                                                           \
     _Pragma("unroll") for (int j = 0; j < BLOCK_M / 8; ++j) {                                      \
         const int r = 8 * j + 2 * t;                                                               \
-        const float2 l2 = vload2(0, &(ts)[0][r]), di = vload2(0, &(ts)[1][r]);                     \
+        const float2 lr = vload2(0, &(ts)[0][r]), di = vload2(0, &(ts)[1][r]);                     \
+        const float2 l2 = (float2)(lse_log2(lr.x), lse_log2(lr.y));                                \
         _Pragma("unroll") for (int e = 0; e < 4; ++e) {                                            \
             float2 pd = p_and_ds((s)[j][e], (dp)[j][e], (e & 1) ? l2.y : l2.x, (e & 1) ? di.y : di.x, \
                                  scale, softcap);                                                  \
@@ -839,8 +877,7 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
     float lse2[2], di[2];                                                                          \
     _Pragma("unroll") for (int h = 0; h < 2; ++h) {                                                \
         const int i = w0 + g + 8 * h;                                                              \
-        const float l = i < nq ? lse[lse_off + row0 + i] : -INFINITY;                              \
-        lse2[h] = l == -INFINITY ? INFINITY : l * LOG2E;                                           \
+        lse2[h] = lse_log2(i < nq ? lse[lse_off + row0 + i] : -INFINITY);                          \
         di[h] = i < nq ? scratch[di_off + row0 + i] : 0.0f;                                        \
     }                                                                                              \
     const long2 rel = visible_rel(nq, nk, win_left, win_right);                                    \

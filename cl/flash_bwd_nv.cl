@@ -164,7 +164,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(
     NV_QDO_VEC;
 
     /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
-     * plain loads; LSE and D_i by plain loads, visible after the barrier). */
+     * plain loads; LSE and D_i by cp.async, NV_TILE_STATS). */
 #define ISSUE_TILE(it, st)                                                                         \
     do {                                                                                           \
         const int hq_ = hk * group + (it) / m_tiles;                                               \

@@ -65,7 +65,7 @@
  * 32 KB take two stages of 32-row tiles: bench/ptx_harness.c's study measured
  * wider tiles as what pays at this head dim (16 -> 32 rows, two stages:
  * 158 -> 211 TFLOP/s, in 49 and 65 KB). ptxas 13.0 on clang's PTX of the
- * TMA builds: 255 registers (dK/dV) and 198 (dQ), no spill, no
+ * TMA builds: 255 registers (dK/dV; 4 bytes of spill) and 198 (dQ), no
  * serialisation; the cp.async twins spill 16-56 bytes; 64-row tiles do not
  * fit (112 bytes of spill, serialised wgmma), so the host refuses them.
  *
@@ -457,7 +457,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 #if USE_TMA
     TMA_SETUP(q, q + q_off, dout, dout + dout_off);
     /* Issues the copies of tile `it` into stage `st` (Q, dO by TMA; LSE and
-     * D_i by plain loads, visible after the next barrier). */
+     * D_i by cp.async, NV_TILE_STATS: waited for with the others). */
 #define ISSUE_TILE(it, st)                                                                         \
     do {                                                                                           \
         const int hq_ = hk * group + (it) / m_tiles;                                               \
@@ -469,7 +469,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
     NV_QDO_VEC;
 
     /* Issues the copies of tile `it` into stage `st` (Q, dO by cp.async or
-     * plain loads; LSE and D_i by plain loads, visible after the next barrier). */
+     * plain loads; LSE and D_i by cp.async, NV_TILE_STATS). */
 #define ISSUE_TILE(it, st)                                                                         \
     do {                                                                                           \
         const int hq_ = hk * group + (it) / m_tiles;                                               \
