@@ -249,6 +249,7 @@ if [ "$what" = pending ]; then
     echo "== $label" | tee -a "$out/pending-backward.txt"
     env $vars timeout 90 ./build-gpu/flashcl bench --backward --device nvidia "$@" 2>&1 |
       grep -E " (full|causal) |rror|backward kernels:" | tail -n 6 | tee -a "$out/pending-backward.txt"
+    return 0 # only the budget stops the list (a failed run shows in its lines)
   }
   bwd_ok=1
   GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-240} gpu_test "test_backward wgmma" pending || bwd_ok=0

@@ -799,6 +799,9 @@ inline void store_two(__global ushort *row, int d, float x0, float x1, int pair)
 #ifndef NV_STATS_ASYNC
 #define NV_STATS_ASYNC USE_CP_ASYNC
 #endif
+#if NV_STATS_ASYNC && !USE_CP_ASYNC
+#error "NV_STATS_ASYNC needs USE_CP_ASYNC (cp_wait is what waits for its copies)"
+#endif
 inline void nv_copy_f32(__local float *dst, __global const float *src) {
 #if NV_STATS_ASYNC
     __asm__ __volatile__("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(shared_addr(dst)), "l"((ulong)src)

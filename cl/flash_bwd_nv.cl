@@ -141,7 +141,7 @@
 
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_nv(BWD_DKDV_ARGS) {
     __local ushort smem[DKDV_HALFS] __attribute__((aligned(16)));
-    /* per tile row: LSE in log2 units (+inf: the row contributes nothing), D_i */
+    /* per tile row: LSE as stored (-inf past nq; NV_P_DS_T applies lse_log2), D_i */
     __local float stats[Q_STAGES][2][BLOCK_M];
     (void)scratch;
 

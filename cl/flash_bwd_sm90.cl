@@ -52,8 +52,9 @@
  * tensor maps, for two stages of 32-row tiles) work-item 0 copies each
  * streamed pair by TMA, one box per tile counted on the stage's mbarrier,
  * as the forward does; the own block and the stats still come by cp.async
- * and plain loads. On the H200 (4,32,4096,64) f16 ran 166 / 155 TFLOP/s
- * (none / causal) so, against 148 / 132 with cp.async (BENCHMARKS.md).
+ * (the own block by plain loads where its rows are not 16-byte aligned). On
+ * the H200 (4,32,4096,64) f16 ran 166 / 155 TFLOP/s (none / causal) so,
+ * against 148 / 132 with cp.async (BENCHMARKS.md).
  *
  * Head dims 65..128 (PANELS 2): every tile holds two 128-byte panels (dims
  * 0-63, then 64-127), dK and dV (dQ) take 128 (64) registers a work-item,
@@ -436,7 +437,7 @@
 #endif
 __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm90(BWD_DKDV_ARGS DKDV_TMA_ARGS) {
     __local ushort smem_raw[TILES_ARRAY_BYTES / 2] __attribute__((aligned(1024)));
-    /* per row of a stage's tile: LSE in log2 units (+inf: the row contributes nothing), D_i */
+    /* per row of a stage's tile: LSE as stored (-inf past nq; NV_P_DS_T applies lse_log2), D_i */
     __local float stats[STAGES][2][BLOCK_M];
 
     const int tid = (int)get_local_id(0);
