@@ -192,15 +192,34 @@ typedef ushort kv_raw_t;
 
 /* Where a tile never crosses a page (pages a multiple of BLOCK_N tokens; a
  * tile starts at a multiple of BLOCK_N, slices at multiples of 32), the rows
- * of its keys follow from its first key's: one page-table read a tile
- * instead of one per key row a lane copies. TILE_ROW0 is that first row (0
- * where tiles may cross pages), TILE_ROW the row of key n of the tile at n0. */
+ * of its keys follow from its page's entry in the page table: one read a tile
+ * instead of one per key row a lane copies. Where a tile is two whole pages
+ * (FP8's 32-key tiles over 16-token pages), from its two pages' entries: two
+ * reads a tile (the second only where the slice reaches that page: the table
+ * may end before it) instead of one a load, each in the same tile as its
+ * load (2026-12-05). TILE_PAGE0 is that entry, or entries (tile_rows_t; 0
+ * where tiles may cross pages otherwise), read by the callers a tile ahead;
+ * TILE_ROWS turns them into the tile's first row (rows) where the loads use
+ * them, a tile later (the product right after the read would wait for it);
+ * TILE_ROW is the row of key n (<= s_hi) of the tile at n0 from those. */
 #if defined(PAGE_SIZE) && PAGE_SIZE && PAGE_SIZE % BLOCK_N == 0 && 32 % BLOCK_N == 0
-#define TILE_ROW0(n0, tables, k_base) key_row((n0), (tables), (k_base))
-#define TILE_ROW(n, n0, row0, tables, k_base) ((row0) + (uint)((n) - (n0)))
+typedef uint tile_rows_t;
+#define TILE_PAGE0(n0, s_hi, tables, k_base) ((uint)(tables)[(k_base) + (n0) / PAGE_SIZE])
+#define TILE_ROWS(page0, n0) ((page0) * PAGE_SIZE + (uint)((n0) % PAGE_SIZE))
+#define TILE_ROW(n, n0, rows, tables, k_base) ((rows) + (uint)((n) - (n0)))
+#elif defined(PAGE_SIZE) && PAGE_SIZE && BLOCK_N == 2 * PAGE_SIZE && 32 % BLOCK_N == 0
+typedef uint2 tile_rows_t;
+#define TILE_PAGE0(n0, s_hi, tables, k_base)                                                       \
+    ((uint2)((uint)(tables)[(k_base) + (n0) / PAGE_SIZE],                                          \
+             (n0) + PAGE_SIZE <= (s_hi) ? (uint)(tables)[(k_base) + (n0) / PAGE_SIZE + 1] : 0u))
+#define TILE_ROWS(page0, n0) ((page0) * (uint)PAGE_SIZE)
+#define TILE_ROW(n, n0, rows, tables, k_base)                                                      \
+    ((n) - (n0) < PAGE_SIZE ? (rows).x + (uint)((n) - (n0)) : (rows).y + (uint)((n) - (n0) - PAGE_SIZE))
 #else
-#define TILE_ROW0(n0, tables, k_base) 0u
-#define TILE_ROW(n, n0, row0, tables, k_base) key_row((n), (tables), (k_base))
+typedef uint tile_rows_t;
+#define TILE_PAGE0(n0, s_hi, tables, k_base) 0u
+#define TILE_ROWS(page0, n0) 0u
+#define TILE_ROW(n, n0, rows, tables, k_base) key_row((n), (tables), (k_base))
 #endif
 
 #if !HEAD_GROUP
@@ -217,13 +236,13 @@ inline void issue_tile(int tile, uint k_dst, uint v_dst, int s_lo, int s_hi, __g
     return;
 #endif
     const int n0 = s_lo + tile * BLOCK_N;
-    const uint row0 = TILE_ROW0(n0, tables, k_base);
+    const tile_rows_t rows0 = TILE_ROWS(TILE_PAGE0(n0, s_hi, tables, k_base), n0);
 #pragma unroll
     for (int it = 0; it < BLOCK_N * D_CHUNKS / 32; ++it) { /* a whole number: HEAD_DIM % 16 == 0 */
         const int i = lane + 32 * it, r = i / D_CHUNKS, c = i % D_CHUNKS;
         const int key = n0 + r;
         const int live = key <= s_hi;
-        const uint kr = TILE_ROW(live ? key : n0, n0, row0, tables, k_base);
+        const uint kr = TILE_ROW(live ? key : n0, n0, rows0, tables, k_base);
         const uint off = (uint)(r * PITCH + 8 * c) * 2u;
         const int bytes = live ? 16 : 0;
         __asm__ __volatile__(CP_ASYNC_16 " [%0], [%1], 16, %2;" ::"r"(k_dst + off),
@@ -289,14 +308,15 @@ inline uint4 chunk_or_zero(int live, __global const kv_raw_t *p) {
 
 /* This lane's 16-byte loads of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi:
  * zero), load i = lane + 32 * it at row i / ROW_LOADS, elements LOAD_ELEMS * (i % ROW_LOADS) on;
- * row0 is TILE_ROW0(n0, ...), read by the caller a tile ahead. */
-inline void load_lane_rows(uint4 *x, int n0, uint row0, int s_hi, __global const int *tables, int k_base,
+ * page0 is TILE_PAGE0(n0, ...), read by the caller a tile ahead. */
+inline void load_lane_rows(uint4 *x, int n0, tile_rows_t page0, int s_hi, __global const int *tables, int k_base,
                            __global const kv_raw_t *base, ulong ss, int lane) {
+    const tile_rows_t rows0 = TILE_ROWS(page0, n0);
 #pragma unroll
     for (int it = 0; it < LANE_LOADS; ++it) {
         const int i = lane + 32 * it, r = i / ROW_LOADS, c = i % ROW_LOADS, key = n0 + r;
         const int live = key <= s_hi;
-        x[it] = chunk16_or_zero(live, (__global const ushort *)(base + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables,
+        x[it] = chunk16_or_zero(live, (__global const ushort *)(base + (ulong)TILE_ROW(live ? key : n0, n0, rows0, tables,
                                                                                      k_base) * ss + LOAD_ELEMS * c));
     }
 }
@@ -465,19 +485,19 @@ paged_decode_nv(SERVING_ARGS,
 
 #if REG_COPY
     /* The first tile's loads go out before Q's: registers, not the __local Q passes through.
-     * row_next is the next tile's first row (where tiles stay in a page), read from the page
-     * table a tile ahead of its loads, so that they wait on no table read (H200: 0.4-0.5 %
-     * faster at batch 16, 2026-12-03, 75bc46b). */
+     * page_next is the next tile's page-table entry (or two: TILE_PAGE0), read a tile ahead
+     * of its loads, so that they wait on no table read (H200: 0.4-0.5 % faster at batch 16,
+     * 2026-12-03, 75bc46b). */
 #define TILE_N0(i) (s_lo + (warp + (i) * WARPS) * BLOCK_N)
     uint4 xk[LANE_LOADS], xv[LANE_LOADS];
-    uint row_next = 0;
+    tile_rows_t page_next = (tile_rows_t)(0u);
     if (my_tiles > 0) {
-        const uint row0 = TILE_ROW0(TILE_N0(0), tables, b.k_base);
-        load_lane_rows(xk, TILE_N0(0), row0, s_hi, tables, b.k_base, kb, k_ss, lane);
-        load_lane_rows(xv, TILE_N0(0), row0, s_hi, tables, b.k_base, vb, v_ss, lane);
+        const tile_rows_t page0 = TILE_PAGE0(TILE_N0(0), s_hi, tables, b.k_base);
+        load_lane_rows(xk, TILE_N0(0), page0, s_hi, tables, b.k_base, kb, k_ss, lane);
+        load_lane_rows(xv, TILE_N0(0), page0, s_hi, tables, b.k_base, vb, v_ss, lane);
     }
     if (my_tiles > 1)
-        row_next = TILE_ROW0(TILE_N0(1), tables, b.k_base);
+        page_next = TILE_PAGE0(TILE_N0(1), s_hi, tables, b.k_base);
 #endif
     /* Q rows -> __local (zero rows past the block) -> A fragments, once. */
     load_q(smem, (__global const ushort *)q, q_off, q_ss, q_sh, b.q_start, m0, nrows, group, hk);
@@ -508,11 +528,11 @@ paged_decode_nv(SERVING_ARGS,
         store_lane_rows(xk, warp_tiles, lane);
         store_lane_rows(xv, warp_tiles + TILE_HALFS, lane);
         if (more) {
-            load_lane_rows(xk, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, kb, k_ss, lane);
-            load_lane_rows(xv, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, vb, v_ss, lane);
+            load_lane_rows(xk, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, kb, k_ss, lane);
+            load_lane_rows(xv, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, vb, v_ss, lane);
         }
         if (i + 2 < my_tiles)
-            row_next = TILE_ROW0(TILE_N0(i + 2), tables, b.k_base);
+            page_next = TILE_PAGE0(TILE_N0(i + 2), s_hi, tables, b.k_base);
         WARP_SYNC();
 
 #undef TILE_N0
@@ -701,12 +721,13 @@ paged_decode_nv(SERVING_ARGS,
 #endif
 
 /* Chunks c = 4j + t of the rows of keys n0 + g and n0 + 8 + g (past s_hi: zero). */
-inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, uint row0, int s_hi, __global const int *tables, int k_base,
+inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, tile_rows_t page0, int s_hi, __global const int *tables, int k_base,
                          __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
+    const tile_rows_t rows0 = TILE_ROWS(page0, n0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
         const int key = n0 + 8 * h + g, live = key <= s_hi;
-        __global const kv_raw_t *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, row0, tables, k_base) * k_ss;
+        __global const kv_raw_t *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, rows0, tables, k_base) * k_ss;
 #pragma unroll
         for (int j = 0; j < HG_CHUNKS; ++j)
             x[h][j] = chunk_or_zero(live, row + 8 * (4 * j + t));
@@ -748,14 +769,14 @@ paged_decode_nv(SERVING_ARGS,
     /* The first tile's loads, then Q's row g (A's a0 and a2 words, per k-step). */
 #define TILE_N0(i) (s_lo + (sub + (i) * HG_WPH) * BLOCK_N)
     uint4 xk[2][HG_CHUNKS], xv[LANE_LOADS];
-    uint row_next = 0;
+    tile_rows_t page_next = (tile_rows_t)(0u);
     if (tiles > 0) {
-        const uint row0 = TILE_ROW0(TILE_N0(0), tables, b.k_base);
-        load_k_frags(xk, TILE_N0(0), row0, s_hi, tables, b.k_base, kb, k_ss, g, t);
-        load_lane_rows(xv, TILE_N0(0), row0, s_hi, tables, b.k_base, vb, v_ss, lane);
+        const tile_rows_t page0 = TILE_PAGE0(TILE_N0(0), s_hi, tables, b.k_base);
+        load_k_frags(xk, TILE_N0(0), page0, s_hi, tables, b.k_base, kb, k_ss, g, t);
+        load_lane_rows(xv, TILE_N0(0), page0, s_hi, tables, b.k_base, vb, v_ss, lane);
     }
     if (tiles > 1)
-        row_next = TILE_ROW0(TILE_N0(1), tables, b.k_base);
+        page_next = TILE_PAGE0(TILE_N0(1), s_hi, tables, b.k_base);
     uint qa[K_STEPS][2];
     {
         const int r = b.m0 + g;
@@ -798,11 +819,11 @@ paged_decode_nv(SERVING_ARGS,
             }
         const int n0 = TILE_N0(i);
         if (i + 1 < tiles) {
-            load_k_frags(xk, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, kb, k_ss, g, t);
-            load_lane_rows(xv, TILE_N0(i + 1), row_next, s_hi, tables, b.k_base, vb, v_ss, lane);
+            load_k_frags(xk, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, kb, k_ss, g, t);
+            load_lane_rows(xv, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, vb, v_ss, lane);
         }
         if (i + 2 < tiles)
-            row_next = TILE_ROW0(TILE_N0(i + 2), tables, b.k_base);
+            page_next = TILE_PAGE0(TILE_N0(i + 2), s_hi, tables, b.k_base);
         WARP_SYNC(); /* the V tile is whole */
 
         if (softcap)
