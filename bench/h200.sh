@@ -470,6 +470,17 @@ if [ "$what" = fp8 ]; then
   echo "== ptxas report of the mma decode kernel over e4m3 pages (f16 queries, D=128)"
   FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --decode \
     --device nvidia --kv-dtype e4m3 --batch 1 --context 4096 --iters 2 2>&1 | grep -E "registers|spill|stack" | head -4
+  # RESCALE_SKIP (cl/paged_decode_nv.cl, 2026-12-05): the O rescale skipped in tiles where no
+  # row's max moved; -DRESCALE_SKIP=0 rescales every tile. Both, at the shapes issue 35's decode
+  # bar misses (batch 1-16, 64k-128k keys), e4m3 and f16 pools.
+  for kv in e4m3 f16; do
+    for o in -DRESCALE_SKIP=0 -; do
+      opt=$([ "$o" = - ] || echo "$o")
+      echo "== decode, $kv pages, build options ${opt:-none}" | tee -a "$out/decode-rescale.txt"
+      FLASHCL_BUILD_OPTIONS=$opt timeout 90 ./build-gpu/flashcl bench --decode --device nvidia --kv-dtype $kv \
+        --batch 1,4,16 --context 65536,131072 --iters 20 2>&1 | tail -n 7 | tee -a "$out/decode-rescale.txt"
+    done
+  done
   echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
   PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 \
     --rounds ${ROUNDS:-2} --json "$out/decode-e4m3.json" 2>&1 | tee "$out/decode-e4m3.txt"

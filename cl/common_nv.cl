@@ -459,6 +459,25 @@ inline float ex2(float x) {
         }                                                                                          \
     } while (0)
 
+/* ONLINE_SOFTMAX_16 with the rescale of acc skipped, by the whole warp, when
+ * every alpha of its lanes is exactly 1 (no row's max moved): the result is
+ * the same (a multiplication by 1 changes nothing, bar flushing a denormal to
+ * 0). Decoding (cl/paged_decode_nv.cl) streams thousands
+ * of keys a slice, and once each row's max has settled most tiles move none,
+ * while the rescale is 4 * n_o multiplications a lane a tile (64 at D=128 of
+ * the FP8 loop's 781 instructions, clang's build); the warp-uniform branch
+ * costs a vote. */
+#define ONLINE_SOFTMAX_16_LAZY(s, n_s, acc, n_o, m_run, l_run, sc)                                 \
+    do {                                                                                           \
+        float al_[2];                                                                              \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
+            al_[h_] = alpha_;                                                                      \
+        }                                                                                          \
+        if (warp_any(al_[0] != 1.0f || al_[1] != 1.0f))                                            \
+            RESCALE_16(acc, n_o, al_);                                                             \
+    } while (0)
+
 /* ONLINE_SOFTMAX_16 without touching acc, for a kernel whose previous O += P V
  * is still running on the tensor cores when the next tile's softmax starts
  * (flash_fwd_sm90.cl, OVERLAP): alpha[2] receives the factors, applied to acc
@@ -516,6 +535,17 @@ inline float shfl_idx(float x, int src) {
                          : "=r"(y)
                          : "r"(as_uint(x)), "r"(src));
     return as_float(y);
+}
+
+/* 1 in every lane of the warp when c is nonzero in any (vote.sync.any): a
+ * warp-uniform condition. */
+inline int warp_any(int c) {
+    int r;
+    __asm__ __volatile__("{\n\t.reg .pred p, q;\n\tsetp.ne.s32 p, %1, 0;\n\t"
+                         "vote.sync.any.pred q, p, 0xffffffff;\n\tselp.s32 %0, 1, 0, q;\n\t}"
+                         : "=r"(r)
+                         : "r"(c));
+    return r;
 }
 
 /* Butterfly exchange inside a warp: OpenCL 1.2 on NVIDIA has no sub-groups,
