@@ -450,33 +450,28 @@ inline float ex2(float x) {
  * A macro, so the fragments stay in registers. */
 #define ONLINE_SOFTMAX_16(s, n_s, acc, n_o, m_run, l_run, sc)                                      \
     do {                                                                                           \
-        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
-            _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                 \
-                (acc)[j_][2 * h_] *= alpha_;                                                       \
-                (acc)[j_][2 * h_ + 1] *= alpha_;                                                   \
-            }                                                                                      \
-        }                                                                                          \
-    } while (0)
-
-/* ONLINE_SOFTMAX_16 with the rescale of acc skipped, by the whole warp, when
- * every alpha of its lanes is exactly 1 (no row's max moved): the result is
- * the same (a multiplication by 1 changes nothing, bar flushing a denormal to
- * 0). Decoding (cl/paged_decode_nv.cl) streams thousands
- * of keys a slice, and once each row's max has settled most tiles move none,
- * while the rescale is 4 * n_o multiplications a lane a tile (64 at D=128 of
- * the FP8 loop's 781 instructions, clang's build); the warp-uniform branch
- * costs a vote. */
-#define ONLINE_SOFTMAX_16_LAZY(s, n_s, acc, n_o, m_run, l_run, sc)                                 \
-    do {                                                                                           \
         float al_[2];                                                                              \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
             SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
             al_[h_] = alpha_;                                                                      \
+            if (!RESCALE_SKIP)                                                                     \
+                _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                             \
+                    (acc)[j_][2 * h_] *= alpha_;                                                   \
+                    (acc)[j_][2 * h_ + 1] *= alpha_;                                               \
+                }                                                                                  \
         }                                                                                          \
-        if (warp_any(al_[0] != 1.0f || al_[1] != 1.0f))                                            \
+        if (RESCALE_SKIP && warp_any(al_[0] != 1.0f || al_[1] != 1.0f))                            \
             RESCALE_16(acc, n_o, al_);                                                             \
     } while (0)
+/* RESCALE_SKIP, which every kernel file using ONLINE_SOFTMAX_16 defines (a
+ * build option may): 1 skips the rescale of acc, by the whole warp, when
+ * every alpha of its lanes is exactly 1 (no row's max moved); the result is
+ * the same (a multiplication by 1 changes nothing, bar flushing a denormal
+ * to 0). Decoding (cl/paged_decode_nv.cl, where it is on) streams thousands
+ * of keys a slice, and once each row's max has settled most tiles move none,
+ * while the rescale is 4 * n_o multiplications a lane a tile (64 at D=128 of
+ * the FP8 decode loop's 781 instructions, clang's build); the warp-uniform
+ * branch costs a vote. */
 
 /* ONLINE_SOFTMAX_16 without touching acc, for a kernel whose previous O += P V
  * is still running on the tensor cores when the next tile's softmax starts

@@ -45,6 +45,11 @@
  * Softmax, masks, LSE and empty rows exactly as in flash_fwd_nv.cl.
  */
 
+/* RESCALE_SKIP (ONLINE_SOFTMAX_16, common_nv.cl): 1 leaves O alone in tiles where no row's
+ * max moved; off here until timed (on in the decode kernel). */
+#ifndef RESCALE_SKIP
+#define RESCALE_SKIP 0
+#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 64 // exact head dimension (compile-time: every fragment loop unrolls)
 #endif

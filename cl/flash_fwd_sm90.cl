@@ -66,6 +66,11 @@
  * Softmax, masking, soft-cap, rows without keys, LSE: as flash_fwd_nv.cl.
  */
 
+/* RESCALE_SKIP (ONLINE_SOFTMAX_16, common_nv.cl): 1 leaves O alone in tiles where no row's
+ * max moved; off here until timed (on in the decode kernel). */
+#ifndef RESCALE_SKIP
+#define RESCALE_SKIP 0
+#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif

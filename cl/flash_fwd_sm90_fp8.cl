@@ -77,6 +77,11 @@
  * WG_FENCE_REGS around each chain.
  */
 
+/* RESCALE_SKIP (ONLINE_SOFTMAX_16, common_nv.cl): 1 leaves O alone in tiles where no row's
+ * max moved; off here until timed (on in the decode kernel). */
+#ifndef RESCALE_SKIP
+#define RESCALE_SKIP 0
+#endif
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif

@@ -104,16 +104,11 @@
 #define TILE_BUFS STAGES
 #endif
 
-/* RESCALE_SKIP (default 1): the online softmax leaves O alone in tiles where no row's
- * max moved (ONLINE_SOFTMAX_16_LAZY, common_nv.cl; the same result); 0, the
- * rescale every tile, for timing both (2026-12-05, not yet run on a GPU). */
+/* RESCALE_SKIP (default 1 here): the online softmax leaves O alone in tiles where no row's
+ * max moved (ONLINE_SOFTMAX_16, common_nv.cl; the same result); 0, the rescale every tile,
+ * for timing both (2026-12-05, not yet run on a GPU). */
 #ifndef RESCALE_SKIP
 #define RESCALE_SKIP 1
-#endif
-#if RESCALE_SKIP
-#define DECODE_SOFTMAX ONLINE_SOFTMAX_16_LAZY
-#else
-#define DECODE_SOFTMAX ONLINE_SOFTMAX_16
 #endif
 
 #define WG_SIZE (WARPS * 32)
@@ -602,7 +597,7 @@ paged_decode_nv(SERVING_ARGS,
                     s[j][e] = -INFINITY;
             }
         /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
-        DECODE_SOFTMAX(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < P_STEPS; ++kk) {
@@ -847,7 +842,7 @@ paged_decode_nv(SERVING_ARGS,
             for (int e = 0; e < 4; ++e)
                 if (n0 + 8 * j + 2 * t + (e & 1) > s_hi || (e >> 1) || g >= nrows)
                     s[j][e] = -INFINITY;
-        DECODE_SOFTMAX(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         /* ---- O += P V ---- */
         const uint p0 = pack2(s[0][0], s[0][1]), p1 = pack2(s[0][2], s[0][3]);
         const uint p2 = pack2(s[1][0], s[1][1]), p3 = pack2(s[1][2], s[1][3]);
