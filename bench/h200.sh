@@ -423,8 +423,10 @@ if [ "$what" = fp8-kernel ]; then
     FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap
     FLASHCL_BUILD_OPTIONS="-DOVERLAP=1 -DEX2_FMA_EVERY=2" gpu_test test_fp8_forward overlap-ex2-fma
     FLASHCL_BUILD_OPTIONS=-DRESCALE_SKIP=1 gpu_test test_fp8_forward rescale-skip
-    for o in ${FP8_OPTIONS-"- -DOVERLAP=1 -DOVERLAP=1+-DEX2_FMA_EVERY=2 -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168
-        -DRESCALE_SKIP=1 FLASHCL_TMA=0 -DPV_CHAINED=1"}; do
+    # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
+    options="- -DOVERLAP=1 -DOVERLAP=1+-DEX2_FMA_EVERY=2 -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168
+      -DRESCALE_SKIP=1 FLASHCL_TMA=0 -DPV_CHAINED=1"
+    for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
         echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"
         case $o in

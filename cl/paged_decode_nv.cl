@@ -205,7 +205,8 @@ typedef ushort kv_raw_t;
  * reads a tile (the second only where the slice reaches that page: the table
  * may end before it) instead of one a load, each in the same tile as its
  * load (2026-12-05). TILE_PAGE0 is that entry, or entries (tile_rows_t; 0
- * where tiles may cross pages otherwise), read by the callers a tile ahead;
+ * where tiles may cross pages otherwise), read by the REG_COPY and HEAD_GROUP
+ * loops a tile ahead (issue_tile, the cp.async loop's, in the tile's own);
  * TILE_ROWS turns them into the tile's first row (rows) where the loads use
  * them, a tile later (the product right after the read would wait for it);
  * TILE_ROW is the row of key n (<= s_hi) of the tile at n0 from those. */

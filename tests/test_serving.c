@@ -789,6 +789,7 @@ int main(int argc, char **argv) {
             {FLASHCL_BFLOAT16, 2, 8, 96, 7, 1000, "bf16 D96 page 7, GQA 8"},
             {FLASHCL_FLOAT16, 2, 4, 128, 32, 2000, "f16 D128 page 32, GQA 4"},
             {FLASHCL_FLOAT16, 2, 4, 32, 16, 500, "f16 D32 page 16"},
+            {FLASHCL_FLOAT16, 2, 4, 128, 8, 400, "f16 D128 page 8, GQA 4"}, /* 16-key tiles of two pages */
         };
         for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
             snprintf(what, sizeof what, "%s: %s", k, shapes[i].name);

@@ -598,6 +598,8 @@ static void mma_suite(flashcl_context *ctx) {
          "e4m3 D128 page 7, GQA 8"},
         {FLASHCL_FLOAT8_E4M3, 2, 2, 32, 5, 200, "KERNEL=mma", "e4m3 D32 page 5, GQA 2"},
         {FLASHCL_FLOAT8_E4M3, 2, 4, 96, 16, 500, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D96 page 16, GQA 4"},
+        /* 32-key tiles of four pages (a table read a load), HEAD_GROUP's 16-key tiles of two */
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 8, 400, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D64 page 8, GQA 4"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
         char forms[128], tag[192];
