@@ -425,7 +425,7 @@ if [ "$what" = fp8-kernel ]; then
     FLASHCL_BUILD_OPTIONS=-DRESCALE_SKIP=1 gpu_test test_fp8_forward rescale-skip
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
     options="- -DOVERLAP=1 -DOVERLAP=1+-DEX2_FMA_EVERY=2 -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168
-      -DRESCALE_SKIP=1 FLASHCL_TMA=0 -DPV_CHAINED=1"
+      -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
         echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"

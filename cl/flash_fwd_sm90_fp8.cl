@@ -60,8 +60,10 @@
  *   K tile  BLOCK_N rows x 128 bytes         16 KB
  *   Vt      VT_ROWS (64 or 128) x 128 bytes   8 or 16 KB
  *   Q block BLOCK_M rows x 128 bytes          8 KB, reloaded into registers every tile
- * One K and one Vt buffer, as flash_fwd_sm90.cl's plain loop: Vt(n0) lands
- * while S = Q K^T runs, K(n0 + BLOCK_N) while O += P V does. A second stage
+ * One K and one Vt buffer, as flash_fwd_sm90.cl's loops: Vt(n0) lands while
+ * S = Q K^T runs, K(n0 + BLOCK_N) while the softmax and O += P V do (K_EARLY,
+ * with TMA; as flash_fwd_sm90.cl's PINGPONG loop) or while O += P V does (as
+ * its plain loop). A second stage
  * of either fits NVIDIA's 48 KB beside the other tiles only for Vt of one
  * 64-dim panel (8 KB), which OVERLAP (below) uses.
  * Q's fragments are reloaded before every tile, as flash_fwd_sm90.cl does
@@ -128,6 +130,17 @@
 #if EX2_FMA_EVERY > 0
 #undef EX2_SCORE
 #define EX2_SCORE(x, j) ((j) % EX2_FMA_EVERY == EX2_FMA_EVERY - 1 ? ex2_fma(x) : ex2(x))
+#endif
+/* K_EARLY (default: with TMA, where an mbarrier, not the barrier below, says Vt
+ * has landed): the next K tile's copy is issued as soon as every warp's S is
+ * done with the K buffer, before the softmax, not after it. With one K buffer
+ * (a second does not fit 48 KB) the copy otherwise has only P V's time to land
+ * before the next tile's S waits for it. -DK_EARLY=0: after the softmax. */
+#ifndef K_EARLY
+#define K_EARLY USE_TMA
+#endif
+#if K_EARLY && !USE_TMA
+#error "K_EARLY needs USE_TMA: without it, the barrier after the softmax also publishes Vt"
 #endif
 #define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
@@ -376,8 +389,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         COPY_K(n_start);
 
 #if !OVERLAP
-    /* One K and one Vt buffer, as flash_fwd_sm90.cl's plain loop: Vt(n0)
-     * lands while S is computed, K(n0+BN) while O += P V is. */
+    /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
+     * while the softmax (K_EARLY) and O += P V are. */
     for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
         const int n_next = n0 + BLOCK_N;
         /* K(n0) has landed (with TMA: is on its way); every warp is done with Vt(n0-BN). */
@@ -392,17 +405,25 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         S_ISSUE(qf, s, k_tile);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
+#if K_EARLY
+        /* Every warp's S is done reading K(n0): K(n0 + BN) lands during the softmax too. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            COPY_K(n_next);
+#endif
 
         SCORES_POST(s, n0);
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
 
+#if !K_EARLY
         /* Vt(n0) has landed (with TMA: is on its way); every warp is done reading K(n0). */
         COPIES_LANDED();
         barrier(CLK_LOCAL_MEM_FENCE);
         if (n_next <= n_end)
             COPY_K(n_next);
+#endif
 
         /* ---- O += P V ---- */
         TILE_WAIT(v_bar, tile);
