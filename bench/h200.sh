@@ -428,6 +428,10 @@ if [ "$what" = fp8-kernel ]; then
       -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
+        if [ "$SECONDS" -gt "${FP8_BUDGET:-480}" ]; then # the f16 rows and the SASS check still fit
+          echo "== time budget reached before ${o//+/ } $mask: FP8_OPTIONS=... for the rest" | tee -a "$out/fp8-options.txt"
+          break 2
+        fi
         echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"
         case $o in
           -) env=() ;;
