@@ -401,8 +401,11 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         /* ---- S = Q K^T ---- */
         uint qf[K_STEPS][4];
         float s[S_FRAGS][4];
+        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS); /* Q stays put: read before the wait */
         TILE_WAIT(k_bar, tile);
-        S_ISSUE(qf, s, k_tile);
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
 #if K_EARLY
