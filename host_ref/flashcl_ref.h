@@ -125,6 +125,13 @@ int flashcl_ref_lse_ok(double got, double want, double tol, flashcl_ref_report *
 int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q, const void *k,
                               const void *v, const void *out, const float *lse, int verbose,
                               flashcl_ref_report *report);
+/* flashcl_ref_check_forward for a result rounded to the storage type
+ * extra_roundings more times than one kernel's output is (e.g. partial
+ * outputs, each rounded, merged with rounding): the tolerance grows by half a
+ * storage ulp of the largest reference output for each. */
+int flashcl_ref_check_forward_rounded(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
+                                      const void *out, const float *lse, int extra_roundings, int verbose,
+                                      flashcl_ref_report *report);
 /* flashcl_ref_check_forward for a kernel that rounds P to e4m3 before P·V
  * (nv-wgmma-fp8): the plain baseline is flashcl_ref_attention_forward_plain_p8,
  * so the tolerance includes what that rounding costs (~2^-4 of the output). */

@@ -828,6 +828,30 @@ static void test_check(flashcl_dtype dt) {
     // without lse too
     CHECK(flashcl_ref_check_forward(&d, q, k, v, out, NULL, 0, &rep), "%s: without lse",
           dtype_name(dt));
+    // _rounded: the tolerance grows by half a storage ulp of the largest output a rounding
+    {
+        const int mant = dt == FLASHCL_FLOAT16 ? 10 : dt == FLASHCL_BFLOAT16 ? 7 : 23;
+        const double half_ulp = 0.5 * ldexp(1.0, ilogb(max_ref) - mant), tol0 = rep.tolerance;
+        CHECK(flashcl_ref_check_forward_rounded(&d, q, k, v, out, lse, 0, 0, &rep) && rep.tolerance == tol0,
+              "%s: _rounded with 0 roundings is the plain rule", dtype_name(dt));
+        CHECK(flashcl_ref_check_forward_rounded(&d, q, k, v, out, lse, 6, 0, &rep) &&
+                  fabs(rep.tolerance - (tol0 + 6 * half_ulp)) <= 1e-12 * tol0,
+              "%s: _rounded with 6 roundings: tolerance %g, want %g", dtype_name(dt), rep.tolerance,
+              tol0 + 6 * half_ulp);
+        // an element moved past the plain tolerance, but within 6 half-ulps more, passes only _rounded
+        const size_t at = d.out.offset + 1 * d.out.stride_batch + 30 * d.out.stride_seq + d.out.stride_head + 3;
+        const double was = flashcl_ref_load(out, dt, at), want = ref[at4(Nq, Hq, D, 1, 30, 1, 3)];
+        const double moved = want + tol0 + 3 * half_ulp;
+        flashcl_ref_store(out, dt, at, moved);
+        const double err = fabs(flashcl_ref_load(out, dt, at) - want);
+        CHECK(err > tol0 && err < tol0 + 6 * half_ulp, "%s: the moved element's error %g is between %g and %g",
+              dtype_name(dt), err, tol0, tol0 + 6 * half_ulp);
+        CHECK(!flashcl_ref_check_forward(&d, q, k, v, out, lse, 0, &rep) &&
+                  flashcl_ref_check_forward_rounded(&d, q, k, v, out, lse, 6, 0, &rep) &&
+                  !flashcl_ref_check_forward_rounded(&d, q, k, v, out, lse, 1, 0, &rep),
+              "%s: an error of %g passes 6 extra roundings, not 0 or 1", dtype_name(dt), err);
+        flashcl_ref_store(out, dt, at, was);
+    }
 
     // a NaN in one element fails, and first_bad names it
     size_t bad =
