@@ -286,7 +286,8 @@
 #define LOAD_A_FRAGS(f, x) SW128_A_FRAGS(f, x, OWN, K_STEPS)
 
 /* s = X Y^T and dp = Z W^T over the head dim, waited for: X and Z the own
- * block's tiles at x and z, Y and W the streamed tiles at y and w. S^T and
+ * block's tiles at x and z, Y and W the streamed tiles at y and w, which
+ * tile_wait (a statement) waits for. S^T and
  * dP^T in the dK/dV kernel, S and dP in the dQ pass. At one panel X and Z
  * are A fragments (ldmatrix, reloaded every tile); at two, 64 registers of
  * them would join the 128 of dK and dV (at most 255), so the wgmma read X
@@ -341,9 +342,10 @@
 #define OWN_FRAGS_HELD(x, z) do { } while (0)
 #define OWN_FRAGS_KEEP(never) do { } while (0)
 #endif
-#define SCORES(s, dp, x, y, z, w)                                                                  \
+#define SCORES(s, dp, x, y, z, w, tile_wait)                                                       \
     do {                                                                                           \
-        SCORES_A_FRAGS(x, z);                                                                      \
+        SCORES_A_FRAGS(x, z); /* the own block stays put: read before the tile's wait */           \
+        tile_wait;                                                                                 \
         WGMMA_FENCE();                                                                             \
         CHAIN_S(s, xf_, x, y);                                                                     \
         CHAIN_S(dp, zf_, z, w);                                                                    \
@@ -516,8 +518,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dkdv_sm9
 
         /* ---- S^T = K Q^T and dP^T = V dO^T (64 keys x BLOCK_M rows) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
-        TMA_PAIR_WAIT(stage, it);
-        SCORES(s, dp, k_own, q_tile, v_own, do_tile);
+        SCORES(s, dp, k_own, q_tile, v_own, do_tile, TMA_PAIR_WAIT(stage, it));
 
         /* ---- P^T into s, dS^T into dp ---- */
         const long rel_max = (long)kw0 + 15 - m0, rel_min = (long)kw0 - (m0 + BLOCK_M - 1);
@@ -648,8 +649,7 @@ __kernel __attribute__((reqd_work_group_size(WG, 1, 1))) void flash_bwd_dq_sm90(
 
         /* ---- S = Q K^T and dP = dO V^T (64 rows x BLOCK_N keys) ---- */
         float s[S_FRAGS][4], dp[S_FRAGS][4];
-        TMA_PAIR_WAIT(stage, it);
-        SCORES(s, dp, q_own, k_tile, do_own, v_tile);
+        SCORES(s, dp, q_own, k_tile, do_own, v_tile, TMA_PAIR_WAIT(stage, it));
 #if STAGES == 1
         /* Every warp is done with V(n0): V(n1) lands during the rest. */
         barrier(CLK_LOCAL_MEM_FENCE);
