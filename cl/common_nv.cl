@@ -447,7 +447,16 @@ inline float ex2(float x) {
  * a row has seen nothing, m_new is -inf: 0 is subtracted instead (p =
  * 2^-inf = 0) and alpha stays 1, so -inf - -inf is never formed; m_run -
  * m_new is exact for close maxima, so alpha matches the portable kernel's.
- * A macro, so the fragments stay in registers. */
+ * A macro, so the fragments stay in registers.
+ * RESCALE_SKIP, which every kernel file using it defines (a build option
+ * may): 1 skips the rescale of acc, by the whole warp, when every alpha of
+ * its lanes is exactly 1 (no row's max moved); the result is the same (a
+ * multiplication by 1 changes nothing, bar flushing a denormal to 0).
+ * Decoding (cl/paged_decode_nv.cl, where it is on) streams thousands of keys
+ * a slice, and once each row's max has settled most tiles move none, while
+ * the rescale is 4 * n_o multiplications a lane a tile (64 at D=128 of the
+ * FP8 decode loop's 781 instructions, clang's build); the warp-uniform branch
+ * costs a vote. */
 #define ONLINE_SOFTMAX_16(s, n_s, acc, n_o, m_run, l_run, sc)                                      \
     do {                                                                                           \
         float al_[2];                                                                              \
@@ -463,15 +472,6 @@ inline float ex2(float x) {
         if (RESCALE_SKIP && warp_any(al_[0] != 1.0f || al_[1] != 1.0f))                            \
             RESCALE_16(acc, n_o, al_);                                                             \
     } while (0)
-/* RESCALE_SKIP, which every kernel file using ONLINE_SOFTMAX_16 defines (a
- * build option may): 1 skips the rescale of acc, by the whole warp, when
- * every alpha of its lanes is exactly 1 (no row's max moved); the result is
- * the same (a multiplication by 1 changes nothing, bar flushing a denormal
- * to 0). Decoding (cl/paged_decode_nv.cl, where it is on) streams thousands
- * of keys a slice, and once each row's max has settled most tiles move none,
- * while the rescale is 4 * n_o multiplications a lane a tile (64 at D=128 of
- * the FP8 decode loop's 781 instructions, clang's build); the warp-uniform
- * branch costs a vote. */
 
 /* ONLINE_SOFTMAX_16 without touching acc, for a kernel whose previous O += P V
  * is still running on the tensor cores when the next tile's softmax starts
@@ -836,6 +836,13 @@ inline void nv_copy_f32(__local float *dst, __global const float *src) {
 #endif
 }
 
+/* Closes the group of this work-item's nv_copy_f32 copies (cp_wait waits for committed groups only). */
+#if NV_STATS_ASYNC
+#define NV_COMMIT_COPIES() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
+#else
+#define NV_COMMIT_COPIES() do { } while (0)
+#endif
+
 /* An LSE as the backward's elementwise steps use it: log2 units, +inf where
  * the row contributes nothing (-inf: past nq, or a row that saw no key). */
 inline float lse_log2(float l) {
@@ -865,11 +872,6 @@ inline float lse_log2(float l) {
         }                                                                                          \
         NV_COMMIT_COPIES();                                                                        \
     } while (0)
-#if NV_STATS_ASYNC
-#define NV_COMMIT_COPIES() __asm__ __volatile__("cp.async.commit_group;" ::: "memory")
-#else
-#define NV_COMMIT_COPIES() do { } while (0)
-#endif
 
 /* A dK/dV warp's elementwise step: S^T in s and dP^T in dp (its 16 keys kw0..
  * x the BLOCK_M rows from m0; lane: keys g, g+8 x rows 8j+2t, +1) become P^T
