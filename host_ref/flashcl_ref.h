@@ -128,7 +128,8 @@ int flashcl_ref_check_forward(const flashcl_attention_desc *desc, const void *q,
 /* flashcl_ref_check_forward for a result rounded to the storage type
  * extra_roundings more times than one kernel's output is (e.g. partial
  * outputs, each rounded, merged with rounding): the tolerance grows by half a
- * storage ulp of the largest reference output for each. */
+ * storage ulp of max(|output|, |v|) for each (every value rounded on the way
+ * is a convex combination of v's rows). */
 int flashcl_ref_check_forward_rounded(const flashcl_attention_desc *desc, const void *q, const void *k, const void *v,
                                       const void *out, const float *lse, int extra_roundings, int verbose,
                                       flashcl_ref_report *report);

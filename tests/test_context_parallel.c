@@ -122,14 +122,17 @@ static int run_cp_case(flashcl_context *ctx, const cp_case *c, uint64_t seed) {
     MPI_Allreduce(&ok, &all_ok, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
     ok = all_ok;
     if (g_rank == 0 && ok) {
-        /* Against host_ref in double (flash-attn's tolerance rules). A rank's
-         * partial outputs are each rounded to the storage type and merged
-         * with rounding, up to g_size of each for a row: 2 * g_size - 2 more
-         * roundings than one kernel's output has (a 2-rank f16 case missed
-         * the one-kernel rule by 0.3 % of it, 2026-12-05). */
+        /* Against host_ref in double (flash-attn's tolerance rules). The ring
+         * rounds each partial output (a run of a row's keys on one rank) to
+         * the storage type, and on the device each merge too: a row has up
+         * to g_size runs, 2 * g_size under a mask (a rank's shard is two
+         * chunks then), so up to 2 runs - 2 more roundings than one kernel's
+         * output (a 2-rank f16 case missed the one-kernel rule by 0.3 % of
+         * it, 2026-12-05). */
+        const int runs = (c->causal || c->window_right1 ? 2 : 1) * g_size;
         flashcl_ref_report rep;
         flashcl_ref_grad_report grep;
-        int ref_fwd = flashcl_ref_check_forward_rounded(&d, q, k, v, go, gl, 2 * g_size - 2, 1, &rep);
+        int ref_fwd = flashcl_ref_check_forward_rounded(&d, q, k, v, go, gl, 2 * runs - 2, 1, &rep);
         int ref_bwd = flashcl_ref_check_backward(&d, NULL, q, k, v, dout, gdq, gdk, gdv, 1, &grep);
         /* Against the single-device flashcl forward and backward: within the
          * same tolerances, plus the one storage ulp by which two results
