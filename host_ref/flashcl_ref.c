@@ -705,39 +705,28 @@ double flashcl_ref_epsilon(flashcl_dtype dtype) {
     return 0.0;
 }
 
-/* The largest Euclidean norm of a (batch, seq, head) row of operand t (0 q, 1 k). */
-static double max_row_norm(const flashcl_attention_desc *desc, const operand *ops, int t, const void *x,
-                           flashcl_layout l, int seqlen, int heads) {
-    l = effective_layout(l, seqlen, heads, desc->head_dim);
-    double best = 0.0;
-    for (int b = 0; b < desc->batch; b++)
-        for (int n = 0; n < seqlen; n++)
-            for (int h = 0; h < heads; h++) {
-                size_t base = row_index(&l, b, n, h);
-                const double sc = descale(desc, ops, t, b, h, n);
-                double sum = 0.0;
-                for (int d = 0; d < desc->head_dim; d++) {
-                    double e = sc * flashcl_ref_load(x, ops[t].dtype, base + (size_t)d);
-                    sum += e * e;
-                }
-                best = fmax(best, sqrt(sum));
-            }
-    return best;
-}
-
-/* The largest |descale * element| of operand t (2: v): every attention output, and every partial
- * one (a convex combination of v's rows), lies within it. */
-static double max_abs_elem(const flashcl_attention_desc *desc, const operand *ops, int t, const void *x,
-                           flashcl_layout l, int seqlen, int heads) {
+/* Over the (batch, seq, head) rows of operand t (0 q, 1 k, 2 v), as descale * element: the
+ * largest Euclidean norm of a row (norm 1), or the largest |element| (norm 0; for v, a bound on
+ * every attention output and every partial one, convex combinations of v's rows). */
+static double max_row_stat(const flashcl_attention_desc *desc, const operand *ops, int t, const void *x,
+                           flashcl_layout l, int seqlen, int heads, int norm) {
     l = effective_layout(l, seqlen, heads, desc->head_dim);
     double best = 0.0;
     for (int b = 0; b < desc->batch; b++)
         for (int n = 0; n < seqlen; n++)
             for (int h = 0; h < heads; h++) {
                 const size_t base = row_index(&l, b, n, h);
-                const double sc = fabs(descale(desc, ops, t, b, h, n));
-                for (int d = 0; d < desc->head_dim; d++)
-                    best = fmax(best, sc * fabs(flashcl_ref_load(x, ops[t].dtype, base + (size_t)d)));
+                const double sc = descale(desc, ops, t, b, h, n);
+                double sum = 0.0;
+                for (int d = 0; d < desc->head_dim; d++) {
+                    const double e = sc * flashcl_ref_load(x, ops[t].dtype, base + (size_t)d);
+                    if (norm)
+                        sum += e * e;
+                    else
+                        best = fmax(best, fabs(e));
+                }
+                if (norm)
+                    best = fmax(best, sqrt(sum));
             }
     return best;
 }
@@ -750,17 +739,9 @@ static double max_abs_elem(const flashcl_attention_desc *desc, const operand *op
  * differ by far more than the plain baseline happens to err on one draw. */
 static double score_rounding_bound(const flashcl_attention_desc *desc, const operand *ops, const void *q,
                                    const void *k, const void *v) {
-    const int B = desc->batch, D = desc->head_dim;
-    double qn = max_row_norm(desc, ops, 0, q, desc->q, desc->seqlen_q, desc->heads_q);
-    double kn = max_row_norm(desc, ops, 1, k, desc->k, desc->seqlen_k, desc->heads_k);
-    flashcl_layout vl = effective_layout(desc->v, desc->seqlen_k, desc->heads_k, D);
-    double vmax = 0.0;
-    for (int b = 0; b < B; b++)
-        for (int n = 0; n < desc->seqlen_k; n++)
-            for (int h = 0; h < desc->heads_k; h++)
-                for (int d = 0; d < D; d++)
-                    vmax = fmax(vmax, fabs(descale(desc, ops, 2, b, h, n) *
-                                           flashcl_ref_load(v, ops[2].dtype, row_index(&vl, b, n, h) + (size_t)d)));
+    const double qn = max_row_stat(desc, ops, 0, q, desc->q, desc->seqlen_q, desc->heads_q, 1);
+    const double kn = max_row_stat(desc, ops, 1, k, desc->k, desc->seqlen_k, desc->heads_k, 1);
+    const double vmax = max_row_stat(desc, ops, 2, v, desc->v, desc->seqlen_k, desc->heads_k, 0);
     return ldexp(1.0, -24) * effective_scale(desc) * qn * kn * vmax;
 }
 
@@ -847,7 +828,7 @@ static int check_forward(const flashcl_attention_desc *desc, const void *q, cons
     if (extra_roundings > 0) {
         /* Each rounds a value no larger than max|v| (outputs, partial outputs and their merges are
          * convex combinations of v's rows): at most half a storage ulp of it. */
-        const double bound = fmax(max_ref, max_abs_elem(desc, ops, 2, v, desc->v, desc->seqlen_k, desc->heads_k));
+        const double bound = fmax(max_ref, max_row_stat(desc, ops, 2, v, desc->v, desc->seqlen_k, desc->heads_k, 0));
         const flashcl_dtype od = out_dtype_of(desc);
         const int mant = od == FLASHCL_FLOAT16 ? 10 : od == FLASHCL_BFLOAT16 ? 7 : 23;
         if (bound > 0.0 && isfinite(bound))
