@@ -286,13 +286,10 @@ static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *
                                        (unsigned)p->block_n, maps);
     int keys, rows;
     fp8_vt_shape(r, &keys, &rows);
-    const uint64_t k_dims[4] = {(uint64_t)r->head_dim, (uint64_t)r->seqlen_k, (uint64_t)r->heads_k,
-                                (uint64_t)r->batch},
-                   k_strides[3] = {r->k.stride_seq, r->k.stride_head, r->k.stride_batch};
     const uint64_t vt_dims[4] = {(uint64_t)keys, (uint64_t)rows, (uint64_t)r->heads_k, (uint64_t)r->batch},
                    vt_strides[3] = {(uint64_t)keys, (uint64_t)rows * keys, (uint64_t)r->heads_k * rows * keys};
-    /* The kernel adds k's offset to the buffer's address: it must keep 16-byte alignment. */
-    return r->k.offset % 16 == 0 && flashcl_tma_encode(&maps[0], 1, k_dims, k_strides, (unsigned)p->block_n) &&
+    return flashcl_tma_encode_layout(&maps[0], &r->k, 1, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
+                                     (unsigned)p->block_n) &&
            flashcl_tma_encode(&maps[1], 1, vt_dims, vt_strides, (unsigned)rows);
 }
 
@@ -376,7 +373,8 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
     /* The FP8 warpgroup-MMA kernel reads V as fp8_vt_pack transposes it. */
     *pack = NULL;
-    if (!strcmp(p.variant, "nv-wgmma-fp8") && (st = flashcl_fp8_vt_pack_kernel(ctx, r->head_dim, pack)) != FLASHCL_SUCCESS)
+    if (!strcmp(p.variant, "nv-wgmma-fp8") &&
+        (st = flashcl_fp8_vt_pack_kernel(ctx, r->head_dim, pack)) != FLASHCL_SUCCESS)
         return st;
     local[0] = wg;
     local[1] = local[2] = 1;

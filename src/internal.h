@@ -222,6 +222,11 @@ int flashcl_tma_strides(const uint64_t dims[4], const uint64_t strides[3], unsig
  * the next kernel's work-groups rewrite), no TMA build failure before, and
  * not FLASHCL_TMA=0 (the cp.async copies, for comparison). */
 int flashcl_tma_usable(flashcl_context *ctx);
+/* The map of a tensor of elem_bytes-byte elements in layout l, [batch][seqlen][heads][dim], in
+ * boxes of one 128-byte panel by box_rows rows (flashcl_tma_encode): 1, or 0 when it cannot be
+ * encoded (an offset, or a stride, not a multiple of 16 bytes). */
+int flashcl_tma_encode_layout(flashcl_tensor_map *map, const flashcl_layout *l, unsigned elem_bytes, int batch,
+                              int seqlen, int heads, int dim, unsigned box_rows);
 /* The maps of two 16-bit tensors a and b of [batch][seqlen][heads][dim], in
  * boxes of 64 dims by box_rows rows (flashcl_tma_encode): 1, or 0 when
  * either cannot be encoded (an offset, or a stride, not a multiple of 16 bytes). */

@@ -111,9 +111,10 @@ int flashcl_tma_encode(flashcl_tensor_map *map, unsigned elem_bytes, const uint6
     if (driver.set_current(driver.context) != 0)
         return 0;
     memset(map, 0, sizeof *map);
-    return driver.encode(map->words, elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, (void *)PLACEHOLDER_ADDRESS, dims, bytes,
-                         box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                         CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == 0;
+    const int type = elem_bytes == 1 ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16;
+    return driver.encode(map->words, type, 4, (void *)PLACEHOLDER_ADDRESS, dims, bytes, box, element_strides,
+                         CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                         CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == 0;
 }
 
 int flashcl_tma_usable(flashcl_context *ctx) {
@@ -124,19 +125,20 @@ int flashcl_tma_usable(flashcl_context *ctx) {
            !(props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE) && flashcl_tma_available();
 }
 
+int flashcl_tma_encode_layout(flashcl_tensor_map *map, const flashcl_layout *l, unsigned elem_bytes, int batch,
+                              int seqlen, int heads, int dim, unsigned box_rows) {
+    /* The kernel adds the offset to the buffer's address: it must keep 16-byte alignment. */
+    if ((l->offset * elem_bytes) % 16)
+        return 0;
+    const uint64_t dims[4] = {(uint64_t)dim, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
+    const uint64_t strides[3] = {l->stride_seq, l->stride_head, l->stride_batch};
+    return flashcl_tma_encode(map, elem_bytes, dims, strides, box_rows);
+}
+
 int flashcl_tma_encode_pair(const flashcl_layout *a, const flashcl_layout *b, int batch, int seqlen, int heads,
                             int dim, unsigned box_rows, flashcl_tensor_map maps[2]) {
-    const flashcl_layout *t[2] = {a, b};
-    for (int i = 0; i < 2; ++i) {
-        /* The kernel adds the offset to the buffer's address: it must keep 16-byte alignment. */
-        if ((t[i]->offset * 2) % 16)
-            return 0;
-        const uint64_t dims[4] = {(uint64_t)dim, (uint64_t)seqlen, (uint64_t)heads, (uint64_t)batch};
-        const uint64_t strides[3] = {t[i]->stride_seq, t[i]->stride_head, t[i]->stride_batch};
-        if (!flashcl_tma_encode(&maps[i], 2, dims, strides, box_rows))
-            return 0;
-    }
-    return 1;
+    return flashcl_tma_encode_layout(&maps[0], a, 2, batch, seqlen, heads, dim, box_rows) &&
+           flashcl_tma_encode_layout(&maps[1], b, 2, batch, seqlen, heads, dim, box_rows);
 }
 
 flashcl_status flashcl_ensure_tma_slots(flashcl_context *ctx, size_t groups) {
