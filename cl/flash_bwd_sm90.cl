@@ -39,7 +39,8 @@
  *
  * __local, 1024-byte aligned, every tile 128 bytes a row in common_nv.cl's SW128
  * layout (head dims zero-padded to 64): the own 64 rows of K and V (Q and
- * dO), 16 KB a 64-dim panel (with OWN_REGS the stages start over it), then the streamed pairs: two stages of 32-row tiles (the next
+ * dO), 16 KB a 64-dim panel (with OWN_REGS the stages start over it), then
+ * the streamed pairs: two stages of 32-row tiles (the next
  * pair lands during the current one; the table's choice, 34 KB), or one of
  * 64 rows, whose loads are issued once a buffer is free (in the dQ pass V's
  * after dP, K's after dQ += dS K); plus LSE and D_i of the dK/dV kernel's

@@ -244,11 +244,13 @@
 #define PV_ADD(acc, pf, vt) PV_TWO_LEVEL(acc, pf, vt)
 #endif
 
-/* Q's A fragments qf from its block, then S = Q K^T on them issued
+/* Q's A fragments qf from its block (which stays put: read before the K
+ * tile's wait, the statement tile_wait), then S = Q K^T on them issued
  * (committed, not waited for: the caller's work may run under it). */
-#define S_ISSUE(qf, s, k_tile)                                                                     \
+#define S_ISSUE(qf, s, k_tile, tile_wait)                                                          \
     do {                                                                                           \
         SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);                                        \
+        tile_wait;                                                                                 \
         WGMMA_FENCE();                                                                             \
         S_CHAIN(s, k_tile);                                                                        \
         WGMMA_COMMIT();                                                                            \
@@ -312,7 +314,8 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
 #define TILE_WAIT(bar, tile) mbar_wait(bar, (uint)(tile)&1u)
 #else
 #define FP8_TMA_ARGS
-#define COPY_K(n) copy_rows8(smem8, s_base, 0, kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, HEAD_DIM, tid)
+#define COPY_K(n)                                                                                  \
+    copy_rows8(smem8, s_base, 0, kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, HEAD_DIM, tid)
 #define COPY_VT_TO(buf, n)                                                                         \
     copy_rows8(smem8, s_base, VT_AT + (buf) * VT_BYTES, vtb + (n), (ulong)vt_keys, VT_ROWS, VT_ROWS, 128, tid)
 #define COPIES_LANDED() cp_wait_async_proxy()
@@ -338,9 +341,8 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
             MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
     } while (0)
 
-__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS,
-                                                                                       __global const uchar *restrict vtg,
-                                                                                       int vt_keys) {
+__kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
+flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *restrict vtg, int vt_keys) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
 
     NV_FWD_BLOCK;
@@ -401,11 +403,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         /* ---- S = Q K^T ---- */
         uint qf[K_STEPS][4];
         float s[S_FRAGS][4];
-        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS); /* Q stays put: read before the wait */
-        TILE_WAIT(k_bar, tile);
-        WGMMA_FENCE();
-        S_CHAIN(s, k_tile);
-        WGMMA_COMMIT();
+        S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, tile));
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
 #if K_EARLY
@@ -446,8 +444,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         COPY_VT_TO(0, n_start);
         COPIES_LANDED(); /* K(0) (with TMA: nothing; the waits below) */
         barrier(CLK_LOCAL_MEM_FENCE);
-        TILE_WAIT(k_bar, 0);
-        S_ISSUE(qf, s, k_tile);
+        S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, 0));
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
         barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(0) */
@@ -539,7 +536,7 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
         barrier(CLK_LOCAL_MEM_FENCE);
         uint qf[K_STEPS][4];
         float s[S_FRAGS][4];
-        S_ISSUE(qf, s, s_base);
+        S_ISSUE(qf, s, s_base, (void)0);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
 #pragma unroll

@@ -317,15 +317,15 @@ inline uint4 chunk_or_zero(int live, __global const kv_raw_t *p) {
 /* This lane's 16-byte loads of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi:
  * zero), load i = lane + 32 * it at row i / ROW_LOADS, elements LOAD_ELEMS * (i % ROW_LOADS) on;
  * page0 is TILE_PAGE0(n0, ...), read by the caller a tile ahead. */
-inline void load_lane_rows(uint4 *x, int n0, tile_rows_t page0, int s_hi, __global const int *tables, int k_base,
-                           __global const kv_raw_t *base, ulong ss, int lane) {
+inline void load_lane_rows(uint4 *x, int n0, tile_rows_t page0, int s_hi, __global const int *tables,
+                           int k_base, __global const kv_raw_t *base, ulong ss, int lane) {
     const tile_rows_t rows0 = TILE_ROWS(page0, n0);
 #pragma unroll
     for (int it = 0; it < LANE_LOADS; ++it) {
         const int i = lane + 32 * it, r = i / ROW_LOADS, c = i % ROW_LOADS, key = n0 + r;
         const int live = key <= s_hi;
-        x[it] = chunk16_or_zero(live, (__global const ushort *)(base + (ulong)TILE_ROW(live ? key : n0, n0, rows0, tables,
-                                                                                     k_base) * ss + LOAD_ELEMS * c));
+        const uint row = TILE_ROW(live ? key : n0, n0, rows0, tables, k_base);
+        x[it] = chunk16_or_zero(live, (__global const ushort *)(base + (ulong)row * ss + LOAD_ELEMS * c));
     }
 }
 
@@ -729,8 +729,8 @@ paged_decode_nv(SERVING_ARGS,
 #endif
 
 /* Chunks c = 4j + t of the rows of keys n0 + g and n0 + 8 + g (past s_hi: zero). */
-inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, tile_rows_t page0, int s_hi, __global const int *tables, int k_base,
-                         __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
+inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, tile_rows_t page0, int s_hi, __global const int *tables,
+                         int k_base, __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
     const tile_rows_t rows0 = TILE_ROWS(page0, n0);
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
