@@ -357,32 +357,37 @@ def desc_field_check():
 def main():
     rng = np.random.default_rng(1)
     desc_field_check()
-    total = bad = 0
+    counts = [0, 0]  # configurations, failing
+
+    def check(kernel, D, TROWS, WG, s_base, stage, stages, own_regs=False):
+        f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng, own_regs=own_regs)
+        counts[0] += 1
+        tag = "%s%s D=%d TROWS=%d WG=%d base=%#x stage=%d/%d" % (kernel, " OWN_REGS" if own_regs else "", D, TROWS,
+                                                                 WG, s_base, stage, stages)
+        if f:
+            counts[1] += 1
+            print("FAIL", tag, *f, sep="\n  ")
+        else:
+            print("ok  ", tag)
+
+    def sizes(D, TROWS, WG):  # PANELS, OWN_BYTES, STAGE_BYTES
+        panels = (D + 63) // 64
+        return panels, (WG // 2) * 128 * panels, 2 * TROWS * 128 * panels
+
     cases = list(itertools.product(("dkdv", "dq"), (128, 96, 64, 40), (16, 32, 64), (128, 256)))
     cases += list(itertools.product(("dqa",), DQA_DIMS, (16, 32, 64), (128, 256)))  # after: same rng draws above
     for kernel, D, TROWS, WG in cases:
-        PANELS = (D + 63) // 64
-        OWN_BYTES = (WG // 2) * 128 * PANELS
-        STAGE_BYTES = 2 * TROWS * 128 * PANELS
+        _, OWN_BYTES, STAGE_BYTES = sizes(D, TROWS, WG)
         # stages as large as fit ~170 KB, and bases: 0, 1 KB, and one pushing the last stage near 256 KB
         stages = max(1, min(8, (170 * 1024 - 2 * OWN_BYTES - 1024) // STAGE_BYTES))
         span = 2 * OWN_BYTES + stages * STAGE_BYTES + (TROWS * WG if kernel == "dqa" else 0)  # + DS_BYTES
         for s_base in sorted({0, 1024, (SMEM - span) // 1024 * 1024}):
             for stage in sorted({0, stages - 1}):
-                f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng)
-                total += 1
-                tag = "%s D=%d TROWS=%d WG=%d base=%#x stage=%d/%d" % (kernel, D, TROWS, WG, s_base, stage, stages)
-                if f:
-                    bad += 1
-                    print("FAIL", tag, *f, sep="\n  ")
-                else:
-                    print("ok  ", tag)
+                check(kernel, D, TROWS, WG, s_base, stage, stages)
     # OWN_REGS (one warpgroup; WG 256 too at one panel): the own block's fragments by ldmatrix,
     # then the stages over its bytes
     for kernel, D, TROWS, WG in itertools.product(("dkdv", "dq"), (128, 96, 64, 40), (16, 32, 64), (128, 256)):
-        PANELS = (D + 63) // 64
-        OWN_BYTES = (WG // 2) * 128 * PANELS
-        STAGE_BYTES = 2 * TROWS * 128 * PANELS
+        PANELS, OWN_BYTES, STAGE_BYTES = sizes(D, TROWS, WG)
         if PANELS > 1 and TROWS == 64:  # refused by the host (src/params_backward.c: ptxas spills)
             continue
         # the most stages the host lets through (backward_wgmma_bytes): the larger of the own block
@@ -391,20 +396,11 @@ def main():
                 if max(2 * OWN_BYTES, st * STAGE_BYTES) + st * 2 * TROWS * 4 + 1024 <= 48000]
         if not fits:
             continue
-        stages = fits[-1]
         for s_base in (0, 1024 * 7):
-            for stage in sorted({0, stages - 1}):
-                f = run(D, TROWS, WG, s_base, stage, stages, kernel, rng, own_regs=True)
-                total += 1
-                tag = "%s OWN_REGS D=%d TROWS=%d WG=%d base=%#x stage=%d/%d" % (kernel, D, TROWS, WG, s_base,
-                                                                               stage, stages)
-                if f:
-                    bad += 1
-                    print("FAIL", tag, *f, sep="\n  ")
-                else:
-                    print("ok  ", tag)
-    print("%d configs, %d failing" % (total, bad))
-    return 1 if bad else 0
+            for stage in sorted({0, fits[-1] - 1}):
+                check(kernel, D, TROWS, WG, s_base, stage, fits[-1], own_regs=True)
+    print("%d configs, %d failing" % tuple(counts))
+    return 1 if counts[1] else 0
 
 
 if __name__ == "__main__":
