@@ -338,6 +338,7 @@ typedef struct flashcl_backward_entry {
     const char *variant; /* "cpu": cl/flash_bwd_cpu.cl, "nv-mma": cl/flash_bwd_nv.cl, NULL or "portable": cl/flash_bwd.cl */
     int nv_max_registers; /* nv-mma: registers per thread ptxas may use (program.c's
                            * FLASHCL_NV_MAXNREG); 0: the compiler's choice */
+    int nv_own_regs;      /* nv-wgmma: 1 holds the own block's fragments in registers (OWN_REGS=1) */
 } flashcl_backward_entry;
 
 /* ---- the user tuning file (tuning_file.c) ---- */

@@ -50,12 +50,12 @@
 #include "params_internal.h"
 
 /* {match, driver, head_dim_min, head_dim_max, block_m, block_n, work_group_size, why, variant,
- *  nv_max_registers}:
+ *  nv_max_registers, nv_own_regs}:
  * declared in internal.h, the tuning file holds them too. */
 typedef flashcl_backward_entry backward_entry;
 
 /* Levels 3-5: nothing measured per device, architecture or vendor yet. */
-static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
+static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}};
 static const backward_entry backward_arch[] = {
     /* cl/flash_bwd_sm90.cl (Hopper's warpgroup MMA), first so that it wins
      * where it applies (compute capability 9.0, head_dim 32..64): one
@@ -66,7 +66,13 @@ static const backward_entry backward_arch[] = {
      * kernel capped at 168 registers (three work-groups an SM) took causal
      * to 134.0 (dK/dV 2782 against 3720 us) and left full level (5341
      * against 5326 us). The cap applies to dK/dV only (src/backward.c). */
-    {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 168},
+    {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 168, 0},
+    /* Head dims 65..128 with K and V (Q and dO) held as register A operands, two stages of
+     * 32-row tiles (34 KB). H100, f16, `bench/h200.sh pending` (2026-12-05), TFLOP/s full /
+     * causal: (4,32,4096,128) 203.8 / 199.2 against nv-mma's 140.7 / 135.9; (1,32,16384,128)
+     * 213.3 / 218.4 against 144.8 / 145.4; bf16 alike. Without the held fragments only one
+     * stage of 16-row tiles fits 48 KB, no faster than nv-mma. */
+    {"sm_90", NULL, 65, 128, 32, 32, 128, "warpgroup MMA (sm_90a), K and V held in registers", "nv-wgmma", 0, 1},
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
      * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
@@ -85,10 +91,10 @@ static const backward_entry backward_arch[] = {
      * of two) gave 129.1 against 118.1 uncapped and 115.2 at 128; at D=128
      * a cap of 168 lost (111.1 against 134.4). */
     {"sm_80+", NULL, 1, 64, 32, 64, 128, "measured on the H200: 129 TFLOP/s at (4,32,4096,64) with 168 registers",
-     "nv-mma", 168},
-    {"sm_80+", NULL, 65, 128, 32, 32, 64, "measured on the H200: 134/127 TFLOP/s at (4,32,4096,128)", "nv-mma", 0},
-    {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
-static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0}};
+     "nv-mma", 168, 0},
+    {"sm_80+", NULL, 65, 128, 32, 32, 64, "measured on the H200: 134/127 TFLOP/s at (4,32,4096,128)", "nv-mma", 0, 0},
+    {NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}};
+static const backward_entry backward_vendor[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}};
 static const backward_entry backward_type[] = {
     /* CPU: cl/flash_bwd_cpu.cl, 256 keys per work-item, 64-row query tiles
      * (64 work-items only for the portable fallback). The atomic dQ costs one
@@ -99,16 +105,16 @@ static const backward_entry backward_type[] = {
      * 64x256 869/612 (full/causal), 32x256 1014/695, 128x256 853/630, 64x512
      * 789/663. 64x256 needs 491 KB of __local at D=64; devices with less
      * (Intel's CPU runtime: 256 KB) halve the keys until it fits. */
-    {"CPU", NULL, 1, 256, 64, 256, 64, "measured on PoCL: 64x256 of 6 tiles tried", "cpu", 0},
+    {"CPU", NULL, 1, 256, 64, 256, 64, "measured on PoCL: 64x256 of 6 tiles tried", "cpu", 0, 0},
     /* GPU: 16 x 16 tiles (P, dS and four D-wide tiles: 35 KB of __local at
      * D=128), 8 x 8 above D=128 (33 KB at D=256), 128 work-items (64 for the
      * 8 x 8 tiles). Hand-chosen to fit NVIDIA's 48 KB; not yet measured. */
-    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB", NULL, 0},
-    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256", NULL, 0},
+    {"GPU", NULL, 1, 128, 16, 16, 128, "hand-chosen: 35 KB of __local at D=128, under NVIDIA's 48 KB", NULL, 0, 0},
+    {"GPU", NULL, 129, 256, 8, 8, 64, "hand-chosen: 33 KB of __local at D=256", NULL, 0, 0},
 };
 static const backward_entry backward_global[] = {
-    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default", NULL, 0},
-    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default", NULL, 0},
+    {"*", NULL, 1, 128, 16, 16, 128, "as the GPU default", NULL, 0, 0},
+    {"*", NULL, 129, 256, 8, 8, 64, "as the GPU default", NULL, 0, 0},
 };
 
 size_t flashcl_backward_local_bytes(int block_m, int block_n, int head_dim) {
@@ -426,6 +432,9 @@ static void backward_override(const backward_overrides *o, flashcl_backward_choi
         c->nv_stages = o->stages;
     if (o->own_regs >= 0)
         c->nv_own_regs = o->own_regs;
+    else if (c->nv_own_regs && (flashcl_backward_dq_atomic(c) == 1 || c->variant != FLASHCL_BWD_NV_WGMMA ||
+                                (c->block_m == 64 || c->block_n == 64)))
+        c->nv_own_regs = 0; /* a table's held fragments give way to what the override asks for */
     /* The held fragments take 16-32 registers more: under the table's cap of 168 ptxas spills
      * (clang's PTX at 64-row tiles) and could reuse them inside the loop, so no cap unless given. */
     if (o->own_regs > 0 && o->max_registers < 0)
@@ -465,6 +474,7 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     c->nv_dq_pass = 1; /* nv-mma: faster than atomics, see backward_arch; nv-wgmma: level with them (d9da259) */
     c->variant = backward_variant_of(e->variant);
     c->nv_max_registers = flashcl_backward_nv(c) ? e->nv_max_registers : 0;
+    c->nv_own_regs = c->variant == FLASHCL_BWD_NV_WGMMA ? e->nv_own_regs : 0;
     c->source = source;
     if (env.variant >= 0) /* VARIANT alone: that kernel's tiles shrink to fit as a default's */
         c->variant = (flashcl_backward_variant)env.variant;

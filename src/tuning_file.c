@@ -41,6 +41,8 @@
  *                                         (cl/flash_bwd_sm90.cl), where they apply
  *       "max_registers": 168,             optional, nv-mma: registers per thread, 16..255
  *                                         (0, the default: the compiler's choice)
+ *       "own_regs": 1,                    optional, nv-wgmma: 1 holds K and V (Q and dO)
+ *                                         fragments in registers (OWN_REGS=1); 0 the default
  *       "comment": "..."}                 optional string, shown in the source
  *    ]}
  *
@@ -602,7 +604,8 @@ static int read_backward(const jval *e, size_t index, flashcl_backward_entry *ou
         int_field(&a, "head_dim_max", 1, 256, 256, &out->head_dim_max) ||
         int_field(&a, "block_m", 1, 1024, -1, &out->block_m) || int_field(&a, "block_n", 1, 1024, -1, &out->block_n) ||
         int_field(&a, "work_group_size", 1, 1024, -1, &out->work_group_size) ||
-        int_field(&a, "max_registers", 0, 255, 0, &out->nv_max_registers))
+        int_field(&a, "max_registers", 0, 255, 0, &out->nv_max_registers) ||
+        int_field(&a, "own_regs", 0, 1, 0, &out->nv_own_regs))
         return -1;
     if (out->head_dim_min > out->head_dim_max)
         return entry_fail(&a, e, "head_dim_min is above head_dim_max");
