@@ -41,7 +41,7 @@
  *     its K and V (Q and dO) fragments held in registers, their __local
  *     taken by the stages (not with DQ=atomic; at head_dim 65..128, where
  *     without it one stage of 16-row tiles fits, 16- or 32-row tiles in up to
- *     five or two stages).
+ *     five or two stages; there the table's default), OWN_REGS=0 not.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -329,7 +329,8 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     if (!backward_variant_applies(ctx, w->desc, variant))
         return 0;
     if (level >= LVL_TYPE ||
-        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, 0, 0, why, sizeof why))
+        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, 0, e->nv_own_regs, why,
+                     sizeof why))
         return 1;
     flashcl_param_entry key;
     memset(&key, 0, sizeof key);
@@ -367,6 +368,10 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
             if (!o->dq_pass && !o->dq_owner && !(kv.value_len == 6 && !strncmp(kv.value, "atomic", 6)))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_BWD_PARAMS: DQ is atomic, pass or owner at '%s'", kv.at);
+        } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "OWN_REGS")) {
+            if (!flashcl_kv_int(&kv, 0, 1, &o->own_regs))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_BWD_PARAMS: OWN_REGS is 0 or 1 at '%s'", kv.at);
         } else if (item != FLASHCL_KV_ITEM || !flashcl_kv_int(&kv, 1, 1024, &value)) {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: expected KEY=VALUE[,...] with values 1..1024 at '%s'", kv.at);
@@ -378,11 +383,6 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
             o->work_group_size = value;
         } else if (flashcl_kv_key(&kv, "STAGES")) {
             o->stages = value;
-        } else if (flashcl_kv_key(&kv, "OWN_REGS")) {
-            if (value != 1)
-                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_BWD_PARAMS: OWN_REGS is 1 at '%s'",
-                                    kv.at);
-            o->own_regs = value;
         } else {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ, "
@@ -432,9 +432,10 @@ static void backward_override(const backward_overrides *o, flashcl_backward_choi
         c->nv_stages = o->stages;
     if (o->own_regs >= 0)
         c->nv_own_regs = o->own_regs;
-    else if (c->nv_own_regs && (flashcl_backward_dq_atomic(c) == 1 || c->variant != FLASHCL_BWD_NV_WGMMA ||
-                                (c->block_m == 64 || c->block_n == 64)))
-        c->nv_own_regs = 0; /* a table's held fragments give way to what the override asks for */
+    else if (c->nv_own_regs &&
+             (flashcl_backward_dq_atomic(c) == 1 || c->variant != FLASHCL_BWD_NV_WGMMA || c->block_m == 64 ||
+              c->block_n == 64))
+        c->nv_own_regs = 0; /* an entry's held fragments give way to what the override asks for */
     /* The held fragments take 16-32 registers more: under the table's cap of 168 ptxas spills
      * (clang's PTX at 64-row tiles) and could reuse them inside the loop, so no cap unless given. */
     if (o->own_regs > 0 && o->max_registers < 0)
@@ -499,6 +500,12 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
             c->source = flashcl_shrunk_source(ctx, c->source);
     }
     backward_override(&env, c);
+    /* An entry's tiles sized for held fragments that the override let go (DQ=atomic, OWN_REGS=0):
+     * halved as a default's until they fit, where the override gives no tiles of its own. */
+    if (e->nv_own_regs && !c->nv_own_regs && env.block_m < 0 && env.block_n < 0)
+        while (c->block_m > 16 && backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim,
+                                                 flashcl_backward_dq_atomic(c), c->nv_stages, 0) > FLASHCL_NV_LOCAL_LIMIT)
+            c->block_m /= 2, c->block_n /= 2;
     if (env.dq_owner < 0)
         c->cpu_dq_owner = cpu_dq_owner(ctx, desc, c);
     char why[200];

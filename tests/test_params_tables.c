@@ -164,9 +164,21 @@ static void test_backward_levels(void) {
                what, &failures);
     }
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 31, NULL, 0, &c) == FLASHCL_SUCCESS &&
-               c.variant == FLASHCL_BWD_NV_MMA && backward_choice_of(ctx, FLASHCL_FLOAT16, 65, NULL, 0, &c) ==
-               FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_NV_MMA,
-           "backward, sm_90 f16 D=31 and D=65: nv-mma (outside nv-wgmma's head dims)", &failures);
+               c.variant == FLASHCL_BWD_NV_MMA,
+           "backward, sm_90 f16 D=31: nv-mma (outside nv-wgmma's head dims)", &failures);
+    /* Head dims 65..128: K and V (Q and dO) held in registers, two stages of 32-row tiles. */
+    for (int d = 65; d <= 128; d += 63) {
+        char what[120];
+        snprintf(what, sizeof what, "backward, sm_90 %s D=%d: nv-wgmma, K and V held, two stages of 32-row tiles",
+                 d == 65 ? "f16" : "bf16", d);
+        expect(backward_choice_of(ctx, d == 65 ? FLASHCL_FLOAT16 : FLASHCL_BFLOAT16, d, NULL, 0, &c) ==
+                       FLASHCL_SUCCESS &&
+                   c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_own_regs == 1 && c.block_m == 32 && c.block_n == 32 &&
+                   c.work_group_size == 128 && c.nv_max_registers == 0 && c.nv_dq_pass &&
+                   !flashcl_backward_dq_atomic(&c) && flashcl_backward_wgmma_stages(32, 128, d, 1) == 2 &&
+                   !strncmp(c.source, "built-in arch: sm_90", 20),
+               what, &failures);
+    }
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-mma", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.work_group_size == 128 &&
                c.nv_max_registers == 168,
@@ -188,22 +200,22 @@ static void test_backward_levels(void) {
                c.work_group_size == 256 && c.block_m == 32 && flashcl_backward_wgmma_stages(32, 256, 64, 0) == 1 &&
                flashcl_backward_wgmma_stages(32, 128, 64, 0) == 2 && flashcl_backward_wgmma_stages(64, 128, 64, 0) == 1,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and 32-row tiles (one stage)", &failures);
-    /* Head dims 65..128 on request: two 64-dim panels, one stage of 16-row tiles (42 KB); no table entry. */
+    /* Head dims 65..128 without the held fragments: two 64-dim panels, one stage of 16-row tiles (42 KB). */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "OWN_REGS=0", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_own_regs == 0 && c.block_m == 16 && c.block_n == 16 &&
+               c.work_group_size == 128 && c.nv_max_registers == 0 &&
+               flashcl_backward_wgmma_stages(16, 128, 128, 0) == 1 && flashcl_backward_wgmma_stages(16, 128, 96, 0) == 1,
+           "FLASHCL_BWD_PARAMS=OWN_REGS=0 at D=128: the entry's tiles halved to 16 rows, one stage", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_SUCCESS &&
-               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 16 && c.block_n == 16 && c.work_group_size == 128 &&
-               c.nv_max_registers == 0 && flashcl_backward_wgmma_stages(16, 128, 128, 0) == 1 &&
-               flashcl_backward_wgmma_stages(16, 128, 96, 0) == 1,
-           "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at D=128: 16-row tiles, one stage, no register cap", &failures);
-    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
-               c.variant == FLASHCL_BWD_NV_MMA,
-           "... but not chosen by the table at D=128 (nv-mma) until it has run on a GPU", &failures);
+               c.nv_own_regs == 1 && c.block_m == 32,
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at D=128: the entry's held fragments", &failures);
     /* Two warpgroups adding dQ with atomics: 16-row tiles, 45 KB with the 4 KB dS tile of 128 keys. */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic", 0, &c) ==
                    FLASHCL_SUCCESS && flashcl_backward_dq_atomic(&c) && c.work_group_size == 256,
            "FLASHCL_BWD_PARAMS: nv-wgmma with two warpgroups and DQ=atomic (16-row tiles)", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
-               flashcl_backward_dq_atomic(&c) && c.block_m == 16,
-           "... and one warpgroup at D=128 (dS 2 KB beside 42 KB)", &failures);
+               flashcl_backward_dq_atomic(&c) && c.block_m == 16 && c.block_n == 16 && c.nv_own_regs == 0,
+           "... and one warpgroup at D=128 (dS 2 KB beside 42 KB; the held fragments let go)", &failures);
     /* OWN_REGS: K and V held in registers, the stages in their __local: four 32-row stages in 34 KB. */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,STAGES=4", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_own_regs == 1 && c.nv_stages == 4 && c.nv_max_registers == 0 &&
@@ -251,19 +263,20 @@ static void test_backward_levels(void) {
                c.nv_max_registers == 0 && backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "maxnreg=200", 0, &c) ==
                FLASHCL_SUCCESS && c.nv_max_registers == 200,
            "FLASHCL_BWD_PARAMS MAXNREG=0 lifts the cap, MAXNREG=200 sets one", &failures);
-    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
+    expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 128, "VARIANT=nv-mma", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.block_n == 32 && c.work_group_size == 64 &&
                flashcl_backward_nv_local_bytes(c.block_m, c.block_n, c.work_group_size, 128, 1) <= 48000 &&
                c.nv_dq_pass && !flashcl_backward_dq_atomic(&c) && c.nv_max_registers == 0,
-           "backward, sm_90 bf16 D=128: nv-mma within 48000 bytes, dQ by its pass, no register cap", &failures);
-    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-mma, bf16 D=128: within 48000 bytes, dQ by its pass, no register cap",
+           &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-mma,DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_dq_atomic(&c),
-           "FLASHCL_BWD_PARAMS=DQ=atomic: nv-mma sums dQ with atomics", &failures);
+           "FLASHCL_BWD_PARAMS=VARIANT=nv-mma,DQ=atomic: nv-mma sums dQ with atomics", &failures);
     /* The fit counts the dS^T tile only when atomics will use it: 46976 bytes in pass mode, 54144 with atomics. */
-    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=128,BLOCK_M=48", 0, &c) == FLASHCL_SUCCESS &&
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "VARIANT=nv-mma,WG=128,BLOCK_M=48", 0, &c) == FLASHCL_SUCCESS &&
                flashcl_backward_nv_local_bytes(48, 32, 128, 96, 0) <= 48000,
            "nv-mma tiles that fit only without the atomic dQ tile are taken in pass mode", &failures);
-    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=128,BLOCK_M=48,DQ=atomic", 0, &c) ==
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "VARIANT=nv-mma,WG=128,BLOCK_M=48,DQ=atomic", 0, &c) ==
                    FLASHCL_ERROR_INVALID_PARAMS &&
                strstr(flashcl_last_error(ctx), "48000"),
            "... and refused with DQ=atomic", &failures);
@@ -279,7 +292,7 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=portable", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_PORTABLE,
            "FLASHCL_BWD_PARAMS=VARIANT=portable passes over nv-mma", &failures);
-    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "WG=64,BLOCK_M=32", 0, &c) == FLASHCL_SUCCESS &&
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 96, "VARIANT=nv-mma,WG=64,BLOCK_M=32", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && flashcl_backward_keys_per_group(&c) == 32 && c.block_m == 32,
            "FLASHCL_BWD_PARAMS resizes the nv-mma kernels", &failures);
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
@@ -307,17 +320,17 @@ static void test_backward_levels(void) {
                     "over NVIDIA's 48000"},
                    {FLASHCL_BFLOAT16, 80, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64,OWN_REGS=1", "16- or 32-row"},
                    {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=64,OWN_REGS=1", "16- or 32-row"},
-                   {FLASHCL_FLOAT16, 64, "OWN_REGS=2", "OWN_REGS is 1"},
+                   {FLASHCL_FLOAT16, 64, "OWN_REGS=2", "OWN_REGS is 0 or 1"},
                    {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,OWN_REGS=1", "OWN_REGS holds the nv-wgmma"},
                    {FLASHCL_FLOAT16, 64, "STAGES=1", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=9", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=3,DQ=atomic", "DQ=atomic does not take"},
-                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,STAGES=2", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,OWN_REGS=0,STAGES=2", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,STAGES=2", "another variant"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-wgmma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 96, "VARIANT=nv-wgmma,WG=128,BLOCK_M=64,BLOCK_N=64", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 160, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16", "head_dim 32..128"},
-                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=16", "over NVIDIA's 48000"},
+                   {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,OWN_REGS=0,BLOCK_M=32,BLOCK_N=16", "over NVIDIA's 48000"},
                    {FLASHCL_FLOAT16, 128, "BLOCK_M=64", "48000"},
                    {FLASHCL_FLOAT32, 64, "VARIANT=nv-mma", "float16 or bfloat16"},
                    {FLASHCL_FLOAT16, 256, "VARIANT=nv-mma,BLOCK_M=16,BLOCK_N=16,WG=32", "head_dim <= 128"}};
@@ -370,6 +383,19 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_BFLOAT16, 48, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && !strncmp(c.source, "built-in arch: sm_80+", 21),
            "backward: ... and passed over after an nv-wgmma build failure (nv-mma's built-in entry)", &failures);
+    flashcl_context_destroy(ctx);
+
+    /* A tuned entry with the held fragments: 16-row tiles, which fit 48 KB at D=128 in up to five stages. */
+    ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
+                                   "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", \"head_dim_min\": 96, "
+                                   "\"block_m\": 16, \"block_n\": 16, \"work_group_size\": 128, \"own_regs\": 1}]}");
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 16 && c.nv_own_regs == 1 &&
+               !strncmp(c.source, "tuned: ", 7),
+           "backward: a tuned entry's own_regs is used", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ=atomic", 0, &c) == FLASHCL_SUCCESS &&
+               c.block_m == 16 && c.nv_own_regs == 0 && flashcl_backward_dq_atomic(&c),
+           "backward: ... and let go under DQ=atomic", &failures);
     flashcl_context_destroy(ctx);
     unsetenv("FLASHCL_TUNING_FILE");
     unlink(path);
