@@ -45,10 +45,10 @@
 #      FP8 pages on the default, decode and mma kernels; the mma kernel's registers over e4m3
 #      pages; decode over an e4m3 pool against PyTorch's float16 FlashAttention-2 and flashcl's
 #      own float16 pool (compare_decode.py --kv-dtype e4m3, ROUNDS, default 2); the FP8 forward's
-#      TFLOP/s next to the float16 one's (FWD_SHAPES); the opt-in FP8 wgmma kernel (nv-wgmma-fp8):
+#      TFLOP/s next to the float16 one's (FWD_SHAPES); the FP8 wgmma kernel (nv-wgmma-fp8, named):
 #      its registers, compare_torch.py --dtypes e4m3 (against PyTorch's float16 and flashcl's own,
 #      events and wall clock) and FA3's accuracy experiment on it (bench/fp8_accuracy.c --out f16).
-# fp8-kernel: the opt-in FP8 warpgroup-MMA forward (nv-wgmma-fp8) in two calls of under 600 s on
+# fp8-kernel: the FP8 warpgroup-MMA forward (nv-wgmma-fp8) in two calls of under 600 s on
 #      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
 #      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
 #      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
@@ -120,7 +120,7 @@ for i, f in enumerate(sorted(glob.glob(d + "/*.bin"))):
         open("%s/fwd%d.ptx" % (d, i), "wb").write(ptx)
 PY
 }
-# time_fp8_wgmma TAG: the opt-in FP8 wgmma kernel's registers (NVIDIA's build log), then
+# time_fp8_wgmma TAG: the FP8 wgmma kernel's registers (NVIDIA's build log), then
 # compare_torch.py --dtypes e4m3 (both of issue 35's bars), its files named $out/TAG.*.
 time_fp8_wgmma() {
   echo "== ptxas report of nv-wgmma-fp8 (e4m3, D=128)"
@@ -501,7 +501,7 @@ if [ "$what" = fp8 ]; then
     ./build-gpu/flashcl bench --device nvidia ${FWD_SHAPES:---shape 4,32,4096,128 --shape 4,32,4096,64} \
       --dtype $dt --iters 5 2>&1 | tail -n 3
   done
-  # The FP8 warpgroup-MMA kernel is opt-in until test_fp8_forward (above) has passed its cases here.
+  # The FP8 warpgroup-MMA kernel is timed only after test_fp8_forward (above) has passed here.
   [ $fp8_ok = 1 ] || { echo "test_fp8_forward failed: nv-wgmma-fp8 not timed"; exit 0; }
   time_fp8_wgmma compare-fp8
   fp8_accuracy_wgmma

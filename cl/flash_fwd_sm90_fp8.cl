@@ -8,14 +8,14 @@
  * instructions sit behind the SM90A marker and src/program.c rebuilds the
  * program's PTX for sm_90a.
  *
- * Status: opt-in (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 or flashcl_set_params),
- * never chosen by default. Its first version (V transposed by the
- * work-items, O chained through the FP8 MMA's accumulator) ran on the H200
- * on 2026-12-05: its two products (FP8_PROBE, at the end) and its outputs
- * passed, and it ran at 0.56-0.70x the 16-bit kernel. This version (Vt by a
- * pre-pass and TMA, the two-level P V sum; OVERLAP and EX2_FMA_EVERY on
- * request) is built and checked offline, not yet run (docs/perf-notes.md,
- * "FP8 forward on warpgroup MMA").
+ * Status: the default for FP8 q, k, v with a 16-bit output on compute
+ * capability 9.0 (src/params_forward.c's sm_90 entries). Its first version
+ * (V transposed by the work-items, O chained through the FP8 MMA's
+ * accumulator) ran at 0.56-0.70x the 16-bit kernel (H200, 2026-12-05). This
+ * version (Vt by a pre-pass and TMA, the two-level P V sum) passed
+ * test_fp8_forward on an H100 and ran at 1.24-1.63x the 16-bit kernel in
+ * the same call (2026-12-05, docs/perf-notes.md, "FP8 forward on warpgroup
+ * MMA"); OVERLAP and EX2_FMA_EVERY, on request, are not yet timed.
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
  * of one (batch, query head) and walks the visible keys in tiles of

@@ -252,7 +252,9 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
  * are copied during the call (the arrays may be freed when it returns) and
  * uploaded without blocking; the portable kernel runs on GPUs, the cpu kernel
- * on CPUs. The opt-in Hopper kernel (variant "nv-wgmma-fp8") first writes v
+ * on CPUs; on compute capability 9.0 with a float16 or bfloat16 output and
+ * head dims 32..128 in steps of 16, the Hopper kernel (variant
+ * "nv-wgmma-fp8", P rounded to e4m3 for P V as FlashAttention-3's), which first writes v
  * transposed into a buffer the context allocates, keeps for later calls and
  * frees in flashcl_context_destroy: batch * heads_k * head_dim rounded up to
  * 64 * seqlen_k rounded up to 128 bytes (v's own size at head_dim 128). */

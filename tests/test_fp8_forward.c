@@ -10,7 +10,7 @@
  *    packed and padded layouts (offsets, strides with gaps that must stay), on
  *    the cpu and portable kernels (FLASHCL_PARAMS) and a host context.
  *    On compute capability 9.0, the FP8 warpgroup-MMA kernel (nv-wgmma-fp8,
- *    opt-in) on its own cases, with bounds for its e4m3 P and its MMA's
+ *    the default there for 16-bit outputs) on its own cases, with bounds for its e4m3 P and its MMA's
  *    truncating accumulator (below), and 32768-key rows checked for an
  *    output shrunk by that accumulator; elsewhere, that asking for it is
  *    refused with outputs untouched.

@@ -656,16 +656,32 @@ static void test_levels(void) {
     unlink(path);
 }
 
-/* The FP8 warpgroup-MMA forward (nv-wgmma-fp8) on the pretend H200: never chosen by a table,
- * only when asked for, and only where cl/flash_fwd_sm90_fp8.cl's conditions hold. */
+/* The FP8 warpgroup-MMA forward (nv-wgmma-fp8) on the pretend H200: the table's choice for FP8
+ * q, k, v, and what FLASHCL_PARAMS gets, only where cl/flash_fwd_sm90_fp8.cl's conditions hold;
+ * elsewhere the table falls to the portable kernel and an explicit request is refused. */
 static void test_fp8_wgmma_choice(void) {
     flashcl_context *ctx = test_context();
     pretend_h200(ctx);
     flashcl_params p;
     flashcl_attention_desc d8 = desc_of(FLASHCL_FLOAT8_E4M3, 1000, 128, 0);
     d8.out_dtype = FLASHCL_FLOAT16;
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8") &&
+               p.block_m == 64 && p.block_n == 128 && !strncmp(p.source, "built-in arch: sm_90", 20),
+           "sm_90, e4m3 D=128 out f16: the table chooses nv-wgmma-fp8", &failures);
+    flashcl_attention_desc d5 = d8;
+    d5.dtype = FLASHCL_FLOAT8_E5M2, d5.head_dim = 64, d5.out_dtype = FLASHCL_BFLOAT16;
+    expect(flashcl_attention_params(ctx, &d5, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8"),
+           "sm_90, e5m2 D=64 out bf16: nv-wgmma-fp8", &failures);
+    d5 = d8, d5.out_dtype = FLASHCL_FLOAT32;
+    expect(flashcl_attention_params(ctx, &d5, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
+           "sm_90, e4m3 out f32 (not the kernel's): the portable kernel", &failures);
+    d5 = d8, d5.head_dim = 72;
+    expect(flashcl_attention_params(ctx, &d5, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
+           "sm_90, e4m3 D=72 (not a multiple of 16): the portable kernel", &failures);
+    ctx->no_sm90a = 1;
     expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
-           "sm_90, e4m3: the tables choose portable, not the opt-in nv-wgmma-fp8", &failures);
+           "sm_90, e4m3 after an sm_90a build failure: the portable kernel", &failures);
+    ctx->no_sm90a = 0;
     setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
     expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8") &&
                p.block_m == 64 && p.block_n == 128 && p.work_group_size == 128 &&
