@@ -67,12 +67,14 @@ static const backward_entry backward_arch[] = {
      * to 134.0 (dK/dV 2782 against 3720 us) and left full level (5341
      * against 5326 us). The cap applies to dK/dV only (src/backward.c). */
     {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 168, 0},
-    /* Head dims 65..128 with K and V (Q and dO) held as register A operands, two stages of
+    /* Head dims 96..128 with K and V (Q and dO) held as register A operands, two stages of
      * 32-row tiles (34 KB). H100, f16, `bench/h200.sh pending` (2026-12-05), TFLOP/s full /
      * causal: (4,32,4096,128) 203.8 / 199.2 against nv-mma's 140.7 / 135.9; (1,32,16384,128)
      * 213.3 / 218.4 against 144.8 / 145.4; bf16 alike. Without the held fragments only one
-     * stage of 16-row tiles fits 48 KB, no faster than nv-mma. */
-    {"sm_90", NULL, 65, 128, 32, 32, 128, "warpgroup MMA (sm_90a), K and V held in registers", "nv-wgmma", 0, 1},
+     * stage of 16-row tiles fits 48 KB, no faster than nv-mma. From 96: the held kernel has
+     * passed test_backward on the GPU at 96, 112 and 128; 65..95 (its cases at 72 and 80)
+     * has not yet run there, so nv-mma keeps them. */
+    {"sm_90", NULL, 96, 128, 32, 32, 128, "warpgroup MMA (sm_90a), K and V held in registers", "nv-wgmma", 0, 1},
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
      * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
@@ -329,8 +331,8 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
     if (!backward_variant_applies(ctx, w->desc, variant))
         return 0;
     if (level >= LVL_TYPE ||
-        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, 0, e->nv_own_regs, why,
-                     sizeof why))
+        backward_fit(ctx, w->desc, variant, e->block_m, e->block_n, e->work_group_size, -1, 0,
+                     variant == FLASHCL_BWD_NV_WGMMA ? e->nv_own_regs : 0, why, sizeof why))
         return 1;
     flashcl_param_entry key;
     memset(&key, 0, sizeof key);
@@ -413,7 +415,7 @@ static int cpu_dq_owner(const flashcl_context *ctx, const flashcl_attention_desc
 }
 
 /* The values o sets replace c's. */
-static void backward_override(const backward_overrides *o, flashcl_backward_choice *c) {
+static void backward_override(const backward_overrides *o, int head_dim, flashcl_backward_choice *c) {
     if (o->variant >= 0)
         c->variant = (flashcl_backward_variant)o->variant;
     if (o->block_m > 0)
@@ -432,9 +434,9 @@ static void backward_override(const backward_overrides *o, flashcl_backward_choi
         c->nv_stages = o->stages;
     if (o->own_regs >= 0)
         c->nv_own_regs = o->own_regs;
-    else if (c->nv_own_regs &&
-             (flashcl_backward_dq_atomic(c) == 1 || c->variant != FLASHCL_BWD_NV_WGMMA || c->block_m == 64 ||
-              c->block_n == 64))
+    else if (o->set && c->nv_own_regs &&
+             (flashcl_backward_dq_atomic(c) == 1 || c->variant != FLASHCL_BWD_NV_WGMMA ||
+              (head_dim > 64 && (c->block_m == 64 || c->block_n == 64))))
         c->nv_own_regs = 0; /* an entry's held fragments give way to what the override asks for */
     /* The held fragments take 16-32 registers more: under the table's cap of 168 ptxas spills
      * (clang's PTX at 64-row tiles) and could reuse them inside the loop, so no cap unless given. */
@@ -499,18 +501,26 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
         if (shrunk)
             c->source = flashcl_shrunk_source(ctx, c->source);
     }
-    backward_override(&env, c);
+    backward_override(&env, head_dim, c);
     /* An entry's tiles sized for held fragments that the override let go (DQ=atomic, OWN_REGS=0):
-     * halved as a default's until they fit, where the override gives no tiles of its own. */
-    if (e->nv_own_regs && !c->nv_own_regs && env.block_m < 0 && env.block_n < 0)
-        while (c->block_m > 16 && backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim,
-                                                 flashcl_backward_dq_atomic(c), c->nv_stages, 0) > FLASHCL_NV_LOCAL_LIMIT)
-            c->block_m /= 2, c->block_n /= 2;
+     * each side the override does not set is halved, keys first, down to 16 rows, until they fit. */
+    if (e->nv_own_regs && !c->nv_own_regs && c->variant == FLASHCL_BWD_NV_WGMMA) {
+        int *const side[2] = {env.block_n < 0 ? &c->block_n : NULL, env.block_m < 0 ? &c->block_m : NULL};
+        for (int i = 0; i < 2; ++i)
+            while (side[i] && *side[i] > 16 &&
+                   backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim,
+                                  flashcl_backward_dq_atomic(c), c->nv_stages, 0) > FLASHCL_NV_LOCAL_LIMIT)
+                *side[i] /= 2;
+    }
     if (env.dq_owner < 0)
         c->cpu_dq_owner = cpu_dq_owner(ctx, desc, c);
     char why[200];
     if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size,
                       flashcl_backward_dq_atomic(c), c->nv_stages, c->nv_own_regs, why, sizeof why))
-        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
+        /* Overrides written for nv-mma meet nv-wgmma where the table now chooses it. */
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s%s", why,
+                            c->variant == FLASHCL_BWD_NV_WGMMA && env.variant < 0
+                                ? " (the table chose nv-wgmma here; VARIANT=nv-mma picks the mma.sync kernels)"
+                                : "");
     return FLASHCL_SUCCESS;
 }

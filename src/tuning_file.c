@@ -618,6 +618,8 @@ static int read_backward(const jval *e, size_t index, flashcl_backward_entry *ou
             out->variant = variants[i];
     if (variant && strcmp(variant, "portable") && !out->variant)
         return entry_fail(&a, e, "\"variant\" must be \"portable\", \"cpu\", \"nv-mma\" or \"nv-wgmma\"");
+    if (out->nv_own_regs && !(out->variant && !strcmp(out->variant, "nv-wgmma")))
+        return entry_fail(&a, e, "\"own_regs\" is for the nv-wgmma variant");
     return copy_strings(&a, device, driver, comment, &out->match, &out->driver, &out->why);
 }
 

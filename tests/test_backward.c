@@ -640,15 +640,19 @@ static void wgmma(flashcl_context *ctx) {
         {64, "VARIANT=nv-wgmma,OWN_REGS=1,STAGES=4"},     /* K, V (Q, dO) held: four TMA stages */
         {48, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=64,BLOCK_N=64"}, /* two 64-row stages */
         {40, "VARIANT=nv-wgmma,WG=256,OWN_REGS=1"},
-        /* head dims 65..128 (on request): two 64-dim panels, SS score products, one stage of 16 rows */
-        {128, "VARIANT=nv-wgmma"},
-        {96, "VARIANT=nv-wgmma"},
-        {80, "VARIANT=nv-wgmma,BLOCK_M=16,BLOCK_N=16"},    /* padded to two panels */
-        /* ... with K and V (Q and dO) held as register A operands (OWN_REGS): the own block's 32 KB
-         * taken by two stages of 32-row tiles, or five of 16 rows */
+        /* head dims 65..128 without the held fragments: two 64-dim panels, SS score products, one
+         * stage of 16 rows */
+        {128, "VARIANT=nv-wgmma,OWN_REGS=0"},
+        {96, "VARIANT=nv-wgmma,OWN_REGS=0"},
+        {80, "VARIANT=nv-wgmma,OWN_REGS=0,BLOCK_M=16,BLOCK_N=16"}, /* padded to two panels */
+        /* ... with K and V (Q and dO) held as register A operands (OWN_REGS; the table's choice at
+         * head dims 96..128): the own block's 32 KB taken by two stages of 32-row tiles, or five of
+         * 16 rows; 80 and 72 (a second panel of 16 or 8 dims) before the table takes them */
         {128, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
         {96, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
         {112, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=16,BLOCK_N=16,STAGES=5"},
+        {80, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
+        {72, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
     };
     for (int i = 0; i < COUNT(configs); ++i)
         run_config_shapes(ctx, i, configs[i].d, configs[i].env);

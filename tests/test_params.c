@@ -91,6 +91,8 @@ static void test_parser(void) {
         {BWD("\"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16, \"max_registers\": 8"), "max_registers 8"},
         {BWD("\"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16, \"max_registers\": 256"), "max_registers 256"},
         {BWD("\"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16, \"own_regs\": 2"), "own_regs 2"},
+        {BWD("\"block_m\": 4, \"block_n\": 8, \"work_group_size\": 16, \"variant\": \"nv-mma\", \"own_regs\": 1"),
+         "own_regs on nv-mma"},
         {"{\"flashcl_tuning\": 1, \"entries\": [], \"serving\": [7]}", "serving entry not an object"},
         {SRV("\"kernel\": \"fast\", \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "unknown serving kernel"},
         {SRV("\"kernel\": 1, \"wgs_per_cu\": 2, \"min_split_keys\": 64"), "serving kernel a number"},

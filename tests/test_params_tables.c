@@ -164,14 +164,18 @@ static void test_backward_levels(void) {
                what, &failures);
     }
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 31, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && backward_choice_of(ctx, FLASHCL_FLOAT16, 65, NULL, 0, &c) ==
+               FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_NV_MMA &&
+               backward_choice_of(ctx, FLASHCL_BFLOAT16, 95, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA,
-           "backward, sm_90 f16 D=31: nv-mma (outside nv-wgmma's head dims)", &failures);
-    /* Head dims 65..128: K and V (Q and dO) held in registers, two stages of 32-row tiles. */
-    for (int d = 65; d <= 128; d += 63) {
+           "backward, sm_90 D=31, 65 and 95: nv-mma (the held kernel from 96, where it has run on a GPU)",
+           &failures);
+    /* Head dims 96..128: K and V (Q and dO) held in registers, two stages of 32-row tiles. */
+    for (int d = 96; d <= 128; d += 32) {
         char what[120];
         snprintf(what, sizeof what, "backward, sm_90 %s D=%d: nv-wgmma, K and V held, two stages of 32-row tiles",
-                 d == 65 ? "f16" : "bf16", d);
-        expect(backward_choice_of(ctx, d == 65 ? FLASHCL_FLOAT16 : FLASHCL_BFLOAT16, d, NULL, 0, &c) ==
+                 d == 96 ? "f16" : "bf16", d);
+        expect(backward_choice_of(ctx, d == 96 ? FLASHCL_FLOAT16 : FLASHCL_BFLOAT16, d, NULL, 0, &c) ==
                        FLASHCL_SUCCESS &&
                    c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_own_regs == 1 && c.block_m == 32 && c.block_n == 32 &&
                    c.work_group_size == 128 && c.nv_max_registers == 0 && c.nv_dq_pass &&
@@ -209,6 +213,19 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_own_regs == 1 && c.block_m == 32,
            "FLASHCL_BWD_PARAMS=VARIANT=nv-wgmma at D=128: the entry's held fragments", &failures);
+    /* Letting them go halves only the sides the override leaves, keys first, down to 16 rows. */
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ=atomic,BLOCK_N=16", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_own_regs == 0 && c.block_n == 16 && c.block_m == 16 && flashcl_backward_dq_atomic(&c),
+           "FLASHCL_BWD_PARAMS=DQ=atomic,BLOCK_N=16 at D=128: BLOCK_M halved to 16 to fit", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "OWN_REGS=0,BLOCK_M=16", 0, &c) == FLASHCL_SUCCESS &&
+               c.block_m == 16 && c.block_n == 16,
+           "FLASHCL_BWD_PARAMS=OWN_REGS=0,BLOCK_M=16 at D=128: BLOCK_N halved to 16", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "WG=64", 0, &c) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "VARIANT=nv-mma"),
+           "FLASHCL_BWD_PARAMS=WG=64 at D=128 (an nv-mma shape): refused, naming VARIANT=nv-mma", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "VARIANT=nv-mma,WG=64", 0, &c) == FLASHCL_SUCCESS &&
+               c.variant == FLASHCL_BWD_NV_MMA && c.work_group_size == 64,
+           "... and taken with it", &failures);
     /* Two warpgroups adding dQ with atomics: 16-row tiles, 45 KB with the 4 KB dS tile of 128 keys. */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "WG=256,BLOCK_M=16,BLOCK_N=16,DQ=atomic", 0, &c) ==
                    FLASHCL_SUCCESS && flashcl_backward_dq_atomic(&c) && c.work_group_size == 256,
@@ -385,6 +402,14 @@ static void test_backward_levels(void) {
            "backward: ... and passed over after an nv-wgmma build failure (nv-mma's built-in entry)", &failures);
     flashcl_context_destroy(ctx);
 
+    /* A tuned entry holding the fragments with 64-row tiles at D <= 64 (two stages): kept as it is. */
+    ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
+                                   "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", \"head_dim_max\": 64, "
+                                   "\"block_m\": 64, \"block_n\": 64, \"work_group_size\": 128, \"own_regs\": 1}]}");
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS && c.nv_own_regs == 1 &&
+               c.block_m == 64 && !strncmp(c.source, "tuned: ", 7),
+           "backward: a tuned entry's held 64-row tiles at D=64 are kept", &failures);
+    flashcl_context_destroy(ctx);
     /* A tuned entry with the held fragments: 16-row tiles, which fit 48 KB at D=128 in up to five stages. */
     ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
                                    "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", \"head_dim_min\": 96, "
