@@ -345,6 +345,8 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     if (st == FLASHCL_ERROR_BUILD_FAILED && flashcl_variant_is_nv(p.variant) && !flashcl_params_explicit(&p)) {
         flashcl_log("the %s kernel did not build, using the portable kernel: %.300s", p.variant,
                     flashcl_last_error(ctx));
+        if (fp8_kernel)
+            ctx->no_fp8_wgmma = 1; /* not tried again on this context */
         flashcl_fallback_params(ctx, r, &p);
         flashcl_clear_error(ctx);
         *tma = 0;

@@ -85,6 +85,7 @@ struct flashcl_context {
     int no_sm90a_bwd; /* likewise the nv-wgmma backward kernels */
     int no_tma;       /* an nv-wgmma kernel with TMA copies failed to build: built without */
     int no_tma_fp8;   /* the same for nv-wgmma-fp8, remembered apart so the 16-bit kernels keep TMA */
+    int no_fp8_wgmma; /* nv-wgmma-fp8 failed to build here (TMA or not): the table no longer chooses it */
     cl_platform_id platform;
     cl_device_id device;
     cl_context cl_ctx;

@@ -84,10 +84,12 @@ static const flashcl_param_entry builtin_arch[] = {
      * 616 / 467; (4,32,4096,64) 549 / 423; (1,32,16384,128) 814 / 500. The portable kernel, the
      * only other FP8 path on NVIDIA, ran (4,32,4096,128) at 6.7 on the H200. The kernel's own
      * conditions (a 16-bit output, head dims in steps of 16, 16-byte rows) are
-     * flashcl_nv_wgmma_fp8_eligible's; elsewhere the portable kernel runs. */
-    {"sm_90", NULL, "nv-wgmma-fp8", FLASHCL_FLOAT8_E4M3, 32, 128, PHASE_ANY, ANY, 64, 128, 0, 4,
+     * flashcl_nv_wgmma_fp8_eligible's; elsewhere the portable kernel runs. Prefill only:
+     * at one query row the kernel fills 1 of its 64 and its pre-pass transposes all of V every
+     * call; decode there has not been measured. */
+    {"sm_90", NULL, "nv-wgmma-fp8", FLASHCL_FLOAT8_E4M3, 32, 128, PREFILL, ANY, 64, 128, 0, 4,
      "measured on an H100: 820 TFLOP/s at (4,32,4096,128), 1.54x flashcl's f16"},
-    {"sm_90", NULL, "nv-wgmma-fp8", FLASHCL_FLOAT8_E5M2, 32, 128, PHASE_ANY, ANY, 64, 128, 0, 4,
+    {"sm_90", NULL, "nv-wgmma-fp8", FLASHCL_FLOAT8_E5M2, 32, 128, PREFILL, ANY, 64, 128, 0, 4,
      "as e4m3 (the same kernel; tested, not timed)"},
     /* Tensor cores (cl/flash_fwd_nv.cl), 4 warps. Measured on the H200
      * (f16, 4,32,4096,D, TFLOP/s no mask / causal): D=64 BM128 2-stage
@@ -309,7 +311,7 @@ static int variant_applies(const flashcl_context *ctx, const flashcl_attention_d
     if (v && !strcmp(v, "nv-wgmma"))
         return flashcl_nv_wgmma_eligible(ctx, d);
     if (v && !strcmp(v, "nv-wgmma-fp8"))
-        return flashcl_nv_wgmma_fp8_eligible(ctx, d);
+        return !ctx->no_fp8_wgmma && flashcl_nv_wgmma_fp8_eligible(ctx, d);
     if (v && !strcmp(v, "nv-tf32"))
         return flashcl_nv_tf32_eligible(ctx, d);
     return v != NULL;

@@ -680,10 +680,21 @@ static void test_fp8_wgmma_choice(void) {
     d5 = d8, d5.head_dim = 72;
     expect(flashcl_attention_params(ctx, &d5, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
            "sm_90, e4m3 D=72 (not a multiple of 16): the portable kernel", &failures);
+    d5 = d8, d5.seqlen_q = 1;
+    expect(flashcl_attention_params(ctx, &d5, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
+           "sm_90, e4m3 decode (one query row): the portable kernel", &failures);
     ctx->no_sm90a = 1;
     expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
            "sm_90, e4m3 after an sm_90a build failure: the portable kernel", &failures);
     ctx->no_sm90a = 0;
+    ctx->no_fp8_wgmma = 1;
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
+           "sm_90, e4m3 after an nv-wgmma-fp8 build failure: the portable kernel", &failures);
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8"),
+           "... which FLASHCL_PARAMS may still ask for (its build then fails as an error)", &failures);
+    unsetenv("FLASHCL_PARAMS");
+    ctx->no_fp8_wgmma = 0;
     setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
     expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8") &&
                p.block_m == 64 && p.block_n == 128 && p.work_group_size == 128 &&
