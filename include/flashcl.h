@@ -252,12 +252,16 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
  * are copied during the call (the arrays may be freed when it returns) and
  * uploaded without blocking; the portable kernel runs on GPUs, the cpu kernel
- * on CPUs; on compute capability 9.0 with a float16 or bfloat16 output and
- * head dims 32..128 in steps of 16, the Hopper kernel (variant
- * "nv-wgmma-fp8", P rounded to e4m3 for P V as FlashAttention-3's), which first writes v
- * transposed into a buffer the context allocates, keeps for later calls and
- * frees in flashcl_context_destroy: batch * heads_k * head_dim rounded up to
- * 64 * seqlen_k rounded up to 128 bytes (v's own size at head_dim 128). */
+ * on CPUs. On compute capability 9.0, prefill (seqlen_q > 1) with a float16
+ * or bfloat16 output, head dims 32..128 in steps of 16, 16-byte aligned rows
+ * of q, k and v and factor blocks of a multiple of 8 rows runs the Hopper
+ * kernel instead (variant "nv-wgmma-fp8"). It rounds P to e4m3 for P V, as
+ * FlashAttention-3 does, and its lse carries the FP8 MMA's truncating sums
+ * (about 2^-14 of a row's largest sum of |q||k| times the scale). It first
+ * writes v transposed into a buffer the context allocates, keeps for later
+ * calls and frees in flashcl_context_destroy: batch * heads_k * head_dim
+ * rounded up to 64 * seqlen_k rounded up to 128 bytes (v's own size at
+ * head_dim 128). */
 FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
                                                      const flashcl_attention_desc *desc,
                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,

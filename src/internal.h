@@ -253,7 +253,7 @@ int flashcl_nv_tf32_eligible(const flashcl_context *ctx, const flashcl_attention
 /* cl/flash_fwd_sm90.cl applies: NVIDIA compute capability 9.0 whose driver has
  * built it (or not yet tried), f16/bf16, head_dim 32..128. */
 int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
-/* cl/flash_fwd_sm90_fp8.cl applies (chosen only when asked for): compute
+/* cl/flash_fwd_sm90_fp8.cl applies (the sm_90 table's choice for prefill): compute
  * capability 9.0 with sm_90a, FP8 q, k, v into f16/bf16, head_dim 32..128 in
  * steps of 16, 16-byte aligned rows, factor blocks a multiple of 8 rows. */
 int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc);
@@ -459,7 +459,7 @@ typedef enum flashcl_backward_variant {
                            * (dQ) each; block_m = dK/dV's streamed query rows, block_n =
                            * dQ's streamed keys; dQ always by its own pass (deterministic) */
     FLASHCL_BWD_NV_WGMMA  /* cl/flash_bwd_sm90.cl: Hopper's warpgroup MMA (compute capability
-                           * 9.0), f16/bf16, head_dim 32..64 (65..128 on request); one or two
+                           * 9.0), f16/bf16, head_dim 32..128 (held A operands from 96); one or two
                            * warpgroups (WG 128, 256) own 64 keys or rows each; block_m,
                            * block_n (16, 32 or 64) as nv-mma's; dQ by its own pass */
 } flashcl_backward_variant;

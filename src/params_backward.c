@@ -23,7 +23,8 @@
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
- *     32..64 by the table, 65..128 on request; WG 128, 64 keys or rows a
+ *     32..64 and 96..128 by the table (K and V held in registers
+ *     above 64), 65..95 on request; WG 128, 64 keys or rows a
  *     work-group, or 256, two warpgroups and 128; BLOCK_M and BLOCK_N 16,
  *     32 or 64, within NVIDIA's 48 KB); a build failure re-picks without
  *     nv-wgmma entries (so nv-mma's).
@@ -227,7 +228,7 @@ static int backward_nv_applies(const flashcl_context *ctx, const flashcl_attenti
 }
 
 /* 1 when the nv-wgmma kernels apply: compute capability 9.0 exactly (sm_90a
- * code runs there only), unless they failed to build here. Head dims 65..128
+ * code runs there only), unless they failed to build here. Head dims 65..95
  * have no table entry: FLASHCL_BWD_PARAMS or a tuning file asks for them. */
 static int backward_wgmma_applies(const flashcl_context *ctx, const flashcl_attention_desc *d) {
     return !ctx->is_host && !ctx->no_sm90a_bwd && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
