@@ -187,11 +187,13 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
                                     : "flash_bwd_dq_store";
         char tiles[200], cap[40], order[32], options[512];
         /* The cap is applied by program.c on NVIDIA's PTX; the order is the
-         * forward's. nv-wgmma caps its dK/dV kernel only: its dQ pass needs
-         * about 120 registers, and under a cap of 168 ptxas took more and ran
-         * slower (BENCHMARKS.md). */
+         * forward's. nv-wgmma caps its dK/dV kernel with MAXNREG: its dQ pass
+         * needs about 120 registers at D <= 64, and under a cap of 168 ptxas
+         * took more and ran slower (BENCHMARKS.md); DQ_MAXNREG caps that pass
+         * (the held build at D=128 takes 198 registers, two work-groups an SM). */
         const int capped = nv && !(sm90a && i == 2);
-        flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG", capped ? c->nv_max_registers : 0);
+        flashcl_host_define(cap, sizeof cap, extra, "FLASHCL_NV_MAXNREG",
+                            capped ? c->nv_max_registers : sm90a && i == 2 ? c->nv_dq_max_registers : 0);
         flashcl_host_define(order, sizeof order, extra, "LPT_HEADS", nv ? flashcl_lpt_heads(r, NULL) : 0);
         snprintf(tiles, sizeof tiles, " -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d -DWG=%d%s%s%s%s", r->head_dim,
                  c->block_m, c->block_n, c->work_group_size,

@@ -471,6 +471,7 @@ typedef struct flashcl_backward_choice {
     int nv_dq_pass;      /* nv-mma: 1 runs the dQ pass in both modes, 0 adds
                           * dQ with atomics unless deterministic             */
     int nv_max_registers; /* nv-mma: register cap per thread, 0: none         */
+    int nv_dq_max_registers; /* nv-wgmma: its dQ pass's cap (DQ_MAXNREG), 0: none */
     int nv_stages;       /* nv-wgmma: its TMA kernels' streamed stages (2..8),
                           * 0: the kernel's default (two where they fit)      */
     int nv_own_regs;     /* nv-wgmma: 1 holds the own block's fragments in

@@ -346,14 +346,15 @@ static int backward_applies(const flashcl_context *ctx, int level, const void *e
 /* FLASHCL_BWD_PARAMS="BLOCK_M=32,BLOCK_N=32,WG=64,VARIANT=cpu", read once:
  * each field -1 where the variable does not set it. */
 typedef struct backward_overrides {
-    int set, variant, block_m, block_n, work_group_size, dq_pass, dq_owner, max_registers, stages, own_regs;
+    int set, variant, block_m, block_n, work_group_size, dq_pass, dq_owner, max_registers, dq_max_registers, stages,
+        own_regs;
 } backward_overrides;
 
 static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) {
     const char *env = getenv("FLASHCL_BWD_PARAMS");
     flashcl_kv kv;
     int item, value;
-    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1, -1, -1, -1};
+    *o = (backward_overrides){0, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
     for (const char *s = env ? env : ""; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END; o->set = 1) {
         if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "VARIANT")) {
             if ((o->variant = backward_variant_named(kv.value, kv.value_len)) < 0)
@@ -364,6 +365,12 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
             if (!flashcl_kv_int(&kv, 0, 255, &o->max_registers) || (o->max_registers && o->max_registers < 16))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_BWD_PARAMS: MAXNREG is 0 (the compiler's choice) or 16..255 at '%s'",
+                                    kv.at);
+        } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ_MAXNREG")) {
+            if (!flashcl_kv_int(&kv, 0, 255, &o->dq_max_registers) ||
+                (o->dq_max_registers && o->dq_max_registers < 16))
+                return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                                    "FLASHCL_BWD_PARAMS: DQ_MAXNREG is 0 (the compiler's choice) or 16..255 at '%s'",
                                     kv.at);
         } else if (item == FLASHCL_KV_ITEM && flashcl_kv_key(&kv, "DQ")) {
             o->dq_pass = kv.value_len == 4 && !strncmp(kv.value, "pass", 4);
@@ -389,7 +396,7 @@ static flashcl_status backward_env(flashcl_context *ctx, backward_overrides *o) 
         } else {
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_BWD_PARAMS: unknown parameter '%.*s' (BLOCK_M, BLOCK_N, WG, VARIANT, DQ, "
-                                "MAXNREG, STAGES, OWN_REGS)",
+                                "MAXNREG, DQ_MAXNREG, STAGES, OWN_REGS)",
                                 (int)kv.key_len, kv.key);
         }
     }
@@ -431,6 +438,8 @@ static void backward_override(const backward_overrides *o, int head_dim, flashcl
         c->cpu_dq_owner = o->dq_owner && c->variant == FLASHCL_BWD_CPU && !c->deterministic;
     if (o->max_registers >= 0)
         c->nv_max_registers = o->max_registers;
+    if (o->dq_max_registers >= 0)
+        c->nv_dq_max_registers = o->dq_max_registers;
     if (o->stages >= 0)
         c->nv_stages = o->stages;
     if (o->own_regs >= 0)
@@ -516,6 +525,10 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     if (env.dq_owner < 0)
         c->cpu_dq_owner = cpu_dq_owner(ctx, desc, c);
     char why[200];
+    if (c->nv_dq_max_registers && (c->variant != FLASHCL_BWD_NV_WGMMA || flashcl_backward_dq_atomic(c) == 1))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                            "FLASHCL_BWD_PARAMS: DQ_MAXNREG caps the nv-wgmma backward's dQ pass, which %s does not run",
+                            c->variant == FLASHCL_BWD_NV_WGMMA ? "DQ=atomic" : "this variant");
     if (!backward_fit(ctx, desc, c->variant, c->block_m, c->block_n, c->work_group_size,
                       flashcl_backward_dq_atomic(c), c->nv_stages, c->nv_own_regs, why, sizeof why))
         /* Overrides written for nv-mma meet nv-wgmma where the table now chooses it. */

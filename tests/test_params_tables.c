@@ -253,6 +253,11 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,MAXNREG=200", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_max_registers == 200,
            "... unless MAXNREG gives one", &failures);
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ_MAXNREG=168", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_dq_max_registers == 168 && c.nv_max_registers == 0 && c.nv_own_regs == 1 &&
+               backward_choice_of(ctx, FLASHCL_FLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_dq_max_registers == 0,
+           "FLASHCL_BWD_PARAMS DQ_MAXNREG=168 caps the nv-wgmma dQ pass alone (none by default)", &failures);
     /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_stages == 3 && c.block_m == 32,
@@ -338,6 +343,9 @@ static void test_backward_levels(void) {
                    {FLASHCL_BFLOAT16, 80, "VARIANT=nv-wgmma,BLOCK_M=64,BLOCK_N=64,OWN_REGS=1", "16- or 32-row"},
                    {FLASHCL_FLOAT16, 128, "VARIANT=nv-wgmma,BLOCK_M=32,BLOCK_N=64,OWN_REGS=1", "16- or 32-row"},
                    {FLASHCL_FLOAT16, 64, "OWN_REGS=2", "OWN_REGS is 0 or 1"},
+                   {FLASHCL_FLOAT16, 64, "DQ_MAXNREG=8", "16..255"},
+                   {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,DQ_MAXNREG=168", "DQ_MAXNREG caps"},
+                   {FLASHCL_FLOAT16, 64, "DQ=atomic,DQ_MAXNREG=168", "which DQ=atomic does not run"},
                    {FLASHCL_FLOAT16, 64, "VARIANT=nv-mma,OWN_REGS=1", "OWN_REGS holds the nv-wgmma"},
                    {FLASHCL_FLOAT16, 64, "STAGES=1", "2..8"},
                    {FLASHCL_FLOAT16, 64, "STAGES=9", "2..8"},
