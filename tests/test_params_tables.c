@@ -149,17 +149,20 @@ static void test_backward_levels(void) {
                !strncmp(c.source, "built-in arch: sm_80+", 21),
            "backward, sm_80 f16 D=64: nv-mma, 4 warps of 16 keys or rows, named by its level", &failures);
     expect(c.nv_max_registers == 168, "backward, sm_80 f16 D=64: registers capped at 168 (measured)", &failures);
-    /* Hopper at head dims 32..64: the warpgroup MMA kernels, one warpgroup and 64-row tiles. */
+    /* Hopper at head dims 32..64 and 96..128: the warpgroup MMA kernels, one warpgroup of 64 keys
+     * or rows, two stages of 32-row tiles; above 64, K and V (Q and dO) held in registers, no cap. */
     pretend_h200(ctx);
-    for (int d = 32; d <= 64; d += 32) {
-        char what[120];
-        snprintf(what, sizeof what, "backward, sm_90 %s D=%d: nv-wgmma, 64 keys or rows a warpgroup, by its level",
-                 d == 32 ? "bf16" : "f16", d);
-        expect(backward_choice_of(ctx, d == 32 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16, d, NULL, 0, &c) ==
-                       FLASHCL_SUCCESS &&
-                   c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 32 && c.block_n == 32 &&
-                   c.work_group_size == 128 && flashcl_backward_keys_per_group(&c) == 64 &&
-                   flashcl_backward_rows_per_group(&c) == 64 && !flashcl_backward_dq_atomic(&c) &&
+    for (int d = 32; d <= 128; d += 32) {
+        const int held = d > 64;
+        const flashcl_dtype dt = d % 64 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
+        char what[160];
+        snprintf(what, sizeof what, "backward, sm_90 %s D=%d: nv-wgmma, 64 keys or rows a warpgroup, 32-row tiles%s",
+                 dt == FLASHCL_BFLOAT16 ? "bf16" : "f16", d, held ? ", K and V held, two stages" : "");
+        expect(backward_choice_of(ctx, dt, d, NULL, 0, &c) == FLASHCL_SUCCESS && c.variant == FLASHCL_BWD_NV_WGMMA &&
+                   c.block_m == 32 && c.block_n == 32 && c.work_group_size == 128 &&
+                   flashcl_backward_keys_per_group(&c) == 64 && flashcl_backward_rows_per_group(&c) == 64 &&
+                   !flashcl_backward_dq_atomic(&c) && c.nv_own_regs == held &&
+                   c.nv_max_registers == (held ? 0 : 168) && flashcl_backward_wgmma_stages(32, 128, d, held) == 2 &&
                    !strncmp(c.source, "built-in arch: sm_90", 20),
                what, &failures);
     }
@@ -170,19 +173,6 @@ static void test_backward_levels(void) {
                c.variant == FLASHCL_BWD_NV_MMA,
            "backward, sm_90 D=31, 65 and 95: nv-mma (the held kernel from 96, where it has run on a GPU)",
            &failures);
-    /* Head dims 96..128: K and V (Q and dO) held in registers, two stages of 32-row tiles. */
-    for (int d = 96; d <= 128; d += 32) {
-        char what[120];
-        snprintf(what, sizeof what, "backward, sm_90 %s D=%d: nv-wgmma, K and V held, two stages of 32-row tiles",
-                 d == 96 ? "f16" : "bf16", d);
-        expect(backward_choice_of(ctx, d == 96 ? FLASHCL_FLOAT16 : FLASHCL_BFLOAT16, d, NULL, 0, &c) ==
-                       FLASHCL_SUCCESS &&
-                   c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_own_regs == 1 && c.block_m == 32 && c.block_n == 32 &&
-                   c.work_group_size == 128 && c.nv_max_registers == 0 && c.nv_dq_pass &&
-                   !flashcl_backward_dq_atomic(&c) && flashcl_backward_wgmma_stages(32, 128, d, 1) == 2 &&
-                   !strncmp(c.source, "built-in arch: sm_90", 20),
-               what, &failures);
-    }
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "VARIANT=nv-mma", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_MMA && c.block_m == 32 && c.work_group_size == 128 &&
                c.nv_max_registers == 168,
@@ -410,18 +400,17 @@ static void test_backward_levels(void) {
            "backward: ... and passed over after an nv-wgmma build failure (nv-mma's built-in entry)", &failures);
     flashcl_context_destroy(ctx);
 
-    /* A tuned entry holding the fragments with 64-row tiles at D <= 64 (two stages): kept as it is. */
+    /* Tuned entries holding the fragments: 64-row tiles at D <= 64 (two stages), kept as they are;
+     * 16-row tiles at D 96..128, which fit 48 KB in up to five stages. */
     ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
                                    "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", \"head_dim_max\": 64, "
-                                   "\"block_m\": 64, \"block_n\": 64, \"work_group_size\": 128, \"own_regs\": 1}]}");
+                                   "\"block_m\": 64, \"block_n\": 64, \"work_group_size\": 128, \"own_regs\": 1}, "
+                                   "{\"device\": \"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", "
+                                   "\"head_dim_min\": 96, \"block_m\": 16, \"block_n\": 16, \"work_group_size\": 128, "
+                                   "\"own_regs\": 1}]}");
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS && c.nv_own_regs == 1 &&
                c.block_m == 64 && !strncmp(c.source, "tuned: ", 7),
            "backward: a tuned entry's held 64-row tiles at D=64 are kept", &failures);
-    flashcl_context_destroy(ctx);
-    /* A tuned entry with the held fragments: 16-row tiles, which fit 48 KB at D=128 in up to five stages. */
-    ctx = pretend_h200_tuned(path, "{\"flashcl_tuning\": 1, \"entries\": [], \"backward\": [{\"device\": "
-                                   "\"Pretend NVIDIA sm_90 GPU\", \"variant\": \"nv-wgmma\", \"head_dim_min\": 96, "
-                                   "\"block_m\": 16, \"block_n\": 16, \"work_group_size\": 128, \"own_regs\": 1}]}");
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.block_m == 16 && c.nv_own_regs == 1 &&
                !strncmp(c.source, "tuned: ", 7),
