@@ -59,7 +59,7 @@ typedef flashcl_backward_entry backward_entry;
 static const backward_entry backward_device[] = {{NULL, NULL, 0, 0, 0, 0, 0, NULL, NULL, 0, 0}};
 static const backward_entry backward_arch[] = {
     /* cl/flash_bwd_sm90.cl (Hopper's warpgroup MMA), first so that it wins
-     * where it applies (compute capability 9.0, head_dim 32..64): one
+     * where it applies (compute capability 9.0; head_dim 32..64 here): one
      * warpgroup of 64 keys or rows streaming 32-row tiles in two stages.
      * H200, (4,32,4096,64) f16, TFLOP/s full / causal (`flashcl bench
      * --backward`, one call): 32-row tiles 149.6 / 113.3, 64-row tiles (one
