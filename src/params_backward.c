@@ -249,12 +249,26 @@ static int wgmma_tile_rows(int rows) {
     return rows == 16 || rows == 32 || rows == 64;
 }
 
+/* Why K and V (Q and dO) held in registers (OWN_REGS) cannot serve a choice, or NULL where they
+ * can: backward_fit's refusal, and where an entry's held fragments give way to an override. */
+static const char *own_regs_refusal(flashcl_backward_variant variant, int dq_atomic, int head_dim, int block_m,
+                                    int block_n) {
+    if (variant != FLASHCL_BWD_NV_WGMMA || dq_atomic == 1)
+        return "OWN_REGS holds the nv-wgmma backward's K and V (Q and dO) fragments in registers, without "
+               "DQ=atomic (which reads K from local memory)";
+    if (head_dim > 64 && (block_m == 64 || block_n == 64))
+        return "OWN_REGS at head_dim 65..128 takes 16- or 32-row tiles: with 64-row tiles the held fragments, dK "
+               "and dV do not fit the registers (ptxas spills and serialises the wgmma)";
+    return NULL;
+}
+
 /* 1 when the tiles and work-group fit the device as they are; else 0 and *why. */
 static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc *d, flashcl_backward_variant variant,
                         int block_m, int block_n, int work_group_size, int dq_atomic, int stages, int own_regs,
                         char *why, size_t n) {
     size_t local =
         backward_bytes(variant, block_m, block_n, work_group_size, d->head_dim, dq_atomic, stages, own_regs);
+    const char *held = own_regs ? own_regs_refusal(variant, dq_atomic, d->head_dim, block_m, block_n) : NULL;
     why[0] = '\0';
     if (variant == FLASHCL_BWD_CPU && ctx->info.is_rusticl)
         snprintf(why, n, "%s", FLASHCL_RUSTICL_NO_CPU);
@@ -273,12 +287,8 @@ static int backward_fit(const flashcl_context *ctx, const flashcl_attention_desc
     else if (stages && (variant != FLASHCL_BWD_NV_WGMMA || stages < 2 || stages > 8))
         snprintf(why, n, "STAGES is the nv-wgmma backward's TMA pipeline depth, 2..8 (not %d with %s)", stages,
                  variant == FLASHCL_BWD_NV_WGMMA ? "nv-wgmma" : "another variant");
-    else if (own_regs && (variant != FLASHCL_BWD_NV_WGMMA || dq_atomic == 1))
-        snprintf(why, n, "OWN_REGS holds the nv-wgmma backward's K and V (Q and dO) fragments in registers, "
-                 "without DQ=atomic (which reads K from local memory)");
-    else if (own_regs && d->head_dim > 64 && (block_m == 64 || block_n == 64))
-        snprintf(why, n, "OWN_REGS at head_dim 65..128 takes 16- or 32-row tiles: with 64-row tiles the held "
-                 "fragments, dK and dV do not fit the registers (ptxas spills and serialises the wgmma)");
+    else if (held)
+        snprintf(why, n, "%s", held);
     else if (variant == FLASHCL_BWD_NV_WGMMA && stages && dq_atomic == 1)
         snprintf(why, n, "STAGES sets the nv-wgmma backward's TMA stages, which DQ=atomic does not take");
     else if (variant == FLASHCL_BWD_NV_WGMMA && local > FLASHCL_NV_LOCAL_LIMIT)
@@ -422,6 +432,19 @@ static int cpu_dq_owner(const flashcl_context *ctx, const flashcl_attention_desc
     return d->seqlen_k <= c->block_n || pairs * 10 >= 9 * waves * units;
 }
 
+/* Halves *side (c's block_m or block_n) while c's tiles need more than budget bytes of local
+ * memory (as backward_bytes counts them without held fragments) and *side is above least;
+ * 1 when it halved. */
+static int halve_to_fit(flashcl_backward_choice *c, int *side, int least, int head_dim, int dq_atomic, int stages,
+                        size_t budget) {
+    int halved = 0;
+    while (*side > least &&
+           backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, dq_atomic, stages, 0) >
+               budget)
+        *side /= 2, halved = 1;
+    return halved;
+}
+
 /* The values o sets replace c's. */
 static void backward_override(const backward_overrides *o, int head_dim, flashcl_backward_choice *c) {
     if (o->variant >= 0)
@@ -445,8 +468,7 @@ static void backward_override(const backward_overrides *o, int head_dim, flashcl
     if (o->own_regs >= 0)
         c->nv_own_regs = o->own_regs;
     else if (o->set && c->nv_own_regs &&
-             (flashcl_backward_dq_atomic(c) == 1 || c->variant != FLASHCL_BWD_NV_WGMMA ||
-              (head_dim > 64 && (c->block_m == 64 || c->block_n == 64))))
+             own_regs_refusal(c->variant, flashcl_backward_dq_atomic(c), head_dim, c->block_m, c->block_n))
         c->nv_own_regs = 0; /* an entry's held fragments give way to what the override asks for */
     /* The held fragments take 16-32 registers more: under the table's cap of 168 ptxas spills
      * (clang's PTX at 64-row tiles) and could reuse them inside the loop, so no cap unless given. */
@@ -499,13 +521,8 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     if (level >= LVL_TYPE) { /* the defaults shrink to fit; entries above were checked */
         const size_t budget = flashcl_local_budget(ctx);
         const int min_n = c->variant == FLASHCL_BWD_CPU ? 8 : 1; /* the cpu kernel's key vectors */
-        int shrunk = 0;
-        while (c->block_n > min_n &&
-               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1, 0, 0) > budget)
-            c->block_n /= 2, shrunk = 1;
-        while (c->block_m > 1 &&
-               backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim, -1, 0, 0) > budget)
-            c->block_m /= 2, shrunk = 1;
+        int shrunk = halve_to_fit(c, &c->block_n, min_n, head_dim, -1, 0, budget);
+        shrunk |= halve_to_fit(c, &c->block_m, 1, head_dim, -1, 0, budget);
         if (ctx->info.max_wg && (size_t)c->work_group_size > ctx->info.max_wg)
             c->work_group_size = (int)ctx->info.max_wg, shrunk = 1;
         if (shrunk)
@@ -515,12 +532,11 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
     /* An entry's tiles sized for held fragments that the override let go (DQ=atomic, OWN_REGS=0):
      * each side the override does not set is halved, keys first, down to 16 rows, until they fit. */
     if (e->nv_own_regs && !c->nv_own_regs && c->variant == FLASHCL_BWD_NV_WGMMA) {
-        int *const side[2] = {env.block_n < 0 ? &c->block_n : NULL, env.block_m < 0 ? &c->block_m : NULL};
-        for (int i = 0; i < 2; ++i)
-            while (side[i] && *side[i] > 16 &&
-                   backward_bytes(c->variant, c->block_m, c->block_n, c->work_group_size, head_dim,
-                                  flashcl_backward_dq_atomic(c), c->nv_stages, 0) > FLASHCL_NV_LOCAL_LIMIT)
-                *side[i] /= 2;
+        const int atomic = flashcl_backward_dq_atomic(c);
+        if (env.block_n < 0)
+            halve_to_fit(c, &c->block_n, 16, head_dim, atomic, c->nv_stages, FLASHCL_NV_LOCAL_LIMIT);
+        if (env.block_m < 0)
+            halve_to_fit(c, &c->block_m, 16, head_dim, atomic, c->nv_stages, FLASHCL_NV_LOCAL_LIMIT);
     }
     if (env.dq_owner < 0)
         c->cpu_dq_owner = cpu_dq_owner(ctx, desc, c);
