@@ -21,6 +21,11 @@
 #define COUNT(a) (int)(sizeof(a) / sizeof((a)[0]))
 
 static int failures, cases;
+/* `test_backward mma|wgmma K/N`: the K-th of N shards of the mode's cases (configs by index mod
+ * N, the cases after them as two more), for N processes building kernels side by side on a GPU
+ * machine's cores (`bench/h200.sh pending`). Every case runs in exactly one shard. */
+static int shard_k, shard_n = 1;
+static int in_shard(int i) { return i % shard_n == shard_k; }
 
 /* ---- the finite-difference check of the reference -------------------------------- */
 
@@ -554,7 +559,10 @@ static void mma(flashcl_context *ctx) {
         {96, "VARIANT=nv-mma,DQ=atomic,WG=128,BLOCK_M=32"},
     };
     for (int i = 0; i < COUNT(configs); ++i)
-        run_config_shapes(ctx, i, configs[i].d, configs[i].env);
+        if (in_shard(i))
+            run_config_shapes(ctx, i, configs[i].d, configs[i].env);
+    if (!in_shard(COUNT(configs)))
+        return;
     /* More (batch, head) pairs than one chunk of the longest-first order:
      * 3 x 3 kv heads for dK/dV (a whole chunk and one of 1), 3 x 6 query
      * heads for dQ; causal, then a window bounded on the right only. */
@@ -655,17 +663,25 @@ static void wgmma(flashcl_context *ctx) {
         {72, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32"},
     };
     for (int i = 0; i < COUNT(configs); ++i)
-        run_config_shapes(ctx, i, configs[i].d, configs[i].env);
+        if (in_shard(i))
+            run_config_shapes(ctx, i, configs[i].d, configs[i].env);
     /* Where the CUDA driver encodes tensor maps, the table's tiles (32 rows,
      * two stages) come by TMA wherever the tensors' strides allow (above);
      * their cp.async copies, which the host falls back to, once more. */
-    setenv("FLASHCL_TMA", "0", 1);
-    run_config_shapes(ctx, 0, 64, env);
-    run_config_shapes(ctx, 1, 40, env);
-    run_config_shapes(ctx, 2, 59, "VARIANT=nv-wgmma,DQ=atomic");
-    run_config_shapes(ctx, 3, 64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16");
-    run_config_shapes(ctx, 4, 128, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32");
-    unsetenv("FLASHCL_TMA");
+    if (in_shard(COUNT(configs))) {
+        setenv("FLASHCL_TMA", "0", 1);
+        run_config_shapes(ctx, 0, 64, env);
+        run_config_shapes(ctx, 1, 40, env);
+        run_config_shapes(ctx, 2, 59, "VARIANT=nv-wgmma,DQ=atomic");
+        run_config_shapes(ctx, 3, 64, "VARIANT=nv-wgmma,WG=256,BLOCK_M=16,BLOCK_N=16");
+        run_config_shapes(ctx, 4, 128, "VARIANT=nv-wgmma,OWN_REGS=1,BLOCK_M=32,BLOCK_N=32");
+        unsetenv("FLASHCL_TMA");
+    }
+    if (!in_shard(COUNT(configs) + 1)) {
+        flashcl_set_log(NULL, NULL);
+        expect(builds_failed == 0, "nv-wgmma: every kernel above built as asked (no fallback)", &failures);
+        return;
+    }
     test_case tc = test_case_many_heads(FLASHCL_FLOAT16, 300, 333, 64, 3, -1);
     run_with(ctx, &tc, 0, env);
     tc = test_case_many_heads(FLASHCL_BFLOAT16, 300, 283, 48, 3, 7);
@@ -899,6 +915,11 @@ static void oclgrind(flashcl_context *ctx) {
 int main(int argc, char **argv) {
     flashcl_context *ctx = test_context();
     uint64_t seed = test_seed();
+    if (argc > 2 && (sscanf(argv[2], "%d/%d", &shard_k, &shard_n) != 2 || shard_n < 1 || shard_k < 0 ||
+                     shard_k >= shard_n)) {
+        fprintf(stderr, "test_backward: shard \"%s\" is not K/N with 0 <= K < N\n", argv[2]);
+        return 2;
+    }
     if (argc > 1 && !strcmp(argv[1], "sweep")) {
         sweep(ctx);
     } else if (argc > 1 && !strcmp(argv[1], "mma")) {
