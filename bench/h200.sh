@@ -420,9 +420,12 @@ if [ "$what" = fp8-kernel ]; then
     time_fp8_wgmma compare-fp8
     fp8_accuracy_wgmma
   else
-    FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap
-    FLASHCL_BUILD_OPTIONS="-DOVERLAP=1 -DEX2_FMA_EVERY=2" gpu_test test_fp8_forward overlap-ex2-fma
-    FLASHCL_BUILD_OPTIONS=-DRESCALE_SKIP=1 gpu_test test_fp8_forward rescale-skip
+    # The three test runs side by side (each builds its kernels on its own core), reported in order.
+    FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap > "$out/.fp8-t1" &
+    FLASHCL_BUILD_OPTIONS="-DOVERLAP=1 -DEX2_FMA_EVERY=2" gpu_test test_fp8_forward overlap-ex2-fma > "$out/.fp8-t2" &
+    FLASHCL_BUILD_OPTIONS=-DRESCALE_SKIP=1 gpu_test test_fp8_forward rescale-skip > "$out/.fp8-t3" &
+    wait
+    cat "$out"/.fp8-t[123] && rm -f "$out"/.fp8-t[123]
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
     options="- -DOVERLAP=1 -DOVERLAP=1+-DEX2_FMA_EVERY=2 -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168
       -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
