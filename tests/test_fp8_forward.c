@@ -600,7 +600,8 @@ static void device_decode(flashcl_context *dev) {
  * (zeros past the keys and past head_dim included) and the bytes after it
  * untouched. Launched as the library launches it (flashcl_fp8_vt_pack_enqueue). */
 static void vt_pack(flashcl_context *ctx, uint64_t seed) {
-    static const int shapes[][4] = {{2, 3, 300, 80}, {1, 2, 128, 128}, {1, 1, 77, 32}}; /* B, Hk, nk, D */
+    static const int shapes[][4] = {{2, 3, 300, 80}, {1, 2, 128, 128}, {1, 1, 77, 32}, {1, 2, 200, 64}, {1, 1, 130, 48}};
+    /* B, Hk, nk, D */
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, seed);
     for (size_t c = 0; c < sizeof shapes / sizeof shapes[0]; ++c) {
