@@ -2,7 +2,7 @@
  *
  * The "nv-wgmma" backward variant, for float16/bfloat16 with 32 <= head_dim
  * <= 128 on compute capability 9.0 (head_dim 65..128: two 128-byte panels,
- * below; the table takes 96..128 with K and V held in registers, OWN_REGS). Same arguments, semantics and D_i pre-pass
+ * below; the table takes 65..128 with K and V held in registers, OWN_REGS). Same arguments, semantics and D_i pre-pass
  * as flash_bwd_nv.cl (whose comment gives the formulas), and the same two
  * kernels: dK/dV per key block, then dQ by a pass over query blocks (a fixed
  * order: deterministic); with DQ_ATOMIC (FLASHCL_BWD_PARAMS=DQ=atomic) the

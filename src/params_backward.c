@@ -23,8 +23,7 @@
  *     both multiples of 16, within NVIDIA's 48 KB; a build failure re-picks
  *     without nv-mma entries. "nv-wgmma" takes them from cl/flash_bwd_sm90.cl
  *     (Hopper's warpgroup MMA: compute capability 9.0, f16/bf16, head_dim
- *     32..64 and 96..128 by the table (K and V held in registers
- *     above 64), 65..95 on request; WG 128, 64 keys or rows a
+ *     32..128, K and V held in registers above 64; WG 128, 64 keys or rows a
  *     work-group, or 256, two warpgroups and 128; BLOCK_M and BLOCK_N 16,
  *     32 or 64, within NVIDIA's 48 KB); a build failure re-picks without
  *     nv-wgmma entries (so nv-mma's).
@@ -68,14 +67,15 @@ static const backward_entry backward_arch[] = {
      * to 134.0 (dK/dV 2782 against 3720 us) and left full level (5341
      * against 5326 us). The cap applies to dK/dV only (src/backward.c). */
     {"sm_90", NULL, 32, 64, 32, 32, 128, "warpgroup MMA (sm_90a)", "nv-wgmma", 168, 0},
-    /* Head dims 96..128 with K and V (Q and dO) held as register A operands, two stages of
-     * 32-row tiles (34 KB). H100, f16, `bench/h200.sh pending` (2026-12-05), TFLOP/s full /
-     * causal: (4,32,4096,128) 203.8 / 199.2 against nv-mma's 140.7 / 135.9; (1,32,16384,128)
-     * 213.3 / 218.4 against 144.8 / 145.4; bf16 alike. Without the held fragments only one
-     * stage of 16-row tiles fits 48 KB, no faster than nv-mma. From 96: the held kernel has
-     * passed test_backward on the GPU at 96, 112 and 128; 65..95 (its cases at 72 and 80)
-     * has not yet run there, so nv-mma keeps them. */
-    {"sm_90", NULL, 96, 128, 32, 32, 128, "warpgroup MMA (sm_90a), K and V held in registers", "nv-wgmma", 0, 1},
+    /* Head dims 65..128 with K and V (Q and dO) held as register A operands, two stages of
+     * 32-row tiles (34 KB; head dims zero-padded to two 64-dim panels). `bench/h200.sh pending`,
+     * f16, TFLOP/s full / causal, against nv-mma in the same call: on an H100 (2026-12-05),
+     * (4,32,4096,128) 203.8 / 199.2 against 140.7 / 135.9, (1,32,16384,128) 213.3 / 218.4
+     * against 144.8 / 145.4, bf16 alike; on the H200 (2026-12-05, 57cb920), (4,32,4096,80)
+     * 128.7 / 128.6 against 120.6 / 116.3 and (4,32,4096,72) 120.4 / 117.5 against 108.1 /
+     * 103.9. Without the held fragments only one stage of 16-row tiles fits 48 KB, no faster
+     * than nv-mma. test_backward has passed on the GPU at 72, 80, 96, 112 and 128. */
+    {"sm_90", NULL, 65, 128, 32, 32, 128, "warpgroup MMA (sm_90a), K and V held in registers", "nv-wgmma", 0, 1},
     /* cl/flash_bwd_nv.cl. Measured on the H200 (`bench/h200.sh backward`,
      * f16, (4,32,4096,D), TFLOP/s full/causal): D <= 64, 4 warps, 32-row
      * Q/dO tiles (two stages), 64-key K/V tiles in the dQ pass: 117/109,
@@ -228,8 +228,7 @@ static int backward_nv_applies(const flashcl_context *ctx, const flashcl_attenti
 }
 
 /* 1 when the nv-wgmma kernels apply: compute capability 9.0 exactly (sm_90a
- * code runs there only), unless they failed to build here. Head dims 65..95
- * have no table entry: FLASHCL_BWD_PARAMS or a tuning file asks for them. */
+ * code runs there only), unless they failed to build here. */
 static int backward_wgmma_applies(const flashcl_context *ctx, const flashcl_attention_desc *d) {
     return !ctx->is_host && !ctx->no_sm90a_bwd && ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
            d->dtype != FLASHCL_FLOAT32 && d->head_dim >= 32 && d->head_dim <= 128;
