@@ -142,19 +142,6 @@
 #if K_EARLY && !USE_TMA
 #error "K_EARLY needs USE_TMA: without it, the barrier after the softmax also publishes Vt"
 #endif
-/* K_AT_START=1 (with TMA; opt-in through FLASHCL_BUILD_OPTIONS until timed): the first K tile's
- * copy leaves with Q's, from the work-item that set up its mbarrier, instead of after Q has
- * landed; the work-group's first S then waits for one copy's latency, not two. Causal blocks
- * see half the tiles of a full row on average, so a fixed cost per work-group weighs twice as
- * much there (the FP8 kernel's causal TFLOP/s are 0.75-0.92x its full ones, the 16-bit
- * kernel's 0.87-1.0x, H100 2026-12-05). */
-#ifndef K_AT_START
-#define K_AT_START 0
-#endif
-#if K_AT_START && !USE_TMA
-#undef K_AT_START
-#define K_AT_START 0
-#endif
 #define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
@@ -398,21 +385,10 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
 
     /* Q's block (it stays in __local for the whole loop), published with the mbarriers. */
     copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, HEAD_DIM, tid);
-#if K_AT_START
-    /* Work-item 0 placed the maps and initialised the mbarriers above; the proxy fence puts its
-     * initialisation before its own copy in the async proxy. The other work-items wait on the
-     * mbarrier only after the barrier below publishes it. */
-    if (tid == 0)
-        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
-    if (n_start <= n_end)
-        COPY_K(n_start);
-#endif
     cp_wait_async_proxy();
     barrier(CLK_LOCAL_MEM_FENCE);
-#if !K_AT_START
     if (n_start <= n_end)
         COPY_K(n_start);
-#endif
 
 #if !OVERLAP
     /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
