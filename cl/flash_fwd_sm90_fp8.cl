@@ -15,7 +15,8 @@
  * version (Vt by a pre-pass and TMA, the two-level P V sum) passed
  * test_fp8_forward on an H100 and ran at 1.24-1.63x the 16-bit kernel in
  * the same call (2026-12-05, docs/perf-notes.md, "FP8 forward on warpgroup
- * MMA"); OVERLAP and EX2_FMA_EVERY, on request, are not yet timed.
+ * MMA"), and on the H200 at 1.05-1.36x cuDNN's float16 (2026-12-05, 87c2507);
+ * OVERLAP and EX2_FMA_EVERY, on request, are slower (below).
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
  * of one (batch, query head) and walks the visible keys in tiles of
@@ -101,7 +102,8 @@
 #define K_TILE_BYTES (BLOCK_N * 128)
 #define VT_BYTES (VT_ROWS * 128)
 #define Q_BYTES (BLOCK_M * 128)
-/* OVERLAP=1 (HEAD_DIM <= 64, opt-in through FLASHCL_BUILD_OPTIONS until timed):
+/* OVERLAP=1 (HEAD_DIM <= 64, through FLASHCL_BUILD_OPTIONS; timed on the H200 at 445 TFLOP/s
+ * against 553 as built at (4,32,4096,64), 2026-12-05, so off):
  * FlashAttention-3's overlap within a warpgroup. Tile t+1's S = Q K^T and
  * tile t's P V are issued together; the softmax of S(t+1) runs while P(t) V(t)
  * is still on the tensor cores, which the two-level sum allows (P V lands in
@@ -118,12 +120,12 @@
 #undef OVERLAP
 #define OVERLAP 0
 #endif
-/* EX2_FMA_EVERY=k (opt-in through FLASHCL_BUILD_OPTIONS until timed): every
- * k-th n8 block of scores takes its exponents from ex2_fma (cl/common.cl, the
- * FMA pipes) instead of the SFU. A tile's 64 x 128 exponents take the SFU 512
- * clocks a warpgroup, as long as its two products take the FP8 tensor cores
- * at head_dim 128 and twice as long at 64, where the SFU bounds the kernel
- * (FlashAttention-4 moves part of them the same way). */
+/* EX2_FMA_EVERY=k (through FLASHCL_BUILD_OPTIONS): every k-th n8 block of scores takes its
+ * exponents from ex2_fma (cl/common.cl, the FMA pipes) instead of the SFU, as FlashAttention-4
+ * does. By count, a tile's 64 x 128 exponents take the SFU as long as its two products take the
+ * FP8 tensor cores at head_dim 128, twice as long at 64; but the kernel runs well below both
+ * rates, and k = 2 measured 547 TFLOP/s against 827 as built at (4,32,4096,128) (H200,
+ * 2026-12-05): the polynomial costs more than the SFU time it frees, so off. */
 #ifndef EX2_FMA_EVERY
 #define EX2_FMA_EVERY 0
 #endif
