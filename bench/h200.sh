@@ -6,12 +6,14 @@
 #         side in shards; the held dQ pass under 168 registers; FA3's accuracy run on the FP8
 #         forward (see the mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
-# profile: builds only bench/ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), which relaunches the
-#         backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
+# profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
+#         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
 #         both, at each of SHAPES ("B,H,N,D", default 4,32,4096,64 4,32,4096,128; f16, non-causal;
 #         HARNESS_ARGS added, e.g. "--causal" or "--dtype bf16"), then runs ncu on its dK/dV and dQ
 #         launches (NCU_SECTIONS; details text, raw CSV, PTX and .ncu-rep under $OUT). With
 #         FLASHCL_BWD_PARAMS set, flashcl (and so the profile) runs that choice: an opt-in shape's.
+#         FWD_SHAPES ("B,H,N,D,dtype[,causal]", e.g. "4,32,4096,128,e4m3,causal"; SHAPES= to skip
+#         the backward): the same for the forward (and FP8's V transpose) by ptx_fwd_harness.
 # study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
 #         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64; f16; one a call fits
 #         the 600 s limit with room; D > 64: the nv-wgmma backward on request),
@@ -69,7 +71,7 @@ echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.
 # No -Werror here: this machine's gcc 13 warns where CI's gcc 12 (which runs -Werror) does not.
 harness=; targets=
 case $what in
-  profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness" ;;
+  profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness ptx_fwd_harness" ;;
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
   pending) targets="--target flashcl_cli flashcl test_backward test_fp8_forward test_wgmma_layout" ;;
@@ -141,7 +143,7 @@ if [ "$what" = profile ]; then
   export PATH=$PATH:/usr/local/cuda/bin
   sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
     LaunchStats Occupancy SchedulerStats WarpStateStats}
-  for shape in ${SHAPES:-4,32,4096,64 4,32,4096,128}; do
+  for shape in ${SHAPES-4,32,4096,64 4,32,4096,128}; do
     tag=${shape//,/-}; log="$out/profile-$tag.log"; work=/tmp/profile-$tag
     rm -rf "$work" && mkdir -p "$work/ptx" # a fresh cache: this call's programs only (FLASHCL_BWD_PARAMS may differ)
     echo "== ptx_harness $shape ${HARNESS_ARGS:-}: CUDA-driver launches vs flashcl" | tee "$log"
@@ -151,6 +153,29 @@ if [ "$what" = profile ]; then
     timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) -k 'regex:flash_bwd_(dkdv|dq)' \
       --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_harness ${shape//,/ } --iters 2 --cache "$work/cache" \
       ${HARNESS_ARGS:-} >> "$log" 2>&1
+    echo "ncu exit $?" | tee -a "$log"
+    if [ -f "$work/ncu-$tag.ncu-rep" ]; then
+      ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
+      ncu -i "$work/ncu-$tag.ncu-rep" --page raw --csv > "$out/ncu-$tag-raw.csv" 2>&1
+      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
+        "$out/ncu-$tag-details.txt" | head -24 | tee -a "$log"
+    fi
+    tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
+  done
+  # The forward the same way (bench/ptx_fwd_harness.c): FWD_SHAPES "B,H,N,D,dtype[,causal]", none by
+  # default; ncu on the checked launch of the forward kernel and, for FP8, the V transpose before it.
+  for shape in ${FWD_SHAPES:-}; do
+    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
+    dtype=${dims##*,}; dims=${dims%,*}
+    tag=fwd-${shape//,/-}; log="$out/profile-$tag.log"; work=/tmp/profile-$tag
+    rm -rf "$work" && mkdir -p "$work/ptx"
+    echo "== ptx_fwd_harness $dims $dtype $causal: CUDA-driver launches vs flashcl" | tee "$log"
+    timeout 120 ./build-gpu/ptx_fwd_harness ${dims//,/ } --dtype $dtype $causal --iters 20 --dump "$work/ptx" \
+      --cache "$work/cache" 2>&1 | tee -a "$log"
+    echo "== ncu --clock-control none, sections: $(echo $sections), on the checked launches" | tee -a "$log"
+    timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) -k 'regex:(flash_fwd|fp8_vt_pack)' \
+      --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_fwd_harness ${dims//,/ } --dtype $dtype $causal \
+      --iters 1 --cache "$work/cache" >> "$log" 2>&1
     echo "ncu exit $?" | tee -a "$log"
     if [ -f "$work/ncu-$tag.ncu-rep" ]; then
       ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
