@@ -55,10 +55,11 @@
 #      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
 #      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
 #      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
-#      PART=2: test_fp8_forward under -DOVERLAP=1 (and with -DEX2_FMA_EVERY=2), then `flashcl bench
-#      --dtype e4m3` at issue 35's shapes under each FP8_OPTIONS entry (default: as built, OVERLAP=1,
-#      with half the exponents on the FMA pipes, a quarter of them without OVERLAP, a 168-register
-#      cap, FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and flashcl's f16 beside them, then
+#      PART=2: test_fp8_forward under -DOVERLAP=1 (and with -DEX2_FMA_EVERY=2), -DRESCALE_SKIP=1 and
+#      -DPAIR_BLOCKS=1, side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under
+#      each FP8_OPTIONS entry (default: as built, two row blocks a work-group, that under a
+#      168-register cap, a quarter of the exponents on the FMA pipes, the cap alone, RESCALE_SKIP,
+#      K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1, OVERLAP=1; "+" for a space) and flashcl's f16, then
 #      NVIDIA's own PTX of the kernel through ptxas and the in-flight check.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -442,11 +443,12 @@ if [ "$what" = fp8-kernel ]; then
     FLASHCL_BUILD_OPTIONS=-DOVERLAP=1 gpu_test test_fp8_forward overlap > "$out/.fp8-t1" &
     FLASHCL_BUILD_OPTIONS="-DOVERLAP=1 -DEX2_FMA_EVERY=2" gpu_test test_fp8_forward overlap-ex2-fma > "$out/.fp8-t2" &
     FLASHCL_BUILD_OPTIONS=-DRESCALE_SKIP=1 gpu_test test_fp8_forward rescale-skip > "$out/.fp8-t3" &
+    FLASHCL_BUILD_OPTIONS=-DPAIR_BLOCKS=1 gpu_test test_fp8_forward pair-blocks > "$out/.fp8-t4" &
     wait
-    cat "$out"/.fp8-t[123] && rm -f "$out"/.fp8-t[123]
+    cat "$out"/.fp8-t[1-4] && rm -f "$out"/.fp8-t[1-4]
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
-    options="- -DOVERLAP=1 -DOVERLAP=1+-DEX2_FMA_EVERY=2 -DEX2_FMA_EVERY=4
-      -DFLASHCL_NV_MAXNREG=168 -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
+    options="- -DPAIR_BLOCKS=1 -DPAIR_BLOCKS=1+-DFLASHCL_NV_MAXNREG=168 -DEX2_FMA_EVERY=4
+      -DFLASHCL_NV_MAXNREG=168 -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1 -DOVERLAP=1"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
         if [ "$SECONDS" -gt "${FP8_BUDGET:-480}" ]; then # the f16 rows and the SASS check still fit

@@ -380,7 +380,16 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         return st;
     local[0] = wg;
     local[1] = local[2] = 1;
-    global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;
+    size_t row_blocks = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m);
+    /* -DPAIR_BLOCKS=1 in FLASHCL_BUILD_OPTIONS (a study, cl/flash_fwd_sm90_fp8.cl): a work-group of
+     * the FP8 kernel runs two row blocks, so half the groups. The kernel built with it runs every
+     * block on either grid; the grid is halved only for the kernel that was. */
+    const char *pair = NULL; /* the last definition, as the compiler takes it */
+    for (const char *f = getenv("FLASHCL_BUILD_OPTIONS"); f && (f = strstr(f, "-DPAIR_BLOCKS=")) != NULL; f += 14)
+        pair = f + 14;
+    if (!strcmp(p.variant, "nv-wgmma-fp8") && pair && atoi(pair) != 0)
+        row_blocks = (row_blocks + 1) / 2;
+    global[0] = row_blocks * wg;
     global[1] = (size_t)r->heads_q;
     global[2] = (size_t)r->batch;
     return FLASHCL_SUCCESS;
