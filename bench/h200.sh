@@ -144,6 +144,18 @@ if [ "$what" = profile ]; then
   export PATH=$PATH:/usr/local/cuda/bin
   sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
     LaunchStats Occupancy SchedulerStats WarpStateStats}
+  # ncu_files TAG WORK LOG: the report's details page and raw CSV under $out, a summary into LOG,
+  # and the PTX and .ncu-rep of WORK as $out/profile-TAG.tgz.
+  ncu_files() {
+    local tag=$1 work=$2 log=$3
+    if [ -f "$work/ncu-$tag.ncu-rep" ]; then
+      ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
+      ncu -i "$work/ncu-$tag.ncu-rep" --page raw --csv > "$out/ncu-$tag-raw.csv" 2>&1
+      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
+        "$out/ncu-$tag-details.txt" | head -24 | tee -a "$log"
+    fi
+    tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
+  }
   for shape in ${SHAPES-4,32,4096,64 4,32,4096,128}; do
     tag=${shape//,/-}; log="$out/profile-$tag.log"; work=/tmp/profile-$tag
     rm -rf "$work" && mkdir -p "$work/ptx" # a fresh cache: this call's programs only (FLASHCL_BWD_PARAMS may differ)
@@ -155,13 +167,7 @@ if [ "$what" = profile ]; then
       --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_harness ${shape//,/ } --iters 2 --cache "$work/cache" \
       ${HARNESS_ARGS:-} >> "$log" 2>&1
     echo "ncu exit $?" | tee -a "$log"
-    if [ -f "$work/ncu-$tag.ncu-rep" ]; then
-      ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
-      ncu -i "$work/ncu-$tag.ncu-rep" --page raw --csv > "$out/ncu-$tag-raw.csv" 2>&1
-      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
-        "$out/ncu-$tag-details.txt" | head -24 | tee -a "$log"
-    fi
-    tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
+    ncu_files "$tag" "$work" "$log"
   done
   # The forward the same way (bench/ptx_fwd_harness.c): FWD_SHAPES "B,H,N,D,dtype[,causal]", none by
   # default; ncu on the checked launch of the forward kernel and, for FP8, the V transpose before it.
@@ -178,13 +184,7 @@ if [ "$what" = profile ]; then
       --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_fwd_harness ${dims//,/ } --dtype $dtype $causal \
       --iters 1 --cache "$work/cache" >> "$log" 2>&1
     echo "ncu exit $?" | tee -a "$log"
-    if [ -f "$work/ncu-$tag.ncu-rep" ]; then
-      ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
-      ncu -i "$work/ncu-$tag.ncu-rep" --page raw --csv > "$out/ncu-$tag-raw.csv" 2>&1
-      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
-        "$out/ncu-$tag-details.txt" | head -24 | tee -a "$log"
-    fi
-    tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
+    ncu_files "$tag" "$work" "$log"
   done
   exit 0
 fi

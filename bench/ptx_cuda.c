@@ -17,9 +17,11 @@
 
 #include <dirent.h>
 #include <dlfcn.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 /* ---- the CUDA driver, by value (no cuda.h at build time, as src/nv_tma.c) ---------------------- */
 
@@ -31,6 +33,24 @@ void die(const char *fmt, const char *what) {
     fprintf(stderr, fmt, what);
     fprintf(stderr, "\n");
     exit(2);
+}
+
+flashcl_context *harness_context(const char **cache, char *fresh, const char *device,
+                                 void (*log)(void *, const char *)) {
+    /* A fresh, empty program cache: the programs there are then exactly this run's. A named one,
+     * empty or filled by an earlier run at the same shape (a second run, under ncu, then skips the
+     * OpenCL builds), may hold another run's programs too: the harnesses match theirs by options. */
+    if (!*cache && !(*cache = mkdtemp(fresh)))
+        die("%s", "mkdtemp failed");
+    if (mkdir(*cache, 0755) != 0 && errno != EEXIST)
+        die("cannot make the cache directory %s", *cache);
+    setenv("FLASHCL_CACHE_DIR", *cache, 1);
+    unsetenv("FLASHCL_CACHE");
+    flashcl_set_log(log, NULL);
+    flashcl_context *ctx = NULL;
+    if (flashcl_context_create(&ctx, device) != FLASHCL_SUCCESS)
+        die("no flashcl context: %s", flashcl_last_error(NULL));
+    return ctx;
 }
 
 /* Aborts with the driver's message on a failed call: this is a bench tool. */

@@ -56,6 +56,11 @@ extern cuda_api cu;
 
 /* Prints "ptx_harness: " and the message, exits 2 (a bench tool: no recovery). */
 void die(const char *fmt, const char *what);
+/* flashcl's context on device, its disk program cache in *cache (NULL: a fresh directory made from
+ * the mkdtemp template fresh, which must outlive the run), so that the programs the run builds can
+ * be read back (read_cache); log receives flashcl's log lines. Exits on failure. */
+flashcl_context *harness_context(const char **cache, char *fresh, const char *device,
+                                 void (*log)(void *, const char *));
 /* Exits with the driver's message on a failed call. */
 void cu_check(CUresult rc, const char *what);
 /* Opens libcuda.so.1, fills cu and makes device 0's primary context current. */

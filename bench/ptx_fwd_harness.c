@@ -29,12 +29,10 @@
  * soft-cap, per-head or block descales.
  */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 
 #include "flashcl.h"
@@ -166,16 +164,7 @@ int main(int argc, char **argv) {
         die("%s", "invalid shape");
 
     char fresh[] = "/tmp/ptx_fwd_harness.XXXXXX";
-    if (!cache && !(cache = mkdtemp(fresh)))
-        die("%s", "mkdtemp failed");
-    if (mkdir(cache, 0755) != 0 && errno != EEXIST)
-        die("cannot make the cache directory %s", cache);
-    setenv("FLASHCL_CACHE_DIR", cache, 1);
-    unsetenv("FLASHCL_CACHE");
-    flashcl_set_log(log_line, NULL);
-    flashcl_context *ctx = NULL;
-    if (flashcl_context_create(&ctx, device) != FLASHCL_SUCCESS)
-        die("no flashcl context: %s", flashcl_last_error(NULL));
+    flashcl_context *ctx = harness_context(&cache, fresh, device, log_line);
     printf("device: %s\nshape (B,H,N,D) = (%d,%d,%d,%d), %s, %s\n", flashcl_context_device_name(ctx), B, H, N, D,
            dtype, causal ? "causal" : "non-causal");
 

@@ -35,13 +35,11 @@
  *        (the first three matching launches are the checked pre-pass, dK/dV and dQ kernels).
  */
 #define _POSIX_C_SOURCE 200809L
-#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -408,22 +406,10 @@ int main(int argc, char **argv) {
     if (B < 1 || H < 1 || N < 1 || D < 1 || iters < 1)
         die("%s", "B, H, N, D and --iters must be >= 1");
 
-    /* A fresh, empty program cache: the backward's programs are then exactly this run's. --cache DIR
-     * names one instead, empty or filled by an earlier run at the same shape, dtype and mask (so a
-     * second run, under ncu, skips the OpenCL builds); another run's programs there could be picked. */
+    /* Unsetting FLASHCL_PROFILE: the timed loops below set it where they want it. */
     char fresh[] = "/tmp/ptx_harness.XXXXXX";
-    if (!cache && !(cache = mkdtemp(fresh)))
-        die("%s", "mkdtemp failed");
-    if (mkdir(cache, 0755) != 0 && errno != EEXIST)
-        die("cannot make the cache directory %s", cache);
-    setenv("FLASHCL_CACHE_DIR", cache, 1);
-    unsetenv("FLASHCL_CACHE");
     unsetenv("FLASHCL_PROFILE");
-    flashcl_set_log(log_line, NULL);
-
-    flashcl_context *ctx = NULL;
-    if (flashcl_context_create(&ctx, device) != FLASHCL_SUCCESS)
-        die("no flashcl context: %s", flashcl_last_error(NULL));
+    flashcl_context *ctx = harness_context(&cache, fresh, device, log_line);
     printf("device: %s\nshape (B,H,N,D) = (%d,%d,%d,%d), %s, %s\n", flashcl_context_device_name(ctx), B, H, N, D,
            bf16 ? "bf16" : "f16", causal ? "causal" : "non-causal");
     flashcl_attention_desc desc = {0};
