@@ -128,12 +128,14 @@
  * model of the schedule puts 10-20 us a work-group behind the causal rate's 0.74x of the full
  * one at 4096 keys (docs/perf-notes.md, "FP8 forward on warpgroup MMA"). On a full grid (one
  * work-group a block) the kernel runs one block each, so a host that does not halve the grid
- * still gets every row. Not with OVERLAP (its Vt buffers' phases count from 0). */
+ * still gets every row. It turns OVERLAP off (whose Vt buffers' phases count from 0). */
 #ifndef PAIR_BLOCKS
 #define PAIR_BLOCKS 0
 #endif
 #if PAIR_BLOCKS && OVERLAP
-#error "PAIR_BLOCKS takes the plain loop, not OVERLAP's"
+/* The plain loop then: the host halved the grid for PAIR_BLOCKS (src/attention.c). */
+#undef OVERLAP
+#define OVERLAP 0
 #endif
 /* EX2_FMA_EVERY=k (through FLASHCL_BUILD_OPTIONS): every k-th n8 block of scores takes its
  * exponents from ex2_fma (cl/common.cl, the FMA pipes) instead of the SFU, as FlashAttention-4

@@ -204,8 +204,10 @@ flashcl_status flashcl_backward_prepare(flashcl_context *ctx, const flashcl_atte
             k->row_lanes = row_lanes(ctx, c);
         if (i == 0 || i == 3)
             snprintf(lanes, sizeof lanes, " -DROW_LANES=%d", k->row_lanes);
-        snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s%s",
-                 (int)r->dtype, i + 1, tiled ? tiles : "", lanes, extra ? " " : "", extra ? extra : "");
+        const int n = snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d -DBWD_KERNEL=%d%s%s%s%s",
+                               (int)r->dtype, i + 1, tiled ? tiles : "", lanes, extra ? " " : "", extra ? extra : "");
+        if ((st = flashcl_options_fit(ctx, n, sizeof options)) != FLASHCL_SUCCESS)
+            return st;
         st = flashcl_get_kernel(ctx, file, name, options, slot[i]);
         const int forced = !strcmp(c->source, "FLASHCL_BWD_PARAMS");
         if (st == FLASHCL_ERROR_BUILD_FAILED && tiled && sm90a && !forced) {

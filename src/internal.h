@@ -622,6 +622,10 @@ int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out);
  * value is 0 or the user's options (extra: FLASHCL_BUILD_OPTIONS, may be
  * NULL) already define name, so that theirs wins. */
 void flashcl_host_define(char *buf, size_t size, const char *extra, const char *name, int value);
+/* After snprintf of a kernel's build options (n its result, cap the buffer's size): an error that
+ * names FLASHCL_BUILD_OPTIONS where they did not fit. Options cut short could build a kernel other
+ * than the one the launch is sized for, so they are refused. */
+flashcl_status flashcl_options_fit(flashcl_context *ctx, int n, size_t cap);
 
 /* The strict KEY=VALUE[,KEY=VALUE...] lists of FLASHCL_PARAMS,
  * FLASHCL_BWD_PARAMS and FLASHCL_DECODE_PARAMS. Each caller names its keys

@@ -628,10 +628,12 @@ static flashcl_status launch(flashcl_context *ctx, serving_plan *p, cl_mem q, cl
     char fp8[16] = "";
     if (kv_scales)
         snprintf(fp8, sizeof fp8, " -DKV_FP8=%d", (int)p->cache->page_dtype);
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s%s",
-             (int)r->dtype, fp8, r->head_dim, c->block_m, tiles, by_value, extra ? " " : "", extra ? extra : "");
+    const int n = snprintf(options, sizeof options,
+                           "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d %s%s%s%s", (int)r->dtype,
+                           fp8, r->head_dim, c->block_m, tiles, by_value, extra ? " " : "", extra ? extra : "");
     cl_kernel kernel, combine = NULL;
-    if ((st = flashcl_get_kernel(ctx, files[c->kernel], names[c->kernel], options, &kernel)))
+    if ((st = flashcl_options_fit(ctx, n, sizeof options)) != FLASHCL_SUCCESS ||
+        (st = flashcl_get_kernel(ctx, files[c->kernel], names[c->kernel], options, &kernel)))
         return st;
     if (c->splits > 1 && !decode) {
         snprintf(options, sizeof options, "-cl-std=CL1.2 -DDTYPE=%d", (int)r->dtype);

@@ -122,6 +122,13 @@ void flashcl_host_define(char *buf, size_t size, const char *extra, const char *
         snprintf(buf, size, " %s%d", key, value);
 }
 
+flashcl_status flashcl_options_fit(flashcl_context *ctx, int n, size_t cap) {
+    if (n >= 0 && (size_t)n < cap)
+        return FLASHCL_SUCCESS;
+    return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
+                        "FLASHCL_BUILD_OPTIONS is too long: a kernel's build options need %d of %zu bytes", n, cap);
+}
+
 int flashcl_kv_next(const char **s, flashcl_kv *kv) {
     const char *p = *s;
     if (!*p)

@@ -167,6 +167,20 @@ int main(void) {
             expect(strstr(flashcl_last_error(f.ctx), "FLASHCL_PARAMS") != NULL, "... and the message names it",
                    &failures);
     }
+    /* Build options too long for the forward's option string: refused, not cut short (a cut
+     * define could disagree with what the host sized the launch for). */
+    {
+        char longopts[700];
+        size_t n = 0;
+        while (n + 8 < sizeof longopts)
+            n += (size_t)snprintf(longopts + n, sizeof longopts - n, "-DX%02zu=1 ", n % 100);
+        setenv("FLASHCL_BUILD_OPTIONS", longopts, 1);
+        const flashcl_status got = fwd(&f, &d);
+        unsetenv("FLASHCL_BUILD_OPTIONS");
+        bad(&f, "FLASHCL_BUILD_OPTIONS of 690 characters", FLASHCL_ERROR_INVALID_PARAMS, got);
+        expect(strstr(flashcl_last_error(f.ctx), "FLASHCL_BUILD_OPTIONS") != NULL, "... and the message names it",
+               &failures);
+    }
     /* The tensor-core variants take no 8-row blocks: the portable kernel there. */
     const char *variant_was = getenv("FLASHCL_VARIANT");
     char variant_copy[32] = "";
