@@ -15,7 +15,7 @@
  * version (Vt by a pre-pass and TMA, the two-level P V sum) passed
  * test_fp8_forward on an H100 and ran at 1.24-1.63x the 16-bit kernel in
  * the same call (2026-12-05, docs/perf-notes.md, "FP8 forward on warpgroup
- * MMA"), and on the H200 at 1.05-1.36x cuDNN's float16 (2026-12-05, 87c2507);
+ * MMA"), and on the H200 at 1.05-1.36x cuDNN's float16 from 4096 keys (2026-12-05, 87c2507);
  * OVERLAP and EX2_FMA_EVERY, on request, are slower (below).
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
@@ -405,7 +405,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
          * barrier at the top of the first tile, as always. */
         const int pm0 = pass ? partner_ * BLOCK_M : m0, prows = min(BLOCK_M, nq - pm0);
 #else
-    { /* one block: the code as it was before PAIR_BLOCKS */
+    { /* one row block a work-group */
         const int tiles_before = 0, pm0 = m0, prows = rows_q;
 #endif
         NV_WG_FWD_LOOP_STATE_AT(pm0, prows, pm0, q_mul_f);

@@ -206,16 +206,19 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
-/* PAIR_BLOCKS for the FP8 warpgroup-MMA kernel (a study, cl/flash_fwd_sm90_fp8.cl): -1 when
- * FLASHCL_BUILD_OPTIONS does not name it, else the value of its last -DPAIR_BLOCKS=N (0 for other
- * forms). build_forward then defines exactly that value last, so the kernel is built with what
- * forward_kernel sizes the grid for (a halved grid with an unpaired kernel would skip rows). */
+/* PAIR_BLOCKS of the FP8 warpgroup-MMA kernel (cl/flash_fwd_sm90_fp8.cl): -1 when
+ * FLASHCL_BUILD_OPTIONS does not name it, else its last -DPAIR_BLOCKS=N as 0 or 1 (other forms: 0,
+ * logged). build_forward defines exactly that value last, so the kernel is built for the grid
+ * forward_kernel sizes (a halved grid with an unpaired kernel would skip rows). */
 static int fp8_pair_blocks(const char *extra) {
     if (!extra || !strstr(extra, "PAIR_BLOCKS"))
         return -1;
     const char *at = NULL;
     for (const char *f = extra; (f = strstr(f, "-DPAIR_BLOCKS=")) != NULL; f += 14)
         at = f + 14;
+    if (!at)
+        flashcl_log("FLASHCL_BUILD_OPTIONS names PAIR_BLOCKS but not as -DPAIR_BLOCKS=N: the FP8 kernel is built "
+                    "with PAIR_BLOCKS=0");
     return at && atoi(at) > 0 ? 1 : 0;
 }
 
@@ -399,9 +402,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     local[0] = wg;
     local[1] = local[2] = 1;
     size_t row_blocks = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m);
-    /* -DPAIR_BLOCKS=1 in FLASHCL_BUILD_OPTIONS (a study, cl/flash_fwd_sm90_fp8.cl): a work-group of
-     * the FP8 kernel runs two row blocks, so half the groups; build_forward defined the same value
-     * last. The paired kernel runs every block on either grid. */
+    /* The FP8 kernel's PAIR_BLOCKS: two row blocks a work-group, half the groups (fp8_pair_blocks). */
     if (!strcmp(p.variant, "nv-wgmma-fp8") && fp8_pair_blocks(getenv("FLASHCL_BUILD_OPTIONS")) == 1)
         row_blocks = (row_blocks + 1) / 2;
     global[0] = row_blocks * wg;

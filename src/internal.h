@@ -459,7 +459,7 @@ typedef enum flashcl_backward_variant {
                            * (dQ) each; block_m = dK/dV's streamed query rows, block_n =
                            * dQ's streamed keys; dQ always by its own pass (deterministic) */
     FLASHCL_BWD_NV_WGMMA  /* cl/flash_bwd_sm90.cl: Hopper's warpgroup MMA (compute capability
-                           * 9.0), f16/bf16, head_dim 32..128 (held A operands from 96); one or two
+                           * 9.0), f16/bf16, head_dim 32..128 (held A operands from 65); one or two
                            * warpgroups (WG 128, 256) own 64 keys or rows each; block_m,
                            * block_n (16, 32 or 64) as nv-mma's; dQ by its own pass */
 } flashcl_backward_variant;

@@ -126,7 +126,8 @@ flashcl_status flashcl_options_fit(flashcl_context *ctx, int n, size_t cap) {
     if (n >= 0 && (size_t)n < cap)
         return FLASHCL_SUCCESS;
     return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                        "FLASHCL_BUILD_OPTIONS is too long: a kernel's build options need %d of %zu bytes", n, cap);
+                        "a kernel's build options need %d bytes, more than its %zu (FLASHCL_BUILD_OPTIONS too long?)",
+                        n + 1, cap);
 }
 
 int flashcl_kv_next(const char **s, flashcl_kv *kv) {
