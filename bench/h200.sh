@@ -58,8 +58,9 @@
 #      PART=2: test_fp8_forward under -DOVERLAP=1 (and with -DEX2_FMA_EVERY=2), -DRESCALE_SKIP=1 and
 #      -DPAIR_BLOCKS=1, side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under
 #      each FP8_OPTIONS entry (default: as built, two row blocks a work-group, that under a
-#      168-register cap, a quarter of the exponents on the FMA pipes, the cap alone, RESCALE_SKIP,
-#      K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1, OVERLAP=1; "+" for a space) and flashcl's f16, then
+#      168-register cap, OVERLAP under the cap, a quarter of the exponents on the FMA pipes, the
+#      cap alone, RESCALE_SKIP, K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and
+#      flashcl's f16, then
 #      NVIDIA's own PTX of the kernel through ptxas and the in-flight check.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -452,8 +453,8 @@ if [ "$what" = fp8-kernel ]; then
       cat "$out/.fp8-t$i"; rm -f "$out/.fp8-t$i"
     done
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
-    options="- -DPAIR_BLOCKS=1 -DPAIR_BLOCKS=1+-DFLASHCL_NV_MAXNREG=168 -DEX2_FMA_EVERY=4
-      -DFLASHCL_NV_MAXNREG=168 -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1 -DOVERLAP=1"
+    options="- -DPAIR_BLOCKS=1 -DPAIR_BLOCKS=1+-DFLASHCL_NV_MAXNREG=168 -DOVERLAP=1+-DFLASHCL_NV_MAXNREG=168
+      -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168 -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
         if [ "$SECONDS" -gt "${FP8_BUDGET:-480}" ]; then # the f16 rows and the SASS check still fit
