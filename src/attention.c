@@ -228,7 +228,7 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", cap[40], order[32], fp8[32] = "", pair[24] = "", options[560];
+    char define[32] = "", cap[40], order[32], fp8[32] = "", pair[32] = "", options[560];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     else if (!strcmp(v->name, "cpu")) /* the vector width flashcl_forward_local_bytes sizes for */
