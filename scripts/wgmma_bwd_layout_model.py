@@ -386,9 +386,10 @@ def main():
                 check(kernel, D, TROWS, WG, s_base, stage, stages)
     # OWN_REGS (one warpgroup; WG 256 too at one panel): the own block's fragments by ldmatrix,
     # then the stages over its bytes
-    # (80 and 72: the held path is the default at head dims 65..128, and a second panel of 16 or 8
-    # real dims is zero-filled past them)
-    for kernel, D, TROWS, WG in itertools.product(("dkdv", "dq"), (128, 96, 80, 72, 64, 40), (16, 32, 64), (128, 256)):
+    # (100, 80, 77 and 72: the held path is the default at head dims 65..128, and a second panel of
+    # 36, 16, 13 or 8 real dims is zero-filled past them)
+    for kernel, D, TROWS, WG in itertools.product(("dkdv", "dq"), (128, 100, 96, 80, 77, 72, 64, 40), (16, 32, 64),
+                                                 (128, 256)):
         PANELS, OWN_BYTES, STAGE_BYTES = sizes(D, TROWS, WG)
         if PANELS > 1 and TROWS == 64:  # refused by the host (src/params_backward.c: ptxas spills)
             continue
