@@ -152,7 +152,7 @@ static void test_backward_levels(void) {
     /* Hopper at head dims 32..128: the warpgroup MMA kernels, one warpgroup of 64 keys or rows,
      * two stages of 32-row tiles; above 64, K and V (Q and dO) held in registers, no cap. */
     pretend_h200(ctx);
-    static const int wgmma_dims[] = {32, 48, 64, 65, 72, 80, 95, 96, 112, 128};
+    static const int wgmma_dims[] = {32, 48, 64, 65, 72, 77, 80, 95, 96, 100, 112, 128};
     for (size_t i = 0; i < sizeof wgmma_dims / sizeof wgmma_dims[0]; ++i) {
         const int d = wgmma_dims[i], held = d > 64;
         const flashcl_dtype dt = i % 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT16;
