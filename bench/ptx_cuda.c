@@ -417,6 +417,13 @@ int load_kernel(kernel *k, const cached_program *prog, const char *prefix, const
     return 1;
 }
 
+/* k's launch as it stands (its argument list checked by launch). */
+void relaunch(kernel *k) {
+    cu_check(cu.launch(k->fn, k->grid[0], k->grid[1], k->grid[2], k->block, 1, 1, k->dyn_smem, NULL, k->args.ptrs,
+                       NULL),
+             k->name);
+}
+
 /* Checks the argument list against the entry's declaration, then launches. */
 void launch(kernel *k, const cached_program *prog) {
     size_t sizes[64];
@@ -430,27 +437,31 @@ void launch(kernel *k, const cached_program *prog) {
             fprintf(stderr, "  %2d: declared %zu, passed %zu\n", i, i < n ? sizes[i] : 0, i < k->args.n ? k->args.sizes[i] : 0);
         exit(2);
     }
-    cu_check(cu.launch(k->fn, k->grid[0], k->grid[1], k->grid[2], k->block, 1, 1, k->dyn_smem, NULL, k->args.ptrs,
-                       NULL),
-             k->name);
+    relaunch(k);
 }
 
-/* CUDA-event times of the three kernels k[0..2]: each (synchronised per iteration, mean ms into
- * per[]), then the three back to back; returns the back-to-back mean ms of a backward. */
-double time_backward(kernel *k, const cached_program *const *progs, int iters, double per[3]) {
-    static CUevent ev[4];
+/* CUDA-event times of the kernels k[0..n-1] (NULL: skipped, its time 0), each already launched
+ * once by launch(): each (synchronised per iteration, mean ms into per[]), then all back to back;
+ * returns the back-to-back mean ms of the sequence. The launches go to the driver directly, so no
+ * PTX is parsed between the events. */
+double time_kernels(kernel *const *k, int n, int iters, double *per) {
+    static CUevent ev[TIMED_KERNELS_MAX + 1];
+    if (n < 1 || n > TIMED_KERNELS_MAX)
+        die("%s", "time_kernels: 1 to TIMED_KERNELS_MAX kernels");
     if (!ev[0])
-        for (int i = 0; i < 4; ++i)
+        for (int i = 0; i <= TIMED_KERNELS_MAX; ++i)
             cu_check(cu.event_create(&ev[i], 0), "cuEventCreate");
-    per[0] = per[1] = per[2] = 0;
+    for (int i = 0; i < n; ++i)
+        per[i] = 0;
     for (int it = 0; it < iters; ++it) {
         cu.event_record(ev[0], NULL);
-        for (int i = 0; i < 3; ++i) {
-            launch(&k[i], progs[i]);
+        for (int i = 0; i < n; ++i) {
+            if (k[i])
+                relaunch(k[i]);
             cu.event_record(ev[i + 1], NULL);
         }
-        cu_check(cu.event_synchronize(ev[3]), "cuEventSynchronize");
-        for (int i = 0; i < 3; ++i) {
+        cu_check(cu.event_synchronize(ev[n]), "cuEventSynchronize");
+        for (int i = 0; i < n; ++i) {
             float ms = 0;
             cu.event_elapsed(&ms, ev[i], ev[i + 1]);
             per[i] += ms / iters;
@@ -458,8 +469,9 @@ double time_backward(kernel *k, const cached_program *const *progs, int iters, d
     }
     cu.event_record(ev[0], NULL);
     for (int it = 0; it < iters; ++it)
-        for (int i = 0; i < 3; ++i)
-            launch(&k[i], progs[i]);
+        for (int i = 0; i < n; ++i)
+            if (k[i])
+                relaunch(k[i]);
     cu.event_record(ev[1], NULL);
     cu_check(cu.event_synchronize(ev[1]), "cuEventSynchronize");
     float total = 0;

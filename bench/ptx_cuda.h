@@ -128,7 +128,11 @@ typedef struct {
 int load_kernel(kernel *k, const cached_program *prog, const char *prefix, const char *not, const char *dump);
 /* Checks k's argument list against the entry's declaration, then launches it. */
 void launch(kernel *k, const cached_program *prog);
-/* cuEvent times of k[0..2]: each (mean ms into per[]), and the three back to back (returned). */
-double time_backward(kernel *k, const cached_program *const *progs, int iters, double per[3]);
+/* k's launch again, unchecked (launch has checked it). */
+void relaunch(kernel *k);
+/* cuEvent times of k[0..n-1] (NULL entries skipped), each launched by launch() before: each (mean
+ * ms into per[]), and all back to back (returned). */
+#define TIMED_KERNELS_MAX 4
+double time_kernels(kernel *const *k, int n, int iters, double *per);
 
 #endif

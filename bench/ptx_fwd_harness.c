@@ -106,12 +106,6 @@ static const cached_program *pick_program(const cached_program *progs, int n, co
     return best;
 }
 
-/* k again, its arguments checked by an earlier launch(). */
-static void relaunch(kernel *k) {
-    cu_check(cu.launch(k->fn, k->grid[0], k->grid[1], k->grid[2], k->block, 1, 1, k->dyn_smem, NULL, k->args.ptrs, NULL),
-             k->name);
-}
-
 int main(int argc, char **argv) {
     if (argc < 5) {
         fprintf(stderr, "usage: %s B H N D [--dtype e4m3|e5m2|f16|bf16] [--causal] [--iters N] [--dump DIR] "
@@ -314,37 +308,9 @@ int main(int argc, char **argv) {
     cu_check(cu.memcpy_dtoh(got, d_lse, rows * 4), "cuMemcpyDtoH");
     bad += differ("lse", ref_lse, got, rows * 4);
 
-    /* cuEvent times: each kernel on its own (mean of iters), then both back to back; the argument
-     * lists were checked by the launches above, so these go to the driver directly (no PTX parsing
-     * between the events). */
-    CUevent ev[3];
-    for (int i = 0; i < 3; ++i)
-        cu_check(cu.event_create(&ev[i], 0), "cuEventCreate");
-    double per[2] = {0, 0};
-    for (int it = 0; it < iters; ++it) {
-        cu.event_record(ev[0], NULL);
-        for (int i = 0; i < 2; ++i) {
-            if (ks[i])
-                relaunch(ks[i]);
-            cu.event_record(ev[i + 1], NULL);
-        }
-        cu_check(cu.event_synchronize(ev[2]), "cuEventSynchronize");
-        for (int i = 0; i < 2; ++i) {
-            float ms = 0;
-            cu.event_elapsed(&ms, ev[i], ev[i + 1]);
-            per[i] += ms / iters;
-        }
-    }
-    cu.event_record(ev[0], NULL);
-    for (int it = 0; it < iters; ++it)
-        for (int i = 0; i < 2; ++i)
-            if (ks[i])
-                relaunch(ks[i]);
-    cu.event_record(ev[1], NULL);
-    cu_check(cu.event_synchronize(ev[1]), "cuEventSynchronize");
-    float total = 0;
-    cu.event_elapsed(&total, ev[0], ev[1]);
-    total /= (float)iters;
+    /* cuEvent times: each kernel on its own (mean of iters), then both back to back. */
+    double per[2];
+    const double total = time_kernels(ks, 2, iters, per);
     if (pack)
         printf("CUDA launches: V transpose %.1f us, ", per[0] * 1e3);
     else

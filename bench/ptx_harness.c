@@ -560,7 +560,8 @@ int main(int argc, char **argv) {
     }
 
     double per[3];
-    const double total = time_backward(kern, pick, iters, per);
+    kernel *const timed[3] = {&kern[0], &kern[1], &kern[2]};
+    const double total = time_kernels(timed, 3, iters, per);
     printf("CUDA launches: pre %.1f us, dK/dV %.1f us, dQ %.1f us (cuEvents, mean of %d); back to back %.3f ms a "
            "backward, %.1f TFLOP/s\n",
            per[0] * 1e3, per[1] * 1e3, per[2] * 1e3, iters, total, flops / total * 1e-9);
@@ -648,7 +649,8 @@ int main(int argc, char **argv) {
             cu.occupancy(&blocks[i - 1], sk[i].fn, (int)sk[i].block, sk[i].dyn_smem);
             cu.func_get_attribute(&regs[i - 1], FUNC_NUM_REGS, sk[i].fn);
         }
-        const double st = time_backward(sk, sp, iters, per);
+        kernel *const study_timed[3] = {&sk[0], &sk[1], &sk[2]};
+        const double st = time_kernels(study_timed, 3, iters, per);
         study_row_start(&c);
         printf(" %u | %d, %d | %d, %d | %.1f | %.1f | %.3f | %.1f | %s |\n", dyn, regs[0], regs[1], blocks[0], blocks[1],
                per[1] * 1e3, per[2] * 1e3, st, flops / st * 1e-9,
