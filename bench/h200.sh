@@ -3,8 +3,8 @@
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what was built without a GPU and waits for one, both issues in one call: the tests side by
-#         side in shards; the held dQ pass under 168 registers; FA3's accuracy run on the FP8
-#         forward (see the mode).
+#         side in shards; the FP8 forward against PyTorch; the held dQ pass under 168 registers;
+#         FA3's accuracy run on the FP8 forward (see the mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
 #         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -55,12 +55,12 @@
 #      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
 #      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
 #      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
-#      PART=2: test_fp8_forward under -DOVERLAP=1 (and with -DEX2_FMA_EVERY=2), -DRESCALE_SKIP=1 and
-#      -DPAIR_BLOCKS=1, side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under
-#      each FP8_OPTIONS entry (default: as built, two row blocks a work-group, that under a
-#      168-register cap, OVERLAP under the cap, a quarter of the exponents on the FMA pipes, the
-#      cap alone, RESCALE_SKIP, K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and
-#      flashcl's f16, then
+#      PART=2: test_fp8_forward under -DSOFTMAX_CHAINS=4, -DPAIR_BLOCKS=1, both, and -DOVERLAP=1,
+#      side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under each
+#      FP8_OPTIONS entry (default: as built, the softmax's max and sum in four chains, two row
+#      blocks a work-group, both, OVERLAP (under the 168-register cap the build now has above
+#      D=64), a quarter of the exponents on the FMA pipes, K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1;
+#      "+" for a space) and flashcl's f16, then
 #      NVIDIA's own PTX of the kernel through ptxas and the in-flight check.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -268,7 +268,8 @@ if [ "$what" = pending ]; then
   #     H200, 2026-12-05);
   #   - issue 36: the held dQ pass capped at 168 registers (DQ_MAXNREG) against the default, f16
   #     and bf16, at D=128 and 80;
-  #   - issue 35: FA3's accuracy experiment on nv-wgmma-fp8.
+  #   - issue 35: the FP8 forward against PyTorch (time_fp8_wgmma) and FA3's accuracy
+  #     experiment on nv-wgmma-fp8.
   # PENDING_TESTS=0 skips the tests (a call after one where they ran and passed).
   budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-520}" ] || { echo "== time budget reached before $1"; return 1; }; }
   # bwd_bench LABEL "ENV..." ARGS...: one `flashcl bench --backward` under the given variables.
@@ -293,6 +294,11 @@ if [ "$what" = pending ]; then
       cat "$out/.status-$i"; rm -f "$out/.status-$i"
     done
     echo "== tests done at ${SECONDS} s"
+  fi
+  # Issue 35: the FP8 forward (its softmax now one fma and the exponent a score) against cuDNN and
+  # flashcl's f16, once its tests passed.
+  if [ $fp8_ok = 1 ] && budget_left "the FP8 forward's timing"; then
+    time_fp8_wgmma pending-fp8
   fi
   if [ $bwd_ok = 1 ]; then
     # The held dQ pass under 168 registers (test_backward's cases above ran it), against the
@@ -442,8 +448,8 @@ if [ "$what" = fp8-kernel ]; then
   else
     # The four test runs side by side (each builds its kernels on its own core), reported in order;
     # an option whose test failed is not timed below.
-    tested=("-DOVERLAP=1" "-DOVERLAP=1 -DEX2_FMA_EVERY=2" "-DRESCALE_SKIP=1" "-DPAIR_BLOCKS=1")
-    tags=(overlap overlap-ex2-fma rescale-skip pair-blocks) pids=() failed=
+    tested=("-DSOFTMAX_CHAINS=4" "-DPAIR_BLOCKS=1" "-DSOFTMAX_CHAINS=4 -DPAIR_BLOCKS=1" "-DOVERLAP=1")
+    tags=(softmax-chains pair-blocks chains-pairs overlap) pids=() failed=
     for i in "${!tested[@]}"; do
       FLASHCL_BUILD_OPTIONS="${tested[$i]}" gpu_test test_fp8_forward "${tags[$i]}" > "$out/.fp8-t$i" &
       pids+=($!)
@@ -453,8 +459,8 @@ if [ "$what" = fp8-kernel ]; then
       cat "$out/.fp8-t$i"; rm -f "$out/.fp8-t$i"
     done
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
-    options="- -DPAIR_BLOCKS=1 -DPAIR_BLOCKS=1+-DFLASHCL_NV_MAXNREG=168 -DOVERLAP=1+-DFLASHCL_NV_MAXNREG=168
-      -DEX2_FMA_EVERY=4 -DFLASHCL_NV_MAXNREG=168 -DRESCALE_SKIP=1 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
+    options="- -DSOFTMAX_CHAINS=4 -DPAIR_BLOCKS=1 -DSOFTMAX_CHAINS=4+-DPAIR_BLOCKS=1
+      -DOVERLAP=1+-DFLASHCL_NV_MAXNREG=168 -DEX2_FMA_EVERY=4 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
         if [ "$SECONDS" -gt "${FP8_BUDGET:-480}" ]; then # the f16 rows and the SASS check still fit

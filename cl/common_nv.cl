@@ -475,8 +475,9 @@ inline float ex2(float x) {
 
 /* ONLINE_SOFTMAX_16 without touching acc, for a kernel whose previous O += P V
  * is still running on the tensor cores when the next tile's softmax starts
- * (flash_fwd_sm90.cl, OVERLAP): alpha[2] receives the factors, applied to acc
- * by RESCALE_16 once that product has been waited for. */
+ * (flash_fwd_sm90.cl, OVERLAP), or that applies them where it adds the tile's
+ * P V (flash_fwd_sm90_fp8.cl): alpha[2] receives the factors, applied to acc
+ * by RESCALE_16 or the caller once that product has been waited for. */
 #define ONLINE_SOFTMAX_16_P(s, n_s, m_run, l_run, sc, alpha)                                        \
     do {                                                                                           \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
@@ -503,25 +504,80 @@ inline float ex2(float x) {
 /* One row (h: g or g + 8) of the step: declares alpha_ (the rescale factor). */
 #define SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h, alpha_)                                        \
     float mx_ = -INFINITY;                                                                         \
-    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx_ =                                     \
-        fmax(mx_, fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]));                                   \
+    SOFTMAX_ROW_MAX(s, n_s, h, mx_);                                                               \
     mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                             \
     mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                             \
     const float m_new_ = fmax((m_run)[h], mx_);                                                    \
-    /* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc    \
-     * once and m sc was rounded another way, so at s = m ~ 1e10 p was 2^+-512 \
-     * (0 or inf). s - m is exact near m and <= 0 always; m = -inf: use 0. */ \
+    /* m = -inf (every score so far masked): 0 in the exponents (SOFTMAX_EXPS). */              \
     const float mr_ = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
     const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));           \
     (m_run)[h] = m_new_;                                                                           \
     float psum_ = 0.0f;                                                                            \
+    SOFTMAX_EXPS(s, n_s, h, mr_, sc, psum_);                                                       \
+    (l_run)[h] = (l_run)[h] * alpha_ + psum_
+
+/* The lane's max of row h's scores into mx (one chain of fmax; a kernel may redefine it as
+ * SOFTMAX_ROW_MAX4, below). */
+#define SOFTMAX_ROW_MAX(s, n_s, h, mx)                                                             \
+    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx =                                      \
+        fmax(mx, fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]))
+/* The same in four independent chains (n_s a multiple of 4), joined at the end: the same max
+ * (fmax is exact in any order) in a quarter of the dependent steps, for a kernel with too few
+ * warps to hide one chain's latency (the FP8 forward's SOFTMAX_CHAINS). */
+#define SOFTMAX_ROW_MAX4(s, n_s, h, mx)                                                            \
+    do {                                                                                           \
+        float m4_[4] = {mx, -INFINITY, -INFINITY, -INFINITY};                                      \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) m4_[j_ & 3] =                         \
+            fmax(m4_[j_ & 3], fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]));                       \
+        mx = fmax(fmax(m4_[0], m4_[1]), fmax(m4_[2], m4_[3]));                                     \
+    } while (0)
+
+/* A row's exponents into s, summed into psum: p = 2^X, X an expression in the score x_. */
+#define SOFTMAX_EXPS_BY(s, n_s, h, psum, X)                                                        \
     _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                           \
         _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                         \
-        const float p_ = EX2_SCORE(((s)[j_][e_] - mr_) * (sc), j_);                                \
+        const float x_ = (s)[j_][e_];                                                              \
+        const float p_ = EX2_SCORE(X, j_);                                                         \
         (s)[j_][e_] = p_;                                                                          \
-        psum_ += p_;                                                                               \
-    }                                                                                              \
-    (l_run)[h] = (l_run)[h] * alpha_ + psum_
+        (psum) += p_;                                                                              \
+    }
+/* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc once and m sc was rounded
+ * another way, so at s = m ~ 1e10 p was 2^+-512 (0 or inf). s - m is exact near m and <= 0
+ * always. A kernel may redefine SOFTMAX_EXPS as SOFTMAX_EXPS_BIASED (below). */
+#define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BY(s, n_s, h, psum, (x_ - (mr)) * (sc))
+/* p = 2^((s - m) sc + bias) (the FP8 forward: bias = log2 of its P_SCALE), so that the p P V
+ * quantizes come out of the exponent already scaled, with no multiply a score; and where the
+ * row's |m sc| < 1024 in every lane of the warp (a vote: always, but for scores of thousands of
+ * bits) by one fma a score, 2^(s sc + (bias - m sc)), without the subtraction. That exponent is
+ * off by the rounding of m sc and of bias - m sc: the same for every score of the row in the
+ * tile, so a factor O and l share, under 2^-14 below 1024 (and in the LSE, which the store
+ * computes from m sc, under 5e-5). Past 1024 it could reach whole powers of two (the reason for
+ * the form above), so those rows keep it. The kernel's l then holds 2^bias times the sum. */
+#define SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, bias)                                         \
+    const float msc_ = (mr) * (sc);                                                                \
+    if (!warp_any(!(msc_ < 1024.0f && msc_ > -1024.0f))) {                                         \
+        const float c_ = (float)(bias)-msc_;                                                       \
+        SOFTMAX_EXPS_SUM(s, n_s, h, psum, fma(x_, (sc), c_));                                      \
+    } else {                                                                                       \
+        SOFTMAX_EXPS_SUM(s, n_s, h, psum, fma(x_ - (mr), (sc), (float)(bias)));                    \
+    }
+/* How SOFTMAX_EXPS_BIASED sums a row: one chain of adds (SOFTMAX_EXPS_BY), or a kernel's
+ * redefinition as SOFTMAX_EXPS_BY4. */
+#define SOFTMAX_EXPS_SUM(s, n_s, h, psum, X) SOFTMAX_EXPS_BY(s, n_s, h, psum, X)
+/* SOFTMAX_EXPS_BY summing into four partial sums (block j into the j % 4th, n_s a multiple of
+ * 4), added to psum at the end: a quarter of the dependent adds, as SOFTMAX_ROW_MAX4. */
+#define SOFTMAX_EXPS_BY4(s, n_s, h, psum, X)                                                       \
+    do {                                                                                           \
+        float ps4_[4] = {psum, 0.0f, 0.0f, 0.0f};                                                  \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                     \
+            const float x_ = (s)[j_][e_];                                                          \
+            const float p_ = EX2_SCORE(X, j_);                                                     \
+            (s)[j_][e_] = p_;                                                                      \
+            ps4_[j_ & 3] += p_;                                                                    \
+        }                                                                                          \
+        psum = (ps4_[0] + ps4_[1]) + (ps4_[2] + ps4_[3]);                                          \
+    } while (0)
 
 /* x from lane src of this warp. */
 inline float shfl_idx(float x, int src) {

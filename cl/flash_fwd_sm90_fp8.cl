@@ -81,7 +81,8 @@
  */
 
 /* RESCALE_SKIP (ONLINE_SOFTMAX_16, common_nv.cl): 1 leaves O alone in tiles where no row's
- * max moved; off here until timed (on in the decode kernel). */
+ * max moved; off here until timed (on in the decode kernel). Only the OVERLAP and PV_CHAINED
+ * loops rescale O in the softmax: the plain loop does it in the add of P V (PV_ADD). */
 #ifndef RESCALE_SKIP
 #define RESCALE_SKIP 0
 #endif
@@ -166,6 +167,29 @@
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
 #define SMEM_BYTES (Q_AT + Q_BYTES + 1024)
 #define P_SCALE 256.0f
+/* The softmax writes P_SCALE p (2^8 p) straight from its exponents, and l holds P_SCALE times
+ * the sum (SOFTMAX_EXPS_BIASED, common_nv.cl): per score an fma and the exponent, where the
+ * subtraction, the multiply by the scale and the one by P_SCALE were three instructions of a
+ * softmax the kernel's speed follows (an added polynomial for a quarter of the exponents,
+ * EX2_FMA_EVERY=2, cost a third of it). */
+#undef SOFTMAX_EXPS
+#define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, 8)
+/* SOFTMAX_CHAINS=4 (through FLASHCL_BUILD_OPTIONS; not yet run on a GPU): each row's max and
+ * sum in four independent chains, not one. ncu on the H200 (2026-12-05, D=64, three warps a
+ * scheduler) put "wait" (a fixed-latency dependency) first among the stalls, at 1.6 warps an
+ * issue, and the softmax's 32-step fmax and add chains a row are such dependencies. The max is
+ * the same in any order; the sum's rounding changes. */
+#ifndef SOFTMAX_CHAINS
+#define SOFTMAX_CHAINS 1
+#endif
+#if SOFTMAX_CHAINS == 4
+#undef SOFTMAX_ROW_MAX
+#define SOFTMAX_ROW_MAX(s, n_s, h, mx) SOFTMAX_ROW_MAX4(s, n_s, h, mx)
+#undef SOFTMAX_EXPS_SUM
+#define SOFTMAX_EXPS_SUM(s, n_s, h, psum, X) SOFTMAX_EXPS_BY4(s, n_s, h, psum, X)
+#elif SOFTMAX_CHAINS != 1
+#error "SOFTMAX_CHAINS is 1 or 4"
+#endif
 
 #ifndef FLASHCL_NV_PTX
 #error "flash_fwd_sm90_fp8 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
@@ -243,24 +267,29 @@
  * model of it, against 0.1 % in two levels (docs/perf-notes.md, "FP8 forward
  * on warpgroup MMA"). acc stays out of the tensor cores; the 4 k-steps of a
  * tile still chain, truncating relative to that tile's sum only. */
-#define PV_TWO_LEVEL(acc, pf, vt)                                                                  \
+#define PV_TWO_LEVEL(acc, pf, vt) PV_TWO_LEVEL_SCALED(acc, pf, vt, 1.0f, 1.0f)
+/* The same with O first rescaled by the softmax's alpha of each row (al0: row g, al1: g + 8),
+ * O = alpha O + P V by one fma an element where the softmax's rescale and the add took two. */
+#define PV_TWO_LEVEL_SCALED(acc, pf, vt, al0, al1)                                                 \
     do {                                                                                           \
         float t_[O_FRAGS][4];                                                                      \
         PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
-            (acc)[j_][0] += t_[j_][0];                                                             \
-            (acc)[j_][1] += t_[j_][1];                                                             \
-            (acc)[j_][2] += t_[j_][2];                                                             \
-            (acc)[j_][3] += t_[j_][3];                                                             \
+            (acc)[j_][0] = fma((acc)[j_][0], (al0), t_[j_][0]);                                    \
+            (acc)[j_][1] = fma((acc)[j_][1], (al0), t_[j_][1]);                                    \
+            (acc)[j_][2] = fma((acc)[j_][2], (al1), t_[j_][2]);                                    \
+            (acc)[j_][3] = fma((acc)[j_][3], (al1), t_[j_][3]);                                    \
         }                                                                                          \
     } while (0)
 
-/* O += P V as this build sums it: in two levels, or (PV_CHAINED) through the
- * MMA's accumulator. */
+/* The plain loop's softmax and O += P V as this build sums them: alpha applied in the add of
+ * the two-level sum, or (PV_CHAINED) to O before the MMA adds to it. */
 #if PV_CHAINED
-#define PV_ADD(acc, pf, vt) PV_WAITED(acc, pf, vt)
+#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc)
+#define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, pf, vt)
 #else
-#define PV_ADD(acc, pf, vt) PV_TWO_LEVEL(acc, pf, vt)
+#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
+#define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
 #endif
 
 /* Q's A fragments qf from its block (which stays put: read before the K
@@ -288,15 +317,14 @@ inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
     return r;
 }
 
-/* P (the softmax's s, times P_SCALE) into the A fragments of O = P V: k-step
+/* P (the softmax's s: P_SCALE p) into the A fragments of O = P V: k-step
  * kk's register 0 holds row g's columns 2t, 2t+1 of blocks 4kk and 4kk+1,
  * register 1 the same of row g+8, registers 2 and 3 those of blocks 4kk+2
  * and 4kk+3 (Vt's key order, VT_KEY). */
 #define PACK_P(pf, s)                                                                              \
     _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) _Pragma("unroll") for (int r_ = 0; r_ < 4; ++r_) { \
         const int j_ = 4 * kk + 2 * (r_ >> 1), e_ = 2 * (r_ & 1);                                  \
-        (pf)[kk][r_] = pack_e4m3x4(P_SCALE * (s)[j_][e_], P_SCALE * (s)[j_][e_ + 1],                \
-                                   P_SCALE * (s)[j_ + 1][e_], P_SCALE * (s)[j_ + 1][e_ + 1]);      \
+        (pf)[kk][r_] = pack_e4m3x4((s)[j_][e_], (s)[j_][e_ + 1], (s)[j_ + 1][e_], (s)[j_ + 1][e_ + 1]); \
     }
 
 /* A tile of 128-byte rows (width bytes of each, zero past width and past
@@ -446,7 +474,8 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
 #endif
 
             SCORES_POST(s, n0);
-            ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+            float alpha[2];
+            SOFTMAX_TILE(s, alpha);
             uint pf[P_STEPS][4];
             PACK_P(pf, s);
 
@@ -460,7 +489,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
 
             /* ---- O += P V ---- */
             TILE_WAIT(v_bar, tile);
-            PV_ADD(acc, pf, vt);
+            PV_ADD(acc, pf, vt, alpha);
         }
 #else
         /* OVERLAP: one K buffer, Vt of tile t in buffer t % 2. Iteration t issues
@@ -531,8 +560,9 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         }
 #endif
 
-        /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE ---- */
+        /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE (l: P_SCALE times the sum) ---- */
         const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
+        l_run[0] *= 1.0f / P_SCALE, l_run[1] *= 1.0f / P_SCALE;
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j)
             acc[j][0] *= o_f, acc[j][1] *= o_f, acc[j][2] *= o_f, acc[j][3] *= o_f;
@@ -589,13 +619,14 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
         for (int j = 0; j < S_FRAGS; ++j)
 #pragma unroll
             for (int e = 0; e < 4; ++e)
-                s[j][e] = p[(row0 + 8 * (e >> 1)) * BLOCK_N + 8 * j + 2 * t + (e & 1)];
+                s[j][e] = P_SCALE * p[(row0 + 8 * (e >> 1)) * BLOCK_N + 8 * j + 2 * t + (e & 1)];
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j)
             acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
         uint pf[P_STEPS][4];
         PACK_P(pf, s);
-        PV_ADD(acc, pf, s_base + VT_AT);
+        const float one[2] = {1.0f, 1.0f};
+        PV_ADD(acc, pf, s_base + VT_AT, one);
 #pragma unroll
         for (int j = 0; j < O_FRAGS; ++j)
 #pragma unroll

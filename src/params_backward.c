@@ -41,7 +41,9 @@
  *     its K and V (Q and dO) fragments held in registers, their __local
  *     taken by the stages (not with DQ=atomic; at head_dim 65..128, where
  *     without it one stage of 16-row tiles fits, 16- or 32-row tiles in up to
- *     five or two stages; there the table's default), OWN_REGS=0 not.
+ *     five or two stages; there the table's default), OWN_REGS=0 not;
+ *     DQ_MAXNREG=N caps the nv-wgmma dQ pass (168 by default where K and V
+ *     are held, 0: the compiler's choice).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -528,6 +530,15 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
             c->source = flashcl_shrunk_source(ctx, c->source);
     }
     backward_override(&env, head_dim, c);
+    /* The held kernels' dQ pass (K and V held in registers) capped at 168 registers: three
+     * work-groups an SM. f16 TFLOP/s full / causal, default against capped (H200, 2026-12-05,
+     * `flashcl bench --backward --iters 10`): (4,32,4096,128) 202.6 / 198.5 against 210.7 /
+     * 204.3, (1,32,16384,128) 208.5 / 212.5 against 217.2 / 220.9, bf16 alike, (4,32,4096,80)
+     * 127.1 / 126.8 against 133.6 / 132.1, (4,32,4096,96) 154.4 / 152.2 against 159.3 / 157.5;
+     * test_backward wgmma had passed its held cases under the cap. */
+    if (env.dq_max_registers < 0 && c->nv_own_regs && c->variant == FLASHCL_BWD_NV_WGMMA &&
+        flashcl_backward_dq_atomic(c) != 1)
+        c->nv_dq_max_registers = 168;
     /* An entry's tiles sized for held fragments that the override let go (DQ=atomic, OWN_REGS=0):
      * each side the override does not set is halved, keys first, down to 16 rows, until they fit. */
     if (e->nv_own_regs && !c->nv_own_regs && c->variant == FLASHCL_BWD_NV_WGMMA) {

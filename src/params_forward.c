@@ -183,6 +183,12 @@ int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
     if (p->variant && !strcmp(p->variant, "nv-wgmma") && head_dim > 64 && p->work_group_size == 128 &&
         wgmma_q_own_block(head_dim, p->block_m, p->block_n))
         return 168;
+    /* The FP8 kernel above head dim 64: NVIDIA's build took 168 registers at D=128 but 188 with
+     * LPT_HEADS (the causal order), two work-groups an SM; capped at 168 (24 bytes of spill),
+     * three: causal (4,32,4096,128) 690 TFLOP/s against 587 by wall clock, full attention level
+     * (H200, 2026-12-05, BENCHMARKS.md). At D <= 64 it needs 152. */
+    if (p->variant && !strcmp(p->variant, "nv-wgmma-fp8") && head_dim > 64)
+        return 168;
     return 0;
 }
 

@@ -240,11 +240,19 @@ static void test_backward_levels(void) {
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1,MAXNREG=200", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_max_registers == 200,
            "... unless MAXNREG gives one", &failures);
-    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ_MAXNREG=168", 0, &c) == FLASHCL_SUCCESS &&
+    expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.nv_dq_max_registers == 168 && c.nv_max_registers == 0 && c.nv_own_regs == 1 &&
-               backward_choice_of(ctx, FLASHCL_FLOAT16, 128, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               backward_choice_of(ctx, FLASHCL_FLOAT16, 80, "BLOCK_M=32", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_dq_max_registers == 168 &&
+               backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "DQ_MAXNREG=0", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_dq_max_registers == 0 && c.nv_own_regs == 1 &&
+               backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_dq_max_registers == 0 &&
+               backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "OWN_REGS=0", 0, &c) == FLASHCL_SUCCESS &&
                c.nv_dq_max_registers == 0,
-           "FLASHCL_BWD_PARAMS DQ_MAXNREG=168 caps the nv-wgmma dQ pass alone (none by default)", &failures);
+           "the held dQ pass capped at 168 registers by default (DQ_MAXNREG=0: not; none where K and V "
+           "are not held)",
+           &failures);
     /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
                c.variant == FLASHCL_BWD_NV_WGMMA && c.nv_stages == 3 && c.block_m == 32,
