@@ -15,7 +15,8 @@
  * version (Vt by a pre-pass and TMA, the two-level P V sum) passed
  * test_fp8_forward on an H100 and ran at 1.24-1.63x the 16-bit kernel in
  * the same call (2026-12-05, docs/perf-notes.md, "FP8 forward on warpgroup
- * MMA"), and on the H200 at 1.05-1.36x cuDNN's float16 from 4096 keys (2026-12-05, 87c2507);
+ * MMA"), and on the H200 from 4096 keys at 1.26-1.56x cuDNN's float16 at D=128, 1.01-1.12x at
+ * D=64 (2026-12-05, 2e86b2a: the softmax below and the host's 168-register cap above D=64);
  * OVERLAP and EX2_FMA_EVERY, on request, are slower (below).
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
