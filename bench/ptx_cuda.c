@@ -478,3 +478,40 @@ double time_kernels(kernel *const *k, int n, int iters, double *per) {
     cu.event_elapsed(&total, ev[0], ev[1]);
     return total / iters;
 }
+
+void harness_args_start(int argc, char **argv, harness_args *a, const char *usage) {
+    if (argc < 5) {
+        fprintf(stderr, "usage: %s B H N D %s\n", argv[0], usage);
+        exit(2);
+    }
+    a->B = atoi(argv[1]), a->H = atoi(argv[2]), a->N = atoi(argv[3]), a->D = atoi(argv[4]);
+    a->causal = 0, a->iters = 20;
+    a->dump = a->cache = NULL, a->device = "nvidia";
+}
+
+int harness_flag(int argc, char **argv, int *i, harness_args *a) {
+    const char *f = argv[*i];
+    if (!strcmp(f, "--causal")) {
+        a->causal = 1;
+        return 1;
+    }
+    if (*i + 1 >= argc)
+        return 0;
+    const char **value = !strcmp(f, "--dtype")    ? &a->dtype
+                         : !strcmp(f, "--dump")   ? &a->dump
+                         : !strcmp(f, "--device") ? &a->device
+                         : !strcmp(f, "--cache")  ? &a->cache
+                                                  : NULL;
+    if (value)
+        *value = argv[++*i];
+    else if (!strcmp(f, "--iters"))
+        a->iters = atoi(argv[++*i]);
+    else
+        return 0;
+    return 1;
+}
+
+void harness_args_check(const harness_args *a) {
+    if (a->B < 1 || a->H < 1 || a->N < 1 || a->D < 1 || a->iters < 1)
+        die("%s", "B, H, N, D and --iters must be >= 1");
+}

@@ -56,6 +56,21 @@ extern cuda_api cu;
 
 /* Prints "ptx_harness: " and the message, exits 2 (a bench tool: no recovery). */
 void die(const char *fmt, const char *what);
+/* The harnesses' command line: B H N D, then the flags both take. */
+typedef struct {
+    int B, H, N, D, causal, iters;
+    const char *dtype, *dump, *device, *cache;
+} harness_args;
+/* B H N D from argv[1..4] into a, and the defaults (causal 0, iters 20, device "nvidia", no
+ * dump or cache; dtype stays as the caller set it); exits with usage on fewer than five
+ * arguments. */
+void harness_args_start(int argc, char **argv, harness_args *a, const char *usage);
+/* Takes argv[*i] (with its value, *i moved past it) if it is a common flag: --causal, --dtype,
+ * --iters, --dump, --device, --cache. Returns 0 for any other argument. */
+int harness_flag(int argc, char **argv, int *i, harness_args *a);
+/* Exits unless B, H, N, D and iters are at least 1. */
+void harness_args_check(const harness_args *a);
+
 /* flashcl's context on device, its disk program cache in *cache (NULL: a fresh directory made from
  * the mkdtemp template fresh, which must outlive the run), so that the programs the run builds can
  * be read back (read_cache); log receives flashcl's log lines. Exits on failure. */

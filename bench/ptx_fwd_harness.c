@@ -107,32 +107,15 @@ static const cached_program *pick_program(const cached_program *progs, int n, co
 }
 
 int main(int argc, char **argv) {
-    if (argc < 5) {
-        fprintf(stderr, "usage: %s B H N D [--dtype e4m3|e5m2|f16|bf16] [--causal] [--iters N] [--dump DIR] "
-                        "[--cache DIR] [--device SPEC]\n", argv[0]);
-        return 2;
-    }
-    const int B = atoi(argv[1]), H = atoi(argv[2]), N = atoi(argv[3]), D = atoi(argv[4]);
-    int causal = 0, iters = 20;
-    const char *dtype = "e4m3", *dump = NULL, *device = "nvidia", *cache = NULL;
-    for (int i = 5; i < argc; ++i) {
-        if (!strcmp(argv[i], "--causal"))
-            causal = 1;
-        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
-            dtype = argv[++i];
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--dump") && i + 1 < argc)
-            dump = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--cache") && i + 1 < argc)
-            cache = argv[++i];
-        else
+    harness_args a = {.dtype = "e4m3"};
+    harness_args_start(argc, argv, &a, "[--dtype e4m3|e5m2|f16|bf16] [--causal] [--iters N] [--dump DIR] "
+                                       "[--cache DIR] [--device SPEC]");
+    for (int i = 5; i < argc; ++i)
+        if (!harness_flag(argc, argv, &i, &a))
             die("unknown argument %s", argv[i]);
-    }
-    if (B < 1 || H < 1 || N < 1 || D < 1 || iters < 1)
-        die("%s", "B, H, N, D and --iters must be >= 1");
+    harness_args_check(&a);
+    const int B = a.B, H = a.H, N = a.N, D = a.D, causal = a.causal, iters = a.iters;
+    const char *dtype = a.dtype, *dump = a.dump, *device = a.device, *cache = a.cache;
     flashcl_attention_desc desc = {0};
     if (!strcmp(dtype, "e4m3"))
         desc.dtype = FLASHCL_FLOAT8_E4M3;

@@ -375,36 +375,23 @@ static int rewrite_only(const char *path, const char *options, const char *spec)
 int main(int argc, char **argv) {
     if (argc == 5 && !strcmp(argv[1], "--rewrite"))
         return rewrite_only(argv[2], argv[3], argv[4]);
-    if (argc < 5) {
-        fprintf(stderr, "usage: %s B H N D [--dtype f16|bf16] [--causal] [--iters N] [--dump DIR] [--cache DIR] "
-                        "[--device SPEC] [--study WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N][,OWN_REGS=1]]...\n",
-                argv[0]);
-        return 2;
-    }
-    const int B = atoi(argv[1]), H = atoi(argv[2]), N = atoi(argv[3]), D = atoi(argv[4]);
-    int causal = 0, iters = 20, bf16 = 0;
-    const char *dump = NULL, *device = "nvidia", *cache = NULL, *study[32];
+    harness_args a = {.dtype = "f16"};
+    harness_args_start(argc, argv, &a,
+                       "[--dtype f16|bf16] [--causal] [--iters N] [--dump DIR] [--cache DIR] [--device SPEC] "
+                       "[--study WG=128|256,ROWS=16|32|64,STAGES=2..8[,MAXNREG=N][,OWN_REGS=1]]...");
+    const char *study[32];
     int n_study = 0;
     for (int i = 5; i < argc; ++i) {
-        if (!strcmp(argv[i], "--causal"))
-            causal = 1;
-        else if (!strcmp(argv[i], "--dtype") && i + 1 < argc)
-            bf16 = !strcmp(argv[++i], "bf16");
-        else if (!strcmp(argv[i], "--iters") && i + 1 < argc)
-            iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--dump") && i + 1 < argc)
-            dump = argv[++i];
-        else if (!strcmp(argv[i], "--device") && i + 1 < argc)
-            device = argv[++i];
-        else if (!strcmp(argv[i], "--cache") && i + 1 < argc)
-            cache = argv[++i];
-        else if (!strcmp(argv[i], "--study") && i + 1 < argc && n_study < 32)
+        if (harness_flag(argc, argv, &i, &a))
+            continue;
+        if (!strcmp(argv[i], "--study") && i + 1 < argc && n_study < 32)
             study[n_study++] = argv[++i];
         else
             die("unknown argument %s", argv[i]);
     }
-    if (B < 1 || H < 1 || N < 1 || D < 1 || iters < 1)
-        die("%s", "B, H, N, D and --iters must be >= 1");
+    harness_args_check(&a);
+    const int B = a.B, H = a.H, N = a.N, D = a.D, causal = a.causal, iters = a.iters, bf16 = !strcmp(a.dtype, "bf16");
+    const char *dump = a.dump, *device = a.device, *cache = a.cache;
 
     /* Unsetting FLASHCL_PROFILE: the timed loops below set it where they want it. */
     char fresh[] = "/tmp/ptx_harness.XXXXXX";
