@@ -550,8 +550,8 @@ inline float ex2(float x) {
  * row's |m sc| < 1024 in every lane of the warp (a vote: always, but for scores of thousands of
  * bits) by one fma a score, 2^(s sc + (bias - m sc)), without the subtraction. That exponent is
  * off by the rounding of m sc and of bias - m sc: the same for every score of the row in the
- * tile, so a factor O and l share, under 2^-14 below 1024 (and in the LSE, which the store
- * computes from m sc, under 5e-5). Past 1024 it could reach whole powers of two (the reason for
+ * tile, so a factor O and l share, under 2^-13 below 1024 (and in the LSE, which the store
+ * computes from m sc, under 1e-4). Past 1024 it could reach whole powers of two (the reason for
  * the form above), so those rows keep it. The kernel's l then holds 2^bias times the sum. */
 #define SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, bias)                                         \
     const float msc_ = (mr) * (sc);                                                                \

@@ -167,14 +167,15 @@
 #define VT_AT K_TILE_BYTES
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
 #define SMEM_BYTES (Q_AT + Q_BYTES + 1024)
-#define P_SCALE 256.0f
+#define P_SCALE_LOG2 8
+#define P_SCALE ((float)(1 << P_SCALE_LOG2))
 /* The softmax writes P_SCALE p (2^8 p) straight from its exponents, and l holds P_SCALE times
  * the sum (SOFTMAX_EXPS_BIASED, common_nv.cl): per score an fma and the exponent, where the
  * subtraction, the multiply by the scale and the one by P_SCALE were three instructions of a
  * softmax the kernel's speed follows (an added polynomial for a quarter of the exponents,
  * EX2_FMA_EVERY=2, cost a third of it). */
 #undef SOFTMAX_EXPS
-#define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, 8)
+#define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, P_SCALE_LOG2)
 /* SOFTMAX_CHAINS=4 (through FLASHCL_BUILD_OPTIONS; not yet run on a GPU): each row's max and
  * sum in four independent chains, not one. ncu on the H200 (2026-12-05, D=64, three warps a
  * scheduler) put "wait" (a fixed-latency dependency) first among the stalls, at 1.6 warps an
@@ -283,10 +284,15 @@
         }                                                                                          \
     } while (0)
 
-/* The plain loop's softmax and O += P V as this build sums them: alpha applied in the add of
- * the two-level sum, or (PV_CHAINED) to O before the MMA adds to it. */
+/* The plain loop's softmax (on its acc, m_run, l_run and sc) and O += P V as this build sums
+ * them: alpha applied in the add of the two-level sum, or (PV_CHAINED) to O before the MMA adds
+ * to it. */
 #if PV_CHAINED
-#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc)
+#define SOFTMAX_TILE(s, alpha)                                                                     \
+    do {                                                                                           \
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);                             \
+        (alpha)[0] = (alpha)[1] = 1.0f; /* applied already */                                      \
+    } while (0)
 #define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, pf, vt)
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)

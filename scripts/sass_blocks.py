@@ -15,7 +15,7 @@ import re
 import sys
 
 INSTR = re.compile(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-BACK = re.compile(r"BRA (?:\S+ )?(0x[0-9a-f]+)")
+BACK = re.compile(r"BRA(?:\.\S+)? (?:\S+ )?(0x[0-9a-f]+)")  # BRA 0x.., BRA.U !UP0, 0x..
 
 
 def load(path):
@@ -49,12 +49,13 @@ def main():
     ins = load(sys.argv[1])
     lo, hi = (int(sys.argv[2], 16), int(sys.argv[3], 16)) if len(sys.argv) == 4 else largest_mma_loop(ins)
     print(f"{sys.argv[1]}: {lo:#x}..{hi:#x}")
+    last = max(a for a, _ in ins if lo <= a <= hi)  # TO need not be an instruction's address
     start, mix = lo, collections.Counter()
     for addr, text in ins:
         if not lo <= addr <= hi:
             continue
         mix[opcode(text)] += 1
-        if "BRA" in text or "VOTE" in text or addr == hi:
+        if "BRA" in text or "VOTE" in text or addr >= last:
             top = ", ".join(f"{k} {v}" for k, v in mix.most_common(8))
             print(f"{start:#07x}..{addr:#07x} {sum(mix.values()):5d}: {top}\n{'':20}{text}")
             start, mix = addr + 16, collections.Counter()

@@ -535,9 +535,11 @@ flashcl_status flashcl_backward_params(flashcl_context *ctx, const flashcl_atten
      * `flashcl bench --backward --iters 10`): (4,32,4096,128) 202.6 / 198.5 against 210.7 /
      * 204.3, (1,32,16384,128) 208.5 / 212.5 against 217.2 / 220.9, bf16 alike, (4,32,4096,80)
      * 127.1 / 126.8 against 133.6 / 132.1, (4,32,4096,96) 154.4 / 152.2 against 159.3 / 157.5;
-     * test_backward wgmma had passed its held cases under the cap. */
-    if (env.dq_max_registers < 0 && c->nv_own_regs && c->variant == FLASHCL_BWD_NV_WGMMA &&
-        flashcl_backward_dq_atomic(c) != 1)
+     * test_backward wgmma had passed its held cases under the cap. Only there: at D <= 64 the dQ
+     * pass ran slower capped (src/backward.c), and with two warpgroups 168 still leaves one
+     * work-group an SM. */
+    if (env.dq_max_registers < 0 && c->nv_own_regs && c->variant == FLASHCL_BWD_NV_WGMMA && head_dim > 64 &&
+        c->work_group_size == 128 && flashcl_backward_dq_atomic(c) != 1)
         c->nv_dq_max_registers = 168;
     /* An entry's tiles sized for held fragments that the override let go (DQ=atomic, OWN_REGS=0):
      * each side the override does not set is halved, keys first, down to 16 rows, until they fit. */

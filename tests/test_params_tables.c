@@ -249,9 +249,11 @@ static void test_backward_levels(void) {
                backward_choice_of(ctx, FLASHCL_FLOAT16, 64, NULL, 0, &c) == FLASHCL_SUCCESS &&
                c.nv_dq_max_registers == 0 &&
                backward_choice_of(ctx, FLASHCL_FLOAT16, 128, "OWN_REGS=0", 0, &c) == FLASHCL_SUCCESS &&
-               c.nv_dq_max_registers == 0,
-           "the held dQ pass capped at 168 registers by default (DQ_MAXNREG=0: not; none where K and V "
-           "are not held)",
+               c.nv_dq_max_registers == 0 &&
+               backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "OWN_REGS=1", 0, &c) == FLASHCL_SUCCESS &&
+               c.nv_own_regs == 1 && c.nv_dq_max_registers == 0,
+           "the held dQ pass capped at 168 registers by default above D=64 (DQ_MAXNREG=0: not; none where "
+           "K and V are not held, nor at D=64)",
            &failures);
     /* STAGES: the TMA kernels' pipeline depth, within 48 KB (stats: 2 floats a row and stage). */
     expect(backward_choice_of(ctx, FLASHCL_FLOAT16, 64, "STAGES=3", 0, &c) == FLASHCL_SUCCESS &&
