@@ -516,14 +516,12 @@ inline float ex2(float x) {
     SOFTMAX_EXPS(s, n_s, h, mr_, sc, psum_);                                                       \
     (l_run)[h] = (l_run)[h] * alpha_ + psum_
 
-/* The lane's max of row h's scores into mx (one chain of fmax; a kernel may redefine it as
- * SOFTMAX_ROW_MAX4, below). */
-#define SOFTMAX_ROW_MAX(s, n_s, h, mx)                                                             \
+/* The lane's max of row h's scores into mx, in one chain of fmax. */
+#define SOFTMAX_ROW_MAX1(s, n_s, h, mx)                                                            \
     _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx =                                      \
         fmax(mx, fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]))
-/* The same in four independent chains (n_s a multiple of 4), joined at the end: the same max
- * (fmax is exact in any order) in a quarter of the dependent steps, for a kernel with too few
- * warps to hide one chain's latency (the FP8 forward's SOFTMAX_CHAINS). */
+/* The same in four independent chains, joined at the end: the same max (fmax is exact in any
+ * order) in a quarter of the dependent steps. */
 #define SOFTMAX_ROW_MAX4(s, n_s, h, mx)                                                            \
     do {                                                                                           \
         float m4_[4] = {mx, -INFINITY, -INFINITY, -INFINITY};                                      \
@@ -541,10 +539,44 @@ inline float ex2(float x) {
         (s)[j_][e_] = p_;                                                                          \
         (psum) += p_;                                                                              \
     }
+/* The same summing into four partial sums (block j into the j % 4th), added to psum at the end:
+ * a quarter of the dependent adds. */
+#define SOFTMAX_EXPS_BY4(s, n_s, h, psum, X)                                                       \
+    do {                                                                                           \
+        float ps4_[4] = {psum, 0.0f, 0.0f, 0.0f};                                                  \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                     \
+            const float x_ = (s)[j_][e_];                                                          \
+            const float p_ = EX2_SCORE(X, j_);                                                     \
+            (s)[j_][e_] = p_;                                                                      \
+            ps4_[j_ & 3] += p_;                                                                    \
+        }                                                                                          \
+        psum = (ps4_[0] + ps4_[1]) + (ps4_[2] + ps4_[3]);                                          \
+    } while (0)
+
+/* SOFTMAX_CHAINS=4 (through FLASHCL_BUILD_OPTIONS, a study; not yet run on a GPU): each row's
+ * max and sum in four independent chains, not one, in every kernel of this file's softmax. ncu
+ * on the H200 (2026-12-05, the FP8 forward at D=64, three warps a scheduler) put "wait" (a
+ * fixed-latency dependency) first among the stalls, at 1.6 warps an issue; a row's 16- to
+ * 32-step fmax and add chains are such dependencies. The max is the same in any order; the sum
+ * rounds differently. */
+#ifndef SOFTMAX_CHAINS
+#define SOFTMAX_CHAINS 1
+#endif
+#if SOFTMAX_CHAINS == 4
+#define SOFTMAX_ROW_MAX SOFTMAX_ROW_MAX4
+#define SOFTMAX_EXPS_SUM SOFTMAX_EXPS_BY4
+#elif SOFTMAX_CHAINS == 1
+#define SOFTMAX_ROW_MAX SOFTMAX_ROW_MAX1
+#define SOFTMAX_EXPS_SUM SOFTMAX_EXPS_BY
+#else
+#error "SOFTMAX_CHAINS is 1 or 4"
+#endif
+
 /* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc once and m sc was rounded
  * another way, so at s = m ~ 1e10 p was 2^+-512 (0 or inf). s - m is exact near m and <= 0
  * always. A kernel may redefine SOFTMAX_EXPS as SOFTMAX_EXPS_BIASED (below). */
-#define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BY(s, n_s, h, psum, (x_ - (mr)) * (sc))
+#define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_SUM(s, n_s, h, psum, (x_ - (mr)) * (sc))
 /* p = 2^((s - m) sc + bias) (the FP8 forward: bias = log2 of its P_SCALE), so that the p P V
  * quantizes come out of the exponent already scaled, with no multiply a score; and where the
  * row's |m sc| < 1024 in every lane of the warp (a vote: always, but for scores of thousands of
@@ -561,23 +593,6 @@ inline float ex2(float x) {
     } else {                                                                                       \
         SOFTMAX_EXPS_SUM(s, n_s, h, psum, fma(x_ - (mr), (sc), (float)(bias)));                    \
     }
-/* How SOFTMAX_EXPS_BIASED sums a row: one chain of adds (SOFTMAX_EXPS_BY), or a kernel's
- * redefinition as SOFTMAX_EXPS_BY4. */
-#define SOFTMAX_EXPS_SUM(s, n_s, h, psum, X) SOFTMAX_EXPS_BY(s, n_s, h, psum, X)
-/* SOFTMAX_EXPS_BY summing into four partial sums (block j into the j % 4th, n_s a multiple of
- * 4), added to psum at the end: a quarter of the dependent adds, as SOFTMAX_ROW_MAX4. */
-#define SOFTMAX_EXPS_BY4(s, n_s, h, psum, X)                                                       \
-    do {                                                                                           \
-        float ps4_[4] = {psum, 0.0f, 0.0f, 0.0f};                                                  \
-        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
-            _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                     \
-            const float x_ = (s)[j_][e_];                                                          \
-            const float p_ = EX2_SCORE(X, j_);                                                     \
-            (s)[j_][e_] = p_;                                                                      \
-            ps4_[j_ & 3] += p_;                                                                    \
-        }                                                                                          \
-        psum = (ps4_[0] + ps4_[1]) + (ps4_[2] + ps4_[3]);                                          \
-    } while (0)
 
 /* x from lane src of this warp. */
 inline float shfl_idx(float x, int src) {

@@ -176,22 +176,7 @@
  * EX2_FMA_EVERY=2, cost a third of it). */
 #undef SOFTMAX_EXPS
 #define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, P_SCALE_LOG2)
-/* SOFTMAX_CHAINS=4 (through FLASHCL_BUILD_OPTIONS; not yet run on a GPU): each row's max and
- * sum in four independent chains, not one. ncu on the H200 (2026-12-05, D=64, three warps a
- * scheduler) put "wait" (a fixed-latency dependency) first among the stalls, at 1.6 warps an
- * issue, and the softmax's 32-step fmax and add chains a row are such dependencies. The max is
- * the same in any order; the sum's rounding changes. */
-#ifndef SOFTMAX_CHAINS
-#define SOFTMAX_CHAINS 1
-#endif
-#if SOFTMAX_CHAINS == 4
-#undef SOFTMAX_ROW_MAX
-#define SOFTMAX_ROW_MAX(s, n_s, h, mx) SOFTMAX_ROW_MAX4(s, n_s, h, mx)
-#undef SOFTMAX_EXPS_SUM
-#define SOFTMAX_EXPS_SUM(s, n_s, h, psum, X) SOFTMAX_EXPS_BY4(s, n_s, h, psum, X)
-#elif SOFTMAX_CHAINS != 1
-#error "SOFTMAX_CHAINS is 1 or 4"
-#endif
+/* -DSOFTMAX_CHAINS=4, a study: the row's max and sum in four chains (common_nv.cl). */
 
 #ifndef FLASHCL_NV_PTX
 #error "flash_fwd_sm90_fp8 is built with -DFLASHCL_NV_PTX (the PTX helpers in common_nv.cl)"
