@@ -7,7 +7,7 @@
  *    poisoned before each call, NaN never passes. e4m3 and e5m2, out
  *    float32/float16/bfloat16, per-tensor, per-head and block factors, NULL
  *    factors, GQA, causal, windows, odd lengths, head_dim 40, 64, 128,
- *    packed and padded layouts (offsets, strides with gaps that must stay), on
+ *    scores of thousands of bits beside ordinary ones (boost), packed and padded layouts (offsets, strides with gaps that must stay), on
  *    the cpu and portable kernels (FLASHCL_PARAMS) and a host context.
  *    On compute capability 9.0, the FP8 warpgroup-MMA kernel (nv-wgmma-fp8,
  *    the default there for 16-bit outputs) on its own cases, with bounds for its e4m3 P and its MMA's
@@ -54,6 +54,10 @@ typedef struct fp8_case {
     int block_rows; /* scales 2 */
     float softcap;
     int padded;     /* nonzero: every tensor at an offset, with padded strides */
+    /* nonzero: q's factors at indices 1, 5, 9... (heads or row blocks) times this, so that those
+     * rows' scores reach thousands of bits, past where the FP8 kernel's softmax folds m sc into
+     * one fma (SOFTMAX_EXPS_BIASED, cl/common_nv.cl), beside rows that stay below */
+    float boost;
 } fp8_case;
 
 /* A padded layout for (seqlen, heads, head_dim) rows: gaps after each head,
@@ -154,6 +158,8 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         const size_t bk = c->scales == 2 ? (size_t)(c->seqlen_k + c->block_rows - 1) / c->block_rows : 1;
         const size_t hq = c->scales ? (size_t)c->batch * c->heads_q : 1, hk = c->scales ? (size_t)c->batch * c->heads_k : 1;
         d.fp8.q_descale = qs = random_factors(&rng, hq * bq);
+        for (size_t i = 1; c->boost > 0.0f && i < hq * bq; i += 4)
+            qs[i] *= c->boost;
         d.fp8.k_descale = ks = random_factors(&rng, hk * bk);
         d.fp8.v_descale = vs = random_factors(&rng, hk);
     }
@@ -267,6 +273,18 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
                     worst_lse = i;
             }
         }
+        if (c->boost > 0.0f) {
+            /* Both forms of the softmax's exponent: rows whose max scaled score is past 1024 bits
+             * (LSE > 1024 ln 2 + ln Nk) and rows well below it. */
+            size_t past = 0, below = 0;
+            for (size_t i = 0; i < nlse; ++i) {
+                past += ref_lse[i] > 1024.0 * log(2.0) + log((double)Nk);
+                below += ref_lse[i] < 600.0;
+            }
+            char why[sizeof what + 64];
+            snprintf(why, sizeof why, "%s: %zu rows past 1024 bits, %zu below", what, past, below);
+            expect(past > 0 && below > 0, why, &failures);
+        }
         /* The gaps of a padded out stay as poisoned. */
         size_t written = 0;
         for (size_t i = 0; i < span_o; ++i)
@@ -315,22 +333,24 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
 }
 
 static const fp8_case cases[] = {
-    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0, 1},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0, 1},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0, 0},
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded, boost */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0, 1, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0, 1, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    /* scores of thousands of bits in every fourth block of 8 rows, beside ordinary ones */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 40, 70, 64, 0, 0, 0, 0, 2, 8, 0, 0, 1024.0f},
 };
 #define CASES (sizeof cases / sizeof cases[0])
 
 /* `oclgrind` mode (ctest -L oclgrind): shapes tiny enough for Oclgrind's
  * checks, still odd lengths, GQA, blocks that straddle tiles, both formats. */
 static const fp8_case tiny_cases[] = {
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1, 0},
 };
 
 /* The FP8 warpgroup-MMA kernel (cl/flash_fwd_sm90_fp8.cl): head dims in steps
@@ -338,19 +358,23 @@ static const fp8_case tiny_cases[] = {
  * lengths, several 128-key tiles and a partial last one, GQA, causal,
  * windows, soft-cap, every kind of factors, block rows straddling tiles. */
 static const fp8_case wgmma_cases[] = {
-    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 200, 333, 128, 0, 0, 0, 0, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 150, 300, 128, 1, 0, 0, 0, 2, 64, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 70, 260, 96, 0, 1, 50, 10, 2, 16, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 3, 8, 2, 1, 515, 128, 0, 0, 0, 0, 1, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 64, 32768, 128, 0, 0, 0, 0, 0, 0, 0, 0}, /* long rows */
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded, boost */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 200, 333, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 150, 300, 128, 1, 0, 0, 0, 2, 64, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 70, 260, 96, 0, 1, 50, 10, 2, 16, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 3, 8, 2, 1, 515, 128, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 64, 32768, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* long rows */
     /* causal, more queries than keys (bottom-right): the first 200 rows see no key, so (under
      * PAIR_BLOCKS) work-groups whose first block has no tile before their second */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 300, 100, 64, 1, 0, 0, 0, 1, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 300, 100, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
+    /* scores of thousands of bits (the softmax's exact form) in every fourth block of 8 rows, so
+     * in warps beside warps of ordinary rows (which take the fma form), and in one of two heads */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 130, 300, 64, 0, 0, 0, 0, 2, 8, 0, 0, 1024.0f},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 1024.0f},
 };
 
 /* On compute capability 9.0 the wgmma cases (the kernel must apply there);
