@@ -171,9 +171,9 @@
 #define P_SCALE ((float)(1 << P_SCALE_LOG2))
 /* The softmax writes P_SCALE p (2^8 p) straight from its exponents, and l holds P_SCALE times
  * the sum (SOFTMAX_EXPS_BIASED, common_nv.cl): per score an fma and the exponent, where the
- * subtraction, the multiply by the scale and the one by P_SCALE were three instructions of a
- * softmax the kernel's speed follows (an added polynomial for a quarter of the exponents,
- * EX2_FMA_EVERY=2, cost a third of it). */
+ * subtraction, the multiply by the scale and the one by P_SCALE had been three instructions.
+ * 16-26 % fewer on a tile's path, yet level on the H200 (2026-12-05): ncu found the kernel
+ * waiting on latency, not on issue (docs/perf-notes.md, "FP8 forward on warpgroup MMA"). */
 #undef SOFTMAX_EXPS
 #define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, P_SCALE_LOG2)
 /* -DSOFTMAX_CHAINS=4, a study: the row's max and sum in four chains (common_nv.cl). */
