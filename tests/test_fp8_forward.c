@@ -54,7 +54,7 @@ typedef struct fp8_case {
     int block_rows; /* scales 2 */
     float softcap;
     int padded;     /* nonzero: every tensor at an offset, with padded strides */
-    /* nonzero: q's factors at indices 1, 5, 9... (heads or row blocks) times this, so that those
+    /* nonzero: q's factors at indices 1, 5, 9... (heads or row blocks) set to this, so that those
      * rows' scores reach thousands of bits, past where the FP8 kernel's softmax folds m sc into
      * one fma (SOFTMAX_EXPS_BIASED, cl/common_nv.cl), beside rows that stay below */
     float boost;
@@ -159,7 +159,7 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         const size_t hq = c->scales ? (size_t)c->batch * c->heads_q : 1, hk = c->scales ? (size_t)c->batch * c->heads_k : 1;
         d.fp8.q_descale = qs = random_factors(&rng, hq * bq);
         for (size_t i = 1; c->boost > 0.0f && i < hq * bq; i += 4)
-            qs[i] *= c->boost;
+            qs[i] = c->boost;
         d.fp8.k_descale = ks = random_factors(&rng, hk * bk);
         d.fp8.v_descale = vs = random_factors(&rng, hk);
     }
@@ -386,7 +386,7 @@ static const fp8_case wgmma_cases[] = {
     /* scores of thousands of bits (the softmax's exact form) in every fourth block of 8 rows, so
      * in warps beside warps of ordinary rows (which take the fma form), and in one of two heads */
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 130, 300, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300.0f},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 300.0f},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 2048.0f},
 };
 
 /* On compute capability 9.0 the wgmma cases (the kernel must apply there);
