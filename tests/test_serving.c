@@ -121,7 +121,9 @@ static void merge_equals_full(flashcl_context *ctx, const char *name) {
     flashcl_attention_desc full = a;
     full.seqlen_k = Nk;
     flashcl_ref_report rep;
-    int ok = st == FLASHCL_SUCCESS && flashcl_ref_check_forward(&full, q, k, v, out, lo, 1, &rep);
+    /* The halves' outputs were rounded to float16 before the merge rounded again: one rounding
+     * more than a single call's (a seed put the plain rule 0.00011 short at an output of 1.78). */
+    int ok = st == FLASHCL_SUCCESS && flashcl_ref_check_forward_rounded(&full, q, k, v, out, lo, 1, 1, &rep);
     if (st)
         printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));
     expect(ok, name, &serving_failures);
