@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 
 /* ---- the CUDA driver, by value (no cuda.h at build time, as src/nv_tma.c) ---------------------- */
 
@@ -514,4 +515,18 @@ int harness_flag(int argc, char **argv, int *i, harness_args *a) {
 void harness_args_check(const harness_args *a) {
     if (a->B < 1 || a->H < 1 || a->N < 1 || a->D < 1 || a->iters < 1)
         die("%s", "B, H, N, D and --iters must be >= 1");
+}
+
+cl_mem harness_upload(cl_context c, const void *host, size_t bytes) {
+    cl_int err;
+    cl_mem m = clCreateBuffer(c, CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0), bytes, (void *)host, &err);
+    if (!m)
+        die("clCreateBuffer failed (%s)", flashcl_status_string(err));
+    return m;
+}
+
+double harness_now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
 }

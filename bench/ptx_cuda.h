@@ -70,6 +70,10 @@ void harness_args_start(int argc, char **argv, harness_args *a, const char *usag
 int harness_flag(int argc, char **argv, int *i, harness_args *a);
 /* Exits unless B, H, N, D and iters are at least 1. */
 void harness_args_check(const harness_args *a);
+/* A read-write buffer of bytes, filled from host when it is not NULL; exits on failure. */
+cl_mem harness_upload(cl_context c, const void *host, size_t bytes);
+/* CLOCK_MONOTONIC in milliseconds, for wall-clock timing. */
+double harness_now_ms(void);
 
 /* flashcl's context on device, its disk program cache in *cache (NULL: a fresh directory made from
  * the mkdtemp template fresh, which must outlive the run), so that the programs the run builds can

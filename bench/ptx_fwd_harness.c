@@ -65,18 +65,7 @@ static void log_line(void *user, const char *line) {
     (void)user;
     printf("  flashcl log: %s\n", line);
 }
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-static cl_mem upload(cl_context c, const void *host, size_t bytes) {
-    cl_int err;
-    cl_mem m = clCreateBuffer(c, CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0), bytes, (void *)host, &err);
-    if (!m)
-        die("clCreateBuffer failed: %s", flashcl_status_string(err));
-    return m;
-}
+
 /* The number of bytes that differ, printed with the first. */
 static size_t differ(const char *what, const void *ref, const void *got, size_t bytes) {
     size_t bad = 0, first = 0;
@@ -161,8 +150,9 @@ int main(int argc, char **argv) {
     }
     cl_context clc = flashcl_context_cl_context(ctx);
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
-    cl_mem q = upload(clc, host[0], in_bytes), k = upload(clc, host[1], in_bytes), v = upload(clc, host[2], in_bytes);
-    cl_mem out = upload(clc, NULL, out_bytes), lse = upload(clc, NULL, rows * 4);
+    cl_mem q = harness_upload(clc, host[0], in_bytes), k = harness_upload(clc, host[1], in_bytes);
+    cl_mem v = harness_upload(clc, host[2], in_bytes);
+    cl_mem out = harness_upload(clc, NULL, out_bytes), lse = harness_upload(clc, NULL, rows * 4);
     if (flashcl_attention_forward(ctx, &desc, q, k, v, out, lse, 0, NULL) != FLASHCL_SUCCESS)
         die("flashcl: %s", flashcl_last_error(ctx));
     clFinish(queue);
@@ -170,11 +160,11 @@ int main(int argc, char **argv) {
     clEnqueueReadBuffer(queue, out, CL_TRUE, 0, out_bytes, ref_out, 0, NULL, NULL);
     clEnqueueReadBuffer(queue, lse, CL_TRUE, 0, rows * 4, ref_lse, 0, NULL, NULL);
     const double flops = 4.0 * B * H * (double)N * N * D * (causal ? 0.5 : 1.0);
-    double t0 = now_ms();
+    double t0 = harness_now_ms();
     for (int i = 0; i < iters; ++i)
         flashcl_attention_forward(ctx, &desc, q, k, v, out, lse, 0, NULL);
     clFinish(queue);
-    const double cl_ms = (now_ms() - t0) / iters;
+    const double cl_ms = (harness_now_ms() - t0) / iters;
     printf("flashcl (OpenCL): %.3f ms a forward call, %.1f TFLOP/s (%d calls back to back, wall clock)\n", cl_ms,
            flops / cl_ms * 1e-9, iters);
 

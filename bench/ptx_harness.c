@@ -113,20 +113,6 @@ static void log_line(void *user, const char *line) {
         printf("  flashcl log: %s\n", line);
 }
 
-static cl_mem upload(cl_context c, const void *host, size_t bytes) {
-    cl_int err;
-    cl_mem m = clCreateBuffer(c, CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0), bytes, (void *)host, &err);
-    if (!m)
-        die("clCreateBuffer failed (%s)", flashcl_status_string(err));
-    return m;
-}
-
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
-}
-
 /* Bitwise comparison of n 16-bit elements (or floats: bytes 4); prints the first mismatches. */
 static long compare(const char *what, const void *a, const void *b, size_t n, size_t es, int bf16) {
     long bad = 0;
@@ -416,14 +402,16 @@ int main(int argc, char **argv) {
     }
     cl_context clc = flashcl_context_cl_context(ctx);
     cl_command_queue queue = flashcl_context_cl_queue(ctx);
-    cl_mem q = upload(clc, host[0], bytes), k = upload(clc, host[1], bytes), v = upload(clc, host[2], bytes);
-    cl_mem dout = upload(clc, host[3], bytes), out = upload(clc, NULL, bytes), lse = upload(clc, NULL, rows * 4);
-    cl_mem dq = upload(clc, NULL, bytes), dk = upload(clc, NULL, bytes), dv = upload(clc, NULL, bytes);
+    cl_mem q = harness_upload(clc, host[0], bytes), k = harness_upload(clc, host[1], bytes);
+    cl_mem v = harness_upload(clc, host[2], bytes), dout = harness_upload(clc, host[3], bytes);
+    cl_mem out = harness_upload(clc, NULL, bytes), lse = harness_upload(clc, NULL, rows * 4);
+    cl_mem dq = harness_upload(clc, NULL, bytes), dk = harness_upload(clc, NULL, bytes);
+    cl_mem dv = harness_upload(clc, NULL, bytes);
     flashcl_backward_options opts = {0}; /* the library's default mode */
     size_t scratch_bytes = 0;
     if (flashcl_attention_backward_scratch_size(ctx, &desc, &opts, &scratch_bytes) != FLASHCL_SUCCESS)
         die("scratch size: %s", flashcl_last_error(ctx));
-    cl_mem scratch = upload(clc, NULL, scratch_bytes);
+    cl_mem scratch = harness_upload(clc, NULL, scratch_bytes);
 
     if (flashcl_attention_forward(ctx, &desc, q, k, v, out, lse, 0, NULL) != FLASHCL_SUCCESS ||
         flashcl_attention_backward(ctx, &desc, &opts, q, k, v, out, dout, lse, 0, dq, dk, dv, scratch, NULL) !=
@@ -443,11 +431,11 @@ int main(int argc, char **argv) {
     /* flashcl's time: calls back to back (wall clock), then each kernel from its profiling events
      * (FLASHCL_PROFILE=1 makes each call wait: a separate loop). */
     const double flops = 2.5 * 4.0 * B * H * (double)N * N * D * (causal ? 0.5 : 1.0);
-    double t0 = now_ms();
+    double t0 = harness_now_ms();
     for (int i = 0; i < iters; ++i)
         flashcl_attention_backward(ctx, &desc, &opts, q, k, v, out, dout, lse, 0, dq, dk, dv, scratch, NULL);
     clFinish(queue);
-    const double cl_ms = (now_ms() - t0) / iters;
+    const double cl_ms = (harness_now_ms() - t0) / iters;
     printf("flashcl (OpenCL): %.3f ms a backward call, %.1f TFLOP/s (%d calls back to back, wall clock)\n", cl_ms,
            flops / cl_ms * 1e-9, iters);
     setenv("FLASHCL_PROFILE", "1", 1);
