@@ -213,9 +213,7 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 static int fp8_pair_blocks(const char *extra) {
     if (!extra || !strstr(extra, "PAIR_BLOCKS"))
         return -1;
-    const char *at = NULL;
-    for (const char *f = extra; (f = strstr(f, "-DPAIR_BLOCKS=")) != NULL; f += 14)
-        at = f + 14;
+    const char *at = flashcl_option_define(extra, "PAIR_BLOCKS");
     if (!at)
         flashcl_log("FLASHCL_BUILD_OPTIONS names PAIR_BLOCKS but not as -DPAIR_BLOCKS=N: the FP8 kernel is built "
                     "with PAIR_BLOCKS=0");

@@ -622,6 +622,9 @@ int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out);
  * value is 0 or the user's options (extra: FLASHCL_BUILD_OPTIONS, may be
  * NULL) already define name, so that theirs wins. */
 void flashcl_host_define(char *buf, size_t size, const char *extra, const char *name, int value);
+/* The text after the last "-D<name>=" in options (may be NULL), or NULL where there is none: the
+ * value a build defines last, which is the one the kernel sees. */
+const char *flashcl_option_define(const char *options, const char *name);
 /* After snprintf of a kernel's build options (n its result, cap the buffer's size): an error that
  * names FLASHCL_BUILD_OPTIONS where they did not fit. Options cut short could build a kernel other
  * than the one the launch is sized for, so they are refused. */

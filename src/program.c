@@ -365,11 +365,8 @@ unsigned char *flashcl_ptx_cap_registers(const unsigned char *ptx, size_t size, 
 }
 
 int flashcl_nv_register_cap(const char *options) {
-    static const char key[] = "-DFLASHCL_NV_MAXNREG=";
-    const char *last = NULL;
-    for (const char *at = options; at && (at = strstr(at, key)) != NULL; at += sizeof key - 1)
-        last = at;
-    return last ? atoi(last + sizeof key - 1) : 0;
+    const char *value = flashcl_option_define(options, "FLASHCL_NV_MAXNREG");
+    return value ? atoi(value) : 0;
 }
 
 /* NVIDIA's OpenCL ignores -cl-nv-maxrregcount, and its program binary is

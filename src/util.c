@@ -113,13 +113,20 @@ int flashcl_mul_add(size_t a, size_t b, size_t c, size_t *out) {
     return 1;
 }
 
-void flashcl_host_define(char *buf, size_t size, const char *extra, const char *name, int value) {
+const char *flashcl_option_define(const char *options, const char *name) {
     char key[64];
-    snprintf(key, sizeof key, "-D%s=", name);
-    if (!value || (extra && strstr(extra, key)))
+    const int n = snprintf(key, sizeof key, "-D%s=", name);
+    const char *last = NULL;
+    for (const char *at = options; at && (at = strstr(at, key)) != NULL; at += n)
+        last = at + n;
+    return last;
+}
+
+void flashcl_host_define(char *buf, size_t size, const char *extra, const char *name, int value) {
+    if (!value || flashcl_option_define(extra, name))
         buf[0] = '\0';
     else
-        snprintf(buf, size, " %s%d", key, value);
+        snprintf(buf, size, " -D%s=%d", name, value);
 }
 
 flashcl_status flashcl_options_fit(flashcl_context *ctx, int n, size_t cap) {
