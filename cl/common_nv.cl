@@ -516,44 +516,6 @@ inline float ex2(float x) {
     SOFTMAX_EXPS(s, n_s, h, mr_, sc, psum_);                                                       \
     (l_run)[h] = (l_run)[h] * alpha_ + psum_
 
-/* The lane's max of row h's scores into mx, in one chain of fmax. */
-#define SOFTMAX_ROW_MAX1(s, n_s, h, mx)                                                            \
-    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) mx =                                      \
-        fmax(mx, fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]))
-/* The same in four independent chains, joined at the end: the same max (fmax is exact in any
- * order) in a quarter of the dependent steps. */
-#define SOFTMAX_ROW_MAX4(s, n_s, h, mx)                                                            \
-    do {                                                                                           \
-        float m4_[4] = {mx, -INFINITY, -INFINITY, -INFINITY};                                      \
-        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) m4_[j_ & 3] =                         \
-            fmax(m4_[j_ & 3], fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]));                       \
-        mx = fmax(fmax(m4_[0], m4_[1]), fmax(m4_[2], m4_[3]));                                     \
-    } while (0)
-
-/* A row's exponents into s, summed into psum: p = 2^X, X an expression in the score x_. */
-#define SOFTMAX_EXPS_BY(s, n_s, h, psum, X)                                                        \
-    _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                           \
-        _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                         \
-        const float x_ = (s)[j_][e_];                                                              \
-        const float p_ = EX2_SCORE(X, j_);                                                         \
-        (s)[j_][e_] = p_;                                                                          \
-        (psum) += p_;                                                                              \
-    }
-/* The same summing into four partial sums (block j into the j % 4th), added to psum at the end:
- * a quarter of the dependent adds. */
-#define SOFTMAX_EXPS_BY4(s, n_s, h, psum, X)                                                       \
-    do {                                                                                           \
-        float ps4_[4] = {psum, 0.0f, 0.0f, 0.0f};                                                  \
-        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
-            _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                     \
-            const float x_ = (s)[j_][e_];                                                          \
-            const float p_ = EX2_SCORE(X, j_);                                                     \
-            (s)[j_][e_] = p_;                                                                      \
-            ps4_[j_ & 3] += p_;                                                                    \
-        }                                                                                          \
-        psum = (ps4_[0] + ps4_[1]) + (ps4_[2] + ps4_[3]);                                          \
-    } while (0)
-
 /* SOFTMAX_CHAINS=4 (through FLASHCL_BUILD_OPTIONS, a study; not yet run on a GPU): each row's
  * max and sum in four independent chains, not one, in every kernel of this file's softmax. ncu
  * on the H200 (2026-12-05, the FP8 forward at D=64, three warps a scheduler) put "wait" (a
@@ -563,15 +525,36 @@ inline float ex2(float x) {
 #ifndef SOFTMAX_CHAINS
 #define SOFTMAX_CHAINS 1
 #endif
-#if SOFTMAX_CHAINS == 4
-#define SOFTMAX_ROW_MAX SOFTMAX_ROW_MAX4
-#define SOFTMAX_EXPS_SUM SOFTMAX_EXPS_BY4
-#elif SOFTMAX_CHAINS == 1
-#define SOFTMAX_ROW_MAX SOFTMAX_ROW_MAX1
-#define SOFTMAX_EXPS_SUM SOFTMAX_EXPS_BY
-#else
+#if SOFTMAX_CHAINS != 1 && SOFTMAX_CHAINS != 4
 #error "SOFTMAX_CHAINS is 1 or 4"
 #endif
+/* Chain c's value a of SOFTMAX_CHAINS, joined by op (fmax, or + as SOFTMAX_ADD) pairwise. */
+#define SOFTMAX_ADD(a, b) ((a) + (b))
+#define SOFTMAX_JOIN(a, op) (SOFTMAX_CHAINS == 4 ? op(op((a)[0], (a)[1]), op((a)[2], (a)[3])) : (a)[0])
+
+/* The lane's max of row h's scores into mx: block j into chain j % SOFTMAX_CHAINS. */
+#define SOFTMAX_ROW_MAX(s, n_s, h, mx)                                                             \
+    do {                                                                                           \
+        float m4_[4] = {mx, -INFINITY, -INFINITY, -INFINITY};                                      \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_) m4_[j_ % SOFTMAX_CHAINS] =            \
+            fmax(m4_[j_ % SOFTMAX_CHAINS], fmax((s)[j_][2 * (h)], (s)[j_][2 * (h) + 1]));          \
+        mx = SOFTMAX_JOIN(m4_, fmax);                                                              \
+    } while (0)
+
+/* A row's exponents into s, summed into psum (block j into chain j % SOFTMAX_CHAINS): p = 2^X,
+ * X an expression in the score x_. */
+#define SOFTMAX_EXPS_SUM(s, n_s, h, psum, X)                                                       \
+    do {                                                                                           \
+        float ps4_[4] = {psum, 0.0f, 0.0f, 0.0f};                                                  \
+        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
+            _Pragma("unroll") for (int e_ = 2 * (h); e_ < 2 * (h) + 2; ++e_) {                     \
+            const float x_ = (s)[j_][e_];                                                          \
+            const float p_ = EX2_SCORE(X, j_);                                                     \
+            (s)[j_][e_] = p_;                                                                      \
+            ps4_[j_ % SOFTMAX_CHAINS] += p_;                                                       \
+        }                                                                                          \
+        psum = SOFTMAX_JOIN(ps4_, SOFTMAX_ADD);                                                    \
+    } while (0)
 
 /* p = 2^((s - m) sc), not 2^(s sc - m sc) by fma: the fma rounds s sc once and m sc was rounded
  * another way, so at s = m ~ 1e10 p was 2^+-512 (0 or inf). s - m is exact near m and <= 0
