@@ -95,6 +95,23 @@ gpu_test() {
   grep -m5 FAILED "$log"
   return $rc
 }
+# side_by_side ENTRY...: gpu_test on every ENTRY at once ("TEST" or "TEST|OPTIONS|TAG": TEST as
+# gpu_test takes it, OPTIONS its FLASHCL_BUILD_OPTIONS with "+" for a space, TAG its log's tag);
+# NVIDIA's compiler builds one kernel at a time a process, so each builds on its own core. Prints
+# the status lines in order and sets `failed` to the entries whose test failed, each between spaces.
+side_by_side() {
+  local pids=() i t o tag
+  failed=
+  for i in "$@"; do
+    IFS='|' read -r t o tag <<< "$i"
+    ( [ -n "$o" ] && export FLASHCL_BUILD_OPTIONS="${o//+/ }"; gpu_test "$t" $tag ) > "$out/.status-${#pids[@]}" &
+    pids+=($!)
+  done
+  for i in "${!pids[@]}"; do
+    wait "${pids[$i]}" || failed="$failed ${@:i+1:1} "
+    cat "$out/.status-$i"; rm -f "$out/.status-$i"
+  done
+}
 # sass_of PTX: PTX (sm_90a) assembled by ptxas into PTX's .cubin and disassembled into its .sass
 # beside it (for scripts/wgmma_*.py); prints ptxas's register count.
 sass_of() {
@@ -283,17 +300,12 @@ if [ "$what" = pending ]; then
   }
   bwd_ok=1 fp8_ok=1
   if [ "${PENDING_TESTS:-1}" = 1 ]; then
-    n=${BWD_SHARDS:-6} pids=() names=()
+    n=${BWD_SHARDS:-6} names=()
     for k in $(seq 0 $((n - 1))); do names+=("test_backward+wgmma+$k/$n"); done
     names+=("test_backward+mma+0/2" "test_backward+mma+1/2" test_wgmma_layout test_fp8_forward)
-    for t in "${names[@]}"; do
-      GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-300} gpu_test "$t" > "$out/.status-${#pids[@]}" &
-      pids+=($!)
-    done
-    for i in "${!pids[@]}"; do
-      wait "${pids[$i]}" || case ${names[$i]} in test_backward*) bwd_ok=0 ;; *) fp8_ok=0 ;; esac
-      cat "$out/.status-$i"; rm -f "$out/.status-$i"
-    done
+    GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-300} side_by_side "${names[@]}"
+    case $failed in *" test_backward"*) bwd_ok=0 ;; esac
+    case $failed in *" test_wgmma_layout "* | *" test_fp8_forward "*) fp8_ok=0 ;; esac
     echo "== tests done at ${SECONDS} s"
   fi
   if [ $bwd_ok = 1 ]; then
@@ -446,17 +458,9 @@ if [ "$what" = fp8-kernel ]; then
     # The six test runs side by side (each builds its kernels on its own core), reported in order;
     # an option whose test failed is not timed below (PV_CHAINED's is PART=1's, where its long case
     # is meant to fail; it is timed as a study).
-    tested=("-DSOFTMAX_CHAINS=4" "-DPAIR_BLOCKS=1" "-DSOFTMAX_CHAINS=4 -DPAIR_BLOCKS=1" "-DOVERLAP=1"
-      "-DEX2_FMA_EVERY=4" "-DK_EARLY=0")
-    tags=(softmax-chains pair-blocks chains-pairs overlap ex2-fma k-early-0) pids=() failed=
-    for i in "${!tested[@]}"; do
-      FLASHCL_BUILD_OPTIONS="${tested[$i]}" gpu_test test_fp8_forward "${tags[$i]}" > "$out/.fp8-t$i" &
-      pids+=($!)
-    done
-    for i in "${!pids[@]}"; do
-      wait "${pids[$i]}" || failed="$failed ${tested[$i]// /+} "
-      cat "$out/.fp8-t$i"; rm -f "$out/.fp8-t$i"
-    done
+    side_by_side "test_fp8_forward|-DSOFTMAX_CHAINS=4|softmax-chains" "test_fp8_forward|-DPAIR_BLOCKS=1|pair-blocks" \
+      "test_fp8_forward|-DSOFTMAX_CHAINS=4+-DPAIR_BLOCKS=1|chains-pairs" "test_fp8_forward|-DOVERLAP=1|overlap" \
+      "test_fp8_forward|-DEX2_FMA_EVERY=4|ex2-fma" "test_fp8_forward|-DK_EARLY=0|k-early-0"
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
     # (PAIR_BLOCKS under the 168-register cap the host now sets above D=64: 72 bytes of spill in
     # clang's build; =0 in the options lifts the cap)
@@ -469,7 +473,7 @@ if [ "$what" = fp8-kernel ]; then
           echo "== time budget reached before ${o//+/ } $mask: FP8_OPTIONS=... for the rest" | tee -a "$out/fp8-options.txt"
           break 2
         fi
-        case $failed in *" ${o%%+-DFLASHCL_NV_MAXNREG=*} "*)
+        case $failed in *"|${o%%+-DFLASHCL_NV_MAXNREG=*}|"*)
           echo "== ${o//+/ }: its test failed, not timed" | tee -a "$out/fp8-options.txt"; continue 2 ;;
         esac
         echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"
