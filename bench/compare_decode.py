@@ -56,12 +56,22 @@ def flashcl_rows(exe, device, batches, contexts, iters, extra, kv_dtype=None):
         cmd += ["--kv-dtype", kv_dtype]
     out = subprocess.run(cmd, capture_output=True, text=True)
     sys.stderr.write(out.stderr)
-    rows = {}
+    # Columns by the header's names, not by position: host_us was printed before last_us and
+    # pipe_us, and reading fields 7 and 8 as those two took host_us for last_us and last_us for
+    # pipe_us (compare_decode.py from c0900fa, 2026-12-03, to 2026-12-05).
+    rows, col = {}, None
     for line in out.stdout.splitlines():
         f = line.split()
-        if len(f) >= 6 and all(x.replace(".", "", 1).isdigit() for x in f[:6]) and "INVALID" not in f:
-            num = lambda i: float(f[i]) if len(f) > i and f[i].replace(".", "", 1).isdigit() else None
-            rows[(int(f[0]), int(f[1]))] = (float(f[3]), float(f[4]), int(f[2]), num(7), num(8))
+        if "median_us" in f and "pipe_us" in f:
+            col = {name: i for i, name in enumerate(f)}
+            continue
+        if col is None or len(f) < len(col) - 1 or "INVALID" in f:
+            continue
+        if not all(f[col[n]].replace(".", "", 1).isdigit() for n in ("batch", "context", "splits", "median_us", "min_us")):
+            continue
+        num = lambda n: float(f[col[n]]) if f[col[n]].replace(".", "", 1).isdigit() else None  # "-": not timed
+        rows[(int(f[col["batch"]]), int(f[col["context"]]))] = (num("median_us"), num("min_us"),
+                                                                int(f[col["splits"]]), num("last_us"), num("pipe_us"))
     if not rows:
         sys.stderr.write("flashcl bench --decode printed no rows:\n" + out.stdout)
     return rows
