@@ -55,10 +55,9 @@
 #      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
 #      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
 #      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
-#      PART=2: test_fp8_forward under -DSOFTMAX_CHAINS=4, -DPAIR_BLOCKS=1, both, -DOVERLAP=1,
-#      -DEX2_FMA_EVERY=4 and -DK_EARLY=0, side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under each
-#      FP8_OPTIONS entry (default: as built, the softmax's max and sum in four chains, two row
-#      blocks a work-group (capped, as built above D=64, and not), chains and pairs, the build
+#      PART=2: test_fp8_forward under -DSOFTMAX_CHAINS=4, -DOVERLAP=1, -DEX2_FMA_EVERY=4 and
+#      -DK_EARLY=0, side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under each
+#      FP8_OPTIONS entry (default: as built, the softmax's max and sum in four chains, the build
 #      uncapped, OVERLAP under a 168-register cap, a quarter of the exponents on the FMA pipes,
 #      K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and flashcl's f16, then
 #      NVIDIA's own PTX of the kernel through ptxas and the in-flight check.
@@ -455,17 +454,13 @@ if [ "$what" = fp8-kernel ]; then
     time_fp8_wgmma compare-fp8
     fp8_accuracy_wgmma
   else
-    # The six test runs side by side (each builds its kernels on its own core), reported in order;
+    # The four test runs side by side (each builds its kernels on its own core), reported in order;
     # an option whose test failed is not timed below (PV_CHAINED's is PART=1's, where its long case
     # is meant to fail; it is timed as a study).
-    side_by_side "test_fp8_forward|-DSOFTMAX_CHAINS=4|softmax-chains" "test_fp8_forward|-DPAIR_BLOCKS=1|pair-blocks" \
-      "test_fp8_forward|-DSOFTMAX_CHAINS=4+-DPAIR_BLOCKS=1|chains-pairs" "test_fp8_forward|-DOVERLAP=1|overlap" \
+    side_by_side "test_fp8_forward|-DSOFTMAX_CHAINS=4|softmax-chains" "test_fp8_forward|-DOVERLAP=1|overlap" \
       "test_fp8_forward|-DEX2_FMA_EVERY=4|ex2-fma" "test_fp8_forward|-DK_EARLY=0|k-early-0"
     # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
-    # (PAIR_BLOCKS under the 168-register cap the host now sets above D=64: 72 bytes of spill in
-    # clang's build; =0 in the options lifts the cap)
-    options="- -DSOFTMAX_CHAINS=4 -DPAIR_BLOCKS=1 -DPAIR_BLOCKS=1+-DFLASHCL_NV_MAXNREG=0
-      -DSOFTMAX_CHAINS=4+-DPAIR_BLOCKS=1 -DFLASHCL_NV_MAXNREG=0 -DOVERLAP=1+-DFLASHCL_NV_MAXNREG=168
+    options="- -DSOFTMAX_CHAINS=4 -DFLASHCL_NV_MAXNREG=0 -DOVERLAP=1+-DFLASHCL_NV_MAXNREG=168
       -DEX2_FMA_EVERY=4 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do

@@ -253,9 +253,7 @@ int main(int argc, char **argv) {
         arg_u64(&kf.args, d_sc), arg_i32(&kf.args, 0), arg_i32(&kf.args, 0), arg_i32(&kf.args, 1), arg_i32(&kf.args, 2);
     if (pack)
         arg_u64(&kf.args, d_vt), arg_i32(&kf.args, vt_keys);
-    /* src/attention.c halves the grid for the FP8 kernel's PAIR_BLOCKS study */
-    const unsigned grid_m = wgmma_fp8 && option_int(fwd->options, "PAIR_BLOCKS", 0) ? (groups_m + 1) / 2 : groups_m;
-    kf.grid[0] = grid_m, kf.grid[1] = (unsigned)H, kf.grid[2] = (unsigned)B, kf.block = (unsigned)(32 * warps);
+    kf.grid[0] = groups_m, kf.grid[1] = (unsigned)H, kf.grid[2] = (unsigned)B, kf.block = (unsigned)(32 * warps);
 
     kernel *ks[2] = {pack ? &kp : NULL, &kf};
     const cached_program *ps[2] = {pack, fwd};

@@ -713,14 +713,12 @@ inline float shfl_xor(float x, int mask) {
  * 16 from w0 (row_lo, row_hi); the softmax's scale sc (1 under a soft-cap,
  * else q_scale); O's accumulators acc[O_FRAGS][4], and the running max and
  * sum, zeroed. */
-#define NV_WG_FWD_LOOP_STATE(g0, q_scale) NV_WG_FWD_LOOP_STATE_AT(m0, rows_q, g0, q_scale)
-/* The same for the block of `rows` rows from row0 (flash_fwd_sm90_fp8's PAIR_BLOCKS: a second block). */
-#define NV_WG_FWD_LOOP_STATE_AT(row0, rows, g0, q_scale)                                           \
-    const long2 blk_first_ = visible_keys(row0, nq, nk, win_left, win_right);                      \
-    const long2 blk_last_ = visible_keys((row0) + (rows)-1, nq, nk, win_left, win_right);          \
+#define NV_WG_FWD_LOOP_STATE(g0, q_scale)                                                          \
+    const long2 blk_first_ = visible_keys(m0, nq, nk, win_left, win_right);                        \
+    const long2 blk_last_ = visible_keys(m0 + rows_q - 1, nq, nk, win_left, win_right);            \
     const int g0_ = (g0);                                                                          \
     NV_WARP_KEYS(g0_, min(64, nq - g0_));                                                          \
-    const int w0 = (row0) + warp * 16;                                                             \
+    const int w0 = m0 + warp * 16;                                                                 \
     int row_lo[2], row_hi[2];                                                                      \
     NV_FRAG_KEYS(row_lo, row_hi, w0);                                                              \
     const int softcap = softcap_log2 > 0.0f;                                                       \

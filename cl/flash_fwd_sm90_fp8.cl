@@ -122,23 +122,6 @@
 #undef OVERLAP
 #define OVERLAP 0
 #endif
-/* PAIR_BLOCKS=1 (through FLASHCL_BUILD_OPTIONS, which the host reads: a study until timed): on a grid
- * of ceil(blocks / 2) work-groups in x, work-group j runs row block j, then blocks - 1 - j, one
- * after the other on the same tensor maps, mbarriers and __local. Causal rows then pair a short
- * block with a long one, so every work-group has the same work, and each work-group's fixed
- * costs (its launch, the maps' placement, the mbarriers' setup) come once for two blocks: a
- * model of the schedule puts 10-20 us a work-group behind the causal rate's 0.74x of the full
- * one at 4096 keys (docs/perf-notes.md, "FP8 forward on warpgroup MMA"). On a full grid (one
- * work-group a block) the kernel runs one block each, so a host that does not halve the grid
- * still gets every row. It turns OVERLAP off (whose Vt buffers' phases count from 0). */
-#ifndef PAIR_BLOCKS
-#define PAIR_BLOCKS 0
-#endif
-#if PAIR_BLOCKS && OVERLAP
-/* The plain loop then: the host halved the grid for PAIR_BLOCKS (src/attention.c). */
-#undef OVERLAP
-#define OVERLAP 0
-#endif
 /* EX2_FMA_EVERY=k (through FLASHCL_BUILD_OPTIONS): every k-th n8 block of scores takes its
  * exponents from ex2_fma (cl/common.cl, the FMA pipes) instead of the SFU, as FlashAttention-4
  * does. By count, a tile's 64 x 128 exponents take the SFU as long as its two products take the
@@ -415,156 +398,139 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
     const int row_blocks = sc_per_head && sc_rows > 0;
     const float q_mul_f = row_blocks ? q_mul : q_mul * FP8_Q_SCALE(q_base, 0) * FP8_K_SCALE(k_base, 0);
 
-#if PAIR_BLOCKS
-    const int blocks_ = (nq + BLOCK_M - 1) / BLOCK_M, first_ = m0 / BLOCK_M, partner_ = blocks_ - 1 - first_;
-    const int passes = (int)get_num_groups(0) < blocks_ && partner_ > first_ ? 2 : 1;
-    int tiles_before = 0; /* the K and Vt copies of earlier passes: the mbarriers' phases go on from there */
-    for (int pass = 0; pass < passes; ++pass) {
-        /* This pass's row block (m0 and rows_q are the first's). Every warp is done with the last
-         * pass's Q block (the barrier after its last tile's S) and K tile; Vt is refilled after the
-         * barrier at the top of the first tile, as always. */
-        const int pm0 = pass ? partner_ * BLOCK_M : m0, prows = min(BLOCK_M, nq - pm0);
-#else
-    { /* one row block a work-group */
-        const int tiles_before = 0, pm0 = m0, prows = rows_q;
-#endif
-        NV_WG_FWD_LOOP_STATE_AT(pm0, prows, pm0, q_mul_f);
-        float q_row_f[2] = {1.0f, 1.0f};
-        if (row_blocks) {
-            q_row_f[0] = FP8_Q_SCALE(q_base, min(w0 + g, nq - 1));
-            q_row_f[1] = FP8_Q_SCALE(q_base, min(w0 + g + 8, nq - 1));
-        }
+    NV_WG_FWD_LOOP_STATE(m0, q_mul_f);
+    float q_row_f[2] = {1.0f, 1.0f};
+    if (row_blocks) {
+        q_row_f[0] = FP8_Q_SCALE(q_base, min(w0 + g, nq - 1));
+        q_row_f[1] = FP8_Q_SCALE(q_base, min(w0 + g + 8, nq - 1));
+    }
 
-        /* Q's block (it stays in __local for the whole loop), published with the mbarriers. */
-        copy_rows8(smem8, s_base, Q_AT, qb + (ulong)pm0 * q_ss, q_ss, prows, BLOCK_M, HEAD_DIM, tid);
-        cp_wait_async_proxy();
-        barrier(CLK_LOCAL_MEM_FENCE);
-        if (n_start <= n_end)
-            COPY_K(n_start);
+    /* Q's block (it stays in __local for the whole loop), published with the mbarriers. */
+    copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, HEAD_DIM, tid);
+    cp_wait_async_proxy();
+    barrier(CLK_LOCAL_MEM_FENCE);
+    if (n_start <= n_end)
+        COPY_K(n_start);
 
 #if !OVERLAP
-        /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
-         * while the softmax (K_EARLY) and O += P V are. */
-        for (int n0 = n_start, tile = tiles_before; n0 <= n_end; n0 += BLOCK_N, ++tile) {
-            const int n_next = n0 + BLOCK_N;
-            /* K(n0) has landed (with TMA: is on its way); every warp is done with Vt(n0-BN). */
-            COPIES_LANDED();
-            barrier(CLK_LOCAL_MEM_FENCE);
-            COPY_VT(n0);
+    /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
+     * while the softmax (K_EARLY) and O += P V are. */
+    for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
+        const int n_next = n0 + BLOCK_N;
+        /* K(n0) has landed (with TMA: is on its way); every warp is done with Vt(n0-BN). */
+        COPIES_LANDED();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        COPY_VT(n0);
 
-            /* ---- S = Q K^T ---- */
-            uint qf[K_STEPS][4];
-            float s[S_FRAGS][4];
-            S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, tile));
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, S_FRAGS);
+        /* ---- S = Q K^T ---- */
+        uint qf[K_STEPS][4];
+        float s[S_FRAGS][4];
+        S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, tile));
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
 #if K_EARLY
-            /* Every warp's S is done reading K(n0): K(n0 + BN) lands during the softmax too. */
-            barrier(CLK_LOCAL_MEM_FENCE);
-            if (n_next <= n_end)
-                COPY_K(n_next);
+        /* Every warp's S is done reading K(n0): K(n0 + BN) lands during the softmax too. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            COPY_K(n_next);
 #endif
 
-            SCORES_POST(s, n0);
-            float alpha[2];
-            SOFTMAX_TILE(s, alpha);
-            uint pf[P_STEPS][4];
-            PACK_P(pf, s);
+        SCORES_POST(s, n0);
+        float alpha[2];
+        SOFTMAX_TILE(s, alpha);
+        uint pf[P_STEPS][4];
+        PACK_P(pf, s);
 
 #if !K_EARLY
-            /* Vt(n0) has landed (with TMA: is on its way); every warp is done reading K(n0). */
-            COPIES_LANDED();
-            barrier(CLK_LOCAL_MEM_FENCE);
-            if (n_next <= n_end)
-                COPY_K(n_next);
+        /* Vt(n0) has landed (with TMA: is on its way); every warp is done reading K(n0). */
+        COPIES_LANDED();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            COPY_K(n_next);
 #endif
 
-            /* ---- O += P V ---- */
-            TILE_WAIT(v_bar, tile);
-            PV_ADD(acc, pf, vt, alpha);
-        }
-#else
-        /* OVERLAP: one K buffer, Vt of tile t in buffer t % 2. Iteration t issues
-         * S(t+1) and P(t) V(t) into pv, waits for S(t+1) only, computes its
-         * softmax under P(t) V(t), then waits for that and sets O = alpha (O +
-         * pv): O and pv both hold sums against tile t's running max, alpha moves
-         * them to tile t+1's. Every wgmma chain sits outside branches (ptxas
-         * serialises a chain in one); the last tile's P V follows the loop. */
-        const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
-        float s[S_FRAGS][4], pv[O_FRAGS][4];
-        uint qf[K_STEPS][4], pf[P_STEPS][4];
-        if (tiles > 0) {
-            COPY_VT_TO(0, n_start);
-            COPIES_LANDED(); /* K(0) (with TMA: nothing; the waits below) */
-            barrier(CLK_LOCAL_MEM_FENCE);
-            S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, 0));
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, S_FRAGS);
-            barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(0) */
-            if (tiles > 1)
-                COPY_K(n_start + BLOCK_N);
-            SCORES_POST(s, n_start);
-            ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
-            PACK_P(pf, s);
-        }
-        for (int tile = 0; tile + 1 < tiles; ++tile) { /* not t: the lane's column, which MASK_16 reads */
-            const int n1 = n_start + (tile + 1) * BLOCK_N; /* the next tile */
-            const int cur = tile & 1;
-            /* K(t+1) and Vt(t) have landed (with TMA: are on their way); every warp
-             * is done with Vt(t-1), whose buffer Vt(t+1) takes. */
-            COPIES_LANDED();
-            barrier(CLK_LOCAL_MEM_FENCE);
-            COPY_VT_TO(cur ^ 1, n1);
-            TILE_WAIT(k_bar, tile + 1);
-            TILE_WAIT(v_bar + 8u * (uint)cur, tile >> 1);
-            SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
-            WG_FENCE_REGS_C(pf, P_STEPS, "r");
-            WGMMA_FENCE();
-            S_CHAIN(s, k_tile);
-            WGMMA_COMMIT();
-            PV_CHAIN(pv, pf, vt + (uint)cur * VT_BYTES);
-            WGMMA_COMMIT();
-            WGMMA_WAIT_ONE(); /* S(t+1); P(t) V(t) may still run */
-            WG_FENCE_REGS(s, S_FRAGS);
-            barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(t+1) */
-            if (tile + 2 < tiles)
-                COPY_K(n1 + BLOCK_N);
-            SCORES_POST(s, n1);
-            float alpha[2];
-            ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha);
-            WGMMA_WAIT_ALL(); /* P(t) V(t) */
-            WG_FENCE_REGS(pv, O_FRAGS);
-#pragma unroll
-            for (int j = 0; j < O_FRAGS; ++j) {
-                acc[j][0] = alpha[0] * (acc[j][0] + pv[j][0]);
-                acc[j][1] = alpha[0] * (acc[j][1] + pv[j][1]);
-                acc[j][2] = alpha[1] * (acc[j][2] + pv[j][2]);
-                acc[j][3] = alpha[1] * (acc[j][3] + pv[j][3]);
-            }
-            PACK_P(pf, s);
-        }
-        if (tiles > 0) {
-            const int cur = (tiles - 1) & 1;
-            COPIES_LANDED(); /* Vt(tiles - 1) */
-            barrier(CLK_LOCAL_MEM_FENCE);
-            TILE_WAIT(v_bar + 8u * (uint)cur, (tiles - 1) >> 1);
-            PV_TWO_LEVEL(acc, pf, vt + (uint)cur * VT_BYTES);
-        }
-#endif
-
-        /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE (l: P_SCALE times the sum) ---- */
-        const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
-        l_run[0] *= 1.0f / P_SCALE, l_run[1] *= 1.0f / P_SCALE;
-#pragma unroll
-        for (int j = 0; j < O_FRAGS; ++j)
-            acc[j][0] *= o_f, acc[j][1] *= o_f, acc[j][2] *= o_f, acc[j][3] *= o_f;
-        __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
-        const int o_pair = ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
-        NV_FWD_STORE_FRAG(acc, O_FRAGS, m_run, l_run, sc, w0, ushort, ob, o_pair, NV_STORE_PAIR16, NV_STORE_ONE16);
-#if PAIR_BLOCKS
-        tiles_before += n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
-#endif
+        /* ---- O += P V ---- */
+        TILE_WAIT(v_bar, tile);
+        PV_ADD(acc, pf, vt, alpha);
     }
+#else
+    /* OVERLAP: one K buffer, Vt of tile t in buffer t % 2. Iteration t issues
+     * S(t+1) and P(t) V(t) into pv, waits for S(t+1) only, computes its
+     * softmax under P(t) V(t), then waits for that and sets O = alpha (O +
+     * pv): O and pv both hold sums against tile t's running max, alpha moves
+     * them to tile t+1's. Every wgmma chain sits outside branches (ptxas
+     * serialises a chain in one); the last tile's P V follows the loop. */
+    const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
+    float s[S_FRAGS][4], pv[O_FRAGS][4];
+    uint qf[K_STEPS][4], pf[P_STEPS][4];
+    if (tiles > 0) {
+        COPY_VT_TO(0, n_start);
+        COPIES_LANDED(); /* K(0) (with TMA: nothing; the waits below) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, 0));
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(0) */
+        if (tiles > 1)
+            COPY_K(n_start + BLOCK_N);
+        SCORES_POST(s, n_start);
+        ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
+        PACK_P(pf, s);
+    }
+    for (int tile = 0; tile + 1 < tiles; ++tile) { /* not t: the lane's column, which MASK_16 reads */
+        const int n1 = n_start + (tile + 1) * BLOCK_N; /* the next tile */
+        const int cur = tile & 1;
+        /* K(t+1) and Vt(t) have landed (with TMA: are on their way); every warp
+         * is done with Vt(t-1), whose buffer Vt(t+1) takes. */
+        COPIES_LANDED();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        COPY_VT_TO(cur ^ 1, n1);
+        TILE_WAIT(k_bar, tile + 1);
+        TILE_WAIT(v_bar + 8u * (uint)cur, tile >> 1);
+        SW128_A_FRAGS(qf, s_base + Q_AT, BLOCK_M, K_STEPS);
+        WG_FENCE_REGS_C(pf, P_STEPS, "r");
+        WGMMA_FENCE();
+        S_CHAIN(s, k_tile);
+        WGMMA_COMMIT();
+        PV_CHAIN(pv, pf, vt + (uint)cur * VT_BYTES);
+        WGMMA_COMMIT();
+        WGMMA_WAIT_ONE(); /* S(t+1); P(t) V(t) may still run */
+        WG_FENCE_REGS(s, S_FRAGS);
+        barrier(CLK_LOCAL_MEM_FENCE); /* every warp is done reading K(t+1) */
+        if (tile + 2 < tiles)
+            COPY_K(n1 + BLOCK_N);
+        SCORES_POST(s, n1);
+        float alpha[2];
+        ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha);
+        WGMMA_WAIT_ALL(); /* P(t) V(t) */
+        WG_FENCE_REGS(pv, O_FRAGS);
+#pragma unroll
+        for (int j = 0; j < O_FRAGS; ++j) {
+            acc[j][0] = alpha[0] * (acc[j][0] + pv[j][0]);
+            acc[j][1] = alpha[0] * (acc[j][1] + pv[j][1]);
+            acc[j][2] = alpha[1] * (acc[j][2] + pv[j][2]);
+            acc[j][3] = alpha[1] * (acc[j][3] + pv[j][3]);
+        }
+        PACK_P(pf, s);
+    }
+    if (tiles > 0) {
+        const int cur = (tiles - 1) & 1;
+        COPIES_LANDED(); /* Vt(tiles - 1) */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        TILE_WAIT(v_bar + 8u * (uint)cur, (tiles - 1) >> 1);
+        PV_TWO_LEVEL(acc, pf, vt + (uint)cur * VT_BYTES);
+    }
+#endif
+
+    /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE (l: P_SCALE times the sum) ---- */
+    const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
+    l_run[0] *= 1.0f / P_SCALE, l_run[1] *= 1.0f / P_SCALE;
+#pragma unroll
+    for (int j = 0; j < O_FRAGS; ++j)
+        acc[j][0] *= o_f, acc[j][1] *= o_f, acc[j][2] *= o_f, acc[j][3] *= o_f;
+    __global ushort *ob = (__global ushort *)o + (o_off + b * o_sb + hq * o_sh);
+    const int o_pair = ((ulong)ob % 4 == 0) && (o_ss % 2 == 0);
+    NV_FWD_STORE_FRAG(acc, O_FRAGS, m_run, l_run, sc, w0, ushort, ob, o_pair, NV_STORE_PAIR16, NV_STORE_ONE16);
 }
 
 #ifdef FP8_PROBE

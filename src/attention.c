@@ -206,27 +206,13 @@ flashcl_status flashcl_attention_params(flashcl_context *ctx, const flashcl_atte
 
 /* ---- the forward pass ------------------------------------------------------------------ */
 
-/* PAIR_BLOCKS of the FP8 warpgroup-MMA kernel (cl/flash_fwd_sm90_fp8.cl): -1 when
- * FLASHCL_BUILD_OPTIONS does not name it, else its last -DPAIR_BLOCKS=N as 0 or 1 (other forms: 0,
- * logged). build_forward defines exactly that value last, so the kernel is built for the grid
- * forward_kernel sizes (a halved grid with an unpaired kernel would skip rows). */
-static int fp8_pair_blocks(const char *extra) {
-    if (!extra || !strstr(extra, "PAIR_BLOCKS"))
-        return -1;
-    const char *at = flashcl_option_define(extra, "PAIR_BLOCKS");
-    if (!at)
-        flashcl_log("FLASHCL_BUILD_OPTIONS names PAIR_BLOCKS but not as -DPAIR_BLOCKS=N: the FP8 kernel is built "
-                    "with PAIR_BLOCKS=0");
-    return at && atoi(at) > 0 ? 1 : 0;
-}
-
 static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attention_desc *r,
                                     const flashcl_params *p, int tma, cl_kernel *kernel) {
     const forward_variant *v = find_variant(p->variant);
     if (!v)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "no kernel variant '%s'", p->variant);
     const char *extra = getenv("FLASHCL_BUILD_OPTIONS");
-    char define[32] = "", cap[40], order[32], fp8[32] = "", pair[32] = "", options[560];
+    char define[32] = "", cap[40], order[32], fp8[32] = "", options[560];
     if (v->extra)
         snprintf(define, sizeof define, " -D%s=%d", v->extra, extra_value(v, p));
     else if (!strcmp(v->name, "cpu")) /* the vector width flashcl_forward_local_bytes sizes for */
@@ -238,16 +224,13 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     /* FP8: q, k, v decode in the kernel (cl/common.cl); DTYPE is out's type. */
     if (flashcl_dtype_is_fp8(r->dtype))
         snprintf(fp8, sizeof fp8, " -DQ_FP8=%d -DKV_FP8=%d", (int)r->dtype, (int)r->dtype);
-    const int pair_blocks = fp8_pair_blocks(extra);
-    if (!strcmp(v->name, "nv-wgmma-fp8") && pair_blocks >= 0)
-        snprintf(pair, sizeof pair, " -DPAIR_BLOCKS=%d", pair_blocks);
     const int n = snprintf(
         options, sizeof options,
-        "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s%s",
+        "-cl-std=CL1.2 -cl-mad-enable -DDTYPE=%d%s -DHEAD_DIM=%d -DBLOCK_M=%d -DBLOCK_N=%d%s%s%s%s%s%s%s%s",
         (int)flashcl_out_dtype(r), fp8, r->head_dim, p->block_m, p->block_n, define,
         flashcl_variant_is_nv(v->name) ? " -DFLASHCL_NV_PTX" : "",
         !strcmp(v->name, "nv-wgmma") || !strcmp(v->name, "nv-wgmma-fp8") ? " -DFLASHCL_SM90A" : "",
-        tma ? " -DUSE_TMA=1" : "", cap, order, extra ? " " : "", extra ? extra : "", pair);
+        tma ? " -DUSE_TMA=1" : "", cap, order, extra ? " " : "", extra ? extra : "");
     const flashcl_status fit = flashcl_options_fit(ctx, n, sizeof options);
     return fit != FLASHCL_SUCCESS ? fit : flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
@@ -399,11 +382,7 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
         return st;
     local[0] = wg;
     local[1] = local[2] = 1;
-    size_t row_blocks = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m);
-    /* The FP8 kernel's PAIR_BLOCKS: two row blocks a work-group, half the groups (fp8_pair_blocks). */
-    if (!strcmp(p.variant, "nv-wgmma-fp8") && fp8_pair_blocks(getenv("FLASHCL_BUILD_OPTIONS")) == 1)
-        row_blocks = (row_blocks + 1) / 2;
-    global[0] = row_blocks * wg;
+    global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;
     global[1] = (size_t)r->heads_q;
     global[2] = (size_t)r->batch;
     return FLASHCL_SUCCESS;

@@ -380,8 +380,8 @@ static const fp8_case wgmma_cases[] = {
     {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0, 0},
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0, 0},
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 64, 32768, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* long rows */
-    /* causal, more queries than keys (bottom-right): the first 200 rows see no key, so (under
-     * PAIR_BLOCKS) work-groups whose first block has no tile before their second */
+    /* causal, more queries than keys (bottom-right): the first 200 rows see no key, so the first
+     * three blocks of 64 rows run no tile and only store zeros and LSE -inf */
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 300, 100, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
     /* scores of thousands of bits (the softmax's exact form) in every fourth block of 8 rows, so
      * in warps beside warps of ordinary rows (which take the fma form), and in one of two heads */
