@@ -314,28 +314,34 @@ inline uint4 chunk_or_zero(int live, __global const kv_raw_t *p) {
 #define chunk_or_zero chunk16_or_zero
 #endif
 
-/* This lane's 16-byte loads of the rows of keys n0 .. n0 + BLOCK_N - 1 of base (past s_hi:
- * zero), load i = lane + 32 * it at row i / ROW_LOADS, elements LOAD_ELEMS * (i % ROW_LOADS) on;
- * page0 is TILE_PAGE0(n0, ...), read by the caller a tile ahead. */
-inline void load_lane_rows(uint4 *x, int n0, tile_rows_t page0, int s_hi, __global const int *tables,
-                           int k_base, __global const kv_raw_t *base, ulong ss, int lane) {
+/* This lane's 16-byte loads it0 .. it0 + n - 1 of the rows of keys n0 .. n0 + BLOCK_N - 1 of
+ * base (past s_hi: zero), load i = lane + 32 * it at row i / ROW_LOADS, elements LOAD_ELEMS *
+ * (i % ROW_LOADS) on; page0 is TILE_PAGE0(n0, ...), read by the caller a tile ahead. A range of
+ * loads is a range of rows: HEAD_GROUP's 32-key FP8 tiles move in two halves of 16 keys. */
+inline void load_lane_rows_part(uint4 *x, int it0, int n, int n0, tile_rows_t page0, int s_hi,
+                                __global const int *tables, int k_base, __global const kv_raw_t *base, ulong ss,
+                                int lane) {
     const tile_rows_t rows0 = TILE_ROWS(page0, n0);
 #pragma unroll
-    for (int it = 0; it < LANE_LOADS; ++it) {
+    for (int it = it0; it < it0 + n; ++it) {
         const int i = lane + 32 * it, r = i / ROW_LOADS, c = i % ROW_LOADS, key = n0 + r;
         const int live = key <= s_hi;
         const uint row = TILE_ROW(live ? key : n0, n0, rows0, tables, k_base);
         x[it] = chunk16_or_zero(live, (__global const ushort *)(base + (ulong)row * ss + LOAD_ELEMS * c));
     }
 }
+inline void load_lane_rows(uint4 *x, int n0, tile_rows_t page0, int s_hi, __global const int *tables,
+                           int k_base, __global const kv_raw_t *base, ulong ss, int lane) {
+    load_lane_rows_part(x, 0, LANE_LOADS, n0, page0, s_hi, tables, k_base, base, ss, lane);
+}
 
-/* ... and into the tile at `tile` (rows PITCH halves apart: a multiple of 16 bytes), FP8
- * widened to two float16 chunks. */
-inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
+/* ... and loads it0 .. it0 + n - 1 into the tile at `tile` (rows PITCH halves apart: a multiple
+ * of 16 bytes), their first row at the tile's first, FP8 widened to two float16 chunks. */
+inline void store_lane_rows_part(const uint4 *x, int it0, int n, __local ushort *tile, int lane) {
 #pragma unroll
-    for (int it = 0; it < LANE_LOADS; ++it) {
+    for (int it = it0; it < it0 + n; ++it) {
         const int i = lane + 32 * it;
-        __local ushort *dst = tile + (i / ROW_LOADS) * PITCH + LOAD_ELEMS * (i % ROW_LOADS);
+        __local ushort *dst = tile + (i / ROW_LOADS - it0 * 32 / ROW_LOADS) * PITCH + LOAD_ELEMS * (i % ROW_LOADS);
 #if KV_FP8
         const uint2 a = fp8x4_to_f16x4(x[it].x), b = fp8x4_to_f16x4(x[it].y);
         const uint2 c = fp8x4_to_f16x4(x[it].z), d = fp8x4_to_f16x4(x[it].w);
@@ -345,6 +351,9 @@ inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
         *(__local uint4 *)dst = x[it];
 #endif
     }
+}
+inline void store_lane_rows(const uint4 *x, __local ushort *tile, int lane) {
+    store_lane_rows_part(x, 0, LANE_LOADS, tile, lane);
 }
 #endif
 
@@ -715,12 +724,24 @@ paged_decode_nv(SERVING_ARGS,
 #if HEAD_GROUP * HG_WPH != WARPS
 #error "HEAD_GROUP is built with WARPS = HEAD_GROUP * HG_WPH"
 #endif
-#if HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_M > 8 || BLOCK_N != 16
-#error "HEAD_GROUP needs HEAD_DIM a multiple of 32 up to 128, BLOCK_M <= 8 and 16-key tiles"
+/* HG_WIDE (BLOCK_N=32 over FP8 pages, head dims a multiple of 64; the host's HG_KEYS=32): 32-key
+ * tiles whose K and V come by 16-byte loads of 16 elements and stay raw in registers while in
+ * flight: K is widened where S's mma uses it, V as each 16-key half goes to the warp's tile
+ * (which stays 16 keys: eight warps' 32-key float16 V tiles would need 70 KB). A lane then has
+ * as many bytes in flight as in the 16-bit kernel's 16-key tiles. FP8's 16-key tiles (8-byte K
+ * loads widened as they land) keep half as many, which is what held the one-head kernel to
+ * 0.96-1.11x the float16 pool until its tiles became 32 keys (2026-12-04). The lane's chunks
+ * then hold 16 head dims each, 4 k-steps of S (below); Q's fragments follow the same order. */
+#define HG_WIDE (KV_FP8 && BLOCK_N == 32)
+#if HEAD_DIM % 32 != 0 || HEAD_DIM > 128 || BLOCK_M > 8 || (BLOCK_N != 16 && !HG_WIDE) || (HG_WIDE && HEAD_DIM % 64 != 0)
+#error "HEAD_GROUP needs HEAD_DIM a multiple of 32 up to 128, BLOCK_M <= 8 and 16-key tiles (32 over FP8 pages at D % 64 == 0)"
 #endif
-#define HG_CHUNKS (HEAD_DIM / 32) /* a lane's chunks of one key row */
+#define HG_CHUNKS (HEAD_DIM / 32) /* a lane's 8-element chunks of one key row */
+#define HG_WIDE_CHUNKS (HEAD_DIM / 64) /* HG_WIDE: a lane's 16-element chunks of one key row */
+#define HG_TILE_HALFS (16 * PITCH) /* a warp's V tile: 16 keys */
+#define HG_HALF_LOADS (LANE_LOADS / 2) /* HG_WIDE: a lane's loads of 16 of V's 32 rows */
 /* The warps' V tiles; after the loop, the final merge's split weights. */
-#define HG_HALFS (WARPS * TILE_HALFS > WARPS * BLOCK_M * MAX_SPLITS * 2 ? WARPS * TILE_HALFS : WARPS * BLOCK_M * MAX_SPLITS * 2)
+#define HG_HALFS (WARPS * HG_TILE_HALFS > WARPS * BLOCK_M * MAX_SPLITS * 2 ? WARPS * HG_TILE_HALFS : WARPS * BLOCK_M * MAX_SPLITS * 2)
 #if HG_WPH > 1 && WARPS * BLOCK_M * HEAD_DIM * 2 > HG_HALFS
 #error "the warps' O rows for their merge exceed the V tiles' __local"
 #endif
@@ -741,6 +762,37 @@ inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, tile_rows_t page0, int s
             x[h][j] = chunk_or_zero(live, row + 8 * (4 * j + t));
     }
 }
+
+#if HG_WIDE
+/* HG_WIDE: the raw 16-byte chunks c = 4j + t of the rows of keys n0 + 8h + g (h < 4; past s_hi:
+ * zero). Chunk j's word q (its bytes 4q .. 4q + 3) widens to B's b0 and b1 of k-step 4j + q. */
+inline void load_k_raw(uint4 x[4][HG_WIDE_CHUNKS], int n0, tile_rows_t page0, int s_hi, __global const int *tables,
+                       int k_base, __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
+    const tile_rows_t rows0 = TILE_ROWS(page0, n0);
+#pragma unroll
+    for (int h = 0; h < 4; ++h) {
+        const int key = n0 + 8 * h + g, live = key <= s_hi;
+        __global const kv_raw_t *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, rows0, tables, k_base) * k_ss;
+#pragma unroll
+        for (int j = 0; j < HG_WIDE_CHUNKS; ++j)
+            x[h][j] = chunk16_or_zero(live, (__global const ushort *)(row + 16 * (4 * j + t)));
+    }
+}
+#endif
+
+/* O += P V for 16 keys: P from S's n8 blocks s0 and s1 (keys 0-7, 8-15 of the 16) as the A
+ * fragments, V from the warp's 16-key tile at v_frag. */
+#define HG_PV16(s0, s1)                                                                            \
+    do {                                                                                           \
+        const uint p0 = pack2((s0)[0], (s0)[1]), p1 = pack2((s0)[2], (s0)[3]);                     \
+        const uint p2 = pack2((s1)[0], (s1)[1]), p3 = pack2((s1)[2], (s1)[3]);                     \
+        _Pragma("unroll") for (int dp = 0; dp < O_FRAGS / 2; ++dp) {                               \
+            uint vf[4];                                                                            \
+            LDMATRIX_X4_TRANS(vf, v_frag + (uint)(dp * 16) * 2u);                                  \
+            MMA_16816(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);                                  \
+            MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);                              \
+        }                                                                                          \
+    } while (0)
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 paged_decode_nv(SERVING_ARGS,
@@ -771,16 +823,24 @@ paged_decode_nv(SERVING_ARGS,
     const float sc = softcap ? 1.0f : q_mul;
     __global const kv_raw_t *kb = (__global const kv_raw_t *)k + k_off + (ulong)hk * k_sh;
     __global const kv_raw_t *vb = (__global const kv_raw_t *)v + v_off + (ulong)hk * v_sh;
-    __local ushort *const v_tile = smem + warp * TILE_HALFS;
+    __local ushort *const v_tile = smem + warp * HG_TILE_HALFS;
     const uint v_frag = shared_addr(v_tile) + (uint)((lane % 8 + ((lane / 8) % 2) * 8) * PITCH + (lane / 16) * 8) * 2u;
 
     /* The first tile's loads, then Q's row g (A's a0 and a2 words, per k-step). */
 #define TILE_N0(i) (s_lo + (sub + (i) * HG_WPH) * BLOCK_N)
+#if HG_WIDE
+    uint4 xk[4][HG_WIDE_CHUNKS], xv[LANE_LOADS];
+#else
     uint4 xk[2][HG_CHUNKS], xv[LANE_LOADS];
+#endif
     tile_rows_t page_next = (tile_rows_t)(0u);
     if (tiles > 0) {
         const tile_rows_t page0 = TILE_PAGE0(TILE_N0(0), s_hi, tables, b.k_base);
+#if HG_WIDE
+        load_k_raw(xk, TILE_N0(0), page0, s_hi, tables, b.k_base, kb, k_ss, g, t);
+#else
         load_k_frags(xk, TILE_N0(0), page0, s_hi, tables, b.k_base, kb, k_ss, g, t);
+#endif
         load_lane_rows(xv, TILE_N0(0), page0, s_hi, tables, b.k_base, vb, v_ss, lane);
     }
     if (tiles > 1)
@@ -790,6 +850,22 @@ paged_decode_nv(SERVING_ARGS,
         const int r = b.m0 + g;
         __global const ushort *qrow = (__global const ushort *)q + q_off + (ulong)(b.q_start + r / group) * q_ss +
                                       (ulong)(hk * group + r % group) * q_sh;
+#if HG_WIDE
+        /* Dims 16 (4j + t) + 4q .. + 3 are k-step 4j + q's a0 (the first two) and a2 words, as
+         * K's chunk j (load_k_raw) gives them to b0 and b1. */
+#pragma unroll
+        for (int j = 0; j < HG_WIDE_CHUNKS; ++j) {
+            uint e[8];
+#pragma unroll
+            for (int w = 0; w < 8; ++w) { /* element loads: Q's rows need not be 16-byte aligned */
+                const int d = 16 * (4 * j + t) + 2 * w;
+                e[w] = g < nrows ? (uint)qrow[d] | ((uint)qrow[d + 1] << 16) : 0u;
+            }
+#pragma unroll
+            for (int qs = 0; qs < 4; ++qs)
+                qa[4 * j + qs][0] = e[2 * qs], qa[4 * j + qs][1] = e[2 * qs + 1];
+        }
+#else
 #pragma unroll
         for (int j = 0; j < HG_CHUNKS; ++j) {
             uint e[4];
@@ -800,6 +876,7 @@ paged_decode_nv(SERVING_ARGS,
             }
             qa[2 * j][0] = e[0], qa[2 * j][1] = e[1], qa[2 * j + 1][0] = e[2], qa[2 * j + 1][1] = e[3];
         }
+#endif
     }
 
     float acc[O_FRAGS][4];
@@ -809,15 +886,43 @@ paged_decode_nv(SERVING_ARGS,
     float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
 
     /* Tile i: V to the warp's tile, S from K's registers, then tile i + 1's
-     * loads into both, then softmax and P V while they are in flight. */
+     * loads into both, then softmax and P V while they are in flight. HG_WIDE:
+     * V's first 16 keys to the tile, whose registers then take tile i + 1's first
+     * half at once, S, tile i + 1's K, softmax, P V over the first half; then the
+     * second half the same way. */
     for (int i = 0; i < tiles; ++i) {
         if (i > 0)
             WARP_SYNC(); /* every lane is done reading tile i - 1's V */
+#if HG_WIDE
+        const int more = i + 1 < tiles;
+        store_lane_rows_part(xv, 0, HG_HALF_LOADS, v_tile, lane);
+        if (more)
+            load_lane_rows_part(xv, 0, HG_HALF_LOADS, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, vb, v_ss,
+                                lane);
+#else
         store_lane_rows(xv, v_tile, lane);
+#endif
         float s[S_FRAGS][4];
 #pragma unroll
         for (int j = 0; j < S_FRAGS; ++j)
             s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#if HG_WIDE
+#pragma unroll
+        for (int j = 0; j < HG_WIDE_CHUNKS; ++j)
+#pragma unroll
+            for (int h = 0; h < 4; ++h) {
+                const uint4 w = xk[h][j];
+                const uint2 f0 = fp8x4_to_f16x4(w.x), f1 = fp8x4_to_f16x4(w.y);
+                const uint2 f2 = fp8x4_to_f16x4(w.z), f3 = fp8x4_to_f16x4(w.w);
+                MMA_16816(s[h], qa[4 * j][0], 0u, qa[4 * j][1], 0u, f0.x, f0.y);
+                MMA_16816(s[h], qa[4 * j + 1][0], 0u, qa[4 * j + 1][1], 0u, f1.x, f1.y);
+                MMA_16816(s[h], qa[4 * j + 2][0], 0u, qa[4 * j + 2][1], 0u, f2.x, f2.y);
+                MMA_16816(s[h], qa[4 * j + 3][0], 0u, qa[4 * j + 3][1], 0u, f3.x, f3.y);
+            }
+        const int n0 = TILE_N0(i);
+        if (more)
+            load_k_raw(xk, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, kb, k_ss, g, t);
+#else
 #pragma unroll
         for (int j = 0; j < HG_CHUNKS; ++j)
 #pragma unroll
@@ -832,6 +937,7 @@ paged_decode_nv(SERVING_ARGS,
         }
         if (i + 2 < tiles)
             page_next = TILE_PAGE0(TILE_N0(i + 2), s_hi, tables, b.k_base);
+#endif
         WARP_SYNC(); /* the V tile is whole */
 
         if (softcap)
@@ -845,15 +951,18 @@ paged_decode_nv(SERVING_ARGS,
                     s[j][e] = -INFINITY;
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         /* ---- O += P V ---- */
-        const uint p0 = pack2(s[0][0], s[0][1]), p1 = pack2(s[0][2], s[0][3]);
-        const uint p2 = pack2(s[1][0], s[1][1]), p3 = pack2(s[1][2], s[1][3]);
-#pragma unroll
-        for (int dp = 0; dp < O_FRAGS / 2; ++dp) {
-            uint vf[4];
-            LDMATRIX_X4_TRANS(vf, v_frag + (uint)(dp * 16) * 2u);
-            MMA_16816(acc[2 * dp], p0, p1, p2, p3, vf[0], vf[1]);
-            MMA_16816(acc[2 * dp + 1], p0, p1, p2, p3, vf[2], vf[3]);
-        }
+        HG_PV16(s[0], s[1]);
+#if HG_WIDE
+        WARP_SYNC(); /* every lane is done reading V's first half */
+        store_lane_rows_part(xv, HG_HALF_LOADS, HG_HALF_LOADS, v_tile, lane);
+        if (more)
+            load_lane_rows_part(xv, HG_HALF_LOADS, HG_HALF_LOADS, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base,
+                                vb, v_ss, lane);
+        if (i + 2 < tiles)
+            page_next = TILE_PAGE0(TILE_N0(i + 2), s_hi, tables, b.k_base);
+        WARP_SYNC(); /* the second half is whole */
+        HG_PV16(s[2], s[3]);
+#endif
     }
 #undef TILE_N0
 

@@ -408,6 +408,8 @@ typedef struct flashcl_decode_choice {
     int head_group;        /* decode-mma: kv heads a work-group takes, a warp each
                             * (cl/paged_decode_nv.cl HEAD_GROUP); 0: one      */
     int head_warps;        /* ... and warps a kv head there (HG_WPH; 0: 1)    */
+    int hg_keys;           /* ... and its keys a tile over FP8 pages: 16 (0: 16)
+                            * or 32 (HG_WIDE, head dims a multiple of 64)     */
     int l2_prefetch;     /* decode kernels: bytes of L2 prefetch on each cp.async
                           * (common_nv.cl CP_ASYNC_L2: 0, 64, 128 or 256)        */
     int meta_args;       /* decode kernels: 1 passes the batch description as a

@@ -97,7 +97,9 @@ size_t flashcl_decode_local_bytes(const flashcl_decode_choice *c, int head_dim) 
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA && c->head_group > 0) {
         /* halves: a V tile a warp (then the warps' O rows), or the final merge's split weights;
          * rows' LSEs, a flag */
-        const size_t warps = (size_t)c->head_group * (size_t)(c->head_warps > 1 ? c->head_warps : 1), tiles = warps * n * (d + 8),
+        /* V's tile is 16 keys a warp also where HEAD_GROUP's tiles are 32 (FP8 pages' HG_WIDE,
+         * which moves V to it in halves) */
+        const size_t warps = (size_t)c->head_group * (size_t)(c->head_warps > 1 ? c->head_warps : 1), tiles = warps * 16 * (d + 8),
                      weights = warps * m * FLASHCL_MAX_SPLITS * 2;
         return (tiles > weights ? tiles : weights) * 2 + (warps * 16 + 1) * sizeof(float);
     }
@@ -154,6 +156,7 @@ static const struct {
     {"REG_COPY_MIN_KEYS", offsetof(flashcl_decode_choice, reg_copy_min_keys)},
     {"HEAD_GROUP", offsetof(flashcl_decode_choice, head_group)},
     {"HEAD_WARPS", offsetof(flashcl_decode_choice, head_warps)},
+    {"HG_KEYS", offsetof(flashcl_decode_choice, hg_keys)},
     {"L2_PREFETCH", offsetof(flashcl_decode_choice, l2_prefetch)},
 };
 #define DECODE_FIELD(c, i) ((int *)((char *)(c) + decode_keys[i].offset))
@@ -188,19 +191,22 @@ static flashcl_status decode_env(flashcl_context *ctx, flashcl_decode_choice *c,
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                     "FLASHCL_DECODE_PARAMS: unknown key at '%s' (KERNEL, BLOCK_M, BLOCK_N, TPR, "
                                     "LANES, WG, UNROLL, STAGES, WGS_PER_CU, MIN_SPLIT_KEYS, META_ARGS, "
-                                    "REG_COPY_MIN_KEYS, HEAD_GROUP, HEAD_WARPS, L2_PREFETCH)",
+                                    "REG_COPY_MIN_KEYS, HEAD_GROUP, HEAD_WARPS, HG_KEYS, L2_PREFETCH)",
                                     kv.at);
             const size_t off = decode_keys[k].offset;
             const int is_switch = off == offsetof(flashcl_decode_choice, meta_args);
             const int is_l2 = off == offsetof(flashcl_decode_choice, l2_prefetch);
             const int may_be_0 = is_switch || is_l2 || off == offsetof(flashcl_decode_choice, head_group);
             int *field = DECODE_FIELD(c, k);
+            const int is_hg_keys = off == offsetof(flashcl_decode_choice, hg_keys);
             if (!flashcl_kv_int(&kv, may_be_0 ? 0 : 1, is_switch ? 1 : 1 << 20, field) ||
-                (is_l2 && *field != 0 && *field != 64 && *field != 128 && *field != 256))
+                (is_l2 && *field != 0 && *field != 64 && *field != 128 && *field != 256) ||
+                (is_hg_keys && *field != 16 && *field != 32))
                 return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "FLASHCL_DECODE_PARAMS: %s needs %s at '%s'",
                                     decode_keys[k].key,
                                     is_switch ? "0 or 1"
                                     : is_l2   ? "0, 64, 128 or 256"
+                                    : is_hg_keys ? "16 or 32"
                                     : may_be_0 ? "an integer 0..1048576"
                                                : "an integer 1..1048576",
                                     kv.at);
@@ -427,13 +433,16 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
     if (c->head_warps < 1)
         c->head_warps = 1;
     const int warps = c->head_group * c->head_warps;
-    /* The one-head kernel's 32-key tiles over FP8 pages are HEAD_GROUP's 16 (its K fragments). */
+    /* The one-head kernel's 32-key tiles over FP8 pages are HEAD_GROUP's 16 (its K fragments, by
+     * 8-byte loads widened as they land), or 32 where HG_KEYS=32 asks and the head dim is a
+     * multiple of 64 (HG_WIDE: 16-byte loads, widened where used). */
+    const int wide = pb->kv_fp8 && c->hg_keys == 32 && pb->head_dim % 64 == 0;
     flashcl_decode_choice hg = *c;
-    if (pb->kv_fp8 && hg.block_n == 32)
+    if (pb->kv_fp8 && hg.block_n == 32 && !wide)
         hg.block_n = 16;
     int ok = pb->group >= 1 && pb->group <= 8 && c->block_m >= pb->group && c->block_m <= 8 &&
              pb->heads_k % c->head_group == 0 && pb->head_dim % 32 == 0 && pb->head_dim <= 128 &&
-             hg.block_n == 16 && (size_t)(32 * warps) <= ctx->info.max_wg;
+             hg.block_n == (wide ? 32 : 16) && (size_t)(32 * warps) <= ctx->info.max_wg;
     for (int i = 0; ok && i < pb->num_seqs; ++i)
         ok = pb->rows_per_seq[i] == pb->group;
     const size_t local = flashcl_decode_local_bytes(&hg, pb->head_dim);

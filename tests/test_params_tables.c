@@ -573,6 +573,33 @@ static void test_decode_levels(void) {
     choice_heads_k = 12;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
            "... nor over 12 kv heads, not whole groups of 8", &failures);
+    /* HG_KEYS=32 over FP8 pages (HG_WIDE): 32-key tiles of 16-byte loads, their V still moved
+     * through a 16-key tile a warp, so eight warps fit 48 KB as with 16-key tiles. */
+    choice_heads_k = 8;
+    choice_kv_fp8 = FLASHCL_FLOAT8_E4M3;
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=32", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 8 && c.block_n == 32 && flashcl_decode_local_bytes(&c, 128) <= 48000 &&
+               flashcl_decode_local_bytes(&c, 128) == 8 * 16 * 136 * 2 + (8 * 16 + 1) * 4,
+           "... HG_KEYS=32 over e4m3 pages: 32-key tiles, V through 16-key tiles (34.9 KB)", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.block_n == 32,
+           "... at D=64 too", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.block_n == 16,
+           "... but 16-key tiles at D=96 (not a multiple of 64)", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.block_n == 16,
+           "... and 16-key tiles over e4m3 pages without it", &failures);
+    choice_kv_fp8 = 0;
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=32", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.block_n == 16,
+           "... and over float16 pages, whose 16-key tiles hold as many bytes already", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HG_KEYS=24", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_ERROR_INVALID_PARAMS,
+           "... HG_KEYS other than 16 or 32 is refused", &failures);
     unsetenv("FLASHCL_DECODE_PARAMS");
     choice_heads_k = 1;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.splits == 16,
