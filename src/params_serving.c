@@ -317,8 +317,13 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
         /* FP8 pages: 32-key tiles, as many bytes in flight as 16 keys of 16-bit rows
-         * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's stay 16 (decode_head_group). */
+         * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's too at head dims a multiple of 64
+         * (HG_WIDE), else 16 (decode_head_group). HG_WIDE against HEAD_GROUP's 16-key FP8 tiles
+         * (H100, e4m3, D=128, 32/8 heads, kernel times back to back, 2026-12-05, 0e0d30e): 7-11 %
+         * faster ((16, 16384) 195.2 us against 211.4 with 8 warps a head, (64, 65536) 2910.9
+         * against 3236.6 with 4 on each of two heads), level at (4, 4096). */
         c->block_n = pb->kv_fp8 ? 32 : 16;
+        c->hg_keys = pb->kv_fp8 ? 32 : 16;
         /* FP8 pages always run REG_COPY's loop (decode_reg_copy): the fit checks made before
          * that must count its one tile buffer a warp, not STAGES of them. */
         c->reg_copy = pb->kv_fp8 != 0;
@@ -492,12 +497,14 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
                               flashcl_decode_choice *c) {
     if (c->kernel != FLASHCL_SERVING_DECODE_MMA)
         return;
-    /* FP8 pages from 65536 keys: the one-head kernel's 32-key tiles (HEAD_GROUP reads 16-key
-     * ones, its K in 8-byte loads). H200, e4m3, D=128, 32/8 heads, batch 1/4/16 x 65536 and
-     * 131072 keys: 9-16 % faster than the HEAD_GROUP choice below ((16, 131072) 1249 us against
-     * 1484, (1, 131072) 97 against 110; 2026-12-04, 32443ac). At 16384 keys mixed (batch 1
-     * slower, 16 faster): the rules below stay. */
-    if (pb->kv_fp8 && pb->max_keys >= 65536)
+    /* FP8 pages from 65536 keys where HEAD_GROUP's tiles would be 16 keys (head dims not a
+     * multiple of 64, or HG_KEYS=16): the one-head kernel's 32-key tiles. H200, e4m3, D=128,
+     * 32/8 heads, batch 1/4/16 x 65536 and 131072 keys: 9-16 % faster than the 16-key HEAD_GROUP
+     * choice below ((16, 131072) 1249 us against 1484, (1, 131072) 97 against 110; 2026-12-04,
+     * 32443ac). With 32-key HEAD_GROUP tiles (HG_WIDE) the rules below win or tie there (H100,
+     * 2026-12-05, 0e0d30e, kernel times: (16, 131072) 1465.7 us against 1497.5, (4, 65536) 195.7
+     * against 197.6, (1, 131072) 104.3 against 105.8). */
+    if (pb->kv_fp8 && pb->max_keys >= 65536 && (c->hg_keys != 32 || pb->head_dim % 64 != 0))
         return;
     const long g = one_head_groups(pb, c), cus = (long)ctx->info.compute_units;
     const int pairs = pb->heads_k % 2 == 0;

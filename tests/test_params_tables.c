@@ -493,8 +493,18 @@ static void test_decode_levels(void) {
     choice_heads_k = 8; /* 8 one-head groups: a work-group of 8 warps on each head (HEAD_GROUP) */
     choice_max_keys = 16384;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS &&
+               c.kernel == FLASHCL_SERVING_DECODE_MMA && c.head_group == 1 && c.block_n == 32,
+           "... few heads: a warp group a head, its 32-key tiles (HG_WIDE)", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS &&
                c.kernel == FLASHCL_SERVING_DECODE_MMA && c.head_group == 1 && c.block_n == 16,
-           "... few heads: a warp group a head, its 16-key tiles", &failures);
+           "... at D=96 (not a multiple of 64) 16-key ones", &failures);
+    choice_max_keys = 131072;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.block_n == 32,
+           "... from 65536 keys too", &failures);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && !c.head_group && c.block_n == 32,
+           "... but the one-head kernel's 32-key tiles at D=96 there", &failures);
+    choice_max_keys = 16384;
     choice_kv_fp8 = 0, choice_heads_k = 33, choice_max_keys = 4096;
     /* The same GPU with 16 KiB of __local (FLASHCL_MAX_LOCAL_MEM=16384): the mma kernel's fixed
      * tiles need more, so the tiled kernel, shrunk to fit (it was the mma kernel, which then
@@ -573,8 +583,9 @@ static void test_decode_levels(void) {
     choice_heads_k = 12;
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && !c.head_group,
            "... nor over 12 kv heads, not whole groups of 8", &failures);
-    /* HG_KEYS=32 over FP8 pages (HG_WIDE): 32-key tiles of 16-byte loads, their V still moved
-     * through a 16-key tile a warp, so eight warps fit 48 KB as with 16-key tiles. */
+    /* HG_KEYS=32 over FP8 pages (HG_WIDE, the default there): 32-key tiles of 16-byte loads,
+     * their V still moved through a 16-key tile a warp, so eight warps fit 48 KB as with 16-key
+     * tiles. */
     choice_heads_k = 8;
     choice_kv_fp8 = FLASHCL_FLOAT8_E4M3;
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=32", 1);
@@ -588,10 +599,10 @@ static void test_decode_levels(void) {
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.block_n == 16,
            "... but 16-key tiles at D=96 (not a multiple of 64)", &failures);
-    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8", 1);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=16", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.block_n == 16,
-           "... and 16-key tiles over e4m3 pages without it", &failures);
+           "... and 16-key tiles over e4m3 pages with HG_KEYS=16", &failures);
     choice_kv_fp8 = 0;
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=32", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
