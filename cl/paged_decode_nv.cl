@@ -750,36 +750,32 @@ paged_decode_nv(SERVING_ARGS,
 #error "the warps' V tiles exceed NVIDIA's ~47 KB of __local memory"
 #endif
 
-/* Chunks c = 4j + t of the rows of keys n0 + g and n0 + 8 + g (past s_hi: zero). */
-inline void load_k_frags(uint4 x[2][HG_CHUNKS], int n0, tile_rows_t page0, int s_hi, __global const int *tables,
-                         int k_base, __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
-    const tile_rows_t rows0 = TILE_ROWS(page0, n0);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-        const int key = n0 + 8 * h + g, live = key <= s_hi;
-        __global const kv_raw_t *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, rows0, tables, k_base) * k_ss;
-#pragma unroll
-        for (int j = 0; j < HG_CHUNKS; ++j)
-            x[h][j] = chunk_or_zero(live, row + 8 * (4 * j + t));
-    }
-}
-
+/* K's chunks for S: lane (g, t) loads chunks c = 4j + t of the rows of keys n0 + 8h + g (h <
+ * HG_K_ROWS; past s_hi: zero). 16-key tiles: 8-element chunks, widened as they land
+ * (chunk_or_zero), j < HG_CHUNKS. HG_WIDE: raw 16-byte chunks of 16 elements, j <
+ * HG_WIDE_CHUNKS, chunk j's word q (its elements 4q .. 4q + 3) widening to B's b0 and b1 of
+ * k-step 4j + q where S's mma uses it. */
 #if HG_WIDE
-/* HG_WIDE: the raw 16-byte chunks c = 4j + t of the rows of keys n0 + 8h + g (h < 4; past s_hi:
- * zero). Chunk j's word q (its bytes 4q .. 4q + 3) widens to B's b0 and b1 of k-step 4j + q. */
-inline void load_k_raw(uint4 x[4][HG_WIDE_CHUNKS], int n0, tile_rows_t page0, int s_hi, __global const int *tables,
-                       int k_base, __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
+#define HG_K_ROWS 4
+#define HG_K_CHUNKS HG_WIDE_CHUNKS
+#define HG_K_CHUNK(live, row, c) chunk16_or_zero(live, (__global const ushort *)((row) + 16 * (c)))
+#else
+#define HG_K_ROWS 2
+#define HG_K_CHUNKS HG_CHUNKS
+#define HG_K_CHUNK(live, row, c) chunk_or_zero(live, (row) + 8 * (c))
+#endif
+inline void load_k_frags(uint4 x[HG_K_ROWS][HG_K_CHUNKS], int n0, tile_rows_t page0, int s_hi,
+                         __global const int *tables, int k_base, __global const kv_raw_t *kb, ulong k_ss, int g, int t) {
     const tile_rows_t rows0 = TILE_ROWS(page0, n0);
 #pragma unroll
-    for (int h = 0; h < 4; ++h) {
+    for (int h = 0; h < HG_K_ROWS; ++h) {
         const int key = n0 + 8 * h + g, live = key <= s_hi;
         __global const kv_raw_t *row = kb + (ulong)TILE_ROW(live ? key : n0, n0, rows0, tables, k_base) * k_ss;
 #pragma unroll
-        for (int j = 0; j < HG_WIDE_CHUNKS; ++j)
-            x[h][j] = chunk16_or_zero(live, (__global const ushort *)(row + 16 * (4 * j + t)));
+        for (int j = 0; j < HG_K_CHUNKS; ++j)
+            x[h][j] = HG_K_CHUNK(live, row, 4 * j + t);
     }
 }
-#endif
 
 /* O += P V for 16 keys: P from S's n8 blocks s0 and s1 (keys 0-7, 8-15 of the 16) as the A
  * fragments, V from the warp's 16-key tile at v_frag. */
@@ -829,19 +825,11 @@ paged_decode_nv(SERVING_ARGS,
 
     /* The first tile's loads, then Q's row g (A's a0 and a2 words, per k-step). */
 #define TILE_N0(i) (s_lo + (sub + (i) * HG_WPH) * BLOCK_N)
-#if HG_WIDE
-    uint4 xk[4][HG_WIDE_CHUNKS], xv[LANE_LOADS];
-#else
-    uint4 xk[2][HG_CHUNKS], xv[LANE_LOADS];
-#endif
+    uint4 xk[HG_K_ROWS][HG_K_CHUNKS], xv[LANE_LOADS];
     tile_rows_t page_next = (tile_rows_t)(0u);
     if (tiles > 0) {
         const tile_rows_t page0 = TILE_PAGE0(TILE_N0(0), s_hi, tables, b.k_base);
-#if HG_WIDE
-        load_k_raw(xk, TILE_N0(0), page0, s_hi, tables, b.k_base, kb, k_ss, g, t);
-#else
         load_k_frags(xk, TILE_N0(0), page0, s_hi, tables, b.k_base, kb, k_ss, g, t);
-#endif
         load_lane_rows(xv, TILE_N0(0), page0, s_hi, tables, b.k_base, vb, v_ss, lane);
     }
     if (tiles > 1)
@@ -853,7 +841,7 @@ paged_decode_nv(SERVING_ARGS,
                                       (ulong)(hk * group + r % group) * q_sh;
 #if HG_WIDE
         /* Dims 16 (4j + t) + 4q .. + 3 are k-step 4j + q's a0 (the first two) and a2 words, as
-         * K's chunk j (load_k_raw) gives them to b0 and b1. */
+         * K's chunk j (load_k_frags) gives them to b0 and b1. */
 #pragma unroll
         for (int j = 0; j < HG_WIDE_CHUNKS; ++j) {
             uint e[8];
@@ -911,7 +899,7 @@ paged_decode_nv(SERVING_ARGS,
 #pragma unroll
         for (int j = 0; j < HG_WIDE_CHUNKS; ++j)
 #pragma unroll
-            for (int h = 0; h < 4; ++h) {
+            for (int h = 0; h < HG_K_ROWS; ++h) {
                 const uint4 w = xk[h][j];
                 const uint2 f0 = fp8x4_to_f16x4(w.x), f1 = fp8x4_to_f16x4(w.y);
                 const uint2 f2 = fp8x4_to_f16x4(w.z), f3 = fp8x4_to_f16x4(w.w);
@@ -922,7 +910,7 @@ paged_decode_nv(SERVING_ARGS,
             }
         const int n0 = TILE_N0(i);
         if (more)
-            load_k_raw(xk, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, kb, k_ss, g, t);
+            load_k_frags(xk, TILE_N0(i + 1), page_next, s_hi, tables, b.k_base, kb, k_ss, g, t);
 #else
 #pragma unroll
         for (int j = 0; j < HG_CHUNKS; ++j)
