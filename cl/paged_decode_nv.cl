@@ -758,10 +758,12 @@ paged_decode_nv(SERVING_ARGS,
 #if HG_WIDE
 #define HG_K_ROWS 4
 #define HG_K_CHUNKS HG_WIDE_CHUNKS
+#define HG_K_ELEMS 16
 #define HG_K_CHUNK(live, row, c) chunk16_or_zero(live, (__global const ushort *)((row) + 16 * (c)))
 #else
 #define HG_K_ROWS 2
 #define HG_K_CHUNKS HG_CHUNKS
+#define HG_K_ELEMS 8
 #define HG_K_CHUNK(live, row, c) chunk_or_zero(live, (row) + 8 * (c))
 #endif
 inline void load_k_frags(uint4 x[HG_K_ROWS][HG_K_CHUNKS], int n0, tile_rows_t page0, int s_hi,
@@ -839,33 +841,20 @@ paged_decode_nv(SERVING_ARGS,
         const int r = b.m0 + g;
         __global const ushort *qrow = (__global const ushort *)q + q_off + (ulong)(b.q_start + r / group) * q_ss +
                                       (ulong)(hk * group + r % group) * q_sh;
-#if HG_WIDE
-        /* Dims 16 (4j + t) + 4q .. + 3 are k-step 4j + q's a0 (the first two) and a2 words, as
-         * K's chunk j (load_k_frags) gives them to b0 and b1. */
+        /* Dims HG_K_ELEMS (4j + t) + 4q .. + 3 are k-step HG_K_ELEMS / 4 j + q's a0 (the first
+         * two) and a2 words, as K's chunk j (load_k_frags) gives them to b0 and b1. */
 #pragma unroll
-        for (int j = 0; j < HG_WIDE_CHUNKS; ++j) {
-            uint e[8];
+        for (int j = 0; j < HG_K_CHUNKS; ++j) {
+            uint e[HG_K_ELEMS / 2];
 #pragma unroll
-            for (int w = 0; w < 8; ++w) { /* element loads: Q's rows need not be 16-byte aligned */
-                const int d = 16 * (4 * j + t) + 2 * w;
+            for (int w = 0; w < HG_K_ELEMS / 2; ++w) { /* element loads: Q's rows need not be 16-byte aligned */
+                const int d = HG_K_ELEMS * (4 * j + t) + 2 * w;
                 e[w] = g < nrows ? (uint)qrow[d] | ((uint)qrow[d + 1] << 16) : 0u;
             }
 #pragma unroll
-            for (int qs = 0; qs < 4; ++qs)
-                qa[4 * j + qs][0] = e[2 * qs], qa[4 * j + qs][1] = e[2 * qs + 1];
+            for (int qs = 0; qs < HG_K_ELEMS / 4; ++qs)
+                qa[HG_K_ELEMS / 4 * j + qs][0] = e[2 * qs], qa[HG_K_ELEMS / 4 * j + qs][1] = e[2 * qs + 1];
         }
-#else
-#pragma unroll
-        for (int j = 0; j < HG_CHUNKS; ++j) {
-            uint e[4];
-#pragma unroll
-            for (int w = 0; w < 4; ++w) { /* element loads: Q's rows need not be 16-byte aligned */
-                const int d = 8 * (4 * j + t) + 2 * w;
-                e[w] = g < nrows ? (uint)qrow[d] | ((uint)qrow[d + 1] << 16) : 0u;
-            }
-            qa[2 * j][0] = e[0], qa[2 * j][1] = e[1], qa[2 * j + 1][0] = e[2], qa[2 * j + 1][1] = e[3];
-        }
-#endif
     }
 
     float acc[O_FRAGS][4];
