@@ -46,7 +46,8 @@
 # serve: the serving tests on the GPU, one decode row, and serve-sim.
 # fp8: the FP8 tests on the GPU (TESTS as forward's): formats and quantize, the dense forward,
 #      FP8 pages on the default, decode and mma kernels; the mma kernel's registers over e4m3
-#      pages; decode over an e4m3 pool against PyTorch's float16 FlashAttention-2 and flashcl's
+#      pages; decode over e4m3 pages under each DECODE_FP8_PARAMS value (default: the default
+#      and HG_KEYS=16); decode over an e4m3 pool against PyTorch's float16 FlashAttention-2 and flashcl's
 #      own float16 pool (compare_decode.py --kv-dtype e4m3, ROUNDS, default 2); the FP8 forward's
 #      TFLOP/s next to the float16 one's (FWD_SHAPES); the FP8 wgmma kernel (nv-wgmma-fp8, named):
 #      its registers, compare_torch.py --dtypes e4m3 (against PyTorch's float16 and flashcl's own,
@@ -516,16 +517,15 @@ if [ "$what" = fp8 ]; then
   echo "== ptxas report of the mma decode kernel over e4m3 pages (f16 queries, D=128)"
   FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --decode \
     --device nvidia --kv-dtype e4m3 --batch 1 --context 4096 --iters 2 2>&1 | grep -E "registers|spill|stack" | head -4
-  # RESCALE_SKIP (cl/paged_decode_nv.cl, 2026-12-05): the O rescale skipped in tiles where no
-  # row's max moved; -DRESCALE_SKIP=0 rescales every tile. Both, at the shapes issue 35's decode
-  # bar misses (batch 1-16, 64k-128k keys), e4m3 and f16 pools.
-  for kv in e4m3 f16; do
-    for o in -DRESCALE_SKIP=0 -; do
-      opt=$([ "$o" = - ] || echo "$o")
-      echo "== decode, $kv pages, build options ${opt:-none}" | tee -a "$out/decode-rescale.txt"
-      FLASHCL_BUILD_OPTIONS=$opt timeout 90 ./build-gpu/flashcl bench --decode --device nvidia --kv-dtype $kv \
-        --batch 1,4,16 --context 65536,131072 --iters 20 2>&1 | tail -n 7 | tee -a "$out/decode-rescale.txt"
-    done
+  # HEAD_GROUP's 32-key tiles over FP8 pages (HG_WIDE, the default since 0e0d30e; timed on an
+  # H100 only) against its 16-key ones (HG_KEYS=16, which also leaves the one-head kernel from
+  # 65536 keys, the choice before), at the shapes issue 35's decode bar misses (batch 1-16).
+  # DECODE_FP8_PARAMS: other FLASHCL_DECODE_PARAMS values to time beside them ("-": the default).
+  for p in ${DECODE_FP8_PARAMS:-- HG_KEYS=16}; do
+    pv=$([ "$p" = - ] || echo "$p")
+    echo "== decode, e4m3 pages, FLASHCL_DECODE_PARAMS=${pv:-(default)}" | tee -a "$out/decode-fp8-params.txt"
+    FLASHCL_DECODE_PARAMS=$pv timeout 90 ./build-gpu/flashcl bench --decode --device nvidia --kv-dtype e4m3 \
+      --batch 1,4,16 --context 16384,65536,131072 --iters 20 2>&1 | tail -n 10 | tee -a "$out/decode-fp8-params.txt"
   done
   echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
   PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 \
