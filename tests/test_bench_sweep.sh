@@ -5,6 +5,7 @@
 set -u
 # shellcheck source=tests/cli_lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/cli_lib.sh"
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../bench" && pwd)
 cli_start test_bench_sweep "$@"
 FAST=(--iters 1 --warmup 0 --heads 2 --head-dim 16)
 
@@ -38,6 +39,30 @@ if [ $status -eq 0 ] && head -c 4 plot.svg | grep -q '<svg' && tail -1 plot.svg 
     grep -q 'TFLOP/s' plot.svg && grep -q 'sequence length' plot.svg && grep -q 'wrote plot.svg' out.txt; then
     ok "bench --plot: an SVG with 2 lines of 3 points, axis labels and a legend"
 else bad "bench --plot: status $status, $(cat err.txt) $(head -c 400 plot.svg 2>/dev/null)"; fi
+
+# bench/compare_decode.py's reading of `flashcl bench --decode`: its columns by the header's names
+# (reading fields by position once took host_us for last_us and last_us for pipe_us). Its
+# flashcl_rows runs a wrapper that prints the header a tiny decode bench printed here and a row
+# of a distinct value a column, so each value it returns names the column it came from.
+if command -v python3 >/dev/null 2>&1; then
+    "$BIN" bench --decode --batch 1 --context 40 --heads 2,1 --head-dim 16 --iters 2 >decode.txt 2>err.txt
+    if python3 - "$BENCH_DIR" decode.txt <<'PY'; then
+import os, sys
+sys.path.insert(0, sys.argv[1])
+import compare_decode
+head = next(l.split() for l in open(sys.argv[2]) if "pipe_us" in l.split())
+fixed = {"batch": "1", "context": "40", "splits": "3", "kernel": "decode"}
+row = [fixed.get(n, "%d.5" % (100 + i)) for i, n in enumerate(head)]
+with open("decode.sh", "w") as f:
+    f.write("#!/bin/sh\necho '%s'\necho '%s'\n" % (" ".join(head), " ".join(row)))
+os.chmod("decode.sh", 0o755)
+rows = compare_decode.flashcl_rows("./decode.sh", "", [1], [40], 2, [])
+col = lambda n: float(row[head.index(n)])
+sys.exit(0 if rows == {(1, 40): (col("median_us"), col("min_us"), 3, col("last_us"), col("pipe_us"))} else 1)
+PY
+        ok "compare_decode.py reads bench --decode's median, splits, last_us and pipe_us by name"
+    else bad "compare_decode.py's reading of bench --decode: $(cat decode.txt err.txt)"; fi
+fi
 
 # Usage errors.
 for args in "--seqlen 0" "--seqlen 1,x" "--causal --no-causal" "--dtype f64" "--head-dim 300"; do
