@@ -46,7 +46,7 @@ else bad "bench --plot: status $status, $(cat err.txt) $(head -c 400 plot.svg 2>
 # of a distinct value a column, so each value it returns names the column it came from.
 if command -v python3 >/dev/null 2>&1; then
     "$BIN" bench --decode --batch 1 --context 40 --heads 2,1 --head-dim 16 --iters 2 >decode.txt 2>err.txt
-    if python3 - "$BENCH_DIR" decode.txt <<'PY'; then
+    if PYTHONDONTWRITEBYTECODE=1 python3 - "$BENCH_DIR" decode.txt <<'PY'; then
 import os, sys
 sys.path.insert(0, sys.argv[1])
 import compare_decode
