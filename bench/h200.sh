@@ -517,7 +517,7 @@ if [ "$what" = fp8 ]; then
   echo "== ptxas report of the mma decode kernel over e4m3 pages (f16 queries, D=128)"
   FLASHCL_LOG=1 FLASHCL_CACHE=0 FLASHCL_BUILD_OPTIONS=-cl-nv-verbose ./build-gpu/flashcl bench --decode \
     --device nvidia --kv-dtype e4m3 --batch 1 --context 4096 --iters 2 2>&1 | grep -E "registers|spill|stack" | head -4
-  # HEAD_GROUP's 32-key tiles over FP8 pages (HG_WIDE, the default since 0e0d30e; timed on an
+  # HEAD_GROUP's 32-key tiles over FP8 pages (HG_WIDE, the default since ebe205e; timed on an
   # H100 only) against its 16-key ones (HG_KEYS=16, which also leaves the one-head kernel from
   # 65536 keys, the choice before), at the shapes issue 35's decode bar misses (batch 1-16).
   # DECODE_FP8_PARAMS: other FLASHCL_DECODE_PARAMS values to time beside them ("-": the default).
