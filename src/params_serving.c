@@ -318,12 +318,15 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
         /* FP8 pages: 32-key tiles, as many bytes in flight as 16 keys of 16-bit rows
          * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's too at head dims a multiple of 64
-         * (HG_WIDE), else 16 (decode_head_group). HG_WIDE against HEAD_GROUP's 16-key FP8 tiles
+         * (HG_WIDE, by default at D=128), else 16 (decode_head_group). HG_WIDE against HEAD_GROUP's 16-key FP8 tiles
          * (H100, e4m3, D=128, 32/8 heads, kernel times back to back, 2026-12-05, 0e0d30e): 7-11 %
          * faster ((16, 16384) 195.2 us against 211.4 with 8 warps a head, (64, 65536) 2910.9
          * against 3236.6 with 4 on each of two heads), level at (4, 4096). */
         c->block_n = pb->kv_fp8 ? 32 : 16;
-        c->hg_keys = pb->kv_fp8 ? 32 : 16;
+        /* Only at D=128, where it was timed: at D=64 clang's build takes 172 registers against
+         * 138 for 16-key tiles, which would cost a four-warp group an SM (decode_derive's D=64
+         * split count assumes three); HG_KEYS=32 asks for it there. */
+        c->hg_keys = pb->kv_fp8 && pb->head_dim == 128 ? 32 : 16;
         /* FP8 pages always run REG_COPY's loop (decode_reg_copy): the fit checks made before
          * that must count its one tile buffer a warp, not STAGES of them. */
         c->reg_copy = pb->kv_fp8 != 0;
@@ -439,9 +442,10 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
         c->head_warps = 1;
     const int warps = c->head_group * c->head_warps;
     /* The one-head kernel's 32-key tiles over FP8 pages are HEAD_GROUP's 16 (its K fragments, by
-     * 8-byte loads widened as they land), or 32 where HG_KEYS=32 asks and the head dim is a
-     * multiple of 64 (HG_WIDE: 16-byte loads, widened where used). */
-    const int wide = pb->kv_fp8 && c->hg_keys == 32 && pb->head_dim % 64 == 0;
+     * 8-byte loads widened as they land), or 32 where HG_KEYS is 32 (the default at D=128), the
+     * head dim a multiple of 64 and BLOCK_N not set to 16 (HG_WIDE: 16-byte loads, widened where
+     * used). */
+    const int wide = pb->kv_fp8 && c->hg_keys == 32 && pb->head_dim % 64 == 0 && c->block_n == 32;
     flashcl_decode_choice hg = *c;
     if (pb->kv_fp8 && hg.block_n == 32 && !wide)
         hg.block_n = 16;

@@ -596,6 +596,14 @@ static void test_decode_levels(void) {
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.block_n == 32,
            "... at D=64 too", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8,BLOCK_N=16", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.head_warps == 8 && c.block_n == 16,
+           "... BLOCK_N=16 keeps HEAD_GROUP, in 16-key tiles", &failures);
+    setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8", 1);
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
+               c.block_n == 16,
+           "... by default 16-key tiles at D=64 (HG_WIDE is timed at D=128 only)", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.block_n == 16,
            "... but 16-key tiles at D=96 (not a multiple of 64)", &failures);

@@ -578,8 +578,9 @@ static int mma_reads_fp8(flashcl_context *ctx) {
 
 /* Decoding (one query a sequence) over FP8 pages on the tensor-core kernel: one kv head a
  * work-group (always REG_COPY's loop over FP8), a warp a kv head (HEAD_GROUP), and several
- * warps a head (HEAD_WARPS), in 32-key tiles (HG_WIDE, the default at head dims a multiple of
- * 64) and in 16-key ones (HG_KEYS=16, and D=96); e4m3 and e5m2, head dims 32 to 128. */
+ * warps a head (HEAD_WARPS), in 32-key tiles (HG_WIDE: the default at D=128, HG_KEYS=32 at
+ * D=64) and in 16-key ones (the default at D=64 and 96, HG_KEYS=16 at D=128); e4m3 and e5m2,
+ * head dims 32 to 128. */
 static void mma_suite(flashcl_context *ctx) {
     const int mma = mma_reads_fp8(ctx);
     if (!mma) {
@@ -592,7 +593,9 @@ static void mma_suite(flashcl_context *ctx) {
         const char *forms; /* FLASHCL_DECODE_PARAMS values, ';'-separated */
         const char *name;
     } shapes[] = {
-        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 16, 300, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=16",
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 16, 300,
+         "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=32;"
+         "KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=2,HG_KEYS=32",
          "e4m3 D64 page 16, GQA 4"},
         {FLASHCL_FLOAT8_E5M2, 2, 4, 128, 32, 1000, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8;"
          "KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=16",
@@ -603,8 +606,11 @@ static void mma_suite(flashcl_context *ctx) {
         {FLASHCL_FLOAT8_E4M3, 2, 2, 32, 5, 200, "KERNEL=mma", "e4m3 D32 page 5, GQA 2"},
         {FLASHCL_FLOAT8_E4M3, 2, 4, 96, 16, 500, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D96 page 16, GQA 4"},
         /* 32-key tiles of four pages (a table read a load), and HEAD_GROUP's 16-key ones of two */
-        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 8, 400, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=16",
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 8, 400, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=32",
          "e4m3 D64 page 8, GQA 4"},
+        /* 32-key tiles inside 64-token pages (a tile's rows from its page's entry and offset) */
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 128, 64, 600, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=4",
+         "e4m3 D128 page 64, GQA 4"},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
         char forms[256], tag[256];
