@@ -115,6 +115,8 @@ int mirror_matches(flashcl_context *ctx, mirror *m) {
  * loads). */
 static int q_padded;
 
+float paged_softcap;
+
 int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots, const int *nq,
                 int heads_q, int causal, int splits, uint64_t q_seed, const char *name,
                 void **out_host) {
@@ -148,6 +150,7 @@ int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots, const 
     flashcl_varlen_desc d = test_varlen_desc(dt, n, heads_q, Hk, D, cu_q, NULL);
     d.causal = causal;
     d.num_splits = splits;
+    d.softcap = paged_softcap;
     d.q.offset = q_off;
     d.q.stride_seq = q_ss;
     d.q.stride_head = q_sh;

@@ -47,6 +47,8 @@ int device_tables_match(flashcl_context *ctx, const flashcl_kv_cache *c);
  * heads; splits 0: the library's choice), checked against the dense reference and counted in
  * serving_failures as `name`; q_seed 0: fresh queries. Returns whether it passed; *out_host (if
  * not NULL) receives the output, which the caller frees. */
+/* The soft-cap every paged_check passes (scores s -> softcap tanh(s / softcap); 0: none). */
+extern float paged_softcap;
 int paged_check(flashcl_context *ctx, mirror *m, int n, const int *slots, const int *nq,
                 int heads_q, int causal, int splits, uint64_t q_seed, const char *name,
                 void **out_host);

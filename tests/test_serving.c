@@ -717,6 +717,9 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "f16 D64 page 16");
         paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 40, 1, 70, "bf16 D40 page 1");
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "f32 D96 page 256");
+        paged_softcap = 2.0f; /* scores of order one: tanh bends them */
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "f16 D64 page 16, softcap 2");
+        paged_softcap = 0.0f;
         fork_suite(ctx);
         device_tables_suite(ctx);
         ooo_fork_case(ctx);
@@ -740,6 +743,9 @@ int main(int argc, char **argv) {
         paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "decode kernel: f16 D64 page 16");
         paged_suite(ctx, FLASHCL_BFLOAT16, 1, 3, 40, 1, 70, "decode kernel: bf16 D40 page 1");
         paged_suite(ctx, FLASHCL_FLOAT32, 2, 1, 96, 256, 600, "decode kernel: f32 D96 page 256");
+        paged_softcap = 2.0f;
+        paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 64, 16, 300, "decode kernel: f16 D64 page 16, softcap 2");
+        paged_softcap = 0.0f;
         varlen_case(ctx, FLASHCL_FLOAT16, 1, 1, "decode kernel: varlen causal equals each sequence alone");
         varlen_case(ctx, FLASHCL_FLOAT16, 0, 2, "decode kernel: varlen non-causal, 2 splits");
         ooo_suite(ctx, 0, "decode kernel: out-of-order queue, four calls sharing a scratch buffer, each right");
@@ -850,6 +856,16 @@ int main(int argc, char **argv) {
             snprintf(what, sizeof what, "%s, 4 warps a kv head, 2 heads a group: f16 D128 page 16, 8 kv heads", k);
             paged_suite(ctx, FLASHCL_FLOAT16, 8, 4, 128, 16, 700, what);
         }
+        /* A soft-cap of 2 on the one-head kernel and on 8 warps a kv head. */
+        static const char *const capped[] = {"KERNEL=mma", "KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8"};
+        paged_softcap = 2.0f;
+        for (size_t c = 0; c < (mma ? 2u : 1u); ++c) {
+            if (mma)
+                force_params(capped[c]);
+            snprintf(what, sizeof what, "%s%s%s, softcap 2: f16 D128 page 16", k, mma ? ", " : "", mma ? capped[c] : "");
+            paged_suite(ctx, FLASHCL_FLOAT16, 2, 4, 128, 16, 300, what);
+        }
+        paged_softcap = 0.0f;
         if (mma)
             force_params("KERNEL=mma");
         snprintf(what, sizeof what, "%s: varlen causal equals each sequence alone", k);

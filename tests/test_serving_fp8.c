@@ -198,6 +198,9 @@ static void fp8_dense(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     free(pages), free(kp), free(vp);
 }
 
+/* The soft-cap every fp8_attend call passes (0: none); mma_suite sets it for one shape. */
+static float attend_softcap;
+
 /* Paged attention of nq[i] queries (causal) for cache sequences ids[0..n)
  * against host_ref over the pools' bytes and scales; q, out in the cache's dtype.
  * Returns 1 when right; *out_host (may be NULL) receives the output. */
@@ -224,6 +227,7 @@ static int fp8_attend(flashcl_context *ctx, flashcl_kv_cache *cache, int n, cons
     flashcl_varlen_desc d = test_varlen_desc(dt, n, heads_q, Hk, D, cu_q, NULL);
     d.causal = 1;
     d.num_splits = splits;
+    d.softcap = attend_softcap;
     int used_splits = 0;
     flashcl_params params;
     flashcl_status st = test_paged_attention(ctx, &d, cache, ids, q, q_el, out, q_el, lse, lse_n, &params, &used_splits);
@@ -592,25 +596,30 @@ static void mma_suite(flashcl_context *ctx) {
         int hk, group, d, ps, long_len;
         const char *forms; /* FLASHCL_DECODE_PARAMS values, ';'-separated */
         const char *name;
+        float softcap; /* scores s -> softcap tanh(s / softcap); 0: none */
     } shapes[] = {
         {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 16, 300,
          "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=32;"
          "KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=2,HG_KEYS=32",
-         "e4m3 D64 page 16, GQA 4"},
+         "e4m3 D64 page 16, GQA 4", 0.0f},
         {FLASHCL_FLOAT8_E5M2, 2, 4, 128, 32, 1000, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8;"
          "KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=16",
-         "e5m2 D128 page 32, GQA 4"},
+         "e5m2 D128 page 32, GQA 4", 0.0f},
         {FLASHCL_FLOAT8_E4M3, 1, 8, 128, 7, 700, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=4;"
          "KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=4,HG_KEYS=16",
-         "e4m3 D128 page 7, GQA 8"},
-        {FLASHCL_FLOAT8_E4M3, 2, 2, 32, 5, 200, "KERNEL=mma", "e4m3 D32 page 5, GQA 2"},
-        {FLASHCL_FLOAT8_E4M3, 2, 4, 96, 16, 500, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D96 page 16, GQA 4"},
+         "e4m3 D128 page 7, GQA 8", 0.0f},
+        {FLASHCL_FLOAT8_E4M3, 2, 2, 32, 5, 200, "KERNEL=mma", "e4m3 D32 page 5, GQA 2", 0.0f},
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 96, 16, 500, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D96 page 16, GQA 4", 0.0f},
         /* 32-key tiles of four pages (a table read a load), and HEAD_GROUP's 16-key ones of two */
         {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 8, 400, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=32",
-         "e4m3 D64 page 8, GQA 4"},
+         "e4m3 D64 page 8, GQA 4", 0.0f},
+        /* a soft-cap of 2 (scores of order one: tanh bends them), every kernel form at D=128 */
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 128, 16, 300,
+         "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8,HG_KEYS=16",
+         "e4m3 D128 page 16, GQA 4, softcap 2", 2.0f},
         /* 32-key tiles inside 64-token pages (a tile's rows from its page's entry and offset) */
         {FLASHCL_FLOAT8_E4M3, 2, 4, 128, 64, 600, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=4",
-         "e4m3 D128 page 64, GQA 4"},
+         "e4m3 D128 page 64, GQA 4", 0.0f},
     };
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
         char forms[256], tag[256];
@@ -619,8 +628,10 @@ static void mma_suite(flashcl_context *ctx) {
             if (mma)
                 setenv("FLASHCL_DECODE_PARAMS", f, 1);
             snprintf(tag, sizeof tag, "%s: f16 queries, %s", mma ? f : "mma shapes, default kernel", shapes[i].name);
+            attend_softcap = shapes[i].softcap;
             paged_suite(ctx, FLASHCL_FLOAT16, shapes[i].fmt, shapes[i].hk, shapes[i].group, shapes[i].d,
                         shapes[i].ps, shapes[i].long_len, 0, tag);
+            attend_softcap = 0.0f;
             if (!mma)
                 break;
         }
