@@ -141,6 +141,8 @@ const char cli_usage_bench_decode[] =
     "iters: the time a call adds when the host keeps the queue ahead of the\n"
     "device, as a serving loop does and as flash-attn's own benchmarks time\n"
     "(back-to-back calls; \"-\" under --step, whose appends grow the context).\n"
+    "keys and wg: the kernel's keys a tile and its work-group size, which with\n"
+    "kernel tell its form (decode-mma-heads: HEAD_GROUP, wg / 32 warps).\n"
     "A row whose output fails the check is still timed, marked INVALID, and\n"
     "the command fails (timing-only diagnostic builds run this way).\n"
     "\n"
@@ -362,8 +364,9 @@ static int decode_row(flashcl_context *ctx, flashcl_dtype dt, int batch, int con
         snprintf(last, sizeof last, "%.1f", last_us[iters / 2]);
     if (pipe_us > 0)
         snprintf(pipe, sizeof pipe, "%.1f", pipe_us);
-    printf("%6d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.1f %8s %8s  %-10s%s%s\n", batch, context, splits, median,
-           times[0], kv_bytes * 1e-6, kv_bytes / median * 1e-3, host_us[iters / 2], last, pipe, params.variant,
+    printf("%6d %8d %7d %10.1f %10.1f %9.1f %9.1f %8.1f %8s %8s %5d %5d  %-10s%s%s\n", batch, context, splits, median,
+           times[0], kv_bytes * 1e-6, kv_bytes / median * 1e-3, host_us[iters / 2], last, pipe, params.block_n,
+           params.work_group_size, params.variant,
            wall ? "  (wall clock)" : "", invalid ? "  INVALID" : "");
     fflush(stdout);
     rc = invalid;
@@ -504,8 +507,8 @@ int cli_bench_decode(int argc, char **argv) {
            flashcl_context_device_name(ctx), cli_dtype_name(dt), pages, heads[0], heads[1], dim, page,
            shuffled ? "shuffled" : "sequential",
            step ? "; timed: an append of one token per sequence, then the attention" : "");
-    printf("%6s %8s %7s %10s %10s %9s %9s %8s %8s %8s  %-10s\n", "batch", "context", "splits", "median_us", "min_us",
-           "KV_MB", "KV_GB/s", "host_us", "last_us", "pipe_us", "kernel");
+    printf("%6s %8s %7s %10s %10s %9s %9s %8s %8s %8s %5s %5s  %-10s\n", "batch", "context", "splits", "median_us",
+           "min_us", "KV_MB", "KV_GB/s", "host_us", "last_us", "pipe_us", "keys", "wg", "kernel");
     int failed = 0;
     for (int b = 0; b < nb; ++b)
         for (int c = 0; c < nc; ++c)
