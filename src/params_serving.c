@@ -317,11 +317,11 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
     c->block_m = next_pow2(max_rows < 16 ? max_rows : 16);
     if (c->kernel == FLASHCL_SERVING_DECODE_MMA) {
         /* FP8 pages: 32-key tiles, as many bytes in flight as 16 keys of 16-bit rows
-         * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's too at head dims a multiple of 64
-         * (HG_WIDE, by default at D=128), else 16 (decode_head_group). HG_WIDE against HEAD_GROUP's 16-key FP8 tiles
-         * (H100, e4m3, D=128, 32/8 heads, kernel times back to back, 2026-12-05, 0e0d30e): 7-11 %
-         * faster ((16, 16384) 195.2 us against 211.4 with 8 warps a head, (64, 65536) 2910.9
-         * against 3236.6 with 4 on each of two heads), level at (4, 4096). */
+         * (cl/paged_decode_nv.cl, LANE_LOADS); HEAD_GROUP's too by default at D=128 (HG_WIDE,
+         * decode_hg_wide), else 16. HG_WIDE against HEAD_GROUP's 16-key FP8 tiles (H100, e4m3,
+         * D=128, 32/8 heads, kernel times back to back, 2026-12-05, 0e0d30e): 7-11 % faster
+         * ((16, 16384) 195.2 us against 211.4 with 8 warps a head, (64, 65536) 2910.9 against
+         * 3236.6 with 4 on each of two heads), level at (4, 4096). */
         c->block_n = pb->kv_fp8 ? 32 : 16;
         /* Only at D=128, where it was timed: at D=64 clang's build takes 172 registers against
          * 138 for 16-key tiles, which would cost a four-warp group an SM (decode_derive's D=64
@@ -427,6 +427,13 @@ static int decode_applies(const flashcl_context *ctx, int level, const void *ent
     return 0;
 }
 
+/* Whether HEAD_GROUP's tiles over FP8 pages are 32 keys (HG_WIDE, cl/paged_decode_nv.cl: 16-byte
+ * loads, widened where used) rather than 16 (K by 8-byte loads widened as they land): HG_KEYS 32
+ * (the default at D=128), the head dim a multiple of 64, BLOCK_N not set to 16. */
+static int decode_hg_wide(const flashcl_decode_problem *pb, const flashcl_decode_choice *c) {
+    return pb->kv_fp8 && c->hg_keys == 32 && pb->head_dim % 64 == 0 && c->block_n == 32;
+}
+
 /* The mma decode kernel's HEAD_GROUP (c->head_group kv heads a work-group,
  * a warp each), kept where it applies, else 0: decoding only (one query
  * token a sequence, a GQA group of at most 8 rows), kv heads in whole
@@ -441,11 +448,8 @@ static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_p
     if (c->head_warps < 1)
         c->head_warps = 1;
     const int warps = c->head_group * c->head_warps;
-    /* The one-head kernel's 32-key tiles over FP8 pages are HEAD_GROUP's 16 (its K fragments, by
-     * 8-byte loads widened as they land), or 32 where HG_KEYS is 32 (the default at D=128), the
-     * head dim a multiple of 64 and BLOCK_N not set to 16 (HG_WIDE: 16-byte loads, widened where
-     * used). */
-    const int wide = pb->kv_fp8 && c->hg_keys == 32 && pb->head_dim % 64 == 0 && c->block_n == 32;
+    /* The one-head kernel's 32-key tiles over FP8 pages are HEAD_GROUP's 16, or 32 (HG_WIDE). */
+    const int wide = decode_hg_wide(pb, c);
     flashcl_decode_choice hg = *c;
     if (pb->kv_fp8 && hg.block_n == 32 && !wide)
         hg.block_n = 16;
@@ -501,14 +505,14 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
                               flashcl_decode_choice *c) {
     if (c->kernel != FLASHCL_SERVING_DECODE_MMA)
         return;
-    /* FP8 pages from 65536 keys where HEAD_GROUP's tiles would be 16 keys (head dims not a
-     * multiple of 64, or HG_KEYS=16): the one-head kernel's 32-key tiles. H200, e4m3, D=128,
+    /* FP8 pages from 65536 keys where HEAD_GROUP's tiles would be 16 keys (decode_hg_wide): the
+     * one-head kernel's 32-key tiles. H200, e4m3, D=128,
      * 32/8 heads, batch 1/4/16 x 65536 and 131072 keys: 9-16 % faster than the 16-key HEAD_GROUP
      * choice below ((16, 131072) 1249 us against 1484, (1, 131072) 97 against 110; 2026-12-04,
      * 32443ac). With 32-key HEAD_GROUP tiles (HG_WIDE) the rules below win or tie there (H100,
      * 2026-12-05, 0e0d30e, kernel times: (16, 131072) 1465.7 us against 1497.5, (4, 65536) 195.7
      * against 197.6, (1, 131072) 104.3 against 105.8). */
-    if (pb->kv_fp8 && pb->max_keys >= 65536 && (c->hg_keys != 32 || pb->head_dim % 64 != 0))
+    if (pb->kv_fp8 && pb->max_keys >= 65536 && !decode_hg_wide(pb, c))
         return;
     const long g = one_head_groups(pb, c), cus = (long)ctx->info.compute_units;
     const int pairs = pb->heads_k % 2 == 0;
