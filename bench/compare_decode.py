@@ -67,9 +67,9 @@ def flashcl_rows(exe, device, batches, contexts, iters, extra, kv_dtype=None):
             continue
         if col is None or len(f) < len(col) - 1 or "INVALID" in f:
             continue
-        if not all(f[col[n]].replace(".", "", 1).isdigit() for n in ("batch", "context", "splits", "median_us", "min_us")):
-            continue
         num = lambda n: float(f[col[n]]) if f[col[n]].replace(".", "", 1).isdigit() else None  # "-": not timed
+        if any(num(n) is None for n in ("batch", "context", "splits", "median_us", "min_us")):
+            continue
         rows[(int(f[col["batch"]]), int(f[col["context"]]))] = (num("median_us"), num("min_us"),
                                                                 int(f[col["splits"]]), num("last_us"), num("pipe_us"))
     if not rows:

@@ -624,18 +624,18 @@ static void mma_suite(flashcl_context *ctx) {
     for (size_t i = 0; i < sizeof shapes / sizeof shapes[0]; ++i) {
         char forms[256], tag[256];
         snprintf(forms, sizeof forms, "%s", shapes[i].forms);
+        attend_softcap = shapes[i].softcap;
         for (char *f = strtok(forms, ";"); f; f = strtok(NULL, ";")) {
             if (mma)
                 setenv("FLASHCL_DECODE_PARAMS", f, 1);
             snprintf(tag, sizeof tag, "%s: f16 queries, %s", mma ? f : "mma shapes, default kernel", shapes[i].name);
-            attend_softcap = shapes[i].softcap;
             paged_suite(ctx, FLASHCL_FLOAT16, shapes[i].fmt, shapes[i].hk, shapes[i].group, shapes[i].d,
                         shapes[i].ps, shapes[i].long_len, 0, tag);
-            attend_softcap = 0.0f;
             if (!mma)
                 break;
         }
     }
+    attend_softcap = 0.0f;
     unsetenv("FLASHCL_DECODE_PARAMS");
 }
 
