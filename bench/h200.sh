@@ -290,14 +290,6 @@ if [ "$what" = pending ]; then
   #     experiment on nv-wgmma-fp8.
   # PENDING_TESTS=0 skips the tests (a call after one where they ran and passed).
   budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-520}" ] || { echo "== time budget reached before $1"; return 1; }; }
-  # bwd_bench LABEL "ENV..." ARGS...: one `flashcl bench --backward` under the given variables.
-  bwd_bench() {
-    local label=$1 vars=$2; shift 2
-    budget_left "$label" || return 1
-    echo "== $label" | tee -a "$out/pending-backward.txt"
-    env $vars timeout 90 ./build-gpu/flashcl bench --backward --device nvidia "$@" 2>&1 |
-      grep -E " (full|causal) |rror|backward kernels:" | tail -n 6 | tee -a "$out/pending-backward.txt"
-  }
   bwd_ok=1 fp8_ok=1
   if [ "${PENDING_TESTS:-1}" = 1 ]; then
     n=${BWD_SHARDS:-6} names=()
