@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|study|optin|pending|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what was built without a GPU and waits for one, both issues in one call: the tests side by
 #         side in shards; the FP8 forward against PyTorch; the backward against PyTorch's;
 #         FA3's accuracy run on the FP8 forward (see the mode).
@@ -14,6 +14,11 @@
 #         FLASHCL_BWD_PARAMS set, flashcl (and so the profile) runs that choice: an opt-in shape's.
 #         FWD_SHAPES ("B,H,N,D,dtype[,causal]", e.g. "4,32,4096,128,e4m3,causal"; SHAPES= to skip
 #         the backward): the same for the forward (and FP8's V transpose) by ptx_fwd_harness.
+# sanitize: compute-sanitizer (each of SAN_TOOLS, default memcheck racecheck synccheck) on
+#         the kernels the harnesses relaunch through the CUDA driver: the backward's at each of
+#         SAN_SHAPES ("B,H,N,D[,causal]", default D=64 and 128, 256 keys, causal and not), the
+#         forward's at SAN_FWD_SHAPES ("B,H,N,D,dtype[,causal]"); the harness's own bitwise check
+#         still decides its exit status. Logs under $out/sanitize-*.log.
 # study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
 #         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64; f16; one a call fits
 #         the 600 s limit with room; D > 64: the nv-wgmma backward on request),
@@ -74,6 +79,7 @@ echo /usr/local/nvidia/lib64/libnvidia-opencl.so.1 > /etc/OpenCL/vendors/nvidia.
 harness=; targets=
 case $what in
   profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness ptx_fwd_harness" ;;
+  sanitize) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness ptx_fwd_harness flashcl_cli" ;;
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
   pending) targets="--target flashcl_cli flashcl test_backward test_fp8_forward test_wgmma_layout" ;;
@@ -205,6 +211,33 @@ if [ "$what" = profile ]; then
     echo "ncu exit $?" | tee -a "$log"
     ncu_files "$tag" "$work" "$log"
   done
+  exit 0
+fi
+if [ "$what" = sanitize ]; then
+  # One program cache a shape, shared by the tools: each tool's run rebuilds nothing in OpenCL.
+  export PATH=$PATH:/usr/local/cuda/bin
+  # sanitize LOG CACHE HARNESS ARGS...: every tool on one harness run; a line per tool with its exit
+  # status and compute-sanitizer's summary (its error count).
+  sanitize() {
+    local log=$1 cache=$2 tool; shift 2
+    for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+      timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" --iters 1 --cache "$cache" > "$log.run" 2>&1
+      local rc=$?
+      { echo "== compute-sanitizer --tool $tool $*"; cat "$log.run"; } >> "$log"
+      echo "$tool $*: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log.run" | tail -1)" | tee -a "$log"
+    done
+  }
+  for shape in ${SAN_SHAPES-1,2,256,64 1,2,256,64,causal 1,2,256,128 1,2,256,128,causal}; do
+    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
+    sanitize "$out/sanitize-bwd.log" "/tmp/san-${shape//,/-}" ./build-gpu/ptx_harness ${dims//,/ } $causal
+  done
+  for shape in ${SAN_FWD_SHAPES-1,2,256,128,f16,causal 1,2,256,128,e4m3}; do
+    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
+    dtype=${dims##*,}; dims=${dims%,*}
+    sanitize "$out/sanitize-fwd.log" "/tmp/san-fwd-${shape//,/-}" ./build-gpu/ptx_fwd_harness ${dims//,/ } \
+      --dtype "$dtype" $causal
+  done
+  rm -f "$out"/sanitize-*.log.run
   exit 0
 fi
 if [ "$what" = study ]; then
