@@ -61,11 +61,12 @@
 #      one warm machine. PART=1: test_wgmma_layout, test_fp8_forward as built, with cp.async copies
 #      (FLASHCL_TMA=0) and under -DPV_CHAINED=1 (O through the FP8 MMA's accumulator: its long case
 #      should fail), then (as built passing) compare_torch.py --dtypes e4m3 and FA3's accuracy run.
-#      PART=2: test_fp8_forward under -DSOFTMAX_CHAINS=4, -DOVERLAP=1, -DEX2_FMA_EVERY=4 and
-#      -DK_EARLY=0, side by side, then `flashcl bench --dtype e4m3` at issue 35's shapes under each
-#      FP8_OPTIONS entry (default: as built, the softmax's max and sum in four chains, the build
-#      uncapped, OVERLAP under a 168-register cap, a quarter of the exponents on the FMA pipes,
-#      K_EARLY=0, FLASHCL_TMA=0, PV_CHAINED=1; "+" for a space) and flashcl's f16, then
+#      PART=2: test_fp8_forward under each FP8_TEST_OPTIONS entry side by side (default: a cap of
+#      128 registers, the most that gives four work-groups an SM, against three at D=64 as built;
+#      earlier calls tested -DSOFTMAX_CHAINS=4 -DOVERLAP=1 -DEX2_FMA_EVERY=4 -DK_EARLY=0), then
+#      `flashcl bench --dtype e4m3` at FP8_SHAPES (default issue 35's three) under each
+#      FP8_OPTIONS entry (default: as built and the cap, twice in alternation; "+" for a space;
+#      FLASHCL_* entries are environment settings) and flashcl's f16, then
 #      NVIDIA's own PTX of the kernel through ptxas and the in-flight check.
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -469,7 +470,7 @@ if [ "$what" = backward ]; then
   exit 0
 fi
 if [ "$what" = fp8-kernel ]; then
-  shapes="--shape 4,32,4096,128 --shape 4,32,4096,64 --shape 1,32,16384,128"
+  shapes=${FP8_SHAPES:-"--shape 4,32,4096,128 --shape 4,32,4096,64 --shape 1,32,16384,128"}
   GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-120}
   if [ "${PART:-1}" = 1 ]; then
     gpu_test test_wgmma_layout
@@ -480,14 +481,16 @@ if [ "$what" = fp8-kernel ]; then
     time_fp8_wgmma compare-fp8
     fp8_accuracy_wgmma
   else
-    # The four test runs side by side (each builds its kernels on its own core), reported in order;
-    # an option whose test failed is not timed below (PV_CHAINED's is PART=1's, where its long case
-    # is meant to fail; it is timed as a study).
-    side_by_side "test_fp8_forward|-DSOFTMAX_CHAINS=4|softmax-chains" "test_fp8_forward|-DOVERLAP=1|overlap" \
-      "test_fp8_forward|-DEX2_FMA_EVERY=4|ex2-fma" "test_fp8_forward|-DK_EARLY=0|k-early-0"
-    # (a quoted default inside ${...} would stay one word: the list is a variable, split on use)
-    options="- -DSOFTMAX_CHAINS=4 -DFLASHCL_NV_MAXNREG=0 -DOVERLAP=1+-DFLASHCL_NV_MAXNREG=168
-      -DEX2_FMA_EVERY=4 -DK_EARLY=0 FLASHCL_TMA=0 -DPV_CHAINED=1"
+    # The test runs side by side (each builds its kernels on its own core), reported in order; an
+    # option whose test failed is not timed below (PV_CHAINED's is PART=1's, where its long case is
+    # meant to fail; it is timed as a study). A log's tag is its option in lower case and dashes.
+    tests=() # (a quoted default inside ${...} would stay one word: the lists are variables, split on use)
+    test_options="-DFLASHCL_NV_MAXNREG=128"
+    for o in ${FP8_TEST_OPTIONS-$test_options}; do
+      tests+=("test_fp8_forward|$o|$(echo "${o#-D}" | tr 'A-Z+' 'a-z ' | tr -cs 'a-z0-9\n' '-')")
+    done
+    side_by_side "${tests[@]}"
+    options="- -DFLASHCL_NV_MAXNREG=128 - -DFLASHCL_NV_MAXNREG=128"
     for o in ${FP8_OPTIONS-$options}; do
       for mask in "" --causal; do
         if [ "$SECONDS" -gt "${FP8_BUDGET:-480}" ]; then # the f16 rows and the SASS check still fit
@@ -512,15 +515,16 @@ if [ "$what" = fp8-kernel ]; then
       timeout 60 ./build-gpu/flashcl bench --device nvidia --dtype f16 $shapes $mask --iters 20 2>&1 |
         grep -E "^f16 " | tee -a "$out/fp8-options.txt"
     done
-    # NVIDIA's own PTX of the kernel (D=128 as built, D=64 under OVERLAP=1) from a fresh cache,
-    # assembled by ptxas: its registers and spills, and no register of a warpgroup MMA written
-    # while it is in flight (scripts/wgmma_inflight.py).
+    # NVIDIA's own PTX of the kernel (D=128 as built, D=64 under FP8_SASS_OPTIONS, default the
+    # 128-register cap) from a fresh cache, assembled by ptxas: its registers and spills, and no
+    # register of a warpgroup MMA written while it is in flight (scripts/wgmma_inflight.py).
     echo "== nv-wgmma-fp8 as NVIDIA's compiler builds it: registers, SASS check"
     export PATH=$PATH:/usr/local/cuda/bin
     rm -rf build-gpu/sass-fp8 && mkdir -p build-gpu/sass-fp8
     for d in 128 64; do
       FLASHCL_CACHE_DIR=$PWD/build-gpu/sass-fp8 FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 \
-        FLASHCL_BUILD_OPTIONS="$([ $d = 64 ] && echo -DOVERLAP=1)" ./build-gpu/flashcl bench --device nvidia \
+        FLASHCL_BUILD_OPTIONS="$([ $d = 64 ] && echo "${FP8_SASS_OPTIONS--DFLASHCL_NV_MAXNREG=128}")" \
+        ./build-gpu/flashcl bench --device nvidia \
         --shape 1,8,1024,$d --dtype e4m3 --iters 1 > /dev/null 2>&1
     done
     ptx_from_cache build-gpu/sass-fp8 flash_fwd_sm90_fp8
