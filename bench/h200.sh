@@ -2,9 +2,10 @@
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
-# pending: what was built without a GPU and waits for one, both issues in one call: the tests side by
-#         side in shards; the FP8 forward against PyTorch; the backward against PyTorch's;
-#         FA3's accuracy run on the FP8 forward (see the mode).
+# pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), both issues in one call:
+#         compute-sanitizer on the harnesses' relaunches (as `sanitize`) beside test_fp8_forward
+#         under a 128-register cap, then the FP8 forward at D=64 and the backward's D=64 dQ pass,
+#         each as built and capped, in alternation (see the mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
 #         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -83,7 +84,8 @@ case $what in
   sanitize) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness ptx_fwd_harness flashcl_cli" ;;
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
-  pending) targets="--target flashcl_cli flashcl test_backward test_fp8_forward test_wgmma_layout" ;;
+  pending) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON
+    targets="--target flashcl_cli test_fp8_forward ptx_harness ptx_fwd_harness" ;;
 esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
@@ -161,6 +163,36 @@ time_fp8_wgmma() {
     python3 bench/compare_torch.py --flashcl build-gpu/flashcl \
     --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/$1.json" 2>&1 | tee "$out/$1.txt"
 }
+# run_sanitize: compute-sanitizer (each of SAN_TOOLS, default memcheck racecheck synccheck) on the
+# kernels the PTX harnesses relaunch through the CUDA driver: the backward's at each of SAN_SHAPES
+# ("B,H,N,D[,causal]"), the forward's at each of SAN_FWD_SHAPES ("B,H,N,D,dtype[,causal]"). A line
+# a run (its exit status, compute-sanitizer's summary); logs in $out/sanitize-{bwd,fwd}.log. One
+# program cache a shape, shared by the tools: each tool's run rebuilds nothing in OpenCL.
+run_sanitize() {
+  export PATH=$PATH:/usr/local/cuda/bin
+  local shape dims causal dtype
+  for shape in ${SAN_SHAPES-1,2,256,64 1,2,256,64,causal 1,2,256,128 1,2,256,128,causal}; do
+    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
+    sanitize_one "$out/sanitize-bwd.log" "/tmp/san-${shape//,/-}" ./build-gpu/ptx_harness ${dims//,/ } $causal
+  done
+  for shape in ${SAN_FWD_SHAPES-1,2,256,128,f16,causal 1,2,256,128,e4m3}; do
+    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
+    dtype=${dims##*,}; dims=${dims%,*}
+    sanitize_one "$out/sanitize-fwd.log" "/tmp/san-fwd-${shape//,/-}" ./build-gpu/ptx_fwd_harness ${dims//,/ } \
+      --dtype "$dtype" $causal
+  done
+  rm -f "$out"/sanitize-*.log.run
+}
+# sanitize_one LOG CACHE HARNESS ARGS...: every tool on one harness run.
+sanitize_one() {
+  local log=$1 cache=$2 tool rc; shift 2
+  for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
+    timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" --iters 1 --cache "$cache" > "$log.run" 2>&1
+    rc=$?
+    { echo "== compute-sanitizer --tool $tool $*"; cat "$log.run"; } >> "$log"
+    echo "$tool $*: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log.run" | tail -1)" | tee -a "$log"
+  done
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ "$what" = profile ]; then
   # Four files a shape (the tool that fetches $OUT takes eight): the log (harness, then ncu's run of
@@ -215,30 +247,7 @@ if [ "$what" = profile ]; then
   exit 0
 fi
 if [ "$what" = sanitize ]; then
-  # One program cache a shape, shared by the tools: each tool's run rebuilds nothing in OpenCL.
-  export PATH=$PATH:/usr/local/cuda/bin
-  # sanitize LOG CACHE HARNESS ARGS...: every tool on one harness run; a line per tool with its exit
-  # status and compute-sanitizer's summary (its error count).
-  sanitize() {
-    local log=$1 cache=$2 tool; shift 2
-    for tool in ${SAN_TOOLS:-memcheck racecheck synccheck}; do
-      timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 9 "$@" --iters 1 --cache "$cache" > "$log.run" 2>&1
-      local rc=$?
-      { echo "== compute-sanitizer --tool $tool $*"; cat "$log.run"; } >> "$log"
-      echo "$tool $*: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log.run" | tail -1)" | tee -a "$log"
-    done
-  }
-  for shape in ${SAN_SHAPES-1,2,256,64 1,2,256,64,causal 1,2,256,128 1,2,256,128,causal}; do
-    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
-    sanitize "$out/sanitize-bwd.log" "/tmp/san-${shape//,/-}" ./build-gpu/ptx_harness ${dims//,/ } $causal
-  done
-  for shape in ${SAN_FWD_SHAPES-1,2,256,128,f16,causal 1,2,256,128,e4m3}; do
-    dims=${shape%,causal}; causal=; [ "$dims" != "$shape" ] && causal=--causal
-    dtype=${dims##*,}; dims=${dims%,*}
-    sanitize "$out/sanitize-fwd.log" "/tmp/san-fwd-${shape//,/-}" ./build-gpu/ptx_fwd_harness ${dims//,/ } \
-      --dtype "$dtype" $causal
-  done
-  rm -f "$out"/sanitize-*.log.run
+  run_sanitize
   exit 0
 fi
 if [ "$what" = study ]; then
@@ -312,46 +321,40 @@ fi
 ./build-gpu/flashcl devices > "$out/devices.txt"
 [ "$what" = setup ] && exit 0
 if [ "$what" = pending ]; then
-  # What waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call of under 600 s,
-  # each timing only after its tests pass and while time is left (PENDING_BUDGET seconds):
-  #   - tests, side by side (NVIDIA's compiler builds one kernel at a time a process, and a cold
-  #     cache made `test_backward wgmma` alone run past 240 s): test_backward wgmma in BWD_SHARDS
-  #     shards (default 6), mma in two, test_wgmma_layout and test_fp8_forward (140 s on the
-  #     H200, 2026-12-05);
-  #   - issue 36: the backward against PyTorch's (compare_backward.py, f16 and bf16, issue 36's
-  #     shapes), with the held dQ pass capped at 168 registers, the default since 2e86b2a;
-  #   - issue 35: the FP8 forward against PyTorch (time_fp8_wgmma) and FA3's accuracy
-  #     experiment on nv-wgmma-fp8.
-  # PENDING_TESTS=0 skips the tests (a call after one where they ran and passed).
-  budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-520}" ] || { echo "== time budget reached before $1"; return 1; }; }
-  bwd_ok=1 fp8_ok=1
-  if [ "${PENDING_TESTS:-1}" = 1 ]; then
-    n=${BWD_SHARDS:-6} names=()
-    for k in $(seq 0 $((n - 1))); do names+=("test_backward+wgmma+$k/$n"); done
-    names+=("test_backward+mma+0/2" "test_backward+mma+1/2" test_wgmma_layout test_fp8_forward)
-    GPU_TEST_TIMEOUT=${BWD_TEST_TIMEOUT:-300} side_by_side "${names[@]}"
-    case $failed in *" test_backward"*) bwd_ok=0 ;; esac
-    case $failed in *" test_wgmma_layout "* | *" test_fp8_forward "*) fp8_ok=0 ;; esac
-    echo "== tests done at ${SECONDS} s"
-  fi
-  if [ $bwd_ok = 1 ]; then
-    if budget_left "the backward against PyTorch"; then
-      echo "== the backward against PyTorch (compare_backward.py --dtypes f16,bf16 --iters 20)"
-      PYTHONUNBUFFERED=1 timeout 220 python3 bench/compare_backward.py --flashcl build-gpu/flashcl \
-        --dtypes f16,bf16 --iters 20 --shapes 4,32,4096,64 4,32,4096,128 1,32,16384,128 \
-        --json "$out/pending-backward.json" 2>&1 | tee "$out/pending-backward.txt"
-    fi
-  else
-    echo "a backward test failed: the backward not timed"
-  fi
-  # Issue 35: the FP8 forward against cuDNN and flashcl's f16, and FA3's accuracy, once their
-  # tests passed.
+  # What waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call of under 600 s; a
+  # timing runs only after its kernel's check passed and while time is left (PENDING_BUDGET s):
+  #   - issue 36: compute-sanitizer on the backward's and forward's relaunched kernels (run_sanitize),
+  #     in the background beside
+  #   - issue 35: test_fp8_forward under a 128-register cap (four work-groups an SM at D=64,
+  #     three as built), then `flashcl bench --dtype e4m3` at (4,32,4096,64) (full and causal
+  #     rows), as built and capped, twice in alternation;
+  #   - issue 36: the backward at D=64 with its dQ pass capped at 96 registers (five work-groups
+  #     an SM, four as built; FLASHCL_BWD_PARAMS=DQ_MAXNREG=96), checked against host_ref at
+  #     (1,4,1024,64) by `flashcl bench`, then timed at (4,32,4096,64), full and causal, the same way.
+  budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-540}" ] || { echo "== time budget reached before $1"; return 1; }; }
+  run_sanitize > "$out/sanitize.txt" 2>&1 &
+  san=$!
+  GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-240} side_by_side "test_fp8_forward|-DFLASHCL_NV_MAXNREG=128|cap128"
+  fp8_ok=1; [ -n "$failed" ] && fp8_ok=0
+  wait $san; echo "== compute-sanitizer, done at ${SECONDS} s"; cat "$out/sanitize.txt"
   if [ $fp8_ok = 1 ]; then
-    budget_left "the FP8 forward's timing" && time_fp8_wgmma pending-fp8
-    budget_left "FA3's accuracy" && fp8_accuracy_wgmma
+    for o in - -DFLASHCL_NV_MAXNREG=128 - -DFLASHCL_NV_MAXNREG=128; do
+      budget_left "the FP8 forward under $o" || break
+      echo "== nv-wgmma-fp8 at D=64, build options: $o" | tee -a "$out/pending-fp8-cap.txt"
+      env $([ "$o" != - ] && echo "FLASHCL_BUILD_OPTIONS=$o") FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 60 \
+        ./build-gpu/flashcl bench --device nvidia --dtype e4m3 --shape 4,32,4096,64 --iters 20 2>&1 |
+        grep -E "^e4m3 " | tee -a "$out/pending-fp8-cap.txt" # full and causal rows
+    done
   else
-    echo "test_wgmma_layout or test_fp8_forward failed: nv-wgmma-fp8 not measured"
+    echo "test_fp8_forward failed under the cap: not timed"
   fi
+  for p in VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ_MAXNREG=96 VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ_MAXNREG=96; do
+    budget_left "the backward under $p" || break
+    echo "== FLASHCL_BWD_PARAMS=$p" | tee -a "$out/pending-dq-cap.txt"
+    # full and causal rows each; the small shape's "check" column is host_ref's verdict
+    FLASHCL_BWD_PARAMS=$p timeout 90 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
+      --shape 1,4,1024,64 --shape 4,32,4096,64 --iters 20 2>&1 | tail -n 4 | tee -a "$out/pending-dq-cap.txt"
+  done
   exit 0
 fi
 if [ "$what" = serve ]; then
