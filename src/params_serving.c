@@ -437,8 +437,9 @@ static int decode_hg_wide(const flashcl_decode_problem *pb, const flashcl_decode
 /* The mma decode kernel's HEAD_GROUP (c->head_group kv heads a work-group,
  * a warp each), kept where it applies, else 0: decoding only (one query
  * token a sequence, a GQA group of at most 8 rows), kv heads in whole
- * groups, head dims a multiple of 32 up to 128, 16-key tiles, and the
- * group's V tiles within __local. Sets the work-group to a warp a head. */
+ * groups, head dims a multiple of 32 up to 128, 16-key tiles (32 over FP8
+ * pages where decode_hg_wide says so), and the group's V tiles within
+ * __local. Sets the work-group to a warp a head. */
 static void decode_head_group(const flashcl_context *ctx, const flashcl_decode_problem *pb,
                               flashcl_decode_choice *c) {
     if (c->head_group <= 0 || c->kernel != FLASHCL_SERVING_DECODE_MMA) {
