@@ -5,7 +5,8 @@
 # pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), both issues in one call:
 #         compute-sanitizer on the harnesses' relaunches (as `sanitize`) beside test_fp8_forward
 #         under a 128-register cap, then the FP8 forward at D=64 and the backward's D=64 dQ pass,
-#         each as built and capped, in alternation (see the mode).
+#         each as built and capped, in alternation, and bench/ptx_replay.c's first GPU run (see the
+#         mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
 #         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -21,6 +22,11 @@
 #         forward's at SAN_FWD_SHAPES ("B,H,N,D,dtype[,causal]", default f16 causal and e4m3 at
 #         1,2,256,128). A run exits 9 where the tool reports an error, else with the harness's own
 #         check (0: equal to flashcl's). Logs under $out/sanitize-*.log.
+# replay: one launch of a flashcl run recorded at the OpenCL API and relaunched through the CUDA driver
+#         (bench/ptx_replay.c, target flashcl_replay: the CLI with its OpenCL calls recorded), checked
+#         bitwise against OpenCL's and timed, then under ncu, for each REPLAYS entry "KERNEL|CLI ARGS"
+#         ("+" for a space; default the e4m3 decode kernel, paged_decode_nv, at batch 4 x 16384 keys,
+#         16 x 4096 and 16 x 16384). For kernels without tensor maps (the serving kernels).
 # study: the backward's cost of NVIDIA's 48 KB of __local (issue 36): bench/ptx_harness --study at
 #         each of STUDY_SHAPES ("B,H,N,D[,causal]", default 4,32,4096,64; f16; one a call fits
 #         the 600 s limit with room; D > 64: the nv-wgmma backward on request),
@@ -86,10 +92,11 @@ harness=; targets=
 case $what in
   profile) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness ptx_fwd_harness" ;;
   sanitize) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness ptx_fwd_harness flashcl_cli" ;;
+  replay) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target flashcl_replay" ;;
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
   pending) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON
-    targets="--target flashcl_cli test_fp8_forward ptx_harness ptx_fwd_harness" ;;
+    targets="--target flashcl_cli test_fp8_forward ptx_harness ptx_fwd_harness flashcl_replay" ;;
 esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
@@ -254,6 +261,29 @@ if [ "$what" = sanitize ]; then
   run_sanitize
   exit 0
 fi
+if [ "$what" = replay ]; then
+  export PATH=$PATH:/usr/local/cuda/bin
+  sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
+    LaunchStats Occupancy SchedulerStats WarpStateStats}
+  replays="paged_decode_nv|bench+--decode+--kv-dtype+e4m3+--batch+4+--context+16384+--iters+2
+    paged_decode_nv|bench+--decode+--kv-dtype+e4m3+--batch+16+--context+4096+--iters+2
+    paged_decode_nv|bench+--decode+--kv-dtype+e4m3+--batch+16+--context+16384+--iters+2"
+  for entry in ${REPLAYS-$replays}; do
+    IFS='|' read -r kname args <<< "$entry"
+    tag=$(echo "$kname ${args//+/ }" | tr -cs 'a-z0-9\n' '-'); log="$out/replay-$tag.log"
+    echo "== PTX_REPLAY_KERNEL=$kname flashcl_replay ${args//+/ } --device nvidia" | tee "$log"
+    PTX_REPLAY_KERNEL=$kname timeout 120 ./build-gpu/flashcl_replay ${args//+/ } --device nvidia 2>&1 | tee -a "$log"
+    echo "exit ${PIPESTATUS[0]}; ncu on the CUDA launch (--launch-count 2: the checked one, the first timed)" | tee -a "$log"
+    PTX_REPLAY_KERNEL=$kname PTX_REPLAY_ITERS=1 timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) \
+      -k "regex:$kname" --launch-count 2 -f -o "/tmp/ncu-$tag" ./build-gpu/flashcl_replay ${args//+/ } --device nvidia \
+      >> "$log" 2>&1
+    echo "ncu exit $?" | tee -a "$log"
+    [ -f "/tmp/ncu-$tag.ncu-rep" ] && ncu -i "/tmp/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1 &&
+      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
+        "$out/ncu-$tag-details.txt" | head -16 | tee -a "$log"
+  done
+  exit 0
+fi
 if [ "$what" = study ]; then
   # Per head dim: 48 KB's own shapes first, then ones needing about 50, 65, 81, 97, 129-145 KB.
   configs64=${STUDY_CONFIGS:-"WG=128,ROWS=32,STAGES=2 WG=256,ROWS=16,STAGES=2 WG=256,ROWS=16,STAGES=3
@@ -334,7 +364,8 @@ if [ "$what" = pending ]; then
   #     rows), as built and capped, twice in alternation;
   #   - issue 36: the backward at D=64 with its dQ pass capped at 96 registers (five work-groups
   #     an SM, four as built; FLASHCL_BWD_PARAMS=DQ_MAXNREG=96), checked against host_ref at
-  #     (1,4,1024,64) by `flashcl bench`, then timed at (4,32,4096,64), full and causal, the same way.
+  #     (1,4,1024,64) by `flashcl bench`, then timed at (4,32,4096,64), full and causal, the same way;
+  #   - bench/ptx_replay.c's first run on a GPU (the e4m3 decode kernel relaunched and checked).
   budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-540}" ] || { echo "== time budget reached before $1"; return 1; }; }
   run_sanitize > "$out/sanitize.txt" 2>&1 &
   san=$!
@@ -368,6 +399,12 @@ if [ "$what" = pending ]; then
       --shape 4,32,4096,64 --iters 20 2>&1 | tail -n 2 | tee -a "$out/pending-dq-cap.txt"
   done
   rm -f "$out/.check"
+  # bench/ptx_replay.c's first run on a GPU: the e4m3 decode kernel recorded, relaunched, checked.
+  if budget_left "the replay of the decode kernel"; then
+    echo "== flashcl_replay: paged_decode_nv at batch 4 x 16384 e4m3 keys, relaunched through CUDA"
+    PTX_REPLAY_KERNEL=paged_decode_nv timeout 60 ./build-gpu/flashcl_replay bench --decode --device nvidia \
+      --kv-dtype e4m3 --batch 4 --context 16384 --iters 2 2>&1 | grep -E "ptx_replay|registers" | tail -n 16
+  fi
   exit 0
 fi
 if [ "$what" = serve ]; then
