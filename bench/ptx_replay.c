@@ -23,7 +23,10 @@
  *   4. times PTX_REPLAY_ITERS (default 20) more launches by cuEvents, each on the state before
  *      (the buffers the kernel changed are restored between launches, outside the timing).
  * PTX_REPLAY_VIA=opencl relaunches through OpenCL instead (fresh buffers from the state before, a
- * new kernel of the same program): it needs no CUDA and checks the recording itself on any device.
+ * new kernel of the same program): it needs no CUDA and checks the recording itself on any device
+ * (tests/test_ptx_replay.c does, with PTX_REPLAY_PERTURB=1 to see a relaunch on other inputs fail).
+ * A buffer passed as two arguments (the decode kernels' output and unused split scratch) stays one
+ * buffer in the relaunch.
  * The run then goes on as if nothing happened; the report goes to stderr, and the process exits 3
  * at its end if the check failed.
  *
@@ -68,6 +71,7 @@ static cl_mem buffers[MAX_BUFFERS];
 static int n_buffers;
 static recorded_kernel kernels[MAX_KERNELS];
 static int n_kernels, matched, done, failed;
+static int outcome = -1; /* ptx_replay_outcome */
 
 static cl_mem (*real_create)(cl_context, cl_mem_flags, size_t, void *, cl_int *);
 static cl_int (*real_release)(cl_mem);
@@ -93,6 +97,19 @@ static void bind_real(void) {
 static void report_exit(void) {
     if (failed)
         _exit(3);
+}
+
+/* For tests/test_ptx_replay.c: -1 until the chosen launch has been relaunched, then the number of
+ * buffers whose bytes differed (0: equal). */
+int ptx_replay_outcome(void);
+int ptx_replay_outcome(void) { return outcome; }
+/* Records the next matching launch again, the outcome and the failure forgotten. */
+void ptx_replay_rearm(void);
+void ptx_replay_rearm(void) {
+    pthread_mutex_lock(&lock);
+    done = matched = failed = 0;
+    outcome = -1;
+    pthread_mutex_unlock(&lock);
 }
 
 /* ---- the recording ------------------------------------------------------------------------------ */
@@ -208,6 +225,7 @@ static int compare(const recorded_kernel *r, const buffer_state *st, const char 
         }
     }
     fprintf(stderr, "ptx_replay: %s relaunch %s OpenCL's result\n", via, bad_buffers ? "DIFFERS FROM" : "equals");
+    outcome = bad_buffers;
     return bad_buffers;
 }
 
@@ -355,6 +373,14 @@ static cl_int replay(cl_command_queue q, cl_kernel k, const char *name, cl_uint 
     for (int i = 0; i < r->n; ++i)
         if (r->args[i].is_mem)
             read_buffer(q, *(const cl_mem *)r->args[i].val, st[i].size, st[i].after);
+    /* PTX_REPLAY_PERTURB=1 (tests): the relaunch gets the first input buffer with one sign bit
+     * flipped (byte 3, bit 7: a float32's sign, a 16-bit value's), so its check must fail. */
+    const char *perturb = getenv("PTX_REPLAY_PERTURB");
+    for (int i = 0; perturb && !strcmp(perturb, "1") && i < r->n; ++i)
+        if (r->args[i].is_mem && st[i].size >= 4 && !memcmp(st[i].before, st[i].after, st[i].size)) {
+            st[i].before[3] ^= 0x80u;
+            break;
+        }
     const char *via = getenv("PTX_REPLAY_VIA");
     if (via && !strcmp(via, "opencl"))
         replay_opencl(q, k, name, r, st, dims, global, local);
