@@ -4,9 +4,9 @@
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), both issues in one call:
 #         compute-sanitizer on the harnesses' relaunches (as `sanitize`) beside test_fp8_forward
-#         under a 128-register cap, then the FP8 forward at D=64 and the backward's D=64 dQ pass,
-#         each as built and capped, in alternation, and bench/ptx_replay.c's first GPU run (see the
-#         mode).
+#         under a 128-register cap, then the FP8 forward at D=64, decode over e4m3 at the two
+#         shapes below issue 35's bar and the backward's D=64 dQ pass, each as chosen and as an
+#         alternative, in alternation, and bench/ptx_replay.c's first GPU run (see the mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
 #         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -370,6 +370,8 @@ if [ "$what" = pending ]; then
   #   - issue 36: the backward at D=64 with its dQ pass capped at 96 registers (five work-groups
   #     an SM, four as built; FLASHCL_BWD_PARAMS=DQ_MAXNREG=96), checked against host_ref at
   #     (1,4,1024,64) by `flashcl bench`, then timed at (4,32,4096,64), full and causal, the same way;
+  #   - issue 35: decode over e4m3 at batch 4 and 16 x 4096 and 16384 keys, as chosen and under
+  #     HEAD_GROUP=1,HEAD_WARPS=8 (one wave, fewer splits), twice in alternation;
   #   - bench/ptx_replay.c's first run on a GPU (the e4m3 decode kernel relaunched and checked).
   budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-540}" ] || { echo "== time budget reached before $1"; return 1; }; }
   run_sanitize > "$out/sanitize.txt" 2>&1 &
@@ -388,6 +390,16 @@ if [ "$what" = pending ]; then
   else
     echo "test_fp8_forward failed under the cap: not timed"
   fi
+  # Decode over e4m3 at issue 35's two shapes below its bar (134 MB of K+V): one kv head of eight
+  # warps a work-group, one wave of 128 groups with no split at (16, 4096) and four at (4, 16384),
+  # against the default (two heads of four warps, two and eight splits merged through memory).
+  for p in - HEAD_GROUP=1,HEAD_WARPS=8 - HEAD_GROUP=1,HEAD_WARPS=8; do
+    budget_left "decode under $p" || break
+    echo "== decode, e4m3 pages, FLASHCL_DECODE_PARAMS=$p" | tee -a "$out/pending-decode.txt"
+    env $([ "$p" != - ] && echo "FLASHCL_DECODE_PARAMS=$p") timeout 60 ./build-gpu/flashcl bench --decode \
+      --device nvidia --kv-dtype e4m3 --batch 4,16 --context 4096,16384 --iters 20 2>&1 | tail -n 5 |
+      tee -a "$out/pending-decode.txt"
+  done
   for p in VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ_MAXNREG=96 VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ_MAXNREG=96; do
     budget_left "the backward under $p" || break
     echo "== FLASHCL_BWD_PARAMS=$p" | tee -a "$out/pending-dq-cap.txt"
