@@ -250,8 +250,9 @@ int find_entry(const char *ptx, const char *prefix, const char *not, char *name,
     return 0;
 }
 
-/* Byte sizes of entry `name`'s parameters, from its declaration; returns their count. */
-int entry_params(const char *ptx, const char *name, size_t *sizes, int cap) {
+/* Byte sizes of entry `name`'s parameters (and whether each is a pointer), from its declaration;
+ * returns their count. */
+int entry_params(const char *ptx, const char *name, size_t *sizes, int *is_ptr, int cap) {
     char head[256];
     snprintf(head, sizeof head, ".entry %s(", name);
     const char *p = strstr(ptx, head);
@@ -268,6 +269,9 @@ int entry_params(const char *ptx, const char *name, size_t *sizes, int cap) {
             if (t[0] == '[')
                 size = (size_t)atol(t + 1) * (elem ? elem : 1);
         }
+        const char *ptr = strstr(p, ".ptr");
+        if (is_ptr)
+            is_ptr[n] = ptr && ptr < stop;
         sizes[n++] = size ? size : elem;
     }
     return n;
@@ -428,7 +432,7 @@ void relaunch(kernel *k) {
 /* Checks the argument list against the entry's declaration, then launches. */
 void launch(kernel *k, const cached_program *prog) {
     size_t sizes[64];
-    const int n = entry_params(prog->ptx, k->name, sizes, 64);
+    const int n = entry_params(prog->ptx, k->name, sizes, NULL, 64);
     int ok = n == k->args.n;
     for (int i = 0; ok && i < n; ++i)
         ok = sizes[i] == k->args.sizes[i];

@@ -110,8 +110,9 @@ char *translate(const char *ptx, int *envregs_seen);
 char *dynamic_tiles(const char *ptx);
 /* The name of the first .entry starting with prefix that is not `not` (NULL: any); 1 if found. */
 int find_entry(const char *ptx, const char *prefix, const char *not, char *name, size_t cap);
-/* Byte sizes of entry `name`'s parameters; returns their count (-1: no such entry). */
-int entry_params(const char *ptx, const char *name, size_t *sizes, int cap);
+/* Byte sizes of entry `name`'s parameters, and (is_ptr not NULL) whether each is a pointer (".ptr"
+ * in OpenCL's PTX); returns their count (-1: no such entry). */
+int entry_params(const char *ptx, const char *name, size_t *sizes, int *is_ptr, int cap);
 
 /* One kernel argument: its bytes (kernelParams takes a pointer to each). */
 typedef struct {

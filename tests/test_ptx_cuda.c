@@ -92,10 +92,11 @@ int main(void) {
 
     char name[64];
     size_t sizes[8];
+    int is_ptr[8] = {0};
     expect(find_entry(function_scope, "flash_bwd_dkdv", NULL, name, sizeof name) &&
-               !strcmp(name, "flash_bwd_dkdv_sm90") && entry_params(function_scope, name, sizes, 8) == 2 &&
-               sizes[0] == 8 && sizes[1] == 4,
-           "find_entry and entry_params read the entry's name and parameter sizes", &failures);
+               !strcmp(name, "flash_bwd_dkdv_sm90") && entry_params(function_scope, name, sizes, is_ptr, 8) == 2 &&
+               sizes[0] == 8 && sizes[1] == 4 && is_ptr[0] == 1 && is_ptr[1] == 0,
+           "find_entry and entry_params read the entry's name, parameter sizes and pointers", &failures);
     free(unmasked), free(translated), free(dyn), free(dyn2);
     printf("%s\n", failures ? "FAILED" : "all passed");
     return failures ? 1 : 0;
