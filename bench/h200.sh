@@ -381,7 +381,7 @@ if [ "$what" = pending ]; then
   #     HEAD_GROUP=1,HEAD_WARPS=8 (one wave, fewer splits), twice in alternation;
   #   - bench/ptx_replay.c's first run on a GPU: test_ptx_replay with its relaunches through CUDA
   #     (beside the above, before the timings).
-  budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-540}" ] || { echo "== time budget reached before $1"; return 1; }; }
+  budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-500}" ] || { echo "== time budget reached before $1"; return 1; }; }
   run_sanitize > "$out/sanitize.txt" 2>&1 &
   san=$!
   GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-240} side_by_side "test_fp8_forward|-DFLASHCL_NV_MAXNREG=128|cap128"
@@ -428,7 +428,6 @@ if [ "$what" = pending ]; then
       --shape 4,32,4096,64 --iters 20 2>&1 | tail -n 2 | tee -a "$out/pending-dq-cap.txt"
   done
   rm -f "$out/.check"
-
   exit 0
 fi
 if [ "$what" = serve ]; then
