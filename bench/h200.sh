@@ -212,6 +212,17 @@ sanitize_one() {
     echo "$tool $*: exit $rc, $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$log.run" | tail -1)" | tee -a "$log"
   done
 }
+# ncu's sections for the profiling modes (profile, replay), and ncu_details REPORT TAG LOG LINES:
+# REPORT's details page as $out/ncu-TAG-details.txt and its first LINES summary lines into LOG;
+# fails when ncu wrote no report.
+ncu_sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
+  LaunchStats Occupancy SchedulerStats WarpStateStats}
+ncu_details() {
+  [ -f "$1" ] || return 1
+  ncu -i "$1" --page details > "$out/ncu-$2-details.txt" 2>&1
+  grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
+    "$out/ncu-$2-details.txt" | head -"$4" | tee -a "$3"
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
 if [ "$what" = profile ]; then
   # Four files a shape (the tool that fetches $OUT takes eight): the log (harness, then ncu's run of
@@ -219,17 +230,12 @@ if [ "$what" = profile ]; then
   # kernels' PTX (as cached and as translated) and the .ncu-rep. The ncu run reuses the first run's
   # program cache, so it skips the OpenCL builds.
   export PATH=$PATH:/usr/local/cuda/bin
-  sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
-    LaunchStats Occupancy SchedulerStats WarpStateStats}
-  # ncu_files TAG WORK LOG: the report's details page and raw CSV under $out, a summary into LOG,
-  # and the PTX and .ncu-rep of WORK as $out/profile-TAG.tgz.
+  # ncu_files TAG WORK LOG: ncu_details, the raw CSV beside it, and the PTX and .ncu-rep of WORK as
+  # $out/profile-TAG.tgz.
   ncu_files() {
     local tag=$1 work=$2 log=$3
-    if [ -f "$work/ncu-$tag.ncu-rep" ]; then
-      ncu -i "$work/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1
+    if ncu_details "$work/ncu-$tag.ncu-rep" "$tag" "$log" 24; then
       ncu -i "$work/ncu-$tag.ncu-rep" --page raw --csv > "$out/ncu-$tag-raw.csv" 2>&1
-      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
-        "$out/ncu-$tag-details.txt" | head -24 | tee -a "$log"
     fi
     tar czf "$out/profile-$tag.tgz" -C "$work" ptx $(cd "$work" && ls ncu-*.ncu-rep 2>/dev/null)
   }
@@ -239,8 +245,8 @@ if [ "$what" = profile ]; then
     echo "== ptx_harness $shape ${HARNESS_ARGS:-}: CUDA-driver launches vs flashcl" | tee "$log"
     timeout 120 ./build-gpu/ptx_harness ${shape//,/ } --iters 20 --dump "$work/ptx" --cache "$work/cache" \
       ${HARNESS_ARGS:-} 2>&1 | tee -a "$log"
-    echo "== ncu --clock-control none, sections: $(echo $sections), on the checked dK/dV and dQ launches" | tee -a "$log"
-    timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) -k 'regex:flash_bwd_(dkdv|dq)' \
+    echo "== ncu --clock-control none, sections: $(echo $ncu_sections), on the checked dK/dV and dQ launches" | tee -a "$log"
+    timeout 150 ncu --clock-control none $(printf -- '--section %s ' $ncu_sections) -k 'regex:flash_bwd_(dkdv|dq)' \
       --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_harness ${shape//,/ } --iters 2 --cache "$work/cache" \
       ${HARNESS_ARGS:-} >> "$log" 2>&1
     echo "ncu exit $?" | tee -a "$log"
@@ -256,8 +262,8 @@ if [ "$what" = profile ]; then
     echo "== ptx_fwd_harness $dims $dtype $causal: CUDA-driver launches vs flashcl" | tee "$log"
     timeout 120 ./build-gpu/ptx_fwd_harness ${dims//,/ } --dtype $dtype $causal --iters 20 --dump "$work/ptx" \
       --cache "$work/cache" 2>&1 | tee -a "$log"
-    echo "== ncu --clock-control none, sections: $(echo $sections), on the checked launches" | tee -a "$log"
-    timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) -k 'regex:(flash_fwd|fp8_vt_pack)' \
+    echo "== ncu --clock-control none, sections: $(echo $ncu_sections), on the checked launches" | tee -a "$log"
+    timeout 150 ncu --clock-control none $(printf -- '--section %s ' $ncu_sections) -k 'regex:(flash_fwd|fp8_vt_pack)' \
       --launch-count 2 -f -o "$work/ncu-$tag" ./build-gpu/ptx_fwd_harness ${dims//,/ } --dtype $dtype $causal \
       --iters 1 --cache "$work/cache" >> "$log" 2>&1
     echo "ncu exit $?" | tee -a "$log"
@@ -271,8 +277,6 @@ if [ "$what" = sanitize ]; then
 fi
 if [ "$what" = replay ]; then
   export PATH=$PATH:/usr/local/cuda/bin
-  sections=${NCU_SECTIONS:-SpeedOfLight ComputeWorkloadAnalysis MemoryWorkloadAnalysis MemoryWorkloadAnalysis_Tables
-    LaunchStats Occupancy SchedulerStats WarpStateStats}
   replays="paged_decode_nv|bench+--decode+--kv-dtype+e4m3+--batch+4+--context+16384+--iters+2
     paged_decode_nv|bench+--decode+--kv-dtype+e4m3+--batch+16+--context+4096+--iters+2
     paged_decode_nv|bench+--decode+--kv-dtype+e4m3+--batch+16+--context+16384+--iters+2"
@@ -286,13 +290,11 @@ if [ "$what" = replay ]; then
     echo "== PTX_REPLAY_KERNEL=$kname flashcl_replay ${args//+/ } --device nvidia" | tee "$log"
     PTX_REPLAY_KERNEL=$kname timeout 120 ./build-gpu/flashcl_replay ${args//+/ } --device nvidia 2>&1 | tee -a "$log"
     echo "exit ${PIPESTATUS[0]}; ncu on the CUDA launch (--launch-count 2: the checked one, the first timed)" | tee -a "$log"
-    PTX_REPLAY_KERNEL=$kname PTX_REPLAY_ITERS=1 timeout 150 ncu --clock-control none $(printf -- '--section %s ' $sections) \
+    PTX_REPLAY_KERNEL=$kname PTX_REPLAY_ITERS=1 timeout 150 ncu --clock-control none $(printf -- '--section %s ' $ncu_sections) \
       -k "regex:$kname" --launch-count 2 -f -o "/tmp/ncu-$tag" ./build-gpu/flashcl_replay ${args//+/ } --device nvidia \
       >> "$log" 2>&1
     echo "ncu exit $?" | tee -a "$log"
-    [ -f "/tmp/ncu-$tag.ncu-rep" ] && ncu -i "/tmp/ncu-$tag.ncu-rep" --page details > "$out/ncu-$tag-details.txt" 2>&1 &&
-      grep -E "^  [a-z_0-9]+ |Duration|Registers Per|Achieved Occupancy|DRAM Throughput|L2 Cache Throughput|Compute \(SM\) Thr" \
-        "$out/ncu-$tag-details.txt" | head -16 | tee -a "$log"
+    ncu_details "/tmp/ncu-$tag.ncu-rep" "$tag" "$log" 16
   done
   exit 0
 fi

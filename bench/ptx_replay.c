@@ -351,6 +351,8 @@ static void replay_cuda(cl_kernel k, const char *name, const recorded_kernel *r,
         *(void **)&get_current = dlsym(lib, "cuCtxGetCurrent");
     if (get_current && get_current(&saved) != 0)
         saved = NULL;
+    if (lib)
+        dlclose(lib); /* load_cuda opens its own handle */
     load_cuda();
     cached_program prog = {.options = "", .ptx = ptx, .ptx_len = strlen(ptx)};
     kernel kr;
