@@ -78,16 +78,19 @@ static size_t differ(const char *what, const void *ref, const void *got, size_t 
     return bad;
 }
 /* The cached program holding an entry named prefix... built for head_dim and (dtype >= 0) -DDTYPE,
- * preferring a -DUSE_TMA=1 build (what flashcl runs when both built; a TMA build that then did
- * not fit the device would be picked wrongly: the bitwise check says so). */
+ * with -DQ_FP8 where fp8 is 1 and without it where 0 (-1: either; an FP8 forward's -DDTYPE is its
+ * output's, so a 16-bit program of the same head dim in a shared cache matches DTYPE too), preferring
+ * a -DUSE_TMA=1 build (what flashcl runs when both built; a TMA build that then did not fit the
+ * device would be picked wrongly: the bitwise check says so). */
 static const cached_program *pick_program(const cached_program *progs, int n, const char *prefix, int head_dim,
-                                          int dtype) {
+                                          int dtype, int fp8) {
     const cached_program *best = NULL;
     char name[128];
     for (int i = 0; i < n; ++i) {
         if (!find_entry(progs[i].ptx, prefix, NULL, name, sizeof name) ||
             option_int(progs[i].options, "HEAD_DIM", -1) != head_dim ||
-            (dtype >= 0 && option_int(progs[i].options, "DTYPE", -1) != dtype))
+            (dtype >= 0 && option_int(progs[i].options, "DTYPE", -1) != dtype) ||
+            (fp8 >= 0 && (option_int(progs[i].options, "Q_FP8", 0) != 0) != fp8))
             continue;
         if (!best || (option_int(progs[i].options, "USE_TMA", 0) && !option_int(best->options, "USE_TMA", 0)))
             best = &progs[i];
@@ -172,14 +175,14 @@ int main(int argc, char **argv) {
      * nv-wgmma-fp8, the V transpose. */
     static cached_program progs[64];
     const int np = read_cache(cache, progs, 64);
-    const cached_program *fwd = pick_program(progs, np, "flash_fwd", D, (int)(fp8 ? desc.out_dtype : desc.dtype));
+    const cached_program *fwd = pick_program(progs, np, "flash_fwd", D, (int)(fp8 ? desc.out_dtype : desc.dtype), fp8);
     if (!fwd)
         die("%s", "the cache holds no forward program (not an NVIDIA device, or the cache is off?)");
     load_cuda(); /* before load_kernel, which loads the PTX through the driver */
     kernel kf = {.role = "fwd"}, kp = {.role = "pack"};
     load_kernel(&kf, fwd, "flash_fwd", NULL, dump);
     const int wgmma_fp8 = !strncmp(kf.name, "flash_fwd_sm90_fp8", 18);
-    const cached_program *pack = wgmma_fp8 ? pick_program(progs, np, "fp8_vt_pack", D, -1) : NULL;
+    const cached_program *pack = wgmma_fp8 ? pick_program(progs, np, "fp8_vt_pack", D, -1, -1) : NULL;
     if (wgmma_fp8 && !pack)
         die("%s", "nv-wgmma-fp8 ran, but the cache holds no fp8_vt_pack program");
     if (pack)

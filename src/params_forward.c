@@ -186,9 +186,12 @@ int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
     /* The FP8 kernel above head dim 64: NVIDIA's build took 168 registers at D=128 but 188 with
      * LPT_HEADS (the causal order), two work-groups an SM; capped at 168 (24 bytes of spill),
      * three: causal (4,32,4096,128) 690 TFLOP/s against 587 by wall clock, full attention level
-     * (H200, 2026-12-05, BENCHMARKS.md). At D <= 64 it needs 152. */
-    if (p->variant && !strcmp(p->variant, "nv-wgmma-fp8") && head_dim > 64)
-        return 168;
+     * (H200, 2026-12-05, BENCHMARKS.md). At D <= 64 it takes 152, three work-groups an SM; capped
+     * at 128 (72 bytes of spill, nine local accesses in a tile of about 490 instructions; none in
+     * the causal order's build), four: (4,32,4096,64) 568-572 TFLOP/s against 523-527 uncapped,
+     * causal 491-494 against 459-461 (H100, 2026-12-05, `bench/h200.sh pending`, alternated). */
+    if (p->variant && !strcmp(p->variant, "nv-wgmma-fp8"))
+        return head_dim > 64 ? 168 : 128;
     return 0;
 }
 

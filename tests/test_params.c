@@ -488,7 +488,7 @@ static void test_levels(void) {
            "nv-wgmma D=128, 64-key tiles or two warpgroups: Q under K and V, no cap", &failures);
     flashcl_params fp8 = {64, 128, 0, 128, "nv-wgmma-fp8", NULL};
     expect(flashcl_nv_wgmma_max_registers(&fp8, 128) == 168 && flashcl_nv_wgmma_max_registers(&fp8, 80) == 168 &&
-               flashcl_nv_wgmma_max_registers(&fp8, 64) == 0,
+               flashcl_nv_wgmma_max_registers(&fp8, 64) == 128,
            "nv-wgmma-fp8: three work-groups an SM above D=64 (168 registers), uncapped at 64", &failures);
     flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
     flashcl_attention_params(ctx, &d16_64, &p);
