@@ -504,7 +504,27 @@ static void test_decode_levels(void) {
            "... from 65536 keys too", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && !c.head_group && c.block_n == 32,
            "... but the one-head kernel's 32-key tiles at D=96 there", &failures);
-    choice_max_keys = 16384;
+    /* FP8 pages, D=128, batch 4/16/64 of 8 kv heads (one-head grids of 32/128/512, one block a
+     * sequence as here): 8 warps on one head from 16384 keys, and at batch 16 at any length;
+     * float16 pages keep pairs of heads at batch 16 and the one-head kernel at batch 64. */
+    const int grids[3] = {32, 128, 512}, keys[2] = {4096, 16384};
+    for (int gi = 0; gi < 3; ++gi)
+        for (int ki = 0; ki < 2; ++ki) {
+            choice_heads_k = grids[gi], choice_max_keys = keys[ki];
+            const int one_head = keys[ki] >= 16384 || grids[gi] == 128;
+            char what[160];
+            snprintf(what, sizeof what, "... FP8 pages, one-head grid %d, %d keys: %s", grids[gi], keys[ki],
+                     one_head ? "8 warps on one kv head" : "the float16 pages' choice");
+            flashcl_decode_choice f16;
+            choice_kv_fp8 = 0;
+            const int ok16 = serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &f16) == FLASHCL_SUCCESS;
+            choice_kv_fp8 = FLASHCL_FLOAT8_E4M3;
+            expect(ok16 && serving_choice(ctx, FLASHCL_FLOAT16, 128, 4, &c) == FLASHCL_SUCCESS &&
+                       (one_head ? c.head_group == 1 && c.head_warps == 8
+                                 : c.head_group == f16.head_group && c.head_warps == f16.head_warps) &&
+                       (grids[gi] <= 128 ? f16.head_group == 2 : !f16.head_group),
+                   what, &failures);
+        }
     choice_kv_fp8 = 0, choice_heads_k = 33, choice_max_keys = 4096;
     /* The same GPU with 16 KiB of __local (FLASHCL_MAX_LOCAL_MEM=16384): the mma kernel's fixed
      * tiles need more, so the tiled kernel, shrunk to fit (it was the mma kernel, which then
