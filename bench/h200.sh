@@ -2,11 +2,9 @@
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
-# pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), both issues in one call:
-#         compute-sanitizer on the FP8 forward's relaunches (as `sanitize`) beside test_fp8_forward
-#         and test_ptx_replay through CUDA, then the FP8 forward's bars against PyTorch, the
-#         backward's D=64 dQ pass under a 96-register cap and decode over e4m3 at the two shapes
-#         below issue 35's bar against FA2, each as chosen and as an alternative (see the mode).
+# pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call: the
+#         decode rule over FP8 pages checked by the serving tests, then decode over e4m3 against
+#         PyTorch's FA2 over the whole grid (see the mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
 #         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
@@ -98,8 +96,7 @@ case $what in
   replay) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target flashcl_replay" ;;
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
-  pending) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON
-    targets="--target flashcl_cli test_fp8_forward test_ptx_replay ptx_harness ptx_fwd_harness" ;;
+  pending) targets="--target flashcl_cli test_serving_fp8 test_params" ;;
 esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
@@ -369,58 +366,18 @@ fi
 ./build-gpu/flashcl devices > "$out/devices.txt"
 [ "$what" = setup ] && exit 0
 if [ "$what" = pending ]; then
-  # What waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call of under 600 s; a
-  # timing runs only after its kernel's check passed and while time is left (PENDING_BUDGET s):
-  #   - issue 36: compute-sanitizer on the FP8 forward's relaunched kernels (the V transpose and
-  #     nv-wgmma-fp8 at D=128 and D=64 causal; the backward's and the 16-bit forward's ran clean on
-  #     an H100 at 88274de), in the background beside
-  #   - issue 35: test_fp8_forward as built (nv-wgmma-fp8 at D <= 64 capped at 128 registers),
-  #     then both of its FP8 forward bars (time_fp8_wgmma: compare_torch.py --dtypes e4m3);
-  #   - issue 36: the backward at D=64 with its dQ pass capped at 96 registers (five work-groups
-  #     an SM, four as built; FLASHCL_BWD_PARAMS=DQ_MAXNREG=96), checked against host_ref at
-  #     (1,2,1024,64) by `flashcl bench` (it validates up to 2^27 multiply-adds), then timed at
-  #     (4,32,4096,64), full and causal, the same way, twice in alternation;
-  #   - issue 35: decode over e4m3 at batch 4 and 16 x 4096 and 16384 keys against PyTorch's FA2
-  #     (compare_decode.py), as chosen and under HEAD_GROUP=1,HEAD_WARPS=8 (one wave, fewer splits;
-  #     2-4 % less kernel time there on an H100 at 88274de, within the wall clock's spread).
-  budget_left() { [ "$SECONDS" -le "${PENDING_BUDGET:-500}" ] || { echo "== time budget reached before $1"; return 1; }; }
-  SAN_SHAPES=${SAN_SHAPES-} SAN_FWD_SHAPES=${SAN_FWD_SHAPES-1,2,256,128,e4m3 1,2,256,64,e4m3,causal} \
-    run_sanitize > "$out/sanitize.txt" 2>&1 &
-  san=$!
-  fp8_ok=1
-  GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-240} gpu_test test_fp8_forward || fp8_ok=0
-  # bench/ptx_replay.c's relaunches through CUDA, with the tensor-core decode kernel (its second run
-  # on a GPU; the log of its first, at 88274de, did not come back).
-  PTX_REPLAY_VIA=cuda TEST_REPLAY_DECODE_PARAMS=KERNEL=mma GPU_TEST_TIMEOUT=120 gpu_test test_ptx_replay cuda
-  wait $san; echo "== compute-sanitizer, done at ${SECONDS} s"; cat "$out/sanitize.txt"
-  if [ $fp8_ok = 1 ]; then
-    FP8_COMPARE_TIMEOUT=${FP8_COMPARE_TIMEOUT:-200} time_fp8_wgmma compare-fp8
-  else
-    echo "test_fp8_forward failed: not timed"
-  fi
-  for p in VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ_MAXNREG=96 VARIANT=nv-wgmma VARIANT=nv-wgmma,DQ_MAXNREG=96; do
-    budget_left "the backward under $p" || break
-    echo "== FLASHCL_BWD_PARAMS=$p" | tee -a "$out/pending-dq-cap.txt"
-    # The small shape first: its rows (full, causal) end in host_ref's verdict, valid or INVALID;
-    # the large one is timed only when both are valid.
-    FLASHCL_BWD_PARAMS=$p timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
-      --shape 1,2,1024,64 --iters 3 > "$out/.check" 2>&1
-    tail -n 2 "$out/.check" | tee -a "$out/pending-dq-cap.txt"
-    if [ "$(tail -n 2 "$out/.check" | grep -c ' valid$')" != 2 ]; then
-      echo "not valid: (4,32,4096,64) not timed under $p" | tee -a "$out/pending-dq-cap.txt"
-      continue
-    fi
-    FLASHCL_BWD_PARAMS=$p timeout 60 ./build-gpu/flashcl bench --backward --device nvidia --dtype f16 \
-      --shape 4,32,4096,64 --iters 20 2>&1 | tail -n 2 | tee -a "$out/pending-dq-cap.txt"
+  # What waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call of under 600 s:
+  # c686f94's decode rule over FP8 pages (8 warps on one kv head from 16384 keys and at batch 16)
+  # checked on the GPU by the serving tests as built, then timed against PyTorch's FA2 over the
+  # whole grid (batch 1-64 x 4k-128k keys) for BENCHMARKS.md, only where the tests passed.
+  ok=1
+  for t in "test_serving_fp8 mma" test_serving_fp8 test_params; do
+    GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-150} gpu_test "$t" || ok=0
   done
-  rm -f "$out/.check"
-  for p in - HEAD_GROUP=1,HEAD_WARPS=8; do
-    budget_left "decode under $p" || break
-    echo "== decode over e4m3 vs FA2, FLASHCL_DECODE_PARAMS=$p" | tee -a "$out/pending-decode.txt"
-    env $([ "$p" != - ] && echo "FLASHCL_DECODE_PARAMS=$p") PYTHONUNBUFFERED=1 timeout 80 \
-      python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 --batch 4,16 \
-      --context 4096,16384 --rounds 2 2>&1 | tee -a "$out/pending-decode.txt"
-  done
+  [ $ok = 1 ] || { echo "a serving test failed: decode not timed"; exit 0; }
+  echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
+  PYTHONUNBUFFERED=1 timeout 300 python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 \
+    --rounds ${ROUNDS:-2} --json "$out/decode-e4m3.json" 2>&1 | tee "$out/decode-e4m3.txt"
   exit 0
 fi
 if [ "$what" = serve ]; then
