@@ -518,16 +518,18 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
     const long g = one_head_groups(pb, c), cus = (long)ctx->info.compute_units;
     const int pairs = pb->heads_k % 2 == 0;
     if (pb->head_dim == 96 || pb->head_dim == 128) {
-        /* FP8 pages: 8 warps on one kv head also from batch 4 at 16384 keys and more, and where
-         * the one-head grid is half to one wave at any length: the 8 warps split a tile's keys,
-         * not its heads, so a group streams one head's rows and the splits to merge halve. H200,
-         * e4m3, D=128, 32/8 heads, batch 1/4/16/64 x 4k-128k keys, kernel time
-         * (`flashcl bench --decode --kv-dtype e4m3`, two rounds, 2026-12-05, 4cfd997): batch 16
-         * 3-5 % faster at every length ((16, 131072) 1186 us against 1249, (16, 4096) 47.0
-         * against 49.6), batch 4 and 64 1.3-2.7 % from 16384 keys ((64, 131072) 4575 against
-         * 4701); at 4096 keys batch 4 5 % and batch 64 3 % slower, where the rules below stay.
-         * (H100, 88274de: (16, 4096) 3 % faster, (16, 16384) within 1 %.) */
-        const int fp8_one_head = pb->kv_fp8 && (pb->max_keys >= 16384 || (g * 2 >= cus && g <= cus));
+        /* FP8 pages at D=128 (32-key tiles; D=96 was not measured): 8 warps on one kv head also
+         * from 16384 keys, and where the one-head grid is half to one wave at any length: the
+         * 8 warps split a tile's keys, not its heads, so a group streams one head's rows and the
+         * splits to merge halve. H200, e4m3, 32/8 heads, batch 1/4/16/64 x 4k-128k keys, kernel
+         * time (`flashcl bench --decode --kv-dtype e4m3`, two rounds, 2026-12-05, 4cfd997):
+         * batch 16 3-5 % faster at every length ((16, 131072) 1186 us against 1249, (16, 4096)
+         * 47.0 against 49.6), batch 4 and 64 1.3-2.7 % from 65536 keys ((64, 131072) 4575 against
+         * 4701) and level to 1.3 % at 16384; at 4096 keys batch 4 5 % and batch 64 3 % slower,
+         * where the rules below stay. H100 (cb6616c against 9d64330): (16, 4096) 55.4 us against
+         * 58.5, the rest level (BENCHMARKS.md). */
+        const int fp8_one_head = pb->kv_fp8 && pb->head_dim == 128 &&
+                                 (pb->max_keys >= 16384 || (g * 2 >= cus && g <= cus));
         if ((g * 8 <= cus && pb->max_keys >= 8192) || fp8_one_head)
             c->head_group = 1, c->head_warps = 8;
         else if (g <= cus && pairs)

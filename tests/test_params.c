@@ -489,7 +489,7 @@ static void test_levels(void) {
     flashcl_params fp8 = {64, 128, 0, 128, "nv-wgmma-fp8", NULL};
     expect(flashcl_nv_wgmma_max_registers(&fp8, 128) == 168 && flashcl_nv_wgmma_max_registers(&fp8, 80) == 168 &&
                flashcl_nv_wgmma_max_registers(&fp8, 64) == 128,
-           "nv-wgmma-fp8: three work-groups an SM above D=64 (168 registers), uncapped at 64", &failures);
+           "nv-wgmma-fp8: three work-groups an SM above D=64 (168 registers), four at D <= 64 (128)", &failures);
     flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
     flashcl_attention_params(ctx, &d16_64, &p);
     expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 64 && p.work_group_size == 128 &&

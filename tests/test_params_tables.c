@@ -525,6 +525,11 @@ static void test_decode_levels(void) {
                        (grids[gi] <= 128 ? f16.head_group == 2 : !f16.head_group),
                    what, &failures);
         }
+    /* ... not at D=96 (16-key tiles there, not measured): pairs at batch 16 and 4096 keys */
+    choice_heads_k = 128, choice_max_keys = 4096;
+    expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 2 &&
+               c.head_warps == 4,
+           "... FP8 pages at D=96, one-head grid 128, 4096 keys: two heads of 4 warps, as float16", &failures);
     choice_kv_fp8 = 0, choice_heads_k = 33, choice_max_keys = 4096;
     /* The same GPU with 16 KiB of __local (FLASHCL_MAX_LOCAL_MEM=16384): the mma kernel's fixed
      * tiles need more, so the tiled kernel, shrunk to fit (it was the mma kernel, which then
