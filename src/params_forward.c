@@ -189,7 +189,8 @@ int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {
      * (H200, 2026-12-05, BENCHMARKS.md). At D <= 64 it takes 152, three work-groups an SM; capped
      * at 128 (72 bytes of spill, nine local accesses in a tile of about 490 instructions; none in
      * the causal order's build), four: (4,32,4096,64) 568-572 TFLOP/s against 523-527 uncapped,
-     * causal 491-494 against 459-461 (H100, 2026-12-05, `bench/h200.sh pending`, alternated). */
+     * causal 491-494 against 459-461 (H100, 2026-12-05, tree 88274de, `bench/h200.sh pending`,
+     * alternated). */
     if (p->variant && !strcmp(p->variant, "nv-wgmma-fp8"))
         return head_dim > 64 ? 168 : 128;
     return 0;

@@ -524,7 +524,7 @@ static void decode_head_warps(const flashcl_context *ctx, const flashcl_decode_p
          * splits to merge halve. H200, e4m3, 32/8 heads, batch 1/4/16/64 x 4k-128k keys, kernel
          * time (`flashcl bench --decode --kv-dtype e4m3`, two rounds, 2026-12-05, 4cfd997):
          * batch 16 3-5 % faster at every length ((16, 131072) 1186 us against 1249, (16, 4096)
-         * 47.0 against 49.6), batch 4 and 64 1.3-2.7 % from 65536 keys ((64, 131072) 4575 against
+         * 47.0 against 49.6), batch 4 and 64 1.9-2.7 % from 65536 keys ((64, 131072) 4575 against
          * 4701) and level to 1.3 % at 16384; at 4096 keys batch 4 5 % and batch 64 3 % slower,
          * where the rules below stay. H100 (cb6616c against 9d64330): (16, 4096) 55.4 us against
          * 58.5, the rest level (BENCHMARKS.md). */
