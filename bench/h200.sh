@@ -174,6 +174,14 @@ time_fp8_wgmma() {
     python3 bench/compare_torch.py --flashcl build-gpu/flashcl \
     --dtypes e4m3 --label "(nv-wgmma-fp8)" --json "$out/$1.json" 2>&1 | tee "$out/$1.txt"
 }
+# compare_decode_e4m3 [TIMEOUT]: decode over an e4m3 pool against PyTorch's float16 FA2 and
+# flashcl's own float16 pool (compare_decode.py, ROUNDS rounds, default 2), bounded by TIMEOUT
+# seconds where given; its table and JSON as $out/decode-e4m3.*.
+compare_decode_e4m3() {
+  echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
+  PYTHONUNBUFFERED=1 ${1:+timeout "$1"} python3 bench/compare_decode.py --flashcl build-gpu/flashcl \
+    --kv-dtype e4m3 --rounds "${ROUNDS:-2}" --json "$out/decode-e4m3.json" 2>&1 | tee "$out/decode-e4m3.txt"
+}
 # run_sanitize: compute-sanitizer (each of SAN_TOOLS, default memcheck racecheck synccheck) on the
 # kernels the PTX harnesses relaunch through the CUDA driver: the backward's at each of SAN_SHAPES
 # ("B,H,N,D[,causal]"), the forward's at each of SAN_FWD_SHAPES ("B,H,N,D,dtype[,causal]"). A line
@@ -375,9 +383,7 @@ if [ "$what" = pending ]; then
     GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-150} gpu_test "$t" || ok=0
   done
   [ $ok = 1 ] || { echo "a serving test failed: decode not timed"; exit 0; }
-  echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
-  PYTHONUNBUFFERED=1 timeout 300 python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 \
-    --rounds ${ROUNDS:-2} --json "$out/decode-e4m3.json" 2>&1 | tee "$out/decode-e4m3.txt"
+  compare_decode_e4m3 300
   exit 0
 fi
 if [ "$what" = serve ]; then
@@ -582,9 +588,7 @@ if [ "$what" = fp8 ]; then
     FLASHCL_DECODE_PARAMS=$pv timeout 90 ./build-gpu/flashcl bench --decode --device nvidia --kv-dtype e4m3 \
       --batch 1,4,16 --context 16384,65536,131072 --iters 20 2>&1 | tail -n 10 | tee -a "$out/decode-fp8-params.txt"
   done
-  echo "== decode over an e4m3 pool vs PyTorch (float16 FA2) and flashcl's float16 pool"
-  PYTHONUNBUFFERED=1 python3 bench/compare_decode.py --flashcl build-gpu/flashcl --kv-dtype e4m3 \
-    --rounds ${ROUNDS:-2} --json "$out/decode-e4m3.json" 2>&1 | tee "$out/decode-e4m3.txt"
+  compare_decode_e4m3
   # The FP8 warpgroup-MMA kernel (the default for e4m3 with a 16-bit output on sm_90) is timed only
   # after test_fp8_forward (above) has passed here.
   [ $fp8_ok = 1 ] || { echo "test_fp8_forward failed: nv-wgmma-fp8 not timed"; exit 0; }
