@@ -81,8 +81,10 @@ static void gather_scales(const flashcl_attention_desc *r, float *dst) {
     }
 }
 
-/* The write waits for the previous FP8 forward on this context (the buffer's
- * last reader); the caller makes its kernel ctx->fp8_scales_reader. */
+/* A write waits for the previous FP8 forward on this context (the buffer's
+ * last reader); the caller makes its kernel ctx->fp8_scales_reader. Factors
+ * that match what the buffer holds (static scales, the usual case) are not
+ * written again: the kernel waits for the write that put them there. */
 flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_attention_desc *r, cl_event *written) {
     size_t counts[3];
     flashcl_fp8_scale_counts(r, counts);
@@ -91,8 +93,31 @@ flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_att
     if (!host)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
     gather_scales(r, host);
-    return flashcl_staging_upload(ctx, &ctx->fp8_scales, &ctx->fp8_scales_bytes, bytes, ctx->fp8_scales_reader,
-                                  written, "the FP8 descale factors");
+    if (ctx->fp8_scales_written && ctx->fp8_scales_held_bytes == bytes &&
+        !memcmp(ctx->fp8_scales_held, host, bytes)) {
+        clRetainEvent(ctx->fp8_scales_written);
+        *written = ctx->fp8_scales_written;
+        return FLASHCL_SUCCESS;
+    }
+    ctx->fp8_scales_held_bytes = 0; /* unknown until the write is enqueued */
+    if (ctx->fp8_scales_held_cap < bytes) {
+        float *grown = realloc(ctx->fp8_scales_held, bytes);
+        if (!grown)
+            return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
+        ctx->fp8_scales_held = grown;
+        ctx->fp8_scales_held_cap = bytes;
+    }
+    const flashcl_status st = flashcl_staging_upload(ctx, &ctx->fp8_scales, &ctx->fp8_scales_bytes, bytes,
+                                                     ctx->fp8_scales_reader, written, "the FP8 descale factors");
+    if (st != FLASHCL_SUCCESS)
+        return st;
+    memcpy(ctx->fp8_scales_held, host, bytes);
+    ctx->fp8_scales_held_bytes = bytes;
+    if (ctx->fp8_scales_written)
+        clReleaseEvent(ctx->fp8_scales_written);
+    clRetainEvent(*written);
+    ctx->fp8_scales_written = *written;
+    return FLASHCL_SUCCESS;
 }
 
 /* ---- the host path ---------------------------------------------------------------------------- */

@@ -118,13 +118,21 @@ struct flashcl_context {
      * (FLASHCL_TMA_SLOT_BYTES each), grown to the largest grid. */
     cl_mem tma_slots;
     size_t tma_slots_bytes;
-    /* fp8_forward.c: the FP8 forward's descale factors, uploaded per call
-     * through the staging copies above into this buffer (grown, kept);
+    /* fp8_forward.c: the FP8 forward's descale factors, uploaded through
+     * the staging copies above into this buffer (grown, kept);
      * fp8_scales_reader, the last forward that read it, which the next
-     * upload waits for (so calls stay ordered on out-of-order queues). */
+     * upload waits for (so calls stay ordered on out-of-order queues).
+     * fp8_scales_held: what the buffer holds once fp8_scales_written (the
+     * write that put it there) completes, fp8_scales_held_bytes of it (0:
+     * unknown). A call whose factors match skips the upload: on NVIDIA a
+     * write between two kernels leaves the GPU idle until the host has
+     * copied it. */
     cl_mem fp8_scales;
     size_t fp8_scales_bytes;
     cl_event fp8_scales_reader;
+    float *fp8_scales_held;
+    size_t fp8_scales_held_bytes, fp8_scales_held_cap;
+    cl_event fp8_scales_written;
     /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
      * cl/fp8_vt_pack.cl; grown, kept); fp8_vt_reader, the last forward
      * that read it, which the next call's transpose waits for. */
@@ -591,8 +599,9 @@ const char *flashcl_fp8_desc_problem(const flashcl_attention_desc *d);
 void flashcl_fp8_scale_counts(const flashcl_attention_desc *r, size_t counts[3]);
 /* Checks the caller's factors (finite, > 0); fails on ctx naming the first bad one. */
 flashcl_status flashcl_fp8_check_scales(flashcl_context *ctx, const flashcl_attention_desc *r);
-/* Uploads r's factors [q | k | v] (1 for a NULL array) into ctx->fp8_scales;
- * *written: the write, which the kernel waits for. */
+/* Makes ctx->fp8_scales hold r's factors [q | k | v] (1 for a NULL array):
+ * uploads them unless it already does; *written: the write that put them
+ * there (retained for the caller), which the kernel waits for. */
 flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_attention_desc *r, cl_event *written);
 /* The host path: dequantizes to float32 and runs flashcl_host_forward. */
 flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_attention_desc *r, const void *q,

@@ -393,6 +393,8 @@ static const fp8_case wgmma_cases[] = {
  * elsewhere, that asking for the kernel is refused and leaves the outputs as
  * they were. The device decides which, not the library's own answer, so that
  * a wrong eligibility rule cannot skip the cases. */
+static void factors_reuse(flashcl_context *ctx, const char *variant, flashcl_dtype out_dtype, uint64_t seed);
+
 static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
     flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 64, 64, 64);
     d.out_dtype = FLASHCL_FLOAT16;
@@ -421,6 +423,7 @@ static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
         return;
     for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
         run_fp8_case(ctx, "device", "nv-wgmma-fp8", &wgmma_cases[i], seed + 7919u * (uint64_t)i);
+    factors_reuse(ctx, "nv-wgmma-fp8", FLASHCL_FLOAT16, seed + 19);
 }
 
 /* ---- refusals ------------------------------------------------------------------------------------ */
@@ -693,6 +696,94 @@ static void vt_pack(flashcl_context *ctx, uint64_t seed) {
     }
 }
 
+/* ---- descale factors kept on the device between calls ------------------------------------------ */
+
+/* The forward skips uploading factors that match what the context's buffer
+ * already holds (src/fp8_forward.c). Calls enqueued back to back with no wait
+ * between them, into separate outputs, with factors A, A, B, A, then A per
+ * tensor (fewer bytes) and A again: each output against its own reference. A
+ * stale factor moves the output by the factors' ratio (2 to 4 here), far
+ * outside the tolerance; a write that overtook a queued reader shows as the
+ * same. `variant` NULL: the device's default kernel. A float32 out is held to
+ * 1e-4 an element; a float16 one (the warpgroup-MMA kernel, which rounds P to
+ * e4m3) to a relative RMS error of 5 % (2.6 % in the model of P's rounding,
+ * run_fp8_case), where a stale factor gives 50 % and more. */
+static void factors_reuse(flashcl_context *ctx, const char *variant, flashcl_dtype out_dtype, uint64_t seed) {
+    enum { B = 1, H = 2, N = 96, D = 64, CALLS = 6 };
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    const size_t n = (size_t)B * N * H * D;
+    unsigned char *x[3];
+    cl_mem buf[3], out[CALLS];
+    for (int t = 0; t < 3; ++t) {
+        x[t] = test_xmalloc(n);
+        fill_fp8(&rng, FLASHCL_FLOAT8_E4M3, x[t], n, 1.0);
+        buf[t] = test_upload(ctx, x[t], n);
+    }
+    /* per (batch, head) factors: A and B differ in every entry, by 2x or more */
+    const float fa[3][H] = {{0.5f, 0.25f}, {0.125f, 0.25f}, {1.0f, 2.0f}};
+    const float fb[3][H] = {{0.125f, 1.0f}, {0.5f, 0.0625f}, {4.0f, 0.5f}};
+    const float *set[CALLS][3];
+    int per_head[CALLS];
+    for (int c = 0; c < CALLS; ++c) {
+        const int use_b = c == 2;
+        per_head[c] = c != 4;
+        for (int t = 0; t < 3; ++t)
+            set[c][t] = use_b ? fb[t] : fa[t];
+    }
+    const size_t es = flashcl_dtype_size(out_dtype);
+    void *host_out = test_xmalloc(n * es);
+    flashcl_ref_poison(host_out, out_dtype, n);
+    char env[64] = "";
+    if (variant)
+        snprintf(env, sizeof env, "VARIANT=%s", variant), setenv("FLASHCL_PARAMS", env, 1);
+    flashcl_status st = FLASHCL_SUCCESS;
+    for (int c = 0; c < CALLS; ++c) {
+        out[c] = test_upload(ctx, host_out, n * es); /* poisoned */
+        flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, B, H, H, N, N, D);
+        d.out_dtype = out_dtype;
+        d.fp8.per_head = per_head[c];
+        d.fp8.q_descale = set[c][0], d.fp8.k_descale = set[c][1], d.fp8.v_descale = set[c][2];
+        if (st == FLASHCL_SUCCESS)
+            st = flashcl_attention_forward(ctx, &d, buf[0], buf[1], buf[2], out[c], NULL, 0, NULL);
+    }
+    if (variant)
+        unsetenv("FLASHCL_PARAMS");
+    char what[200];
+    snprintf(what, sizeof what, "FP8 factors A, A, B, A, A per tensor, A back to back%s%s: enqueued (%s)",
+             variant ? " on " : "", variant ? variant : "", st == FLASHCL_SUCCESS ? "ok" : flashcl_last_error(ctx));
+    expect(st == FLASHCL_SUCCESS, what, &failures);
+    double *ref = test_xmalloc(n * sizeof *ref);
+    for (int c = 0; c < CALLS && st == FLASHCL_SUCCESS; ++c) {
+        flashcl_attention_desc r = test_attention_desc(FLASHCL_FLOAT8_E4M3, B, H, H, N, N, D);
+        r.out_dtype = out_dtype;
+        r.fp8.per_head = per_head[c];
+        r.fp8.q_descale = set[c][0], r.fp8.k_descale = set[c][1], r.fp8.v_descale = set[c][2];
+        flashcl_attention_desc_resolve(&r);
+        flashcl_ref_attention_forward(&r, x[0], x[1], x[2], ref, NULL, NULL, NULL);
+        test_download(ctx, out[c], host_out, n * es);
+        size_t bad = 0;
+        double worst = 0.0, err_sq = 0.0, ref_sq = 0.0;
+        for (size_t i = 0; i < n; ++i) {
+            const double err = fabs(flashcl_ref_load(host_out, out_dtype, i) - ref[i]);
+            bad += !(err <= 1e-4 + 1e-4 * fabs(ref[i]));
+            worst = fmax(worst, isnan(err) ? INFINITY : err);
+            err_sq += err * err, ref_sq += ref[i] * ref[i];
+        }
+        const double rms = sqrt(err_sq / ref_sq);
+        snprintf(what, sizeof what,
+                 "FP8 factors reused%s%s, call %d (%s, %s): %zu of %zu beyond 1e-4, max err %.2g, relative RMS %.3g",
+                 variant ? " on " : "", variant ? variant : "", c, c == 2 ? "B" : "A",
+                 per_head[c] ? "per head" : "per tensor", bad, n, worst, rms);
+        expect(out_dtype == FLASHCL_FLOAT32 ? bad == 0 : rms <= 0.05, what, &failures);
+    }
+    for (int c = 0; c < CALLS; ++c)
+        clReleaseMemObject(out[c]);
+    for (int t = 0; t < 3; ++t)
+        clReleaseMemObject(buf[t]), free(x[t]);
+    free(ref), free(host_out);
+}
+
 /* ---- ex2_fma: the softmax's exponent off the SFU (cl/common.cl) ------------------------------------ */
 
 /* ex2_fma on this device (tests/ex2_probe.cl, built from a FLASHCL_KERNEL_DIR
@@ -910,6 +1001,7 @@ int main(int argc, char **argv) {
     if (!is_host) {
         device_decode(ctx);
         vt_pack(ctx, seed + 13);
+        factors_reuse(ctx, NULL, FLASHCL_FLOAT32, seed + 17);
     } else
         printf("no OpenCL device: the device decode and quantize are not checked\n");
     accuracy(is_host || only_host ? host : ctx, seed + 11);
