@@ -3,7 +3,7 @@
  * (src/internal.h: the V transpose pass alone), so it links the static library. From the
  * repository root, after building into build/:
  *
- *   gcc -O2 -std=c11 -Iinclude -Isrc bench/fp8_call_gap.c build/libflashcl.a -lOpenCL -lpthread \
+ *   gcc -O2 -std=c11 -DFLASHCL_STATIC -Iinclude -Isrc bench/fp8_call_gap.c build/libflashcl.a -lOpenCL -lpthread \
  *       -ldl -lm -o /tmp/fp8_call_gap
  *   /tmp/fp8_call_gap [--device SPEC] [--shape B,H,N,D]...   (default issue 35's three shapes)
  *

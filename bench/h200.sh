@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|fp8-gap|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call: the
 #         decode rule over FP8 pages checked by the serving tests, then decode over e4m3 against
 #         PyTorch's FA2 over the whole grid (see the mode).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
+# fp8-gap: where an FP8 forward call's wall clock goes beyond its kernel (bench/fp8_call_gap.c,
+#         linked against the static library: factors kept or uploaded, V's transpose alone) at
+#         GAP_SHAPES ("B,H,N,D", default issue 35's three); its table as $out/fp8-gap.txt.
 # profile: builds only bench/ptx_harness and ptx_fwd_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON).
 #         ptx_harness relaunches the backward's kernels through the CUDA driver, checks them bitwise against flashcl's and times
 #         both, at each of SHAPES ("B,H,N,D", default 4,32,4096,64 4,32,4096,128; f16, non-causal;
@@ -97,6 +100,7 @@ case $what in
   study) harness=-DFLASHCL_BUILD_BENCH_HARNESS=ON targets="--target ptx_harness flashcl_cli" ;;
   optin) targets="--target flashcl_cli test_backward" ;;
   pending) targets="--target flashcl_cli test_serving_fp8 test_params" ;;
+  fp8-gap) targets="--target flashcl_static flashcl_cli" ;;
 esac
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
 cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
@@ -373,6 +377,12 @@ if [ "$what" = optin ]; then
 fi
 ./build-gpu/flashcl devices > "$out/devices.txt"
 [ "$what" = setup ] && exit 0
+if [ "$what" = fp8-gap ]; then
+  gcc -O2 -std=c11 -DFLASHCL_STATIC -Iinclude -Isrc bench/fp8_call_gap.c build-gpu/libflashcl.a -lOpenCL -lpthread -ldl -lm \
+    -o build-gpu/fp8_call_gap || exit 1
+  ./build-gpu/fp8_call_gap $(for s in ${GAP_SHAPES-}; do echo --shape "$s"; done) | tee "$out/fp8-gap.txt"
+  exit 0
+fi
 if [ "$what" = pending ]; then
   # What waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call of under 600 s:
   # c686f94's decode rule over FP8 pages (8 warps on one kv head from 16384 keys and at batch 16)
