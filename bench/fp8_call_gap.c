@@ -80,8 +80,11 @@ static int time_calls(flashcl_context *ctx, flashcl_attention_desc *d, cl_mem bu
     return 0;
 }
 
-/* The transpose pass alone, CALLS launches: mean µs. */
-static int time_pack(flashcl_context *ctx, const flashcl_attention_desc *d, cl_mem v, double *us) {
+/* The transpose pass alone, CALLS launches over v as d lays it out: mean µs. */
+static int time_pack(flashcl_context *ctx, const flashcl_attention_desc *desc, cl_mem v, double *us) {
+    flashcl_attention_desc resolved = *desc, *d = &resolved; /* v's packed strides filled in */
+    if (flashcl_attention_desc_resolve(d) != FLASHCL_SUCCESS)
+        return fail(ctx, "flashcl_attention_desc_resolve", 0);
     cl_kernel pack;
     flashcl_status st = flashcl_fp8_vt_pack_kernel(ctx, d->head_dim, &pack);
     if (st != FLASHCL_SUCCESS)
