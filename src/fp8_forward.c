@@ -84,7 +84,10 @@ static void gather_scales(const flashcl_attention_desc *r, float *dst) {
 /* A write waits for the previous FP8 forward on this context (the buffer's
  * last reader); the caller makes its kernel ctx->fp8_scales_reader. Factors
  * that match what the buffer holds (static scales, the usual case) are not
- * written again: the kernel waits for the write that put them there. */
+ * written again: the kernel waits for that last reader instead, which came
+ * after the write that put them there. Waiting for the write alone would let
+ * two readers of one write run unordered on an out-of-order queue, and the
+ * next write, which waits only for the later, overtake the earlier. */
 flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_attention_desc *r, cl_event *written) {
     size_t counts[3];
     flashcl_fp8_scale_counts(r, counts);
@@ -95,8 +98,8 @@ flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_att
     gather_scales(r, host);
     if (ctx->fp8_scales_written && ctx->fp8_scales_held_bytes == bytes &&
         !memcmp(ctx->fp8_scales_held, host, bytes)) {
-        clRetainEvent(ctx->fp8_scales_written);
-        *written = ctx->fp8_scales_written;
+        *written = ctx->fp8_scales_reader ? ctx->fp8_scales_reader : ctx->fp8_scales_written;
+        clRetainEvent(*written);
         return FLASHCL_SUCCESS;
     }
     ctx->fp8_scales_held_bytes = 0; /* unknown until the write is enqueued */

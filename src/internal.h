@@ -124,9 +124,8 @@ struct flashcl_context {
      * upload waits for (so calls stay ordered on out-of-order queues).
      * fp8_scales_held: what the buffer holds once fp8_scales_written (the
      * write that put it there) completes, fp8_scales_held_bytes of it (0:
-     * unknown). A call whose factors match skips the upload: on NVIDIA a
-     * write between two kernels leaves the GPU idle until the host has
-     * copied it. */
+     * unknown). A call whose factors match skips the upload (1.7-2.4 us a
+     * call on the H200, BENCHMARKS.md) and waits for fp8_scales_reader. */
     cl_mem fp8_scales;
     size_t fp8_scales_bytes;
     cl_event fp8_scales_reader;
@@ -600,8 +599,9 @@ void flashcl_fp8_scale_counts(const flashcl_attention_desc *r, size_t counts[3])
 /* Checks the caller's factors (finite, > 0); fails on ctx naming the first bad one. */
 flashcl_status flashcl_fp8_check_scales(flashcl_context *ctx, const flashcl_attention_desc *r);
 /* Makes ctx->fp8_scales hold r's factors [q | k | v] (1 for a NULL array):
- * uploads them unless it already does; *written: the write that put them
- * there (retained for the caller), which the kernel waits for. */
+ * uploads them unless it already does; *written (retained for the caller),
+ * what the kernel waits for: the write, or where none was needed the last
+ * reader, which came after the write that put them there. */
 flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_attention_desc *r, cl_event *written);
 /* The host path: dequantizes to float32 and runs flashcl_host_forward. */
 flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_attention_desc *r, const void *q,
