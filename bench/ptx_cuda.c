@@ -65,7 +65,7 @@ void cu_check(CUresult rc, const char *what) {
     exit(2);
 }
 
-void load_cuda(void) {
+CUcontext load_cuda(void) {
     void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!lib)
         die("libcuda.so.1 did not load: %s", dlerror());
@@ -78,6 +78,7 @@ void load_cuda(void) {
         SYM(init, "cuInit"),
         SYM(device_get, "cuDeviceGet"),
         SYM(primary_ctx_retain, "cuDevicePrimaryCtxRetain"),
+        SYM(ctx_get_current, "cuCtxGetCurrent"),
         SYM(ctx_set_current, "cuCtxSetCurrent"),
         SYM(ctx_synchronize, "cuCtxSynchronize"),
         SYM(module_load_data_ex, "cuModuleLoadDataEx"),
@@ -106,11 +107,14 @@ void load_cuda(void) {
         memcpy((char *)&cu + syms[i].offset, &f, sizeof f);
     }
     int device = 0;
-    CUcontext ctx = NULL;
+    CUcontext ctx = NULL, before = NULL;
     cu_check(cu.init(0), "cuInit");
+    if (cu.ctx_get_current(&before) != 0)
+        before = NULL;
     cu_check(cu.device_get(&device, 0), "cuDeviceGet");
     cu_check(cu.primary_ctx_retain(&ctx, device), "cuDevicePrimaryCtxRetain");
     cu_check(cu.ctx_set_current(ctx), "cuCtxSetCurrent");
+    return before;
 }
 
 /* ---- the disk cache's programs ------------------------------------------------------------------ */

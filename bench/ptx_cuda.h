@@ -30,6 +30,7 @@ typedef struct cuda_api {
     CUresult (*init)(unsigned);
     CUresult (*device_get)(int *, int);
     CUresult (*primary_ctx_retain)(CUcontext *, int);
+    CUresult (*ctx_get_current)(CUcontext *);
     CUresult (*ctx_set_current)(CUcontext);
     CUresult (*ctx_synchronize)(void);
     CUresult (*module_load_data_ex)(CUmodule *, const void *, unsigned, int *, void **);
@@ -82,8 +83,9 @@ flashcl_context *harness_context(const char **cache, char *fresh, const char *de
                                  void (*log)(void *, const char *));
 /* Exits with the driver's message on a failed call. */
 void cu_check(CUresult rc, const char *what);
-/* Opens libcuda.so.1, fills cu and makes device 0's primary context current. */
-void load_cuda(void);
+/* Opens libcuda.so.1, fills cu and makes device 0's primary context current; returns the context
+ * that was current on this thread before (NULL: none), for a caller that must restore it. */
+CUcontext load_cuda(void);
 
 /* src/program.c's cache_header: magic "FLCLBIN3", key, binary size, hash, key text length. */
 typedef struct {

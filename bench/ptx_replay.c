@@ -342,18 +342,9 @@ static void replay_cuda(cl_kernel k, const char *name, const recorded_kernel *r,
                     is_ptr[i] ? "a pointer" : "a value", r->args[i].is_mem ? "a buffer" : "a value");
             die("%s", "a pointer parameter without a recorded buffer (or the reverse): not covered");
         }
-    /* The thread's current CUDA context (none before cuInit) comes back at the end: the caller goes
-     * on with NVIDIA's OpenCL on this thread. */
-    CUcontext saved = NULL;
-    void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
-    CUresult (*get_current)(CUcontext *) = NULL;
-    if (lib)
-        *(void **)&get_current = dlsym(lib, "cuCtxGetCurrent");
-    if (get_current && get_current(&saved) != 0)
-        saved = NULL;
-    if (lib)
-        dlclose(lib); /* load_cuda opens its own handle */
-    load_cuda();
+    /* The thread's current CUDA context comes back at the end: the caller goes on with NVIDIA's
+     * OpenCL on this thread. */
+    const CUcontext saved = load_cuda();
     cached_program prog = {.options = "", .ptx = ptx, .ptx_len = strlen(ptx)};
     kernel kr;
     memset(&kr, 0, sizeof kr);
