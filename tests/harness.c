@@ -286,6 +286,22 @@ void *test_xmalloc(size_t n) {
     return p ? p : (die("malloc", (long)n), NULL);
 }
 
+flashcl_context *test_out_of_order_context(flashcl_context *base, const char *what, cl_command_queue *queue) {
+    cl_int err = CL_SUCCESS;
+    *queue = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
+                                  CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
+    flashcl_context *ctx = NULL;
+    if (!*queue ||
+        flashcl_context_adopt(&ctx, flashcl_context_cl_context(base), flashcl_context_cl_device(base), *queue)) {
+        printf("%s: no out-of-order queue here (%d), skipped\n", what, err);
+        if (*queue)
+            clReleaseCommandQueue(*queue);
+        *queue = NULL;
+        return NULL;
+    }
+    return ctx;
+}
+
 cl_mem test_upload(flashcl_context *ctx, const void *host, size_t bytes) {
     cl_int err = CL_SUCCESS;
     cl_mem b = clCreateBuffer(flashcl_context_cl_context(ctx), CL_MEM_READ_WRITE | (host ? CL_MEM_COPY_HOST_PTR : 0),

@@ -36,6 +36,11 @@ test_case test_case_many_heads(flashcl_dtype dtype, int seqlen_q, int seqlen_k, 
  * device. Exits with a message when none can be created. */
 flashcl_context *test_context(void);
 
+/* A context on an out-of-order queue of base's device (*queue: that queue,
+ * to release after the context is destroyed), or NULL after a line saying
+ * that `what` is skipped (the implementation has no such queue). */
+flashcl_context *test_out_of_order_context(flashcl_context *base, const char *what, cl_command_queue *queue);
+
 /* A seed for fresh inputs: FLASHCL_TEST_SEED if set, else time-based;
  * printed once so a failure can be replayed. */
 uint64_t test_seed(void);

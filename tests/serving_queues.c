@@ -6,23 +6,6 @@
 
 #include "serving_common.h"
 
-/* A context on an out-of-order queue of base's device (*qq: that queue, to
- * release after the context), or NULL after a "skipped" line naming `what`. */
-static flashcl_context *ooo_context(flashcl_context *base, const char *what, cl_command_queue *qq) {
-    cl_int err;
-    *qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
-                               CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
-    flashcl_context *ctx = NULL;
-    if (!*qq || flashcl_context_adopt(&ctx, flashcl_context_cl_context(base),
-                                      flashcl_context_cl_device(base), *qq)) {
-        printf("%s: no out-of-order queue here (%d), skipped\n", what, err);
-        if (*qq)
-            clReleaseCommandQueue(*qq);
-        return NULL;
-    }
-    return ctx;
-}
-
 /* On an out-of-order queue: append to a parent (waiting on nothing), fork it
  * at once, then wait for the append's event only. The child's device table is
  * copied from the parent's on the device, so that copy must come after the
@@ -30,7 +13,7 @@ static flashcl_context *ooo_context(flashcl_context *base, const char *what, cl_
  * shows only sometimes). */
 void ooo_fork_case(flashcl_context *base) {
     cl_command_queue qq;
-    flashcl_context *ctx = ooo_context(base, "fork on an out-of-order queue", &qq);
+    flashcl_context *ctx = test_out_of_order_context(base, "fork on an out-of-order queue", &qq);
     if (!ctx)
         return;
     int ok = 1;
@@ -68,7 +51,7 @@ void ooo_fork_case(flashcl_context *base) {
  * upload; at the end the pools and the device tables must hold every token. */
 void ooo_appends_case(flashcl_context *base) {
     cl_command_queue qq;
-    flashcl_context *ctx = ooo_context(base, "appends on an out-of-order queue", &qq);
+    flashcl_context *ctx = test_out_of_order_context(base, "appends on an out-of-order queue", &qq);
     if (!ctx)
         return;
     mirror m;
@@ -125,7 +108,7 @@ void ooo_appends_case(flashcl_context *base) {
  * must survive the new buffer. */
 void ooo_suite(flashcl_context *base, int grow, const char *name) {
     cl_command_queue qq;
-    flashcl_context *ctx = ooo_context(base, name, &qq);
+    flashcl_context *ctx = test_out_of_order_context(base, name, &qq);
     if (!ctx)
         return;
     enum { CALLS = 4, HQ = 8, HK = 2, D = 64 };

@@ -793,19 +793,14 @@ static void factors_reuse(flashcl_context *ctx, const char *variant, flashcl_dty
 
 /* The same on an out-of-order queue of ctx's device, where the implementation has one. */
 static void factors_reuse_out_of_order(flashcl_context *base, uint64_t seed) {
-    cl_int err = CL_SUCCESS;
-    cl_command_queue qq = clCreateCommandQueue(flashcl_context_cl_context(base), flashcl_context_cl_device(base),
-                                               CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
-    flashcl_context *ctx = NULL;
-    if (!qq || flashcl_context_adopt(&ctx, flashcl_context_cl_context(base), flashcl_context_cl_device(base), qq)) {
-        printf("FP8 factors reused on an out-of-order queue: none here (%d), skipped\n", err);
-    } else {
-        printf("FP8 factors reused on an out-of-order queue:\n");
-        factors_reuse(ctx, NULL, FLASHCL_FLOAT32, 256, seed); /* a race shows only sometimes */
-    }
+    cl_command_queue qq;
+    flashcl_context *ctx = test_out_of_order_context(base, "FP8 factors reused on an out-of-order queue", &qq);
+    if (!ctx)
+        return;
+    printf("FP8 factors reused on an out-of-order queue:\n");
+    factors_reuse(ctx, NULL, FLASHCL_FLOAT32, 256, seed); /* a race shows only sometimes */
     flashcl_context_destroy(ctx);
-    if (qq)
-        clReleaseCommandQueue(qq);
+    clReleaseCommandQueue(qq);
 }
 
 /* ---- ex2_fma: the softmax's exponent off the SFU (cl/common.cl) ------------------------------------ */

@@ -339,16 +339,10 @@ static void run_batch(flashcl_context *ctx, const vcase *c) {
 /* The same batch on an out-of-order queue of the same device gives the same
  * bits as on the context's own queue (deterministic mode). */
 static void out_of_order(flashcl_context *ctx, const vcase *c) {
-    cl_int err;
-    cl_command_queue q = clCreateCommandQueue(flashcl_context_cl_context(ctx), flashcl_context_cl_device(ctx),
-                                              CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE, &err);
-    flashcl_context *ooo = NULL;
-    if (!q || flashcl_context_adopt(&ooo, flashcl_context_cl_context(ctx), flashcl_context_cl_device(ctx), q)) {
-        printf("out-of-order queue: not available here (%d), skipped\n", err);
-        if (q)
-            clReleaseCommandQueue(q);
+    cl_command_queue q;
+    flashcl_context *ooo = test_out_of_order_context(ctx, "out-of-order queue", &q);
+    if (!ooo)
         return;
-    }
     uint64_t seed = next_seed();
     batch x, y;
     batch_init(&x, c, seed);
