@@ -516,8 +516,6 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseEvent(ctx->serving_meta_reader);
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
-    if (ctx->fp8_scales_written)
-        clReleaseEvent(ctx->fp8_scales_written);
     free(ctx->fp8_scales_held);
     if (ctx->fp8_vt_reader)
         clReleaseEvent(ctx->fp8_vt_reader);

@@ -96,10 +96,9 @@ flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_att
     if (!host)
         return flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "out of host memory");
     gather_scales(r, host);
-    if (ctx->fp8_scales_written && ctx->fp8_scales_held_bytes == bytes &&
-        !memcmp(ctx->fp8_scales_held, host, bytes)) {
-        *written = ctx->fp8_scales_reader ? ctx->fp8_scales_reader : ctx->fp8_scales_written;
-        clRetainEvent(*written);
+    if (ctx->fp8_scales_reader && ctx->fp8_scales_held_bytes == bytes && !memcmp(ctx->fp8_scales_held, host, bytes)) {
+        clRetainEvent(ctx->fp8_scales_reader);
+        *written = ctx->fp8_scales_reader;
         return FLASHCL_SUCCESS;
     }
     ctx->fp8_scales_held_bytes = 0; /* unknown until the write is enqueued */
@@ -116,10 +115,6 @@ flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_att
         return st;
     memcpy(ctx->fp8_scales_held, host, bytes);
     ctx->fp8_scales_held_bytes = bytes;
-    if (ctx->fp8_scales_written)
-        clReleaseEvent(ctx->fp8_scales_written);
-    clRetainEvent(*written);
-    ctx->fp8_scales_written = *written;
     return FLASHCL_SUCCESS;
 }
 

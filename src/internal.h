@@ -122,16 +122,16 @@ struct flashcl_context {
      * the staging copies above into this buffer (grown, kept);
      * fp8_scales_reader, the last forward that read it, which the next
      * upload waits for (so calls stay ordered on out-of-order queues).
-     * fp8_scales_held: what the buffer holds once fp8_scales_written (the
-     * write that put it there) completes, fp8_scales_held_bytes of it (0:
-     * unknown). A call whose factors match skips the upload (1.7-2.4 us a
-     * call on the H200, BENCHMARKS.md) and waits for fp8_scales_reader. */
+     * fp8_scales_held: what the buffer holds once the last write enqueued
+     * completes, fp8_scales_held_bytes of it (0: unknown). A call whose
+     * factors match skips the upload (1.7-2.4 us a call on the H200,
+     * BENCHMARKS.md) and waits for fp8_scales_reader, which every call that
+     * uploads sets (to its kernel, or to the write where that failed). */
     cl_mem fp8_scales;
     size_t fp8_scales_bytes;
     cl_event fp8_scales_reader;
     float *fp8_scales_held;
     size_t fp8_scales_held_bytes, fp8_scales_held_cap;
-    cl_event fp8_scales_written;
     /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
      * cl/fp8_vt_pack.cl; grown, kept); fp8_vt_reader, the last forward
      * that read it, which the next call's transpose waits for. */
@@ -600,8 +600,8 @@ void flashcl_fp8_scale_counts(const flashcl_attention_desc *r, size_t counts[3])
 flashcl_status flashcl_fp8_check_scales(flashcl_context *ctx, const flashcl_attention_desc *r);
 /* Makes ctx->fp8_scales hold r's factors [q | k | v] (1 for a NULL array):
  * uploads them unless it already does; *written (retained for the caller),
- * what the kernel waits for: the write, or where none was needed the last
- * reader, which came after the write that put them there. */
+ * what the kernel waits for: the write, or where none was needed the buffer's
+ * last reader, which came after the write that put them there. */
 flashcl_status flashcl_fp8_upload_scales(flashcl_context *ctx, const flashcl_attention_desc *r, cl_event *written);
 /* The host path: dequantizes to float32 and runs flashcl_host_forward. */
 flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_attention_desc *r, const void *q,
