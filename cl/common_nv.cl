@@ -424,20 +424,6 @@ inline float ex2(float x) {
                 (softcap_log2)*tanh((q_mul) * (s)[j_][e_]);                                        \
     } while (0)
 
-/* The mask of one 16-row fragment's scores s[n_s][4] for the tile whose
- * first key is n0: -inf where the key is outside [lo[h], hi[h]] of the
- * lane's row g (h = 0: e = 0, 1) or g+8 (h = 1: e = 2, 3), as NV_FRAG_KEYS
- * gives them. */
-#define MASK_16(s, n_s, n0, lo, hi)                                                                \
-    do {                                                                                           \
-        _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                       \
-            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) {                                     \
-            const int key_ = (n0) + 8 * j_ + 2 * t + (e_ & 1);                                     \
-            if (key_ < (lo)[e_ >> 1] || key_ > (hi)[e_ >> 1])                                      \
-                (s)[j_][e_] = -INFINITY;                                                           \
-        }                                                                                          \
-    } while (0)
-
 /* The online-softmax step of one 16-row mma fragment, shared by the
  * tensor-core kernels. s[n_s][4]: the tile's scores of this lane's rows g
  * (e = 0, 1) and g+8 (e = 2, 3) in raw units, -inf where masked; they
@@ -607,6 +593,36 @@ inline float shfl_xor(float x, int mask) {
     return as_float(y);
 }
 #endif
+
+/* The mask of one 16-row fragment's scores s[n_s][4] for the tile whose
+ * first key is n0: -inf where the key is outside [lo[h], hi[h]] of the
+ * lane's row g (h = 0: e = 0, 1) or g+8 (h = 1: e = 2, 3), as NV_FRAG_KEYS
+ * gives them. Element (j, e) holds key n0 + 2t + c, c = 8j + (e & 1), so the
+ * limits move into the tile's frame once and each element is one compare of
+ * a constant c (one ISETP and one FSEL). with_lo, uniform over the warp, is
+ * 0 where no row's lo is above n0 (a causal tile's diagonal): only hi is
+ * tested then, half the instructions. Outside FLASHCL_NV_PTX: it is
+ * arithmetic alone, and tests/mask_probe.cl checks it on any device. */
+#define MASK_16(s, n_s, n0, lo, hi, with_lo)                                                       \
+    do {                                                                                           \
+        const int base_ = (n0) + 2 * t;                                                            \
+        const int top_[2] = {(hi)[0] - base_, (hi)[1] - base_};                                    \
+        if (with_lo) {                                                                             \
+            const int bot_[2] = {(lo)[0] - base_, (lo)[1] - base_};                                \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                   \
+                _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) {                                 \
+                const int c_ = 8 * j_ + (e_ & 1);                                                  \
+                if (c_ < bot_[e_ >> 1] || c_ > top_[e_ >> 1])                                      \
+                    (s)[j_][e_] = -INFINITY;                                                       \
+            }                                                                                      \
+        } else {                                                                                   \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                   \
+                _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) {                                 \
+                if (8 * j_ + (e_ & 1) > top_[e_ >> 1])                                             \
+                    (s)[j_][e_] = -INFINITY;                                                       \
+            }                                                                                      \
+        }                                                                                          \
+    } while (0)
 
 #ifndef LPT_HEADS
 #define LPT_HEADS 0

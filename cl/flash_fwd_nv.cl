@@ -304,7 +304,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv(
             if (!(n0 >= w_all_lo && n_last <= w_all_hi)) {
 #pragma unroll
                 for (int mf = 0; mf < M_FRAGS; ++mf)
-                    MASK_16(s[mf], S_FRAGS, n0, row_lo[mf], row_hi[mf]);
+                    MASK_16(s[mf], S_FRAGS, n0, row_lo[mf], row_hi[mf], n0 < w_all_lo);
             }
 
             /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */

@@ -391,7 +391,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_nv3
 
             /* ---- mask, only on tiles crossing some row's window edge or nk ---- */
             if (!(n0 >= w_all_lo && n_last <= w_all_hi))
-                MASK_16(s, S_FRAGS, n0, row_lo, row_hi);
+                MASK_16(s, S_FRAGS, n0, row_lo, row_hi, n0 < w_all_lo);
 
             /* ---- online softmax: rows g (e = 0,1) and g+8 (e = 2,3) ---- */
             ONLINE_SOFTMAX_16(s, S_FRAGS, acc, K_STEPS, m_run, l_run, sc);

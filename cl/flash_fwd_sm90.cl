@@ -228,7 +228,7 @@
         if (softcap)                                                                               \
             SOFTCAP_16(s, S_FRAGS, q_mul, softcap_log2);                                           \
         if (!((n0) >= w_all_lo && (n0) + BLOCK_N - 1 <= w_all_hi))                                 \
-            MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
+            MASK_16(s, S_FRAGS, n0, row_lo, row_hi, (n0) < w_all_lo);                              \
     } while (0)
 
 /* This warp's A fragments of Q (rows 16*warp.., from the block at Q_AT). */

@@ -360,7 +360,7 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
         if (softcap)                                                                               \
             SOFTCAP_16(s, S_FRAGS, q_mul_f, softcap_log2);                                         \
         if (!((n0) >= w_all_lo && (n0) + BLOCK_N - 1 <= w_all_hi))                                 \
-            MASK_16(s, S_FRAGS, n0, row_lo, row_hi);                                               \
+            MASK_16(s, S_FRAGS, n0, row_lo, row_hi, (n0) < w_all_lo);                              \
     } while (0)
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void

@@ -5,12 +5,13 @@
  * the full cross product (CTest label "long"); `test_forward mma`, `tf32`
  * and `wgmma` force the NVIDIA tensor-core kernels' tile shapes (GPU only). Inputs are
  * fresh each run (FLASHCL_TEST_SEED replays one). */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
+#include "internal.h" /* flashcl_get_kernel: the mask probe */
 
 static const int head_dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256};
 static const int seqlens[][2] = {{1, 239},    {3, 799},    {113, 203},  {127, 513},   {128, 217},
@@ -65,6 +66,93 @@ static void huge_scores(flashcl_context *ctx) {
             }
         }
 }
+
+#if defined(FLASHCL_SOURCE_CL_DIR) && defined(FLASHCL_SOURCE_TEST_DIR)
+/* MASK_16 (cl/common_nv.cl), the mask of every NVIDIA tensor-core forward,
+ * on this device through tests/mask_probe.cl against the rule it encodes:
+ * key n0 + 8j + 2t + (e & 1) is -inf exactly where it lies outside row h =
+ * e >> 1's [lo, hi]. Random tiles whose rows' ranges start, end, or are empty
+ * around the tile, both ways of the with_lo flag (0 only where every row's
+ * lo is at most n0, as the kernels pass it). The macro is pure arithmetic,
+ * so any OpenCL device checks what NVIDIA's compiler builds from it. */
+static void nv_mask(flashcl_context *ctx) {
+    enum { N = 20000, PER = 7 };
+    int *c = test_xmalloc((size_t)N * PER * sizeof(int));
+    cl_uint *got = test_xmalloc((size_t)N * 3 * sizeof(cl_uint));
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, test_seed() ^ 0x6d61736bu);
+#define PICK(lo_, n_) ((lo_) + (int)(flashcl_ref_rng_next(&rng) % (uint64_t)(n_)))
+    for (int i = 0; i < N; ++i) {
+        int *x = c + PER * i;
+        x[0] = PICK(0, 4) == 0 ? PICK(0, 5000) : 128 * PICK(0, 40); /* n0 */
+        x[1] = PICK(0, 4);                                          /* t */
+        x[6] = PICK(0, 2);                                          /* with_lo */
+        for (int h = 0; h < 2; ++h) {
+            int lo = x[0] + PICK(-140, 280), hi = lo + PICK(-1, 200);
+            if (PICK(0, 8) == 0) /* a row that sees nothing: NV_FRAG_KEYS' [nk, -1] */
+                lo = x[0] + PICK(0, 300), hi = -1;
+            if (!x[6] && lo > x[0])
+                lo = x[0] - PICK(0, 3);
+            x[2 + h] = lo < 0 ? 0 : lo, x[4 + h] = hi;
+        }
+    }
+#undef PICK
+    char dir[] = "/tmp/flashcl-mask-probe-XXXXXX";
+    cl_kernel kernel = NULL;
+    cl_int err = CL_BUILD_PROGRAM_FAILURE;
+    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, NULL, 0) &&
+        test_copy_file(FLASHCL_SOURCE_TEST_DIR, dir, "mask_probe.cl")) {
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        if (flashcl_get_kernel(ctx, "mask_probe.cl", "mask_probe", "-cl-std=CL1.2", &kernel) == FLASHCL_SUCCESS)
+            err = CL_SUCCESS;
+        unsetenv("FLASHCL_KERNEL_DIR");
+    }
+    test_kernel_dir_remove(dir);
+    cl_mem bc = test_upload(ctx, c, (size_t)N * PER * sizeof(int));
+    cl_mem bg = test_upload(ctx, NULL, (size_t)N * 3 * sizeof(cl_uint));
+    const cl_int count = N;
+    const size_t global = (size_t)(N + 63) / 64 * 64;
+    if (err == CL_SUCCESS) {
+        err = clSetKernelArg(kernel, 0, sizeof(cl_mem), &bc);
+        err |= clSetKernelArg(kernel, 1, sizeof(cl_mem), &bg);
+        err |= clSetKernelArg(kernel, 2, sizeof(cl_int), &count);
+        if (err == CL_SUCCESS)
+            err = clEnqueueNDRangeKernel(flashcl_context_cl_queue(ctx), kernel, 1, NULL, &global, NULL, 0, NULL,
+                                         NULL);
+    }
+    memset(got, 0xA5, (size_t)N * 3 * sizeof(cl_uint)); /* poison: no case gives every bit and a count */
+    if (err == CL_SUCCESS)
+        test_download(ctx, bg, got, (size_t)N * 3 * sizeof(cl_uint));
+    int bad = 0, first = -1, masked = 0;
+    for (int i = 0; i < N; ++i) {
+        const int *x = c + PER * i;
+        cl_uint want[2] = {0u, 0u};
+        for (int j = 0; j < 16; ++j)
+            for (int e = 0; e < 4; ++e) {
+                const int key = x[0] + 8 * j + 2 * x[1] + (e & 1), h = e >> 1;
+                if (key < x[2 + h] || key > x[4 + h])
+                    want[j >> 3] |= 1u << (4 * (j & 7) + e);
+            }
+        masked += want[0] != 0u || want[1] != 0u;
+        const int ok = got[3 * i] == want[0] && got[3 * i + 1] == want[1] && got[3 * i + 2] == 0u;
+        if (!ok && first < 0)
+            first = i;
+        bad += !ok;
+    }
+    char what[240];
+    if (first >= 0) {
+        const int *x = c + PER * first;
+        snprintf(what, sizeof what,
+                 "MASK_16 on the device: %d of %d tiles wrong; first n0 %d t %d lo %d,%d hi %d,%d with_lo %d%s", bad, N,
+                 x[0], x[1], x[2], x[3], x[4], x[5], x[6], err == CL_SUCCESS ? "" : " (did not run)");
+    } else
+        snprintf(what, sizeof what, "MASK_16 on the device: %d tiles (%d with a masked key), all right", N, masked);
+    ++cases;
+    expect(err == CL_SUCCESS && bad == 0, what, &failures);
+    clReleaseMemObject(bc), clReleaseMemObject(bg);
+    free(c), free(got);
+}
+#endif
 
 static void quick(flashcl_context *ctx) {
     loop_limit(ctx);
@@ -142,6 +230,10 @@ static void quick(flashcl_context *ctx) {
     tc.causal = 1;
     run(ctx, tc);
     huge_scores(ctx);
+#if defined(FLASHCL_SOURCE_CL_DIR) && defined(FLASHCL_SOURCE_TEST_DIR)
+    if (!flashcl_context_is_host(ctx) && !getenv("FLASHCL_TEST_VARIANT")) /* once a device */
+        nv_mask(ctx);
+#endif
 }
 
 static void sweep(flashcl_context *ctx) {
