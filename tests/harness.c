@@ -1,6 +1,7 @@
 /* harness.c: device choice, seeds and the run-and-check loop the tests share. */
 #define _POSIX_C_SOURCE 200809L
 #include "harness.h"
+#include "internal.h" /* flashcl_get_kernel: test_run_probe */
 
 #include <dirent.h>
 #include <math.h>
@@ -274,6 +275,34 @@ void test_kernel_dir_remove(const char *dir) {
     if (d)
         closedir(d);
     rmdir(dir);
+}
+
+cl_int test_run_probe(flashcl_context *ctx, const char *cl_dir, const char *test_dir, const char *file,
+                      const char *kernel, const void *in, size_t in_bytes, void *out, size_t out_bytes, int n) {
+    char dir[] = "/tmp/flashcl-probe-XXXXXX";
+    cl_kernel k = NULL;
+    cl_int err = CL_BUILD_PROGRAM_FAILURE;
+    if (test_kernel_dir(dir, cl_dir, NULL, 0) && test_copy_file(test_dir, dir, file)) {
+        setenv("FLASHCL_KERNEL_DIR", dir, 1);
+        if (flashcl_get_kernel(ctx, file, kernel, "-cl-std=CL1.2", &k) == FLASHCL_SUCCESS)
+            err = CL_SUCCESS;
+        unsetenv("FLASHCL_KERNEL_DIR");
+    }
+    test_kernel_dir_remove(dir);
+    if (err != CL_SUCCESS)
+        return err;
+    cl_mem bin = test_upload(ctx, in, in_bytes), bout = test_upload(ctx, out, out_bytes);
+    const cl_int count = n;
+    const size_t global = (size_t)(n + 63) / 64 * 64;
+    err = clSetKernelArg(k, 0, sizeof(cl_mem), &bin);
+    err |= clSetKernelArg(k, 1, sizeof(cl_mem), &bout);
+    err |= clSetKernelArg(k, 2, sizeof(cl_int), &count);
+    if (err == CL_SUCCESS)
+        err = clEnqueueNDRangeKernel(flashcl_context_cl_queue(ctx), k, 1, NULL, &global, NULL, 0, NULL, NULL);
+    if (err == CL_SUCCESS)
+        test_download(ctx, bout, out, out_bytes);
+    clReleaseMemObject(bin), clReleaseMemObject(bout);
+    return err;
 }
 
 static void die(const char *what, long code) {

@@ -109,4 +109,13 @@ flashcl_status test_kv_append(flashcl_context *ctx, flashcl_kv_cache *cache, int
 int test_kernel_dir(char *dir, const char *from_dir, const char *const *files, int count);
 void test_kernel_dir_remove(const char *dir);
 
+/* A test's own probe kernel, `kernel` in test_dir/file, built like a library
+ * kernel (cl_dir's common*.cl before it, through a FLASHCL_KERNEL_DIR made
+ * for the build alone) and run once over n work-items (rounded up to 64)
+ * with arguments (in, out, int n). out's out_bytes are uploaded as the
+ * output's first contents (the caller's poison) and read back after the run;
+ * on any failure they stay as they were. CL_SUCCESS when it ran. */
+cl_int test_run_probe(flashcl_context *ctx, const char *cl_dir, const char *test_dir, const char *file,
+                      const char *kernel, const void *in, size_t in_bytes, void *out, size_t out_bytes, int n);
+
 #endif

@@ -5,13 +5,12 @@
  * the full cross product (CTest label "long"); `test_forward mma`, `tf32`
  * and `wgmma` force the NVIDIA tensor-core kernels' tile shapes (GPU only). Inputs are
  * fresh each run (FLASHCL_TEST_SEED replays one). */
-#define _POSIX_C_SOURCE 200809L /* setenv, mkdtemp */
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
-#include "internal.h" /* flashcl_get_kernel: the mask probe */
 
 static const int head_dims[] = {32, 40, 59, 64, 80, 96, 111, 128, 160, 192, 224, 256};
 static const int seqlens[][2] = {{1, 239},    {3, 799},    {113, 203},  {127, 513},   {128, 217},
@@ -97,32 +96,9 @@ static void nv_mask(flashcl_context *ctx) {
         }
     }
 #undef PICK
-    char dir[] = "/tmp/flashcl-mask-probe-XXXXXX";
-    cl_kernel kernel = NULL;
-    cl_int err = CL_BUILD_PROGRAM_FAILURE;
-    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, NULL, 0) &&
-        test_copy_file(FLASHCL_SOURCE_TEST_DIR, dir, "mask_probe.cl")) {
-        setenv("FLASHCL_KERNEL_DIR", dir, 1);
-        if (flashcl_get_kernel(ctx, "mask_probe.cl", "mask_probe", "-cl-std=CL1.2", &kernel) == FLASHCL_SUCCESS)
-            err = CL_SUCCESS;
-        unsetenv("FLASHCL_KERNEL_DIR");
-    }
-    test_kernel_dir_remove(dir);
-    cl_mem bc = test_upload(ctx, c, (size_t)N * PER * sizeof(int));
-    cl_mem bg = test_upload(ctx, NULL, (size_t)N * 3 * sizeof(cl_uint));
-    const cl_int count = N;
-    const size_t global = (size_t)(N + 63) / 64 * 64;
-    if (err == CL_SUCCESS) {
-        err = clSetKernelArg(kernel, 0, sizeof(cl_mem), &bc);
-        err |= clSetKernelArg(kernel, 1, sizeof(cl_mem), &bg);
-        err |= clSetKernelArg(kernel, 2, sizeof(cl_int), &count);
-        if (err == CL_SUCCESS)
-            err = clEnqueueNDRangeKernel(flashcl_context_cl_queue(ctx), kernel, 1, NULL, &global, NULL, 0, NULL,
-                                         NULL);
-    }
     memset(got, 0xA5, (size_t)N * 3 * sizeof(cl_uint)); /* poison: no case gives every bit and a count */
-    if (err == CL_SUCCESS)
-        test_download(ctx, bg, got, (size_t)N * 3 * sizeof(cl_uint));
+    const cl_int err = test_run_probe(ctx, FLASHCL_SOURCE_CL_DIR, FLASHCL_SOURCE_TEST_DIR, "mask_probe.cl", "mask_probe",
+                                      c, (size_t)N * PER * sizeof(int), got, (size_t)N * 3 * sizeof(cl_uint), N);
     int bad = 0, first = -1, masked = 0;
     for (int i = 0; i < N; ++i) {
         const int *x = c + PER * i;
@@ -149,7 +125,6 @@ static void nv_mask(flashcl_context *ctx) {
         snprintf(what, sizeof what, "MASK_16 on the device: %d tiles (%d with a masked key), all right", N, masked);
     ++cases;
     expect(err == CL_SUCCESS && bad == 0, what, &failures);
-    clReleaseMemObject(bc), clReleaseMemObject(bg);
     free(c), free(got);
 }
 #endif

@@ -827,30 +827,10 @@ static void ex2_fma_check(flashcl_context *ctx) {
                                     -INFINITY, NAN};
     for (int k = 0; k < SPECIAL; ++k)
         x[i++] = special[k];
-    char dir[] = "/tmp/flashcl-ex2-probe-XXXXXX";
-    cl_kernel kernel = NULL;
-    cl_int err = CL_BUILD_PROGRAM_FAILURE;
-    if (test_kernel_dir(dir, FLASHCL_SOURCE_CL_DIR, NULL, 0) && test_copy_file(FLASHCL_SOURCE_TEST_DIR, dir, "ex2_probe.cl")) {
-        setenv("FLASHCL_KERNEL_DIR", dir, 1);
-        if (flashcl_get_kernel(ctx, "ex2_probe.cl", "ex2_probe", "-cl-std=CL1.2", &kernel) == FLASHCL_SUCCESS)
-            err = CL_SUCCESS;
-        unsetenv("FLASHCL_KERNEL_DIR");
-    }
-    test_kernel_dir_remove(dir);
-    cl_mem bx = test_upload(ctx, x, (size_t)n * 4), by = test_upload(ctx, NULL, (size_t)n * 4);
-    const cl_int count = n;
-    const size_t global = (size_t)(n + 63) / 64 * 64;
-    if (err == CL_SUCCESS) {
-        err = clSetKernelArg(kernel, 0, sizeof(cl_mem), &bx);
-        err |= clSetKernelArg(kernel, 1, sizeof(cl_mem), &by);
-        err |= clSetKernelArg(kernel, 2, sizeof(cl_int), &count);
-        if (err == CL_SUCCESS)
-            err = clEnqueueNDRangeKernel(ctx->queue, kernel, 1, NULL, &global, NULL, 0, NULL, NULL);
-    }
     for (int k = 0; k < n; ++k)
         y[k] = 12345.0f; /* a value no input gives */
-    if (err == CL_SUCCESS)
-        test_download(ctx, by, y, (size_t)n * 4);
+    const cl_int err = test_run_probe(ctx, FLASHCL_SOURCE_CL_DIR, FLASHCL_SOURCE_TEST_DIR, "ex2_probe.cl", "ex2_probe", x,
+                                      (size_t)n * 4, y, (size_t)n * 4, n);
     double worst = 0.0;
     int bad = 0, worst_at = 0;
     for (int k = 0; k < n; ++k) {
@@ -873,7 +853,6 @@ static void ex2_fma_check(flashcl_context *ctx) {
              "%.2e at x = %.7g%s",
              n, bad, worst, (double)x[worst_at], err == CL_SUCCESS ? "" : " (did not run)");
     expect(err == CL_SUCCESS && bad == 0, what, &failures);
-    clReleaseMemObject(bx), clReleaseMemObject(by);
     free(x), free(y);
 }
 
