@@ -323,10 +323,14 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * ((16, 16384) 195.2 us against 211.4 with 8 warps a head, (64, 65536) 2910.9 against
          * 3236.6 with 4 on each of two heads), level at (4, 4096). */
         c->block_n = pb->kv_fp8 ? 32 : 16;
-        /* Only at D=128, where it was timed: at D=64 clang's build takes 172 registers against
-         * 138 for 16-key tiles, which would cost a four-warp group an SM (decode_derive's D=64
-         * split count assumes three); HG_KEYS=32 asks for it there. */
-        c->hg_keys = pb->kv_fp8 && pb->head_dim == 128 ? 32 : 16;
+        /* At D=64 too, though clang's build takes 172 registers against 138 for 16-key tiles
+         * (a four-warp group fewer an SM than decode_derive's D=64 split count assumes): over
+         * e4m3 pages, 32/8 heads, batch 1/4/16 x 16384-131072 keys, it was 0.3 to 22 % faster
+         * at all nine shapes ((16, 65536) 428.0 us against 549.7, (16, 131072) 913.1 against
+         * 1081.5, (1, 65536) 44.4 against 44.7; H100, 2026-12-05, c3b5ad1, `flashcl bench
+         * --decode --kv-dtype e4m3 --head-dim 64`, calls back to back). D=96 is not a multiple of
+         * 64 (decode_hg_wide). */
+        c->hg_keys = pb->kv_fp8 && (pb->head_dim == 128 || pb->head_dim == 64) ? 32 : 16;
         /* FP8 pages always run REG_COPY's loop (decode_reg_copy): the fit checks made before
          * that must count its one tile buffer a warp, not STAGES of them. */
         c->reg_copy = pb->kv_fp8 != 0;

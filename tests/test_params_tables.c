@@ -627,8 +627,8 @@ static void test_decode_levels(void) {
            "... BLOCK_N=16 keeps HEAD_GROUP, in 16-key tiles", &failures);
     setenv("FLASHCL_DECODE_PARAMS", "HEAD_GROUP=1,HEAD_WARPS=8", 1);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 64, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
-               c.block_n == 16,
-           "... by default 16-key tiles at D=64 (HG_WIDE is timed at D=128 only)", &failures);
+               c.block_n == 32,
+           "... by default 32-key tiles at D=64 as at D=128 (both timed)", &failures);
     expect(serving_choice(ctx, FLASHCL_FLOAT16, 96, 4, &c) == FLASHCL_SUCCESS && c.head_group == 1 &&
                c.block_n == 16,
            "... but 16-key tiles at D=96 (not a multiple of 64)", &failures);

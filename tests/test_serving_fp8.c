@@ -582,9 +582,9 @@ static int mma_reads_fp8(flashcl_context *ctx) {
 
 /* Decoding (one query a sequence) over FP8 pages on the tensor-core kernel: one kv head a
  * work-group (always REG_COPY's loop over FP8), a warp a kv head (HEAD_GROUP), and several
- * warps a head (HEAD_WARPS), in 32-key tiles (HG_WIDE: the default at D=128, HG_KEYS=32 at
- * D=64) and in 16-key ones (the default at D=64 and 96, HG_KEYS=16 at D=128); e4m3 and e5m2,
- * head dims 32 to 128. */
+ * warps a head (HEAD_WARPS), in 32-key tiles (HG_WIDE: the default at D=64 and 128) and in
+ * 16-key ones (the default at D=96, HG_KEYS=16 at D=64 and 128); e4m3 and e5m2, head dims 32
+ * to 128. */
 static void mma_suite(flashcl_context *ctx) {
     const int mma = mma_reads_fp8(ctx);
     if (!mma) {
@@ -599,7 +599,7 @@ static void mma_suite(flashcl_context *ctx) {
         float softcap; /* scores s -> softcap tanh(s / softcap); 0: none */
     } shapes[] = {
         {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 16, 300,
-         "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=32;"
+         "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=16;"
          "KERNEL=mma,HEAD_GROUP=2,HEAD_WARPS=2,HG_KEYS=32",
          "e4m3 D64 page 16, GQA 4", 0.0f},
         {FLASHCL_FLOAT8_E5M2, 2, 4, 128, 32, 1000, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=1,HEAD_WARPS=8;"
@@ -611,7 +611,7 @@ static void mma_suite(flashcl_context *ctx) {
         {FLASHCL_FLOAT8_E4M3, 2, 2, 32, 5, 200, "KERNEL=mma", "e4m3 D32 page 5, GQA 2", 0.0f},
         {FLASHCL_FLOAT8_E4M3, 2, 4, 96, 16, 500, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2", "e4m3 D96 page 16, GQA 4", 0.0f},
         /* 32-key tiles of four pages (a table read a load), and HEAD_GROUP's 16-key ones of two */
-        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 8, 400, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=32",
+        {FLASHCL_FLOAT8_E4M3, 2, 4, 64, 8, 400, "KERNEL=mma;KERNEL=mma,HEAD_GROUP=2;KERNEL=mma,HEAD_GROUP=2,HG_KEYS=16",
          "e4m3 D64 page 8, GQA 4", 0.0f},
         /* a soft-cap of 2 (scores of order one: tanh bends them), every kernel form at D=128 */
         {FLASHCL_FLOAT8_E4M3, 2, 4, 128, 16, 300,
