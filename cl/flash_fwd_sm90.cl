@@ -95,10 +95,11 @@
 #ifndef OVERLAP
 #define OVERLAP 0 /* 1: softmax overlapped with the previous tile's P V (below); off until timed */
 #endif
-/* Q keeps a __local block of its own, reloaded every tile, wherever it fits
- * beside one K and one V tile; at one panel it must (why: below). */
+/* Q keeps a __local block of its own, reloaded every tile, where it fits
+ * beside one K and one V tile above one panel; at one panel Q stays in
+ * registers (Q_KEEP, below). */
 #ifndef Q_PER_TILE /* overridable for study builds (issue 36) */
-#define Q_PER_TILE (PANELS == 1 || 2 * TILE_BYTES + Q_BYTES + 1024 <= 48000)
+#define Q_PER_TILE (PANELS != 1 && 2 * TILE_BYTES + Q_BYTES + 1024 <= 48000)
 #endif
 #if OVERLAP && 3 * TILE_BYTES + (Q_PER_TILE ? Q_BYTES : 0) + 1024 > 48000
 /* Three tiles do not fit beside Q's own block (one warpgroup of 48-key
@@ -124,21 +125,23 @@
 #define PINGPONG 0
 #endif
 #define KV_BYTES ((OVERLAP ? 3 : 2) * TILE_BYTES)
-/* Where Q's block fits beside K and V (Q_PER_TILE: every HEAD_DIM <= 64,
- * and one warpgroup with 48-key tiles above) it keeps it, and each warp
- * reloads its A fragments from it before every tile's S = Q K^T; elsewhere
- * K and V overwrite Q once its fragments are in registers. Above HEAD_DIM
- * 64 the reload frees Q's 32 registers outside the S chain: one warpgroup
- * then fits 168 registers without spilling, three groups an SM, which the
- * host asks for (flashcl_nv_wgmma_max_registers, src/params_forward.c). At
- * HEAD_DIM <= 64 (one 128-byte panel) the reload is a fix, not a choice:
- * there, fragments loaded once gave wrong scores from
- * the second tile on on the H200 (exact with K of those tiles zero, wrong
- * with Q zero, so the A registers no longer held Q), whether or not Q's bytes
- * had been overwritten, and pinning the registers through empty asm or
- * copying them each tile did not help. The reload costs about 2 %
- * (BENCHMARKS.md). (Q kept in __local for an SS wgmma, 32 registers fewer,
- * gave wrong results at D=128 too.) */
+/* Where Q's block fits beside K and V above one panel (Q_PER_TILE: one
+ * warpgroup with 48-key tiles) it keeps it, and each warp reloads its A
+ * fragments from it before every tile's S = Q K^T; elsewhere K and V
+ * overwrite Q once its fragments are in registers. Above HEAD_DIM 64 the
+ * reload frees Q's 32 registers outside the S chain: one warpgroup then
+ * fits 168 registers without spilling, three groups an SM, which the host
+ * asks for (flashcl_nv_wgmma_max_registers, src/params_forward.c). At
+ * HEAD_DIM <= 64 (one 128-byte panel) the reload was first a fix: fragments
+ * loaded once gave wrong scores from the second tile on on the H200 (exact
+ * with K of those tiles zero, wrong with Q zero, so the A registers no
+ * longer held Q), whatever pinned or copied them. Q_KEEP (below) found and
+ * mended the cause; with it, Q held in registers at one panel was 0.5-4.2 %
+ * faster than the reload (medians of three alternated rounds, H100,
+ * 2026-12-05, docs/perf-notes.md), so the reload stays above one panel only.
+ * tests/test_nv_kernels.sh checks every build's SASS for the fault
+ * (scripts/wgmma_a_regs.py). (Q kept in __local for an SS wgmma, 32
+ * registers fewer, gave wrong results at D=128 too.) */
 /* Q_KEEP (issue 36): where Q's fragments stay in registers for the whole
  * loop, one more use of them after it (WG_KEEP_A: a store that never runs).
  * Their only uses in the loop are wgmma A operands, and ptxas (13.0, sm_90a,
@@ -148,9 +151,9 @@
  * keeps them, but with the second panel's P V taken out it packs P into them
  * too, so nothing there is known to protect them. A use past the loop makes
  * them live around its back edge. Empty asm (pinning) and "+r" constraints
- * leave the PTX, and so ptxas's choice, as they were. On by default only where Q_PER_TILE is forced off at one panel
- * (-DQ_PER_TILE=0, the GPU test of this fix); -DQ_KEEP=1 adds it at two
- * panels, which changes their SASS and waits for a GPU run. */
+ * leave the PTX, and so ptxas's choice, as they were. On by default at one
+ * panel, where Q_PER_TILE is off; -DQ_KEEP=1 adds it at two panels, which
+ * changes their SASS and was level on an H100 (2026-12-05). */
 #ifndef Q_KEEP
 #define Q_KEEP (!Q_PER_TILE && PANELS == 1)
 #endif

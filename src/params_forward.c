@@ -150,13 +150,13 @@ static const flashcl_param_entry builtin_global[] = {
 
 /* ---- fitting ----------------------------------------------------------------------------- */
 
-/* cl/flash_fwd_sm90.cl's Q_PER_TILE: Q keeps a __local block of its own
- * beside one K and one V tile wherever the three fit in FLASHCL_NV_LOCAL_LIMIT bytes (with
- * the kernel's 1024 of alignment room), which is every head dim <= 64 and,
- * above, one warpgroup with 48-key tiles. */
+/* cl/flash_fwd_sm90.cl's Q_PER_TILE: above one 64-dim panel, Q keeps a __local block of its
+ * own beside one K and one V tile wherever the three fit in FLASHCL_NV_LOCAL_LIMIT bytes (with
+ * the kernel's 1024 of alignment room): one warpgroup with 48-key tiles. At one panel Q stays
+ * in registers (Q_KEEP). */
 static int wgmma_q_own_block(int head_dim, int block_m, int block_n) {
     const size_t dpad = ((size_t)head_dim + 63) / 64 * 64;
-    return dpad == 64 || ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= FLASHCL_NV_LOCAL_LIMIT;
+    return dpad != 64 && ((size_t)block_m + 2 * (size_t)block_n) * dpad * 2 + 1024 <= FLASHCL_NV_LOCAL_LIMIT;
 }
 
 int flashcl_lpt_heads(const flashcl_attention_desc *r, const char *variant) {

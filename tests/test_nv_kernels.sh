@@ -6,7 +6,8 @@
 # too when asked) must keep its private tiles; when ptxas is at hand, it assembles the
 # PTX for sm_90, which checks every inline PTX instruction; with cuobjdump as well, the sm_90a
 # kernels' SASS must write no register of a warpgroup MMA in flight (scripts/wgmma_inflight.py),
-# and the OWN_REGS builds none of their held fragments inside the loop (scripts/wgmma_a_regs.py).
+# and the OWN_REGS builds and every 16-bit wgmma forward none of their held fragments inside the
+# loop (scripts/wgmma_a_regs.py).
 # Registers are printed, not judged: clang's PTX is not NVIDIA's, and only the GPU's own build
 # log counts them.
 #   test_nv_kernels.sh CL_DIR SHIM CLANG [PTXAS [CUOBJDUMP]]
@@ -204,8 +205,9 @@ for c in "${configs[@]}"; do
         failures=$((failures + 1)); continue
       fi
       regs="$regs, SASS: $(tail -n 1 "$tmp/inflight" | sed 's/^[^:]*: //')"
-      # Held A fragments (OWN_REGS): no write of them in the loop that no reload precedes.
-      if [[ " $defs " == *" -DOWN_REGS=1 "* ]]; then
+      # Held A fragments (the backward's OWN_REGS, every 16-bit wgmma forward: Q held at one
+      # panel, reloaded or held above): no write of them in the loop that no reload precedes.
+      if [[ " $defs " == *" -DOWN_REGS=1 "* ]] || [ "$file" = flash_fwd_sm90.cl ]; then
         verdict=$(python3 "$cl/../scripts/wgmma_a_regs.py" "$tmp/k.sass" 2>&1 | tail -n 1)
         if [[ "$verdict" != "verdict: 0 writes"* ]]; then
           echo "$name: FAILED (held fragments written in the loop: $verdict)"; failures=$((failures + 1)); continue

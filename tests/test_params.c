@@ -493,8 +493,8 @@ static void test_levels(void) {
     flashcl_attention_desc d16_64 = desc_of(FLASHCL_FLOAT16, 1000, 64, 0);
     flashcl_attention_params(ctx, &d16_64, &p);
     expect(!strcmp(p.variant, "nv-wgmma") && p.block_m == 64 && p.work_group_size == 128 &&
-               flashcl_forward_local_bytes(&p, 64) == 64 * 128 + 2 * 64 * 128 + 1024,
-           "sm_90, f16 D=64: nv-wgmma, 1 warpgroup, Q in __local beside K and V", &failures);
+               flashcl_forward_local_bytes(&p, 64) == 2 * 64 * 128 + 1024,
+           "sm_90, f16 D=64: nv-wgmma, 1 warpgroup, Q in registers, its __local under K and V", &failures);
     flashcl_attention_desc bf16_40 = desc_of(FLASHCL_BFLOAT16, 1000, 40, 0);
     flashcl_attention_params(ctx, &bf16_40, &p);
     expect(!strcmp(p.source, "built-in arch: sm_90") && !strcmp(p.variant, "nv-wgmma") && p.block_m == 64 &&
