@@ -325,11 +325,11 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
         c->block_n = pb->kv_fp8 ? 32 : 16;
         /* At D=64 too, though clang's build takes 172 registers against 138 for 16-key tiles
          * (a four-warp group fewer an SM than decode_derive's D=64 split count assumes): over
-         * e4m3 pages, 32/8 heads, batch 1/4/16 x 16384-131072 keys, it was 0.3 to 22 % faster
-         * at all nine shapes ((16, 65536) 428.0 us against 549.7, (16, 131072) 913.1 against
-         * 1081.5, (1, 65536) 44.4 against 44.7; H100, 2026-12-05, c3b5ad1, `flashcl bench
-         * --decode --kv-dtype e4m3 --head-dim 64`, calls back to back). D=96 is not a multiple of
-         * 64 (decode_hg_wide). */
+         * e4m3 pages, 32/8 heads, batch 1/4/16 x 16384-131072 keys, calls back to back (H100,
+         * 2026-12-05, `flashcl bench --decode --kv-dtype e4m3 --head-dim 64`, two alternated
+         * rounds at 688a8ca): batch 16 9-22 % less time a call ((16, 65536) 430 us against 550),
+         * batch 4 3-6 % less at 16384 and 65536 keys, batch 1 and (4, 131072) level
+         * (docs/perf-notes.md). D=96 is not a multiple of 64 (decode_hg_wide). */
         c->hg_keys = pb->kv_fp8 && (pb->head_dim == 128 || pb->head_dim == 64) ? 32 : 16;
         /* FP8 pages always run REG_COPY's loop (decode_reg_copy): the fit checks made before
          * that must count its one tile buffer a warp, not STAGES of them. */
