@@ -598,10 +598,10 @@ inline float shfl_xor(float x, int mask) {
  * first key is n0: -inf where the key is outside [lo[h], hi[h]] of the
  * lane's row g (h = 0: e = 0, 1) or g+8 (h = 1: e = 2, 3), as NV_FRAG_KEYS
  * gives them. Element (j, e) holds key n0 + 2t + c, c = 8j + (e & 1), so the
- * limits move into the tile's frame once and each element is one compare of
- * a constant c (one ISETP and one FSEL). with_lo, uniform over the warp, is
- * 0 where no row's lo is above n0 (a causal tile's diagonal): only hi is
- * tested then, half the instructions. Outside FLASHCL_NV_PTX: it is
+ * limits move into the tile's frame once and each end is one compare of the
+ * constant c. with_lo, uniform over the warp, is 0 where no row's lo is
+ * above n0 (a causal tile's diagonal): only hi is tested then, one ISETP and
+ * one FSEL a score, half the instructions. Outside FLASHCL_NV_PTX: it is
  * arithmetic alone, and tests/mask_probe.cl checks it on any device. */
 #define MASK_16(s, n_s, n0, lo, hi, with_lo)                                                       \
     do {                                                                                           \
