@@ -389,13 +389,14 @@ static const fp8_case wgmma_cases[] = {
     {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 2048.0f},
 };
 
+/* Below (descale factors kept on the device between calls); the wgmma cases run it on that kernel. */
+static void factors_reuse(flashcl_context *ctx, const char *variant, flashcl_dtype out_dtype, int rounds,
+                          uint64_t seed);
+
 /* On compute capability 9.0 the wgmma cases (the kernel must apply there);
  * elsewhere, that asking for the kernel is refused and leaves the outputs as
  * they were. The device decides which, not the library's own answer, so that
  * a wrong eligibility rule cannot skip the cases. */
-static void factors_reuse(flashcl_context *ctx, const char *variant, flashcl_dtype out_dtype, int rounds,
-                          uint64_t seed);
-
 static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
     flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 64, 64, 64);
     d.out_dtype = FLASHCL_FLOAT16;
