@@ -30,10 +30,9 @@
  *                (PV_TWO_LEVEL: the FP8 MMA's accumulator is not float32).
  * 8-bit wgmma takes both operands K-major only (no transpose bit), so V,
  * stored keys x dims, is first transposed into Vt, dims x keys, in global
- * memory by fp8_vt_pack (cl/fp8_vt_pack.cl; the host runs it before the
- * forward, into the context's scratch), and Vt tiles then arrive as K tiles
- * do: by TMA where the host encodes tensor maps (USE_TMA), by cp.async
- * elsewhere.
+ * memory (into the context's scratch) by work-groups of this same launch
+ * ("The V transpose", below), and Vt tiles then arrive as K tiles do: by
+ * TMA where the host encodes tensor maps (USE_TMA), by cp.async elsewhere.
  *
  * The operand layouts in bytes. An 8-bit k32 step is 32 bytes, as a 16-bit
  * k16 step is, and wgmma's 8-bit A fragment puts bytes 4t..4t+3 of rows g
@@ -97,7 +96,9 @@
 #endif
 #define K_STEPS ((HEAD_DIM + 31) / 32)  // k32 steps of S = Q K^T (bytes past HEAD_DIM are zero)
 #define VT_PANELS ((HEAD_DIM + 63) / 64) // 64-dim groups of O = P V
-#define VT_ROWS (64 * VT_PANELS)
+#if VT_ROWS != 64 * VT_PANELS || VT_TILE != BLOCK_N
+#error "Vt as cl/fp8_vt_pack.cl writes it (built before this file) is VT_PANELS 64-row panels of BLOCK_N-key tiles"
+#endif
 #define S_FRAGS (BLOCK_N / 8)            // n8 blocks of S per 16 rows
 #define P_STEPS (BLOCK_N / 32)           // k32 steps of O = P V
 #define O_FRAGS (VT_ROWS / 8)            // n8 blocks of O per 16 rows
@@ -363,15 +364,145 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
             MASK_16(s, S_FRAGS, n0, row_lo, row_hi, (n0) < w_all_lo);                              \
     } while (0)
 
+/* ---- The V transpose, in the same launch ----------------------------------------------------
+ * V's transpose into Vt (cl/fp8_vt_pack.cl's vt_pack_tile, one 128-key tile a job) runs in this
+ * kernel's own work-groups, so that it overlaps the forward instead of preceding it as a pass
+ * of its own: on an H100 that pass was about 6 % of a causal (4,32,4096,128) call by wall clock
+ * (docs/perf-notes.md, "The transpose is what (4,32,4096,128) causal misses").
+ *
+ * Tickets. The launch is one-dimensional: blocks_n row blocks for each of pairs = batch x
+ * heads_q (batch, query head) pairs, plus a transpose job for each tile of each (batch, kv
+ * head). Each work-group first takes a ticket from vt_sync[0], a counter, so tickets follow the
+ * order in which work-groups start, whatever order the hardware starts them in. The forward
+ * blocks go in chunks of LPT_WIDTH pairs (LPT_HEADS's order, NV_ROW_BLOCK_ORDER); before chunk
+ * c come the jobs of the kv heads that no earlier chunk reads. A forward work-group waits for
+ * its kv head's flag before its first Vt copy, and every job that flag waits for took an earlier
+ * ticket: its work-group is running or done, and a job waits on nothing, so every wait ends
+ * (decoupled look-back's argument). The wait is short: the jobs of chunk c + 1 start while
+ * chunk c's forward blocks run.
+ *
+ * vt_sync: [0] the ticket counter, then kv_pairs job counters, then kv_pairs flags. The last
+ * job of a kv head (its counter reaching tiles) zeroes the counter and sets the flag to this
+ * call's generation vt_gen (the host's count of calls, never 0); the work-group with the last
+ * ticket zeroes the ticket counter. So every call leaves the counters at 0 for the next one and
+ * no flag equal to the next generation; no fill is needed between calls. Memory order: each
+ * work-item fences its Vt stores for the async proxy (fence.proxy.async: TMA reads them) and
+ * the barrier gathers them; the job's count is a release at GPU scope, the count that completes
+ * a head acquires the others and releases the flag, and the waiter's load acquires it. */
+#if LPT_HEADS
+#define LPT_WIDTH LPT_HEADS
+#else
+#define LPT_WIDTH 1 /* chunks of one pair: each head's blocks in turn, last first (NV_ROW_BLOCK_ORDER) */
+#endif
+#define FP8_TICKET_ARGS , __global uint *restrict vt_sync, uint vt_gen, int blocks_n, int heads_q, int batch_n
+
+/* The kv pair (b * heads_k + hk) that query pair p (b * heads_q + hq) reads. */
+inline int kv_pair_of(int p, int heads_q, int group) {
+    return p / heads_q * (heads_q / group) + p % heads_q / group;
+}
+
+/* The kv pairs that chunks 0 .. c-1 read (their jobs come before chunk c's forward blocks). */
+inline int kv_pairs_before(int c, int pairs, int heads_q, int group) {
+    return c == 0 ? 0 : kv_pair_of(min(c * LPT_WIDTH, pairs) - 1, heads_q, group) + 1;
+}
+
+/* Ticket t's work: returns 1 for a transpose job (*index = kv pair * tiles + tile), 0 for a
+ * forward block (*index = its linear id in the order LPT_PLACE_AT reads). Chunk c's jobs start
+ * at ticket c * LPT_WIDTH * blocks + tiles * kv_pairs_before(c), which grows with c: a binary
+ * search, once a work-group. */
+inline int ticket_work(int t, int blocks, int pairs, int heads_q, int group, int tiles, int *index) {
+    int lo = 0, hi = (pairs + LPT_WIDTH - 1) / LPT_WIDTH - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) / 2;
+        if (mid * LPT_WIDTH * blocks + tiles * kv_pairs_before(mid, pairs, heads_q, group) <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    const int before = kv_pairs_before(lo, pairs, heads_q, group);
+    const int jobs = tiles * (kv_pairs_before(lo + 1, pairs, heads_q, group) - before);
+    const int at = t - (lo * LPT_WIDTH * blocks + tiles * before);
+    *index = at < jobs ? tiles * before + at : lo * LPT_WIDTH * blocks + (at - jobs);
+    return at < jobs;
+}
+
+inline uint ld_acquire_gpu(__global const uint *p) {
+    uint v;
+    __asm__ __volatile__("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+/* Transpose job `job` of the launch: tile job % tiles of kv pair job / tiles, then its count,
+ * and the flag if it completes the head. Every work-item calls it. */
+inline void vt_job(__global const uchar *v, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, int nk, int heads_k,
+                   __global uchar *vtg, int vt_keys, int job, __global uint *vt_sync, int kv_pairs, uint gen,
+                   __local uint4 *tile, int tid) {
+    const int tiles = vt_keys / VT_TILE, kvp = job / tiles, n0 = (job - kvp * tiles) * VT_TILE;
+    const int b = kvp / heads_k, hk = kvp - b * heads_k;
+    vt_pack_tile(v + v_off + (ulong)b * v_sb + (ulong)hk * v_sh, v_ss, nk, n0,
+                 vtg + (ulong)kvp * VT_ROWS * (ulong)vt_keys + n0, vt_keys, tile, tid);
+    __asm__ __volatile__("fence.proxy.async.global;" ::: "memory");
+    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
+    if (tid == 0) {
+        __global uint *count = vt_sync + 1 + kvp;
+        uint old;
+        __asm__ __volatile__("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+        if (old == (uint)tiles - 1u) {
+            *count = 0u;
+            __asm__ __volatile__("st.release.gpu.global.u32 [%0], %1;" ::"l"(vt_sync + 1 + kv_pairs + kvp), "r"(gen)
+                                 : "memory");
+        }
+    }
+}
+
+/* A forward block's wait for its kv head's Vt: work-item 0 polls the flag, then every
+ * work-item passes a barrier (cp.async copies Vt with all of them). */
+inline void vt_wait(__global const uint *flag, uint gen, int tid) {
+    if (tid == 0) {
+        while (ld_acquire_gpu(flag) != gen)
+            __asm__ __volatile__("nanosleep.u32 64;" ::: "memory");
+        __asm__ __volatile__("fence.proxy.async.global;" ::: "memory");
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+}
+
+/* The forward's order, from the ticket's linear id (fwd_lin_) over the launch's own counts. */
+#undef NV_FWD_ORDER
+#define NV_FWD_ORDER                                                                               \
+    LPT_PLACE_AT(lpt_rank_, lpt_pair_, fwd_lin_, blocks_n, pairs_, LPT_WIDTH);                     \
+    const int m0 = (blocks_n - 1 - lpt_rank_) * BLOCK_M;                                           \
+    const int hq = lpt_pair_ % heads_q;                                                            \
+    const int b = lpt_pair_ / heads_q
+#undef NV_FWD_HEADS_Q
+#define NV_FWD_HEADS_Q heads_q
+
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *restrict vtg, int vt_keys) {
+flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict vtg, int vt_keys FP8_TICKET_ARGS) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
+    __local int ticket_;
+
+    /* The ticket, and the last one's reset of the counter (every ticket is taken by then). */
+    const int pairs_ = batch_n * heads_q, heads_k_ = heads_q / group, tiles_ = vt_keys / VT_TILE;
+    const int tickets_ = blocks_n * pairs_ + tiles_ * batch_n * heads_k_;
+    if (get_local_id(0) == 0) {
+        const int t_ = (int)atomic_inc(vt_sync);
+        if (t_ == tickets_ - 1)
+            atomic_xchg(vt_sync, 0u);
+        ticket_ = t_;
+    }
+    barrier(CLK_LOCAL_MEM_FENCE);
+    int fwd_lin_;
+    if (ticket_work(ticket_, blocks_n, pairs_, heads_q, group, tiles_, &fwd_lin_)) {
+        vt_job((__global const uchar *)v, v_off, v_sb, v_ss, v_sh, nk, heads_k_, vtg, vt_keys, fwd_lin_, vt_sync,
+               batch_n * heads_k_, vt_gen, (__local uint4 *)smem_raw, (int)get_local_id(0));
+        return;
+    }
 
     NV_FWD_BLOCK;
     __global const uchar *qb = (__global const uchar *)q + (q_off + b * q_sb + hq * q_sh);
     __global const uchar *kb = (__global const uchar *)k + (k_off + b * k_sb + hk * k_sh);
     /* This head's Vt (cl/fp8_vt_pack.cl's layout). */
-    __global const uchar *vtb = vtg + ((ulong)(b * ((int)get_global_size(1) / group) + hk) * VT_ROWS) * (ulong)vt_keys;
+    __global const uchar *vtb = vtg + ((ulong)(b * heads_k_ + hk) * VT_ROWS) * (ulong)vt_keys;
 
     ALIGNED_TILES(smem_raw);
     __local uchar *smem8 = (__local uchar *)smem;
@@ -411,6 +542,9 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
     barrier(CLK_LOCAL_MEM_FENCE);
     if (n_start <= n_end)
         COPY_K(n_start);
+    /* This head's Vt is written (by jobs of earlier tickets) before any of it is copied. */
+    if (n_start <= n_end)
+        vt_wait(vt_sync + 1 + batch_n * heads_k_ + (b * heads_k_ + hk), vt_gen, tid);
 
 #if !OVERLAP
     /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)

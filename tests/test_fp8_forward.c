@@ -387,11 +387,79 @@ static const fp8_case wgmma_cases[] = {
      * in warps beside warps of ordinary rows (which take the fma form), and in one of two heads */
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 130, 300, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300.0f},
     {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 2048.0f},
+    /* the launch's V transpose jobs (tickets, cl/flash_fwd_sm90_fp8.cl): causal chunks of 8 (batch,
+     * head) pairs whose kv heads straddle chunks, and one kv head read by two chunks */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 2, 12, 3, 190, 300, 64, 1, 0, 0, 0, 2, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 2, 16, 1, 200, 260, 128, 1, 0, 0, 0, 1, 0, 0, 0, 0},
 };
 
 /* Below (descale factors kept on the device between calls); the wgmma cases run it on that kernel. */
 static void factors_reuse(flashcl_context *ctx, const char *variant, flashcl_dtype out_dtype, int rounds,
                           uint64_t seed);
+
+/* The wgmma kernel writes V's transpose in its own launch, into the context's scratch, and its
+ * forward blocks wait for their kv head's flag (cl/flash_fwd_sm90_fp8.cl, "The V transpose").
+ * Calls back to back, each over another v, two over more kv heads than the call before (the
+ * flags' buffer grows), without a wait between: a block that read Vt before its own call's jobs
+ * wrote it would read the previous call's v and miss the reference by far more than P's e4m3
+ * rounding (relative RMS 0.05; the inputs' scale, about 1). */
+static void vt_back_to_back(flashcl_context *ctx, const char *where, uint64_t seed) {
+    enum { CALLS = 6, HQ = 8, N = 300, D = 128 };
+    static const int heads_k[CALLS] = {2, 2, 4, 1, 8, 2};
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    const size_t nq = (size_t)N * HQ * D;
+    unsigned char *q = test_xmalloc(nq), *kv[2][CALLS];
+    uint16_t *got = test_xmalloc(nq * 2);
+    double *ref = test_xmalloc(nq * sizeof *ref);
+    fill_fp8(&rng, FLASHCL_FLOAT8_E4M3, q, nq, 1.0);
+    cl_mem bq = test_upload(ctx, q, nq), bkv[2][CALLS], out[CALLS];
+    flashcl_attention_desc d[CALLS];
+    flashcl_status st = FLASHCL_SUCCESS;
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1);
+    for (int c = 0; c < CALLS; ++c) {
+        const size_t nk = (size_t)N * heads_k[c] * D;
+        for (int t = 0; t < 2; ++t) {
+            kv[t][c] = test_xmalloc(nk);
+            fill_fp8(&rng, FLASHCL_FLOAT8_E4M3, kv[t][c], nk, 1.0);
+            bkv[t][c] = test_upload(ctx, kv[t][c], nk);
+        }
+        memset(got, 0xff, nq * 2); /* NaN */
+        out[c] = test_upload(ctx, got, nq * 2);
+        d[c] = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, HQ, heads_k[c], N, N, D);
+        d[c].out_dtype = FLASHCL_FLOAT16;
+        d[c].causal = c % 2;
+    }
+    for (int c = 0; c < CALLS && st == FLASHCL_SUCCESS; ++c)
+        st = flashcl_attention_forward(ctx, &d[c], bq, bkv[0][c], bkv[1][c], out[c], NULL, 0, NULL);
+    unsetenv("FLASHCL_PARAMS");
+    clFinish(flashcl_context_cl_queue(ctx));
+    char what[200];
+    snprintf(what, sizeof what, "%s: %d FP8 calls back to back, each over its own v, on nv-wgmma-fp8: enqueued (%s)",
+             where, CALLS, st == FLASHCL_SUCCESS ? "ok" : flashcl_last_error(ctx));
+    expect(st == FLASHCL_SUCCESS, what, &failures);
+    for (int c = 0; c < CALLS; ++c) {
+        if (st == FLASHCL_SUCCESS) {
+            flashcl_attention_desc r = d[c];
+            flashcl_attention_desc_resolve(&r);
+            flashcl_ref_attention_forward(&r, q, kv[0][c], kv[1][c], ref, NULL, NULL, NULL);
+            test_download(ctx, out[c], got, nq * 2);
+            double err_sq = 0.0, ref_sq = 0.0;
+            for (size_t i = 0; i < nq; ++i) {
+                const double e = flashcl_ref_load(got, FLASHCL_FLOAT16, i) - ref[i];
+                err_sq += e * e, ref_sq += ref[i] * ref[i];
+            }
+            const double rms = sqrt(err_sq / ref_sq); /* NaN where a value is */
+            snprintf(what, sizeof what, "%s: back to back, call %d (%d kv heads, %s): relative RMS %.3g", where, c,
+                     heads_k[c], d[c].causal ? "causal" : "full", rms);
+            expect(rms <= 0.05, what, &failures);
+        }
+        clReleaseMemObject(out[c]), clReleaseMemObject(bkv[0][c]), clReleaseMemObject(bkv[1][c]);
+        free(kv[0][c]), free(kv[1][c]);
+    }
+    clReleaseMemObject(bq);
+    free(q), free(got), free(ref);
+}
 
 /* On compute capability 9.0 the wgmma cases (the kernel must apply there);
  * elsewhere, that asking for the kernel is refused and leaves the outputs as
@@ -426,6 +494,14 @@ static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
     for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
         run_fp8_case(ctx, "device", "nv-wgmma-fp8", &wgmma_cases[i], seed + 7919u * (uint64_t)i);
     factors_reuse(ctx, "nv-wgmma-fp8", FLASHCL_FLOAT16, 1, seed + 19);
+    vt_back_to_back(ctx, "device", seed + 29);
+    cl_command_queue qq;
+    flashcl_context *ooo = test_out_of_order_context(ctx, "FP8 calls back to back on an out-of-order queue", &qq);
+    if (ooo) {
+        vt_back_to_back(ooo, "out-of-order queue", seed + 37);
+        flashcl_context_destroy(ooo);
+        clReleaseCommandQueue(qq);
+    }
 }
 
 /* ---- refusals ------------------------------------------------------------------------------------ */
