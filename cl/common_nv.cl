@@ -292,17 +292,17 @@ inline void cp_wait(void) {
 
 /* O += P V in the wgmma forward kernels (flash_fwd_sm90, flash_fwd_sm90_fp8),
  * waited for: the kernel's own PV_CHAIN(acc, pf, v) over its P_STEPS k-steps
- * into acc[O_FRAGS][4], the operands pinned first, so that no write of them
- * sinks into the chain. */
-#define PV_WAITED(acc, pf, v)                                                                      \
+ * into acc[n][4] (O_FRAGS, and the FP8 kernel's row sums), the operands
+ * pinned first, so that no write of them sinks into the chain. */
+#define PV_WAITED(acc, n, pf, v)                                                                   \
     do {                                                                                           \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+        WG_FENCE_REGS(acc, n);                                                                     \
         WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
         WGMMA_FENCE();                                                                             \
         PV_CHAIN(acc, pf, v);                                                                      \
         WGMMA_COMMIT();                                                                            \
         WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+        WG_FENCE_REGS(acc, n);                                                                     \
     } while (0)
 
 /* Tiles start at the first 1024-byte boundary of the __local array raw (the

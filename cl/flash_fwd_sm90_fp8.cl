@@ -147,10 +147,28 @@
 #if K_EARLY && !USE_TMA
 #error "K_EARLY needs USE_TMA: without it, the barrier after the softmax also publishes Vt"
 #endif
+/* ROWSUM_MMA (default: 1 in the plain loop, with the two-level sum): each row's sum of P comes
+ * from the tensor cores, not from 64 float adds a lane a tile. O = P V runs one more wgmma a
+ * k-step, m64n8k32, against an 8 x 32 B whose every byte is 0.25 in e4m3 (ONES_AT, written
+ * once): each of its 8 columns is a quarter of the row's sum, so lane (g, t) holds row g's in
+ * its first register and row g + 8's in its third, and the quad's sum at the store (which adds
+ * the four lanes' partial l) is the row's sum. That sum is of P as rounded to e4m3, the P that
+ * weights V, so O is their exact weighted mean, and the LSE is the log of that sum: it moves by
+ * P's rounding (at most 2^-4 relative a term, a mean of such over a row), where the float sum
+ * gave the LSE of the unrounded P. The adds were a quarter of a D=64 tile's instructions and a
+ * 32-step dependent chain a row. -DROWSUM_MMA=0: the float sum. */
+#ifndef ROWSUM_MMA
+#define ROWSUM_MMA (!OVERLAP && !PV_CHAINED)
+#endif
+#if ROWSUM_MMA && (OVERLAP || PV_CHAINED)
+#error "ROWSUM_MMA is the plain loop's, with the two-level sum (not OVERLAP, not PV_CHAINED)"
+#endif
 #define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
-#define SMEM_BYTES (Q_AT + Q_BYTES + 1024)
+#define ONES_AT (Q_AT + Q_BYTES) /* ROWSUM_MMA's B: 8 rows of 128 bytes, one swizzle atom */
+#define SMEM_BYTES (ONES_AT + (ROWSUM_MMA ? 1024 : 0) + 1024)
+#define E4M3_QUARTER 0x28u /* 0.25: exponent field 5 (bias 7), no mantissa */
 #define P_SCALE_LOG2 8
 #define P_SCALE ((float)(1 << P_SCALE_LOG2))
 /* The softmax writes P_SCALE p (2^8 p) straight from its exponents, and l holds P_SCALE times
@@ -217,17 +235,42 @@
 #define PV_FIRST_STEP(t, a, desc) WGMMA_FP8(t, a, desc, 0, "e4m3", FP8_PTX)
 #endif
 
-/* t = P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
- * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in); the first
- * k-step overwrites t (PV_CHAINED: adds to it). */
-#define PV_CHAIN(t, pf, vt)                                                                        \
-    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
-        _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
-        const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                      \
-        if (kk == 0)                                                                               \
-            PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                            \
+/* d[0][0..3] (+)= A (as WGMMA_FP8's) times the 32x8 e4m3 B that desc describes: ROWSUM_MMA's. */
+#define WGMMA_FP8_N8(d, a, desc, scale_d)                                                          \
+    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, " \
+                               "{%4,%5,%6,%7}, %8, " #scale_d ", 1, 1;\n"                          \
+                         : WG_ACC4(d, 0)                                                           \
+                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
+                         : "memory")
+/* ROWSUM_MMA's k-step kk into t[0] (ones_tile: the kernel's ONES_AT). */
+#if ROWSUM_MMA
+#define ROWSUM_STEP(t, a, kk)                                                                      \
+    do {                                                                                           \
+        const ulong d1_ = sw128_desc(ones_tile + (uint)((kk)*32));                                 \
+        if ((kk) == 0)                                                                             \
+            WGMMA_FP8_N8(t, a, d1_, 0);                                                            \
         else                                                                                       \
-            WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
+            WGMMA_FP8_N8(t, a, d1_, 1);                                                            \
+    } while (0)
+#else
+#define ROWSUM_STEP(t, a, kk) do { } while (0)
+#endif
+#define PV_FRAGS (O_FRAGS + ROWSUM_MMA) /* t's n8 blocks: O's, then the row sums' */
+
+/* t = P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
+ * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in), then
+ * (ROWSUM_MMA) the row sums' into t[O_FRAGS]; the first k-step overwrites t
+ * (PV_CHAINED: adds to it). */
+#define PV_CHAIN(t, pf, vt)                                                                        \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) {                                       \
+        _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
+            const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                  \
+            if (kk == 0)                                                                           \
+                PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                        \
+            else                                                                                   \
+                WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                        \
+        }                                                                                          \
+        ROWSUM_STEP((t) + O_FRAGS, (pf)[kk], kk);                                                  \
     }
 
 /* O += P V in two levels: the tile's product into fresh registers, waited for,
@@ -243,15 +286,27 @@
  * O = alpha O + P V by one fma an element where the softmax's rescale and the add took two. */
 #define PV_TWO_LEVEL_SCALED(acc, pf, vt, al0, al1)                                                 \
     do {                                                                                           \
-        float t_[O_FRAGS][4];                                                                      \
-        PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
+        float t_[PV_FRAGS][4];                                                                     \
+        PV_WAITED(t_, PV_FRAGS, pf, vt); /* t_ is written, not read: the first k-step overwrites it */ \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] = fma((acc)[j_][0], (al0), t_[j_][0]);                                    \
             (acc)[j_][1] = fma((acc)[j_][1], (al0), t_[j_][1]);                                    \
             (acc)[j_][2] = fma((acc)[j_][2], (al1), t_[j_][2]);                                    \
             (acc)[j_][3] = fma((acc)[j_][3], (al1), t_[j_][3]);                                    \
         }                                                                                          \
+        ROWSUM_ADD(t_, al0, al1);                                                                  \
     } while (0)
+/* ROWSUM_MMA: l_mma (this lane's rows g, g + 8: a quarter of each row's sum) = alpha l_mma +
+ * the tile's sums, as O is updated. */
+#if ROWSUM_MMA
+#define ROWSUM_ADD(t, al0, al1)                                                                    \
+    do {                                                                                           \
+        l_mma[0] = fma(l_mma[0], (al0), (t)[O_FRAGS][0]);                                          \
+        l_mma[1] = fma(l_mma[1], (al1), (t)[O_FRAGS][2]);                                          \
+    } while (0)
+#else
+#define ROWSUM_ADD(t, al0, al1) do { } while (0)
+#endif
 
 /* The plain loop's softmax (on its acc, m_run, l_run and sc) and O += P V as this build sums
  * them: alpha applied in the add of the two-level sum, or (PV_CHAINED) to O before the MMA adds
@@ -262,7 +317,7 @@
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);                             \
         (alpha)[0] = (alpha)[1] = 1.0f; /* applied already */                                      \
     } while (0)
-#define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, pf, vt)
+#define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, O_FRAGS, pf, vt)
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
 #define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
@@ -507,6 +562,12 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
     ALIGNED_TILES(smem_raw);
     __local uchar *smem8 = (__local uchar *)smem;
     const uint k_tile = s_base, vt = s_base + VT_AT;
+#if ROWSUM_MMA
+    /* The row sums' B, published with Q's block below (its copy's fence and barrier). */
+    const uint ones_tile = s_base + ONES_AT;
+    ((__local uint2 *)(smem8 + ONES_AT))[tid] = (uint2)(E4M3_QUARTER * 0x01010101u);
+    float l_mma[2] = {0.0f, 0.0f};
+#endif
 #if USE_TMA
     /* Work-item 0 places the maps (K's over k, V's over this call's Vt) and
      * sets up the two mbarriers, which the barrier after Q's copy publishes. */
@@ -657,6 +718,9 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
 #endif
 
     /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE (l: P_SCALE times the sum) ---- */
+#if ROWSUM_MMA
+    l_run[0] = l_mma[0], l_run[1] = l_mma[1]; /* the softmax's float sums are then dead code */
+#endif
     const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
     l_run[0] *= 1.0f / P_SCALE, l_run[1] *= 1.0f / P_SCALE;
 #pragma unroll
@@ -687,6 +751,11 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
     ALIGNED_TILES(smem_raw);
     __local uchar *smem8 = (__local uchar *)smem;
     const int row0 = 16 * warp + g;
+#if ROWSUM_MMA /* PV_ADD's row sums (not output here; test_fp8_forward checks them through l) */
+    const uint ones_tile = s_base + ONES_AT;
+    ((__local uint2 *)(smem8 + ONES_AT))[tid] = (uint2)(E4M3_QUARTER * 0x01010101u);
+    float l_mma[2] = {0.0f, 0.0f};
+#endif
     if (mode == 0) {
         copy_rows8(smem8, s_base, Q_AT, q, HEAD_DIM, BLOCK_M, BLOCK_M, HEAD_DIM, tid);
         copy_rows8(smem8, s_base, 0, k, HEAD_DIM, nk, BLOCK_N, HEAD_DIM, tid);
