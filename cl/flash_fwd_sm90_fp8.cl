@@ -242,15 +242,15 @@
                          : WG_ACC4(d, 0)                                                           \
                          : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
                          : "memory")
-/* ROWSUM_MMA's k-step kk into t[0] (ones_tile: the kernel's ONES_AT). */
+/* ROWSUM_MMA's k-step kk into t[0] (ones_tile: the kernel's ONES_AT; every byte of it is the
+ * same, so every k-step reads its first 32 bytes a row, one descriptor). */
 #if ROWSUM_MMA
 #define ROWSUM_STEP(t, a, kk)                                                                      \
     do {                                                                                           \
-        const ulong d1_ = sw128_desc(ones_tile + (uint)((kk)*32));                                 \
         if ((kk) == 0)                                                                             \
-            WGMMA_FP8_N8(t, a, d1_, 0);                                                            \
+            WGMMA_FP8_N8(t, a, sw128_desc(ones_tile), 0);                                          \
         else                                                                                       \
-            WGMMA_FP8_N8(t, a, d1_, 1);                                                            \
+            WGMMA_FP8_N8(t, a, sw128_desc(ones_tile), 1);                                          \
     } while (0)
 #else
 #define ROWSUM_STEP(t, a, kk) do { } while (0)
