@@ -436,11 +436,15 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
  * (decoupled look-back's argument). The wait is short: the jobs of chunk c + 1 start while
  * chunk c's forward blocks run.
  *
- * vt_sync: [0] the ticket counter, then kv_pairs job counters, then kv_pairs flags. The last
- * job of a kv head (its counter reaching tiles) zeroes the counter and sets the flag to this
- * call's generation vt_gen (the host's count of calls, never 0); the work-group with the last
- * ticket zeroes the ticket counter. So every call leaves the counters at 0 for the next one and
- * no flag equal to the next generation; no fill is needed between calls. Memory order: each
+ * vt_sync: [0] the ticket counter, then for kv pair p its job counter at 1 + 2p and its flag at
+ * 2 + 2p. Interleaved, so that a word is a counter or a flag for every call whatever its shape
+ * (with the flags after all the counters, a call over fewer kv heads put flags where a later
+ * call over more counted from 0: that call's counters never completed, and its forward blocks
+ * waited for ever, on an H100 at 53eea1e). The last job of a kv head (its counter reaching
+ * tiles) zeroes the counter and sets the flag to this call's generation vt_gen (the host's
+ * count of calls, never 0); the work-group with the last ticket zeroes the ticket counter. So
+ * every call leaves the counters at 0 for the next one and no flag equal to the next
+ * generation; no fill is needed between calls. Memory order: each
  * work-item fences its Vt stores for the async proxy (fence.proxy.async: TMA reads them) and
  * the barrier gathers them; the job's count is a release at GPU scope, the count that completes
  * a head acquires the others and releases the flag, and the waiter's load acquires it. */
@@ -490,7 +494,7 @@ inline uint ld_acquire_gpu(__global const uint *p) {
 /* Transpose job `job` of the launch: tile job % tiles of kv pair job / tiles, then its count,
  * and the flag if it completes the head. Every work-item calls it. */
 inline void vt_job(__global const uchar *v, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, int nk, int heads_k,
-                   __global uchar *vtg, int vt_keys, int job, __global uint *vt_sync, int kv_pairs, uint gen,
+                   __global uchar *vtg, int vt_keys, int job, __global uint *vt_sync, uint gen,
                    __local uint4 *tile, int tid) {
     const int tiles = vt_keys / VT_TILE, kvp = job / tiles, n0 = (job - kvp * tiles) * VT_TILE;
     const int b = kvp / heads_k, hk = kvp - b * heads_k;
@@ -499,12 +503,12 @@ inline void vt_job(__global const uchar *v, ulong v_off, ulong v_sb, ulong v_ss,
     __asm__ __volatile__("fence.proxy.async.global;" ::: "memory");
     barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
     if (tid == 0) {
-        __global uint *count = vt_sync + 1 + kvp;
+        __global uint *count = vt_sync + 1 + 2 * kvp;
         uint old;
         __asm__ __volatile__("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
         if (old == (uint)tiles - 1u) {
             *count = 0u;
-            __asm__ __volatile__("st.release.gpu.global.u32 [%0], %1;" ::"l"(vt_sync + 1 + kv_pairs + kvp), "r"(gen)
+            __asm__ __volatile__("st.release.gpu.global.u32 [%0], %1;" ::"l"(count + 1), "r"(gen)
                                  : "memory");
         }
     }
@@ -548,8 +552,8 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     int fwd_lin_;
     if (ticket_work(ticket_, blocks_n, pairs_, heads_q, group, tiles_, &fwd_lin_)) {
-        vt_job((__global const uchar *)v, v_off, v_sb, v_ss, v_sh, nk, heads_k_, vtg, vt_keys, fwd_lin_, vt_sync,
-               batch_n * heads_k_, vt_gen, (__local uint4 *)smem_raw, (int)get_local_id(0));
+        vt_job((__global const uchar *)v, v_off, v_sb, v_ss, v_sh, nk, heads_k_, vtg, vt_keys, fwd_lin_, vt_sync, vt_gen,
+               (__local uint4 *)smem_raw, (int)get_local_id(0));
         return;
     }
 
@@ -605,7 +609,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
         COPY_K(n_start);
     /* This head's Vt is written (by jobs of earlier tickets) before any of it is copied. */
     if (n_start <= n_end)
-        vt_wait(vt_sync + 1 + batch_n * heads_k_ + (b * heads_k_ + hk), vt_gen, tid);
+        vt_wait(vt_sync + 2 + 2 * (b * heads_k_ + hk), vt_gen, tid);
 
 #if !OVERLAP
     /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)

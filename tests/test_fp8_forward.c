@@ -1109,6 +1109,12 @@ int main(int argc, char **argv) {
         flashcl_context_destroy(ctx);
         return test_summary(failures);
     }
+    if (argc > 1 && !strcmp(argv[1], "wgmma")) { /* the FP8 warpgroup-MMA kernel's cases alone */
+        if (!is_host)
+            wgmma_kernel(ctx, seed + 31);
+        flashcl_context_destroy(ctx);
+        return test_summary(failures);
+    }
     const int only_host = argc > 1 && !strcmp(argv[1], "host");
     flashcl_context *host = NULL;
     if (flashcl_context_create(&host, "host") != FLASHCL_SUCCESS) {
