@@ -534,6 +534,9 @@ inline void vt_wait(__global const uint *flag, uint gen, int tid) {
     const int b = lpt_pair_ / heads_q
 #undef NV_FWD_HEADS_Q
 #define NV_FWD_HEADS_Q heads_q
+/* and the descale factors' index (cl/common.cl): the launch's dimension 1 is 1 here */
+#undef FP8_HEADS_Q
+#define FP8_HEADS_Q heads_q
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
 flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict vtg, int vt_keys FP8_TICKET_ARGS) {
@@ -552,8 +555,10 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     int fwd_lin_;
     if (ticket_work(ticket_, blocks_n, pairs_, heads_q, group, tiles_, &fwd_lin_)) {
+        /* the tile at smem_raw's first 1024-byte boundary, as ALIGNED_TILES places the forward's */
+        __local uchar *raw8_ = (__local uchar *)smem_raw;
         vt_job((__global const uchar *)v, v_off, v_sb, v_ss, v_sh, nk, heads_k_, vtg, vt_keys, fwd_lin_, vt_sync, vt_gen,
-               (__local uint4 *)smem_raw, (int)get_local_id(0));
+               (__local uint4 *)(raw8_ + ((1024u - (shared_addr(smem_raw) & 1023u)) & 1023u)), (int)get_local_id(0));
         return;
     }
 

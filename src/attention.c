@@ -432,8 +432,13 @@ static cl_int vt_args(flashcl_context *ctx, const flashcl_attention_desc *r, int
                       cl_uint *a) {
     int keys, rows;
     const size_t bytes = fp8_vt_shape(r, &keys, &rows);
-    /* After 2^32 - 1 calls the generations would come round: a fresh, zeroed buffer instead. */
-    if (ctx->fp8_vt_gen == UINT32_MAX)
+    /* After 2^32 - 1 calls the generations would come round, and a launch that did not finish
+     * (its event's status an error) may have left counters off 0, which would hang the next:
+     * a fresh, zeroed buffer instead. */
+    cl_int last = CL_COMPLETE;
+    if (ctx->fp8_vt_reader)
+        clGetEventInfo(ctx->fp8_vt_reader, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof last, &last, NULL);
+    if (ctx->fp8_vt_gen == UINT32_MAX || last < 0)
         ctx->fp8_vt_sync_bytes = 0;
     const cl_mem had = ctx->fp8_vt_sync;
     cl_int err = grow_scratch(ctx, &ctx->fp8_vt, &ctx->fp8_vt_bytes, bytes, 0, "the FP8 forward's transposed V");
