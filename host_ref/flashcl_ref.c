@@ -557,15 +557,18 @@ static int forward_plain(const flashcl_attention_desc *desc, const operand *ops,
                             sum += s_row[j];
                         }
                         // pass 3: P normalised in float, stored in the storage type,
-                        // then P.V accumulated in float
+                        // then P.V accumulated in float; p_e4m3: 256 exp(s - m), m the row's max,
+                        // rounded to e4m3, divided by the sum of the rounded values (the sum the
+                        // kernel takes on its tensor cores, cl/flash_fwd_sm90_fp8.cl's ROWSUM_MMA)
+                        float sum_e4m3 = 0.0f;
+                        for (int j = lo; j <= hi && p_e4m3; j++) {
+                            s_row[j] = (float)flashcl_ref_fp8_decode(
+                                FLASHCL_FLOAT8_E4M3, flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3, 256.0 * s_row[j]));
+                            sum_e4m3 += s_row[j];
+                        }
                         for (int j = lo; j <= hi; j++) {
-                            float p = round_to_dtype(s_row[j] / sum, odt);
-                            if (p_e4m3) /* 256 exp(s - m), m the row's max, rounded; then / sum */
-                                p = (float)(flashcl_ref_fp8_decode(FLASHCL_FLOAT8_E4M3,
-                                                                   flashcl_ref_fp8_encode(FLASHCL_FLOAT8_E4M3,
-                                                                                          256.0 * s_row[j])) /
-                                            256.0) /
-                                    sum;
+                            const float p =
+                                p_e4m3 ? s_row[j] / sum_e4m3 : round_to_dtype(s_row[j] / sum, odt);
                             axpy_float(acc, p, vh_buf + (size_t)j * D, D);
                         }
                     }
