@@ -256,8 +256,10 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * or bfloat16 output, head dims 32..128 in steps of 16, 16-byte aligned rows
  * of q, k and v and factor blocks of a multiple of 8 rows runs the Hopper
  * kernel instead (variant "nv-wgmma-fp8"). It rounds P to e4m3 for P V, as
- * FlashAttention-3 does, and its lse carries the FP8 MMA's truncating sums
- * (about 2^-14 of a row's largest sum of |q||k| times the scale). Its own
+ * FlashAttention-3 does, and normalises the output by the sum of those
+ * rounded values: its lse is the log of that sum (within -ln(1 - 2^-4) of
+ * the unrounded one) and carries the FP8 MMA's truncating sums (about 2^-14
+ * of a row's largest sum of |q||k| times the scale). Its own
  * work-groups write v transposed into a buffer the context allocates, keeps
  * for later calls and frees in flashcl_context_destroy: batch * heads_k *
  * head_dim rounded up to 64 * seqlen_k rounded up to 128 bytes (v's own
