@@ -8,8 +8,11 @@
  * bfloat16, packed and strided) gives the reference's bytes and scales, and
  * refuses NaN or infinity without writing, on the host and (where the test
  * device is an OpenCL one) on the device, which must give the host's bytes;
- * the merge refuses FP8 tensors with a message (the forward's FP8 path and
- * the quantize options are tests/test_fp8_forward.c's).
+ * the quantize options (row blocks, a Hadamard rotation) give the same bytes
+ * and factors on the device as on the host, and dequantize inverts them; the
+ * device decode of all 256 codes (cl/common.cl's float8 and scalar helpers)
+ * equals flashcl_fp8_decode bit for bit; the merge refuses FP8 tensors with a
+ * message. The forward's FP8 path is tests/test_fp8_forward.c's.
  */
 #include <math.h>
 #include <stdio.h>
@@ -310,11 +313,150 @@ static void merge_refuses_fp8(void) {
     flashcl_context_destroy(ctx);
 }
 
-int main(void) {
+/* ---- the quantize options and the device decode ------------------------------------------------ */
+
+/* block_rows and hadamard_seed: dequantize inverts them; the device gives the
+ * host's bytes and factors, and its dequantize the host's floats. */
+static void quantize_options(flashcl_context *dev, uint64_t seed) {
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    for (int f = 0; f < 2; ++f)
+        for (int opt = 0; opt < 3; ++opt) {
+            /* opt 0: blocks of 5 rows; 1: Hadamard per tensor; 2: both, from bf16 */
+            flashcl_fp8_quant_desc qd = {0};
+            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
+            qd.src_dtype = opt == 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT32;
+            qd.batch = 2, qd.seqlen = 13, qd.heads = 3, qd.head_dim = opt == 0 ? 24 : 64;
+            qd.per_head = opt != 1;
+            qd.block_rows = opt != 1 ? 5 : 0;
+            qd.hadamard_seed = opt ? 0x5eed0000ull + (uint64_t)opt : 0;
+            const size_t n = (size_t)qd.batch * qd.seqlen * qd.heads * qd.head_dim;
+            const size_t groups = qd.per_head ? (size_t)qd.batch * qd.heads * ((qd.seqlen + 4) / 5) : 1;
+            const size_t es = flashcl_dtype_size(qd.src_dtype);
+            void *src = test_xmalloc(n * es);
+            flashcl_ref_fill_normal(&rng, src, qd.src_dtype, n, 1.0);
+            /* An outlier per tensor: the rotation must spread it. */
+            flashcl_ref_store(src, qd.src_dtype, n / 3, 40.0);
+            unsigned char *bytes = test_xmalloc(n);
+            float *sc = test_xmalloc(groups * sizeof *sc), *back = test_xmalloc(n * sizeof *back);
+            char name[80], what[200];
+            snprintf(name, sizeof name, "%s quantize %s%s from %s", f ? "e5m2" : "e4m3",
+                     qd.block_rows ? "blocks of 5" : "per tensor", qd.hadamard_seed ? " + Hadamard" : "",
+                     qd.src_dtype == FLASHCL_BFLOAT16 ? "bf16" : "f32");
+            flashcl_status st = flashcl_fp8_quantize_host(&qd, src, bytes, sc);
+            /* Round trip: dequantize (rotating back) is within FP8's rounding of
+             * the group's amax: 2^-(m+1) relative, amax <= max|x| * sqrt(D)
+             * after a rotation (the bound is loose; a wrong rotation or index
+             * is off by O(1)). */
+            flashcl_fp8_quant_desc bd = qd;
+            bd.src_dtype = FLASHCL_FLOAT32;
+            st = flashcl_fp8_dequantize_host(&bd, bytes, sc, back);
+            double worst = 0, amax = 0;
+            for (size_t i = 0; i < n; ++i) {
+                const double x = flashcl_ref_load(src, qd.src_dtype, i);
+                worst = fmax(worst, isnan(back[i]) ? INFINITY : fabs(back[i] - x));
+                amax = fmax(amax, fabs(x));
+            }
+            const double unit = f ? 0x1p-3 : 0x1p-4; /* half a quantum at the top binade, relative */
+            snprintf(what, sizeof what, "%s: dequantize_host inverts it (max err %.3g, amax %.3g)", name, worst, amax);
+            expect(st == FLASHCL_SUCCESS && worst <= 2.0 * unit * amax, what, &failures);
+            if (dev) {
+                cl_mem bs = test_upload(dev, src, n * es), bb = test_upload(dev, NULL, n);
+                cl_mem bsc = test_upload(dev, NULL, groups * sizeof(float)), bf = test_upload(dev, NULL, n * 4);
+                unsigned char *dbytes = test_xmalloc(n);
+                float *dsc = test_xmalloc(groups * sizeof *dsc), *dback = test_xmalloc(n * sizeof *dback);
+                st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
+                test_download(dev, bb, dbytes, n);
+                test_download(dev, bsc, dsc, groups * sizeof *dsc);
+                snprintf(what, sizeof what, "%s: device bytes and factors == host's", name);
+                expect(st == FLASHCL_SUCCESS && !memcmp(dbytes, bytes, n) && !memcmp(dsc, sc, groups * sizeof *sc),
+                       what, &failures);
+                const flashcl_status sd = flashcl_fp8_dequantize(dev, &bd, bb, bsc, bf, NULL);
+                test_download(dev, bf, dback, n * sizeof *dback);
+                size_t differ = 0;
+                for (size_t i = 0; i < n; ++i)
+                    differ += memcmp(&dback[i], &back[i], sizeof(float)) != 0;
+                snprintf(what, sizeof what, "  device dequantize == host dequantize (%zu differ)", differ);
+                expect(sd == FLASHCL_SUCCESS && differ == 0, what, &failures);
+                clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc), clReleaseMemObject(bf);
+                free(dbytes), free(dsc), free(dback);
+            }
+            free(src), free(bytes), free(sc), free(back);
+        }
+    /* Refusals of the options. */
+    flashcl_fp8_quant_desc qd = {0};
+    qd.format = FLASHCL_FLOAT8_E4M3, qd.src_dtype = FLASHCL_FLOAT32;
+    qd.batch = qd.seqlen = qd.heads = 1, qd.head_dim = 48;
+    float src[48] = {1.0f};
+    unsigned char bytes[48];
+    float sc[4] = {-3.0f, -3.0f, -3.0f, -3.0f};
+    memset(bytes, 0x5a, sizeof bytes);
+    qd.hadamard_seed = 7;
+    expect(flashcl_fp8_quantize_host(&qd, src, bytes, sc) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(NULL), "power of two") && bytes[0] == 0x5a && sc[0] == -3.0f,
+           "quantize: Hadamard on head_dim 48 is refused, nothing written", &failures);
+    qd.hadamard_seed = 0, qd.block_rows = 2;
+    expect(flashcl_fp8_quantize_host(&qd, src, bytes, sc) == FLASHCL_ERROR_INVALID_ARGUMENT &&
+               strstr(flashcl_last_error(NULL), "per_head") && bytes[0] == 0x5a && sc[0] == -3.0f,
+           "quantize: block_rows without per_head is refused, nothing written", &failures);
+    if (dev) {
+        cl_mem bs = test_upload(dev, src, sizeof src), bb = test_upload(dev, bytes, sizeof bytes);
+        cl_mem bsc = test_upload(dev, sc, sizeof sc);
+        qd.block_rows = 0, qd.hadamard_seed = 7;
+        const flashcl_status st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
+        unsigned char got[48];
+        test_download(dev, bb, got, sizeof got);
+        expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(dev), "power of two") &&
+                   !memcmp(got, bytes, sizeof got),
+               "device quantize: Hadamard on head_dim 48 is refused, nothing written", &failures);
+        clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc);
+    }
+}
+
+/* All 256 codes through the device's decode: head_dim 8 takes the float8
+ * helpers, head_dim 1 the scalar ones; factor 1, float32 out, so the result
+ * is the decoded value itself. */
+static void device_decode(flashcl_context *dev) {
+    unsigned char codes[256];
+    for (int c = 0; c < 256; ++c)
+        codes[c] = (unsigned char)c;
+    float one = 1.0f, got[256];
+    for (int f = 0; f < 2; ++f)
+        for (int width = 8; width >= 1; width -= 7) {
+            flashcl_fp8_quant_desc qd = {0};
+            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
+            qd.src_dtype = FLASHCL_FLOAT32;
+            qd.batch = 1, qd.heads = 1, qd.head_dim = width, qd.seqlen = 256 / width;
+            cl_mem bc = test_upload(dev, codes, 256), bs = test_upload(dev, &one, 4), bo = test_upload(dev, NULL, 1024);
+            const flashcl_status st = flashcl_fp8_dequantize(dev, &qd, bc, bs, bo, NULL);
+            memset(got, 0x5a, sizeof got);
+            test_download(dev, bo, got, sizeof got);
+            int bad = 0;
+            for (int c = 0; c < 256; ++c) {
+                const float want = flashcl_fp8_decode(qd.format, (unsigned char)c);
+                bad += isnan(want) ? !isnan(got[c]) : memcmp(&want, &got[c], 4) != 0;
+            }
+            char what[120];
+            snprintf(what, sizeof what, "device decode (%s helpers), %s: all 256 codes == flashcl_fp8_decode (%d differ)",
+                     width == 8 ? "float8" : "scalar", f ? "e5m2" : "e4m3", bad);
+            expect(st == FLASHCL_SUCCESS && bad == 0, what, &failures);
+            clReleaseMemObject(bc), clReleaseMemObject(bs), clReleaseMemObject(bo);
+        }
+}
+
+int main(int argc, char **argv) {
     const uint64_t seed = test_seed();
     /* The device helper is checked against the host one where there is a device. */
     flashcl_context *ctx = test_context();
     flashcl_context *dev = flashcl_context_is_host(ctx) ? NULL : ctx;
+    if (argc > 1 && !strcmp(argv[1], "oclgrind")) { /* the device kernels only */
+        if (dev) {
+            quantize_options(dev, seed + 7);
+            device_decode(dev);
+        }
+        flashcl_context_destroy(ctx);
+        return test_summary(failures);
+    }
     decode_table();
     encode_checks(seed);
     for (int f = 0; f < 2; ++f)
@@ -327,6 +469,9 @@ int main(void) {
         device_refuses(dev);
     else
         printf("no OpenCL device: the device quantize helper is not checked\n");
+    quantize_options(dev, seed + 7);
+    if (dev)
+        device_decode(dev);
     merge_refuses_fp8();
     flashcl_context_destroy(ctx);
     return test_summary(failures);

@@ -1,4 +1,5 @@
-/* test_fp8_forward.c: the FP8 forward (q, k, v FP8 with descale factors) and the FP8 quantize options it uses.
+/* test_fp8_forward.c: the FP8 forward (q, k, v FP8 with descale factors); the quantize helpers
+ * and their options are tests/test_fp8.c's.
  *
  * 1. Kernels against host_ref: fresh random FP8 bytes and descale factors
  *    (distinct per head and per row block, so a wrong index fails), the
@@ -17,19 +18,15 @@
  * 2. Refusals: FP8 out, block_rows without per_head, a bad factor, the
  *    backward and varlen given FP8, Hadamard on a head_dim that is not a
  *    power of two: each an error with outputs untouched.
- * 3. Quantize options: block_rows and hadamard_seed give the same bytes and
- *    factors on the device as on the host; dequantize inverts them; the
- *    device decode of all 256 codes of both formats (float8 and scalar
- *    helpers of cl/common.cl) equals flashcl_fp8_decode bit for bit.
- * 4. The V transpose the FP8 warpgroup-MMA forward reads (cl/fp8_vt_pack.cl,
+ * 3. The V transpose the FP8 warpgroup-MMA forward reads (cl/fp8_vt_pack.cl,
  *    plain OpenCL C) on every device, against a host transpose in the
  *    forward's P order.
- * 5. Accuracy as FlashAttention-3 measured it, at a small size (B=1, H=8,
+ * 4. Accuracy as FlashAttention-3 measured it, at a small size (B=1, H=8,
  *    N=512, D=128; bench/fp8_accuracy.c runs the full one): N(0,1)
  *    inputs with 0.1% outliers from N(0,10^2), quantized by the library's
  *    own helpers per tensor, per head and 64-row block, and block plus
  *    Hadamard; RMSE against float64 attention on the unquantized inputs.
- * 6. ex2_fma (cl/common.cl), the FP8 forward's optional exponent off the SFU,
+ * 5. ex2_fma (cl/common.cl), the FP8 forward's optional exponent off the SFU,
  *    on the device against exp2 in double.
  */
 #define _POSIX_C_SOURCE 200809L
@@ -505,135 +502,6 @@ static void refusals(flashcl_context *ctx, const char *where) {
     clReleaseMemObject(bq), clReleaseMemObject(bo);
 }
 
-/* ---- quantize options and the device decode ----------------------------------------------------- */
-
-static void quantize_options(flashcl_context *dev, uint64_t seed) {
-    flashcl_ref_rng rng;
-    flashcl_ref_rng_seed(&rng, seed);
-    for (int f = 0; f < 2; ++f)
-        for (int opt = 0; opt < 3; ++opt) {
-            /* opt 0: blocks of 5 rows; 1: Hadamard per tensor; 2: both, from bf16 */
-            flashcl_fp8_quant_desc qd = {0};
-            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-            qd.src_dtype = opt == 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT32;
-            qd.batch = 2, qd.seqlen = 13, qd.heads = 3, qd.head_dim = opt == 0 ? 24 : 64;
-            qd.per_head = opt != 1;
-            qd.block_rows = opt != 1 ? 5 : 0;
-            qd.hadamard_seed = opt ? 0x5eed0000ull + (uint64_t)opt : 0;
-            const size_t n = (size_t)qd.batch * qd.seqlen * qd.heads * qd.head_dim;
-            const size_t groups = qd.per_head ? (size_t)qd.batch * qd.heads * ((qd.seqlen + 4) / 5) : 1;
-            const size_t es = flashcl_dtype_size(qd.src_dtype);
-            void *src = test_xmalloc(n * es);
-            flashcl_ref_fill_normal(&rng, src, qd.src_dtype, n, 1.0);
-            /* An outlier per tensor: the rotation must spread it. */
-            flashcl_ref_store(src, qd.src_dtype, n / 3, 40.0);
-            unsigned char *bytes = test_xmalloc(n);
-            float *sc = test_xmalloc(groups * sizeof *sc), *back = test_xmalloc(n * sizeof *back);
-            char name[80], what[200];
-            snprintf(name, sizeof name, "%s quantize %s%s from %s", f ? "e5m2" : "e4m3",
-                     qd.block_rows ? "blocks of 5" : "per tensor", qd.hadamard_seed ? " + Hadamard" : "",
-                     dtype_name(qd.src_dtype));
-            flashcl_status st = flashcl_fp8_quantize_host(&qd, src, bytes, sc);
-            /* Round trip: dequantize (rotating back) is within FP8's rounding of
-             * the group's amax: 2^-(m+1) relative, amax <= max|x| * sqrt(D)
-             * after a rotation (the bound is loose; a wrong rotation or index
-             * is off by O(1)). */
-            flashcl_fp8_quant_desc bd = qd;
-            bd.src_dtype = FLASHCL_FLOAT32;
-            st = flashcl_fp8_dequantize_host(&bd, bytes, sc, back);
-            double worst = 0, amax = 0;
-            for (size_t i = 0; i < n; ++i) {
-                const double x = flashcl_ref_load(src, qd.src_dtype, i);
-                worst = fmax(worst, isnan(back[i]) ? INFINITY : fabs(back[i] - x));
-                amax = fmax(amax, fabs(x));
-            }
-            const double unit = f ? 0x1p-3 : 0x1p-4; /* half a quantum at the top binade, relative */
-            snprintf(what, sizeof what, "%s: dequantize_host inverts it (max err %.3g, amax %.3g)", name, worst, amax);
-            expect(st == FLASHCL_SUCCESS && worst <= 2.0 * unit * amax, what, &failures);
-            if (dev) {
-                cl_mem bs = test_upload(dev, src, n * es), bb = test_upload(dev, NULL, n);
-                cl_mem bsc = test_upload(dev, NULL, groups * sizeof(float)), bf = test_upload(dev, NULL, n * 4);
-                unsigned char *dbytes = test_xmalloc(n);
-                float *dsc = test_xmalloc(groups * sizeof *dsc), *dback = test_xmalloc(n * sizeof *dback);
-                st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
-                test_download(dev, bb, dbytes, n);
-                test_download(dev, bsc, dsc, groups * sizeof *dsc);
-                snprintf(what, sizeof what, "%s: device bytes and factors == host's", name);
-                expect(st == FLASHCL_SUCCESS && !memcmp(dbytes, bytes, n) && !memcmp(dsc, sc, groups * sizeof *sc),
-                       what, &failures);
-                const flashcl_status sd = flashcl_fp8_dequantize(dev, &bd, bb, bsc, bf, NULL);
-                test_download(dev, bf, dback, n * sizeof *dback);
-                size_t differ = 0;
-                for (size_t i = 0; i < n; ++i)
-                    differ += memcmp(&dback[i], &back[i], sizeof(float)) != 0;
-                snprintf(what, sizeof what, "  device dequantize == host dequantize (%zu differ)", differ);
-                expect(sd == FLASHCL_SUCCESS && differ == 0, what, &failures);
-                clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc), clReleaseMemObject(bf);
-                free(dbytes), free(dsc), free(dback);
-            }
-            free(src), free(bytes), free(sc), free(back);
-        }
-    /* Refusals of the options. */
-    flashcl_fp8_quant_desc qd = {0};
-    qd.format = FLASHCL_FLOAT8_E4M3, qd.src_dtype = FLASHCL_FLOAT32;
-    qd.batch = qd.seqlen = qd.heads = 1, qd.head_dim = 48;
-    float src[48] = {1.0f};
-    unsigned char bytes[48];
-    float sc[4] = {-3.0f, -3.0f, -3.0f, -3.0f};
-    memset(bytes, 0x5a, sizeof bytes);
-    qd.hadamard_seed = 7;
-    expect(flashcl_fp8_quantize_host(&qd, src, bytes, sc) == FLASHCL_ERROR_INVALID_ARGUMENT &&
-               strstr(flashcl_last_error(NULL), "power of two") && bytes[0] == 0x5a && sc[0] == -3.0f,
-           "quantize: Hadamard on head_dim 48 is refused, nothing written", &failures);
-    qd.hadamard_seed = 0, qd.block_rows = 2;
-    expect(flashcl_fp8_quantize_host(&qd, src, bytes, sc) == FLASHCL_ERROR_INVALID_ARGUMENT &&
-               strstr(flashcl_last_error(NULL), "per_head") && bytes[0] == 0x5a && sc[0] == -3.0f,
-           "quantize: block_rows without per_head is refused, nothing written", &failures);
-    if (dev) {
-        cl_mem bs = test_upload(dev, src, sizeof src), bb = test_upload(dev, bytes, sizeof bytes);
-        cl_mem bsc = test_upload(dev, sc, sizeof sc);
-        qd.block_rows = 0, qd.hadamard_seed = 7;
-        const flashcl_status st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
-        unsigned char got[48];
-        test_download(dev, bb, got, sizeof got);
-        expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && strstr(flashcl_last_error(dev), "power of two") &&
-                   !memcmp(got, bytes, sizeof got),
-               "device quantize: Hadamard on head_dim 48 is refused, nothing written", &failures);
-        clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc);
-    }
-}
-
-/* All 256 codes through the device's decode: head_dim 8 takes the float8
- * helpers, head_dim 1 the scalar ones; factor 1, float32 out, so the result
- * is the decoded value itself. */
-static void device_decode(flashcl_context *dev) {
-    unsigned char codes[256];
-    for (int c = 0; c < 256; ++c)
-        codes[c] = (unsigned char)c;
-    float one = 1.0f, got[256];
-    for (int f = 0; f < 2; ++f)
-        for (int width = 8; width >= 1; width -= 7) {
-            flashcl_fp8_quant_desc qd = {0};
-            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-            qd.src_dtype = FLASHCL_FLOAT32;
-            qd.batch = 1, qd.heads = 1, qd.head_dim = width, qd.seqlen = 256 / width;
-            cl_mem bc = test_upload(dev, codes, 256), bs = test_upload(dev, &one, 4), bo = test_upload(dev, NULL, 1024);
-            const flashcl_status st = flashcl_fp8_dequantize(dev, &qd, bc, bs, bo, NULL);
-            memset(got, 0x5a, sizeof got);
-            test_download(dev, bo, got, sizeof got);
-            int bad = 0;
-            for (int c = 0; c < 256; ++c) {
-                const float want = flashcl_fp8_decode(qd.format, (unsigned char)c);
-                bad += isnan(want) ? !isnan(got[c]) : memcmp(&want, &got[c], 4) != 0;
-            }
-            char what[120];
-            snprintf(what, sizeof what, "device decode (%s helpers), %s: all 256 codes == flashcl_fp8_decode (%d differ)",
-                     width == 8 ? "float8" : "scalar", f ? "e5m2" : "e4m3", bad);
-            expect(st == FLASHCL_SUCCESS && bad == 0, what, &failures);
-            clReleaseMemObject(bc), clReleaseMemObject(bs), clReleaseMemObject(bo);
-        }
-}
-
 /* ---- the V transpose of the FP8 warpgroup-MMA forward -------------------------------------------- */
 
 /* fp8_vt_pack (cl/fp8_vt_pack.cl, plain OpenCL C) on this device against a
@@ -964,16 +832,13 @@ int main(int argc, char **argv) {
     flashcl_context *ctx = test_context();
     const int is_host = flashcl_context_is_host(ctx);
     if (argc > 1 && !strcmp(argv[1], "oclgrind")) {
-        /* The device kernels only: the forward on both variants, the quantize options, the decode. */
+        /* The device kernels only: the forward on both variants and the V transpose. */
         for (size_t i = 0; i < sizeof tiny_cases / sizeof tiny_cases[0] && !is_host; ++i) {
             run_fp8_case(ctx, "device", "cpu", &tiny_cases[i], seed + i);
             run_fp8_case(ctx, "device", "portable", &tiny_cases[i], seed + i);
         }
-        if (!is_host) {
-            quantize_options(ctx, seed + 7);
-            device_decode(ctx);
+        if (!is_host)
             vt_pack(ctx, seed + 13);
-        }
         flashcl_context_destroy(ctx);
         return test_summary(failures);
     }
@@ -996,14 +861,12 @@ int main(int argc, char **argv) {
     refusals(host, "host");
     if (!is_host)
         refusals(ctx, "device");
-    quantize_options(is_host ? NULL : ctx, seed + 7);
     if (!is_host) {
-        device_decode(ctx);
         vt_pack(ctx, seed + 13);
         factors_reuse(ctx, NULL, FLASHCL_FLOAT32, 1, seed + 17);
         factors_reuse_out_of_order(ctx, seed + 23);
     } else
-        printf("no OpenCL device: the device decode and quantize are not checked\n");
+        printf("no OpenCL device: the V transpose and the factors kept between calls are not checked\n");
     accuracy(is_host || only_host ? host : ctx, seed + 11);
     if (!is_host && !only_host)
         ex2_fma_check(ctx);
