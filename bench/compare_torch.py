@@ -16,6 +16,7 @@ FLASHCL_PARAMS in the environment reaches the runs of the dtypes listed (e.g.
 VARIANT=nv-wgmma-fp8 with --dtypes e4m3), not those own float16 runs.
 
     python3 bench/compare_torch.py --flashcl build/flashcl [--dtypes f16,e4m3] [--json out.json]
+                                   [--shape B,H,N,D ...]
 """
 import os
 import argparse
@@ -102,7 +103,12 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", help="write all rows here")
     ap.add_argument("--label", default="", help="a note for the table title (e.g. variant)")
+    ap.add_argument("--shape", action="append", metavar="B,H,N,D",
+                    help="a shape to run (repeatable; default: SHAPES, every one)")
     args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else SHAPES
+    if any(len(s) != 4 or min(s) < 1 for s in shapes):
+        ap.error("--shape takes four positive integers, B,H,N,D")
 
     results = []
     print(f"flashcl vs PyTorch SDPA {args.label} (TFLOP/s: events, median of {args.iters} | wall clock, "
@@ -114,9 +120,9 @@ def main():
     for dtype in args.dtypes.split(","):
         fp8 = dtype in FP8
         peer_dtype = "f16" if fp8 else dtype
-        fc = flashcl_rows(args.flashcl, args.device, dtype, SHAPES, args.iters)
-        own = flashcl_rows(args.flashcl, args.device, "f16", SHAPES, args.iters, plain_env) if fp8 else {}
-        for shape in SHAPES:
+        fc = flashcl_rows(args.flashcl, args.device, dtype, shapes, args.iters)
+        own = flashcl_rows(args.flashcl, args.device, "f16", shapes, args.iters, plain_env) if fp8 else {}
+        for shape in shapes:
             for causal in (False, True):
                 r = fc.get((shape, causal), {})
                 mine = (r.get("tflops"), r.get("wall_tflops")) if not r.get("error") else (None, None)
