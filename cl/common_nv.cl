@@ -292,17 +292,17 @@ inline void cp_wait(void) {
 
 /* O += P V in the wgmma forward kernels (flash_fwd_sm90, flash_fwd_sm90_fp8),
  * waited for: the kernel's own PV_CHAIN(acc, pf, v) over its P_STEPS k-steps
- * into acc[O_FRAGS][4], the operands pinned first, so that no write of them
- * sinks into the chain. */
-#define PV_WAITED(acc, pf, v)                                                                      \
+ * into acc[n][4] (O_FRAGS, and the FP8 kernel's row sums), the operands
+ * pinned first, so that no write of them sinks into the chain. */
+#define PV_WAITED(acc, n, pf, v)                                                                   \
     do {                                                                                           \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+        WG_FENCE_REGS(acc, n);                                                                     \
         WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
         WGMMA_FENCE();                                                                             \
         PV_CHAIN(acc, pf, v);                                                                      \
         WGMMA_COMMIT();                                                                            \
         WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
+        WG_FENCE_REGS(acc, n);                                                                     \
     } while (0)
 
 /* Tiles start at the first 1024-byte boundary of the __local array raw (the
@@ -647,15 +647,21 @@ inline float shfl_xor(float x, int mask) {
  * LPT_PLACE(rank, pair): rank 0 is the block to run first, pair = b *
  * get_num_groups(1) + head; a bijection on the grid's work-groups (the
  * linear id fits int: fewer than 2^31 work-groups). */
+/* LPT_PLACE_AT(rank, pair, lin, n0, hb_all, width): the same for linear id lin
+ * of n0 blocks a pair and hb_all pairs, in chunks of width pairs (a kernel
+ * whose work-groups take their place from a ticket, not from their ids:
+ * flash_fwd_sm90_fp8). */
+#define LPT_PLACE_AT(rank, pair, lin, n0, hb_all, width)                                           \
+    const int chunk_ = (lin) / ((width) * (n0)), in_ = (lin) - chunk_ * (width) * (n0);            \
+    const int width_ = min((width), (hb_all) - chunk_ * (width));                                  \
+    const int pair = chunk_ * (width) + in_ % width_, rank = in_ / width_
 #if LPT_HEADS
 #define LPT_PLACE(rank, pair)                                                                      \
     const int n0_ = (int)get_num_groups(0);                                                        \
     const int hb_all_ = (int)(get_num_groups(1) * get_num_groups(2));                              \
     const int lin_ =                                                                               \
         (int)get_group_id(0) + n0_ * (int)(get_group_id(1) + get_num_groups(1) * get_group_id(2)); \
-    const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;            \
-    const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                               \
-    const int pair = chunk_ * LPT_HEADS + in_ % width_, rank = in_ / width_
+    LPT_PLACE_AT(rank, pair, lin_, n0_, hb_all_, LPT_HEADS)
 #define NV_ROW_BLOCK_ORDER(rows)                                                                   \
     LPT_PLACE(lpt_rank_, lpt_pair_);                                                               \
     const int m0 = ((int)get_num_groups(0) - 1 - lpt_rank_) * (rows);                              \
@@ -755,6 +761,7 @@ inline float shfl_xor(float x, int mask) {
  * where o_pair says every (row, even column) is aligned for it, else
  * ONE(orow, d, x) one column at a time. A row that saw no key (l = 0)
  * stores 0 and LSE -inf. */
+#define NV_FWD_HEADS_Q get_global_size(1) /* query heads: the grid's dimension 1, but see flash_fwd_sm90_fp8 */
 #define NV_FWD_STORE_FRAG(acc, n_o, m_run, l_run, sc, row0, T, ob, o_pair, PAIR, ONE)              \
     do {                                                                                           \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
@@ -780,7 +787,7 @@ inline float shfl_xor(float x, int mask) {
                 }                                                                                  \
             }                                                                                      \
             if (has_lse && t == 0)                                                                 \
-                lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row_] =           \
+                lse[lse_off + ((ulong)b * NV_FWD_HEADS_Q + hq) * (ulong)nq + row_] =               \
                     l_ > 0.0f ? ((m_run)[h_] * (sc) + log2(l_)) * LN2 : -INFINITY;                 \
         }                                                                                          \
     } while (0)

@@ -167,8 +167,11 @@ for c in "${configs[@]}"; do
   IFS='|' read -r file defs mma <<< "$c"
   cases=$((cases + 1))
   name="$file $defs"
-  # The files every kernel is built on, in src/program.c's order.
-  cat "$shim" "$cl/common.cl" "$cl/common_nv.cl" "$cl/common_serving.cl" "$cl/$file" > "$tmp/k.cl"
+  # The files every kernel is built on, in src/program.c's order (its kernel_bases too).
+  base=
+  [ "$file" = flash_fwd_sm90_fp8.cl ] && base="$cl/fp8_vt_pack.cl"
+  # shellcheck disable=SC2086 # base is empty or one path
+  cat "$shim" "$cl/common.cl" "$cl/common_nv.cl" "$cl/common_serving.cl" $base "$cl/$file" > "$tmp/k.cl"
   # shellcheck disable=SC2086 # defs is a list of options
   # -Werror=shadow: a loop counter named like a fragment index (t, g) would silently change
   # what the shared fragment macros compute.
