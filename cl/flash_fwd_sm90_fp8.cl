@@ -310,7 +310,13 @@
 
 /* The plain loop's softmax (on its acc, m_run, l_run and sc) and O += P V as this build sums
  * them: alpha applied in the add of the two-level sum, or (PV_CHAINED) to O before the MMA adds
- * to it. */
+ * to it. SOFTMAX_PHASED (default 1): the softmax's phases over both rows at once, so that every
+ * exponent of the tile sits in one straight run with P's packing (ONLINE_SOFTMAX_16_P_BIASED,
+ * common_nv.cl): 16 PRMT fewer a 128-key tile (offline SASS: D=64 397 -> 380 instructions on
+ * an unmasked tile's path, D=128 about 455 -> 444). -DSOFTMAX_PHASED=0: row by row. */
+#ifndef SOFTMAX_PHASED
+#define SOFTMAX_PHASED 1
+#endif
 #if PV_CHAINED
 #define SOFTMAX_TILE(s, alpha)                                                                     \
     do {                                                                                           \
@@ -318,6 +324,9 @@
         (alpha)[0] = (alpha)[1] = 1.0f; /* applied already */                                      \
     } while (0)
 #define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, O_FRAGS, pf, vt)
+#elif SOFTMAX_PHASED
+#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P_BIASED(s, S_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2)
+#define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
 #define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
