@@ -12,11 +12,9 @@
  * device and skips the upload) and with factors that change every call (one upload a call). It
  * prints the wall clock a call, the forward kernel's own time (its profiling event) and the gap
  * from one forward kernel's end to the next one's start, which holds the call's other device
- * work: the factors' upload. (V's transpose, a pass of its own before the forward until
- * 2026-12-05, runs in the forward's launch since, so its time is in the kernel's.) Then that
- * transpose as a pass alone (cl/fp8_vt_pack.cl's kernel), 20 launches, its mean time and the
- * bytes it reads and writes a second: the work the forward's launch overlaps. Inputs are
- * arbitrary finite e4m3 codes: a timing, not a check (test_fp8_forward checks the kernels). */
+ * work: the factors' upload and V's transpose (cl/fp8_vt_pack.cl). Then the transpose pass alone,
+ * 20 launches, its mean time and the bytes it reads and writes a second. Inputs are arbitrary
+ * finite e4m3 codes: a timing, not a check (test_fp8_forward checks the kernels). */
 #define _POSIX_C_SOURCE 200809L
 #include <stdint.h>
 #include <stdio.h>

@@ -1,4 +1,4 @@
-/* ptx_fwd_harness.c: flashcl's forward kernel relaunched through the
+/* ptx_fwd_harness.c: flashcl's forward kernel (and, for FP8, its V transpose) relaunched through the
  * CUDA driver, so that Nsight Compute sees them. The forward's twin of bench/ptx_harness.c, whose
  * header says why this works (NVIDIA's OpenCL keeps PTX, the CUDA driver loads PTX) and which
  * shares its CUDA side (bench/ptx_cuda.c).
@@ -12,15 +12,12 @@
  *   1. flashcl's forward on the NVIDIA GPU (dtype e4m3, e5m2: FP8 q, k, v with per-tensor descales
  *      and a float16 output, on the table's kernel, nv-wgmma-fp8 on compute capability 9.0; f16,
  *      bf16: the 16-bit forward), keeping out and LSE; its calls back to back by wall clock;
- *   2. the forward's program read back from the cache, a -DUSE_TMA=1 build where the cache holds
- *      one (that is what flashcl ran);
- *   3. the same launch through the CUDA driver with src/attention.c's arguments and grid (for
- *      nv-wgmma-fp8, which transposes V in its own work-groups, its scratch and zeroed tickets);
- *      tensor maps encoded by flashcl's own src/nv_tma.c;
+ *   2. the forward's program (and fp8_vt_pack's) read back from the cache, a -DUSE_TMA=1 build where
+ *      the cache holds one (that is what flashcl ran);
+ *   3. the same launches through the CUDA driver with src/attention.c's arguments and grid: for FP8
+ *      fp8_vt_pack (V into Vt) then the forward; tensor maps encoded by flashcl's own src/nv_tma.c;
  *   4. out and LSE checked bitwise against flashcl's (one kernel, same arithmetic, same order), then
- *      the kernel timed by cuEvents. Its launches all pass the generation 1: from the second on,
- *      the forward's blocks find their flags set and do not wait for the transpose jobs, which
- *      rewrite the same bytes of Vt (an FP8 call's wait is short: cl/flash_fwd_sm90_fp8.cl).
+ *      each kernel timed by cuEvents and both back to back.
  *
  * Build: with ptx_harness (-DFLASHCL_BUILD_BENCH_HARNESS=ON), target ptx_fwd_harness.
  * Run:   build-gpu/ptx_fwd_harness B H N D [--dtype e4m3|e5m2|f16|bf16] [--causal] [--iters N]
@@ -174,16 +171,22 @@ int main(int argc, char **argv) {
     printf("flashcl (OpenCL): %.3f ms a forward call, %.1f TFLOP/s (%d calls back to back, wall clock)\n", cl_ms,
            flops / cl_ms * 1e-9, iters);
 
-    /* The program flashcl built: the forward (its TMA build where present). */
+    /* The programs flashcl built: the forward (its TMA build where present) and, for FP8 on
+     * nv-wgmma-fp8, the V transpose. */
     static cached_program progs[64];
     const int np = read_cache(cache, progs, 64);
     const cached_program *fwd = pick_program(progs, np, "flash_fwd", D, (int)(fp8 ? desc.out_dtype : desc.dtype), fp8);
     if (!fwd)
         die("%s", "the cache holds no forward program (not an NVIDIA device, or the cache is off?)");
     load_cuda(); /* before load_kernel, which loads the PTX through the driver */
-    kernel kf = {.role = "fwd"};
+    kernel kf = {.role = "fwd"}, kp = {.role = "pack"};
     load_kernel(&kf, fwd, "flash_fwd", NULL, dump);
     const int wgmma_fp8 = !strncmp(kf.name, "flash_fwd_sm90_fp8", 18);
+    const cached_program *pack = wgmma_fp8 ? pick_program(progs, np, "fp8_vt_pack", D, -1, -1) : NULL;
+    if (wgmma_fp8 && !pack)
+        die("%s", "nv-wgmma-fp8 ran, but the cache holds no fp8_vt_pack program");
+    if (pack)
+        load_kernel(&kp, pack, "fp8_vt_pack", NULL, dump);
     const int tma = option_int(fwd->options, "USE_TMA", 0), block_m = option_int(fwd->options, "BLOCK_M", 0),
               block_n = option_int(fwd->options, "BLOCK_N", 0), warps = option_int(fwd->options, "WARPS", 0);
     if (block_m < 1 || warps < 1)
@@ -191,7 +194,7 @@ int main(int argc, char **argv) {
     printf("forward program (from %s):\n  [%s]\n", cache, fwd->options);
 
     /* ---- the same launches through the CUDA driver ---- */
-    CUdeviceptr d_q, d_k, d_v, d_out, d_lse, d_sc = 0, d_vt = 0, d_sync = 0, d_slots = 0;
+    CUdeviceptr d_q, d_k, d_v, d_out, d_lse, d_sc = 0, d_vt = 0, d_slots = 0;
     CUdeviceptr *dev_in[3] = {&d_q, &d_k, &d_v};
     for (int t = 0; t < 3; ++t) {
         cu_check(cu.mem_alloc(dev_in[t], in_bytes), "cuMemAlloc");
@@ -202,18 +205,18 @@ int main(int argc, char **argv) {
     cu_check(cu.memset_d8(d_out, 0xff, out_bytes), "cuMemsetD8"); /* poisoned: NaN bits */
     cu_check(cu.memset_d8(d_lse, 0xff, rows * 4), "cuMemsetD8");
     const unsigned groups_m = (unsigned)((N + block_m - 1) / block_m);
-    /* src/attention.c's fp8_vt_shape: keys rounded up to 128, head dims to 64; nv-wgmma-fp8's
-     * one-dimensional launch: every head's row blocks, then a transpose job a 128-key tile. */
-    const int vt_keys = (N + 127) / 128 * 128, vt_rows = (D + 63) / 64 * 64;
-    const unsigned groups = groups_m * H * B + (wgmma_fp8 ? (unsigned)(vt_keys / 128) * H * B : 0u);
     if (tma) {
-        cu_check(cu.mem_alloc(&d_slots, (size_t)groups * FLASHCL_TMA_SLOT_BYTES), "cuMemAlloc");
+        cu_check(cu.mem_alloc(&d_slots, (size_t)groups_m * H * B * FLASHCL_TMA_SLOT_BYTES), "cuMemAlloc");
     }
-    if (wgmma_fp8) {
+    /* src/attention.c's fp8_vt_shape: keys rounded up to 128, head dims to 64. */
+    const int vt_keys = (N + 127) / 128 * 128, vt_rows = (D + 63) / 64 * 64;
+    if (pack) {
         cu_check(cu.mem_alloc(&d_vt, (size_t)B * H * vt_rows * vt_keys), "cuMemAlloc");
         cu_check(cu.memset_d8(d_vt, 0x7f, (size_t)B * H * vt_rows * vt_keys), "cuMemsetD8");
-        cu_check(cu.mem_alloc(&d_sync, 4 * (1 + 2 * (size_t)B * H)), "cuMemAlloc");
-        cu_check(cu.memset_d8(d_sync, 0, 4 * (1 + 2 * (size_t)B * H)), "cuMemsetD8");
+        /* fp8_vt_pack(v, v:4, vt, nk, vt_keys): global {vt_keys / 128 * 128, heads_k, batch}, local 128 */
+        kp.grid[0] = (unsigned)(vt_keys / 128), kp.grid[1] = (unsigned)H, kp.grid[2] = (unsigned)B, kp.block = 128;
+        arg_u64(&kp.args, d_v), arg_layout(&kp.args, &r.v), arg_u64(&kp.args, d_vt);
+        arg_i32(&kp.args, N), arg_i32(&kp.args, vt_keys);
     }
     if (fp8) { /* flashcl_fp8_upload_scales, per tensor: [q | k | v] */
         const float sc[3] = {q_descale, k_descale, v_descale};
@@ -236,8 +239,7 @@ int main(int argc, char **argv) {
             die("%s", "the tensor maps did not encode here, where flashcl's did");
     }
     /* The forward's arguments, in src/attention.c's order: FWD_ARGS, the TMA maps and slots, the
-     * descales (FWD_FP8_ARGS), Vt and its keys a row, the tickets, the generation, the row blocks a
-     * head, the query heads and the batch. */
+     * descales (FWD_FP8_ARGS), Vt and its keys a row. */
     const float log2e = 1.4426950408889634f;
     arg_u64(&kf.args, d_q), arg_u64(&kf.args, d_k), arg_u64(&kf.args, d_v), arg_u64(&kf.args, d_out);
     arg_u64(&kf.args, d_lse);
@@ -252,24 +254,27 @@ int main(int argc, char **argv) {
             arg_u64(&kf.args, d_slots);
     if (fp8) /* per tensor: sc_per_head 0, sc_rows 0, k's factor at 1, v's at 2 */
         arg_u64(&kf.args, d_sc), arg_i32(&kf.args, 0), arg_i32(&kf.args, 0), arg_i32(&kf.args, 1), arg_i32(&kf.args, 2);
-    if (wgmma_fp8) {
-        arg_u64(&kf.args, d_vt), arg_i32(&kf.args, vt_keys), arg_u64(&kf.args, d_sync);
-        arg_i32(&kf.args, 1), arg_i32(&kf.args, (int)groups_m), arg_i32(&kf.args, H), arg_i32(&kf.args, B);
-        kf.grid[0] = groups, kf.grid[1] = kf.grid[2] = 1;
-    } else {
-        kf.grid[0] = groups_m, kf.grid[1] = (unsigned)H, kf.grid[2] = (unsigned)B;
-    }
-    kf.block = (unsigned)(32 * warps);
-    {
+    if (pack)
+        arg_u64(&kf.args, d_vt), arg_i32(&kf.args, vt_keys);
+    kf.grid[0] = groups_m, kf.grid[1] = (unsigned)H, kf.grid[2] = (unsigned)B, kf.block = (unsigned)(32 * warps);
+
+    kernel *ks[2] = {pack ? &kp : NULL, &kf};
+    const cached_program *ps[2] = {pack, fwd};
+    for (int i = 0; i < 2; ++i) {
+        if (!ks[i])
+            continue;
         int blocks = 0, regs = 0;
-        cu.occupancy(&blocks, kf.fn, (int)kf.block, 0);
-        cu.func_get_attribute(&regs, FUNC_NUM_REGS, kf.fn);
+        cu.occupancy(&blocks, ks[i]->fn, (int)ks[i]->block, 0);
+        cu.func_get_attribute(&regs, FUNC_NUM_REGS, ks[i]->fn);
         printf("  %-7s grid (%u,%u,%u) x %u work-items, %d registers, %d work-groups an SM by the occupancy "
                "calculator%s\n",
-               kf.role, kf.grid[0], kf.grid[1], kf.grid[2], kf.block, regs, blocks, tma ? ", TMA copies" : "");
+               ks[i]->role, ks[i]->grid[0], ks[i]->grid[1], ks[i]->grid[2], ks[i]->block, regs, blocks,
+               i && tma ? ", TMA copies" : "");
     }
-    /* The checked run (the first flash_fwd launch is ncu's). */
-    launch(&kf, fwd);
+    /* The checked run: the transpose, then the forward (the first flash_fwd launch is ncu's). */
+    for (int i = 0; i < 2; ++i)
+        if (ks[i])
+            launch(ks[i], ps[i]);
     cu_check(cu.ctx_synchronize(), "the CUDA-launched forward");
     void *got = malloc(out_bytes > rows * 4 ? out_bytes : rows * 4);
     cu_check(cu.memcpy_dtoh(got, d_out, out_bytes), "cuMemcpyDtoH");
@@ -277,12 +282,15 @@ int main(int argc, char **argv) {
     cu_check(cu.memcpy_dtoh(got, d_lse, rows * 4), "cuMemcpyDtoH");
     bad += differ("lse", ref_lse, got, rows * 4);
 
-    /* cuEvent times: the kernel alone (mean of iters), then back to back. */
-    kernel *ks[1] = {&kf};
-    double per[1];
-    const double total = time_kernels(ks, 1, iters, per);
-    printf("CUDA launches: forward %.1f us (cuEvents, mean of %d); back to back %.3f ms a forward, %.1f TFLOP/s\n",
-           per[0] * 1e3, iters, total, flops / total * 1e-9);
+    /* cuEvent times: each kernel on its own (mean of iters), then both back to back. */
+    double per[2];
+    const double total = time_kernels(ks, 2, iters, per);
+    if (pack)
+        printf("CUDA launches: V transpose %.1f us, ", per[0] * 1e3);
+    else
+        printf("CUDA launches: ");
+    printf("forward %.1f us (cuEvents, mean of %d); back to back %.3f ms a forward, %.1f TFLOP/s\n", per[1] * 1e3,
+           iters, total, flops / total * 1e-9);
     printf("%s\n", bad ? "RESULT: the CUDA launches DIFFER from flashcl's" : "RESULT: bitwise equal to flashcl's");
     flashcl_context_destroy(ctx);
     return bad ? 1 : 0;

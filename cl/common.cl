@@ -217,8 +217,7 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
  * 0, k at sc_k_off, v at sc_v_off); else per (batch, head), and with
  * sc_rows > 0 per sc_rows rows of q and of k. A kernel takes each head's
  * first index once (FP8_Q_BASE(b, hq), FP8_K_BASE(b, hk): hq among the
- * FP8_HEADS_Q query heads, the grid's dimension 1 unless a kernel redefines
- * it, hk among those / group), so a row or key
+ * get_global_size(1) query heads, hk among those / group), so a row or key
  * costs one division at most: FP8_Q_SCALE(base, row), FP8_K_SCALE(base,
  * key); FP8_V_SCALE(b, hk) is read once. In the other kernels the factors
  * are 1, which the compiler folds away. */
@@ -227,12 +226,13 @@ inline long2 visible_keys(long i, int nq, int nk, int left, int right) {
     , __global const float *restrict fp8_sc, int sc_per_head, int sc_rows, int sc_k_off, int sc_v_off
 #define FP8_BLOCKS(n) fp8_row_blocks(n, sc_rows)
 #define FP8_BLOCK(row) (sc_rows > 0 ? (row) / sc_rows : 0)
-#define FP8_HEADS_Q ((int)get_global_size(1))
-#define FP8_Q_BASE(b, hq) (sc_per_head ? ((b)*FP8_HEADS_Q + (hq)) * FP8_BLOCKS(nq) : 0)
-#define FP8_K_BASE(b, hk) (sc_k_off + (sc_per_head ? ((b) * (FP8_HEADS_Q / group) + (hk)) * FP8_BLOCKS(nk) : 0))
+#define FP8_Q_BASE(b, hq) (sc_per_head ? ((b) * (int)get_global_size(1) + (hq)) * FP8_BLOCKS(nq) : 0)
+#define FP8_K_BASE(b, hk)                                                                          \
+    (sc_k_off + (sc_per_head ? ((b) * ((int)get_global_size(1) / group) + (hk)) * FP8_BLOCKS(nk) : 0))
 #define FP8_Q_SCALE(base, row) fp8_sc[(base) + (sc_per_head ? FP8_BLOCK(row) : 0)]
 #define FP8_K_SCALE(base, key) fp8_sc[(base) + (sc_per_head ? FP8_BLOCK(key) : 0)]
-#define FP8_V_SCALE(b, hk) fp8_sc[sc_v_off + (sc_per_head ? (b) * (FP8_HEADS_Q / group) + (hk) : 0)]
+#define FP8_V_SCALE(b, hk)                                                                         \
+    fp8_sc[sc_v_off + (sc_per_head ? (b) * ((int)get_global_size(1) / group) + (hk) : 0)]
 #else
 #define FWD_FP8_ARGS
 #define FP8_Q_BASE(b, hq) 0

@@ -292,17 +292,17 @@ inline void cp_wait(void) {
 
 /* O += P V in the wgmma forward kernels (flash_fwd_sm90, flash_fwd_sm90_fp8),
  * waited for: the kernel's own PV_CHAIN(acc, pf, v) over its P_STEPS k-steps
- * into acc[n][4] (O_FRAGS, and the FP8 kernel's row sums), the operands
- * pinned first, so that no write of them sinks into the chain. */
-#define PV_WAITED(acc, n, pf, v)                                                                   \
+ * into acc[O_FRAGS][4], the operands pinned first, so that no write of them
+ * sinks into the chain. */
+#define PV_WAITED(acc, pf, v)                                                                      \
     do {                                                                                           \
-        WG_FENCE_REGS(acc, n);                                                                     \
+        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
         WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
         WGMMA_FENCE();                                                                             \
         PV_CHAIN(acc, pf, v);                                                                      \
         WGMMA_COMMIT();                                                                            \
         WGMMA_WAIT_ALL();                                                                          \
-        WG_FENCE_REGS(acc, n);                                                                     \
+        WG_FENCE_REGS(acc, O_FRAGS);                                                               \
     } while (0)
 
 /* Tiles start at the first 1024-byte boundary of the __local array raw (the
@@ -469,46 +469,6 @@ inline float ex2(float x) {
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
             SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h_, alpha_);                                  \
             (alpha)[h_] = alpha_;                                                                  \
-        }                                                                                          \
-    } while (0)
-/* ONLINE_SOFTMAX_16_P with SOFTMAX_EXPS_BIASED's exponents (2^(s sc + bias - m sc), or where
- * |m sc| >= 1024 2^((s - m) sc + bias)), for the FP8 forward's plain loop, in phases: both rows'
- * maxima; their factors and biases, with one vote for the two rows (where either row of any lane
- * is that far, both rows subtract m from their scores in place, then take bias alone); then
- * every exponent, by one fma each, in one straight run. Exponents in two branches, or row g's
- * before row g + 8's vote, met later code through a join, and there ptxas packed P's e4m3 pairs
- * into registers by a PRMT each (16 a 128-key tile) instead of merging the second pair into the
- * first's F2FP; a vote a row, as SOFTMAX_EXPS_BIASED has, spilled at D=64's 128 registers.
- * A row takes the far form when the other row needs it: the two agree to 2^-13, far inside P's
- * e4m3 rounding. */
-#define ONLINE_SOFTMAX_16_P_BIASED(s, n_s, m_run, l_run, sc, alpha, bias)                          \
-    do {                                                                                           \
-        float mx_[2] = {-INFINITY, -INFINITY}, c_[2];                                              \
-        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            SOFTMAX_ROW_MAX(s, n_s, h_, mx_[h_]);                                                  \
-            mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 1));                                         \
-            mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 2));                                         \
-        }                                                                                          \
-        float mr_[2];                                                                              \
-        int far_ = 0;                                                                              \
-        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            const float m_new_ = fmax((m_run)[h_], mx_[h_]);                                       \
-            mr_[h_] = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
-            (alpha)[h_] = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h_] - m_new_) * (sc));         \
-            (m_run)[h_] = m_new_;                                                                  \
-            const float msc_ = mr_[h_] * (sc);                                                     \
-            c_[h_] = (float)(bias)-msc_;                                                           \
-            far_ |= !(msc_ < 1024.0f && msc_ > -1024.0f);                                          \
-        }                                                                                          \
-        if (warp_any(far_)) {                                                                      \
-            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                   \
-                _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] -= mr_[e_ >> 1];       \
-            c_[0] = c_[1] = (float)(bias);                                                         \
-        }                                                                                          \
-        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            float psum_ = 0.0f;                                                                    \
-            SOFTMAX_EXPS_SUM(s, n_s, h_, psum_, fma(x_, (sc), c_[h_]));                            \
-            (l_run)[h_] = (l_run)[h_] * (alpha)[h_] + psum_;                                       \
         }                                                                                          \
     } while (0)
 #define RESCALE_16(acc, n_o, alpha)                                                                \
@@ -687,21 +647,15 @@ inline float shfl_xor(float x, int mask) {
  * LPT_PLACE(rank, pair): rank 0 is the block to run first, pair = b *
  * get_num_groups(1) + head; a bijection on the grid's work-groups (the
  * linear id fits int: fewer than 2^31 work-groups). */
-/* LPT_PLACE_AT(rank, pair, lin, n0, hb_all, width): the same for linear id lin
- * of n0 blocks a pair and hb_all pairs, in chunks of width pairs (a kernel
- * whose work-groups take their place from a ticket, not from their ids:
- * flash_fwd_sm90_fp8). */
-#define LPT_PLACE_AT(rank, pair, lin, n0, hb_all, width)                                           \
-    const int chunk_ = (lin) / ((width) * (n0)), in_ = (lin) - chunk_ * (width) * (n0);            \
-    const int width_ = min((width), (hb_all) - chunk_ * (width));                                  \
-    const int pair = chunk_ * (width) + in_ % width_, rank = in_ / width_
 #if LPT_HEADS
 #define LPT_PLACE(rank, pair)                                                                      \
     const int n0_ = (int)get_num_groups(0);                                                        \
     const int hb_all_ = (int)(get_num_groups(1) * get_num_groups(2));                              \
     const int lin_ =                                                                               \
         (int)get_group_id(0) + n0_ * (int)(get_group_id(1) + get_num_groups(1) * get_group_id(2)); \
-    LPT_PLACE_AT(rank, pair, lin_, n0_, hb_all_, LPT_HEADS)
+    const int chunk_ = lin_ / (LPT_HEADS * n0_), in_ = lin_ - chunk_ * LPT_HEADS * n0_;            \
+    const int width_ = min(LPT_HEADS, hb_all_ - chunk_ * LPT_HEADS);                               \
+    const int pair = chunk_ * LPT_HEADS + in_ % width_, rank = in_ / width_
 #define NV_ROW_BLOCK_ORDER(rows)                                                                   \
     LPT_PLACE(lpt_rank_, lpt_pair_);                                                               \
     const int m0 = ((int)get_num_groups(0) - 1 - lpt_rank_) * (rows);                              \
@@ -801,7 +755,6 @@ inline float shfl_xor(float x, int mask) {
  * where o_pair says every (row, even column) is aligned for it, else
  * ONE(orow, d, x) one column at a time. A row that saw no key (l = 0)
  * stores 0 and LSE -inf. */
-#define NV_FWD_HEADS_Q get_global_size(1) /* query heads: the grid's dimension 1, but see flash_fwd_sm90_fp8 */
 #define NV_FWD_STORE_FRAG(acc, n_o, m_run, l_run, sc, row0, T, ob, o_pair, PAIR, ONE)              \
     do {                                                                                           \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
@@ -827,7 +780,7 @@ inline float shfl_xor(float x, int mask) {
                 }                                                                                  \
             }                                                                                      \
             if (has_lse && t == 0)                                                                 \
-                lse[lse_off + ((ulong)b * NV_FWD_HEADS_Q + hq) * (ulong)nq + row_] =               \
+                lse[lse_off + ((ulong)b * get_global_size(1) + hq) * (ulong)nq + row_] =           \
                     l_ > 0.0f ? ((m_run)[h_] * (sc) + log2(l_)) * LN2 : -INFINITY;                 \
         }                                                                                          \
     } while (0)

@@ -502,7 +502,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
             uint pf[P_STEPS][4];
             PACK_P(pf, s);
             TILE_WAIT(v_bar, tile);
-            PV_WAITED(acc, O_FRAGS, pf, v_tile);
+            PV_WAITED(acc, pf, v_tile);
         }
     }
 #undef LOOP_COPY
@@ -572,7 +572,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         const uint v_cur = s_base + TILE_BYTES * (uint)(1 + ((tiles - 1) & 1));
         cp_wait_async_proxy(); /* V(tiles - 1) */
         barrier(CLK_LOCAL_MEM_FENCE);
-        PV_WAITED(acc, O_FRAGS, pf, v_cur);
+        PV_WAITED(acc, pf, v_cur);
     }
 #endif
 

@@ -30,9 +30,10 @@
  *                (PV_TWO_LEVEL: the FP8 MMA's accumulator is not float32).
  * 8-bit wgmma takes both operands K-major only (no transpose bit), so V,
  * stored keys x dims, is first transposed into Vt, dims x keys, in global
- * memory (into the context's scratch) by work-groups of this same launch
- * ("The V transpose", below), and Vt tiles then arrive as K tiles do: by
- * TMA where the host encodes tensor maps (USE_TMA), by cp.async elsewhere.
+ * memory by fp8_vt_pack (cl/fp8_vt_pack.cl; the host runs it before the
+ * forward, into the context's scratch), and Vt tiles then arrive as K tiles
+ * do: by TMA where the host encodes tensor maps (USE_TMA), by cp.async
+ * elsewhere.
  *
  * The operand layouts in bytes. An 8-bit k32 step is 32 bytes, as a 16-bit
  * k16 step is, and wgmma's 8-bit A fragment puts bytes 4t..4t+3 of rows g
@@ -96,9 +97,7 @@
 #endif
 #define K_STEPS ((HEAD_DIM + 31) / 32)  // k32 steps of S = Q K^T (bytes past HEAD_DIM are zero)
 #define VT_PANELS ((HEAD_DIM + 63) / 64) // 64-dim groups of O = P V
-#if VT_ROWS != 64 * VT_PANELS || VT_TILE != BLOCK_N
-#error "Vt as cl/fp8_vt_pack.cl writes it (built before this file) is VT_PANELS 64-row panels of BLOCK_N-key tiles"
-#endif
+#define VT_ROWS (64 * VT_PANELS)
 #define S_FRAGS (BLOCK_N / 8)            // n8 blocks of S per 16 rows
 #define P_STEPS (BLOCK_N / 32)           // k32 steps of O = P V
 #define O_FRAGS (VT_ROWS / 8)            // n8 blocks of O per 16 rows
@@ -147,28 +146,10 @@
 #if K_EARLY && !USE_TMA
 #error "K_EARLY needs USE_TMA: without it, the barrier after the softmax also publishes Vt"
 #endif
-/* ROWSUM_MMA (default: 1 in the plain loop, with the two-level sum): each row's sum of P comes
- * from the tensor cores, not from 64 float adds a lane a tile. O = P V runs one more wgmma a
- * k-step, m64n8k32, against an 8 x 32 B whose every byte is 0.25 in e4m3 (ONES_AT, written
- * once): each of its 8 columns is a quarter of the row's sum, so lane (g, t) holds row g's in
- * its first register and row g + 8's in its third, and the quad's sum at the store (which adds
- * the four lanes' partial l) is the row's sum. That sum is of P as rounded to e4m3, the P that
- * weights V, so O is their exact weighted mean, and the LSE is the log of that sum: it moves by
- * P's rounding (at most 2^-4 relative a term, a mean of such over a row), where the float sum
- * gave the LSE of the unrounded P. The adds were a quarter of a D=64 tile's instructions and a
- * 32-step dependent chain a row. -DROWSUM_MMA=0: the float sum. */
-#ifndef ROWSUM_MMA
-#define ROWSUM_MMA (!OVERLAP && !PV_CHAINED)
-#endif
-#if ROWSUM_MMA && (OVERLAP || PV_CHAINED)
-#error "ROWSUM_MMA is the plain loop's, with the two-level sum (not OVERLAP, not PV_CHAINED)"
-#endif
 #define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
-#define ONES_AT (Q_AT + Q_BYTES) /* ROWSUM_MMA's B: 8 rows of 128 bytes, one swizzle atom */
-#define SMEM_BYTES (ONES_AT + (ROWSUM_MMA ? 1024 : 0) + 1024)
-#define E4M3_QUARTER 0x28u /* 0.25: exponent field 5 (bias 7), no mantissa */
+#define SMEM_BYTES (Q_AT + Q_BYTES + 1024)
 #define P_SCALE_LOG2 8
 #define P_SCALE ((float)(1 << P_SCALE_LOG2))
 /* The softmax writes P_SCALE p (2^8 p) straight from its exponents, and l holds P_SCALE times
@@ -235,42 +216,17 @@
 #define PV_FIRST_STEP(t, a, desc) WGMMA_FP8(t, a, desc, 0, "e4m3", FP8_PTX)
 #endif
 
-/* d[0][0..3] (+)= A (as WGMMA_FP8's) times the 32x8 e4m3 B that desc describes: ROWSUM_MMA's. */
-#define WGMMA_FP8_N8(d, a, desc, scale_d)                                                          \
-    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, " \
-                               "{%4,%5,%6,%7}, %8, " #scale_d ", 1, 1;\n"                          \
-                         : WG_ACC4(d, 0)                                                           \
-                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
-                         : "memory")
-/* ROWSUM_MMA's k-step kk into t[0] (ones_tile: the kernel's ONES_AT; every byte of it is the
- * same, so every k-step reads its first 32 bytes a row, one descriptor). */
-#if ROWSUM_MMA
-#define ROWSUM_STEP(t, a, kk)                                                                      \
-    do {                                                                                           \
-        if ((kk) == 0)                                                                             \
-            WGMMA_FP8_N8(t, a, sw128_desc(ones_tile), 0);                                          \
-        else                                                                                       \
-            WGMMA_FP8_N8(t, a, sw128_desc(ones_tile), 1);                                          \
-    } while (0)
-#else
-#define ROWSUM_STEP(t, a, kk) do { } while (0)
-#endif
-#define PV_FRAGS (O_FRAGS + ROWSUM_MMA) /* t's n8 blocks: O's, then the row sums' */
-
 /* t = P V for Vt at vt: k-step kk takes k positions 32kk.. (keys VT_KEY of
- * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in), then
- * (ROWSUM_MMA) the row sums' into t[O_FRAGS]; the first k-step overwrites t
- * (PV_CHAINED: adds to it). */
+ * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in); the first
+ * k-step overwrites t (PV_CHAINED: adds to it). */
 #define PV_CHAIN(t, pf, vt)                                                                        \
-    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) {                                       \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
         _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
-            const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                  \
-            if (kk == 0)                                                                           \
-                PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                        \
-            else                                                                                   \
-                WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                        \
-        }                                                                                          \
-        ROWSUM_STEP((t) + O_FRAGS, (pf)[kk], kk);                                                  \
+        const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                      \
+        if (kk == 0)                                                                               \
+            PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                            \
+        else                                                                                       \
+            WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
     }
 
 /* O += P V in two levels: the tile's product into fresh registers, waited for,
@@ -286,47 +242,26 @@
  * O = alpha O + P V by one fma an element where the softmax's rescale and the add took two. */
 #define PV_TWO_LEVEL_SCALED(acc, pf, vt, al0, al1)                                                 \
     do {                                                                                           \
-        float t_[PV_FRAGS][4];                                                                     \
-        PV_WAITED(t_, PV_FRAGS, pf, vt); /* t_ is written, not read: the first k-step overwrites it */ \
+        float t_[O_FRAGS][4];                                                                      \
+        PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] = fma((acc)[j_][0], (al0), t_[j_][0]);                                    \
             (acc)[j_][1] = fma((acc)[j_][1], (al0), t_[j_][1]);                                    \
             (acc)[j_][2] = fma((acc)[j_][2], (al1), t_[j_][2]);                                    \
             (acc)[j_][3] = fma((acc)[j_][3], (al1), t_[j_][3]);                                    \
         }                                                                                          \
-        ROWSUM_ADD(t_, al0, al1);                                                                  \
     } while (0)
-/* ROWSUM_MMA: l_mma (this lane's rows g, g + 8: a quarter of each row's sum) = alpha l_mma +
- * the tile's sums, as O is updated. */
-#if ROWSUM_MMA
-#define ROWSUM_ADD(t, al0, al1)                                                                    \
-    do {                                                                                           \
-        l_mma[0] = fma(l_mma[0], (al0), (t)[O_FRAGS][0]);                                          \
-        l_mma[1] = fma(l_mma[1], (al1), (t)[O_FRAGS][2]);                                          \
-    } while (0)
-#else
-#define ROWSUM_ADD(t, al0, al1) do { } while (0)
-#endif
 
 /* The plain loop's softmax (on its acc, m_run, l_run and sc) and O += P V as this build sums
  * them: alpha applied in the add of the two-level sum, or (PV_CHAINED) to O before the MMA adds
- * to it. SOFTMAX_PHASED (default 1): the softmax's phases over both rows at once, so that every
- * exponent of the tile sits in one straight run with P's packing (ONLINE_SOFTMAX_16_P_BIASED,
- * common_nv.cl): 16 PRMT fewer a 128-key tile (offline SASS: D=64 397 -> 380 instructions on
- * an unmasked tile's path, D=128 about 455 -> 444). -DSOFTMAX_PHASED=0: row by row. */
-#ifndef SOFTMAX_PHASED
-#define SOFTMAX_PHASED 1
-#endif
+ * to it. */
 #if PV_CHAINED
 #define SOFTMAX_TILE(s, alpha)                                                                     \
     do {                                                                                           \
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);                             \
         (alpha)[0] = (alpha)[1] = 1.0f; /* applied already */                                      \
     } while (0)
-#define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, O_FRAGS, pf, vt)
-#elif SOFTMAX_PHASED
-#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P_BIASED(s, S_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2)
-#define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
+#define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, pf, vt)
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
 #define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
@@ -428,164 +363,19 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
             MASK_16(s, S_FRAGS, n0, row_lo, row_hi, (n0) < w_all_lo);                              \
     } while (0)
 
-/* ---- The V transpose, in the same launch ----------------------------------------------------
- * V's transpose into Vt (cl/fp8_vt_pack.cl's vt_pack_tile, one 128-key tile a job) runs in this
- * kernel's own work-groups, so that it overlaps the forward instead of preceding it as a pass
- * of its own: on an H100 that pass was about 6 % of a causal (4,32,4096,128) call by wall clock
- * (docs/perf-notes.md, "The transpose is what (4,32,4096,128) causal misses").
- *
- * Tickets. The launch is one-dimensional: blocks_n row blocks for each of pairs = batch x
- * heads_q (batch, query head) pairs, plus a transpose job for each tile of each (batch, kv
- * head). Each work-group first takes a ticket from vt_sync[0], a counter, so tickets follow the
- * order in which work-groups start, whatever order the hardware starts them in. The forward
- * blocks go in chunks of LPT_WIDTH pairs (LPT_HEADS's order, NV_ROW_BLOCK_ORDER); before chunk
- * c come the jobs of the kv heads that no earlier chunk reads. A forward work-group waits for
- * its kv head's flag before its first Vt copy, and every job that flag waits for took an earlier
- * ticket: its work-group is running or done, and a job waits on nothing, so every wait ends
- * (decoupled look-back's argument). The wait is short: the jobs of chunk c + 1 start while
- * chunk c's forward blocks run.
- *
- * vt_sync: [0] the ticket counter, then for kv pair p its job counter at 1 + 2p and its flag at
- * 2 + 2p. Interleaved, so that a word is a counter or a flag for every call whatever its shape
- * (with the flags after all the counters, a call over fewer kv heads put flags where a later
- * call over more counted from 0: that call's counters never completed, and its forward blocks
- * waited for ever, on an H100 at 53eea1e). The last job of a kv head (its counter reaching
- * tiles) zeroes the counter and sets the flag to this call's generation vt_gen (the host's
- * count of calls, never 0); the work-group with the last ticket zeroes the ticket counter. So
- * every call leaves the counters at 0 for the next one and no flag equal to the next
- * generation; no fill is needed between calls. Memory order: each
- * work-item fences its Vt stores for the async proxy (fence.proxy.async: TMA reads them) and
- * the barrier gathers them; the job's count is a release at GPU scope, the count that completes
- * a head acquires the others and releases the flag, and the waiter's load acquires it. */
-#if LPT_HEADS
-#define LPT_WIDTH LPT_HEADS
-#else
-#define LPT_WIDTH 1 /* chunks of one pair: each head's blocks in turn, last first (NV_ROW_BLOCK_ORDER) */
-#endif
-#define FP8_TICKET_ARGS , __global uint *restrict vt_sync, uint vt_gen, int blocks_n, int heads_q, int batch_n
-
-/* The kv pair (b * heads_k + hk) that query pair p (b * heads_q + hq) reads. */
-inline int kv_pair_of(int p, int heads_q, int group) {
-    return p / heads_q * (heads_q / group) + p % heads_q / group;
-}
-
-/* The kv pairs that chunks 0 .. c-1 read (their jobs come before chunk c's forward blocks). */
-inline int kv_pairs_before(int c, int pairs, int heads_q, int group) {
-    return c == 0 ? 0 : kv_pair_of(min(c * LPT_WIDTH, pairs) - 1, heads_q, group) + 1;
-}
-
-/* Ticket t's work: returns 1 for a transpose job (*index = kv pair * tiles + tile), 0 for a
- * forward block (*index = its linear id in the order LPT_PLACE_AT reads). Chunk c's jobs start
- * at ticket c * LPT_WIDTH * blocks + tiles * kv_pairs_before(c), which grows with c: a binary
- * search, once a work-group. */
-inline int ticket_work(int t, int blocks, int pairs, int heads_q, int group, int tiles, int *index) {
-    int lo = 0, hi = (pairs + LPT_WIDTH - 1) / LPT_WIDTH - 1;
-    while (lo < hi) {
-        const int mid = (lo + hi + 1) / 2;
-        if (mid * LPT_WIDTH * blocks + tiles * kv_pairs_before(mid, pairs, heads_q, group) <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    const int before = kv_pairs_before(lo, pairs, heads_q, group);
-    const int jobs = tiles * (kv_pairs_before(lo + 1, pairs, heads_q, group) - before);
-    const int at = t - (lo * LPT_WIDTH * blocks + tiles * before);
-    *index = at < jobs ? tiles * before + at : lo * LPT_WIDTH * blocks + (at - jobs);
-    return at < jobs;
-}
-
-inline uint ld_acquire_gpu(__global const uint *p) {
-    uint v;
-    __asm__ __volatile__("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-/* Transpose job `job` of the launch: tile job % tiles of kv pair job / tiles, then its count,
- * and the flag if it completes the head. Every work-item calls it. */
-inline void vt_job(__global const uchar *v, ulong v_off, ulong v_sb, ulong v_ss, ulong v_sh, int nk, int heads_k,
-                   __global uchar *vtg, int vt_keys, int job, __global uint *vt_sync, uint gen,
-                   __local uint4 *tile, int tid) {
-    const int tiles = vt_keys / VT_TILE, kvp = job / tiles, n0 = (job - kvp * tiles) * VT_TILE;
-    const int b = kvp / heads_k, hk = kvp - b * heads_k;
-    vt_pack_tile(v + v_off + (ulong)b * v_sb + (ulong)hk * v_sh, v_ss, nk, n0,
-                 vtg + (ulong)kvp * VT_ROWS * (ulong)vt_keys + n0, vt_keys, tile, tid);
-    __asm__ __volatile__("fence.proxy.async.global;" ::: "memory");
-    barrier(CLK_GLOBAL_MEM_FENCE | CLK_LOCAL_MEM_FENCE);
-    if (tid == 0) {
-        __global uint *count = vt_sync + 1 + 2 * kvp;
-        uint old;
-        __asm__ __volatile__("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
-        if (old == (uint)tiles - 1u) {
-            *count = 0u;
-            __asm__ __volatile__("st.release.gpu.global.u32 [%0], %1;" ::"l"(count + 1), "r"(gen)
-                                 : "memory");
-        }
-    }
-}
-
-/* A forward block's wait for its kv head's Vt: work-item 0 polls the flag, then every
- * work-item passes a barrier (cp.async copies Vt with all of them). */
-inline void vt_wait(__global const uint *flag, uint gen, int tid) {
-    if (tid == 0) {
-        while (ld_acquire_gpu(flag) != gen)
-            __asm__ __volatile__("nanosleep.u32 64;" ::: "memory");
-        __asm__ __volatile__("fence.proxy.async.global;" ::: "memory");
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-}
-
-/* The forward's order, from the ticket's linear id (fwd_lin_) over the launch's own counts. */
-#undef NV_FWD_ORDER
-#define NV_FWD_ORDER                                                                               \
-    LPT_PLACE_AT(lpt_rank_, lpt_pair_, fwd_lin_, blocks_n, pairs_, LPT_WIDTH);                     \
-    const int m0 = (blocks_n - 1 - lpt_rank_) * BLOCK_M;                                           \
-    const int hq = lpt_pair_ % heads_q;                                                            \
-    const int b = lpt_pair_ / heads_q
-#undef NV_FWD_HEADS_Q
-#define NV_FWD_HEADS_Q heads_q
-/* and the descale factors' index (cl/common.cl): the launch's dimension 1 is 1 here */
-#undef FP8_HEADS_Q
-#define FP8_HEADS_Q heads_q
-
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict vtg, int vt_keys FP8_TICKET_ARGS) {
+flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *restrict vtg, int vt_keys) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
-    __local int ticket_;
-
-    /* The ticket, and the last one's reset of the counter (every ticket is taken by then). */
-    const int pairs_ = batch_n * heads_q, heads_k_ = heads_q / group, tiles_ = vt_keys / VT_TILE;
-    const int tickets_ = blocks_n * pairs_ + tiles_ * batch_n * heads_k_;
-    if (get_local_id(0) == 0) {
-        const int t_ = (int)atomic_inc(vt_sync);
-        if (t_ == tickets_ - 1)
-            atomic_xchg(vt_sync, 0u);
-        ticket_ = t_;
-    }
-    barrier(CLK_LOCAL_MEM_FENCE);
-    int fwd_lin_;
-    if (ticket_work(ticket_, blocks_n, pairs_, heads_q, group, tiles_, &fwd_lin_)) {
-        /* the tile at smem_raw's first 1024-byte boundary, as ALIGNED_TILES places the forward's */
-        __local uchar *raw8_ = (__local uchar *)smem_raw;
-        vt_job((__global const uchar *)v, v_off, v_sb, v_ss, v_sh, nk, heads_k_, vtg, vt_keys, fwd_lin_, vt_sync, vt_gen,
-               (__local uint4 *)(raw8_ + ((1024u - (shared_addr(smem_raw) & 1023u)) & 1023u)), (int)get_local_id(0));
-        return;
-    }
 
     NV_FWD_BLOCK;
     __global const uchar *qb = (__global const uchar *)q + (q_off + b * q_sb + hq * q_sh);
     __global const uchar *kb = (__global const uchar *)k + (k_off + b * k_sb + hk * k_sh);
     /* This head's Vt (cl/fp8_vt_pack.cl's layout). */
-    __global const uchar *vtb = vtg + ((ulong)(b * heads_k_ + hk) * VT_ROWS) * (ulong)vt_keys;
+    __global const uchar *vtb = vtg + ((ulong)(b * ((int)get_global_size(1) / group) + hk) * VT_ROWS) * (ulong)vt_keys;
 
     ALIGNED_TILES(smem_raw);
     __local uchar *smem8 = (__local uchar *)smem;
     const uint k_tile = s_base, vt = s_base + VT_AT;
-#if ROWSUM_MMA
-    /* The row sums' B, published with Q's block below (its copy's fence and barrier). */
-    const uint ones_tile = s_base + ONES_AT;
-    ((__local uint2 *)(smem8 + ONES_AT))[tid] = (uint2)(E4M3_QUARTER * 0x01010101u);
-    float l_mma[2] = {0.0f, 0.0f};
-#endif
 #if USE_TMA
     /* Work-item 0 places the maps (K's over k, V's over this call's Vt) and
      * sets up the two mbarriers, which the barrier after Q's copy publishes. */
@@ -621,9 +411,6 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
     barrier(CLK_LOCAL_MEM_FENCE);
     if (n_start <= n_end)
         COPY_K(n_start);
-    /* This head's Vt is written (by jobs of earlier tickets) before any of it is copied. */
-    if (n_start <= n_end)
-        vt_wait(vt_sync + 2 + 2 * (b * heads_k_ + hk), vt_gen, tid);
 
 #if !OVERLAP
     /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
@@ -736,9 +523,6 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global uchar *restrict 
 #endif
 
     /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE (l: P_SCALE times the sum) ---- */
-#if ROWSUM_MMA
-    l_run[0] = l_mma[0], l_run[1] = l_mma[1]; /* the softmax's float sums are then dead code */
-#endif
     const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
     l_run[0] *= 1.0f / P_SCALE, l_run[1] *= 1.0f / P_SCALE;
 #pragma unroll
@@ -769,11 +553,6 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
     ALIGNED_TILES(smem_raw);
     __local uchar *smem8 = (__local uchar *)smem;
     const int row0 = 16 * warp + g;
-#if ROWSUM_MMA /* PV_ADD's row sums (not output here; test_fp8_forward checks them through l) */
-    const uint ones_tile = s_base + ONES_AT;
-    ((__local uint2 *)(smem8 + ONES_AT))[tid] = (uint2)(E4M3_QUARTER * 0x01010101u);
-    float l_mma[2] = {0.0f, 0.0f};
-#endif
     if (mode == 0) {
         copy_rows8(smem8, s_base, Q_AT, q, HEAD_DIM, BLOCK_M, BLOCK_M, HEAD_DIM, tid);
         copy_rows8(smem8, s_base, 0, k, HEAD_DIM, nk, BLOCK_N, HEAD_DIM, tid);

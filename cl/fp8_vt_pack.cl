@@ -1,13 +1,10 @@
 /* fp8_vt_pack.cl: FP8 V transposed for the Hopper FP8 forward's P V product (nv-wgmma-fp8).
  *
  * 8-bit warpgroup MMA reads its B operand K-major only, so cl/flash_fwd_sm90_fp8.cl needs V as
- * Vt (head dims x keys). Transposing every tile in the work-group that reads it cost each tile a
- * load, a byte shuffle and 32 stores a work-item on its critical path; instead Vt is written once,
- * to global memory, and the forward copies Vt tiles as it copies K tiles. vt_pack_tile writes one
- * tile. The forward's launch runs it in work-groups of its own, which overlap the forward's
- * (src/program.c builds this file before cl/flash_fwd_sm90_fp8.cl); the kernel fp8_vt_pack runs
- * it as a pass, which is how it is tested byte for byte on any device (tests/test_fp8_forward.c):
- * plain OpenCL C.
+ * Vt (head dims x keys). Transposing in the forward cost every tile a load, a byte shuffle and 32
+ * stores a work-item on its critical path; this pass writes Vt once, to global memory, before
+ * the forward, which then copies Vt tiles as it copies K tiles. Plain OpenCL C: it runs, and is
+ * tested (tests/test_fp8_forward.c), on any device.
  *
  * Vt of (batch b, kv head hk) is VT_ROWS rows of vt_keys bytes (nk rounded up to VT_TILE) at
  * ((b * heads_k + hk) * VT_ROWS) * vt_keys, heads_k = get_num_groups(1): row d is head dim d,
@@ -53,13 +50,12 @@ inline uint4 transpose4x4(uint a0, uint a1, uint a2, uint a3) {
                    (y01 >> 16) | (y23 & 0xffff0000u));
 }
 
-/* One VT_TILE-key tile of one (batch, kv head)'s Vt: keys n0.. of vb (rows v_ss bytes apart, nk
- * of them) into out (its first byte at key n0 of row 0, rows vt_keys bytes apart), through tile,
- * by the 128 work-items tid of the work-group. Every work-item must call it: it holds a barrier.
- * The pass below runs one a work-group; the FP8 forward (cl/flash_fwd_sm90_fp8.cl) runs it in the
- * work-groups that take a transpose's ticket. */
-inline void vt_pack_tile(__global const uchar *vb, ulong v_ss, int nk, int n0, __global uchar *out, int vt_keys,
-                         __local uint4 *tile, int tid) {
+__kernel __attribute__((reqd_work_group_size(128, 1, 1))) void
+fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *restrict vt, int nk, int vt_keys) {
+    __local uint4 tile[VT_TILE * 8]; /* 128-byte rows, one a key */
+    const int tid = (int)get_local_id(0), n0 = (int)get_group_id(0) * VT_TILE;
+    const int hk = (int)get_group_id(1), b = (int)get_group_id(2);
+    __global const uchar *vb = v + v_off + (ulong)b * v_sb + (ulong)hk * v_sh;
     for (int i = tid; i < VT_TILE * (HEAD_DIM / 16); i += 128) {
         const int key = i / (HEAD_DIM / 16), c = i % (HEAD_DIM / 16);
         tile[key * 8 + (c ^ VT_SWZ(key))] =
@@ -67,6 +63,7 @@ inline void vt_pack_tile(__global const uchar *vb, ulong v_ss, int nk, int n0, _
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     __local const uint *words = (__local const uint *)tile;
+    __global uchar *out = vt + ((ulong)(b * (int)get_num_groups(1) + hk) * VT_ROWS) * (ulong)vt_keys + n0;
     for (int i = tid; i < (VT_ROWS / 4) * (VT_TILE / 16); i += 128) {
         const int d4 = i / (VT_TILE / 16), G = i % (VT_TILE / 16);
         uint rows[4][4] = {{0u}}; /* rows 4 d4 + 0..3, words 0..3 of this group's 16 bytes */
@@ -89,14 +86,4 @@ inline void vt_pack_tile(__global const uchar *vb, ulong v_ss, int nk, int n0, _
             *(__global uint4 *)(out + (ulong)(4 * d4 + e) * (ulong)vt_keys + 16 * G) =
                 (uint4)(rows[e][0], rows[e][1], rows[e][2], rows[e][3]);
     }
-}
-
-/* The pass: a work-group a tile, (tile, kv head, batch) its group ids. */
-__kernel __attribute__((reqd_work_group_size(128, 1, 1))) void
-fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *restrict vt, int nk, int vt_keys) {
-    __local uint4 tile[VT_TILE * 8]; /* 128-byte rows, one a key */
-    const int n0 = (int)get_group_id(0) * VT_TILE, hk = (int)get_group_id(1), b = (int)get_group_id(2);
-    vt_pack_tile(v + v_off + (ulong)b * v_sb + (ulong)hk * v_sh, v_ss, nk, n0,
-                 vt + ((ulong)(b * (int)get_num_groups(1) + hk) * VT_ROWS) * (ulong)vt_keys + n0, vt_keys, tile,
-                 (int)get_local_id(0));
 }

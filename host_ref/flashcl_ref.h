@@ -68,7 +68,7 @@ void flashcl_ref_attention_forward(const flashcl_attention_desc *desc, const voi
 void flashcl_ref_attention_forward_plain(const flashcl_attention_desc *desc, const void *q,
                                          const void *k, const void *v, double *out);
 /* The same with P in e4m3 for P·V: 256 exp(s - m) rounded to e4m3 (m the
- * row's max), divided by the sum of the rounded values; a model of an FP8 kernel that
+ * row's max), divided by the row's sum after; a model of an FP8 kernel that
  * multiplies P·V in e4m3 (nv-wgmma-fp8, FlashAttention-3's FP8), which
  * rounds against the running max instead: the same 2^-4 relative error per
  * element, at other points. */

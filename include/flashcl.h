@@ -246,8 +246,8 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * lse (may be NULL): float32 [batch][heads_q][seqlen_q], at element
  * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
  * On error nothing is enqueued and no output is touched (except that an FP8
- * call whose kernel fails to launch leaves its descale upload enqueued: it
- * writes only the context's own buffer). `event`
+ * call whose kernel fails to launch leaves its descale upload, and its V
+ * transpose, enqueued: they write only the context's own buffers). `event`
  * (may be NULL) receives the kernel's event; the caller releases it.
  * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
  * are copied during the call (the arrays may be freed when it returns) and
@@ -256,15 +256,12 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * or bfloat16 output, head dims 32..128 in steps of 16, 16-byte aligned rows
  * of q, k and v and factor blocks of a multiple of 8 rows runs the Hopper
  * kernel instead (variant "nv-wgmma-fp8"). It rounds P to e4m3 for P V, as
- * FlashAttention-3 does, and normalises the output by the sum of those
- * rounded values: its lse is the log of that sum (within -ln(1 - 2^-4) of
- * the unrounded one) and carries the FP8 MMA's truncating sums (about 2^-14
- * of a row's largest sum of |q||k| times the scale). Its own
- * work-groups write v transposed into a buffer the context allocates, keeps
- * for later calls and frees in flashcl_context_destroy: batch * heads_k *
- * head_dim rounded up to 64 * seqlen_k rounded up to 128 bytes (v's own
- * size at head_dim 128), and 4 * (1 + 2 * batch * heads_k) bytes of
- * counters. */
+ * FlashAttention-3 does, and its lse carries the FP8 MMA's truncating sums
+ * (about 2^-14 of a row's largest sum of |q||k| times the scale). It first
+ * writes v transposed into a buffer the context allocates, keeps for later
+ * calls and frees in flashcl_context_destroy: batch * heads_k * head_dim
+ * rounded up to 64 * seqlen_k rounded up to 128 bytes (v's own size at
+ * head_dim 128). */
 FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
                                                      const flashcl_attention_desc *desc,
                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,

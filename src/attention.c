@@ -1,5 +1,4 @@
 /* attention.c: checking attention arguments and launching the forward kernel. */
-#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -298,13 +297,10 @@ static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *
 
 /* Builds the kernel for r and sizes its launch. A variant that fails to
  * build falls back to the kernel that always applies, which cannot give a
- * wrong answer; the log says why (the failure is remembered, so once).
- * *vt_blocks: for the nv-wgmma-fp8 kernel, its row blocks a head (its
- * launch is one-dimensional: those blocks of every head, then V's
- * transpose jobs; cl/flash_fwd_sm90_fp8.cl), else 0. */
+ * wrong answer; the log says why (the failure is remembered, so once). */
 static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
                                      cl_kernel *kernel, size_t *local, size_t *global, int *tma,
-                                     flashcl_tensor_map maps[2], int *vt_blocks) {
+                                     flashcl_tensor_map maps[2], cl_kernel *pack) {
     flashcl_params p;
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
@@ -379,87 +375,50 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     }
     if (why[0])
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
+    /* The FP8 warpgroup-MMA kernel reads V as fp8_vt_pack transposes it. */
+    *pack = NULL;
+    if (!strcmp(p.variant, "nv-wgmma-fp8") &&
+        (st = flashcl_fp8_vt_pack_kernel(ctx, r->head_dim, pack)) != FLASHCL_SUCCESS)
+        return st;
     local[0] = wg;
     local[1] = local[2] = 1;
-    const int blocks = (r->seqlen_q + p.block_m - 1) / p.block_m;
-    *vt_blocks = 0;
-    if (!strcmp(p.variant, "nv-wgmma-fp8")) {
-        int keys, rows;
-        fp8_vt_shape(r, &keys, &rows);
-        const size_t groups = (size_t)blocks * r->heads_q * r->batch + (size_t)(keys / FP8_VT_TILE) * r->heads_k * r->batch;
-        if (groups > INT_MAX)
-            return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                                "the nv-wgmma-fp8 forward's %zu work-groups exceed its tickets' int range", groups);
-        *vt_blocks = blocks;
-        global[0] = groups * wg;
-        global[1] = global[2] = 1;
-        return FLASHCL_SUCCESS;
-    }
-    global[0] = (size_t)blocks * wg;
+    global[0] = (size_t)((r->seqlen_q + p.block_m - 1) / p.block_m) * wg;
     global[1] = (size_t)r->heads_q;
     global[2] = (size_t)r->batch;
     return FLASHCL_SUCCESS;
 }
 
-/* Grows *buf to hold bytes (a smaller one is released once the calls already
- * enqueued are done with it), zero-filled from the host when zero is set. */
-static cl_int grow_scratch(flashcl_context *ctx, cl_mem *buf, size_t *have, size_t bytes, int zero,
-                           const char *what) {
-    if (*have >= bytes)
-        return CL_SUCCESS;
-    void *zeros = zero ? calloc(1, bytes) : NULL;
-    cl_int err = zero && !zeros ? CL_OUT_OF_HOST_MEMORY : CL_SUCCESS;
-    cl_mem m = err == CL_SUCCESS ? clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE | (zero ? CL_MEM_COPY_HOST_PTR : 0),
-                                                  bytes, zeros, &err)
-                                 : NULL;
-    free(zeros);
-    if (!m) {
-        flashcl_fail(ctx, err, "allocating %zu bytes for %s: %s", bytes, what, flashcl_status_string(err));
-        return err;
-    }
-    if (*buf)
-        clReleaseMemObject(*buf);
-    *buf = m;
-    *have = bytes;
-    return CL_SUCCESS;
-}
-
-/* The nv-wgmma-fp8 kernel's arguments from *a on (cl/flash_fwd_sm90_fp8.cl:
- * Vt, its keys a row, vt_sync, the generation, the row blocks a head, the
- * query heads, the batch), its scratch grown to fit. A failure is described
- * in ctx's error here. */
-static cl_int vt_args(flashcl_context *ctx, const flashcl_attention_desc *r, int blocks, cl_kernel kernel,
-                      cl_uint *a) {
+/* fp8_vt_pack (cl/fp8_vt_pack.cl): v transposed into ctx->fp8_vt
+ * (grown to fit; a smaller one is released once the calls already enqueued
+ * are done with it), after the last forward that read it; then the FP8
+ * kernel's arguments from *a on (Vt and its keys a row). *packed: the pass's
+ * event. A failure is described in ctx's error here. */
+static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc *r, cl_mem v, cl_kernel pack,
+                              cl_kernel kernel, cl_uint *a, cl_event *packed) {
     int keys, rows;
     const size_t bytes = fp8_vt_shape(r, &keys, &rows);
-    /* After 2^32 - 1 calls the generations would come round, and a launch that did not finish
-     * (its event's status an error) may have left counters off 0, which would hang the next:
-     * a fresh, zeroed buffer instead. */
-    cl_int last = CL_COMPLETE;
-    if (ctx->fp8_vt_reader)
-        clGetEventInfo(ctx->fp8_vt_reader, CL_EVENT_COMMAND_EXECUTION_STATUS, sizeof last, &last, NULL);
-    if (ctx->fp8_vt_gen == UINT32_MAX || last < 0)
-        ctx->fp8_vt_sync_bytes = 0;
-    const cl_mem had = ctx->fp8_vt_sync;
-    cl_int err = grow_scratch(ctx, &ctx->fp8_vt, &ctx->fp8_vt_bytes, bytes, 0, "the FP8 forward's transposed V");
-    if (err == CL_SUCCESS)
-        err = grow_scratch(ctx, &ctx->fp8_vt_sync, &ctx->fp8_vt_sync_bytes,
-                           sizeof(cl_uint) * (1 + 2 * (size_t)r->batch * (size_t)r->heads_k), 1,
-                           "the FP8 forward's tickets and flags");
-    if (err != CL_SUCCESS)
-        return err;
-    if (ctx->fp8_vt_sync != had) /* every flag 0 */
-        ctx->fp8_vt_gen = 0;
-    ++ctx->fp8_vt_gen;
-    const cl_int ints[4] = {keys, blocks, r->heads_q, r->batch};
+    cl_int err = CL_SUCCESS;
+    if (ctx->fp8_vt_bytes < bytes) {
+        cl_mem m = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
+        if (!m) {
+            flashcl_fail(ctx, err, "allocating %zu bytes for the FP8 forward's transposed V: %s", bytes,
+                         flashcl_status_string(err));
+            return err;
+        }
+        if (ctx->fp8_vt)
+            clReleaseMemObject(ctx->fp8_vt);
+        ctx->fp8_vt = m;
+        ctx->fp8_vt_bytes = bytes;
+    }
+    const cl_int vt_keys = keys;
     err = clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt);
-    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &ints[0]);
-    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt_sync);
-    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_uint), &ctx->fp8_vt_gen);
-    for (int i = 1; i < 4; ++i)
-        err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &ints[i]);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &vt_keys);
+    if (err == CL_SUCCESS)
+        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, v, &r->v, r->batch, r->heads_k, r->seqlen_k, ctx->fp8_vt, keys,
+                                          ctx->fp8_vt_reader, packed);
     if (err != CL_SUCCESS)
-        flashcl_fail(ctx, err, "setting the FP8 forward's arguments: %s", flashcl_status_string(err));
+        flashcl_fail(ctx, err, "launching the FP8 forward's V transpose (fp8_vt_pack): %s",
+                     flashcl_status_string(err));
     return err;
 }
 
@@ -496,11 +455,11 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     if (fp8 && (st = flashcl_fp8_check_scales(ctx, &r)) != FLASHCL_SUCCESS)
         return st;
 
-    cl_kernel kernel;
+    cl_kernel kernel, pack;
     size_t local[3], global[3];
-    int tma = 0, vt_blocks = 0;
+    int tma = 0;
     flashcl_tensor_map maps[2];
-    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps, &vt_blocks)) != FLASHCL_SUCCESS)
+    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps, &pack)) != FLASHCL_SUCCESS)
         return st;
     if (tma && (st = flashcl_ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
         return st;
@@ -559,27 +518,29 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     err = clSetKernelArg(kernel, a++, sizeof(cl_mem), &ctx->fp8_scales);
     for (int i = 0; i < 4; ++i)
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &sc[i]);
-    /* The warpgroup-MMA kernel writes Vt and reads it, and takes tickets:
-     * it waits for the last forward that did (on an out-of-order queue). */
+    /* The warpgroup-MMA kernel reads V as Vt, which fp8_vt_pack writes first
+     * into the context's scratch (the last forward that read it done). */
     int described = 0; /* the failure already has its message */
-    if (err == CL_SUCCESS && vt_blocks) {
-        err = vt_args(ctx, &r, vt_blocks, kernel, &a);
+    if (err == CL_SUCCESS && pack) {
+        err = enqueue_vt_pack(ctx, &r, v, pack, kernel, &a, &waits[1]);
         described = err != CL_SUCCESS;
-        waits[1] = ctx->fp8_vt_reader;
     }
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, waits[1] ? 2 : 1, waits, &ran);
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, pack ? 2 : 1, waits, &ran);
     /* The buffers' last user: the kernel, or where it failed to launch the
      * enqueued work before it (on an out-of-order queue the next call's
      * writes must still land after that). */
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
     ctx->fp8_scales_reader = err == CL_SUCCESS ? ran : waits[0];
-    if (vt_blocks && err == CL_SUCCESS) {
+    if (waits[1]) { /* the transpose ran: it, or the kernel after it, is Vt's last user */
         if (ctx->fp8_vt_reader)
             clReleaseEvent(ctx->fp8_vt_reader);
-        ctx->fp8_vt_reader = ran;
-        clRetainEvent(ran); /* held as both buffers' reader */
+        ctx->fp8_vt_reader = err == CL_SUCCESS ? ran : waits[1];
+        if (err == CL_SUCCESS) {
+            clRetainEvent(ran); /* held as both buffers' reader */
+            clReleaseEvent(waits[1]);
+        }
     }
     if (err != CL_SUCCESS)
         return described ? err : flashcl_fail(ctx, err, "launching the FP8 forward: %s", flashcl_status_string(err));

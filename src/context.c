@@ -536,8 +536,6 @@ void flashcl_context_destroy(flashcl_context *ctx) {
         clReleaseMemObject(ctx->fp8_scales);
     if (ctx->fp8_vt)
         clReleaseMemObject(ctx->fp8_vt);
-    if (ctx->fp8_vt_sync)
-        clReleaseMemObject(ctx->fp8_vt_sync);
     if (ctx->queue)
         clReleaseCommandQueue(ctx->queue);
     if (ctx->device)

@@ -132,18 +132,11 @@ struct flashcl_context {
     cl_event fp8_scales_reader;
     float *fp8_scales_held;
     size_t fp8_scales_held_bytes, fp8_scales_held_cap;
-    /* attention.c: V transposed for the nv-wgmma-fp8 forward, which writes
-     * it in its own work-groups (cl/flash_fwd_sm90_fp8.cl, "The V
-     * transpose"; grown, kept); fp8_vt_sync, that kernel's ticket counter,
-     * job counters and flags (zero when created, left zero by every call;
-     * grown, kept), and fp8_vt_gen, the generation its flags carry (the
-     * count of calls, never 0); fp8_vt_reader, the last forward, which the
-     * next one waits for. */
+    /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
+     * cl/fp8_vt_pack.cl; grown, kept); fp8_vt_reader, the last forward
+     * that read it, which the next call's transpose waits for. */
     cl_mem fp8_vt;
     size_t fp8_vt_bytes;
-    cl_mem fp8_vt_sync;
-    size_t fp8_vt_sync_bytes;
-    cl_uint fp8_vt_gen;
     cl_event fp8_vt_reader;
 };
 
@@ -276,8 +269,7 @@ int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_atte
     "NVIDIA compute capability 9.0 (sm_90a), FP8 q, k, v into a float16 or bfloat16 out, "          \
     "head_dim 32..128 in steps of 16, 16-byte aligned rows, descale row blocks a multiple of 8"
 /* cl/fp8_vt_pack.cl's kernel for head_dim (attention.c): FP8 V transposed as
- * the nv-wgmma-fp8 forward reads it (and writes it in its own launch), as a
- * pass; plain OpenCL C, built on any device: for the tests and benchmarks. */
+ * the nv-wgmma-fp8 forward reads it; plain OpenCL C, built on any device. */
 flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel);
 /* That kernel enqueued: v (layout vl, batch x heads_k x seqlen_k keys) into
  * vt, whose rows hold vt_keys keys (seqlen_k rounded up to 128), after the

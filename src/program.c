@@ -1,8 +1,7 @@
 /* program.c: building kernels once, with an in-memory and an on-disk program cache.
  *
  * A kernel is cl/common.cl, cl/common_nv.cl and cl/common_serving.cl followed
- * by one cl/ file (and the file it is built on, if kernel_bases names one, just
- * before it), built with -D options.
+ * by one cl/ file, built with -D options.
  * Lookup order: the context's list (same file + options) -> the disk cache
  * -> a build from source, whose binary is then written to the disk cache.
  *
@@ -77,29 +76,13 @@ static char *load_source(flashcl_context *ctx, const char *file) {
 static const char *const kernel_preludes[] = {"common.cl", "common_nv.cl", "common_serving.cl"};
 #define PRELUDES (sizeof kernel_preludes / sizeof kernel_preludes[0])
 
-/* Kernel files built on another file's functions, which comes between the
- * preludes and the kernel's file: the FP8 forward transposes V's tiles with
- * the V transpose pass's code (cl/flash_fwd_sm90_fp8.cl, "The V transpose"). */
-static const struct {
-    const char *file, *base;
-} kernel_bases[] = {{"flash_fwd_sm90_fp8.cl", "fp8_vt_pack.cl"}};
-
-/* The preludes, the base (if any) and the file, as one string, each part
- * ending in a newline. */
+/* The preludes + file, as one string, each part ending in a newline. */
 static char *assemble_source(flashcl_context *ctx, const char *file) {
-    const char *names[PRELUDES + 2];
-    size_t n = 0;
-    for (size_t i = 0; i < PRELUDES; ++i)
-        names[n++] = kernel_preludes[i];
-    for (size_t i = 0; i < sizeof kernel_bases / sizeof kernel_bases[0]; ++i)
-        if (!strcmp(kernel_bases[i].file, file))
-            names[n++] = kernel_bases[i].base;
-    names[n++] = file;
-    char *part[PRELUDES + 2] = {NULL};
-    size_t len[PRELUDES + 2], total = 1;
+    char *part[PRELUDES + 1] = {NULL};
+    size_t len[PRELUDES + 1], total = 1;
     int ok = 1;
-    for (size_t i = 0; ok && i < n; ++i) {
-        part[i] = load_source(ctx, names[i]);
+    for (size_t i = 0; ok && i <= PRELUDES; ++i) {
+        part[i] = load_source(ctx, i < PRELUDES ? kernel_preludes[i] : file);
         ok = part[i] != NULL;
         if (ok)
             total += (len[i] = strlen(part[i])) + 1;
@@ -107,14 +90,14 @@ static char *assemble_source(flashcl_context *ctx, const char *file) {
     char *all = ok ? malloc(total) : NULL;
     if (all) {
         char *at = all;
-        for (size_t i = 0; i < n; ++i) {
+        for (size_t i = 0; i <= PRELUDES; ++i) {
             memcpy(at, part[i], len[i]);
             at += len[i];
             *at++ = '\n';
         }
         *at = '\0';
     }
-    for (size_t i = 0; i < n; ++i)
+    for (size_t i = 0; i <= PRELUDES; ++i)
         free(part[i]);
     return all;
 }

@@ -110,7 +110,6 @@ configs=(
   "flash_fwd_sm90_fp8.cl|-DDTYPE=1 -DQ_FP8=4 -DKV_FP8=4 -DHEAD_DIM=80 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4 -DUSE_TMA=1|3"
   "flash_fwd_sm90_fp8.cl|-DDTYPE=1 -DQ_FP8=3 -DKV_FP8=3 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4 -DUSE_TMA=1 -DPV_CHAINED=1|3"
   "flash_fwd_sm90_fp8.cl|-DDTYPE=2 -DQ_FP8=3 -DKV_FP8=3 -DHEAD_DIM=64 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4 -DUSE_TMA=1 -DSOFTMAX_CHAINS=4|3"
-  "flash_fwd_sm90_fp8.cl|-DDTYPE=1 -DQ_FP8=3 -DKV_FP8=3 -DHEAD_DIM=64 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4 -DUSE_TMA=1 -DSOFTMAX_PHASED=0|3"
   "flash_fwd_sm90_fp8.cl|-DDTYPE=1 -DQ_FP8=3 -DKV_FP8=3 -DHEAD_DIM=128 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4 -DUSE_TMA=1 -DSOFTMAX_CHAINS=4 -DLPT_HEADS=8|3"
   "flash_fwd_sm90_fp8.cl|-DDTYPE=1 -DQ_FP8=3 -DKV_FP8=3 -DHEAD_DIM=64 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4 -DUSE_TMA=1 -DOVERLAP=1|3"
   "flash_fwd_sm90_fp8.cl|-DDTYPE=2 -DQ_FP8=4 -DKV_FP8=4 -DHEAD_DIM=64 -DBLOCK_M=64 -DBLOCK_N=128 -DWARPS=4|3"
@@ -168,11 +167,8 @@ for c in "${configs[@]}"; do
   IFS='|' read -r file defs mma <<< "$c"
   cases=$((cases + 1))
   name="$file $defs"
-  # The files every kernel is built on, in src/program.c's order (its kernel_bases too).
-  base=
-  [ "$file" = flash_fwd_sm90_fp8.cl ] && base="$cl/fp8_vt_pack.cl"
-  # shellcheck disable=SC2086 # base is empty or one path
-  cat "$shim" "$cl/common.cl" "$cl/common_nv.cl" "$cl/common_serving.cl" $base "$cl/$file" > "$tmp/k.cl"
+  # The files every kernel is built on, in src/program.c's order.
+  cat "$shim" "$cl/common.cl" "$cl/common_nv.cl" "$cl/common_serving.cl" "$cl/$file" > "$tmp/k.cl"
   # shellcheck disable=SC2086 # defs is a list of options
   # -Werror=shadow: a loop counter named like a fragment index (t, g) would silently change
   # what the shared fragment macros compute.

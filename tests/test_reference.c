@@ -545,10 +545,10 @@ static void test_plain_rounds_p(void) {
 }
 
 /* The _p8 baseline rounds 256 exp(s - m) to e4m3 before P.V and divides by
- * the sum of the rounded values: e4m3 q = 1, k = (0, 0.5), v = (1, -1), scale
- * 1: 256 e = (155.3, 256) round to (160, 256), so out = (160 - 256) / 416 =
- * -0.2308, against -0.2449 unrounded. A result with that rounding passes the
- * _p8 check and fails the plain one (whose baseline keeps P in float32). */
+ * the sum after: e4m3 q = 1, k = (0, 0.5), v = (1, -1), scale 1: 256 e =
+ * (155.3, 256) round to (160, 256), so out = (0.625 - 1) / sum = -0.2334,
+ * against -0.2449 unrounded. A result with that rounding passes the _p8
+ * check and fails the plain one (whose baseline keeps P in float32). */
 static void test_plain_p8(void) {
     flashcl_attention_desc d = make_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 1, 2, 1);
     d.out_dtype = FLASHCL_FLOAT32;
@@ -561,8 +561,8 @@ static void test_plain_p8(void) {
     double p8[1], plain[1];
     flashcl_ref_attention_forward_plain_p8(&d, q, k, v, p8);
     flashcl_ref_attention_forward_plain(&d, q, k, v, plain);
-    const float want = (160.0f - 256.0f) / 416.0f;
-    CHECK(fabs(p8[0] - want) < 1e-6 && fabs(want + 0.2308) < 1e-4,
+    const float sum = expf(-0.5f) + 1.0f, want = 0.625f / sum - 1.0f / sum;
+    CHECK(fabs(p8[0] - want) < 1e-6 && fabs(want + 0.2334) < 1e-4,
           "plain_p8 %.9g, want %.9g (256 e rounded to e4m3: 160 and 256)", p8[0], (double)want);
     CHECK(fabs(plain[0] - (1.0 - exp(0.5)) / (1.0 + exp(0.5))) < 1e-7, "plain %.9g keeps P in float32", plain[0]);
     const float out[1] = {(float)p8[0]};
