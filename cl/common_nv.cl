@@ -471,6 +471,47 @@ inline float ex2(float x) {
             (alpha)[h_] = alpha_;                                                                  \
         }                                                                                          \
     } while (0)
+/* ONLINE_SOFTMAX_16_P with SOFTMAX_EXPS_BIASED's exponents (2^(s sc + bias - m sc), or where
+ * |m sc| >= 1024 2^((s - m) sc + bias)), for the FP8 forward's plain loop, in phases: both rows'
+ * maxima; their factors and biases, with one vote for the two rows (where either row of any lane
+ * is that far, both rows subtract m from their scores in place, then take bias alone); then
+ * every exponent, by one fma each, in one straight run. Exponents in two branches, or row g's
+ * before row g + 8's vote, met later code through a join, and there ptxas packed P's e4m3 pairs
+ * into registers by a PRMT each (16 a 128-key tile) instead of merging the second pair into the
+ * first's F2FP; a vote a row, as SOFTMAX_EXPS_BIASED has, spilled at D=64's 128 registers in
+ * the build with ROWSUM_MMA (fa0da5d).
+ * A row takes the far form when the other row needs it: the two agree to 2^-13, far inside P's
+ * e4m3 rounding. */
+#define ONLINE_SOFTMAX_16_P_BIASED(s, n_s, m_run, l_run, sc, alpha, bias)                          \
+    do {                                                                                           \
+        float mx_[2] = {-INFINITY, -INFINITY}, c_[2];                                              \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            SOFTMAX_ROW_MAX(s, n_s, h_, mx_[h_]);                                                  \
+            mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 1));                                         \
+            mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 2));                                         \
+        }                                                                                          \
+        float mr_[2];                                                                              \
+        int far_ = 0;                                                                              \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            const float m_new_ = fmax((m_run)[h_], mx_[h_]);                                       \
+            mr_[h_] = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
+            (alpha)[h_] = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h_] - m_new_) * (sc));         \
+            (m_run)[h_] = m_new_;                                                                  \
+            const float msc_ = mr_[h_] * (sc);                                                     \
+            c_[h_] = (float)(bias)-msc_;                                                           \
+            far_ |= !(msc_ < 1024.0f && msc_ > -1024.0f);                                          \
+        }                                                                                          \
+        if (warp_any(far_)) {                                                                      \
+            _Pragma("unroll") for (int j_ = 0; j_ < (n_s); ++j_)                                   \
+                _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] -= mr_[e_ >> 1];       \
+            c_[0] = c_[1] = (float)(bias);                                                         \
+        }                                                                                          \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
+            float psum_ = 0.0f;                                                                    \
+            SOFTMAX_EXPS_SUM(s, n_s, h_, psum_, fma(x_, (sc), c_[h_]));                            \
+            (l_run)[h_] = (l_run)[h_] * (alpha)[h_] + psum_;                                       \
+        }                                                                                          \
+    } while (0)
 #define RESCALE_16(acc, n_o, alpha)                                                                \
     do {                                                                                           \
         _Pragma("unroll") for (int j_ = 0; j_ < (n_o); ++j_) {                                     \

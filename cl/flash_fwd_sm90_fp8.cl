@@ -254,7 +254,14 @@
 
 /* The plain loop's softmax (on its acc, m_run, l_run and sc) and O += P V as this build sums
  * them: alpha applied in the add of the two-level sum, or (PV_CHAINED) to O before the MMA adds
- * to it. */
+ * to it. -DSOFTMAX_PHASED=1 (off until a GPU times it on this kernel): the softmax's phases over
+ * both rows at once, so that every exponent of the tile sits in one straight run with P's
+ * packing (ONLINE_SOFTMAX_16_P_BIASED, common_nv.cl), 16 PRMT fewer a 128-key tile. On the
+ * H200 (2026-12-06) it made the fused-transpose kernel (f688fa9 backed that out) 2.4-7.5 %
+ * faster by events at issue 35's shapes (docs/perf-notes.md, FP8). */
+#ifndef SOFTMAX_PHASED
+#define SOFTMAX_PHASED 0
+#endif
 #if PV_CHAINED
 #define SOFTMAX_TILE(s, alpha)                                                                     \
     do {                                                                                           \
@@ -262,6 +269,9 @@
         (alpha)[0] = (alpha)[1] = 1.0f; /* applied already */                                      \
     } while (0)
 #define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, pf, vt)
+#elif SOFTMAX_PHASED
+#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P_BIASED(s, S_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2)
+#define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
 #define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
