@@ -257,8 +257,8 @@
  * to it. -DSOFTMAX_PHASED=1 (off until a GPU times it on this kernel): the softmax's phases over
  * both rows at once, so that every exponent of the tile sits in one straight run with P's
  * packing (ONLINE_SOFTMAX_16_P_BIASED, common_nv.cl), 16 PRMT fewer a 128-key tile. On the
- * H200 (2026-12-06) it made the fused-transpose kernel (f688fa9 backed that out) 2.4-7.5 %
- * faster by events at issue 35's shapes (docs/perf-notes.md, FP8). */
+ * H200 (2026-12-06) it made the fused-transpose kernel (c12e791 backed that out) 2.4-9.8 %
+ * faster by wall clock at issue 35's shapes (docs/perf-notes.md, FP8). */
 #ifndef SOFTMAX_PHASED
 #define SOFTMAX_PHASED 0
 #endif
