@@ -14,7 +14,9 @@ products exact: adding the 14-bit alignment there, or truncating each MMA's outp
      shift along the exact result and its RMS error, relative, by key count;
   2. the LSE's error from S = Q K^T chained over the head dim's 32-byte k-steps: the share of rows
      outside test_fp8_forward's float tolerance (1e-4 + 1e-5 |lse|), the worst error, and the worst
-     error over the row's largest sum |q||k| x scale, by format, head dim and factor size.
+     error over the row's largest sum |q||k| x scale, by format, head dim and factor size;
+  3. ROWSUM_MMA's row sums of P through the MMA (backed out in c12e791): how far they put the
+     LSE below the exact sum of the same rounded P.
 Usage: scripts/fp8_mma_accumulator_model.py [KEYS ...]   (default 4096 32768 131072; 131072 takes
 about a minute). Inputs: N(0,1) rounded to the format, one head, 64 query rows.
 """
@@ -115,6 +117,32 @@ def lse_error(fmt, head_dim, factor, keys=300, rows=128):
     return np.mean(err > 1e-4 + 1e-5 * np.abs(exact)), err.max(), np.log2((err / sums).max())
 
 
+def rowsum_lse_low(keys, head_dim, factor, rows=256):
+    """ROWSUM_MMA (built, then backed out in c12e791): each row's sum of P (256 exp(S - M) in
+    e4m3 against each 128-key tile's running max) through the MMA against an all-0.25 B, four
+    32-key k-steps chained in the accumulator, tiles added in float32 with their factors.
+    Returns how far that LSE falls below the exact sum's of the same rounded P: max, median."""
+    q = e4m3(rng.standard_normal((rows, head_dim)) * factor)
+    k = e4m3(rng.standard_normal((keys, head_dim)))
+    s = q @ k.T / np.sqrt(head_dim)
+    low = []
+    for r in range(rows):
+        m, l_mma, l_exact = -np.inf, 0.0, 0.0
+        for t0 in range(0, keys, 128):
+            m_new = max(m, s[r, t0:t0 + 128].max())
+            alpha = np.exp(m - m_new) if m > -np.inf else 1.0
+            p = np.zeros(128)
+            p[:min(128, keys - t0)] = e4m3(256.0 * np.exp(s[r, t0:t0 + 128] - m_new))
+            acc = np.zeros((1, 8), np.float32)
+            for k0 in range(0, 128, 32):
+                acc = fp22(acc + k_step(p[None, k0:k0 + 32], np.full((32, 8), 0.25)).astype(np.float32))
+            l_mma = np.float32(l_mma * alpha + 4.0 * acc[0, 0])
+            l_exact = l_exact * alpha + p.sum()
+            m = m_new
+        low.append(np.log(l_exact) - np.log(l_mma))
+    return max(low), float(np.median(low))
+
+
 def main():
     keys_list = [int(a) for a in sys.argv[1:]] or [4096, 32768, 131072]
     print("1. O = P V, D=128, 64 rows: shift along the exact O | RMS error, relative")
@@ -130,6 +158,12 @@ def main():
                 share, worst, ratio = lse_error(fmt, head_dim, factor)
                 print(f"   {name} D={head_dim:3d} factors {factor:4.2f}: {100 * share:5.1f} % of rows, "
                       f"worst {worst:.2g}, 2^{ratio:.1f}")
+    print("3. ROWSUM_MMA's LSE (the row sums of e4m3 P through the MMA), e4m3, 256 rows: how far below "
+          "the exact sum's LSE, worst and median")
+    for keys, head_dim, factor in ((111, 64, 2.0), (300, 64, 1.0), (300, 64, 3.0), (300, 64, 20.0),
+                                   (300, 128, 1.0), (4096, 64, 1.0)):
+        worst, median = rowsum_lse_low(keys, head_dim, factor)
+        print(f"   {keys:5d} keys D={head_dim:3d} factors {factor:4.1f}: worst {worst:.5f}, median {median:.5f}")
 
 
 if __name__ == "__main__":
