@@ -480,8 +480,8 @@ inline float ex2(float x) {
  * into registers by a PRMT each (16 a 128-key tile) instead of merging the second pair into the
  * first's F2FP; a vote a row, as SOFTMAX_EXPS_BIASED has, spilled at D=64's 128 registers in
  * the build with ROWSUM_MMA (fa0da5d).
- * A row takes the far form when the other row needs it: the two agree to 2^-13, far inside P's
- * e4m3 rounding. */
+ * A row takes the far form when either row of any lane of the warp needs it: the two forms
+ * agree to 2^-13, far inside P's e4m3 rounding. */
 #define ONLINE_SOFTMAX_16_P_BIASED(s, n_s, m_run, l_run, sc, alpha, bias)                          \
     do {                                                                                           \
         float mx_[2] = {-INFINITY, -INFINITY}, c_[2];                                              \
