@@ -117,13 +117,21 @@ static flashcl_fp8_quant_desc quant_desc(flashcl_dtype format, flashcl_dtype src
     return d;
 }
 
+/* The descale factors d gives: one, one a (batch, head), or one a block of block_rows rows of each. */
+static size_t quant_groups(const flashcl_fp8_quant_desc *d) {
+    if (!d->per_head)
+        return 1;
+    const size_t blocks = d->block_rows > 0 ? (size_t)(d->seqlen + d->block_rows - 1) / (size_t)d->block_rows : 1;
+    return (size_t)d->batch * (size_t)d->heads * blocks;
+}
+
 /* The device helper on the same input: its bytes and scales must equal the host's. */
 static void device_matches(flashcl_context *ctx, const flashcl_fp8_quant_desc *d, const void *src, size_t src_bytes,
                            const unsigned char *dst, const float *descale, size_t n, const char *label) {
-    const size_t sc_bytes = (size_t)(d->per_head ? d->batch * d->heads : 1) * sizeof(float);
+    const size_t sc_bytes = quant_groups(d) * sizeof(float);
     cl_mem bs = test_upload(ctx, src, src_bytes), bd = test_upload(ctx, NULL, n), bsc = test_upload(ctx, NULL, sc_bytes);
     unsigned char *got = test_xmalloc(n);
-    float got_sc[6];
+    float *got_sc = test_xmalloc(sc_bytes);
     const flashcl_status st = flashcl_fp8_quantize(ctx, d, bs, bd, bsc, NULL);
     int same = st == FLASHCL_SUCCESS;
     if (same) {
@@ -134,7 +142,7 @@ static void device_matches(flashcl_context *ctx, const flashcl_fp8_quant_desc *d
     char what[320];
     snprintf(what, sizeof what, "... on the device: the same bytes and scales (%s)", label);
     expect(same, what, &failures);
-    free(got);
+    free(got), free(got_sc);
     clReleaseMemObject(bs), clReleaseMemObject(bd), clReleaseMemObject(bsc);
 }
 
@@ -323,15 +331,11 @@ static void quantize_options(flashcl_context *dev, uint64_t seed) {
     for (int f = 0; f < 2; ++f)
         for (int opt = 0; opt < 3; ++opt) {
             /* opt 0: blocks of 5 rows; 1: Hadamard per tensor; 2: both, from bf16 */
-            flashcl_fp8_quant_desc qd = {0};
-            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-            qd.src_dtype = opt == 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT32;
-            qd.batch = 2, qd.seqlen = 13, qd.heads = 3, qd.head_dim = opt == 0 ? 24 : 64;
-            qd.per_head = opt != 1;
+            flashcl_fp8_quant_desc qd = quant_desc(formats[f], opt == 2 ? FLASHCL_BFLOAT16 : FLASHCL_FLOAT32, 2, 13,
+                                                   3, opt == 0 ? 24 : 64, opt != 1);
             qd.block_rows = opt != 1 ? 5 : 0;
             qd.hadamard_seed = opt ? 0x5eed0000ull + (uint64_t)opt : 0;
-            const size_t n = (size_t)qd.batch * qd.seqlen * qd.heads * qd.head_dim;
-            const size_t groups = qd.per_head ? (size_t)qd.batch * qd.heads * ((qd.seqlen + 4) / 5) : 1;
+            const size_t n = (size_t)qd.batch * qd.seqlen * qd.heads * qd.head_dim, groups = quant_groups(&qd);
             const size_t es = flashcl_dtype_size(qd.src_dtype);
             void *src = test_xmalloc(n * es);
             flashcl_ref_fill_normal(&rng, src, qd.src_dtype, n, 1.0);
@@ -340,17 +344,17 @@ static void quantize_options(flashcl_context *dev, uint64_t seed) {
             unsigned char *bytes = test_xmalloc(n);
             float *sc = test_xmalloc(groups * sizeof *sc), *back = test_xmalloc(n * sizeof *back);
             char name[80], what[200];
-            snprintf(name, sizeof name, "%s quantize %s%s from %s", f ? "e5m2" : "e4m3",
+            snprintf(name, sizeof name, "%s quantize %s%s from %s", names[f],
                      qd.block_rows ? "blocks of 5" : "per tensor", qd.hadamard_seed ? " + Hadamard" : "",
                      qd.src_dtype == FLASHCL_BFLOAT16 ? "bf16" : "f32");
-            flashcl_status st = flashcl_fp8_quantize_host(&qd, src, bytes, sc);
+            const flashcl_status qs = flashcl_fp8_quantize_host(&qd, src, bytes, sc);
             /* Round trip: dequantize (rotating back) is within FP8's rounding of
              * the group's amax: 2^-(m+1) relative, amax <= max|x| * sqrt(D)
              * after a rotation (the bound is loose; a wrong rotation or index
              * is off by O(1)). */
             flashcl_fp8_quant_desc bd = qd;
             bd.src_dtype = FLASHCL_FLOAT32;
-            st = flashcl_fp8_dequantize_host(&bd, bytes, sc, back);
+            const flashcl_status st = flashcl_fp8_dequantize_host(&bd, bytes, sc, back);
             double worst = 0, amax = 0;
             for (size_t i = 0; i < n; ++i) {
                 const double x = flashcl_ref_load(src, qd.src_dtype, i);
@@ -359,18 +363,13 @@ static void quantize_options(flashcl_context *dev, uint64_t seed) {
             }
             const double unit = f ? 0x1p-3 : 0x1p-4; /* half a quantum at the top binade, relative */
             snprintf(what, sizeof what, "%s: dequantize_host inverts it (max err %.3g, amax %.3g)", name, worst, amax);
-            expect(st == FLASHCL_SUCCESS && worst <= 2.0 * unit * amax, what, &failures);
+            expect(qs == FLASHCL_SUCCESS && st == FLASHCL_SUCCESS && worst <= 2.0 * unit * amax, what, &failures);
             if (dev) {
-                cl_mem bs = test_upload(dev, src, n * es), bb = test_upload(dev, NULL, n);
-                cl_mem bsc = test_upload(dev, NULL, groups * sizeof(float)), bf = test_upload(dev, NULL, n * 4);
-                unsigned char *dbytes = test_xmalloc(n);
-                float *dsc = test_xmalloc(groups * sizeof *dsc), *dback = test_xmalloc(n * sizeof *dback);
-                st = flashcl_fp8_quantize(dev, &qd, bs, bb, bsc, NULL);
-                test_download(dev, bb, dbytes, n);
-                test_download(dev, bsc, dsc, groups * sizeof *dsc);
-                snprintf(what, sizeof what, "%s: device bytes and factors == host's", name);
-                expect(st == FLASHCL_SUCCESS && !memcmp(dbytes, bytes, n) && !memcmp(dsc, sc, groups * sizeof *sc),
-                       what, &failures);
+                device_matches(dev, &qd, src, n * es, bytes, sc, n, name);
+                /* The device's dequantize of those bytes (the host's, which the device's equal). */
+                cl_mem bb = test_upload(dev, bytes, n), bsc = test_upload(dev, sc, groups * sizeof *sc);
+                cl_mem bf = test_upload(dev, NULL, n * 4);
+                float *dback = test_xmalloc(n * sizeof *dback);
                 const flashcl_status sd = flashcl_fp8_dequantize(dev, &bd, bb, bsc, bf, NULL);
                 test_download(dev, bf, dback, n * sizeof *dback);
                 size_t differ = 0;
@@ -378,15 +377,13 @@ static void quantize_options(flashcl_context *dev, uint64_t seed) {
                     differ += memcmp(&dback[i], &back[i], sizeof(float)) != 0;
                 snprintf(what, sizeof what, "  device dequantize == host dequantize (%zu differ)", differ);
                 expect(sd == FLASHCL_SUCCESS && differ == 0, what, &failures);
-                clReleaseMemObject(bs), clReleaseMemObject(bb), clReleaseMemObject(bsc), clReleaseMemObject(bf);
-                free(dbytes), free(dsc), free(dback);
+                clReleaseMemObject(bb), clReleaseMemObject(bsc), clReleaseMemObject(bf);
+                free(dback);
             }
             free(src), free(bytes), free(sc), free(back);
         }
     /* Refusals of the options. */
-    flashcl_fp8_quant_desc qd = {0};
-    qd.format = FLASHCL_FLOAT8_E4M3, qd.src_dtype = FLASHCL_FLOAT32;
-    qd.batch = qd.seqlen = qd.heads = 1, qd.head_dim = 48;
+    flashcl_fp8_quant_desc qd = quant_desc(FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 1, 1, 48, 0);
     float src[48] = {1.0f};
     unsigned char bytes[48];
     float sc[4] = {-3.0f, -3.0f, -3.0f, -3.0f};
@@ -423,10 +420,7 @@ static void device_decode(flashcl_context *dev) {
     float one = 1.0f, got[256];
     for (int f = 0; f < 2; ++f)
         for (int width = 8; width >= 1; width -= 7) {
-            flashcl_fp8_quant_desc qd = {0};
-            qd.format = f ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-            qd.src_dtype = FLASHCL_FLOAT32;
-            qd.batch = 1, qd.heads = 1, qd.head_dim = width, qd.seqlen = 256 / width;
+            const flashcl_fp8_quant_desc qd = quant_desc(formats[f], FLASHCL_FLOAT32, 1, 256 / width, 1, width, 0);
             cl_mem bc = test_upload(dev, codes, 256), bs = test_upload(dev, &one, 4), bo = test_upload(dev, NULL, 1024);
             const flashcl_status st = flashcl_fp8_dequantize(dev, &qd, bc, bs, bo, NULL);
             memset(got, 0x5a, sizeof got);
@@ -438,7 +432,7 @@ static void device_decode(flashcl_context *dev) {
             }
             char what[120];
             snprintf(what, sizeof what, "device decode (%s helpers), %s: all 256 codes == flashcl_fp8_decode (%d differ)",
-                     width == 8 ? "float8" : "scalar", f ? "e5m2" : "e4m3", bad);
+                     width == 8 ? "float8" : "scalar", names[f], bad);
             expect(st == FLASHCL_SUCCESS && bad == 0, what, &failures);
             clReleaseMemObject(bc), clReleaseMemObject(bs), clReleaseMemObject(bo);
         }
