@@ -485,18 +485,11 @@ inline float ex2(float x) {
 #define ONLINE_SOFTMAX_16_P_BIASED(s, n_s, m_run, l_run, sc, alpha, bias)                          \
     do {                                                                                           \
         float mx_[2] = {-INFINITY, -INFINITY}, c_[2];                                              \
-        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            SOFTMAX_ROW_MAX(s, n_s, h_, mx_[h_]);                                                  \
-            mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 1));                                         \
-            mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 2));                                         \
-        }                                                                                          \
+        _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) SOFTMAX_QUAD_MAX(s, n_s, h_, mx_[h_]);    \
         float mr_[2];                                                                              \
         int far_ = 0;                                                                              \
         _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                         \
-            const float m_new_ = fmax((m_run)[h_], mx_[h_]);                                       \
-            mr_[h_] = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
-            (alpha)[h_] = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h_] - m_new_) * (sc));         \
-            (m_run)[h_] = m_new_;                                                                  \
+            SOFTMAX_ROW_RESCALE(m_run, h_, mx_[h_], sc, mr_[h_], (alpha)[h_]);                     \
             const float msc_ = mr_[h_] * (sc);                                                     \
             c_[h_] = (float)(bias)-msc_;                                                           \
             far_ |= !(msc_ < 1024.0f && msc_ > -1024.0f);                                          \
@@ -528,17 +521,28 @@ inline float ex2(float x) {
 #ifndef EX2_SCORE
 #define EX2_SCORE(x, j) ex2(x)
 #endif
+/* Row h's max over the tile, the quad's four lanes (which hold the row's columns) joined, into
+ * mx (which starts at -inf). */
+#define SOFTMAX_QUAD_MAX(s, n_s, h, mx)                                                            \
+    do {                                                                                           \
+        SOFTMAX_ROW_MAX(s, n_s, h, mx);                                                            \
+        mx = fmax(mx, shfl_xor(mx, 1));                                                            \
+        mx = fmax(mx, shfl_xor(mx, 2));                                                            \
+    } while (0)
+/* Row h's running max m_run[h] moved to take the tile's max mx: mr, the max the exponents
+ * subtract (m = -inf, every score so far masked: 0), and alpha, the factor O and l take. */
+#define SOFTMAX_ROW_RESCALE(m_run, h, mx, sc, mr, alpha)                                           \
+    do {                                                                                           \
+        const float m_new_ = fmax((m_run)[h], mx);                                                 \
+        mr = m_new_ == -INFINITY ? 0.0f : m_new_;                                                  \
+        alpha = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));                    \
+        (m_run)[h] = m_new_;                                                                       \
+    } while (0)
 /* One row (h: g or g + 8) of the step: declares alpha_ (the rescale factor). */
 #define SOFTMAX_ROW_16(s, n_s, m_run, l_run, sc, h, alpha_)                                        \
-    float mx_ = -INFINITY;                                                                         \
-    SOFTMAX_ROW_MAX(s, n_s, h, mx_);                                                               \
-    mx_ = fmax(mx_, shfl_xor(mx_, 1));                                                             \
-    mx_ = fmax(mx_, shfl_xor(mx_, 2));                                                             \
-    const float m_new_ = fmax((m_run)[h], mx_);                                                    \
-    /* m = -inf (every score so far masked): 0 in the exponents (SOFTMAX_EXPS). */              \
-    const float mr_ = m_new_ == -INFINITY ? 0.0f : m_new_;                                         \
-    const float alpha_ = m_new_ == -INFINITY ? 1.0f : ex2(((m_run)[h] - m_new_) * (sc));           \
-    (m_run)[h] = m_new_;                                                                           \
+    float mx_ = -INFINITY, mr_, alpha_;                                                            \
+    SOFTMAX_QUAD_MAX(s, n_s, h, mx_);                                                              \
+    SOFTMAX_ROW_RESCALE(m_run, h, mx_, sc, mr_, alpha_);                                           \
     float psum_ = 0.0f;                                                                            \
     SOFTMAX_EXPS(s, n_s, h, mr_, sc, psum_);                                                       \
     (l_run)[h] = (l_run)[h] * alpha_ + psum_
