@@ -254,13 +254,12 @@
 
 /* The plain loop's softmax (on its acc, m_run, l_run and sc) and O += P V as this build sums
  * them: alpha applied in the add of the two-level sum, or (PV_CHAINED) to O before the MMA adds
- * to it. -DSOFTMAX_PHASED=1 (off until a GPU times it on this kernel): the softmax's phases over
- * both rows at once, so that every exponent of the tile sits in one straight run with P's
- * packing (ONLINE_SOFTMAX_16_P_BIASED, common_nv.cl), 16 PRMT fewer a 128-key tile. On the
- * H200 (2026-12-06) it made the fused-transpose kernel (c12e791 backed that out) 2.4-9.8 %
- * faster by wall clock at issue 35's shapes (docs/perf-notes.md, FP8). */
+ * to it. SOFTMAX_PHASED (default 1): the softmax's phases over both rows at once, so that every
+ * exponent of the tile sits in one straight run with P's packing (ONLINE_SOFTMAX_16_P_BIASED,
+ * common_nv.cl), 16 PRMT fewer a 128-key tile: 1.1-4.9 % faster than row by row (-DSOFTMAX_PHASED=0)
+ * at every one of issue 35's cells on an H100 (2026-12-06, docs/perf-notes.md, FP8). */
 #ifndef SOFTMAX_PHASED
-#define SOFTMAX_PHASED 0
+#define SOFTMAX_PHASED 1
 #endif
 #if PV_CHAINED
 #define SOFTMAX_TILE(s, alpha)                                                                     \
