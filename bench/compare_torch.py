@@ -14,9 +14,12 @@ float16, and flashcl's own float16 forward is measured in the same run too:
 the table then gives FP8 / own f16 and FP8 / cuDNN f16, issue 35's two bars.
 FLASHCL_PARAMS in the environment reaches the runs of the dtypes listed (e.g.
 VARIANT=nv-wgmma-fp8 with --dtypes e4m3), not those own float16 runs.
+--v-packed passes `--v-packed` to flashcl's runs of FP8 dtypes (V packed once, untimed, by
+flashcl_fp8_pack_v: the timed calls skip the Hopper kernel's per-call V transpose); their rows
+read "e4m3+vp" (the JSON: "v_packed": true).
 
     python3 bench/compare_torch.py --flashcl build/flashcl [--dtypes f16,e4m3] [--json out.json]
-                                   [--shape B,H,N,D ...]
+                                   [--shape B,H,N,D ...] [--v-packed]
 """
 import os
 import argparse
@@ -36,10 +39,12 @@ def flops(shape, causal):
     return 4.0 * b * h * n * n * d * (0.5 if causal else 1.0)
 
 
-def flashcl_rows(exe, device, dtype, shapes, iters, extra_env=None):
-    """Runs `flashcl bench --json` once per dtype; returns {(shape, causal): row}, each row with
-    `wall_tflops` added (from its wall_ms)."""
+def flashcl_rows(exe, device, dtype, shapes, iters, extra_env=None, v_packed=False):
+    """Runs `flashcl bench --json` once per dtype (v_packed: with --v-packed, FP8 only); returns
+    {(shape, causal): row}, each row with `wall_tflops` added (from its wall_ms)."""
     cmd = [exe, "bench", "--json", "--device", device, "--dtype", dtype, "--iters", str(iters)]
+    if v_packed:
+        cmd.append("--v-packed")
     for s in shapes:
         cmd += ["--shape", ",".join(map(str, s))]
     out = subprocess.run(cmd, capture_output=True, text=True, env=extra_env)
@@ -105,22 +110,28 @@ def main():
     ap.add_argument("--label", default="", help="a note for the table title (e.g. variant)")
     ap.add_argument("--shape", action="append", metavar="B,H,N,D",
                     help="a shape to run (repeatable; default: SHAPES, every one)")
+    ap.add_argument("--v-packed", action="store_true",
+                    help="FP8 dtypes: flashcl bench --v-packed (V packed once, untimed; rows 'e4m3+vp')")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split(",")) for s in args.shape] if args.shape else SHAPES
     if any(len(s) != 4 or min(s) < 1 for s in shapes):
         ap.error("--shape takes four positive integers, B,H,N,D")
 
     results = []
+    dw = 7 if args.v_packed else 5  # the dtype column: room for "e4m3+vp"
+    vp_note = "; FP8 rows +vp: V packed once, untimed" if args.v_packed else ""
     print(f"flashcl vs PyTorch SDPA {args.label} (TFLOP/s: events, median of {args.iters} | wall clock, "
-          f"{args.iters} back to back; ratio = flashcl / peer, events | wall)")
-    print(f"{'B,H,N,D':>16} {'dtype':>5} {'mask':>6} {'flashcl':>13} {'check':>6} {'FA2':>13} "
+          f"{args.iters} back to back; ratio = flashcl / peer, events | wall{vp_note})")
+    print(f"{'B,H,N,D':>16} {'dtype':>{dw}} {'mask':>6} {'flashcl':>13} {'check':>6} {'FA2':>13} "
           f"{'cuDNN':>13} {'memeff':>13} {'vs FA2':>11} {'vs cuDNN':>11} {'own f16':>13} {'vs own f16':>11}")
     # FLASHCL_PARAMS is for the dtypes listed (see the docstring), not FP8's own float16 runs.
     plain_env = {k: v for k, v in os.environ.items() if k != "FLASHCL_PARAMS"}
     for dtype in args.dtypes.split(","):
         fp8 = dtype in FP8
         peer_dtype = "f16" if fp8 else dtype
-        fc = flashcl_rows(args.flashcl, args.device, dtype, shapes, args.iters)
+        packed = fp8 and args.v_packed
+        label = dtype + "+vp" if packed else dtype  # +vp: V packed once (flashcl bench --v-packed)
+        fc = flashcl_rows(args.flashcl, args.device, dtype, shapes, args.iters, v_packed=packed)
         own = flashcl_rows(args.flashcl, args.device, "f16", shapes, args.iters, plain_env) if fp8 else {}
         for shape in shapes:
             for causal in (False, True):
@@ -136,12 +147,12 @@ def main():
 
                 def fmt(x):
                     return "|".join(f"{v:.1f}" if v else "-" for v in x)
-                print(f"{','.join(map(str, shape)):>16} {dtype:>5} {'causal' if causal else 'none':>6} "
+                print(f"{','.join(map(str, shape)):>16} {label:>{dw}} {'causal' if causal else 'none':>6} "
                       f"{fmt(mine):>13} {r.get('validated', '-'):>6} {fmt(peers['flash']):>13} "
                       f"{fmt(peers['cudnn']):>13} {fmt(peers['efficient']):>13} "
                       f"{ratio(peers['flash']):>11} {ratio(peers['cudnn']):>11} "
                       f"{fmt(own_f16) if fp8 else '':>13} {ratio(own_f16) if fp8 else '':>11}", flush=True)
-                results.append({"shape": shape, "dtype": dtype, "causal": causal, "flashcl": r,
+                results.append({"shape": shape, "dtype": dtype, "v_packed": packed, "causal": causal, "flashcl": r,
                                 "torch_dtype": peer_dtype,
                                 "torch_tflops": {be: p[0] for be, p in peers.items()},
                                 "torch_wall_tflops": {be: p[1] for be, p in peers.items()},

@@ -103,7 +103,7 @@ static int time_pack(flashcl_context *ctx, const flashcl_attention_desc *desc, c
     int n = 0;
     for (; n < CALLS && err == CL_SUCCESS; ++n)
         err = flashcl_fp8_vt_pack_enqueue(ctx, pack, v, &d->v, d->batch, d->heads_k, d->seqlen_k,
-                                          vt, keys, NULL, &ev[n]);
+                                          vt, 0, keys, NULL, &ev[n]);
     n -= err != CL_SUCCESS;
     const cl_int done = clFinish(flashcl_context_cl_queue(ctx));
     double sum = 0.0;

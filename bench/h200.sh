@@ -79,9 +79,10 @@
 #      -DSOFTMAX_CHAINS=4 -DOVERLAP=1 -DEX2_FMA_EVERY=4 -DK_EARLY=0), then `flashcl bench --dtype
 #      e4m3` at FP8_SHAPES (default issue 35's three) under each FP8_OPTIONS entry (default: as
 #      built, twice, the run's spread; "+" for a space; FLASHCL_* entries are environment settings;
-#      none starts past FP8_BUDGET seconds, default 480) and flashcl's f16, then NVIDIA's own PTX of
-#      the kernel (D=128 as built, D=64 under FP8_SASS_OPTIONS, default none) through ptxas and the
-#      in-flight check. PART=1's cp.async and PV_CHAINED builds were timed by PART=2 with
+#      --v-packed: `flashcl bench --v-packed`, V packed once, untimed, so no per-call V transpose,
+#      its rows ending "v-packed"; none starts past FP8_BUDGET seconds, default 480) and flashcl's
+#      f16, then NVIDIA's own PTX of the kernel (D=128 as built, D=64 under FP8_SASS_OPTIONS,
+#      default none) through ptxas and the in-flight check. PART=1's cp.async and PV_CHAINED builds were timed by PART=2 with
 #      FP8_TEST_OPTIONS= FP8_OPTIONS="- FLASHCL_TMA=0 -DPV_CHAINED=1 -".
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
@@ -542,13 +543,16 @@ if [ "$what" = fp8-kernel ]; then
           echo "== ${o//+/ }: its test failed, not timed" | tee -a "$out/fp8-options.txt"; continue 2 ;;
         esac
         echo "== nv-wgmma-fp8 ${o//+/ } $mask" | tee -a "$out/fp8-options.txt"
+        bench_args=() # --v-packed: an option of `flashcl bench`, not of the build
         case $o in
           -) env=() ;;
+          --v-packed) env=() bench_args=(--v-packed) ;;
           FLASHCL_*) env=("$o") ;;
           *) env=("FLASHCL_BUILD_OPTIONS=${o//+/ }") ;;
         esac
         env "${env[@]}" FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 60 ./build-gpu/flashcl bench --device nvidia \
-          --dtype e4m3 $shapes $mask --iters 20 2>&1 | grep -E "^e4m3 " | tee -a "$out/fp8-options.txt"
+          --dtype e4m3 ${bench_args[@]+"${bench_args[@]}"} $shapes $mask --iters 20 2>&1 | grep -E "^e4m3 " |
+          tee -a "$out/fp8-options.txt"
       done
     done
     for mask in "" --causal; do

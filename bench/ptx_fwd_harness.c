@@ -213,9 +213,9 @@ int main(int argc, char **argv) {
     if (pack) {
         cu_check(cu.mem_alloc(&d_vt, (size_t)B * H * vt_rows * vt_keys), "cuMemAlloc");
         cu_check(cu.memset_d8(d_vt, 0x7f, (size_t)B * H * vt_rows * vt_keys), "cuMemsetD8");
-        /* fp8_vt_pack(v, v:4, vt, nk, vt_keys): global {vt_keys / 128 * 128, heads_k, batch}, local 128 */
+        /* fp8_vt_pack(v, v:4, vt, vt_off, nk, vt_keys): global {vt_keys / 128 * 128, heads_k, batch}, local 128 */
         kp.grid[0] = (unsigned)(vt_keys / 128), kp.grid[1] = (unsigned)H, kp.grid[2] = (unsigned)B, kp.block = 128;
-        arg_u64(&kp.args, d_v), arg_layout(&kp.args, &r.v), arg_u64(&kp.args, d_vt);
+        arg_u64(&kp.args, d_v), arg_layout(&kp.args, &r.v), arg_u64(&kp.args, d_vt), arg_u64(&kp.args, 0);
         arg_i32(&kp.args, N), arg_i32(&kp.args, vt_keys);
     }
     if (fp8) { /* flashcl_fp8_upload_scales, per tensor: [q | k | v] */
@@ -255,7 +255,7 @@ int main(int argc, char **argv) {
     if (fp8) /* per tensor: sc_per_head 0, sc_rows 0, k's factor at 1, v's at 2 */
         arg_u64(&kf.args, d_sc), arg_i32(&kf.args, 0), arg_i32(&kf.args, 0), arg_i32(&kf.args, 1), arg_i32(&kf.args, 2);
     if (pack)
-        arg_u64(&kf.args, d_vt), arg_i32(&kf.args, vt_keys);
+        arg_u64(&kf.args, d_vt), arg_u64(&kf.args, 0), arg_i32(&kf.args, vt_keys);
     kf.grid[0] = groups_m, kf.grid[1] = (unsigned)H, kf.grid[2] = (unsigned)B, kf.block = (unsigned)(32 * warps);
 
     kernel *ks[2] = {pack ? &kp : NULL, &kf};

@@ -373,13 +373,16 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
     } while (0)
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
-flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *restrict vtg, int vt_keys) {
+flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *restrict vtg, ulong vt_off,
+                   int vt_keys) {
     __local ushort smem_raw[SMEM_BYTES / 2] __attribute__((aligned(1024)));
 
     NV_FWD_BLOCK;
     __global const uchar *qb = (__global const uchar *)q + (q_off + b * q_sb + hq * q_sh);
     __global const uchar *kb = (__global const uchar *)k + (k_off + b * k_sb + hk * k_sh);
-    /* This head's Vt (cl/fp8_vt_pack.cl's layout). */
+    /* This head's Vt (cl/fp8_vt_pack.cl's layout, from byte vt_off: the context's transpose, or V
+     * as the caller packed it, flashcl_attention_desc.v_packed). */
+    vtg += vt_off;
     __global const uchar *vtb = vtg + ((ulong)(b * ((int)get_global_size(1) / group) + hk) * VT_ROWS) * (ulong)vt_keys;
 
     ALIGNED_TILES(smem_raw);

@@ -7,7 +7,7 @@
  * tested (tests/test_fp8_forward.c), on any device.
  *
  * Vt of (batch b, kv head hk) is VT_ROWS rows of vt_keys bytes (nk rounded up to VT_TILE) at
- * ((b * heads_k + hk) * VT_ROWS) * vt_keys, heads_k = get_num_groups(1): row d is head dim d,
+ * vt_off + ((b * heads_k + hk) * VT_ROWS) * vt_keys, heads_k = get_num_groups(1): row d is head dim d,
  * each VT_TILE-key tile's keys in VT_KEY order, zero past nk and past HEAD_DIM. v rows are
  * 16-byte aligned (the forward's condition) and HEAD_DIM a multiple of 16.
  *
@@ -51,7 +51,8 @@ inline uint4 transpose4x4(uint a0, uint a1, uint a2, uint a3) {
 }
 
 __kernel __attribute__((reqd_work_group_size(128, 1, 1))) void
-fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *restrict vt, int nk, int vt_keys) {
+fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *restrict vt, ulong vt_off, int nk,
+            int vt_keys) {
     __local uint4 tile[VT_TILE * 8]; /* 128-byte rows, one a key */
     const int tid = (int)get_local_id(0), n0 = (int)get_group_id(0) * VT_TILE;
     const int hk = (int)get_group_id(1), b = (int)get_group_id(2);
@@ -63,7 +64,7 @@ fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *re
     }
     barrier(CLK_LOCAL_MEM_FENCE);
     __local const uint *words = (__local const uint *)tile;
-    __global uchar *out = vt + ((ulong)(b * (int)get_num_groups(1) + hk) * VT_ROWS) * (ulong)vt_keys + n0;
+    __global uchar *out = vt + vt_off + ((ulong)(b * (int)get_num_groups(1) + hk) * VT_ROWS) * (ulong)vt_keys + n0;
     for (int i = tid; i < (VT_ROWS / 4) * (VT_TILE / 16); i += 128) {
         const int d4 = i / (VT_TILE / 16), G = i % (VT_TILE / 16);
         uint rows[4][4] = {{0u}}; /* rows 4 d4 + 0..3, words 0..3 of this group's 16 bytes */
@@ -86,4 +87,22 @@ fp8_vt_pack(__global const uchar *restrict v, TENSOR_ARGS(v), __global uchar *re
             *(__global uint4 *)(out + (ulong)(4 * d4 + e) * (ulong)vt_keys + 16 * G) =
                 (uint4)(rows[e][0], rows[e][1], rows[e][2], rows[e][3]);
     }
+}
+
+/* The k position (0..VT_TILE-1) of key n's bytes in its tile's Vt rows: VT_KEY's inverse. */
+#define VT_POS(n) (((n) & ~15) + 4 * (((n) >> 1) & 3) + 2 * (((n) >> 3) & 1) + ((n)&1))
+
+/* fp8_vt_unpack: Vt (as fp8_vt_pack writes it, at vt_off) back into V, packed [batch][nk][heads_k]
+ * [HEAD_DIM] bytes, for the kernels that read V in rows (a forward given V packed,
+ * flashcl_attention_desc.v_packed, on any other kernel than the Hopper FP8 one). One work-item
+ * a key of one (batch, kv head); global (nk, heads_k, batch). Not fast: the CPU and portable
+ * kernels it serves then read every byte again, many times over. */
+__kernel void fp8_vt_unpack(__global const uchar *restrict vt, ulong vt_off, int vt_keys, __global uchar *restrict v) {
+    const int n = (int)get_global_id(0), hk = (int)get_global_id(1), b = (int)get_global_id(2);
+    const int heads_k = (int)get_global_size(1), nk = (int)get_global_size(0);
+    __global const uchar *in = vt + vt_off + ((ulong)(b * heads_k + hk) * VT_ROWS) * (ulong)vt_keys +
+                               (n & ~(VT_TILE - 1)) + VT_POS(n & (VT_TILE - 1));
+    __global uchar *row = v + (((ulong)b * (ulong)nk + (ulong)n) * (ulong)heads_k + (ulong)hk) * HEAD_DIM;
+    for (int d = 0; d < HEAD_DIM; ++d)
+        row[d] = in[(ulong)d * (ulong)vt_keys];
 }

@@ -232,6 +232,16 @@ typedef struct flashcl_attention_desc {
      * BFLOAT16; an FP8 out is refused. lse is float32 as always. */
     flashcl_dtype out_dtype;
     flashcl_fp8_scales fp8;
+    /* FP8 only. Nonzero: v holds V packed for the Hopper FP8 kernel, as
+     * flashcl_fp8_pack_v writes it, starting at byte v.offset (a multiple
+     * of 16); v's strides are not read; head_dim 16..128 in steps of 16.
+     * The same function as v in its usual layout: on a given kernel, bit
+     * for bit. The Hopper kernel (variant "nv-wgmma-fp8") then reads v as
+     * it is, where it otherwise transposes v into the context's buffer
+     * first, each call; the other kernels (and the host path) unpack it
+     * into that buffer first instead. For V read by several calls
+     * (chunked prefill, a shared prefix): pack once. */
+    int v_packed;
 } flashcl_attention_desc;
 
 /* Normalises and checks a descriptor without running anything: fills the
@@ -247,7 +257,7 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * lse_offset. Every buffer is checked against its CL_MEM_SIZE before launch.
  * On error nothing is enqueued and no output is touched (except that an FP8
  * call whose kernel fails to launch leaves its descale upload, and its V
- * transpose, enqueued: they write only the context's own buffers). `event`
+ * transpose or unpack, enqueued: they write only the context's own buffers). `event`
  * (may be NULL) receives the kernel's event; the caller releases it.
  * FP8 q, k, v (desc->dtype FLASHCL_FLOAT8_E4M3/E5M2): the descale factors
  * are copied during the call (the arrays may be freed when it returns) and
@@ -261,12 +271,34 @@ FLASHCL_API flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc
  * writes v transposed into a buffer the context allocates, keeps for later
  * calls and frees in flashcl_context_destroy: batch * heads_k * head_dim
  * rounded up to 64 * seqlen_k rounded up to 128 bytes (v's own size at
- * head_dim 128). */
+ * head_dim 128); a v packed by the caller (v_packed) skips that pass. */
 FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
                                                      const flashcl_attention_desc *desc,
                                                      cl_mem q, cl_mem k, cl_mem v, cl_mem out,
                                                      cl_mem lse, size_t lse_offset,
                                                      cl_event *event);
+
+/* FP8 V packed for the Hopper FP8 forward (flashcl_attention_desc.v_packed).
+ * 8-bit warpgroup MMA reads both operands K-major, so P V needs V with the
+ * keys along its rows: for each (batch, kv head), ceil(head_dim / 64) * 64
+ * rows of ceil(seqlen_k / 128) * 128 bytes, row d holding head dim d; keys
+ * in 128-key tiles, within each 16-key group in the order the kernel's P
+ * fragments take them (cl/fp8_vt_pack.cl, VT_KEY); zero bytes past
+ * seqlen_k and past head_dim. Of the desc, only dtype (FP8), batch,
+ * heads_k, seqlen_k, head_dim (16..128 in steps of 16) and the v layout
+ * (v's own, not packed; v_packed is not read) are read.
+ * flashcl_fp8_packed_v_bytes: the packed size in bytes (0 where those
+ * fields do not qualify). flashcl_fp8_pack_v: enqueues the pack of v
+ * (desc->v's layout, its offset and strides multiples of 16 bytes) into
+ * packed at byte packed_offset (a multiple of 16), which must hold
+ * flashcl_fp8_packed_v_bytes from there; `event` as
+ * flashcl_attention_forward's. flashcl_fp8_pack_v_host: the same on host
+ * memory, any v layout. */
+FLASHCL_API size_t flashcl_fp8_packed_v_bytes(const flashcl_attention_desc *desc);
+FLASHCL_API flashcl_status flashcl_fp8_pack_v(flashcl_context *ctx, const flashcl_attention_desc *desc, cl_mem v,
+                                              cl_mem packed, size_t packed_offset, cl_event *event);
+FLASHCL_API flashcl_status flashcl_fp8_pack_v_host(const flashcl_attention_desc *desc, const unsigned char *v,
+                                                   unsigned char *packed);
 
 /* The same on host memory: copies to the device, runs, copies back and
  * waits (on a host context it runs the multi-threaded C path directly).

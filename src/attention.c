@@ -15,6 +15,8 @@ flashcl_status flashcl_attention_desc_resolve(flashcl_attention_desc *d) {
      * other call that resolves a desc refuses them itself. */
     if (flashcl_dtype_is_fp8(d->dtype) ? flashcl_fp8_desc_problem(d) != NULL : flashcl_dtype_unusable(d->dtype) != NULL)
         return FLASHCL_ERROR_INVALID_ARGUMENT;
+    if (d->v_packed && !flashcl_dtype_is_fp8(d->dtype))
+        return FLASHCL_ERROR_INVALID_ARGUMENT;
     if (d->batch < 1 || d->heads_q < 1 || d->heads_k < 1 || d->seqlen_q < 1 || d->seqlen_k < 1 ||
         d->head_dim < 1)
         return FLASHCL_ERROR_INVALID_SHAPE;
@@ -53,6 +55,10 @@ static flashcl_status check_desc(flashcl_context *ctx, const flashcl_attention_d
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "FP8 forward: %s", flashcl_fp8_desc_problem(d));
     if (!flashcl_dtype_is_fp8(d->dtype) && flashcl_dtype_unusable(d->dtype))
         return flashcl_check_dtype(ctx, d->dtype);
+    if (d->v_packed && !flashcl_dtype_is_fp8(d->dtype))
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
+                            "v_packed is for FP8 v (dtype FLASHCL_FLOAT8_E4M3 or _E5M2): the layout is the Hopper FP8 "
+                            "kernel's");
     if (st == FLASHCL_ERROR_INVALID_SHAPE)
         return flashcl_fail(ctx, st,
                             "invalid shape: batch %d, heads_q %d, heads_k %d, seqlen_q %d, "
@@ -75,7 +81,9 @@ static int tensor_extents(const flashcl_attention_desc *r, size_t lse_offset, ex
     e->q = flashcl_layout_bytes(&r->q, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es);
     e->out = flashcl_layout_bytes(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es_out);
     e->k = flashcl_layout_bytes(&r->k, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
-    e->v = flashcl_layout_bytes(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
+    int keys, rows; /* a packed V (v_packed): its bytes from v.offset */
+    e->v = r->v_packed ? (flashcl_mul_add(1, flashcl_fp8_vt_shape(r, &keys, &rows), r->v.offset, &e->v) ? e->v : 0)
+                       : flashcl_layout_bytes(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
     return e->q && e->out && e->k && e->v && lse_offset + lse_count >= lse_offset &&
            flashcl_mul_add(lse_offset + lse_count, sizeof(float), 0, &e->lse);
 }
@@ -235,45 +243,6 @@ static flashcl_status build_forward(flashcl_context *ctx, const flashcl_attentio
     return fit != FLASHCL_SUCCESS ? fit : flashcl_get_kernel(ctx, v->file, v->kernel, options, kernel);
 }
 
-#define FP8_VT_TILE 128 /* keys a tile of the FP8 forward, and of Vt's key order (cl/fp8_vt_pack.cl) */
-
-flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel) {
-    char options[64];
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DHEAD_DIM=%d", head_dim);
-    return flashcl_get_kernel(ctx, "fp8_vt_pack.cl", "fp8_vt_pack", options, kernel);
-}
-
-cl_int flashcl_fp8_vt_pack_enqueue(flashcl_context *ctx, cl_kernel pack, cl_mem v, const flashcl_layout *vl,
-                                   int batch, int heads_k, int seqlen_k, cl_mem vt, int vt_keys, cl_event after,
-                                   cl_event *done) {
-    /* fp8_vt_pack(v, v:4, vt, nk, vt_keys) */
-    const cl_ulong ul[4] = {vl->offset, vl->stride_batch, vl->stride_seq, vl->stride_head};
-    const cl_int nk = seqlen_k, keys = vt_keys;
-    cl_uint a = 0;
-    cl_int err = clSetKernelArg(pack, a++, sizeof(cl_mem), &v);
-    for (int i = 0; i < 4; ++i)
-        err |= clSetKernelArg(pack, a++, sizeof(cl_ulong), &ul[i]);
-    err |= clSetKernelArg(pack, a++, sizeof(cl_mem), &vt);
-    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &nk);
-    err |= clSetKernelArg(pack, a++, sizeof(cl_int), &keys);
-    if (err != CL_SUCCESS)
-        return err;
-    /* A work-group of 128 a tile of keys. */
-    const size_t local[3] = {128, 1, 1},
-                 global[3] = {(size_t)(vt_keys / FP8_VT_TILE) * 128, (size_t)heads_k, (size_t)batch};
-    return clEnqueueNDRangeKernel(ctx->queue, pack, 3, NULL, global, local, after ? 1 : 0, after ? &after : NULL,
-                                  done);
-}
-
-/* The nv-wgmma-fp8 forward's Vt (cl/fp8_vt_pack.cl):
- * keys a row (seqlen_k rounded up to the kernel's 128-key tiles), rows a
- * (batch, kv head) (head_dim rounded up to 64), and its bytes. */
-static size_t fp8_vt_shape(const flashcl_attention_desc *r, int *keys, int *rows) {
-    *keys = (r->seqlen_k + FP8_VT_TILE - 1) / FP8_VT_TILE * FP8_VT_TILE;
-    *rows = (r->head_dim + 63) / 64 * 64;
-    return (size_t)r->batch * (size_t)r->heads_k * (size_t)*rows * (size_t)*keys;
-}
-
 /* Whether the forward copies its K and V tiles by TMA (cl/flash_fwd_sm90.cl
  * and flash_fwd_sm90_fp8.cl, USE_TMA), and if so their tensor maps in maps[0]
  * and maps[1]: the wgmma kernels where TMA is usable (flashcl_tma_usable) and
@@ -287,7 +256,7 @@ static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *
         return flashcl_tma_encode_pair(&r->k, &r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
                                        (unsigned)p->block_n, maps);
     int keys, rows;
-    fp8_vt_shape(r, &keys, &rows);
+    flashcl_fp8_vt_shape(r, &keys, &rows);
     const uint64_t vt_dims[4] = {(uint64_t)keys, (uint64_t)rows, (uint64_t)r->heads_k, (uint64_t)r->batch},
                    vt_strides[3] = {(uint64_t)keys, (uint64_t)rows * keys, (uint64_t)r->heads_k * rows * keys};
     return flashcl_tma_encode_layout(&maps[0], &r->k, 1, r->batch, r->seqlen_k, r->heads_k, r->head_dim,
@@ -388,34 +357,25 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     return FLASHCL_SUCCESS;
 }
 
-/* fp8_vt_pack (cl/fp8_vt_pack.cl): v transposed into ctx->fp8_vt
- * (grown to fit; a smaller one is released once the calls already enqueued
- * are done with it), after the last forward that read it; then the FP8
- * kernel's arguments from *a on (Vt and its keys a row). *packed: the pass's
- * event. A failure is described in ctx's error here. */
-static cl_int enqueue_vt_pack(flashcl_context *ctx, const flashcl_attention_desc *r, cl_mem v, cl_kernel pack,
-                              cl_kernel kernel, cl_uint *a, cl_event *packed) {
+/* The nv-wgmma-fp8 forward's Vt and its keys a row, the kernel's arguments from *a on: v as the
+ * caller packed it (r->v_packed), or fp8_vt_pack's transpose of v into ctx->fp8_vt (grown to
+ * fit), enqueued after the last forward that read it, *packed its event. A failure is described
+ * in ctx's error here. */
+static cl_int vt_args(flashcl_context *ctx, const flashcl_attention_desc *r, cl_mem v, cl_kernel pack,
+                      cl_kernel kernel, cl_uint *a, cl_event *packed) {
     int keys, rows;
-    const size_t bytes = fp8_vt_shape(r, &keys, &rows);
-    cl_int err = CL_SUCCESS;
-    if (ctx->fp8_vt_bytes < bytes) {
-        cl_mem m = clCreateBuffer(ctx->cl_ctx, CL_MEM_READ_WRITE, bytes, NULL, &err);
-        if (!m) {
-            flashcl_fail(ctx, err, "allocating %zu bytes for the FP8 forward's transposed V: %s", bytes,
-                         flashcl_status_string(err));
-            return err;
-        }
-        if (ctx->fp8_vt)
-            clReleaseMemObject(ctx->fp8_vt);
-        ctx->fp8_vt = m;
-        ctx->fp8_vt_bytes = bytes;
-    }
+    const size_t bytes = flashcl_fp8_vt_shape(r, &keys, &rows);
+    if (!r->v_packed && flashcl_fp8_vt_scratch(ctx, bytes) != FLASHCL_SUCCESS)
+        return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    const cl_mem vt = r->v_packed ? v : ctx->fp8_vt;
+    const cl_ulong vt_off = r->v_packed ? r->v.offset : 0;
     const cl_int vt_keys = keys;
-    err = clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &ctx->fp8_vt);
+    cl_int err = clSetKernelArg(kernel, (*a)++, sizeof(cl_mem), &vt);
+    err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_ulong), &vt_off);
     err |= clSetKernelArg(kernel, (*a)++, sizeof(cl_int), &vt_keys);
-    if (err == CL_SUCCESS)
-        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, v, &r->v, r->batch, r->heads_k, r->seqlen_k, ctx->fp8_vt, keys,
-                                          ctx->fp8_vt_reader, packed);
+    if (err == CL_SUCCESS && !r->v_packed)
+        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, v, &r->v, r->batch, r->heads_k, r->seqlen_k, ctx->fp8_vt, 0,
+                                          keys, ctx->fp8_vt_reader, packed);
     if (err != CL_SUCCESS)
         flashcl_fail(ctx, err, "launching the FP8 forward's V transpose (fp8_vt_pack): %s",
                      flashcl_status_string(err));
@@ -464,10 +424,26 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     if (tma && (st = flashcl_ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
         return st;
 
+    /* A packed V (r.v_packed) on any kernel but the Hopper FP8 one (which
+     * reads it as it is, vt_args): unpacked into the context's scratch first,
+     * which the kernel then reads as v in the default layout. */
+    cl_kernel unpack = NULL;
+    cl_mem v_arg = v;
+    flashcl_layout vl = r.v;
+    if (fp8 && r.v_packed && !pack) {
+        if ((st = flashcl_fp8_vt_unpack_kernel(ctx, r.head_dim, &unpack)) != FLASHCL_SUCCESS ||
+            (st = flashcl_fp8_vt_scratch(ctx, (size_t)r.batch * r.seqlen_k * r.heads_k * r.head_dim)) !=
+            FLASHCL_SUCCESS)
+            return st;
+        v_arg = ctx->fp8_vt;
+        memset(&vl, 0, sizeof vl);
+        flashcl_default_layout(&vl, r.seqlen_k, r.heads_k, r.head_dim);
+    }
+
     const float log2e = 1.4426950408889634f;
     cl_ulong u[17] = {r.q.offset,  r.q.stride_batch,   r.q.stride_seq, r.q.stride_head,
                       r.k.offset,  r.k.stride_batch,   r.k.stride_seq, r.k.stride_head,
-                      r.v.offset,  r.v.stride_batch,   r.v.stride_seq, r.v.stride_head,
+                      vl.offset,   vl.stride_batch,    vl.stride_seq,  vl.stride_head,
                       r.out.offset, r.out.stride_batch, r.out.stride_seq, r.out.stride_head,
                       lse_offset};
     cl_int has_lse = lse != NULL;
@@ -482,7 +458,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     cl_uint a = 0;
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &q);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &k);
-    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v);
+    err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &v_arg);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &out);
     err |= clSetKernelArg(kernel, a++, sizeof(cl_mem), &lse_arg);
     for (int i = 0; i < 17; ++i)
@@ -519,21 +495,28 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
     for (int i = 0; i < 4; ++i)
         err |= clSetKernelArg(kernel, a++, sizeof(cl_int), &sc[i]);
     /* The warpgroup-MMA kernel reads V as Vt, which fp8_vt_pack writes first
-     * into the context's scratch (the last forward that read it done). */
+     * into the context's scratch (the last forward that read it done), unless
+     * the caller packed it; a packed V for the other kernels is unpacked into
+     * that scratch the same way. */
     int described = 0; /* the failure already has its message */
     if (err == CL_SUCCESS && pack) {
-        err = enqueue_vt_pack(ctx, &r, v, pack, kernel, &a, &waits[1]);
+        err = vt_args(ctx, &r, v, pack, kernel, &a, &waits[1]);
         described = err != CL_SUCCESS;
+    } else if (err == CL_SUCCESS && unpack) {
+        err = flashcl_fp8_vt_unpack_enqueue(ctx, unpack, &r, v, ctx->fp8_vt, ctx->fp8_vt_reader, &waits[1]);
+        if (err != CL_SUCCESS)
+            described = 1, flashcl_fail(ctx, err, "unpacking the packed V (fp8_vt_unpack): %s",
+                                        flashcl_status_string(err));
     }
     if (err == CL_SUCCESS)
-        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, pack ? 2 : 1, waits, &ran);
+        err = clEnqueueNDRangeKernel(ctx->queue, kernel, 3, NULL, global, local, waits[1] ? 2 : 1, waits, &ran);
     /* The buffers' last user: the kernel, or where it failed to launch the
      * enqueued work before it (on an out-of-order queue the next call's
      * writes must still land after that). */
     if (ctx->fp8_scales_reader)
         clReleaseEvent(ctx->fp8_scales_reader);
     ctx->fp8_scales_reader = err == CL_SUCCESS ? ran : waits[0];
-    if (waits[1]) { /* the transpose ran: it, or the kernel after it, is Vt's last user */
+    if (waits[1]) { /* the transpose (or unpack) ran: it, or the kernel after it, is the scratch's last user */
         if (ctx->fp8_vt_reader)
             clReleaseEvent(ctx->fp8_vt_reader);
         ctx->fp8_vt_reader = err == CL_SUCCESS ? ran : waits[1];

@@ -32,7 +32,7 @@ const char *flashcl_fp8_desc_problem(const flashcl_attention_desc *d) {
         return "fp8.block_rows is negative";
     if (d->fp8.block_rows > 0 && !d->fp8.per_head)
         return "fp8.block_rows needs fp8.per_head (block factors are indexed per (batch, head))";
-    return NULL;
+    return d->v_packed ? flashcl_fp8_packed_v_problem(d) : NULL;
 }
 
 void flashcl_fp8_scale_counts(const flashcl_attention_desc *r, size_t counts[3]) {
@@ -160,8 +160,21 @@ flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_atte
     gather_scales(r, sc);
     dequantize(r, q, &r->q, r->seqlen_q, r->heads_q, sc, 1, fq);
     dequantize(r, k, &r->k, r->seqlen_k, r->heads_k, sc + counts[0], 1, fk);
-    /* v's factors are per (batch, head) even with block_rows. */
-    dequantize(r, v, &r->v, r->seqlen_k, r->heads_k, sc + counts[0] + counts[1], 0, fv);
+    /* v's factors are per (batch, head) even with block_rows. A packed V is unpacked first. */
+    if (r->v_packed) {
+        unsigned char *unpacked = malloc(nk);
+        if (!unpacked) {
+            st = flashcl_fail(ctx, FLASHCL_ERROR_OUT_OF_HOST_MEMORY, "FP8 host forward: out of host memory");
+            goto done;
+        }
+        flashcl_fp8_unpack_v_host(r, v, unpacked);
+        flashcl_layout packed = {0, 0, 0, 0};
+        flashcl_default_layout(&packed, r->seqlen_k, r->heads_k, r->head_dim);
+        dequantize(r, unpacked, &packed, r->seqlen_k, r->heads_k, sc + counts[0] + counts[1], 0, fv);
+        free(unpacked);
+    } else {
+        dequantize(r, v, &r->v, r->seqlen_k, r->heads_k, sc + counts[0] + counts[1], 0, fv);
+    }
     flashcl_attention_desc f = *r;
     f.dtype = FLASHCL_FLOAT32;
     memset(&f.q, 0, sizeof f.q), memset(&f.k, 0, sizeof f.k), memset(&f.v, 0, sizeof f.v);

@@ -133,7 +133,8 @@ struct flashcl_context {
     float *fp8_scales_held;
     size_t fp8_scales_held_bytes, fp8_scales_held_cap;
     /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
-     * cl/fp8_vt_pack.cl; grown, kept); fp8_vt_reader, the last forward
+     * cl/fp8_vt_pack.cl), or a packed V unpacked for the other kernels
+     * (fp8_packed_v.c; grown, kept); fp8_vt_reader, the last forward
      * that read it, which the next call's transpose waits for. */
     cl_mem fp8_vt;
     size_t fp8_vt_bytes;
@@ -268,15 +269,30 @@ int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_atte
 #define FLASHCL_NV_WGMMA_FP8_NEEDS                                                                 \
     "NVIDIA compute capability 9.0 (sm_90a), FP8 q, k, v into a float16 or bfloat16 out, "          \
     "head_dim 32..128 in steps of 16, 16-byte aligned rows, descale row blocks a multiple of 8"
-/* cl/fp8_vt_pack.cl's kernel for head_dim (attention.c): FP8 V transposed as
- * the nv-wgmma-fp8 forward reads it; plain OpenCL C, built on any device. */
+/* fp8_packed_v.c: V transposed as the nv-wgmma-fp8 forward reads it (cl/fp8_vt_pack.cl).
+ * flashcl_fp8_vt_shape: keys a row (seqlen_k rounded up to the kernel's 128-key tiles), rows
+ * a (batch, kv head) (head_dim rounded up to 64), and the bytes of r's Vt. */
+size_t flashcl_fp8_vt_shape(const flashcl_attention_desc *r, int *keys, int *rows);
+/* What a desc with v_packed lacks (NULL: nothing), for flashcl_fp8_desc_problem. */
+const char *flashcl_fp8_packed_v_problem(const flashcl_attention_desc *d);
+/* r's packed V (at r->v.offset of packed) into v, packed [batch][seqlen_k][heads_k][head_dim]. */
+void flashcl_fp8_unpack_v_host(const flashcl_attention_desc *r, const unsigned char *packed, unsigned char *v);
+/* The transpose for head_dim; plain OpenCL C, built on any device. */
 flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel);
 /* That kernel enqueued: v (layout vl, batch x heads_k x seqlen_k keys) into
- * vt, whose rows hold vt_keys keys (seqlen_k rounded up to 128), after the
- * event `after` (may be NULL); *done (may be NULL) gets the pass's event. */
+ * vt from byte vt_off, whose rows hold vt_keys keys (seqlen_k rounded up to
+ * 128), after the event `after` (may be NULL); *done (may be NULL) gets the
+ * pass's event. */
 cl_int flashcl_fp8_vt_pack_enqueue(flashcl_context *ctx, cl_kernel pack, cl_mem v, const flashcl_layout *vl,
-                                   int batch, int heads_k, int seqlen_k, cl_mem vt, int vt_keys, cl_event after,
-                                   cl_event *done);
+                                   int batch, int heads_k, int seqlen_k, cl_mem vt, size_t vt_off, int vt_keys,
+                                   cl_event after, cl_event *done);
+/* fp8_vt_unpack for head_dim, and that kernel enqueued: r's packed V (packed, from
+ * r->v.offset) into v, packed [batch][seqlen_k][heads_k][head_dim], after `after` (may be NULL). */
+flashcl_status flashcl_fp8_vt_unpack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel);
+cl_int flashcl_fp8_vt_unpack_enqueue(flashcl_context *ctx, cl_kernel unpack, const flashcl_attention_desc *r,
+                                     cl_mem packed, cl_mem v, cl_event after, cl_event *done);
+/* ctx->fp8_vt grown to at least bytes. */
+flashcl_status flashcl_fp8_vt_scratch(flashcl_context *ctx, size_t bytes);
 /* 1 for the tensor-core variants ("nv-mma", "nv-tf32", "nv-wgmma", "nv-wgmma-fp8"): parameterised by warps,
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);

@@ -370,6 +370,15 @@ grep -q 'power of two' err.txt && no_outputs_left && ok "  says why, writes noth
 expect_status 0 "bench --dtype e4m3,e5m2, one small shape" bench --dtype e4m3,e5m2 --shape 1,2,64,32 --iters 1 --warmup 0
 [ "$(grep -Ec '^(e4m3|e5m2) .* pass ' out.txt)" -eq 4 ] && ok "  four validated FP8 rows" ||
     bad "bench --dtype e4m3,e5m2: $(cat out.txt)"
+# --v-packed: V packed once by flashcl_fp8_pack_v, the calls read it (desc.v_packed); the
+# reference reads V as it was, so a misread packed V fails the check. Not tile multiples.
+expect_status 0 "bench --dtype e4m3 --v-packed, one small shape" bench --dtype e4m3 --v-packed \
+    --shape 1,2,1,33,47,48 --iters 1 --warmup 0
+[ "$(grep -Ec '^e4m3 .* pass .* v-packed$' out.txt)" -eq 2 ] && grep -q 'V packed once' out.txt &&
+    ok "  two validated e4m3 rows marked v-packed" || bad "bench --dtype e4m3 --v-packed: $(cat out.txt)"
+expect_status 2 "bench --v-packed --dtype f16 refused" bench --v-packed --dtype f16 --shape 1,2,64,32
+grep -q -- '--v-packed .*e4m3' err.txt && ok "  says it needs an FP8 dtype" ||
+    bad "--v-packed --dtype f16: $(cat err.txt)"
 
 # ---- the other subcommands ----------------------------------------------------
 expect_status 0 "devices" devices

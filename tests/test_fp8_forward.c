@@ -545,7 +545,7 @@ static void vt_pack(flashcl_context *ctx, uint64_t seed) {
         if (err == CL_SUCCESS)
             err = clEnqueueFillBuffer(ctx->queue, bo, &poison, 1, 0, out_n + guard, 0, NULL, NULL);
         if (err == CL_SUCCESS)
-            err = flashcl_fp8_vt_pack_enqueue(ctx, pack, bv, &l, B, H, N, bo, keys, NULL, NULL);
+            err = flashcl_fp8_vt_pack_enqueue(ctx, pack, bv, &l, B, H, N, bo, 0, keys, NULL, NULL);
         memset(got, 0x5a, out_n + guard);
         if (err == CL_SUCCESS)
             test_download(ctx, bo, got, out_n + guard);

@@ -60,7 +60,7 @@ static cl_int vt_pack_run(flashcl_context *ctx, cl_kernel pack, const unsigned c
     const unsigned char poison = 0x7f; /* a NaN code in both formats */
     cl_int err = clEnqueueFillBuffer(ctx->queue, vt, &poison, 1, 0, (size_t)vt_rows * 128, 0, NULL, NULL);
     if (err == CL_SUCCESS)
-        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, vb, &layout, 1, 1, nk, vt, 128, NULL, NULL);
+        err = flashcl_fp8_vt_pack_enqueue(ctx, pack, vb, &layout, 1, 1, nk, vt, 0, 128, NULL, NULL);
     if (err == CL_SUCCESS)
         err = clFinish(ctx->queue);
     clReleaseMemObject(vb);

@@ -38,6 +38,9 @@ const char usage_bench[] =
     "  --dtype LIST           storage types, f16,bf16,f32,e4m3,e5m2 (default f16); FP8\n"
     "                         (e4m3, e5m2): random N(0,1) inputs quantized once per\n"
     "                         tensor (untimed, flashcl_fp8_quantize_host), out float16\n"
+    "  --v-packed             FP8 only: pack V once (flashcl_fp8_pack_v, untimed) and\n"
+    "                         time calls with desc.v_packed = 1, which skip the Hopper\n"
+    "                         FP8 kernel's per-call V transpose; rows say 'v-packed'\n"
     "  --causal               causal only (default: both)\n"
     "  --no-causal            non-causal only\n"
     "  --seqlen LIST          sweep: seqlen_q = seqlen_k values, e.g. 512,1024,2048\n"
@@ -75,6 +78,7 @@ typedef struct bench_row {
     bench_shape s;
     flashcl_dtype dtype;
     int causal;
+    int v_packed;  /* ran on V packed once (--v-packed, FP8) */
     int validated; /* 1 passed, 0 failed, -1 not run (too large, or an error first) */
     double max_err, tolerance;
     int iters;
@@ -91,6 +95,7 @@ typedef struct bench_options {
     flashcl_dtype dtype;
     int iters, warmup, memory, json;
     int csv;          /* CSV instead of the table */
+    int v_packed;     /* --v-packed: FP8 runs read V packed by flashcl_fp8_pack_v */
     const char *plot; /* SVG path, or NULL */
 } bench_options;
 
@@ -185,12 +190,18 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
     void *q = NULL, *k = NULL, *v = NULL, *out = NULL;
     float *lse = NULL;
     double *times = NULL;
-    cl_mem bufs[5] = {NULL, NULL, NULL, NULL, NULL};
-    size_t sizes[5] = {0, 0, 0, 0, 0};
+    /* --v-packed: V packed once, untimed (bufs[5] on a device, vpack on the host path); the timed
+     * calls take `run`, desc with v_packed set, while validation and the reference read desc. */
+    const int packed = fp8 && opt->v_packed;
+    flashcl_attention_desc run;
+    unsigned char *vpack = NULL;
+    cl_mem bufs[6] = {NULL, NULL, NULL, NULL, NULL, NULL};
+    size_t sizes[6] = {0, 0, 0, 0, 0, 0};
     flashcl_ref_rng rng;
     flashcl_status status;
 
     row->dtype = opt->dtype;
+    row->v_packed = packed;
     row->validated = -1;
     row->median_ms = row->min_ms = row->tflops = row->ref_ms = row->wall_ms = -1.0;
     row->error[0] = '\0';
@@ -200,11 +211,27 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         row_error(row, NULL, "descriptor rejected", status);
         return;
     }
+    run = desc;
+    if (packed) {
+        run.v_packed = 1;
+        run.v.offset = 0;
+        sizes[5] = flashcl_fp8_packed_v_bytes(&desc);
+        if (sizes[5] == 0) {
+            snprintf(row->error, sizeof row->error,
+                     "flashcl_fp8_packed_v_bytes: 0 bytes for this shape");
+            return;
+        }
+        status = flashcl_attention_desc_resolve(&run);
+        if (status != FLASHCL_SUCCESS) {
+            row_error(row, NULL, "descriptor with v_packed rejected", status);
+            return;
+        }
+    }
     /* The parameters this shape runs with and where they came from (tuned, built-in, default):
      * the strings are the context's, so the row keeps copies. */
     memset(&row->params, 0, sizeof row->params);
     row->params_variant[0] = row->params_source[0] = '\0';
-    if (flashcl_attention_params(ctx, &desc, &row->params) == FLASHCL_SUCCESS) {
+    if (flashcl_attention_params(ctx, &run, &row->params) == FLASHCL_SUCCESS) {
         snprintf(row->params_variant, sizeof row->params_variant, "%s",
                  row->params.variant ? row->params.variant : "?");
         snprintf(row->params_source, sizeof row->params_source, "%s",
@@ -233,7 +260,7 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
     if (!is_host) {
         cl_context clctx = flashcl_context_cl_context(ctx);
         cl_ulong max_alloc = 0;
-        static const char *const names[5] = {"q", "k", "v", "out", "lse"};
+        static const char *const names[6] = {"q", "k", "v", "out", "lse", "packed v"};
         cl_int err = CL_SUCCESS;
         sizes[0] = nq * esz;
         sizes[3] = nq * osz;
@@ -241,13 +268,14 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         sizes[4] = nlse * sizeof(float);
         clGetDeviceInfo(flashcl_context_cl_device(ctx), CL_DEVICE_MAX_MEM_ALLOC_SIZE,
                         sizeof max_alloc, &max_alloc, NULL);
-        for (int b = 0; b < 5; b++) {
+        for (int b = 0; b < (packed ? 6 : 5); b++) {
             if (max_alloc != 0 && sizes[b] > max_alloc) {
                 snprintf(row->error, sizeof row->error,
                          "%s needs %zu bytes, over the device's largest allocation (%llu)",
                          names[b], sizes[b], (unsigned long long)max_alloc);
                 goto done;
             }
+            /* the packed V (5) is written by flashcl_fp8_pack_v */
             bufs[b] = clCreateBuffer(clctx, b < 3 ? CL_MEM_READ_ONLY : CL_MEM_READ_WRITE, sizes[b],
                                      NULL, &err);
             if (err != CL_SUCCESS) {
@@ -285,7 +313,21 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         /* No OpenCL: the blocking host entry point, timed by wall clock. */
         if (alloc_outputs(row, out_dtype, nq, nlse, &out, &lse) != 0)
             goto done;
-        status = flashcl_attention_forward_host(ctx, &desc, q, k, v, out, lse);
+        if (packed) {
+            vpack = malloc(sizes[5]);
+            if (vpack == NULL) {
+                snprintf(row->error, sizeof row->error, "out of host memory for the packed V");
+                goto done;
+            }
+            status = flashcl_fp8_pack_v_host(&desc, v, vpack);
+            if (status != FLASHCL_SUCCESS) {
+                snprintf(row->error, sizeof row->error, "packing V (flashcl_fp8_pack_v_host): %s",
+                         flashcl_last_error(NULL));
+                goto done;
+            }
+        }
+        const void *vrun = packed ? (const void *)vpack : v;
+        status = flashcl_attention_forward_host(ctx, &run, q, k, vrun, out, lse);
         if (status != FLASHCL_SUCCESS) {
             row_error(row, ctx, "forward failed", status);
             goto done;
@@ -297,7 +339,7 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         }
         for (int it = 0; it < opt->warmup + opt->iters; it++) {
             double t0 = cli_now();
-            status = flashcl_attention_forward_host(ctx, &desc, q, k, v, out, lse);
+            status = flashcl_attention_forward_host(ctx, &run, q, k, vrun, out, lse);
             if (status != FLASHCL_SUCCESS) {
                 row_error(row, ctx, "forward failed", status);
                 goto done;
@@ -318,6 +360,22 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
             row_error(row, NULL, "uploading the inputs", err);
             goto done;
         }
+        if (packed) { /* once, before anything is timed, and waited for */
+            status = flashcl_fp8_pack_v(ctx, &desc, bufs[2], bufs[5], 0, &event);
+            if (status != FLASHCL_SUCCESS) {
+                row_error(row, ctx, "packing V (flashcl_fp8_pack_v)", status);
+                goto done;
+            }
+            err = event != NULL ? clWaitForEvents(1, &event) : clFinish(queue);
+            if (event != NULL)
+                clReleaseEvent(event);
+            event = NULL;
+            if (err != CL_SUCCESS) {
+                row_error(row, NULL, "waiting for the V pack", err);
+                goto done;
+            }
+        }
+        cl_mem vrun = packed ? bufs[5] : bufs[2];
         /* Poisoned outputs, so that a kernel that skips elements fails validation. */
         if (feasible) {
             if (alloc_outputs(row, out_dtype, nq, nlse, &out, &lse) != 0)
@@ -339,8 +397,8 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
             free(v);
             q = k = v = NULL;
         }
-        status = flashcl_attention_forward(ctx, &desc, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4],
-                                           0, &event);
+        status = flashcl_attention_forward(ctx, &run, bufs[0], bufs[1], vrun, bufs[3], bufs[4], 0,
+                                           &event);
         if (status != FLASHCL_SUCCESS) {
             row_error(row, ctx, "forward failed", status);
             goto done;
@@ -367,8 +425,8 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         for (int it = 0; it < opt->warmup + opt->iters; it++) {
             cl_ulong start = 0, end = 0;
             event = NULL;
-            status = flashcl_attention_forward(ctx, &desc, bufs[0], bufs[1], bufs[2], bufs[3],
-                                               bufs[4], 0, &event);
+            status = flashcl_attention_forward(ctx, &run, bufs[0], bufs[1], vrun, bufs[3], bufs[4],
+                                               0, &event);
             if (status != FLASHCL_SUCCESS) {
                 row_error(row, ctx, "forward failed", status);
                 goto done;
@@ -396,7 +454,8 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
          * (what an application sees, launch and queue overheads included). */
         const double t0 = cli_now();
         for (int it = 0; it < opt->iters && status == FLASHCL_SUCCESS; it++)
-            status = flashcl_attention_forward(ctx, &desc, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4], 0, NULL);
+            status = flashcl_attention_forward(ctx, &run, bufs[0], bufs[1], vrun, bufs[3], bufs[4],
+                                               0, NULL);
         err = clFinish(queue);
         if (status != FLASHCL_SUCCESS || err != CL_SUCCESS) {
             row_error(row, ctx, "forward failed (back-to-back calls)", status != FLASHCL_SUCCESS ? status : err);
@@ -419,10 +478,11 @@ static void run_bench_row(flashcl_context *ctx, const bench_options *opt, bench_
         }
     }
 done:
-    for (int b = 0; b < 5; b++)
+    for (int b = 0; b < 6; b++)
         if (bufs[b] != NULL)
             clReleaseMemObject(bufs[b]);
     row->peak_rss = cli_peak_rss_bytes();
+    free(vpack);
     free(times);
     free(q);
     free(k);
@@ -446,7 +506,7 @@ static void print_bench_header(const bench_options *opt) {
            "ref_ms", "speedup");
     if (opt->memory)
         printf(" %12s %11s %12s", "peak_rss_MiB", "device_MiB", "naive_S_MiB");
-    printf("  params (source)\n");
+    printf("  params (source)%s\n", opt->v_packed ? "  [v-packed: V packed once, untimed]" : "");
 }
 
 static void print_bench_row(const bench_options *opt, const bench_row *row) {
@@ -475,6 +535,8 @@ static void print_bench_row(const bench_options *opt, const bench_row *row) {
                row->params.block_n, row->params.work_group_size, row->params_source);
     else
         printf("  -");
+    if (row->v_packed)
+        printf("  v-packed");
     printf("\n");
     if (row->error[0])
         printf("      error: %s\n", row->error);
@@ -527,7 +589,7 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
             printf("}");
         } else
             fputs("null", stdout);
-        printf(", \"error\": ");
+        printf(", \"v_packed\": %s, \"error\": ", r->v_packed ? "true" : "false");
         cli_json_string_or_null(stdout, r->error);
         printf("}");
     }
@@ -537,7 +599,7 @@ static void print_bench_json(flashcl_context *ctx, const bench_options *opt, con
 /* CSV: the JSON row keys as columns; empty cells where JSON has null. */
 static void print_bench_csv(const bench_row *rows, int count) {
     printf("dtype,batch,heads_q,heads_k,seqlen_q,seqlen_k,head_dim,causal,validated,max_err,"
-           "tolerance,iters,median_ms,min_ms,tflops,gbps,ref_ms,error\n");
+           "tolerance,iters,median_ms,min_ms,tflops,gbps,ref_ms,error,v_packed\n");
     for (int i = 0; i < count; i++) {
         const bench_row *r = &rows[i];
         const bench_shape *s = &r->s;
@@ -567,7 +629,7 @@ static void print_bench_csv(const bench_row *rows, int count) {
             }
             putchar('"');
         }
-        putchar('\n');
+        printf(",%d\n", r->v_packed);
     }
 }
 
@@ -588,21 +650,21 @@ static int write_bench_plot(flashcl_context *ctx, const char *path, const bench_
         owner[i] = -1;
         for (int j = 0; j < i && owner[i] < 0; j++) {
             const bench_row *o = &rows[j];
-            if (o->dtype == r->dtype && o->s.batch == r->s.batch && o->s.heads_q == r->s.heads_q &&
-                o->s.heads_k == r->s.heads_k && o->s.head_dim == r->s.head_dim &&
-                o->causal == r->causal)
+            if (o->dtype == r->dtype && o->v_packed == r->v_packed && o->s.batch == r->s.batch &&
+                o->s.heads_q == r->s.heads_q && o->s.heads_k == r->s.heads_k &&
+                o->s.head_dim == r->s.head_dim && o->causal == r->causal)
                 owner[i] = owner[j];
         }
         if (owner[i] < 0) {
             owner[i] = num;
             if (r->s.heads_q == r->s.heads_k)
-                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d D=%d%s",
-                         cli_dtype_name(r->dtype), r->s.batch, r->s.heads_q, r->s.head_dim,
-                         r->causal ? " causal" : "");
+                snprintf(labels[num], sizeof labels[num], "%s%s B=%d H=%d D=%d%s",
+                         cli_dtype_name(r->dtype), r->v_packed ? " v-packed" : "", r->s.batch,
+                         r->s.heads_q, r->s.head_dim, r->causal ? " causal" : "");
             else
-                snprintf(labels[num], sizeof labels[num], "%s B=%d H=%d:%d D=%d%s",
-                         cli_dtype_name(r->dtype), r->s.batch, r->s.heads_q, r->s.heads_k,
-                         r->s.head_dim, r->causal ? " causal" : "");
+                snprintf(labels[num], sizeof labels[num], "%s%s B=%d H=%d:%d D=%d%s",
+                         cli_dtype_name(r->dtype), r->v_packed ? " v-packed" : "", r->s.batch,
+                         r->s.heads_q, r->s.heads_k, r->s.head_dim, r->causal ? " causal" : "");
             num++;
         }
     }
@@ -788,10 +850,19 @@ int cmd_bench(int argc, char **argv) {
             opt.plot = value;
         } else if (strcmp(arg, "--json") == 0) {
             opt.json = 1;
+        } else if (strcmp(arg, "--v-packed") == 0) {
+            opt.v_packed = 1;
         } else {
             return cli_unknown_option(usage_bench, arg);
         }
     }
+
+    for (int t = 0; opt.v_packed && t < num_dtypes; t++)
+        if (dtypes[t] != FLASHCL_FLOAT8_E4M3 && dtypes[t] != FLASHCL_FLOAT8_E5M2)
+            return cli_usage_error(
+                usage_bench,
+                "--v-packed packs FP8 V: it needs --dtype e4m3 and/or e5m2 only, not %s",
+                cli_dtype_name(dtypes[t]));
 
     ctx = cli_open_context(device);
     if (ctx == NULL)
@@ -859,11 +930,14 @@ int cmd_bench(int argc, char **argv) {
     }
 
     if (!opt.json && !opt.csv) {
-        printf("flashcl bench: %s%s; %s%s%s%s%s, %d warm-up + %d timed runs (%s)\n",
+        printf("flashcl bench: %s%s; %s%s%s%s%s%s, %d warm-up + %d timed runs (%s)\n",
                flashcl_context_device_name(ctx), flashcl_context_is_host(ctx) ? " [host path]" : "",
                cli_dtype_name(dtypes[0]), num_dtypes > 1 ? "," : "",
                num_dtypes > 1 ? cli_dtype_name(dtypes[1]) : "", num_dtypes > 2 ? "," : "",
-               num_dtypes > 2 ? cli_dtype_name(dtypes[2]) : "", opt.warmup, opt.iters,
+               num_dtypes > 2 ? cli_dtype_name(dtypes[2]) : "",
+               opt.v_packed ? " with V packed once (flashcl_fp8_pack_v, untimed; desc.v_packed)"
+                            : "",
+               opt.warmup, opt.iters,
                flashcl_context_is_host(ctx) ? "wall clock" : "OpenCL profiling events");
         print_bench_header(&opt);
     }
