@@ -99,10 +99,15 @@ flashcl_status flashcl_fp8_pack_v_host(const flashcl_attention_desc *desc, const
     return FLASHCL_SUCCESS;
 }
 
-flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel) {
+/* cl/fp8_vt_pack.cl's kernel `name` for head_dim. */
+static flashcl_status vt_kernel(flashcl_context *ctx, const char *name, int head_dim, cl_kernel *kernel) {
     char options[64];
     snprintf(options, sizeof options, "-cl-std=CL1.2 -DHEAD_DIM=%d", head_dim);
-    return flashcl_get_kernel(ctx, "fp8_vt_pack.cl", "fp8_vt_pack", options, kernel);
+    return flashcl_get_kernel(ctx, "fp8_vt_pack.cl", name, options, kernel);
+}
+
+flashcl_status flashcl_fp8_vt_pack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel) {
+    return vt_kernel(ctx, "fp8_vt_pack", head_dim, kernel);
 }
 
 cl_int flashcl_fp8_vt_pack_enqueue(flashcl_context *ctx, cl_kernel pack, cl_mem v, const flashcl_layout *vl,
@@ -129,9 +134,7 @@ cl_int flashcl_fp8_vt_pack_enqueue(flashcl_context *ctx, cl_kernel pack, cl_mem 
 }
 
 flashcl_status flashcl_fp8_vt_unpack_kernel(flashcl_context *ctx, int head_dim, cl_kernel *kernel) {
-    char options[64];
-    snprintf(options, sizeof options, "-cl-std=CL1.2 -DHEAD_DIM=%d", head_dim);
-    return flashcl_get_kernel(ctx, "fp8_vt_pack.cl", "fp8_vt_unpack", options, kernel);
+    return vt_kernel(ctx, "fp8_vt_unpack", head_dim, kernel);
 }
 
 cl_int flashcl_fp8_vt_unpack_enqueue(flashcl_context *ctx, cl_kernel unpack, const flashcl_attention_desc *r,
