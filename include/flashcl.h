@@ -41,10 +41,12 @@ extern "C" {
 #define FLASHCL_ZERO_INIT {0}
 #endif
 
+/* Before 1.0 a minor version may change the ABI: rebuild against its header. 0.2 grew
+ * flashcl_attention_desc (v_packed), which a caller compiled against 0.1's header does not hold. */
 #define FLASHCL_VERSION_MAJOR 0
-#define FLASHCL_VERSION_MINOR 1
+#define FLASHCL_VERSION_MINOR 2
 #define FLASHCL_VERSION_PATCH 0
-#define FLASHCL_VERSION_STRING "0.1.0"
+#define FLASHCL_VERSION_STRING "0.2.0"
 
 /* Returns FLASHCL_VERSION_STRING of the library actually linked. */
 FLASHCL_API const char *flashcl_version(void);
@@ -232,15 +234,21 @@ typedef struct flashcl_attention_desc {
      * BFLOAT16; an FP8 out is refused. lse is float32 as always. */
     flashcl_dtype out_dtype;
     flashcl_fp8_scales fp8;
-    /* FP8 only. Nonzero: v holds V packed for the Hopper FP8 kernel, as
-     * flashcl_fp8_pack_v writes it, starting at byte v.offset (a multiple
-     * of 16); v's strides are not read; head_dim 16..128 in steps of 16.
-     * The same function as v in its usual layout: on a given kernel, bit
-     * for bit. The Hopper kernel (variant "nv-wgmma-fp8") then reads v as
-     * it is, where it otherwise transposes v into the context's buffer
-     * first, each call; the other kernels (and the host path) unpack it
-     * into that buffer first instead. For V read by several calls
-     * (chunked prefill, a shared prefix): pack once. */
+    /* FP8 only. Nonzero: v holds V packed for the Hopper FP8 kernel (the
+     * layout under flashcl_fp8_pack_v below), starting at byte v.offset (a
+     * multiple of 16); v's strides are not read; head_dim 16..128 in steps
+     * of 16. The same function as v in its usual layout, bit for bit on a
+     * given kernel; which kernel runs follows the usual rules, except that
+     * v's alignment is then v.offset's alone. Where the Hopper kernel runs
+     * (variant "nv-wgmma-fp8": its conditions under
+     * flashcl_attention_forward) it reads v as it is, where it otherwise
+     * transposes v into the context's buffer first, each call. Every other
+     * kernel unpacks it into that buffer first, each call (one more pass
+     * over V, and a buffer of V's unpacked size the context keeps); the
+     * host path unpacks it in host memory. So pack a V that several
+     * Hopper calls read over the same keys (the same batch, heads_k,
+     * seqlen_k and head_dim: cross-attention to a fixed encoder output, a
+     * prefix many requests query). */
     int v_packed;
 } flashcl_attention_desc;
 
@@ -280,20 +288,27 @@ FLASHCL_API flashcl_status flashcl_attention_forward(flashcl_context *ctx,
 
 /* FP8 V packed for the Hopper FP8 forward (flashcl_attention_desc.v_packed).
  * 8-bit warpgroup MMA reads both operands K-major, so P V needs V with the
- * keys along its rows: for each (batch, kv head), ceil(head_dim / 64) * 64
- * rows of ceil(seqlen_k / 128) * 128 bytes, row d holding head dim d; keys
- * in 128-key tiles, within each 16-key group in the order the kernel's P
- * fragments take them (cl/fp8_vt_pack.cl, VT_KEY); zero bytes past
- * seqlen_k and past head_dim. Of the desc, only dtype (FP8), batch,
- * heads_k, seqlen_k, head_dim (16..128 in steps of 16) and the v layout
+ * keys along its rows. The layout, for each (batch b, kv head h) in turn:
+ * R = ceil(head_dim / 64) * 64 rows of K = ceil(seqlen_k / 128) * 128
+ * bytes, at ((b * heads_k + h) * R + d) * K for row d (head dim d); key n
+ * at byte (n & ~15) + 4 * ((n >> 1) & 3) + 2 * ((n >> 3) & 1) + (n & 1) of
+ * its row, the order in which the kernel's P fragments take a 16-key group
+ * (cl/fp8_vt_pack.cl, VT_KEY); bytes past seqlen_k and past head_dim must
+ * be zero (the Hopper kernel multiplies them by P = 0; a NaN code there
+ * would give NaN). Of the desc only dtype (FP8), batch, heads_k, seqlen_k
+ * (at most 2147483520), head_dim (16..128 in steps of 16) and the v layout
  * (v's own, not packed; v_packed is not read) are read.
  * flashcl_fp8_packed_v_bytes: the packed size in bytes (0 where those
  * fields do not qualify). flashcl_fp8_pack_v: enqueues the pack of v
  * (desc->v's layout, its offset and strides multiples of 16 bytes) into
  * packed at byte packed_offset (a multiple of 16), which must hold
- * flashcl_fp8_packed_v_bytes from there; `event` as
- * flashcl_attention_forward's. flashcl_fp8_pack_v_host: the same on host
- * memory, any v layout. */
+ * flashcl_fp8_packed_v_bytes from there and must not overlap v; `event`
+ * as flashcl_attention_forward's (on an out-of-order queue, order the
+ * forward after it). Returns FLASHCL_ERROR_INVALID_ARGUMENT for fields,
+ * offsets or strides that do not qualify, FLASHCL_ERROR_OUT_OF_BOUNDS for
+ * a buffer too small, FLASHCL_ERROR_UNSUPPORTED on a host context (use the
+ * _host form). flashcl_fp8_pack_v_host: the same on host memory, any v
+ * layout; its errors are read with flashcl_last_error(NULL). */
 FLASHCL_API size_t flashcl_fp8_packed_v_bytes(const flashcl_attention_desc *desc);
 FLASHCL_API flashcl_status flashcl_fp8_pack_v(flashcl_context *ctx, const flashcl_attention_desc *desc, cl_mem v,
                                               cl_mem packed, size_t packed_offset, cl_event *event);

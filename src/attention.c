@@ -81,9 +81,14 @@ static int tensor_extents(const flashcl_attention_desc *r, size_t lse_offset, ex
     e->q = flashcl_layout_bytes(&r->q, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es);
     e->out = flashcl_layout_bytes(&r->out, r->batch, r->seqlen_q, r->heads_q, r->head_dim, es_out);
     e->k = flashcl_layout_bytes(&r->k, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
-    int keys, rows; /* a packed V (v_packed): its bytes from v.offset */
-    e->v = r->v_packed ? (flashcl_mul_add(1, flashcl_fp8_vt_shape(r, &keys, &rows), r->v.offset, &e->v) ? e->v : 0)
-                       : flashcl_layout_bytes(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
+    if (r->v_packed) { /* its bytes from v.offset */
+        int keys, rows;
+        const size_t packed = flashcl_fp8_vt_shape(r, &keys, &rows);
+        if (!packed || !flashcl_mul_add(1, packed, r->v.offset, &e->v))
+            e->v = 0;
+    } else {
+        e->v = flashcl_layout_bytes(&r->v, r->batch, r->seqlen_k, r->heads_k, r->head_dim, es);
+    }
     return e->q && e->out && e->k && e->v && lse_offset + lse_count >= lse_offset &&
            flashcl_mul_add(lse_offset + lse_count, sizeof(float), 0, &e->lse);
 }
@@ -269,7 +274,7 @@ static int forward_tma_maps(flashcl_context *ctx, const flashcl_attention_desc *
  * wrong answer; the log says why (the failure is remembered, so once). */
 static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attention_desc *r,
                                      cl_kernel *kernel, size_t *local, size_t *global, int *tma,
-                                     flashcl_tensor_map maps[2], cl_kernel *pack) {
+                                     flashcl_tensor_map maps[2], int *fp8_wgmma, cl_kernel *pack) {
     flashcl_params p;
     flashcl_status st = choose_params(ctx, r, &p);
     if (st != FLASHCL_SUCCESS)
@@ -344,10 +349,10 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
     }
     if (why[0])
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS, "%s", why);
-    /* The FP8 warpgroup-MMA kernel reads V as fp8_vt_pack transposes it. */
+    /* The FP8 warpgroup-MMA kernel reads V as fp8_vt_pack transposes it (unless the caller packed it). */
     *pack = NULL;
-    if (!strcmp(p.variant, "nv-wgmma-fp8") &&
-        (st = flashcl_fp8_vt_pack_kernel(ctx, r->head_dim, pack)) != FLASHCL_SUCCESS)
+    *fp8_wgmma = !strcmp(p.variant, "nv-wgmma-fp8");
+    if (*fp8_wgmma && !r->v_packed && (st = flashcl_fp8_vt_pack_kernel(ctx, r->head_dim, pack)) != FLASHCL_SUCCESS)
         return st;
     local[0] = wg;
     local[1] = local[2] = 1;
@@ -358,15 +363,13 @@ static flashcl_status forward_kernel(flashcl_context *ctx, const flashcl_attenti
 }
 
 /* The nv-wgmma-fp8 forward's Vt and its keys a row, the kernel's arguments from *a on: v as the
- * caller packed it (r->v_packed), or fp8_vt_pack's transpose of v into ctx->fp8_vt (grown to
- * fit), enqueued after the last forward that read it, *packed its event. A failure is described
- * in ctx's error here. */
+ * caller packed it (r->v_packed), or fp8_vt_pack's transpose of v into ctx->fp8_vt (grown to fit
+ * beforehand), enqueued after the last forward that read it, *packed its event. A failure is
+ * described in ctx's error here. */
 static cl_int vt_args(flashcl_context *ctx, const flashcl_attention_desc *r, cl_mem v, cl_kernel pack,
                       cl_kernel kernel, cl_uint *a, cl_event *packed) {
     int keys, rows;
-    const size_t bytes = flashcl_fp8_vt_shape(r, &keys, &rows);
-    if (!r->v_packed && flashcl_fp8_vt_scratch(ctx, bytes) != FLASHCL_SUCCESS)
-        return CL_MEM_OBJECT_ALLOCATION_FAILURE;
+    flashcl_fp8_vt_shape(r, &keys, &rows);
     const cl_mem vt = r->v_packed ? v : ctx->fp8_vt;
     const cl_ulong vt_off = r->v_packed ? r->v.offset : 0;
     const cl_int vt_keys = keys;
@@ -377,7 +380,9 @@ static cl_int vt_args(flashcl_context *ctx, const flashcl_attention_desc *r, cl_
         err = flashcl_fp8_vt_pack_enqueue(ctx, pack, v, &r->v, r->batch, r->heads_k, r->seqlen_k, ctx->fp8_vt, 0,
                                           keys, ctx->fp8_vt_reader, packed);
     if (err != CL_SUCCESS)
-        flashcl_fail(ctx, err, "launching the FP8 forward's V transpose (fp8_vt_pack): %s",
+        flashcl_fail(ctx, err, "%s: %s",
+                     r->v_packed ? "setting the FP8 forward's Vt arguments"
+                                 : "launching the FP8 forward's V transpose (fp8_vt_pack)",
                      flashcl_status_string(err));
     return err;
 }
@@ -417,20 +422,24 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
 
     cl_kernel kernel, pack;
     size_t local[3], global[3];
-    int tma = 0;
+    int tma = 0, fp8_wgmma = 0;
     flashcl_tensor_map maps[2];
-    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps, &pack)) != FLASHCL_SUCCESS)
+    if ((st = forward_kernel(ctx, &r, &kernel, local, global, &tma, maps, &fp8_wgmma, &pack)) != FLASHCL_SUCCESS)
         return st;
     if (tma && (st = flashcl_ensure_tma_slots(ctx, global[0] / local[0] * global[1] * global[2])) != FLASHCL_SUCCESS)
         return st;
 
-    /* A packed V (r.v_packed) on any kernel but the Hopper FP8 one (which
-     * reads it as it is, vt_args): unpacked into the context's scratch first,
-     * which the kernel then reads as v in the default layout. */
+    /* The context's scratch, grown before anything is enqueued: V transposed
+     * for the Hopper FP8 kernel, or a packed V (r.v_packed) on any other
+     * kernel, unpacked there first and read as v in the default layout (the
+     * Hopper kernel reads a packed V as it is, vt_args). */
+    int vt_keys, vt_rows;
+    if (pack && (st = flashcl_fp8_vt_scratch(ctx, flashcl_fp8_vt_shape(&r, &vt_keys, &vt_rows))) != FLASHCL_SUCCESS)
+        return st;
     cl_kernel unpack = NULL;
     cl_mem v_arg = v;
     flashcl_layout vl = r.v;
-    if (fp8 && r.v_packed && !pack) {
+    if (fp8 && r.v_packed && !fp8_wgmma) {
         if ((st = flashcl_fp8_vt_unpack_kernel(ctx, r.head_dim, &unpack)) != FLASHCL_SUCCESS ||
             (st = flashcl_fp8_vt_scratch(ctx, (size_t)r.batch * r.seqlen_k * r.heads_k * r.head_dim)) !=
             FLASHCL_SUCCESS)
@@ -499,7 +508,7 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
      * the caller packed it; a packed V for the other kernels is unpacked into
      * that scratch the same way. */
     int described = 0; /* the failure already has its message */
-    if (err == CL_SUCCESS && pack) {
+    if (err == CL_SUCCESS && fp8_wgmma) {
         err = vt_args(ctx, &r, v, pack, kernel, &a, &waits[1]);
         described = err != CL_SUCCESS;
     } else if (err == CL_SUCCESS && unpack) {

@@ -177,6 +177,7 @@ flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_atte
     }
     flashcl_attention_desc f = *r;
     f.dtype = FLASHCL_FLOAT32;
+    f.v_packed = 0; /* fv is unpacked */
     memset(&f.q, 0, sizeof f.q), memset(&f.k, 0, sizeof f.k), memset(&f.v, 0, sizeof f.v);
     memset(&f.out, 0, sizeof f.out);
     flashcl_default_layout(&f.q, f.seqlen_q, f.heads_q, f.head_dim);

@@ -4,17 +4,20 @@
  * 8-bit warpgroup MMA reads both operands K-major, so the nv-wgmma-fp8 forward needs V with
  * keys along its rows (Vt). Each call writes it into the context's scratch before the forward,
  * a pass that reads and writes V once: 27-42 us a call on the H200 at issue 35's shapes, up to
- * 6 % of a causal call's wall clock (docs/perf-notes.md, FP8). A caller whose V is read by
- * several calls (chunked prefill, a shared prefix), or who quantizes V itself, can write that
- * layout once and pass it: the Hopper kernel then reads it as it is, and every other kernel
- * unpacks it into the scratch first (fp8_vt_unpack), so a packed V is the same function
- * everywhere. */
+ * 6 % of a causal call's wall clock (docs/perf-notes.md, FP8). A caller whose V several calls
+ * read over the same keys (cross-attention to a fixed encoder output, a shared prefix queried by
+ * many requests), or who quantizes V itself, can write that layout once and pass it: the Hopper
+ * kernel then reads it as it is, and every other kernel unpacks it into the scratch first
+ * (fp8_vt_unpack), so a packed V is the same function everywhere. */
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "internal.h"
 
 #define VT_TILE 128 /* keys a tile of the FP8 forward, and of Vt's key order */
+/* The most keys a packed V takes: its rows (seqlen_k rounded up to VT_TILE) are an int argument. */
+#define VT_MAX_KEYS (INT_MAX / VT_TILE * VT_TILE)
 
 /* The k position of key n within its tile (cl/fp8_vt_pack.cl's VT_POS, VT_KEY's inverse). */
 static int vt_pos(int n) {
@@ -22,9 +25,13 @@ static int vt_pos(int n) {
 }
 
 size_t flashcl_fp8_vt_shape(const flashcl_attention_desc *r, int *keys, int *rows) {
-    *keys = (r->seqlen_k + VT_TILE - 1) / VT_TILE * VT_TILE;
+    *keys = r->seqlen_k <= VT_MAX_KEYS ? (r->seqlen_k + VT_TILE - 1) / VT_TILE * VT_TILE : 0;
     *rows = (r->head_dim + 63) / 64 * 64;
-    return (size_t)r->batch * (size_t)r->heads_k * (size_t)*rows * (size_t)*keys;
+    size_t heads, bytes;
+    return flashcl_mul_add((size_t)r->batch, (size_t)r->heads_k, 0, &heads) &&
+                   flashcl_mul_add(heads, (size_t)*rows * (size_t)*keys, 0, &bytes)
+               ? bytes
+               : 0;
 }
 
 /* Byte (b, hk, key n, dim d) of a packed V, from its start. */
@@ -35,7 +42,9 @@ static size_t vt_at(const flashcl_attention_desc *r, int keys, int rows, int b, 
 
 const char *flashcl_fp8_packed_v_problem(const flashcl_attention_desc *d) {
     if (d->head_dim < 16 || d->head_dim > 128 || d->head_dim % 16)
-        return "a packed V (v_packed) needs head_dim 16..128 in steps of 16, the Hopper FP8 kernel's";
+        return "a packed V (v_packed) needs head_dim 16..128 in steps of 16, the packed layout's";
+    if (d->seqlen_k > VT_MAX_KEYS)
+        return "a packed V (v_packed) holds at most 2147483520 keys";
     if (d->v.offset % 16)
         return "a packed V (v_packed) starts at a v.offset that is a multiple of 16";
     return NULL;
@@ -63,6 +72,8 @@ static const char *pack_desc(const flashcl_attention_desc *desc, flashcl_attenti
         return "batch, heads_k and seqlen_k must be >= 1";
     if (desc->head_dim < 16 || desc->head_dim > 128 || desc->head_dim % 16)
         return "the packed layout takes head_dim 16..128 in steps of 16";
+    if (desc->seqlen_k > VT_MAX_KEYS)
+        return "the packed layout holds at most 2147483520 keys";
     memset(r, 0, sizeof *r);
     r->dtype = desc->dtype;
     r->batch = desc->batch, r->heads_k = desc->heads_k, r->seqlen_k = desc->seqlen_k, r->head_dim = desc->head_dim;

@@ -135,7 +135,7 @@ struct flashcl_context {
     /* attention.c: V transposed for the nv-wgmma-fp8 forward (fp8_vt_pack,
      * cl/fp8_vt_pack.cl), or a packed V unpacked for the other kernels
      * (fp8_packed_v.c; grown, kept); fp8_vt_reader, the last forward
-     * that read it, which the next call's transpose waits for. */
+     * that read it, which the next call's transpose or unpack waits for. */
     cl_mem fp8_vt;
     size_t fp8_vt_bytes;
     cl_event fp8_vt_reader;
