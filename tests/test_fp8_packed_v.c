@@ -1,8 +1,15 @@
 /* test_fp8_packed_v.c: FP8 V packed for the Hopper FP8 forward (desc.v_packed, flashcl_fp8_pack_v).
  *
- * 1. The pack against one written here from the layout include/flashcl.h documents (not from
- *    the library's code): per (batch, kv head) ceil(D/64)*64 rows of ceil(Nk/128)*128 bytes,
- *    row d head dim d, position c of a 128-key tile holding key VT_KEY(c), zeros past Nk and D.
+ * 1. The pack against a reference pack written here: per (batch, kv head) ceil(D/64)*64 rows of
+ *    ceil(Nk/128)*128 bytes, row d head dim d, position c of a 128-key tile holding key
+ *    VT_KEY(c), zeros past Nk and D. The reference is not independent of the library: its key
+ *    order (vt_key) is VT_KEY copied from cl/fp8_vt_pack.cl, the kernel the library packs with.
+ *    And on PoCL the forward checks below cannot tell a wrong order: there every packed V is
+ *    unpacked by the library before any kernel reads it, so a pack and an unpack that were any
+ *    pair of mutually inverse permutations would pass them. So the reference pack is itself
+ *    checked against the rule include/flashcl.h documents, typed here from the header's text
+ *    (key n at byte (n & ~15) + 4 ((n >> 1) & 3) + 2 ((n >> 3) & 1) + (n & 1) of its row, row d
+ *    of (b, h) at ((b * heads_k + h) * R + d) * K: layout_rule_checks). Then
  *    flashcl_fp8_packed_v_bytes, flashcl_fp8_pack_v_host and flashcl_fp8_pack_v byte for byte,
  *    destinations poisoned (0x7f) so padding must be written as zeros, and the bytes before and
  *    after the packed V untouched. Random bytes (every code), head dims 16..128 by 16, key counts
@@ -10,34 +17,48 @@
  *    at nonzero offsets, nonzero packed offsets; V rows with no alignment (the host pack takes
  *    them, the device pack, which reads 16-byte words, refuses them); a desc with only the
  *    fields the header says the pack reads.
- * 2. The forward given V packed against the forward given V as it is, same desc otherwise: out
- *    and lse bitwise equal (the header promises "bit for bit on every kernel"). On the device's
- *    default kernel, the portable and cpu kernels forced (FLASHCL_PARAMS), through
- *    flashcl_attention_forward_host on the device context and on a host context; e4m3 and e5m2,
- *    f32, f16 and bf16 out, causal or not, GQA, decode, per-head and block factors, NULL
- *    factors. The packed descs' v strides (not to be read) are zero, past any buffer, or inside
- *    the buffer but not V's: a forward that read the packed bytes as V differs, fails or faults.
- *    And back to back, no wait between the calls: two packed Vs, each forward against its own
- *    natural one, on the context's queue and for 32 rounds on an out-of-order one (off the
- *    Hopper kernel a packed V is unpacked into the context's scratch buffer: a later call must
- *    not overwrite it under an earlier one; an unpack that did not wait for the last reader
- *    failed 6 runs of 6 on PoCL, 2 cores, in 2 to 12 rounds of 32).
+ * 2. The forward given V packed against the forward given V as it is, same desc otherwise, on
+ *    the same kernel: out and lse bitwise equal (the header promises the same function "bit for
+ *    bit on a given kernel"). On the device's default kernel, the portable and cpu kernels
+ *    forced (FLASHCL_PARAMS), through flashcl_attention_forward_host on the device context and
+ *    on a host context; e4m3 and e5m2, f32, f16 and bf16 out, causal or not, GQA, decode,
+ *    per-head and block factors, NULL factors. The packed descs' v strides (not to be read) are
+ *    zero, past any buffer, or inside the buffer but not V's: a forward that read the packed
+ *    bytes as V differs, fails or faults. And back to back, no wait between the calls: two
+ *    packed Vs of one shape, then one of a larger shape, each forward against its own natural
+ *    one, on the context's queue and for 32 rounds on an out-of-order one (off the Hopper kernel
+ *    a packed V is unpacked into the context's scratch buffer: a later call must not overwrite
+ *    it under an earlier one, nor, the larger one, reallocate it under them: that it grew in
+ *    the first round is checked; an unpack that did not wait for the last reader failed 6 runs
+ *    of 6 on PoCL, 2 cores, in 2 to 12 rounds of 32).
  * 3. Refusals, outputs and packed buffers untouched: v_packed with float16 q, k, v, with a
  *    v.offset off 16 bytes, at head dims off the packed layout's 16..128 by 16
  *    (INVALID_ARGUMENT, also from flashcl_attention_desc_resolve); a packed buffer short of
  *    v.offset + flashcl_fp8_packed_v_bytes (OUT_OF_BOUNDS); the pack with a packed_offset off 16
  *    bytes, of float16 V or at those head dims (INVALID_ARGUMENT), with a short destination or
  *    source (OUT_OF_BOUNDS), on a host context (UNSUPPORTED); flashcl_fp8_packed_v_bytes of a
- *    non-FP8 desc, or at those head dims, is 0.
+ *    non-FP8 desc, or at those head dims, is 0. Key counts past the packed layout's
+ *    INT_MAX - 127 (its rows, seqlen_k rounded up to 128, are an int), INT_MAX and
+ *    INT_MAX - 100: flashcl_fp8_packed_v_bytes 0, both packs refused (INVALID_ARGUMENT),
+ *    flashcl_attention_desc_resolve of a v_packed desc refused (INVALID_ARGUMENT or
+ *    INVALID_SHAPE), and flashcl_attention_forward with v_packed refused (INVALID_ARGUMENT,
+ *    INVALID_SHAPE or OUT_OF_BOUNDS), its K layout 16 bytes long so that only the packed V can
+ *    be why; INT_MAX - 127 itself is sized exactly and resolves.
  * Argument "wgmma" (FLASHCL_TEST_DEVICE=nvidia): on compute capability 9.0 the pack on the GPU,
  * then the forward on nv-wgmma-fp8 forced, which reads a packed V as it is, bitwise against
- * natural V (which it transposes itself): D 64 and 128, f16 out, 300 and 1000 keys and queries,
- * causal or not; elsewhere, that forcing that kernel on a packed V is refused, out untouched.
- * The default run does the same where the device is one. "oclgrind": tiny shapes of the device
- * pack and of a packed forward on both kernels (ctest -L oclgrind).
+ * natural V (which it transposes itself): D 32, 64, 96 and 128 (32 and 96: half of a 64-dim
+ * panel padding), f16 out, 300 and 1000 keys and queries, causal or not, on a fresh context with
+ * TMA copies as the library chooses, then on another with FLASHCL_TMA=0 (cp.async; no TMA slots
+ * allocated there, checked; the variable restored after). On each fresh context first: a packed
+ * forward (finished) leaves ctx->fp8_vt, the per-call transpose's scratch, unallocated, and a
+ * natural one then allocates it. Then back to back as in 2, f16 out on nv-wgmma-fp8 forced, in
+ * order and out of order. Elsewhere, that forcing that kernel on a packed V is refused, out
+ * untouched. The default run does the same where the device is one. "oclgrind": tiny shapes of
+ * the device pack and of a packed forward on both kernels (ctest -L oclgrind).
  * FLASHCL_TEST_SEED replays a run.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv */
+#define _POSIX_C_SOURCE 200809L /* setenv, strdup */
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,12 +71,19 @@
 
 static int failures;
 
-/* ---- the layout, from the header ------------------------------------------------------------- */
+/* ---- the layout ------------------------------------------------------------------------------ */
 
 /* The key at position c (0..127) of a 128-key tile's packed rows: lane t of the Hopper kernel's P
- * fragments holds keys 2t, 2t+1, 8+2t, 9+2t of each 16-key group at positions 4t..4t+3. */
+ * fragments holds keys 2t, 2t+1, 8+2t, 9+2t of each 16-key group at positions 4t..4t+3. This is
+ * cl/fp8_vt_pack.cl's VT_KEY, copied, not derived: layout_rule_checks holds it to the header. */
 static int vt_key(int c) {
     return (c & ~15) + 2 * ((c >> 2) & 3) + (c & 1) + 8 * ((c >> 1) & 1);
+}
+
+/* The position of key n (0..127) in its tile's packed rows, as include/flashcl.h words the rule
+ * (typed from the header's text, not from the library's code). */
+static int header_pos(int n) {
+    return (n & ~15) + 4 * ((n >> 1) & 3) + 2 * ((n >> 3) & 1) + (n & 1);
 }
 
 static size_t packed_rows(int head_dim) {
@@ -301,9 +329,54 @@ static void pack_fields_only(flashcl_context *ctx, uint64_t seed) {
     free(v), free(want), free(got);
 }
 
+/* ref_pack (and so every pack check above, the library's packs being compared with it) against
+ * the header's rule, which is written here apart from vt_key: header_pos a permutation of each
+ * tile's 128 positions whose inverse is vt_key, and ref_pack putting byte (b, key n, h, d) of V at
+ * ((b * heads_k + h) * R + d) * K + (n & ~127) + header_pos(n & 127), R rows, K keys a row. A
+ * reference that took vt_key for header_pos (its inverse) fails here; no forward shows it. */
+static void layout_rule_checks(uint64_t seed) {
+    enum { B = 2, H = 3, N = 300, D = 80 };
+    int seen[128] = {0}, inverse = 1, perm = 1;
+    for (int n = 0; n < 128; ++n) {
+        const int c = header_pos(n);
+        perm &= c >= 0 && c < 128 && !seen[c];
+        if (c >= 0 && c < 128)
+            seen[c] = 1;
+        inverse &= vt_key(c) == n;
+    }
+    expect(perm && inverse,
+           "layout: the header's key positions are a permutation of a tile, vt_key its inverse",
+           &failures);
+    flashcl_ref_rng rng;
+    flashcl_ref_rng_seed(&rng, seed);
+    flashcl_layout l = {0, 0, 0, 0};
+    const size_t R = packed_rows(D), K = packed_keys(N), nv = (size_t)B * N * H * D;
+    unsigned char *v = test_xmalloc(nv), *out = test_xmalloc((size_t)B * H * R * K);
+    for (size_t i = 0; i < nv; ++i)
+        v[i] = (unsigned char)flashcl_ref_rng_next(&rng);
+    ref_pack(B, H, N, D, &l, v, out);
+    size_t wrong = 0;
+    for (int b = 0; b < B; ++b)
+        for (int n = 0; n < N; ++n)
+            for (int h = 0; h < H; ++h)
+                for (int d = 0; d < D; ++d) {
+                    const size_t at = (((size_t)b * H + h) * R + d) * K + (size_t)(n & ~127) +
+                                      (size_t)header_pos(n & 127);
+                    wrong += out[at] != v[(((size_t)b * N + n) * H + h) * D + d];
+                }
+    char line[200];
+    snprintf(line, sizeof line,
+             "layout: the reference pack puts each byte of V where the header's rule says (%zu of "
+             "%zu misplaced)",
+             wrong, nv);
+    expect(wrong == 0, line, &failures);
+    free(v), free(out);
+}
+
 /* Head dims 16..128 by 16 (48 and 80: one 64-dim panel partly padded), key counts 1, one short of
  * a tile, a tile, one past, and 300 (a partial third tile); layouts and packed offsets cycled. */
 static void pack_checks(flashcl_context *ctx, uint64_t seed) {
+    layout_rule_checks(seed + 104729u);
     static const int dims[] = {16, 48, 64, 80, 128}, keys[] = {1, 127, 128, 129, 300};
     static const size_t offsets[] = {0, 16, 48, 4096};
     int i = 0;
@@ -558,81 +631,117 @@ static void forward_checks(flashcl_context *dev, flashcl_context *host, const fw
     }
 }
 
-/* Two packed Vs forwarded back to back, `rounds` times, with no wait between the calls of a
- * round (the second pack and forward enqueued while the first forward may still run): each out
- * against the forward of its own natural V, computed before. Off the Hopper kernel a packed V is
- * unpacked into the context's scratch buffer, which both calls share: the second unpack must not
- * overwrite it under the first forward. Many queries over few keys, so that the forward runs
- * long beside the second pack and unpack. */
-static void back_to_back(flashcl_context *ctx, const char *where, int rounds, uint64_t seed) {
-    const fwd_case c = {
-        FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 512, 256, 64, 0, V_PACKED, 0, 16, JUNK_ZERO};
-    fwd_inputs in[2];
-    const int made = make_inputs(&c, seed, &in[0]);
-    if (!made || !make_inputs(&c, seed + 1, &in[1])) {
-        free_inputs(&in[0]);
-        if (made)
-            free_inputs(&in[1]);
+/* Packed Vs forwarded back to back, `rounds` times, with no wait between the calls of a round
+ * (each pack and forward enqueued while the forwards before may still run): two of one shape,
+ * then one of a larger shape, each out against the forward of its own natural V, computed
+ * before; out_dtype out, on kernel `variant` (NULL: the context's choice). Off the Hopper kernel a
+ * packed V is unpacked into the context's scratch buffer, which the calls share: a later unpack
+ * must not overwrite it under an earlier forward. The third call needs more scratch than any
+ * call before it on these contexts (81920 bytes; forward_checks' largest is 60960), so in the
+ * first round the scratch is reallocated while the calls before may still read the old one: that
+ * it grew there is checked where the kernel unpacks (the Hopper kernel reads a packed V as it
+ * is). Many queries over few keys first, so that those forwards run long beside the next pack
+ * and unpack. */
+static void back_to_back(flashcl_context *ctx, const char *where, flashcl_dtype out_dtype,
+                         const char *variant, int rounds, uint64_t seed) {
+    enum { CALLS = 3 };
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, v layout, factors, packed offset, junk strides */
+    const fwd_case
+        small =
+            {FLASHCL_FLOAT8_E4M3, out_dtype, 1, 4, 2, 512, 256, 64, 0, V_PACKED, 0, 16, JUNK_ZERO},
+        large = {
+            FLASHCL_FLOAT8_E4M3, out_dtype, 1, 4, 2, 128, 640, 64, 1, V_PACKED, 0, 32, JUNK_ZERO};
+    const fwd_case *cases[CALLS] = {&small, &small, &large};
+    const int hopper_kernel = variant && !strcmp(variant, "nv-wgmma-fp8");
+    fwd_inputs in[CALLS];
+    int made = 0;
+    while (made < CALLS && make_inputs(cases[made], seed + (uint64_t)made, &in[made]))
+        ++made;
+    if (made < CALLS) {
+        for (int t = 0; t <= made; ++t)
+            free_inputs(&in[t]);
         return;
     }
-    in[1].d.fp8 = in[0].d.fp8, in[1].dp.fp8 = in[0].dp.fp8; /* the same factors: only V differs */
-    const size_t ob = in[0].out_bytes;
-    void *want[2], *got[2];
-    cl_mem bq = test_upload(ctx, in[0].q, in[0].nq), bk = test_upload(ctx, in[0].k, in[0].nk),
-           bv[2], bp[2], bo[2];
+    /* The same factors (per head: the same count at either shape), so that the calls differ in
+     * q, k and V alone and the factor upload is skipped after the first. */
+    for (int t = 1; t < CALLS; ++t)
+        in[t].d.fp8 = in[0].d.fp8, in[t].dp.fp8 = in[0].dp.fp8;
+    void *want[CALLS], *got[CALLS];
+    cl_mem bq[CALLS], bk[CALLS], bv[CALLS], bp[CALLS], bo[CALLS];
+    size_t written[CALLS];
     flashcl_status st = FLASHCL_SUCCESS;
-    for (int t = 0; t < 2; ++t) { /* the natural forwards, one at a time */
+    use_variant(variant);
+    for (int t = 0; t < CALLS; ++t) { /* the natural forwards, one at a time */
+        const size_t ob = in[t].out_bytes;
         want[t] = test_xmalloc(ob), got[t] = test_xmalloc(ob);
-        flashcl_ref_poison(want[t], FLASHCL_FLOAT32, in[t].n_out);
+        flashcl_ref_poison(want[t], out_dtype, in[t].n_out);
+        bq[t] = test_upload(ctx, in[t].q, in[t].nq), bk[t] = test_upload(ctx, in[t].k, in[t].nk);
         bv[t] = test_upload(ctx, in[t].v, in[t].nv);
         bp[t] = poisoned_buffer(ctx, in[t].vp_bytes, 0x7f);
         bo[t] = test_upload(ctx, want[t], ob);
         if (st == FLASHCL_SUCCESS)
-            st = flashcl_attention_forward(ctx, &in[t].d, bq, bk, bv[t], bo[t], NULL, 0, NULL);
+            st =
+                flashcl_attention_forward(ctx, &in[t].d, bq[t], bk[t], bv[t], bo[t], NULL, 0, NULL);
         clFinish(flashcl_context_cl_queue(ctx));
         test_download(ctx, bo[t], want[t], ob);
+        written[t] = 0;
+        for (size_t i = 0; i < in[t].n_out; ++i)
+            written[t] += !isnan(flashcl_ref_load(want[t], out_dtype, i));
     }
-    int bad[2] = {0, 0};
+    int bad[CALLS] = {0, 0, 0};
+    size_t scratch_before = ctx->fp8_vt_bytes, scratch_after = scratch_before;
     for (int round = 0; round < rounds && st == FLASHCL_SUCCESS; ++round) {
-        for (int t = 0; t < 2; ++t) {
-            flashcl_ref_poison(got[t], FLASHCL_FLOAT32, in[t].n_out);
-            clEnqueueWriteBuffer(flashcl_context_cl_queue(ctx), bo[t], CL_TRUE, 0, ob, got[t], 0,
-                                 NULL, NULL);
+        for (int t = 0; t < CALLS; ++t) {
+            flashcl_ref_poison(got[t], out_dtype, in[t].n_out);
+            clEnqueueWriteBuffer(flashcl_context_cl_queue(ctx), bo[t], CL_TRUE, 0, in[t].out_bytes,
+                                 got[t], 0, NULL, NULL);
         }
-        /* pack, forward, pack, forward */
-        for (int t = 0; t < 2 && st == FLASHCL_SUCCESS; ++t) {
+        /* pack, forward, pack, forward, pack, forward */
+        for (int t = 0; t < CALLS && st == FLASHCL_SUCCESS; ++t) {
             cl_event packed = NULL;
             st = flashcl_fp8_pack_v(ctx, &in[t].d, bv[t], bp[t], in[t].dp.v.offset, &packed);
             if (st == FLASHCL_SUCCESS) {
                 /* an out-of-order queue orders the forward after its pack only by the event */
                 const cl_int err =
                     clEnqueueBarrierWithWaitList(flashcl_context_cl_queue(ctx), 1, &packed, NULL);
-                st = err == CL_SUCCESS ? flashcl_attention_forward(ctx, &in[t].dp, bq, bk, bp[t],
-                                                                   bo[t], NULL, 0, NULL)
+                st = err == CL_SUCCESS ? flashcl_attention_forward(ctx, &in[t].dp, bq[t], bk[t],
+                                                                   bp[t], bo[t], NULL, 0, NULL)
                                        : err;
             }
             if (packed)
                 clReleaseEvent(packed);
         }
+        if (round == 0)
+            scratch_after = ctx->fp8_vt_bytes;
         clFinish(flashcl_context_cl_queue(ctx));
-        for (int t = 0; t < 2 && st == FLASHCL_SUCCESS; ++t) {
-            test_download(ctx, bo[t], got[t], ob);
-            bad[t] += memcmp(want[t], got[t], ob) != 0;
+        for (int t = 0; t < CALLS && st == FLASHCL_SUCCESS; ++t) {
+            test_download(ctx, bo[t], got[t], in[t].out_bytes);
+            bad[t] += memcmp(want[t], got[t], in[t].out_bytes) != 0;
         }
     }
+    use_variant(NULL);
     const char *message = st ? flashcl_last_error(ctx) : "";
-    for (int t = 0; t < 2; ++t) {
-        char what[320];
+    for (int t = 0; t < CALLS; ++t) {
+        char what[400], name[240];
+        describe(name, sizeof name, cases[t]);
         snprintf(what, sizeof what,
-                 "%s: packed V %d of 2 back to back equals its natural forward in %d of %d rounds "
-                 "(%s%s%s)",
-                 where, t + 1, rounds - bad[t], rounds, flashcl_status_string(st), st ? ": " : "",
-                 message);
-        expect(st == FLASHCL_SUCCESS && !bad[t] && !isnan(((float *)want[t])[0]), what, &failures);
-        clReleaseMemObject(bv[t]), clReleaseMemObject(bp[t]), clReleaseMemObject(bo[t]);
+                 "%s: packed V %d of %d back to back (%s) equals its natural forward in %d of %d "
+                 "rounds (%s%s%s; natural %zu of %zu written)",
+                 where, t + 1, CALLS, name, rounds - bad[t], rounds, flashcl_status_string(st),
+                 st ? ": " : "", message, written[t], in[t].n_out);
+        expect(st == FLASHCL_SUCCESS && !bad[t] && written[t] == in[t].n_out, what, &failures);
+        clReleaseMemObject(bq[t]), clReleaseMemObject(bk[t]), clReleaseMemObject(bv[t]);
+        clReleaseMemObject(bp[t]), clReleaseMemObject(bo[t]);
         free(want[t]), free(got[t]), free_inputs(&in[t]);
     }
-    clReleaseMemObject(bq), clReleaseMemObject(bk);
+    if (!hopper_kernel && st == FLASHCL_SUCCESS) {
+        char what[300];
+        snprintf(what, sizeof what,
+                 "%s: the context's V scratch grew in the first round (%zu bytes before it, %zu "
+                 "after), under the calls before the larger one",
+                 where, scratch_before, scratch_after);
+        expect(scratch_after > scratch_before, what, &failures);
+    }
 }
 
 /* ---- 3. refusals ----------------------------------------------------------------------------- */
@@ -708,6 +817,77 @@ static void refuse_pack(flashcl_context *ctx, const flashcl_attention_desc *d, s
     expect(st == want && message[0] && all_bytes(back, dst_bytes, POISON), line, &failures);
     clReleaseMemObject(bv), clReleaseMemObject(bp);
     free(back), free(v);
+}
+
+/* Key counts past the packed layout's INT_MAX - 127 (its rows, seqlen_k rounded up to 128 keys,
+ * are an int): no size, no pack, no packed forward, and a desc flashcl_attention_desc_resolve
+ * refuses; INT_MAX - 127 itself sized exactly. The forward's K layout is 16 bytes long
+ * (stride_seq 0), every buffer a few KB: only the packed V (its key count, or a size computed
+ * from it) can refuse that call, and one that ran would walk 2^31 keys. */
+static void huge_key_counts(flashcl_context *dev) {
+    enum { D = 16, ROOM = 4096, POISON = 0x5a };
+    static const int counts[] = {INT_MAX, INT_MAX - 100, INT_MAX - 127};
+    char line[400];
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; ++i) {
+        const int nk = counts[i], over = nk > INT_MAX - 127;
+        flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 1, nk, D);
+        const size_t bytes = flashcl_fp8_packed_v_bytes(&d);
+        const size_t want = over ? 0 : packed_rows(D) * packed_keys(nk);
+        snprintf(line, sizeof line,
+                 "seqlen_k %d (INT_MAX - %d): flashcl_fp8_packed_v_bytes %zu (%zu)", nk,
+                 INT_MAX - nk, bytes, want);
+        expect(bytes == want, line, &failures);
+        flashcl_attention_desc r = d;
+        r.v_packed = 1;
+        const flashcl_status sr = flashcl_attention_desc_resolve(&r);
+        snprintf(line, sizeof line,
+                 "seqlen_k INT_MAX - %d: flashcl_attention_desc_resolve of a v_packed desc (%s)",
+                 INT_MAX - nk, flashcl_status_string(sr));
+        expect(over ? sr == FLASHCL_ERROR_INVALID_ARGUMENT || sr == FLASHCL_ERROR_INVALID_SHAPE
+                    : sr == FLASHCL_SUCCESS,
+               line, &failures);
+        if (!over)
+            continue;
+        /* the host pack, only where the size query refused too (else it would read 2^31 keys of
+         * a few bytes) */
+        unsigned char *v = test_xmalloc(ROOM), *p = test_xmalloc(ROOM);
+        memset(v, 0x38, ROOM), memset(p, 0x7f, ROOM);
+        const flashcl_status sh = bytes ? FLASHCL_SUCCESS : flashcl_fp8_pack_v_host(&d, v, p);
+        snprintf(line, sizeof line,
+                 "seqlen_k INT_MAX - %d: flashcl_fp8_pack_v_host refused (%s), writes nothing",
+                 INT_MAX - nk,
+                 bytes ? "not called: the size query gave a size" : flashcl_last_error(NULL));
+        expect(sh == FLASHCL_ERROR_INVALID_ARGUMENT && all_bytes(p, ROOM, 0x7f), line, &failures);
+        free(v), free(p);
+        if (!dev)
+            continue;
+        snprintf(line, sizeof line, "seqlen_k INT_MAX - %d", INT_MAX - nk);
+        refuse_pack(dev, &d, ROOM, ROOM, 0, FLASHCL_ERROR_INVALID_ARGUMENT, line);
+
+        /* the forward, on buffers that all but the packed V would do with */
+        flashcl_attention_desc e = d;
+        e.v_packed = 1;
+        e.k.stride_batch = e.k.stride_head = D, e.k.stride_seq = 0;
+        unsigned char *x = test_xmalloc(ROOM), *out = test_xmalloc(ROOM), *lse = test_xmalloc(ROOM);
+        memset(x, 0x38, ROOM), memset(out, POISON, ROOM), memset(lse, POISON, ROOM);
+        cl_mem bq = test_upload(dev, x, ROOM), bk = test_upload(dev, x, ROOM),
+               bv = test_upload(dev, x, ROOM), bo = test_upload(dev, out, ROOM),
+               bl = test_upload(dev, lse, ROOM);
+        const flashcl_status st = flashcl_attention_forward(dev, &e, bq, bk, bv, bo, bl, 0, NULL);
+        snprintf(line, sizeof line, "seqlen_k INT_MAX - %d: ", INT_MAX - nk);
+        snprintf(line + strlen(line), sizeof line - strlen(line),
+                 "device forward refuses a packed V (%s: %s), writes nothing",
+                 flashcl_status_string(st), flashcl_last_error(dev));
+        clFinish(flashcl_context_cl_queue(dev));
+        test_download(dev, bo, out, ROOM), test_download(dev, bl, lse, ROOM);
+        expect((st == FLASHCL_ERROR_INVALID_ARGUMENT || st == FLASHCL_ERROR_INVALID_SHAPE ||
+                st == FLASHCL_ERROR_OUT_OF_BOUNDS) &&
+                   all_bytes(out, ROOM, POISON) && all_bytes(lse, ROOM, POISON),
+               line, &failures);
+        clReleaseMemObject(bq), clReleaseMemObject(bk), clReleaseMemObject(bv);
+        clReleaseMemObject(bo), clReleaseMemObject(bl);
+        free(x), free(out), free(lse);
+    }
 }
 
 static void refusals(flashcl_context *dev, flashcl_context *host) {
@@ -788,6 +968,7 @@ static void refusals(flashcl_context *dev, flashcl_context *host) {
             }
         free(v), free(p);
     }
+    huge_key_counts(dev);
     if (!dev)
         return;
 
@@ -817,11 +998,119 @@ static int is_hopper(const flashcl_context *ctx) {
            ctx->info.nv_cc_minor == 0;
 }
 
-/* nv-wgmma-fp8 forced: it reads a packed V as it is, and natural V after transposing it into
- * the context's buffer; the same bytes, so the same results bit for bit. Off compute
- * capability 9.0: forcing it on a packed V is refused and writes nothing. */
-static void wgmma_checks(flashcl_context *ctx, uint64_t seed) {
+/* A copy of environment variable `name` (NULL: unset), for restore_env. */
+static char *save_env(const char *name) {
+    const char *v = getenv(name);
+    return v ? strdup(v) : NULL;
+}
+
+static void restore_env(const char *name, char *saved) {
+    if (saved)
+        setenv(name, saved, 1);
+    else
+        unsetenv(name);
+    free(saved);
+}
+
+/* On a context that has run no FP8 forward with natural V: a packed forward on nv-wgmma-fp8
+ * (finished) leaves ctx->fp8_vt, the scratch of the per-call transpose, unallocated: the kernel
+ * read the packed V as it is. Then a natural forward allocates it (the check can fail), and the
+ * two agree bit for bit. */
+static void wgmma_no_transpose(flashcl_context *ctx, const char *where, uint64_t seed) {
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, v layout, factors, packed offset, junk strides */
+    const fwd_case c = {
+        FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 256, 300, 64, 0, V_BHSD, 0, 32, JUNK_ZERO};
+    fwd_inputs in;
+    char what[400];
+    if (!make_inputs(&c, seed, &in)) {
+        free_inputs(&in);
+        return;
+    }
+    snprintf(what, sizeof what, "%s: a fresh context has no V scratch yet (%zu bytes)", where,
+             ctx->fp8_vt_bytes);
+    expect(!ctx->fp8_vt, what, &failures);
+    cl_mem bq = test_upload(ctx, in.q, in.nq), bk = test_upload(ctx, in.k, in.nk),
+           bv = test_upload(ctx, in.v, in.nv), bp = poisoned_buffer(ctx, in.vp_bytes, 0x7f);
+    void *o1 = test_xmalloc(in.out_bytes), *o2 = test_xmalloc(in.out_bytes);
+    float *l1 = test_xmalloc(in.n_lse * 4), *l2 = test_xmalloc(in.n_lse * 4);
+    flashcl_ref_poison(o1, in.d.out_dtype, in.n_out);
+    flashcl_ref_poison(l1, FLASHCL_FLOAT32, in.n_lse);
+    cl_mem bo1 = test_upload(ctx, o1, in.out_bytes), bo2 = test_upload(ctx, o1, in.out_bytes);
+    cl_mem bl1 = test_upload(ctx, l1, in.n_lse * 4), bl2 = test_upload(ctx, l1, in.n_lse * 4);
+    char message[400] = "";
+    const flashcl_status sp = flashcl_fp8_pack_v(ctx, &in.d, bv, bp, in.dp.v.offset, NULL);
+    if (sp)
+        snprintf(message, sizeof message, "pack: %s", flashcl_last_error(ctx));
+    use_variant("nv-wgmma-fp8");
+    const flashcl_status s2 =
+        sp ? sp : flashcl_attention_forward(ctx, &in.dp, bq, bk, bp, bo2, bl2, 0, NULL);
+    if (!sp && s2)
+        snprintf(message, sizeof message, "packed: %s", flashcl_last_error(ctx));
+    clFinish(flashcl_context_cl_queue(ctx));
+    const int scratch_after_packed = ctx->fp8_vt != NULL;
+    const flashcl_status s1 = flashcl_attention_forward(ctx, &in.d, bq, bk, bv, bo1, bl1, 0, NULL);
+    if (s1)
+        snprintf(message + strlen(message), sizeof message - strlen(message), "; natural: %s",
+                 flashcl_last_error(ctx));
+    clFinish(flashcl_context_cl_queue(ctx));
+    use_variant(NULL);
+    snprintf(what, sizeof what,
+             "%s: a packed nv-wgmma-fp8 forward (%s) runs no transpose (ctx->fp8_vt %s after it)",
+             where, flashcl_status_string(s2), scratch_after_packed ? "ALLOCATED" : "still NULL");
+    expect(s2 == FLASHCL_SUCCESS && !scratch_after_packed, what, &failures);
+    snprintf(what, sizeof what,
+             "%s: a natural-V nv-wgmma-fp8 forward (%s) transposes into ctx->fp8_vt (%zu bytes)",
+             where, flashcl_status_string(s1), ctx->fp8_vt_bytes);
+    expect(s1 == FLASHCL_SUCCESS && ctx->fp8_vt != NULL, what, &failures);
+    test_download(ctx, bo1, o1, in.out_bytes), test_download(ctx, bo2, o2, in.out_bytes);
+    test_download(ctx, bl1, l1, in.n_lse * 4), test_download(ctx, bl2, l2, in.n_lse * 4);
+    char name[240];
+    describe(name, sizeof name, &c);
+    snprintf(what, sizeof what, "%s: device nv-wgmma-fp8 forward, packed first, %s", where, name);
+    expect_same(what, &in, s1, s2, o1, o2, l1, l2, message);
+    clReleaseMemObject(bo1), clReleaseMemObject(bo2), clReleaseMemObject(bl1);
+    clReleaseMemObject(bl2), clReleaseMemObject(bq), clReleaseMemObject(bk);
+    clReleaseMemObject(bv), clReleaseMemObject(bp);
+    free(o1), free(o2), free(l1), free(l2), free_inputs(&in);
+}
+
+/* nv-wgmma-fp8 forced on ctx, packed against natural V: D 32..128 by 32 (32 and 96 pad a 64-dim
+ * panel with zeros), 300 and 1000 keys and queries, causal or not, f16 out. */
+static void wgmma_pairs(flashcl_context *ctx, const char *where, uint64_t seed) {
     const char *const wgmma[1] = {"nv-wgmma-fp8"};
+    int i = 0;
+    for (int D = 32; D <= 128; D += 32)
+        for (int N = 300; N <= 1000; N += 700)
+            for (int causal = 0; causal < 2; ++causal, ++i) {
+                /* e4m3 and e5m2, per-head and 64-row block factors, packed offsets 0..48 and
+                 * every kind of junk strides, in turn */
+                fwd_case c;
+                memset(&c, 0, sizeof c);
+                c.format = i % 2 ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
+                c.out_dtype = FLASHCL_FLOAT16;
+                c.batch = 1, c.heads_q = 4, c.heads_k = 2, c.seqlen_q = c.seqlen_k = N;
+                c.head_dim = D, c.causal = causal, c.v_layout = V_PACKED;
+                c.factors = i % 3 == 2 ? 64 : 0;
+                c.offset = (size_t)(i % 4) * 16;
+                c.junk = i % 3;
+                fwd_inputs in;
+                char name[300];
+                snprintf(name, sizeof name, "[%s] ", where);
+                describe(name + strlen(name), sizeof name - strlen(name), &c);
+                if (make_inputs(&c, seed + 7919u * (uint64_t)i, &in))
+                    device_pairs(ctx, wgmma, 1, &in, name);
+                free_inputs(&in);
+            }
+}
+
+/* nv-wgmma-fp8 forced: it reads a packed V as it is, and natural V after transposing it into
+ * the context's buffer; the same bytes, so the same results bit for bit. On two fresh contexts,
+ * TMA copies as the library chooses, then FLASHCL_TMA=0 (read by each forward, flashcl_tma_usable;
+ * the context is fresh all the same, and the variable restored after): first that a packed
+ * forward runs no transpose, then the pairs. Then back to back on ctx, f16 out, in order and on an
+ * out-of-order queue (which takes no TMA). Off compute capability 9.0: forcing it on a packed V is
+ * refused and writes nothing. */
+static void wgmma_checks(flashcl_context *ctx, uint64_t seed) {
     if (!is_hopper(ctx)) {
         flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 64, 64, 64);
         d.out_dtype = FLASHCL_FLOAT16;
@@ -844,28 +1133,35 @@ static void wgmma_checks(flashcl_context *ctx, uint64_t seed) {
            "device: compute capability 9.0 takes FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8", &failures);
     if (applies != FLASHCL_SUCCESS)
         return;
-    int i = 0;
-    for (int D = 64; D <= 128; D += 64)
-        for (int N = 300; N <= 1000; N += 700)
-            for (int causal = 0; causal < 2; ++causal, ++i) {
-                /* e4m3 and e5m2, per-head and 64-row block factors, packed offsets 0..48 and
-                 * every kind of junk strides, in turn */
-                fwd_case c;
-                memset(&c, 0, sizeof c);
-                c.format = i % 2 ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-                c.out_dtype = FLASHCL_FLOAT16;
-                c.batch = 1, c.heads_q = 4, c.heads_k = 2, c.seqlen_q = c.seqlen_k = N;
-                c.head_dim = D, c.causal = causal, c.v_layout = V_PACKED;
-                c.factors = i % 3 == 2 ? 64 : 0;
-                c.offset = (size_t)(i % 4) * 16;
-                c.junk = i % 3;
-                fwd_inputs in;
-                char name[240];
-                describe(name, sizeof name, &c);
-                if (make_inputs(&c, seed + 7919u * (uint64_t)i, &in))
-                    device_pairs(ctx, wgmma, 1, &in, name);
-                free_inputs(&in);
-            }
+    for (int tma_off = 0; tma_off < 2; ++tma_off) {
+        const char *where = tma_off ? "FLASHCL_TMA=0" : "TMA as chosen";
+        char *saved = save_env("FLASHCL_TMA");
+        if (tma_off)
+            setenv("FLASHCL_TMA", "0", 1);
+        flashcl_context *fresh = test_context();
+        wgmma_no_transpose(fresh, where, seed + 101u * (uint64_t)tma_off);
+        wgmma_pairs(fresh, where, seed + 7u * (uint64_t)tma_off);
+        if (tma_off)
+            expect(!fresh->tma_slots,
+                   "FLASHCL_TMA=0: no forward copied by TMA (no tensor-map slots allocated)",
+                   &failures);
+        else
+            printf("TMA as chosen: the nv-wgmma-fp8 forwards %s by TMA\n",
+                   fresh->tma_slots ? "copied" : "did NOT copy (no CUDA driver encoder?)");
+        flashcl_context_destroy(fresh);
+        restore_env("FLASHCL_TMA", saved);
+    }
+    back_to_back(ctx, "nv-wgmma-fp8, f16 out, in-order queue", FLASHCL_FLOAT16, "nv-wgmma-fp8", 4,
+                 seed + 13);
+    cl_command_queue qq;
+    flashcl_context *ooo =
+        test_out_of_order_context(ctx, "nv-wgmma-fp8 back to back on an out-of-order queue", &qq);
+    if (ooo) {
+        back_to_back(ooo, "nv-wgmma-fp8, f16 out, out-of-order queue", FLASHCL_FLOAT16,
+                     "nv-wgmma-fp8", 32, seed + 17);
+        flashcl_context_destroy(ooo);
+        clReleaseCommandQueue(qq);
+    }
 }
 
 /* ---- main ------------------------------------------------------------------------------------ */
@@ -905,13 +1201,13 @@ int main(int argc, char **argv) {
     pack_checks(dev, seed);
     forward_checks(dev, host, fwd_cases, FWD_CASES, seed + 11);
     if (dev) {
-        back_to_back(dev, "in-order queue", 1, seed + 13);
+        back_to_back(dev, "in-order queue", FLASHCL_FLOAT32, NULL, 1, seed + 13);
         cl_command_queue qq;
         flashcl_context *ooo =
             test_out_of_order_context(dev, "packed V back to back on an out-of-order queue", &qq);
         if (ooo) {
             /* many rounds: a race shows only sometimes */
-            back_to_back(ooo, "out-of-order queue", 32, seed + 17);
+            back_to_back(ooo, "out-of-order queue", FLASHCL_FLOAT32, NULL, 32, seed + 17);
             flashcl_context_destroy(ooo);
             clReleaseCommandQueue(qq);
         }
