@@ -1,10 +1,15 @@
 #!/usr/bin/env bash
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
-#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|fp8-gap|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
+#   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|fp8-gap|fp8-table|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
 # pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call: the
 #         decode rule over FP8 pages checked by the serving tests, then decode over e4m3 against
 #         PyTorch's FA2 over the whole grid (see the mode).
+# fp8-table: issue 35's FP8 forward table in one call (about 300 s on an H100): the packed V's and
+#         the FP8 forward's Hopper tests (test_fp8_packed_v in its wgmma and plain modes,
+#         test_fp8_forward wgmma), then, where they passed, compare_torch.py --dtypes e4m3 at the
+#         issue's three shapes with V as it comes and packed (--v-packed); tables as
+#         $out/fp8-table{,-packed}.txt.
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # fp8-gap: where an FP8 forward call's wall clock goes beyond its kernel (bench/fp8_call_gap.c,
 #         linked against the static library: factors kept or uploaded, V's transpose alone) at
@@ -395,6 +400,19 @@ if [ "$what" = pending ]; then
   done
   [ $ok = 1 ] || { echo "a serving test failed: decode not timed"; exit 0; }
   compare_decode_e4m3 300
+  exit 0
+fi
+if [ "$what" = fp8-table ]; then
+  ok=1
+  for t in "test_fp8_packed_v wgmma" test_fp8_packed_v "test_fp8_forward wgmma"; do
+    GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-120} gpu_test "$t" || ok=0
+  done
+  [ $ok = 1 ] || { echo "an FP8 test failed: not timed"; exit 0; }
+  for packed in "" --v-packed; do
+    PYTHONUNBUFFERED=1 timeout 150 python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes e4m3 \
+      --shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64 $packed 2>&1 |
+      tee "$out/fp8-table${packed:+-packed}.txt"
+  done
   exit 0
 fi
 if [ "$what" = serve ]; then
