@@ -1,4 +1,8 @@
-/* test_fp8_packed_v.c: FP8 V packed for the Hopper FP8 forward (desc.v_packed, flashcl_fp8_pack_v).
+/* test_fp8_packed_v.c: FP8 V packed for the Hopper FP8 forward (desc.v_packed, flashcl_fp8_pack_v):
+ * the layout's reference, the helpers, checks 1 and 2, and main. One program of three sources,
+ * split by what they check when this file passed 1,200 lines: the refusals (3) are in
+ * test_fp8_packed_v_refusals.c, the Hopper FP8 kernel's checks (argument "wgmma") in
+ * test_fp8_packed_v_wgmma.c; test_fp8_packed_v.h declares what the three share.
  *
  * 1. The pack against a reference pack written here: per (batch, kv head) ceil(D/64)*64 rows of
  *    ceil(Nk/128)*128 bytes, row d head dim d, position c of a 128-key tile holding key
@@ -31,34 +35,18 @@
  *    it under an earlier one, nor, the larger one, reallocate it under them: that it grew in
  *    the first round is checked; an unpack that did not wait for the last reader failed 6 runs
  *    of 6 on PoCL, 2 cores, in 2 to 12 rounds of 32).
- * 3. Refusals, outputs and packed buffers untouched: v_packed with float16 q, k, v, with a
- *    v.offset off 16 bytes, at head dims off the packed layout's 16..128 by 16
- *    (INVALID_ARGUMENT, also from flashcl_attention_desc_resolve); a packed buffer short of
- *    v.offset + flashcl_fp8_packed_v_bytes (OUT_OF_BOUNDS); the pack with a packed_offset off 16
- *    bytes, of float16 V or at those head dims (INVALID_ARGUMENT), with a short destination or
- *    source (OUT_OF_BOUNDS), on a host context (UNSUPPORTED); flashcl_fp8_packed_v_bytes of a
- *    non-FP8 desc, or at those head dims, is 0. Key counts past the packed layout's
- *    INT_MAX - 127 (its rows, seqlen_k rounded up to 128, are an int), INT_MAX and
- *    INT_MAX - 100: flashcl_fp8_packed_v_bytes 0, both packs refused (INVALID_ARGUMENT),
- *    flashcl_attention_desc_resolve of a v_packed desc refused (INVALID_ARGUMENT or
- *    INVALID_SHAPE), and flashcl_attention_forward with v_packed refused (INVALID_ARGUMENT,
- *    INVALID_SHAPE or OUT_OF_BOUNDS), its K layout 16 bytes long so that only the packed V can
- *    be why; INT_MAX - 127 itself is sized exactly and resolves.
- * Argument "wgmma" (FLASHCL_TEST_DEVICE=nvidia): on compute capability 9.0 the pack on the GPU,
- * then the forward on nv-wgmma-fp8 forced, which reads a packed V as it is, bitwise against
- * natural V (which it transposes itself): D 32, 64, 96 and 128 (32 and 96: half of a 64-dim
- * panel padding), f16 out, 300 and 1000 keys and queries, causal or not, on a fresh context with
- * TMA copies as the library chooses, then on another with FLASHCL_TMA=0 (cp.async; no TMA slots
- * allocated there, checked; the variable restored after). On each fresh context first: a packed
- * forward (finished) leaves ctx->fp8_vt, the per-call transpose's scratch, unallocated, and a
- * natural one then allocates it. Then back to back as in 2, f16 out on nv-wgmma-fp8 forced, in
- * order and out of order. Elsewhere, that forcing that kernel on a packed V is refused, out
- * untouched. The default run does the same where the device is one. "oclgrind": tiny shapes of
- * the device pack and of a packed forward on both kernels (ctest -L oclgrind).
+ * 3. Refusals, outputs and packed buffers untouched: of the packed forward, both packs and the
+ *    size query, for float16 V, misaligned offsets, head dims off the packed layout, short
+ *    buffers, a host context and key counts past the packed layout's
+ *    (test_fp8_packed_v_refusals.c).
+ * Argument "wgmma" (FLASHCL_TEST_DEVICE=nvidia): on compute capability 9.0 the pack checks (1)
+ * on the GPU, then the forward on nv-wgmma-fp8 forced against natural V; elsewhere, that forcing
+ * that kernel on a packed V is refused (test_fp8_packed_v_wgmma.c). The default run checks that
+ * kernel too on compute capability 9.0. "oclgrind": tiny shapes of the device pack and of a packed
+ * forward on both kernels (ctest -L oclgrind).
  * FLASHCL_TEST_SEED replays a run.
  */
-#define _POSIX_C_SOURCE 200809L /* setenv, strdup */
-#include <limits.h>
+#define _POSIX_C_SOURCE 200809L /* setenv */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,9 +55,10 @@
 #include "flashcl.h"
 #include "flashcl_ref.h"
 #include "harness.h"
-#include "internal.h" /* the device's compute capability, for nv-wgmma-fp8 */
+#include "internal.h" /* the context's V scratch, which back_to_back watches grow */
+#include "test_fp8_packed_v.h"
 
-static int failures;
+int failures; /* every check's, in the three files (expect's counter) */
 
 /* ---- the layout ------------------------------------------------------------------------------ */
 
@@ -86,15 +75,14 @@ static int header_pos(int n) {
     return (n & ~15) + 4 * ((n >> 1) & 3) + 2 * ((n >> 3) & 1) + (n & 1);
 }
 
-static size_t packed_rows(int head_dim) {
+size_t packed_rows(int head_dim) {
     return (size_t)(head_dim + 63) / 64 * 64;
 }
-static size_t packed_keys(int seqlen_k) {
+size_t packed_keys(int seqlen_k) {
     return (size_t)(seqlen_k + 127) / 128 * 128;
 }
 
-/* V layouts the cases use, for (batch, seqlen, heads, head_dim) rows of bytes. */
-enum { V_PACKED, V_BHSD, V_PADDED, V_ODD, V_LAYOUTS };
+/* The names of the V layouts the cases use (V_*, test_fp8_packed_v.h). */
 static const char *const v_layout_name[V_LAYOUTS] = {"packed", "bhsd@32", "padded@16", "odd@5"};
 
 /* Layout `kind`; *span: the bytes it covers. V_PACKED leaves the strides 0 (the default),
@@ -166,7 +154,7 @@ static float *random_factors(flashcl_ref_rng *rng, size_t n) {
 }
 
 /* Forces a kernel through FLASHCL_PARAMS (NULL: the device's own choice). */
-static void use_variant(const char *variant) {
+void use_variant(const char *variant) {
     char env[64];
     if (!variant) {
         unsetenv("FLASHCL_PARAMS");
@@ -177,7 +165,7 @@ static void use_variant(const char *variant) {
 }
 
 /* A device buffer of `bytes` holding `poison` in every byte. */
-static cl_mem poisoned_buffer(flashcl_context *ctx, size_t bytes, unsigned char poison) {
+cl_mem poisoned_buffer(flashcl_context *ctx, size_t bytes, unsigned char poison) {
     unsigned char *p = test_xmalloc(bytes);
     memset(p, poison, bytes);
     cl_mem b = test_upload(ctx, p, bytes);
@@ -192,7 +180,7 @@ static size_t first_difference(const unsigned char *a, const unsigned char *b, s
     return n;
 }
 
-static int all_bytes(const unsigned char *p, size_t n, unsigned char value) {
+int all_bytes(const unsigned char *p, size_t n, unsigned char value) {
     for (size_t i = 0; i < n; ++i)
         if (p[i] != value)
             return 0;
@@ -392,29 +380,9 @@ static void pack_checks(flashcl_context *ctx, uint64_t seed) {
 
 /* ---- 2. the forward given V packed ----------------------------------------------------------- */
 
-/* v strides a packed desc carries: zero (the packed default), past any buffer, or inside the
- * buffer but not V's. A forward that read a packed V as V would differ, fail or fault on each. */
-enum { JUNK_ZERO, JUNK_HUGE, JUNK_BHSD };
+/* A case's shape (fwd_case) and its inputs (fwd_inputs): test_fp8_packed_v.h. */
 
-typedef struct fwd_case {
-    flashcl_dtype format, out_dtype;
-    int batch, heads_q, heads_k, seqlen_q, seqlen_k, head_dim, causal;
-    int v_layout;  /* natural V's layout (V_*) */
-    int factors;   /* 0 per head, > 0 per head with blocks of that many rows, -1 NULL arrays */
-    size_t offset; /* the packed V's v.offset */
-    int junk;      /* the packed desc's v strides (not to be read): JUNK_* */
-} fwd_case;
-
-/* The inputs of one case: natural desc d, its packed twin dp, q, k, v, and V packed on the host at
- * dp.v.offset of vp (vp_bytes in all). */
-typedef struct fwd_inputs {
-    flashcl_attention_desc d, dp;
-    unsigned char *q, *k, *v, *vp;
-    size_t nq, nk, nv, vp_bytes, n_out, n_lse, out_bytes;
-    float *factors[3];
-} fwd_inputs;
-
-static void describe(char *buf, size_t cap, const fwd_case *c) {
+void describe(char *buf, size_t cap, const fwd_case *c) {
     static const char *const junk[] = {"", " (huge strides)", " (bhsd strides)"};
     snprintf(buf, cap, "%s->%s B%d Hq%d Hk%d %dx%d D%d%s, v %s, packed at %zu%s",
              dtype_name(c->format), dtype_name(c->out_dtype), c->batch, c->heads_q, c->heads_k,
@@ -423,7 +391,7 @@ static void describe(char *buf, size_t cap, const fwd_case *c) {
 }
 
 /* Fresh inputs for c; returns 0 (after a failed line) when the host pack refused them. */
-static int make_inputs(const fwd_case *c, uint64_t seed, fwd_inputs *in) {
+int make_inputs(const fwd_case *c, uint64_t seed, fwd_inputs *in) {
     flashcl_ref_rng rng;
     flashcl_ref_rng_seed(&rng, seed);
     memset(in, 0, sizeof *in);
@@ -481,7 +449,7 @@ static int make_inputs(const fwd_case *c, uint64_t seed, fwd_inputs *in) {
     return 1;
 }
 
-static void free_inputs(fwd_inputs *in) {
+void free_inputs(fwd_inputs *in) {
     free(in->q), free(in->k), free(in->v), free(in->vp);
     for (int t = 0; t < 3; ++t)
         free(in->factors[t]);
@@ -490,9 +458,9 @@ static void free_inputs(fwd_inputs *in) {
 /* A natural result and a packed one: both calls succeeded, every output element of the natural
  * one written (the poison is NaN: no call that wrote nothing passes as equal), and out and lse
  * bitwise equal. */
-static void expect_same(const char *what, const fwd_inputs *in, flashcl_status s1,
-                        flashcl_status s2, const void *o1, const void *o2, const float *l1,
-                        const float *l2, const char *message) {
+void expect_same(const char *what, const fwd_inputs *in, flashcl_status s1, flashcl_status s2,
+                 const void *o1, const void *o2, const float *l1, const float *l2,
+                 const char *message) {
     const flashcl_dtype od = in->d.out_dtype;
     size_t written = 0;
     for (size_t i = 0; i < in->n_out; ++i)
@@ -545,8 +513,8 @@ static void host_pointer_pair(flashcl_context *ctx, const char *where, const fwd
 
 /* flashcl_attention_forward on device buffers: V natural, then packed by flashcl_fp8_pack_v into
  * a poisoned buffer at dp.v.offset, on each kernel of `variants` (NULL: the default). */
-static void device_pairs(flashcl_context *ctx, const char *const *variants, int n_variants,
-                         const fwd_inputs *in, const char *name) {
+void device_pairs(flashcl_context *ctx, const char *const *variants, int n_variants,
+                  const fwd_inputs *in, const char *name) {
     cl_mem bq = test_upload(ctx, in->q, in->nq), bk = test_upload(ctx, in->k, in->nk),
            bv = test_upload(ctx, in->v, in->nv);
     cl_mem bp = poisoned_buffer(ctx, in->vp_bytes, 0x7f);
@@ -642,8 +610,8 @@ static void forward_checks(flashcl_context *dev, flashcl_context *host, const fw
  * it grew there is checked where the kernel unpacks (the Hopper kernel reads a packed V as it
  * is). Many queries over few keys first, so that those forwards run long beside the next pack
  * and unpack. */
-static void back_to_back(flashcl_context *ctx, const char *where, flashcl_dtype out_dtype,
-                         const char *variant, int rounds, uint64_t seed) {
+void back_to_back(flashcl_context *ctx, const char *where, flashcl_dtype out_dtype,
+                  const char *variant, int rounds, uint64_t seed) {
     enum { CALLS = 3 };
     /* format, out, B, Hq, Hk, Nq, Nk, D, causal, v layout, factors, packed offset, junk strides */
     const fwd_case
@@ -741,426 +709,6 @@ static void back_to_back(flashcl_context *ctx, const char *where, flashcl_dtype 
                  "after), under the calls before the larger one",
                  where, scratch_before, scratch_after);
         expect(scratch_after > scratch_before, what, &failures);
-    }
-}
-
-/* ---- 3. refusals ----------------------------------------------------------------------------- */
-
-/* A forward that must fail with `want` and write nothing, through flashcl_attention_forward
- * (device context: buffers, the packed V buffer vp_bytes long) and flashcl_attention_forward_host;
- * `desc_error` (a fault of the desc alone): flashcl_attention_desc_resolve reports it too. */
-static void refuse_forward(flashcl_context *ctx, const flashcl_attention_desc *d, size_t vp_bytes,
-                           flashcl_status want, int desc_error, const char *needle,
-                           const char *what) {
-    enum { POISON = 0x5a };
-    const size_t nq = (size_t)d->batch * d->seqlen_q * d->heads_q * d->head_dim;
-    const size_t nk = (size_t)d->batch * d->seqlen_k * d->heads_k * d->head_dim;
-    const size_t in_bytes = nq * flashcl_dtype_size(d->dtype) > nk * flashcl_dtype_size(d->dtype)
-                                ? nq * flashcl_dtype_size(d->dtype)
-                                : nk * flashcl_dtype_size(d->dtype);
-    const size_t out_bytes = nq * 4, lse_bytes = (size_t)d->batch * d->heads_q * d->seqlen_q * 4;
-    unsigned char *x = test_xmalloc(in_bytes + vp_bytes), *out = test_xmalloc(out_bytes),
-                  *lse = test_xmalloc(lse_bytes);
-    memset(x, 0x38, in_bytes + vp_bytes); /* a finite code in every format here */
-    char line[400];
-    if (!flashcl_context_is_host(ctx)) {
-        memset(out, POISON, out_bytes), memset(lse, POISON, lse_bytes);
-        cl_mem bx = test_upload(ctx, x, in_bytes), bp = test_upload(ctx, x, vp_bytes);
-        cl_mem bo = test_upload(ctx, out, out_bytes), bl = test_upload(ctx, lse, lse_bytes);
-        const flashcl_status st = flashcl_attention_forward(ctx, d, bx, bx, bp, bo, bl, 0, NULL);
-        const char *message = flashcl_last_error(ctx);
-        clFinish(flashcl_context_cl_queue(ctx));
-        test_download(ctx, bo, out, out_bytes), test_download(ctx, bl, lse, lse_bytes);
-        snprintf(line, sizeof line, "device forward refuses %s (%s: %s), writes nothing", what,
-                 flashcl_status_string(st), message);
-        expect(st == want && strstr(message, needle) && all_bytes(out, out_bytes, POISON) &&
-                   all_bytes(lse, lse_bytes, POISON),
-               line, &failures);
-        clReleaseMemObject(bx), clReleaseMemObject(bp);
-        clReleaseMemObject(bo), clReleaseMemObject(bl);
-    }
-    if (want == FLASHCL_ERROR_OUT_OF_BOUNDS)
-        goto done; /* host arrays have no size to check */
-    memset(out, POISON, out_bytes), memset(lse, POISON, lse_bytes);
-    const flashcl_status st = flashcl_attention_forward_host(ctx, d, x, x, x, out, (float *)lse);
-    snprintf(line, sizeof line, "%s forward_host refuses %s (%s: %s), writes nothing",
-             flashcl_context_is_host(ctx) ? "host" : "device", what, flashcl_status_string(st),
-             flashcl_last_error(ctx));
-    expect(st == want && strstr(flashcl_last_error(ctx), needle) &&
-               all_bytes(out, out_bytes, POISON) && all_bytes(lse, lse_bytes, POISON),
-           line, &failures);
-    if (desc_error) {
-        flashcl_attention_desc r = *d;
-        const flashcl_status sr = flashcl_attention_desc_resolve(&r);
-        snprintf(line, sizeof line, "flashcl_attention_desc_resolve refuses %s (%s)", what,
-                 flashcl_status_string(sr));
-        expect(sr == want, line, &failures);
-    }
-done:
-    free(x), free(out), free(lse);
-}
-
-/* flashcl_fp8_pack_v that must fail with `want`, its destination (dst_bytes) untouched. */
-static void refuse_pack(flashcl_context *ctx, const flashcl_attention_desc *d, size_t v_bytes,
-                        size_t dst_bytes, size_t offset, flashcl_status want, const char *what) {
-    enum { POISON = 0x7f };
-    unsigned char *back = test_xmalloc(dst_bytes), *v = test_xmalloc(v_bytes);
-    memset(v, 0x38, v_bytes);
-    cl_mem bv = test_upload(ctx, v, v_bytes), bp = poisoned_buffer(ctx, dst_bytes, POISON);
-    const flashcl_status st = flashcl_fp8_pack_v(ctx, d, bv, bp, offset, NULL);
-    const char *message = flashcl_last_error(ctx);
-    clFinish(flashcl_context_cl_queue(ctx));
-    test_download(ctx, bp, back, dst_bytes);
-    char line[400];
-    snprintf(line, sizeof line, "flashcl_fp8_pack_v refuses %s (%s: %s), writes nothing", what,
-             flashcl_status_string(st), message);
-    expect(st == want && message[0] && all_bytes(back, dst_bytes, POISON), line, &failures);
-    clReleaseMemObject(bv), clReleaseMemObject(bp);
-    free(back), free(v);
-}
-
-/* Key counts past the packed layout's INT_MAX - 127 (its rows, seqlen_k rounded up to 128 keys,
- * are an int): no size, no pack, no packed forward, and a desc flashcl_attention_desc_resolve
- * refuses; INT_MAX - 127 itself sized exactly. The forward's K layout is 16 bytes long
- * (stride_seq 0), every buffer a few KB: only the packed V (its key count, or a size computed
- * from it) can refuse that call, and one that ran would walk 2^31 keys. */
-static void huge_key_counts(flashcl_context *dev) {
-    enum { D = 16, ROOM = 4096, POISON = 0x5a };
-    static const int counts[] = {INT_MAX, INT_MAX - 100, INT_MAX - 127};
-    char line[400];
-    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; ++i) {
-        const int nk = counts[i], over = nk > INT_MAX - 127;
-        flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 1, 1, 1, nk, D);
-        const size_t bytes = flashcl_fp8_packed_v_bytes(&d);
-        const size_t want = over ? 0 : packed_rows(D) * packed_keys(nk);
-        snprintf(line, sizeof line,
-                 "seqlen_k %d (INT_MAX - %d): flashcl_fp8_packed_v_bytes %zu (%zu)", nk,
-                 INT_MAX - nk, bytes, want);
-        expect(bytes == want, line, &failures);
-        flashcl_attention_desc r = d;
-        r.v_packed = 1;
-        const flashcl_status sr = flashcl_attention_desc_resolve(&r);
-        snprintf(line, sizeof line,
-                 "seqlen_k INT_MAX - %d: flashcl_attention_desc_resolve of a v_packed desc (%s)",
-                 INT_MAX - nk, flashcl_status_string(sr));
-        expect(over ? sr == FLASHCL_ERROR_INVALID_ARGUMENT || sr == FLASHCL_ERROR_INVALID_SHAPE
-                    : sr == FLASHCL_SUCCESS,
-               line, &failures);
-        if (!over)
-            continue;
-        /* the host pack, only where the size query refused too (else it would read 2^31 keys of
-         * a few bytes) */
-        unsigned char *v = test_xmalloc(ROOM), *p = test_xmalloc(ROOM);
-        memset(v, 0x38, ROOM), memset(p, 0x7f, ROOM);
-        const flashcl_status sh = bytes ? FLASHCL_SUCCESS : flashcl_fp8_pack_v_host(&d, v, p);
-        snprintf(line, sizeof line,
-                 "seqlen_k INT_MAX - %d: flashcl_fp8_pack_v_host refused (%s), writes nothing",
-                 INT_MAX - nk,
-                 bytes ? "not called: the size query gave a size" : flashcl_last_error(NULL));
-        expect(sh == FLASHCL_ERROR_INVALID_ARGUMENT && all_bytes(p, ROOM, 0x7f), line, &failures);
-        free(v), free(p);
-        if (!dev)
-            continue;
-        snprintf(line, sizeof line, "seqlen_k INT_MAX - %d", INT_MAX - nk);
-        refuse_pack(dev, &d, ROOM, ROOM, 0, FLASHCL_ERROR_INVALID_ARGUMENT, line);
-
-        /* the forward, on buffers that all but the packed V would do with */
-        flashcl_attention_desc e = d;
-        e.v_packed = 1;
-        e.k.stride_batch = e.k.stride_head = D, e.k.stride_seq = 0;
-        unsigned char *x = test_xmalloc(ROOM), *out = test_xmalloc(ROOM), *lse = test_xmalloc(ROOM);
-        memset(x, 0x38, ROOM), memset(out, POISON, ROOM), memset(lse, POISON, ROOM);
-        cl_mem bq = test_upload(dev, x, ROOM), bk = test_upload(dev, x, ROOM),
-               bv = test_upload(dev, x, ROOM), bo = test_upload(dev, out, ROOM),
-               bl = test_upload(dev, lse, ROOM);
-        const flashcl_status st = flashcl_attention_forward(dev, &e, bq, bk, bv, bo, bl, 0, NULL);
-        snprintf(line, sizeof line, "seqlen_k INT_MAX - %d: ", INT_MAX - nk);
-        snprintf(line + strlen(line), sizeof line - strlen(line),
-                 "device forward refuses a packed V (%s: %s), writes nothing",
-                 flashcl_status_string(st), flashcl_last_error(dev));
-        clFinish(flashcl_context_cl_queue(dev));
-        test_download(dev, bo, out, ROOM), test_download(dev, bl, lse, ROOM);
-        expect((st == FLASHCL_ERROR_INVALID_ARGUMENT || st == FLASHCL_ERROR_INVALID_SHAPE ||
-                st == FLASHCL_ERROR_OUT_OF_BOUNDS) &&
-                   all_bytes(out, ROOM, POISON) && all_bytes(lse, ROOM, POISON),
-               line, &failures);
-        clReleaseMemObject(bq), clReleaseMemObject(bk), clReleaseMemObject(bv);
-        clReleaseMemObject(bo), clReleaseMemObject(bl);
-        free(x), free(out), free(lse);
-    }
-}
-
-static void refusals(flashcl_context *dev, flashcl_context *host) {
-    enum { B = 1, H = 2, N = 40, D = 32 };
-    flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, B, H, H, 24, N, D);
-    const size_t bytes = flashcl_fp8_packed_v_bytes(&d), v_bytes = (size_t)B * N * H * D;
-    expect(bytes == (size_t)B * H * packed_rows(D) * packed_keys(N),
-           "flashcl_fp8_packed_v_bytes of an e4m3 desc", &failures);
-
-    flashcl_attention_desc f16 = test_attention_desc(FLASHCL_FLOAT16, B, H, H, 24, N, D);
-    flashcl_attention_desc f32 = test_attention_desc(FLASHCL_FLOAT32, B, H, H, 24, N, D);
-    expect(flashcl_fp8_packed_v_bytes(&f16) == 0 && flashcl_fp8_packed_v_bytes(&f32) == 0,
-           "flashcl_fp8_packed_v_bytes of float16 and float32 descs is 0", &failures);
-    {
-        unsigned char *v = test_xmalloc(v_bytes * 2), *p = test_xmalloc(bytes);
-        memset(v, 0x38, v_bytes * 2), memset(p, 0x7f, bytes);
-        const flashcl_status st = flashcl_fp8_pack_v_host(&f16, v, p);
-        char line[300];
-        snprintf(line, sizeof line,
-                 "flashcl_fp8_pack_v_host refuses float16 V (%s: %s), writes nothing",
-                 flashcl_status_string(st), flashcl_last_error(NULL));
-        expect(st == FLASHCL_ERROR_INVALID_ARGUMENT && all_bytes(p, bytes, 0x7f), line, &failures);
-        free(v), free(p);
-    }
-
-    /* the forward */
-    flashcl_context *ctxs[2] = {host, dev};
-    for (int i = 0; i < 2; ++i) {
-        if (!ctxs[i])
-            continue;
-        flashcl_attention_desc e = f16;
-        e.v_packed = 1;
-        refuse_forward(ctxs[i], &e, 2 * v_bytes, FLASHCL_ERROR_INVALID_ARGUMENT, 1, "v_packed",
-                       "v_packed with float16 q, k, v");
-        e = d, e.v_packed = 1, e.v.offset = 8;
-        refuse_forward(ctxs[i], &e, 8 + bytes, FLASHCL_ERROR_INVALID_ARGUMENT, 1, "v.offset",
-                       "v_packed with v.offset 8 (not a multiple of 16)");
-        if (ctxs[i] == dev) {
-            e = d, e.v_packed = 1, e.v.offset = 32;
-            refuse_forward(
-                dev, &e, 32 + bytes - 1, FLASHCL_ERROR_OUT_OF_BOUNDS, 0, "v",
-                "a packed V buffer one byte short of v.offset + flashcl_fp8_packed_v_bytes");
-            /* The packed V's size, not V's: a buffer that holds V but not its padding to 64 dims
-             * and 128 keys (2560 bytes here, against 16384 packed). */
-            e = d, e.v_packed = 1;
-            refuse_forward(dev, &e, v_bytes, FLASHCL_ERROR_OUT_OF_BOUNDS, 0, "v",
-                           "a packed V buffer of V's own size, short of the packed size");
-        }
-    }
-    /* Head dims off the packed layout's (the Hopper kernel's 16..128 by 16): no size, no pack,
-     * no packed forward. */
-    static const int off_dims[] = {8, 40, 136};
-    for (size_t i = 0; i < sizeof off_dims / sizeof off_dims[0]; ++i) {
-        const int dd = off_dims[i];
-        flashcl_attention_desc e = test_attention_desc(FLASHCL_FLOAT8_E4M3, B, H, H, 24, N, dd);
-        const size_t nv = (size_t)B * N * H * dd, room = (size_t)B * H * 192 * packed_keys(N);
-        unsigned char *v = test_xmalloc(nv), *p = test_xmalloc(room);
-        memset(v, 0x38, nv), memset(p, 0x7f, room);
-        const size_t sz = flashcl_fp8_packed_v_bytes(&e);
-        const flashcl_status st = flashcl_fp8_pack_v_host(&e, v, p);
-        char line[300];
-        snprintf(line, sizeof line,
-                 "head_dim %d: flashcl_fp8_packed_v_bytes %zu, the host pack refused (%s), writes "
-                 "nothing",
-                 dd, sz, flashcl_status_string(st));
-        expect(sz == 0 && st == FLASHCL_ERROR_INVALID_ARGUMENT && all_bytes(p, room, 0x7f), line,
-               &failures);
-        if (dev) {
-            snprintf(line, sizeof line, "head_dim %d", dd);
-            refuse_pack(dev, &e, nv, room, 0, FLASHCL_ERROR_INVALID_ARGUMENT, line);
-        }
-        e.v_packed = 1;
-        for (int c = 0; c < 2; ++c)
-            if (ctxs[c]) {
-                snprintf(line, sizeof line, "v_packed at head_dim %d", dd);
-                refuse_forward(ctxs[c], &e, room, FLASHCL_ERROR_INVALID_ARGUMENT, 1, "head_dim",
-                               line);
-            }
-        free(v), free(p);
-    }
-    huge_key_counts(dev);
-    if (!dev)
-        return;
-
-    /* the pack */
-    refuse_pack(dev, &d, v_bytes, 8 + bytes + 64, 8, FLASHCL_ERROR_INVALID_ARGUMENT,
-                "packed_offset 8");
-    refuse_pack(dev, &d, v_bytes, 16 + bytes - 1, 16, FLASHCL_ERROR_OUT_OF_BOUNDS,
-                "a destination one byte short of packed_offset + flashcl_fp8_packed_v_bytes");
-    refuse_pack(dev, &d, v_bytes - 1, bytes, 0, FLASHCL_ERROR_OUT_OF_BOUNDS,
-                "a V buffer one byte short of V");
-    refuse_pack(dev, &f16, 2 * v_bytes, bytes, 0, FLASHCL_ERROR_INVALID_ARGUMENT, "float16 V");
-    if (host) {
-        cl_mem b = test_upload(dev, NULL, bytes);
-        const flashcl_status st = flashcl_fp8_pack_v(host, &d, b, b, 0, NULL);
-        char line[300];
-        snprintf(line, sizeof line, "flashcl_fp8_pack_v on a host context (%s: %s)",
-                 flashcl_status_string(st), flashcl_last_error(host));
-        expect(st == FLASHCL_ERROR_UNSUPPORTED, line, &failures);
-        clReleaseMemObject(b);
-    }
-}
-
-/* ---- 4. the Hopper FP8 kernel ---------------------------------------------------------------- */
-
-static int is_hopper(const flashcl_context *ctx) {
-    return !flashcl_context_is_host(ctx) && ctx->info.is_nvidia && ctx->info.nv_cc_major == 9 &&
-           ctx->info.nv_cc_minor == 0;
-}
-
-/* A copy of environment variable `name` (NULL: unset), for restore_env. */
-static char *save_env(const char *name) {
-    const char *v = getenv(name);
-    return v ? strdup(v) : NULL;
-}
-
-static void restore_env(const char *name, char *saved) {
-    if (saved)
-        setenv(name, saved, 1);
-    else
-        unsetenv(name);
-    free(saved);
-}
-
-/* On a context that has run no FP8 forward with natural V: a packed forward on nv-wgmma-fp8
- * (finished) leaves ctx->fp8_vt, the scratch of the per-call transpose, unallocated: the kernel
- * read the packed V as it is. Then a natural forward allocates it (the check can fail), and the
- * two agree bit for bit. */
-static void wgmma_no_transpose(flashcl_context *ctx, const char *where, uint64_t seed) {
-    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, v layout, factors, packed offset, junk strides */
-    const fwd_case c = {
-        FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 256, 300, 64, 0, V_BHSD, 0, 32, JUNK_ZERO};
-    fwd_inputs in;
-    char what[400];
-    if (!make_inputs(&c, seed, &in)) {
-        free_inputs(&in);
-        return;
-    }
-    snprintf(what, sizeof what, "%s: a fresh context has no V scratch yet (%zu bytes)", where,
-             ctx->fp8_vt_bytes);
-    expect(!ctx->fp8_vt, what, &failures);
-    cl_mem bq = test_upload(ctx, in.q, in.nq), bk = test_upload(ctx, in.k, in.nk),
-           bv = test_upload(ctx, in.v, in.nv), bp = poisoned_buffer(ctx, in.vp_bytes, 0x7f);
-    void *o1 = test_xmalloc(in.out_bytes), *o2 = test_xmalloc(in.out_bytes);
-    float *l1 = test_xmalloc(in.n_lse * 4), *l2 = test_xmalloc(in.n_lse * 4);
-    flashcl_ref_poison(o1, in.d.out_dtype, in.n_out);
-    flashcl_ref_poison(l1, FLASHCL_FLOAT32, in.n_lse);
-    cl_mem bo1 = test_upload(ctx, o1, in.out_bytes), bo2 = test_upload(ctx, o1, in.out_bytes);
-    cl_mem bl1 = test_upload(ctx, l1, in.n_lse * 4), bl2 = test_upload(ctx, l1, in.n_lse * 4);
-    char message[400] = "";
-    const flashcl_status sp = flashcl_fp8_pack_v(ctx, &in.d, bv, bp, in.dp.v.offset, NULL);
-    if (sp)
-        snprintf(message, sizeof message, "pack: %s", flashcl_last_error(ctx));
-    use_variant("nv-wgmma-fp8");
-    const flashcl_status s2 =
-        sp ? sp : flashcl_attention_forward(ctx, &in.dp, bq, bk, bp, bo2, bl2, 0, NULL);
-    if (!sp && s2)
-        snprintf(message, sizeof message, "packed: %s", flashcl_last_error(ctx));
-    clFinish(flashcl_context_cl_queue(ctx));
-    const int scratch_after_packed = ctx->fp8_vt != NULL;
-    const flashcl_status s1 = flashcl_attention_forward(ctx, &in.d, bq, bk, bv, bo1, bl1, 0, NULL);
-    if (s1)
-        snprintf(message + strlen(message), sizeof message - strlen(message), "; natural: %s",
-                 flashcl_last_error(ctx));
-    clFinish(flashcl_context_cl_queue(ctx));
-    use_variant(NULL);
-    snprintf(what, sizeof what,
-             "%s: a packed nv-wgmma-fp8 forward (%s) runs no transpose (ctx->fp8_vt %s after it)",
-             where, flashcl_status_string(s2), scratch_after_packed ? "ALLOCATED" : "still NULL");
-    expect(s2 == FLASHCL_SUCCESS && !scratch_after_packed, what, &failures);
-    snprintf(what, sizeof what,
-             "%s: a natural-V nv-wgmma-fp8 forward (%s) transposes into ctx->fp8_vt (%zu bytes)",
-             where, flashcl_status_string(s1), ctx->fp8_vt_bytes);
-    expect(s1 == FLASHCL_SUCCESS && ctx->fp8_vt != NULL, what, &failures);
-    test_download(ctx, bo1, o1, in.out_bytes), test_download(ctx, bo2, o2, in.out_bytes);
-    test_download(ctx, bl1, l1, in.n_lse * 4), test_download(ctx, bl2, l2, in.n_lse * 4);
-    char name[240];
-    describe(name, sizeof name, &c);
-    snprintf(what, sizeof what, "%s: device nv-wgmma-fp8 forward, packed first, %s", where, name);
-    expect_same(what, &in, s1, s2, o1, o2, l1, l2, message);
-    clReleaseMemObject(bo1), clReleaseMemObject(bo2), clReleaseMemObject(bl1);
-    clReleaseMemObject(bl2), clReleaseMemObject(bq), clReleaseMemObject(bk);
-    clReleaseMemObject(bv), clReleaseMemObject(bp);
-    free(o1), free(o2), free(l1), free(l2), free_inputs(&in);
-}
-
-/* nv-wgmma-fp8 forced on ctx, packed against natural V: D 32..128 by 32 (32 and 96 pad a 64-dim
- * panel with zeros), 300 and 1000 keys and queries, causal or not, f16 out. */
-static void wgmma_pairs(flashcl_context *ctx, const char *where, uint64_t seed) {
-    const char *const wgmma[1] = {"nv-wgmma-fp8"};
-    int i = 0;
-    for (int D = 32; D <= 128; D += 32)
-        for (int N = 300; N <= 1000; N += 700)
-            for (int causal = 0; causal < 2; ++causal, ++i) {
-                /* e4m3 and e5m2, per-head and 64-row block factors, packed offsets 0..48 and
-                 * every kind of junk strides, in turn */
-                fwd_case c;
-                memset(&c, 0, sizeof c);
-                c.format = i % 2 ? FLASHCL_FLOAT8_E5M2 : FLASHCL_FLOAT8_E4M3;
-                c.out_dtype = FLASHCL_FLOAT16;
-                c.batch = 1, c.heads_q = 4, c.heads_k = 2, c.seqlen_q = c.seqlen_k = N;
-                c.head_dim = D, c.causal = causal, c.v_layout = V_PACKED;
-                c.factors = i % 3 == 2 ? 64 : 0;
-                c.offset = (size_t)(i % 4) * 16;
-                c.junk = i % 3;
-                fwd_inputs in;
-                char name[300];
-                snprintf(name, sizeof name, "[%s] ", where);
-                describe(name + strlen(name), sizeof name - strlen(name), &c);
-                if (make_inputs(&c, seed + 7919u * (uint64_t)i, &in))
-                    device_pairs(ctx, wgmma, 1, &in, name);
-                free_inputs(&in);
-            }
-}
-
-/* nv-wgmma-fp8 forced: it reads a packed V as it is, and natural V after transposing it into
- * the context's buffer; the same bytes, so the same results bit for bit. On two fresh contexts,
- * TMA copies as the library chooses, then FLASHCL_TMA=0 (read by each forward, flashcl_tma_usable;
- * the context is fresh all the same, and the variable restored after): first that a packed
- * forward runs no transpose, then the pairs. Then back to back on ctx, f16 out, in order and on an
- * out-of-order queue (which takes no TMA). Off compute capability 9.0: forcing it on a packed V is
- * refused and writes nothing. */
-static void wgmma_checks(flashcl_context *ctx, uint64_t seed) {
-    if (!is_hopper(ctx)) {
-        flashcl_attention_desc d = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 2, 2, 64, 64, 64);
-        d.out_dtype = FLASHCL_FLOAT16;
-        d.v_packed = 1;
-        const size_t bytes = flashcl_fp8_packed_v_bytes(&d);
-        use_variant("nv-wgmma-fp8");
-        refuse_forward(
-            ctx, &d, bytes, FLASHCL_ERROR_INVALID_PARAMS, 0, "nv-wgmma-fp8",
-            "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 with a packed V off compute capability 9.0");
-        use_variant(NULL);
-        return;
-    }
-    flashcl_attention_desc probe = test_attention_desc(FLASHCL_FLOAT8_E4M3, 1, 4, 2, 300, 300, 64);
-    probe.out_dtype = FLASHCL_FLOAT16;
-    flashcl_params p;
-    use_variant("nv-wgmma-fp8");
-    const flashcl_status applies = flashcl_attention_params(ctx, &probe, &p);
-    use_variant(NULL);
-    expect(applies == FLASHCL_SUCCESS && !strcmp(p.variant, "nv-wgmma-fp8"),
-           "device: compute capability 9.0 takes FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8", &failures);
-    if (applies != FLASHCL_SUCCESS)
-        return;
-    for (int tma_off = 0; tma_off < 2; ++tma_off) {
-        const char *where = tma_off ? "FLASHCL_TMA=0" : "TMA as chosen";
-        char *saved = save_env("FLASHCL_TMA");
-        if (tma_off)
-            setenv("FLASHCL_TMA", "0", 1);
-        flashcl_context *fresh = test_context();
-        wgmma_no_transpose(fresh, where, seed + 101u * (uint64_t)tma_off);
-        wgmma_pairs(fresh, where, seed + 7u * (uint64_t)tma_off);
-        if (tma_off)
-            expect(!fresh->tma_slots,
-                   "FLASHCL_TMA=0: no forward copied by TMA (no tensor-map slots allocated)",
-                   &failures);
-        else
-            printf("TMA as chosen: the nv-wgmma-fp8 forwards %s by TMA\n",
-                   fresh->tma_slots ? "copied" : "did NOT copy (no CUDA driver encoder?)");
-        flashcl_context_destroy(fresh);
-        restore_env("FLASHCL_TMA", saved);
-    }
-    back_to_back(ctx, "nv-wgmma-fp8, f16 out, in-order queue", FLASHCL_FLOAT16, "nv-wgmma-fp8", 4,
-                 seed + 13);
-    cl_command_queue qq;
-    flashcl_context *ooo =
-        test_out_of_order_context(ctx, "nv-wgmma-fp8 back to back on an out-of-order queue", &qq);
-    if (ooo) {
-        back_to_back(ooo, "nv-wgmma-fp8, f16 out, out-of-order queue", FLASHCL_FLOAT16,
-                     "nv-wgmma-fp8", 32, seed + 17);
-        flashcl_context_destroy(ooo);
-        clReleaseCommandQueue(qq);
     }
 }
 
