@@ -434,7 +434,10 @@ flashcl_status flashcl_attention_forward(flashcl_context *ctx, const flashcl_att
      * kernel, unpacked there first and read as v in the default layout (the
      * Hopper kernel reads a packed V as it is, vt_args). */
     int vt_keys, vt_rows;
-    if (pack && (st = flashcl_fp8_vt_scratch(ctx, flashcl_fp8_vt_shape(&r, &vt_keys, &vt_rows))) != FLASHCL_SUCCESS)
+    const size_t vt_bytes = pack ? flashcl_fp8_vt_shape(&r, &vt_keys, &vt_rows) : 0;
+    if (pack && !vt_bytes) /* past 2147483520 keys (the loop limit refuses them first on NVIDIA) */
+        return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_SHAPE, "the FP8 forward's transposed V would not fit its layout");
+    if (pack && (st = flashcl_fp8_vt_scratch(ctx, vt_bytes)) != FLASHCL_SUCCESS)
         return st;
     cl_kernel unpack = NULL;
     cl_mem v_arg = v;
