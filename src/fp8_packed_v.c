@@ -107,6 +107,7 @@ flashcl_status flashcl_fp8_pack_v_host(const flashcl_attention_desc *desc, const
                 for (int d = 0; d < r.head_dim; ++d)
                     packed[vt_at(&r, keys, rows, b, hk, n, d)] = row[d];
             }
+    flashcl_clear_error(NULL); /* as the quantize helpers: a success leaves no stale message */
     return FLASHCL_SUCCESS;
 }
 
