@@ -72,6 +72,27 @@ test_case test_case_many_heads(flashcl_dtype dtype, int seqlen_q, int seqlen_k, 
     return tc;
 }
 
+/* One unit in the last place of dtype dt at |x| (its smallest normal's where |x| is below it). */
+static double storage_ulp(flashcl_dtype dt, double x) {
+    const int mant = dt == FLASHCL_FLOAT16 ? 10 : dt == FLASHCL_BFLOAT16 ? 7 : 23;
+    const int emin = dt == FLASHCL_FLOAT16 ? -14 : -126;
+    int e;
+    frexp(fabs(x), &e); /* |x| = m 2^e, m in [0.5, 1) */
+    return ldexp(1.0, (e - 1 > emin ? e - 1 : emin) - mant);
+}
+
+int test_outputs_agree(const void *a, const void *b, flashcl_dtype dt, size_t n, double *worst) {
+    int ok = 1;
+    *worst = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const double x = flashcl_ref_load(a, dt, i), y = flashcl_ref_load(b, dt, i);
+        const double d = isfinite(x) && isfinite(y) ? fabs(x - y) : INFINITY;
+        *worst = fmax(*worst, d);
+        ok &= d <= 2.0 * storage_ulp(dt, fmax(fabs(x), fabs(y))) + 4.0 * flashcl_ref_epsilon(dt);
+    }
+    return ok;
+}
+
 void expect(int ok, const char *what, int *failures) {
     printf("%-60s %s\n", what, ok ? "ok" : "FAILED");
     if (!ok)

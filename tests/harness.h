@@ -70,6 +70,15 @@ flashcl_varlen_desc test_varlen_desc(flashcl_dtype dtype, int num_seqs, int head
                                      int head_dim, const int *cu_seqlens_q,
                                      const int *cu_seqlens_k);
 
+/* Two runs of one function whose float sums differ only in order (split-KV against unsplit):
+ * whether n outputs of dtype dt, a and b, lie within 2 storage ulps of each other at each one's
+ * magnitude, plus the reference's absolute slack (4 flashcl_ref_epsilon) for float32's longer
+ * sums. A float32 difference far below an ulp can still round to neighbouring values, and the
+ * split partials are rounded too: the fixed bound this replaced (4 epsilon, 8e-4 for float16)
+ * is under two float16 ulps from |out| 0.5 on (9.8e-4), and failed a CI run so (2026-12-06).
+ * *worst: the largest |a - b| (infinity for a NaN or inf). */
+int test_outputs_agree(const void *a, const void *b, flashcl_dtype dt, size_t n, double *worst);
+
 /* The end of a test's main: prints "N FAILED" or "all passed"; returns its exit status. */
 int test_summary(int failures);
 
