@@ -40,11 +40,19 @@ static size_t vt_at(const flashcl_attention_desc *r, int keys, int rows, int b, 
            (size_t)(n & ~(VT_TILE - 1)) + (size_t)vt_pos(n & (VT_TILE - 1));
 }
 
-const char *flashcl_fp8_packed_v_problem(const flashcl_attention_desc *d) {
-    if (d->head_dim < 16 || d->head_dim > 128 || d->head_dim % 16)
+/* What the packed layout cannot hold (NULL: nothing), for the forward and the pack alike. */
+static const char *layout_problem(int head_dim, int seqlen_k) {
+    if (head_dim < 16 || head_dim > 128 || head_dim % 16)
         return "a packed V (v_packed) needs head_dim 16..128 in steps of 16, the packed layout's";
-    if (d->seqlen_k > VT_MAX_KEYS)
+    if (seqlen_k > VT_MAX_KEYS)
         return "a packed V (v_packed) holds at most 2147483520 keys";
+    return NULL;
+}
+
+const char *flashcl_fp8_packed_v_problem(const flashcl_attention_desc *d) {
+    const char *problem = layout_problem(d->head_dim, d->seqlen_k);
+    if (problem)
+        return problem;
     if (d->v.offset % 16)
         return "a packed V (v_packed) starts at a v.offset that is a multiple of 16";
     return NULL;
@@ -70,10 +78,9 @@ static const char *pack_desc(const flashcl_attention_desc *desc, flashcl_attenti
         return "the pack takes an FP8 desc (dtype FLASHCL_FLOAT8_E4M3 or _E5M2)";
     if (desc->batch < 1 || desc->heads_k < 1 || desc->seqlen_k < 1)
         return "batch, heads_k and seqlen_k must be >= 1";
-    if (desc->head_dim < 16 || desc->head_dim > 128 || desc->head_dim % 16)
-        return "the packed layout takes head_dim 16..128 in steps of 16";
-    if (desc->seqlen_k > VT_MAX_KEYS)
-        return "the packed layout holds at most 2147483520 keys";
+    const char *problem = layout_problem(desc->head_dim, desc->seqlen_k);
+    if (problem)
+        return problem;
     memset(r, 0, sizeof *r);
     r->dtype = desc->dtype;
     r->batch = desc->batch, r->heads_k = desc->heads_k, r->seqlen_k = desc->seqlen_k, r->head_dim = desc->head_dim;
@@ -195,7 +202,7 @@ flashcl_status flashcl_fp8_pack_v(flashcl_context *ctx, const flashcl_attention_
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT, "flashcl_fp8_pack_v: %s", problem);
     /* The pass reads v by 16-byte words. */
     const flashcl_layout *l = &r.v;
-    if (l->offset % 16 || l->stride_batch % 16 || l->stride_seq % 16 || l->stride_head % 16 || packed_offset % 16)
+    if (!flashcl_layout_rows_16_bytes(l) || packed_offset % 16)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_ARGUMENT,
                             "flashcl_fp8_pack_v: v's offset and strides and packed_offset must be multiples of 16 "
                             "bytes");

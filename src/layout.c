@@ -9,6 +9,10 @@ void flashcl_default_layout(flashcl_layout *l, int seqlen, int heads, int head_d
     l->stride_batch = (size_t)seqlen * l->stride_seq;
 }
 
+int flashcl_layout_rows_16_bytes(const flashcl_layout *l) {
+    return l->offset % 16 == 0 && l->stride_batch % 16 == 0 && l->stride_seq % 16 == 0 && l->stride_head % 16 == 0;
+}
+
 size_t flashcl_layout_bytes(const flashcl_layout *l, int batch, int seqlen, int heads, int head_dim,
                             size_t elem) {
     size_t t = l->offset + (size_t)head_dim;

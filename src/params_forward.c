@@ -375,17 +375,14 @@ int flashcl_nv_wgmma_eligible(const flashcl_context *ctx, const flashcl_attentio
  * offsets and strides in bytes, the buffers' own alignment being the
  * driver's), and row blocks of descale factors, if any, a multiple of 8 keys
  * (the kernel reads a k factor per 8 keys). */
-static int rows_16_bytes(const flashcl_layout *t) {
-    return t->offset % 16 == 0 && t->stride_batch % 16 == 0 && t->stride_seq % 16 == 0 && t->stride_head % 16 == 0;
-}
 
 int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_attention_desc *desc) {
     return nv_tensor_cores(ctx) && !ctx->no_sm90a && !flashcl_variant_forced("nv-mma") &&
            ctx->info.nv_cc_major == 9 && ctx->info.nv_cc_minor == 0 &&
            flashcl_dtype_is_fp8(desc->dtype) &&
            (desc->out_dtype == FLASHCL_FLOAT16 || desc->out_dtype == FLASHCL_BFLOAT16) && desc->head_dim >= 32 &&
-           desc->head_dim <= 128 && desc->head_dim % 16 == 0 && rows_16_bytes(&desc->q) &&
-           rows_16_bytes(&desc->k) && (desc->v_packed ? desc->v.offset % 16 == 0 : rows_16_bytes(&desc->v)) &&
+           desc->head_dim <= 128 && desc->head_dim % 16 == 0 && flashcl_layout_rows_16_bytes(&desc->q) &&
+           flashcl_layout_rows_16_bytes(&desc->k) && (desc->v_packed ? desc->v.offset % 16 == 0 : flashcl_layout_rows_16_bytes(&desc->v)) &&
            (!desc->fp8.per_head || desc->fp8.block_rows % 8 == 0);
 }
 
