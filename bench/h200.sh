@@ -404,12 +404,12 @@ if [ "$what" = pending ]; then
 fi
 if [ "$what" = fp8-table ]; then
   ok=1
-  for t in "test_fp8_packed_v wgmma" test_fp8_packed_v "test_fp8_forward wgmma"; do
+  for t in ${FP8_TABLE_TESTS-"test_fp8_packed_v+wgmma" test_fp8_packed_v "test_fp8_forward+wgmma"}; do
     GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-120} gpu_test "$t" || ok=0
   done
   [ $ok = 1 ] || { echo "an FP8 test failed: not timed"; exit 0; }
   for packed in "" --v-packed; do
-    PYTHONUNBUFFERED=1 timeout 150 python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes e4m3 \
+    PYTHONUNBUFFERED=1 timeout "${TABLE_TIMEOUT:-280}" python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes e4m3 \
       --shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64 $packed 2>&1 |
       tee "$out/fp8-table${packed:+-packed}.txt"
   done
@@ -568,7 +568,8 @@ if [ "$what" = fp8-kernel ]; then
           FLASHCL_*) env=("$o") ;;
           *) env=("FLASHCL_BUILD_OPTIONS=${o//+/ }") ;;
         esac
-        env "${env[@]}" FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 timeout 60 ./build-gpu/flashcl bench --device nvidia \
+        # An entry's own FLASHCL_PARAMS (e.g. the two-warpgroup shape) comes last, so it wins.
+        env FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 "${env[@]}" timeout 60 ./build-gpu/flashcl bench --device nvidia \
           --dtype e4m3 ${bench_args[@]+"${bench_args[@]}"} $shapes $mask --iters 20 2>&1 | grep -E "^e4m3 " |
           tee -a "$out/fp8-options.txt"
       done
@@ -586,7 +587,8 @@ if [ "$what" = fp8-kernel ]; then
     export PATH=$PATH:/usr/local/cuda/bin
     rm -rf build-gpu/sass-fp8 && mkdir -p build-gpu/sass-fp8
     for d in 128 64; do
-      FLASHCL_CACHE_DIR=$PWD/build-gpu/sass-fp8 FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8 \
+      FLASHCL_CACHE_DIR=$PWD/build-gpu/sass-fp8 \
+        FLASHCL_PARAMS="VARIANT=nv-wgmma-fp8$([ $d = 64 ] && echo "${FP8_SASS_PARAMS-}")" \
         FLASHCL_BUILD_OPTIONS="$([ $d = 64 ] && echo "${FP8_SASS_OPTIONS-}")" \
         ./build-gpu/flashcl bench --device nvidia \
         --shape 1,8,1024,$d --dtype e4m3 --iters 1 > /dev/null 2>&1

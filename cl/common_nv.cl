@@ -293,17 +293,21 @@ inline void cp_wait(void) {
 /* O += P V in the wgmma forward kernels (flash_fwd_sm90, flash_fwd_sm90_fp8),
  * waited for: the kernel's own PV_CHAIN(acc, pf, v) over its P_STEPS k-steps
  * into acc[O_FRAGS][4], the operands pinned first, so that no write of them
- * sinks into the chain. */
-#define PV_WAITED(acc, pf, v)                                                                      \
+ * sinks into the chain. PV_WAITED_AFTER runs the statement `issued` between
+ * the chain's commit and the wait (a PINGPONG loop hands the tensor cores
+ * over there). */
+#define PV_WAITED_AFTER(acc, pf, v, issued)                                                        \
     do {                                                                                           \
         WG_FENCE_REGS(acc, O_FRAGS);                                                               \
         WG_FENCE_REGS_C(pf, P_STEPS, "r");                                                         \
         WGMMA_FENCE();                                                                             \
         PV_CHAIN(acc, pf, v);                                                                      \
         WGMMA_COMMIT();                                                                            \
+        issued;                                                                                    \
         WGMMA_WAIT_ALL();                                                                          \
         WG_FENCE_REGS(acc, O_FRAGS);                                                               \
     } while (0)
+#define PV_WAITED(acc, pf, v) PV_WAITED_AFTER(acc, pf, v, (void)0)
 
 /* Tiles start at the first 1024-byte boundary of the __local array raw (the
  * 128-byte swizzle works on address bits 4-9): smem (halves) and s_base (its
@@ -324,6 +328,28 @@ inline void cp_wait(void) {
         _Pragma("unroll") for (int kk = 0; kk < (steps); ++kk)                                     \
             LDMATRIX_X4((f)[kk], (tile) + SW128_OFFSET(r_, 2 * kk + lane / 16, nrows));            \
     } while (0)
+
+/* Named barriers of the two-warpgroup PINGPONG loops (flash_fwd_sm90.cl,
+ * flash_fwd_sm90_fp8.cl; 0 is barrier()'s): 256 work-items each, one
+ * warpgroup arriving (bar.arrive: release, no wait) and the other waiting
+ * (bar.sync: acquire), the producer/consumer use the PTX ISA describes. */
+#define PP_TURN_A 1u /* warpgroup 0 waits here for warpgroup 1 */
+#define PP_TURN_B 2u /* warpgroup 1 waits here for warpgroup 0 */
+#define PP_K_FREE 3u /* warpgroup 0's S = Q K^T has completed */
+#define PP_V_FREE 4u /* warpgroup 0's O += P V has completed */
+inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id) : "memory"); }
+inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
+/* pp_sync that ptxas cannot hoist above the work computing dep: the barrier's id is
+ * min(id, dep | id), which is id, but through an operation ptxas does not fold. A plain bar.sync
+ * has no data inputs, and ptxas scheduled one above all but 5 of a softmax's 64 exponents
+ * (clang's PTX, ptxas 13.0, sm_90a), so that a warpgroup waited for its turn on the tensor
+ * cores before, not after, its softmax. */
+inline void pp_sync_after(uint id, uint dep) {
+    __asm__ __volatile__("{\n\t.reg .b32 id_;\n\tor.b32 id_, %1, %0;\n\tmin.u32 id_, id_, %0;\n\t"
+                         "bar.sync id_, 256;\n\t}" ::"r"(id),
+                         "r"(dep)
+                         : "memory");
+}
 
 /* Copies have landed for this work-item and are visible to wgmma's reads. */
 inline void cp_wait_async_proxy(void) {

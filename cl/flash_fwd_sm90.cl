@@ -255,16 +255,6 @@ inline void copy_tile(__local ushort *smem, uint s_base, uint dst_bytes, __globa
     copy_tile_by(smem, s_base, dst_bytes, src, stride, rows, nrows, vec, tid, WG_SIZE);
 }
 
-/* Named barriers of PINGPONG (0 is barrier()'s): 256 work-items each, one
- * warpgroup arriving (bar.arrive: release, no wait) and the other waiting
- * (bar.sync: acquire), the producer/consumer use the PTX ISA describes. */
-#define PP_TURN_A 1u /* warpgroup 0 waits here for warpgroup 1 */
-#define PP_TURN_B 2u /* warpgroup 1 waits here for warpgroup 0 */
-#define PP_K_FREE 3u /* warpgroup 0's S = Q K^T has completed */
-#define PP_V_FREE 4u /* warpgroup 0's O += P V has completed */
-inline void pp_sync(uint id) { __asm__ __volatile__("bar.sync %0, 256;" ::"r"(id) : "memory"); }
-inline void pp_arrive(uint id) { __asm__ __volatile__("bar.arrive %0, 256;" ::"r"(id) : "memory"); }
-
 /* ---- USE_TMA (common_nv.cl): K and V tiles by the Tensor Memory Accelerator ------------- */
 #if USE_TMA
 #define FWD_TMA_ARGS TMA_ARGS(k, v)

@@ -90,11 +90,23 @@
 #ifndef HEAD_DIM
 #define HEAD_DIM 128
 #endif
+#ifndef WARPS
 #define WARPS 4
-#define WG_SIZE 128
-#if !defined(BLOCK_M) || !defined(BLOCK_N) || BLOCK_M != 64 || BLOCK_N != 128
-#error "flash_fwd_sm90_fp8 is one warpgroup of BLOCK_M 64 rows over BLOCK_N 128-key tiles"
 #endif
+#define WG_SIZE (WARPS * 32)
+#if (WARPS != 4 && WARPS != 8) || !defined(BLOCK_M) || !defined(BLOCK_N) || BLOCK_M != 16 * WARPS || BLOCK_N != 128
+#error "flash_fwd_sm90_fp8 is one or two warpgroups of 64 rows each (WARPS 4 or 8, BLOCK_M 16*WARPS) over 128-key tiles"
+#endif
+/* PINGPONG (two warpgroups, WARPS=8; the loop below): FlashAttention-3's ping-pong. The
+ * warpgroups share each K and Vt tile and take turns on the tensor cores, so that one's softmax
+ * runs while the other's products do. Why: at head_dim 64 a 128-key tile's 64 exponents a lane
+ * keep the SFU 57 % busy while the products need the tensor cores 28 % of the time, and one
+ * warpgroup a work-group runs them in turn; four such work-groups an SM fall into step
+ * (docs/perf-notes.md, "FlashAttention-3's ping-pong at D <= 64"). One K, one Vt and a 128-row
+ * Q block fit 48 KB only at one 64-dim panel (SMEM_BYTES below). On request only
+ * (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128): on an H100 (2026-12-06) it ran
+ * 9-11 % slower than one warpgroup, (4,32,4096,64) 532-539 TFLOP/s against 600-608. */
+#define PINGPONG (WARPS == 8)
 #define K_STEPS ((HEAD_DIM + 31) / 32)  // k32 steps of S = Q K^T (bytes past HEAD_DIM are zero)
 #define VT_PANELS ((HEAD_DIM + 63) / 64) // 64-dim groups of O = P V
 #define VT_ROWS (64 * VT_PANELS)
@@ -117,8 +129,12 @@
 #ifndef PV_CHAINED
 #define PV_CHAINED 0
 #endif
-#if OVERLAP && (VT_PANELS != 1 || PV_CHAINED)
-/* Above 64 dims the plain loop, so that a test run under -DOVERLAP=1 still builds every case. */
+#if PINGPONG && PV_CHAINED
+#error "PV_CHAINED (a study) is built for the one-warpgroup loop"
+#endif
+#if OVERLAP && (VT_PANELS != 1 || PV_CHAINED || PINGPONG)
+/* Above 64 dims, and with two warpgroups, the plain or PINGPONG loop, so that a test run under
+ * -DOVERLAP=1 still builds every case. */
 #undef OVERLAP
 #define OVERLAP 0
 #endif
@@ -240,10 +256,13 @@
 #define PV_TWO_LEVEL(acc, pf, vt) PV_TWO_LEVEL_SCALED(acc, pf, vt, 1.0f, 1.0f)
 /* The same with O first rescaled by the softmax's alpha of each row (al0: row g, al1: g + 8),
  * O = alpha O + P V by one fma an element where the softmax's rescale and the add took two. */
-#define PV_TWO_LEVEL_SCALED(acc, pf, vt, al0, al1)                                                 \
+#define PV_TWO_LEVEL_SCALED(acc, pf, vt, al0, al1) PV_TWO_LEVEL_SCALED_AFTER(acc, pf, vt, al0, al1, (void)0)
+/* The same, with the statement `issued` run once the product is issued, before it is waited for. */
+#define PV_TWO_LEVEL_SCALED_AFTER(acc, pf, vt, al0, al1, issued)                                   \
     do {                                                                                           \
         float t_[O_FRAGS][4];                                                                      \
-        PV_WAITED(t_, pf, vt); /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */ \
+        /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */                       \
+        PV_WAITED_AFTER(t_, pf, vt, issued);                                                       \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] = fma((acc)[j_][0], (al0), t_[j_][0]);                                    \
             (acc)[j_][1] = fma((acc)[j_][1], (al0), t_[j_][1]);                                    \
@@ -267,14 +286,18 @@
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);                             \
         (alpha)[0] = (alpha)[1] = 1.0f; /* applied already */                                      \
     } while (0)
-#define PV_ADD(acc, pf, vt, alpha) PV_WAITED(acc, pf, vt)
+#define PV_ADD_AFTER(acc, pf, vt, alpha, issued) PV_WAITED_AFTER(acc, pf, vt, issued)
 #elif SOFTMAX_PHASED
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P_BIASED(s, S_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2)
-#define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
-#define PV_ADD(acc, pf, vt, alpha) PV_TWO_LEVEL_SCALED(acc, pf, vt, (alpha)[0], (alpha)[1])
 #endif
+#if !PV_CHAINED
+#define PV_ADD_AFTER(acc, pf, vt, alpha, issued)                                                   \
+    PV_TWO_LEVEL_SCALED_AFTER(acc, pf, vt, (alpha)[0], (alpha)[1], issued)
+#endif
+/* O += P V as this build sums it; PV_ADD_AFTER runs `issued` between the product's issue and its wait. */
+#define PV_ADD(acc, pf, vt, alpha) PV_ADD_AFTER(acc, pf, vt, alpha, (void)0)
 
 /* Q's A fragments qf from its block (which stays put: read before the K
  * tile's wait, the statement tile_wait), then S = Q K^T on them issued
@@ -312,13 +335,24 @@ inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
     }
 
 /* A tile of 128-byte rows (width bytes of each, zero past width and past
- * rows) by cp.async: nv_copy_rows_to moves 16-bit pairs, so byte counts are
+ * rows) by cp.async, shared by the nthreads work-items numbered tid = 0 ..
+ * nthreads - 1: nv_copy_rows_to moves 16-bit pairs, so byte counts are
  * halved (width and the stride are even, rows 16-byte aligned). */
+inline void copy_rows8_by(__local uchar *smem8, uint s_base, uint dst_bytes, __global const uchar *src,
+                          ulong stride, int rows, int nrows, int width, int tid, int nthreads) {
+    nv_copy_rows_to((__local ushort *)smem8, s_base, dst_bytes / 2u, (__global const ushort *)src, stride / 2,
+                    rows, nrows, 1, tid, width / 2, 0, nthreads, 1);
+}
+/* The same by the whole work-group. */
 inline void copy_rows8(__local uchar *smem8, uint s_base, uint dst_bytes, __global const uchar *src, ulong stride,
                        int rows, int nrows, int width, int tid) {
-    nv_copy_rows_to((__local ushort *)smem8, s_base, dst_bytes / 2u, (__global const ushort *)src, stride / 2,
-                    rows, nrows, 1, tid, width / 2, 0, WG_SIZE, 1);
+    copy_rows8_by(smem8, s_base, dst_bytes, src, stride, rows, nrows, width, tid, WG_SIZE);
 }
+
+/* Who copies the K and Vt tiles: the whole work-group, or under PINGPONG warpgroup 1 alone
+ * (copy_tid its work-items' numbers from 0), and with TMA one work-item of them (TMA_TID). */
+#define COPY_THREADS (PINGPONG ? 128 : WG_SIZE)
+#define TMA_TID (PINGPONG ? 128 : 0)
 
 /* ---- USE_TMA (common_nv.cl): K and Vt tiles by the Tensor Memory Accelerator ------------ */
 #if USE_TMA
@@ -332,12 +366,12 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
 /* K: keys n.. (all head dims, one 128-byte panel); Vt: its tile of keys n.. (VT_ROWS rows). */
 #define COPY_K(n)                                                                                  \
     do {                                                                                           \
-        if (tid == 0)                                                                              \
+        if (tid == TMA_TID)                                                                        \
             tma_rows(k_tile, k_map_at, 0, n, hk, b, k_bar, (uint)K_TILE_BYTES);                    \
     } while (0)
 #define COPY_VT_TO(buf, n)                                                                         \
     do {                                                                                           \
-        if (tid == 0)                                                                              \
+        if (tid == TMA_TID)                                                                        \
             tma_rows(vt + (uint)(buf) * VT_BYTES, v_map_at, n, 0, hk, b, v_bar + 8u * (uint)(buf),  \
                      (uint)VT_BYTES);                                                              \
     } while (0)
@@ -346,9 +380,11 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
 #else
 #define FP8_TMA_ARGS
 #define COPY_K(n)                                                                                  \
-    copy_rows8(smem8, s_base, 0, kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, HEAD_DIM, tid)
+    copy_rows8_by(smem8, s_base, 0, kb + (ulong)(n) * k_ss, k_ss, min(BLOCK_N, nk - (n)), BLOCK_N, HEAD_DIM, \
+                  copy_tid, COPY_THREADS)
 #define COPY_VT_TO(buf, n)                                                                         \
-    copy_rows8(smem8, s_base, VT_AT + (buf) * VT_BYTES, vtb + (n), (ulong)vt_keys, VT_ROWS, VT_ROWS, 128, tid)
+    copy_rows8_by(smem8, s_base, VT_AT + (buf) * VT_BYTES, vtb + (n), (ulong)vt_keys, VT_ROWS, VT_ROWS, 128, \
+                  copy_tid, COPY_THREADS)
 #define COPIES_LANDED() cp_wait_async_proxy()
 #define TILE_WAIT(bar, tile) do { } while (0)
 #endif
@@ -389,12 +425,12 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
     __local uchar *smem8 = (__local uchar *)smem;
     const uint k_tile = s_base, vt = s_base + VT_AT;
 #if USE_TMA
-    /* Work-item 0 places the maps (K's over k, V's over this call's Vt) and
+    /* Work-item TMA_TID places the maps (K's over k, V's over this call's Vt) and
      * sets up the two mbarriers, which the barrier after Q's copy publishes. */
     __local ulong tma_bars[1 + VT_BUFS]; /* K, then each Vt buffer's */
     const uint k_bar = shared_addr(&tma_bars[0]), v_bar = shared_addr(&tma_bars[1]);
     __global ulong *k_map_at = TMA_SLOT(), *v_map_at = k_map_at + 16;
-    if (tid == 0) {
+    if (tid == TMA_TID) {
         tma_map_place(k_map_at, k_map, (__global const ushort *)((__global const uchar *)k + k_off));
         tma_map_place(v_map_at, v_map, (__global const ushort *)vtg);
         mbar_init(k_bar);
@@ -410,21 +446,123 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
     const int row_blocks = sc_per_head && sc_rows > 0;
     const float q_mul_f = row_blocks ? q_mul : q_mul * FP8_Q_SCALE(q_base, 0) * FP8_K_SCALE(k_base, 0);
 
-    NV_WG_FWD_LOOP_STATE(m0, q_mul_f);
+    /* Warpgroup warp / 4's 64 rows: the mask test is per warpgroup (wgmma is collective). */
+    NV_WG_FWD_LOOP_STATE(m0 + 64 * (warp / 4), q_mul_f);
     float q_row_f[2] = {1.0f, 1.0f};
     if (row_blocks) {
         q_row_f[0] = FP8_Q_SCALE(q_base, min(w0 + g, nq - 1));
         q_row_f[1] = FP8_Q_SCALE(q_base, min(w0 + g + 8, nq - 1));
     }
 
+#if !USE_TMA
+    const int copy_tid = PINGPONG ? tid - 128 : tid; /* with COPY_THREADS: who copies K and Vt */
+#endif
+
     /* Q's block (it stays in __local for the whole loop), published with the mbarriers. */
     copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, HEAD_DIM, tid);
     cp_wait_async_proxy();
     barrier(CLK_LOCAL_MEM_FENCE);
+
+#if PINGPONG
+    /* Two warpgroups, A (0) and B (1), over one K and one Vt buffer, the
+     * protocol of flash_fwd_sm90.cl's PINGPONG loop: they take turns on the
+     * tensor cores in the order S_A, S_B, PV_A, PV_B of each tile, each
+     * handing the turn over right after issuing its wgmma, so that one's
+     * softmax runs under the other's product. B alone copies the tiles: K(n+1)
+     * once both S of tile n have completed, Vt(n+1) once both P V have; B
+     * hands a turn over only after the tile that turn reads has landed (with
+     * TMA: the mbarriers say so to each reader instead).
+     *   A: wait(TURN_A) S  arrive(TURN_B) ... arrive(K_FREE)  softmax
+     *      wait(TURN_A) PV arrive(TURN_B) ... arrive(V_FREE)
+     *   B: wait(TURN_B) S  [Vt(n) landed] arrive(TURN_A) ... wait(K_FREE) copy K(n+1)  softmax
+     *      wait(TURN_B) PV [K(n+1) landed] arrive(TURN_A) ... wait(V_FREE) copy Vt(n+1)
+     * Each barrier alternates between its arrivals and its waits, so a
+     * warpgroup never arrives twice before the other has waited. Every wgmma
+     * chain is in code both warpgroups run (ptxas serialises a chain in a
+     * branch). */
+    const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
+    const int producer = warp >= 4;
+/* This warpgroup's turn taken and handed over, by immediate barrier ids. */
+#define PP_TAKE_TURN()                                                                             \
+    do {                                                                                           \
+        if (producer)                                                                              \
+            pp_sync(PP_TURN_B);                                                                    \
+        else                                                                                       \
+            pp_sync(PP_TURN_A);                                                                    \
+    } while (0)
+#define PP_HAND_OVER()                                                                             \
+    do {                                                                                           \
+        if (producer)                                                                              \
+            pp_arrive(PP_TURN_A);                                                                  \
+        else                                                                                       \
+            pp_arrive(PP_TURN_B);                                                                  \
+    } while (0)
+/* A is done with a buffer: B waits for that at barrier bar, then runs copy (a refill). */
+#define PP_REFILL(bar, copy)                                                                       \
+    do {                                                                                           \
+        if (producer) {                                                                            \
+            pp_sync(bar);                                                                          \
+            copy;                                                                                  \
+        } else {                                                                                   \
+            pp_arrive(bar);                                                                        \
+        }                                                                                          \
+    } while (0)
+    if (producer && tiles > 0) {
+        COPY_K(n_start);
+        COPY_VT(n_start);
+#if !USE_TMA
+        __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); Vt(0) may still fly */
+        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+#endif
+        pp_arrive(PP_TURN_A);
+    }
+    for (int tile = 0; tile < tiles; ++tile) { /* not t: the lane's column, which MASK_16 reads */
+        const int n0 = n_start + tile * BLOCK_N, n1 = n0 + BLOCK_N;
+        const int more = tile + 1 < tiles;
+
+        /* ---- S = Q K^T ---- */
+        uint qf[K_STEPS][4];
+        float s[S_FRAGS][4];
+        PP_TAKE_TURN();
+        S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, tile));
+        if (producer)
+            COPIES_LANDED(); /* Vt(n0) */
+        PP_HAND_OVER();
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
+        if (more)
+            PP_REFILL(PP_K_FREE, COPY_K(n1));
+
+        SCORES_POST(s, n0);
+        float alpha[2];
+        SOFTMAX_TILE(s, alpha);
+        uint pf[P_STEPS][4];
+        PACK_P(pf, s);
+
+        /* ---- O += P V ---- */
+        /* The turn is taken once all of P is packed (pp_sync_after: ptxas would otherwise
+         * wait for it in the middle of the softmax). */
+        uint p_all = 0;
+        _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) p_all |= pf[kk][0] | pf[kk][1] | pf[kk][2] | pf[kk][3];
+        pp_sync_after(producer ? PP_TURN_B : PP_TURN_A, p_all);
+        TILE_WAIT(v_bar, tile);
+        PV_ADD_AFTER(acc, pf, vt, alpha, {
+            if (!producer) {
+                pp_arrive(PP_TURN_B);
+            } else if (more) {
+                COPIES_LANDED(); /* K(n1) */
+                pp_arrive(PP_TURN_A);
+            }
+        });
+        if (more)
+            PP_REFILL(PP_V_FREE, COPY_VT(n1));
+    }
+#undef PP_REFILL
+#undef PP_TAKE_TURN
+#undef PP_HAND_OVER
+#elif !OVERLAP
     if (n_start <= n_end)
         COPY_K(n_start);
-
-#if !OVERLAP
     /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
      * while the softmax (K_EARLY) and O += P V are. */
     for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
@@ -466,6 +604,8 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         PV_ADD(acc, pf, vt, alpha);
     }
 #else
+    if (n_start <= n_end)
+        COPY_K(n_start);
     /* OVERLAP: one K buffer, Vt of tile t in buffer t % 2. Iteration t issues
      * S(t+1) and P(t) V(t) into pv, waits for S(t+1) only, computes its
      * softmax under P(t) V(t), then waits for that and sets O = alpha (O +

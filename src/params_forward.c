@@ -265,9 +265,10 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                  "48 or 64", p->work_group_size / 32, p->block_m, p->block_n);
     else if (!strcmp(v, "nv-wgmma") && (head_dim < 32 || head_dim > 128))
         snprintf(why, n, "wgmma kernel: head_dim %d outside 32..128", head_dim);
-    else if (!strcmp(v, "nv-wgmma-fp8") && (p->work_group_size != 128 || p->block_m != 64 || p->block_n != 128))
-        snprintf(why, n, "FP8 wgmma kernel: one warpgroup of 64 rows over 128-key tiles, WARPS 4, BLOCK_M 64, "
-                 "BLOCK_N 128 (got %d, %d, %d)", p->work_group_size / 32, p->block_m, p->block_n);
+    else if (!strcmp(v, "nv-wgmma-fp8") && ((p->work_group_size != 128 && p->work_group_size != 256) ||
+                                             p->block_m != p->work_group_size / 2 || p->block_n != 128))
+        snprintf(why, n, "FP8 wgmma kernel: one or two warpgroups of 64 rows each over 128-key tiles, WARPS 4 or 8, "
+                 "BLOCK_M 16*WARPS, BLOCK_N 128 (got %d, %d, %d)", p->work_group_size / 32, p->block_m, p->block_n);
     else if (!strcmp(v, "nv-wgmma-fp8") && (head_dim < 32 || head_dim > 128 || head_dim % 16))
         snprintf(why, n, "FP8 wgmma kernel: head_dim %d is not a multiple of 16 in 32..128", head_dim);
     else if (!strcmp(v, "nv-tf32") && (p->work_group_size < 32 || p->work_group_size % 32 ||

@@ -186,7 +186,7 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
     } else {
         flashcl_attention_desc r = d;
         flashcl_attention_desc_resolve(&r);
-        const int p_e4m3 = variant && !strcmp(variant, "nv-wgmma-fp8");
+        const int p_e4m3 = variant && !strncmp(variant, "nv-wgmma-fp8", 12);
         const int B = c->batch, Hq = c->heads_q, Nq = c->seqlen_q, Nk = c->seqlen_k, D = c->head_dim;
         double *ref = test_xmalloc(nq * sizeof *ref), *ref_lse = test_xmalloc(nlse * sizeof *ref_lse);
         double *probs = p_e4m3 ? test_xmalloc((size_t)B * Hq * Nq * Nk * sizeof *probs) : NULL;
@@ -384,6 +384,10 @@ static const fp8_case wgmma_cases[] = {
      * in warps beside warps of ordinary rows (which take the fma form), and in one of two heads */
     {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 130, 300, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300.0f},
     {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 2048.0f},
+    /* several 128-row blocks over several tiles (the two-warpgroup shape's warpgroups then see
+     * different tiles' keys): a window that leaves some rows no key in a tile both see, and causal */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 260, 700, 64, 0, 1, 100, 30, 2, 16, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 2, 513, 513, 48, 1, 0, 0, 0, 1, 0, 0, 0, 0},
 };
 
 /* Below (descale factors kept on the device between calls); the wgmma cases run it on that kernel. */
@@ -423,6 +427,16 @@ static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
     for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
         run_fp8_case(ctx, "device", "nv-wgmma-fp8", &wgmma_cases[i], seed + 7919u * (uint64_t)i);
     factors_reuse(ctx, "nv-wgmma-fp8", FLASHCL_FLOAT16, 1, seed + 19);
+    /* Both of the kernel's shapes at head dims up to 64, whichever the host picks: one
+     * warpgroup, and two taking turns on the tensor cores (PINGPONG, 128-row blocks, whose
+     * warpgroups see different keys under masks and past nq). */
+    static const char *const shapes[] = {"nv-wgmma-fp8,WARPS=4,BLOCK_M=64", "nv-wgmma-fp8,WARPS=8,BLOCK_M=128"};
+    for (size_t s = 0; s < 2; ++s) {
+        for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
+            if (wgmma_cases[i].head_dim <= 64)
+                run_fp8_case(ctx, "device", shapes[s], &wgmma_cases[i], seed + 7919u * (uint64_t)i + 101u * s);
+        factors_reuse(ctx, shapes[s], FLASHCL_FLOAT16, 1, seed + 23 + s);
+    }
 }
 
 /* ---- refusals ------------------------------------------------------------------------------------ */

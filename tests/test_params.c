@@ -706,6 +706,22 @@ static void test_fp8_wgmma_choice(void) {
                flashcl_forward_local_bytes(&p, 64) == (128 + 64 + 64) * 128 + 1024,
            "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8: one warpgroup, 64 rows, 128-key tiles; __local K + Vt + Q",
            &failures);
+    /* Two warpgroups taking turns (PINGPONG): a 128-row Q block beside K and Vt fits 48 KB only at
+     * one 64-dim panel; other shapes are refused before anything is built. */
+    flashcl_attention_desc d64 = d8;
+    d64.head_dim = 64;
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128", 1);
+    expect(flashcl_attention_params(ctx, &d64, &p) == FLASHCL_SUCCESS && p.work_group_size == 256 &&
+               p.block_m == 128 && flashcl_forward_local_bytes(&p, 64) == (128 + 64 + 128) * 128 + 1024,
+           "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128 at D=64: two warpgroups, 128 rows", &failures);
+    expect(flashcl_attention_params(ctx, &d8, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "48000"),
+           "... at D=128 refused: K, Vt and a 128-row Q exceed 48 KB", &failures);
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8,WARPS=8", 1);
+    expect(flashcl_attention_params(ctx, &d64, &p) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "BLOCK_M 16*WARPS"),
+           "FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8 with 64 rows refused", &failures);
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-wgmma-fp8", 1); /* what the refusals below ask for */
     struct {
         const char *what;
         flashcl_attention_desc d;
