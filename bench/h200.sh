@@ -5,11 +5,14 @@
 # pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call: the
 #         decode rule over FP8 pages checked by the serving tests, then decode over e4m3 against
 #         PyTorch's FA2 over the whole grid (see the mode).
-# fp8-table: issue 35's FP8 forward table in one call (about 300 s on an H100): the packed V's and
-#         the FP8 forward's Hopper tests (test_fp8_packed_v in its wgmma and plain modes,
-#         test_fp8_forward wgmma), then, where they passed, compare_torch.py --dtypes e4m3 at the
-#         issue's three shapes with V as it comes and packed (--v-packed); tables as
-#         $out/fp8-table{,-packed}.txt.
+# fp8-table: issue 35's FP8 forward table in one call: the packed V's and the FP8 forward's
+#         Hopper tests (FP8_TABLE_TESTS, default test_fp8_packed_v in its wgmma and plain modes and
+#         test_fp8_forward wgmma; empty: none), then, where they passed, compare_torch.py --dtypes
+#         e4m3 at the issue's three shapes with V as it comes and packed (--v-packed), each run cut
+#         at TABLE_TIMEOUT seconds (default 280); tables as $out/fp8-table{,-packed}.txt. On an H100
+#         (2026-12-06) the tests took about 120 s and each table about 175 s: with the setup build,
+#         437 s a call without the tests, so a tree whose tests passed in one call is timed in the
+#         next with FP8_TABLE_TESTS= (a cut of 150 s a table stopped both before their first row).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # fp8-gap: where an FP8 forward call's wall clock goes beyond its kernel (bench/fp8_call_gap.c,
 #         linked against the static library: factors kept or uploaded, V's transpose alone) at
@@ -83,11 +86,14 @@
 #      earlier calls tested -DFLASHCL_NV_MAXNREG=128, the D <= 64 default since 4cfd997,
 #      -DSOFTMAX_CHAINS=4 -DOVERLAP=1 -DEX2_FMA_EVERY=4 -DK_EARLY=0), then `flashcl bench --dtype
 #      e4m3` at FP8_SHAPES (default issue 35's three) under each FP8_OPTIONS entry (default: as
-#      built, twice, the run's spread; "+" for a space; FLASHCL_* entries are environment settings;
+#      built, twice, the run's spread; "+" for a space; FLASHCL_* entries are environment settings,
+#      a FLASHCL_PARAMS entry overriding the mode's VARIANT=nv-wgmma-fp8, e.g. the two-warpgroup
+#      shape FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128;
 #      --v-packed: `flashcl bench --v-packed`, V packed once, untimed, so no per-call V transpose,
 #      its rows ending "v-packed"; none starts past FP8_BUDGET seconds, default 480) and flashcl's
 #      f16, then NVIDIA's own PTX of the kernel (D=128 as built, D=64 under FP8_SASS_OPTIONS,
-#      default none) through ptxas and the in-flight check. PART=1's cp.async and PV_CHAINED builds were timed by PART=2 with
+#      default none, and with FP8_SASS_PARAMS appended to its FLASHCL_PARAMS, e.g.
+#      ",WARPS=8,BLOCK_M=128") through ptxas and the in-flight check. PART=1's cp.async and PV_CHAINED builds were timed by PART=2 with
 #      FP8_TEST_OPTIONS= FP8_OPTIONS="- FLASHCL_TMA=0 -DPV_CHAINED=1 -".
 # final: the suite with the default variants (forward, serving, backward),
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.

@@ -110,9 +110,10 @@ static void wgmma_no_transpose(flashcl_context *ctx, const char *where, uint64_t
 }
 
 /* nv-wgmma-fp8 forced on ctx, packed against natural V: D 32..128 by 32 (32 and 96 pad a 64-dim
- * panel with zeros), 300 and 1000 keys and queries, causal or not, f16 out. */
+ * panel with zeros), 300 and 1000 keys and queries, causal or not, f16 out; up to D=64 also in
+ * the kernel's two-warpgroup shape (PINGPONG). */
 static void wgmma_pairs(flashcl_context *ctx, const char *where, uint64_t seed) {
-    const char *const wgmma[1] = {"nv-wgmma-fp8"};
+    const char *const wgmma[2] = {"nv-wgmma-fp8", "nv-wgmma-fp8,WARPS=8,BLOCK_M=128"};
     int i = 0;
     for (int D = 32; D <= 128; D += 32)
         for (int N = 300; N <= 1000; N += 700)
@@ -133,7 +134,7 @@ static void wgmma_pairs(flashcl_context *ctx, const char *where, uint64_t seed) 
                 snprintf(name, sizeof name, "[%s] ", where);
                 describe(name + strlen(name), sizeof name - strlen(name), &c);
                 if (make_inputs(&c, seed + 7919u * (uint64_t)i, &in))
-                    device_pairs(ctx, wgmma, 1, &in, name);
+                    device_pairs(ctx, wgmma, D <= 64 ? 2 : 1, &in, name);
                 free_inputs(&in);
             }
 }
