@@ -21,7 +21,8 @@
  *
  * Work decomposition. One warpgroup (4 warps) owns BLOCK_M = 64 query rows
  * of one (batch, query head) and walks the visible keys in tiles of
- * BLOCK_N = 128:
+ * BLOCK_N = 128 (on request, at head dims up to 64, two warpgroups own 64
+ * rows each of a 128-row block and take turns: PINGPONG, below):
  *   S  = Q K^T : wgmma m64n64k32 e4m3|e5m2 x2 per k-step (keys 0-63, 64-127),
  *                Q (A) from registers, K (B) from __local, K-major;
  *   O += P V   : wgmma m64n64k32 per 64 head dims, P (A) quantized to e4m3
@@ -61,7 +62,7 @@
  * __local (1024-byte aligned: the swizzle works on address bits 4-9):
  *   K tile  BLOCK_N rows x 128 bytes         16 KB
  *   Vt      VT_ROWS (64 or 128) x 128 bytes   8 or 16 KB
- *   Q block BLOCK_M rows x 128 bytes          8 KB, reloaded into registers every tile
+ *   Q block BLOCK_M rows x 128 bytes          8 KB (16 KB: PINGPONG), reloaded into registers every tile
  * One K and one Vt buffer, as flash_fwd_sm90.cl's loops: Vt(n0) lands while
  * S = Q K^T runs, K(n0 + BLOCK_N) while the softmax and O += P V do (K_EARLY,
  * with TMA; as flash_fwd_sm90.cl's PINGPONG loop) or while O += P V does (as
