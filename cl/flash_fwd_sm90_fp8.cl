@@ -114,21 +114,6 @@
 #define S_FRAGS (BLOCK_N / 8)            // n8 blocks of S per 16 rows
 #define P_STEPS (BLOCK_N / 32)           // k32 steps of O = P V
 #define O_FRAGS (VT_ROWS / 8)            // n8 blocks of O per 16 rows
-/* SUBTILES=2 (through FLASHCL_BUILD_OPTIONS, a study, the plain loop only): each 128-key K and Vt
- * tile is taken in two 64-key halves, S, softmax and P V each, so that S holds 32 registers a
- * lane, not 64. Why: the D=64 kernel waits on latency (ncu: "wait" first; 4 work-groups an SM at
- * 128 registers ran 8.6 % faster than 3 at 152), and a smaller S may let 5 work-groups share an
- * SM under a 96-register cap (-DFLASHCL_NV_MAXNREG=96), for a second online-softmax step and O
- * rescale a tile. The RUN_ extents are what one S, softmax and P V cover. */
-#ifndef SUBTILES
-#define SUBTILES 1
-#endif
-#if SUBTILES != 1 && SUBTILES != 2
-#error "SUBTILES is 1 or 2"
-#endif
-#define RUN_KEYS (BLOCK_N / SUBTILES)
-#define RUN_FRAGS (S_FRAGS / SUBTILES)
-#define RUN_P_STEPS (P_STEPS / SUBTILES)
 #define K_TILE_BYTES (BLOCK_N * 128)
 #define VT_BYTES (VT_ROWS * 128)
 #define Q_BYTES (BLOCK_M * 128)
@@ -148,10 +133,7 @@
 #if PINGPONG && PV_CHAINED
 #error "PV_CHAINED (a study) is built for the one-warpgroup loop"
 #endif
-#if SUBTILES != 1 && (PINGPONG || PV_CHAINED)
-#error "SUBTILES=2 (a study) is built for the one-warpgroup plain loop"
-#endif
-#if OVERLAP && (VT_PANELS != 1 || PV_CHAINED || PINGPONG || SUBTILES != 1)
+#if OVERLAP && (VT_PANELS != 1 || PV_CHAINED || PINGPONG)
 /* Above 64 dims, and with two warpgroups, the plain or PINGPONG loop, so that a test run under
  * -DOVERLAP=1 still builds every case. */
 #undef OVERLAP
@@ -233,7 +215,7 @@
  * kk is 32*kk bytes into the rows; the first overwrites s. */
 #define S_CHAIN(s, k_tile)                                                                         \
     _Pragma("unroll") for (int kk = 0; kk < K_STEPS; ++kk)                                         \
-        _Pragma("unroll") for (int hh = 0; hh < RUN_KEYS / 64; ++hh) {                             \
+        _Pragma("unroll") for (int hh = 0; hh < 2; ++hh) {                                         \
         const ulong db = sw128_desc((k_tile) + (uint)(hh * 64 * 128 + kk * 32));                   \
         if (kk == 0)                                                                               \
             WGMMA_FP8((s) + 8 * hh, qf[kk], db, 0, FP8_PTX, FP8_PTX);                              \
@@ -255,7 +237,7 @@
  * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in); the first
  * k-step overwrites t (PV_CHAINED: adds to it). */
 #define PV_CHAIN(t, pf, vt)                                                                        \
-    _Pragma("unroll") for (int kk = 0; kk < RUN_P_STEPS; ++kk)                                     \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
         _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
         const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                      \
         if (kk == 0)                                                                               \
@@ -307,9 +289,9 @@
     } while (0)
 #define PV_ADD_AFTER(acc, pf, vt, alpha, issued) PV_WAITED_AFTER(acc, pf, vt, issued)
 #elif SOFTMAX_PHASED
-#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P_BIASED(s, RUN_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2)
+#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P_BIASED(s, S_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2)
 #else
-#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, RUN_FRAGS, m_run, l_run, sc, alpha)
+#define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
 #endif
 #if !PV_CHAINED
 #define PV_ADD_AFTER(acc, pf, vt, alpha, issued)                                                   \
@@ -348,7 +330,7 @@ inline uint pack_e4m3x4(float x0, float x1, float x2, float x3) {
  * register 1 the same of row g+8, registers 2 and 3 those of blocks 4kk+2
  * and 4kk+3 (Vt's key order, VT_KEY). */
 #define PACK_P(pf, s)                                                                              \
-    _Pragma("unroll") for (int kk = 0; kk < RUN_P_STEPS; ++kk) _Pragma("unroll") for (int r_ = 0; r_ < 4; ++r_) { \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) _Pragma("unroll") for (int r_ = 0; r_ < 4; ++r_) { \
         const int j_ = 4 * kk + 2 * (r_ >> 1), e_ = 2 * (r_ & 1);                                  \
         (pf)[kk][r_] = pack_e4m3x4((s)[j_][e_], (s)[j_][e_ + 1], (s)[j_ + 1][e_], (s)[j_ + 1][e_ + 1]); \
     }
@@ -413,7 +395,7 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
 #define SCORES_POST(s, n0)                                                                         \
     do {                                                                                           \
         if (row_blocks) {                                                                          \
-            _Pragma("unroll") for (int j_ = 0; j_ < RUN_FRAGS; ++j_) {                              \
+            _Pragma("unroll") for (int j_ = 0; j_ < S_FRAGS; ++j_) {                                \
                 const float kf_ = FP8_K_SCALE(k_base, min((n0) + 8 * j_, nk - 1));                 \
                 s[j_][0] *= q_row_f[0] * kf_;                                                      \
                 s[j_][1] *= q_row_f[0] * kf_;                                                      \
@@ -422,9 +404,9 @@ inline void tma_rows(uint dst, __global const ulong *map, int c0, int c1, int h,
             }                                                                                      \
         }                                                                                          \
         if (softcap)                                                                               \
-            SOFTCAP_16(s, RUN_FRAGS, q_mul_f, softcap_log2);                                       \
-        if (!((n0) >= w_all_lo && (n0) + RUN_KEYS - 1 <= w_all_hi))                                \
-            MASK_16(s, RUN_FRAGS, n0, row_lo, row_hi, (n0) < w_all_lo);                            \
+            SOFTCAP_16(s, S_FRAGS, q_mul_f, softcap_log2);                                         \
+        if (!((n0) >= w_all_lo && (n0) + BLOCK_N - 1 <= w_all_hi))                                 \
+            MASK_16(s, S_FRAGS, n0, row_lo, row_hi, (n0) < w_all_lo);                              \
     } while (0)
 
 __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void
@@ -583,8 +565,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
     if (n_start <= n_end)
         COPY_K(n_start);
     /* One K and one Vt buffer: Vt(n0) lands while S is computed, K(n0+BN)
-     * while the softmax (K_EARLY) and O += P V are. The tile's keys are taken
-     * in SUBTILES runs of RUN_KEYS (one run but in the SUBTILES study). */
+     * while the softmax (K_EARLY) and O += P V are. */
     for (int n0 = n_start, tile = 0; n0 <= n_end; n0 += BLOCK_N, ++tile) {
         const int n_next = n0 + BLOCK_N;
         /* K(n0) has landed (with TMA: is on its way); every warp is done with Vt(n0-BN). */
@@ -592,45 +573,36 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         barrier(CLK_LOCAL_MEM_FENCE);
         COPY_VT(n0);
 
-#pragma unroll
-        for (int sub = 0; sub < SUBTILES; ++sub) {
-            const int nr = n0 + sub * RUN_KEYS; /* the run's first key */
-
-            /* ---- S = Q K^T ---- */
-            uint qf[K_STEPS][4];
-            float s[RUN_FRAGS][4];
-            S_ISSUE(qf, s, k_tile + (uint)(sub * RUN_KEYS * 128), TILE_WAIT(k_bar, tile));
-            WGMMA_WAIT_ALL();
-            WG_FENCE_REGS(s, RUN_FRAGS);
+        /* ---- S = Q K^T ---- */
+        uint qf[K_STEPS][4];
+        float s[S_FRAGS][4];
+        S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, tile));
+        WGMMA_WAIT_ALL();
+        WG_FENCE_REGS(s, S_FRAGS);
 #if K_EARLY
-            /* Every warp's S is done reading K(n0): K(n0 + BN) lands during the softmax too. */
-            if (sub == SUBTILES - 1) {
-                barrier(CLK_LOCAL_MEM_FENCE);
-                if (n_next <= n_end)
-                    COPY_K(n_next);
-            }
+        /* Every warp's S is done reading K(n0): K(n0 + BN) lands during the softmax too. */
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            COPY_K(n_next);
 #endif
 
-            SCORES_POST(s, nr);
-            float alpha[2];
-            SOFTMAX_TILE(s, alpha);
-            uint pf[RUN_P_STEPS][4];
-            PACK_P(pf, s);
+        SCORES_POST(s, n0);
+        float alpha[2];
+        SOFTMAX_TILE(s, alpha);
+        uint pf[P_STEPS][4];
+        PACK_P(pf, s);
 
 #if !K_EARLY
-            /* First run: Vt(n0) has landed (with TMA: is on its way) for every warp. Last run:
-             * every warp is done reading K(n0). */
-            if (sub == 0)
-                COPIES_LANDED();
-            barrier(CLK_LOCAL_MEM_FENCE);
-            if (sub == SUBTILES - 1 && n_next <= n_end)
-                COPY_K(n_next);
+        /* Vt(n0) has landed (with TMA: is on its way); every warp is done reading K(n0). */
+        COPIES_LANDED();
+        barrier(CLK_LOCAL_MEM_FENCE);
+        if (n_next <= n_end)
+            COPY_K(n_next);
 #endif
 
-            /* ---- O += P V ---- */
-            TILE_WAIT(v_bar, tile);
-            PV_ADD(acc, pf, vt + (uint)(sub * RUN_KEYS), alpha);
-        }
+        /* ---- O += P V ---- */
+        TILE_WAIT(v_bar, tile);
+        PV_ADD(acc, pf, vt, alpha);
     }
 #else
     if (n_start <= n_end)
