@@ -114,8 +114,14 @@ case $what in
   pending) targets="--target flashcl_cli test_serving_fp8 test_params" ;;
   fp8-gap) targets="--target flashcl_static flashcl_cli" ;;
 esac
+# The configure step's errors stay on stderr; a build that leaves no CLI ends the call with its
+# log's tail (a failed configure once went unseen here: its "Error" is capitalised).
 cmake -S . -B build-gpu -DCMAKE_BUILD_TYPE=Release $harness >/dev/null
-cmake --build build-gpu -j"$(nproc)" $targets 2>&1 | grep -E 'error|warning' 
+cmake --build build-gpu -j"$(nproc)" $targets > "$out/build.log" 2>&1
+grep -iE 'error|warning' "$out/build.log"
+if [ -z "$targets" ] || [[ $targets == *flashcl_cli* ]]; then
+  [ -x build-gpu/flashcl ] || { echo "the build left no build-gpu/flashcl:"; tail -n 30 "$out/build.log"; exit 1; }
+fi
 export FLASHCL_CACHE_DIR=$PWD/build-gpu/kernel-cache
 # gpu_test "BINARY [MODE]" [TAG]: one test binary on the GPU; its log goes under $out, its last
 # line and first failures to the output. A "+" stands for the space, so that a TESTS list given
