@@ -100,13 +100,14 @@
 #endif
 /* PINGPONG (two warpgroups, WARPS=8; the loop below): FlashAttention-3's ping-pong. The
  * warpgroups share each K and Vt tile and take turns on the tensor cores, so that one's softmax
- * runs while the other's products do. Why: at head_dim 64 a 128-key tile's 64 exponents a lane
- * keep the SFU 57 % busy while the products need the tensor cores 28 % of the time, and one
- * warpgroup a work-group runs them in turn; four such work-groups an SM fall into step
- * (docs/perf-notes.md, "FlashAttention-3's ping-pong at D <= 64"). One K, one Vt and a 128-row
- * Q block fit 48 KB only at one 64-dim panel (SMEM_BYTES below). On request only
+ * runs while the other's products do. Built to test a guess: at head_dim 64 a 128-key tile's 64
+ * exponents a lane keep the SFU 57 % busy while the products need the tensor cores 28 % of the
+ * time, and four one-warpgroup work-groups an SM might fall into step. One K, one Vt and a
+ * 128-row Q block fit 48 KB only at one 64-dim panel (SMEM_BYTES below). On request only
  * (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128): on an H100 (2026-12-06) it ran
- * 9-11 % slower than one warpgroup, (4,32,4096,64) 532-539 TFLOP/s against 600-608. */
+ * 9-11 % slower than one warpgroup, (4,32,4096,64) 532-539 TFLOP/s against 600-608; the products
+ * are a tile's short phase at D=64, so there is little to hide under the softmax
+ * (docs/perf-notes.md, "FlashAttention-3's ping-pong at D <= 64"). */
 #define PINGPONG (WARPS == 8)
 #define K_STEPS ((HEAD_DIM + 31) / 32)  // k32 steps of S = Q K^T (bytes past HEAD_DIM are zero)
 #define VT_PANELS ((HEAD_DIM + 63) / 64) // 64-dim groups of O = P V
