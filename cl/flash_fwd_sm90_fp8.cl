@@ -105,7 +105,7 @@
  * time, and four one-warpgroup work-groups an SM might fall into step. One K, one Vt and a
  * 128-row Q block fit 48 KB only at one 64-dim panel (SMEM_BYTES below). On request only
  * (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128): on an H100 (2026-12-06) it ran
- * 9-11 % slower than one warpgroup, (4,32,4096,64) 532-539 TFLOP/s against 600-608; the products
+ * 8-13 % slower than one warpgroup, (4,32,4096,64) 532-539 TFLOP/s against 600-608; the products
  * are a tile's short phase at D=64, so there is little to hide under the softmax
  * (docs/perf-notes.md, "FlashAttention-3's ping-pong at D <= 64"). */
 #define PINGPONG (WARPS == 8)
@@ -513,7 +513,9 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         COPY_K(n_start);
         COPY_VT(n_start);
 #if !USE_TMA
+#if USE_CP_ASYNC
         __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); Vt(0) may still fly */
+#endif
         __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
 #endif
         pp_arrive(PP_TURN_A);

@@ -122,6 +122,16 @@ static double *row_abs_sums(const flashcl_attention_desc *r, const unsigned char
     return sums;
 }
 
+/* Where run_fp8_case leaves its out and lse, when `on` and the call succeeded (the caller frees
+ * them): the two-warpgroup shape of the wgmma kernel is held bitwise to the one-warpgroup shape's
+ * results on the same inputs. */
+static struct {
+    int on;
+    void *out;
+    float *lse;
+    size_t out_bytes, nlse;
+} captured;
+
 /* Runs one case on ctx (variant NULL: the device's choice, else forced by
  * FLASHCL_PARAMS) and checks out and lse against host_ref. */
 static void run_fp8_case(flashcl_context *ctx, const char *where, const char *variant, const fp8_case *c, uint64_t seed) {
@@ -338,6 +348,10 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         free(abs_sums);
         free(ref), free(ref_lse), free(p_err);
     }
+    if (captured.on && st == FLASHCL_SUCCESS) {
+        captured.out = out, captured.lse = lse, captured.out_bytes = span_o * es, captured.nlse = nlse;
+        out = NULL, lse = NULL;
+    }
     free(q), free(k), free(v), free(qs), free(ks), free(vs), free(out), free(lse);
 }
 
@@ -429,14 +443,34 @@ static void wgmma_kernel(flashcl_context *ctx, uint64_t seed) {
     factors_reuse(ctx, "nv-wgmma-fp8", FLASHCL_FLOAT16, 1, seed + 19);
     /* Both of the kernel's shapes at head dims up to 64, whichever the host picks: one
      * warpgroup, and two taking turns on the tensor cores (PINGPONG, 128-row blocks, whose
-     * warpgroups see different keys under masks and past nq). */
+     * warpgroups see different keys under masks and past nq). Each against host_ref, and the
+     * two against each other bitwise: a warpgroup runs the same tiles in the same order either
+     * way, and a tile that masks all of a row's keys leaves its O, max and sum as they were. */
     static const char *const shapes[] = {"nv-wgmma-fp8,WARPS=4,BLOCK_M=64", "nv-wgmma-fp8,WARPS=8,BLOCK_M=128"};
-    for (size_t s = 0; s < 2; ++s) {
-        for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i)
-            if (wgmma_cases[i].head_dim <= 64)
-                run_fp8_case(ctx, "device", shapes[s], &wgmma_cases[i], seed + 7919u * (uint64_t)i + 101u * s);
-        factors_reuse(ctx, shapes[s], FLASHCL_FLOAT16, 1, seed + 23 + s);
+    for (size_t i = 0; i < sizeof wgmma_cases / sizeof wgmma_cases[0]; ++i) {
+        const fp8_case *c = &wgmma_cases[i];
+        if (c->head_dim > 64)
+            continue;
+        void *out[2] = {NULL, NULL};
+        float *lse[2] = {NULL, NULL};
+        size_t out_bytes = 0, nlse = 0;
+        for (int s = 0; s < 2; ++s) {
+            captured.on = 1;
+            run_fp8_case(ctx, "device", shapes[s], c, seed + 7919u * (uint64_t)i + 101u);
+            captured.on = 0;
+            out[s] = captured.out, lse[s] = captured.lse, out_bytes = captured.out_bytes, nlse = captured.nlse;
+            captured.out = NULL, captured.lse = NULL;
+        }
+        char what[200];
+        snprintf(what, sizeof what, "device: case %zu (%dx%d D%d%s) in two warpgroups equals one, out and lse bitwise", i,
+                 c->seqlen_q, c->seqlen_k, c->head_dim, c->causal ? " causal" : c->windowed ? " window" : "");
+        expect(out[0] && out[1] && !memcmp(out[0], out[1], out_bytes) && !memcmp(lse[0], lse[1], nlse * sizeof(float)),
+               what, &failures);
+        for (int s = 0; s < 2; ++s)
+            free(out[s]), free(lse[s]);
     }
+    for (size_t s = 0; s < 2; ++s)
+        factors_reuse(ctx, shapes[s], FLASHCL_FLOAT16, 1, seed + 23 + s);
 }
 
 /* ---- refusals ------------------------------------------------------------------------------------ */
