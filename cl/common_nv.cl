@@ -351,6 +351,27 @@ inline void pp_sync_after(uint id, uint dep) {
                          : "memory");
 }
 
+/* PINGPONG: warpgroup 0 is done with a buffer; warpgroup 1 (producer) waits for that at barrier
+ * bar, then runs the statement copy (the refill), while warpgroup 0 arrives there. */
+#define PP_REFILL(producer, bar, copy)                                                             \
+    do {                                                                                           \
+        if (producer) {                                                                            \
+            pp_sync(bar);                                                                          \
+            copy;                                                                                  \
+        } else {                                                                                   \
+            pp_arrive(bar);                                                                        \
+        }                                                                                          \
+    } while (0)
+
+/* PINGPONG's first two tile copies by cp.async (K, then V, each its own commit group): the first
+ * has landed for this work-item and is visible to wgmma; the second may still be in flight. */
+inline void cp_wait_first_async_proxy(void) {
+#if USE_CP_ASYNC
+    __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory");
+#endif
+    __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+}
+
 /* Copies have landed for this work-item and are visible to wgmma's reads. */
 inline void cp_wait_async_proxy(void) {
     cp_wait();

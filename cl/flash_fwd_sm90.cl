@@ -375,16 +375,6 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
     copy_tile_by(smem, s_base, dst, x##b + (ulong)(n) * x##_ss, x##_ss, min(BLOCK_N, nk - (n)),    \
                  BLOCK_N, x##_vec, ptid, 128)
 #endif
-/* A is done with the buffer at dst: B waits for that at barrier bar, then refills it. */
-#define PP_REFILL(bar, dst, x, n)                                                                  \
-    do {                                                                                           \
-        if (producer) {                                                                            \
-            pp_sync(bar);                                                                          \
-            PP_COPY(dst, x, n);                                                                    \
-        } else {                                                                                   \
-            pp_arrive(bar);                                                                        \
-        }                                                                                          \
-    } while (0)
     if (producer && tiles > 0) {
 #if USE_TMA
         /* Every warp's reads of Q, which K and V may overwrite, come before the copies. */
@@ -394,10 +384,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
 #else
         PP_COPY(0, k, n_start);
         PP_COPY(TILE_BYTES, v, n_start);
-#if USE_CP_ASYNC
-        __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); V(0) may still fly */
-#endif
-        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        cp_wait_first_async_proxy(); /* K(0); V(0) may still fly */
 #endif
         pp_arrive(PP_TURN_A);
     }
@@ -419,7 +406,7 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
         if (more)
-            PP_REFILL(PP_K_FREE, 0, k, n1);
+            PP_REFILL(producer, PP_K_FREE, PP_COPY(0, k, n1));
         SCORES_POST(s, n0);
         ONLINE_SOFTMAX_16(s, S_FRAGS, acc, O_FRAGS, m_run, l_run, sc);
         uint pf[P_STEPS][4];
@@ -442,9 +429,8 @@ __kernel __attribute__((reqd_work_group_size(WG_SIZE, 1, 1))) void flash_fwd_sm9
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(acc, O_FRAGS);
         if (more)
-            PP_REFILL(PP_V_FREE, TILE_BYTES, v, n1);
+            PP_REFILL(producer, PP_V_FREE, PP_COPY(TILE_BYTES, v, n1));
     }
-#undef PP_REFILL
 #undef PP_COPY
 #elif !OVERLAP
     const uint k_tile = s_base, v_tile = k_tile + TILE_BYTES;

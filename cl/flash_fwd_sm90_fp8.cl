@@ -499,24 +499,11 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         else                                                                                       \
             pp_arrive(PP_TURN_B);                                                                  \
     } while (0)
-/* A is done with a buffer: B waits for that at barrier bar, then runs copy (a refill). */
-#define PP_REFILL(bar, copy)                                                                       \
-    do {                                                                                           \
-        if (producer) {                                                                            \
-            pp_sync(bar);                                                                          \
-            copy;                                                                                  \
-        } else {                                                                                   \
-            pp_arrive(bar);                                                                        \
-        }                                                                                          \
-    } while (0)
     if (producer && tiles > 0) {
         COPY_K(n_start);
         COPY_VT(n_start);
 #if !USE_TMA
-#if USE_CP_ASYNC
-        __asm__ __volatile__("cp.async.wait_group 1;" ::: "memory"); /* K(0); Vt(0) may still fly */
-#endif
-        __asm__ __volatile__("fence.proxy.async.shared::cta;" ::: "memory");
+        cp_wait_first_async_proxy(); /* K(0); Vt(0) may still fly */
 #endif
         pp_arrive(PP_TURN_A);
     }
@@ -535,7 +522,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
         if (more)
-            PP_REFILL(PP_K_FREE, COPY_K(n1));
+            PP_REFILL(producer, PP_K_FREE, COPY_K(n1));
 
         SCORES_POST(s, n0);
         float alpha[2];
@@ -559,9 +546,8 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
             }
         });
         if (more)
-            PP_REFILL(PP_V_FREE, COPY_VT(n1));
+            PP_REFILL(producer, PP_V_FREE, COPY_VT(n1));
     }
-#undef PP_REFILL
 #undef PP_TAKE_TURN
 #undef PP_HAND_OVER
 #elif !OVERLAP
