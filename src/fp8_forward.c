@@ -168,9 +168,9 @@ flashcl_status flashcl_fp8_host_forward(flashcl_context *ctx, const flashcl_atte
             goto done;
         }
         flashcl_fp8_unpack_v_host(r, v, unpacked);
-        flashcl_layout packed = {0, 0, 0, 0};
-        flashcl_default_layout(&packed, r->seqlen_k, r->heads_k, r->head_dim);
-        dequantize(r, unpacked, &packed, r->seqlen_k, r->heads_k, sc + counts[0] + counts[1], 0, fv);
+        flashcl_layout dense = {0, 0, 0, 0}; /* the unpacked copy's layout */
+        flashcl_default_layout(&dense, r->seqlen_k, r->heads_k, r->head_dim);
+        dequantize(r, unpacked, &dense, r->seqlen_k, r->heads_k, sc + counts[0] + counts[1], 0, fv);
         free(unpacked);
     } else {
         dequantize(r, v, &r->v, r->seqlen_k, r->heads_k, sc + counts[0] + counts[1], 0, fv);
