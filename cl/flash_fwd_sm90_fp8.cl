@@ -164,27 +164,10 @@
 #if K_EARLY && !USE_TMA
 #error "K_EARLY needs USE_TMA: without it, the barrier after the softmax also publishes Vt"
 #endif
-/* ROWSUM_MMA=1 (through FLASHCL_BUILD_OPTIONS; off by default): each row's sum of P from the
- * tensor cores instead of 64 float adds a lane a tile. O = P V takes one more wgmma a k-step,
- * m64n8k32, against an 8 x 32 B whose every byte is 0.25 in e4m3 (ONES_AT, written once): each
- * of its 8 columns is a quarter of the row's sum of P as rounded to e4m3, so lane (g, t) holds
- * row g's in its first register and row g + 8's in its third, and the quad's sum at the store
- * (which adds the four lanes' partial l of the float path) makes it the row's sum. O is then the
- * weighted mean of V under the very weights its product used; the LSE moves by P's rounding (at
- * most 2^-4 relative a term). The float sums become dead code. Built for the plain and PINGPONG
- * loops (the two-level sum). */
-#ifndef ROWSUM_MMA
-#define ROWSUM_MMA 0
-#endif
-#if ROWSUM_MMA && (OVERLAP || PV_CHAINED)
-#error "ROWSUM_MMA is built for the two-level sum of the plain and PINGPONG loops"
-#endif
 #define VT_BUFS (OVERLAP ? 2 : 1)
 #define VT_AT K_TILE_BYTES
 #define Q_AT (K_TILE_BYTES + VT_BUFS * VT_BYTES)
-#define ONES_AT (Q_AT + Q_BYTES) /* ROWSUM_MMA's B: 8 rows of 128 bytes, one swizzle atom */
-#define SMEM_BYTES (ONES_AT + (ROWSUM_MMA ? 1024 : 0) + 1024)
-#define E4M3_QUARTER 0x28u /* 0.25: exponent field 5 (bias 7), no mantissa */
+#define SMEM_BYTES (Q_AT + Q_BYTES + 1024)
 #define P_SCALE_LOG2 8
 #define P_SCALE ((float)(1 << P_SCALE_LOG2))
 /* The softmax writes P_SCALE p (2^8 p) straight from its exponents, and l holds P_SCALE times
@@ -228,14 +211,6 @@
                          : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
                          : "memory")
 
-/* d[0][0..3] (+)= A (as WGMMA_FP8's) times the 32x8 e4m3 B that desc describes: ROWSUM_MMA's. */
-#define WGMMA_FP8_N8(d, a, desc, scale_d)                                                          \
-    __asm__ __volatile__(SM90A "wgmma.mma_async.sync.aligned.m64n8k32.f32.e4m3.e4m3 {%0,%1,%2,%3}, " \
-                               "{%4,%5,%6,%7}, %8, " #scale_d ", 1, 1;\n"                          \
-                         : WG_ACC4(d, 0)                                                           \
-                         : "r"((a)[0]), "r"((a)[1]), "r"((a)[2]), "r"((a)[3]), "l"(desc)           \
-                         : "memory")
-
 /* S = Q K^T over the head dims into s[S_FRAGS][4], for the K tile at shared
  * address k_tile: keys 64h.. (rows 64h.., 8 KB in) into s[8h..8h+7]; k-step
  * kk is 32*kk bytes into the rows; the first overwrites s. */
@@ -263,49 +238,14 @@
  * them), one wgmma per 64 head dims hh (Vt rows 64hh.., 8 KB in); the first
  * k-step overwrites t (PV_CHAINED: adds to it). */
 #define PV_CHAIN(t, pf, vt)                                                                        \
-    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) {                                       \
+    _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk)                                         \
         _Pragma("unroll") for (int hh = 0; hh < VT_PANELS; ++hh) {                                 \
-            const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                  \
-            if (kk == 0)                                                                           \
-                PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                        \
-            else                                                                                   \
-                WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                        \
-        }                                                                                          \
-        ROWSUM_STEP((t) + O_FRAGS, (pf)[kk], kk);                                                  \
-    }
-/* ROWSUM_MMA's k-step kk into t[0] (ones_tile: the kernel's ONES_AT; every byte of it is the
- * same, so every k-step reads its first 32 bytes a row, one descriptor). */
-#if ROWSUM_MMA
-#define ROWSUM_STEP(t, a, kk)                                                                      \
-    do {                                                                                           \
-        if ((kk) == 0)                                                                             \
-            WGMMA_FP8_N8(t, a, sw128_desc(ones_tile), 0);                                          \
+        const ulong dv_ = sw128_desc((vt) + (uint)(hh * 64 * 128 + kk * 32));                      \
+        if (kk == 0)                                                                               \
+            PV_FIRST_STEP((t) + 8 * hh, (pf)[kk], dv_);                                            \
         else                                                                                       \
-            WGMMA_FP8_N8(t, a, sw128_desc(ones_tile), 1);                                          \
-    } while (0)
-/* l_mma (this lane's rows g, g + 8: a quarter of each row's sum) = alpha l_mma + the tile's
- * sums, once the product is waited for, as O is updated. */
-#define ROWSUM_ADD(t, al0, al1)                                                                    \
-    do {                                                                                           \
-        WG_FENCE_REGS((t) + O_FRAGS, 1);                                                           \
-        l_mma[0] = fma(l_mma[0], (al0), (t)[O_FRAGS][0]);                                          \
-        l_mma[1] = fma(l_mma[1], (al1), (t)[O_FRAGS][2]);                                          \
-    } while (0)
-/* Declares the row sums' B (written here, published by the caller's fence and barrier) and l_mma;
- * ROWSUM_END hands l_mma to the store in place of the float sums. */
-#define ROWSUM_BEGIN()                                                                             \
-    const uint ones_tile = s_base + ONES_AT;                                                       \
-    if (tid < 128)                                                                                 \
-        ((__local uint2 *)(smem8 + ONES_AT))[tid] = (uint2)(E4M3_QUARTER * 0x01010101u);           \
-    float l_mma[2] = {0.0f, 0.0f}
-#define ROWSUM_END() (l_run[0] = l_mma[0], l_run[1] = l_mma[1])
-#else
-#define ROWSUM_STEP(t, a, kk) do { } while (0)
-#define ROWSUM_ADD(t, al0, al1) do { } while (0)
-#define ROWSUM_BEGIN() do { } while (0)
-#define ROWSUM_END() do { } while (0)
-#endif
-#define PV_FRAGS (O_FRAGS + ROWSUM_MMA) /* the two-level sum's n8 blocks: O's, then the row sums' */
+            WGMMA_FP8((t) + 8 * hh, (pf)[kk], dv_, 1, "e4m3", FP8_PTX);                            \
+    }
 
 /* O += P V in two levels: the tile's product into fresh registers, waited for,
  * then added to acc by the CUDA cores in float32. Hopper's FP8 MMA keeps 13
@@ -322,10 +262,9 @@
 /* The same, with the statement `issued` run once the product is issued, before it is waited for. */
 #define PV_TWO_LEVEL_SCALED_AFTER(acc, pf, vt, al0, al1, issued)                                   \
     do {                                                                                           \
-        float t_[PV_FRAGS][4];                                                                     \
+        float t_[O_FRAGS][4];                                                                      \
         /* t_ is written, not read: PV_CHAIN's first k-step overwrites it */                       \
         PV_WAITED_AFTER(t_, pf, vt, issued);                                                       \
-        ROWSUM_ADD(t_, al0, al1);                                                                  \
         _Pragma("unroll") for (int j_ = 0; j_ < O_FRAGS; ++j_) {                                   \
             (acc)[j_][0] = fma((acc)[j_][0], (al0), t_[j_][0]);                                    \
             (acc)[j_][1] = fma((acc)[j_][1], (al0), t_[j_][1]);                                    \
@@ -521,9 +460,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
     const int copy_tid = PINGPONG ? tid - 128 : tid; /* with COPY_THREADS: who copies K and Vt */
 #endif
 
-    ROWSUM_BEGIN();
-    /* Q's block (it stays in __local for the whole loop), published with the mbarriers (and
-     * ROWSUM_MMA's B). */
+    /* Q's block (it stays in __local for the whole loop), published with the mbarriers. */
     copy_rows8(smem8, s_base, Q_AT, qb + (ulong)m0 * q_ss, q_ss, rows_q, BLOCK_M, HEAD_DIM, tid);
     cp_wait_async_proxy();
     barrier(CLK_LOCAL_MEM_FENCE);
@@ -728,7 +665,6 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
 #endif
 
     /* ---- epilogue: O * v's descale / (P_SCALE l), and LSE (l: P_SCALE times the sum) ---- */
-    ROWSUM_END();
     const float o_f = FP8_V_SCALE(b, hk) / P_SCALE;
     l_run[0] *= 1.0f / P_SCALE, l_run[1] *= 1.0f / P_SCALE;
 #pragma unroll
@@ -775,7 +711,6 @@ fp8_wgmma_probe(__global const uchar *q, __global const uchar *k, __global const
             for (int e = 0; e < 4; ++e)
                 out[(row0 + 8 * (e >> 1)) * BLOCK_N + 8 * j + 2 * t + (e & 1)] = s[j][e];
     } else {
-        ROWSUM_BEGIN(); /* PV_ADD's row sums: not output here (test_fp8_forward checks them through l) */
         copy_rows8(smem8, s_base, VT_AT, v, BLOCK_N, VT_ROWS, VT_ROWS, BLOCK_N, tid);
         cp_wait_async_proxy();
         barrier(CLK_LOCAL_MEM_FENCE);
