@@ -6,13 +6,13 @@
 #         decode rule over FP8 pages checked by the serving tests, then decode over e4m3 against
 #         PyTorch's FA2 over the whole grid (see the mode).
 # fp8-table: issue 35's FP8 forward table in one call: the packed V's and the FP8 forward's
-#         Hopper tests (FP8_TABLE_TESTS, default test_fp8_packed_v in its wgmma and plain modes and
-#         test_fp8_forward wgmma; empty: none), then, where they passed, compare_torch.py --dtypes
-#         e4m3 at the issue's three shapes with V as it comes and packed (--v-packed), each run cut
-#         at TABLE_TIMEOUT seconds (default 280); tables as $out/fp8-table{,-packed}.txt. On an H100
-#         (2026-12-06) the tests took about 120 s and each table about 175 s: with the setup build,
-#         437 s a call without the tests, so a tree whose tests passed in one call is timed in the
-#         next with FP8_TABLE_TESTS= (a cut of 150 s a table stopped both before their first row).
+#         Hopper tests side by side (FP8_TABLE_TESTS, default test_fp8_packed_v in its wgmma and
+#         plain modes and test_fp8_forward wgmma; empty: none), then, where they passed,
+#         compare_torch.py --dtypes e4m3 at the issue's three shapes with V as it comes and packed
+#         (--v-packed), each cut at its share of what is left of CALL_BUDGET seconds (default 585,
+#         from the script's start) or at TABLE_TIMEOUT where less; tables as
+#         $out/fp8-table{,-packed}.txt. On an H100 (2026-12-06) the build took about 80 s, the
+#         tests side by side 95 s and each table about 175 s.
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # fp8-gap: where an FP8 forward call's wall clock goes beyond its kernel (bench/fp8_call_gap.c,
 #         linked against the static library: factors kept or uploaded, V's transpose alone) at
@@ -415,13 +415,21 @@ if [ "$what" = pending ]; then
   exit 0
 fi
 if [ "$what" = fp8-table ]; then
-  ok=1
-  for t in ${FP8_TABLE_TESTS-"test_fp8_packed_v+wgmma" test_fp8_packed_v "test_fp8_forward+wgmma"}; do
-    GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-120} gpu_test "$t" || ok=0
-  done
-  [ $ok = 1 ] || { echo "an FP8 test failed: not timed"; exit 0; }
+  # The tests side by side (about 95 s on an H100, 2026-12-06), then each table cut at its share
+  # of what is left of CALL_BUDGET seconds (default 585, counted from the script's start, the
+  # build included), or at TABLE_TIMEOUT where that is less: one 600-second call holds both.
+  tests=(${FP8_TABLE_TESTS-"test_fp8_packed_v+wgmma" test_fp8_packed_v "test_fp8_forward+wgmma"})
+  if [ ${#tests[@]} -gt 0 ]; then
+    GPU_TEST_TIMEOUT=${GPU_TEST_TIMEOUT:-180} side_by_side "${tests[@]}"
+    [ -z "$failed" ] || { echo "an FP8 test failed:$failed- not timed"; exit 0; }
+  fi
+  left=2
   for packed in "" --v-packed; do
-    PYTHONUNBUFFERED=1 timeout "${TABLE_TIMEOUT:-280}" python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes e4m3 \
+    cut=$(( (${CALL_BUDGET:-585} - SECONDS) / left )) left=$((left - 1))
+    [ "${TABLE_TIMEOUT:-$cut}" -lt "$cut" ] && cut=$TABLE_TIMEOUT
+    [ "$cut" -ge 30 ] || { echo "== no time left for issue 35's table${packed:+, V packed}"; break; }
+    echo "== issue 35's table${packed:+, V packed}: cut at $cut s"
+    PYTHONUNBUFFERED=1 timeout "$cut" python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes e4m3 \
       --shape 4,32,4096,128 --shape 1,32,16384,128 --shape 4,32,4096,64 $packed 2>&1 |
       tee "$out/fp8-table${packed:+-packed}.txt"
   done
