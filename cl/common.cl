@@ -2,8 +2,9 @@
  * the visible-key rule, and the argument lists of the forward and backward.
  *
  * The host (src/program.c) builds each kernel from this file, then
- * common_nv.cl (the tensor-core kernels' pieces) and common_serving.cl (the
- * serving kernels'), then the kernel's own file, as one source. Every kernel
+ * common_nv.cl (the tensor-core kernels' pieces), common_nv_bwd.cl (the
+ * tensor-core backward's) and common_serving.cl (the serving kernels'), then
+ * the kernel's own file, as one source. Every kernel
  * stores its tensors in one of three types and computes in float:
  *   DTYPE 0  float32   plain loads and stores
  *   DTYPE 1  float16   vload_half / vstore_half_rte: core OpenCL 1.2, so no

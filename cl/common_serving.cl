@@ -3,7 +3,7 @@
  * the batch description, and the decode kernels' split-KV merge, which the
  * last split of a row runs (cl/merge.cl is the standalone merge).
  *
- * Prepended to every kernel after common.cl and common_nv.cl (src/program.c).
+ * Prepended to every kernel after common.cl, common_nv.cl and common_nv_bwd.cl (src/program.c).
  */
 
 /* The arguments of the serving kernels, paged_attention (cl/paged_attention.cl),

@@ -1,7 +1,7 @@
 /* program.c: building kernels once, with an in-memory and an on-disk program cache.
  *
- * A kernel is cl/common.cl, cl/common_nv.cl and cl/common_serving.cl followed
- * by one cl/ file, built with -D options.
+ * A kernel is cl/common.cl, cl/common_nv.cl, cl/common_nv_bwd.cl and
+ * cl/common_serving.cl followed by one cl/ file, built with -D options.
  * Lookup order: the context's list (same file + options) -> the disk cache
  * -> a build from source, whose binary is then written to the disk cache.
  *
@@ -73,7 +73,7 @@ static char *load_source(flashcl_context *ctx, const char *file) {
 
 /* The files every kernel is built on, in this order (cl/common.cl says what
  * each holds): a kernel's source is these, then its own file. */
-static const char *const kernel_preludes[] = {"common.cl", "common_nv.cl", "common_serving.cl"};
+static const char *const kernel_preludes[] = {"common.cl", "common_nv.cl", "common_nv_bwd.cl", "common_serving.cl"};
 #define PRELUDES (sizeof kernel_preludes / sizeof kernel_preludes[0])
 
 /* The preludes + file, as one string, each part ending in a newline. */

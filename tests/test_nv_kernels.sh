@@ -173,7 +173,7 @@ for c in "${configs[@]}"; do
   cases=$((cases + 1))
   name="$file $defs"
   # The files every kernel is built on, in src/program.c's order.
-  cat "$shim" "$cl/common.cl" "$cl/common_nv.cl" "$cl/common_serving.cl" "$cl/$file" > "$tmp/k.cl"
+  cat "$shim" "$cl/common.cl" "$cl/common_nv.cl" "$cl/common_nv_bwd.cl" "$cl/common_serving.cl" "$cl/$file" > "$tmp/k.cl"
   # shellcheck disable=SC2086 # defs is a list of options
   # -Werror=shadow: a loop counter named like a fragment index (t, g) would silently change
   # what the shared fragment macros compute.
