@@ -11,8 +11,8 @@
 #         compare_torch.py --dtypes e4m3 at the issue's three shapes with V as it comes and packed
 #         (--v-packed), each cut at its share of what is left of CALL_BUDGET seconds (default 585,
 #         from the script's start) or at TABLE_TIMEOUT where less; tables as
-#         $out/fp8-table{,-packed}.txt. On an H100 (2026-12-06) the build took about 80 s, the
-#         tests side by side 95 s and each table about 175 s.
+#         $out/fp8-table{,-packed}.txt. On an H100 (2026-12-06, 9485ac4) the whole call took
+#         417 s, the setup build included. TABLE_TIMEOUT is a number of seconds (0: no table).
 # setup: only register NVIDIA's OpenCL and build (build-gpu/), for commands of one's own after it.
 # fp8-gap: where an FP8 forward call's wall clock goes beyond its kernel (bench/fp8_call_gap.c,
 #         linked against the static library: factors kept or uploaded, V's transpose alone) at
@@ -426,7 +426,11 @@ if [ "$what" = fp8-table ]; then
   left=2
   for packed in "" --v-packed; do
     cut=$(( (${CALL_BUDGET:-585} - SECONDS) / left )) left=$((left - 1))
-    [ "${TABLE_TIMEOUT:-$cut}" -lt "$cut" ] && cut=$TABLE_TIMEOUT
+    case ${TABLE_TIMEOUT:-} in
+      '') ;;
+      *[!0-9]*) echo "TABLE_TIMEOUT is a number of seconds, not '$TABLE_TIMEOUT'"; exit 1 ;;
+      *) [ "$TABLE_TIMEOUT" -lt "$cut" ] && cut=$TABLE_TIMEOUT ;;
+    esac
     [ "$cut" -ge 30 ] || { echo "== no time left for issue 35's table${packed:+, V packed}"; break; }
     echo "== issue 35's table${packed:+, V packed}: cut at $cut s"
     PYTHONUNBUFFERED=1 timeout "$cut" python3 bench/compare_torch.py --flashcl build-gpu/flashcl --dtypes e4m3 \

@@ -2,8 +2,8 @@
  * flash_fwd_nv32, flash_fwd_sm90, flash_bwd_nv, flash_bwd_sm90,
  * paged_decode_nv): inline PTX (shared-window addresses, ldmatrix, mma.sync,
  * cp.async, warpgroup MMA, TMA, shuffles), the online softmax of one mma
- * fragment, the order of row and key blocks (LPT_HEADS), and the opening and
- * epilogue macros of the forward kernels (the backward's are in
+ * fragment, the order of row blocks (LPT_HEADS, LPT_PLACE), and the opening
+ * and epilogue macros of the forward kernels (the backward's are in
  * common_nv_bwd.cl, which follows this file).
  *
  * Prepended to every kernel after common.cl (src/program.c). The functions

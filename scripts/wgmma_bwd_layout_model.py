@@ -6,8 +6,8 @@ kernels' eight products over D 40/64/96/128, TROWS 16/32/64, WG 128/256, stage b
 compared exactly with numpy. MUT=<name> plants one known error (see the code) to show the model
 catches it. Run: python3 scripts/wgmma_bwd_layout_model.py (about 45 s).
 
-Layout: SW128_OFFSET (common_nv.cl:112) / TMA SWIZZLE_128B (boxes {64, TROWS}, one a panel).
-Descriptors: sw128_desc (common_nv.cl:120) encoded, then decoded the way the hardware reads them
+Layout: SW128_OFFSET (common_nv.cl) / TMA SWIZZLE_128B (boxes {64, TROWS}, one a panel).
+Descriptors: sw128_desc (common_nv.cl) encoded, then decoded the way the hardware reads them
 (PTX ISA "matrix descriptor"; CUTLASS mma_traits_sm90_gmma.hpp canonical layouts, uint128 units):
   K-major  B128: Swizzle<3,4,3> o ((8,m),2):((8,SBO),1)          (LBO unused)
   MN-major B128: Swizzle<3,4,3> o ((8,n),(8,k)):((1,LBO),(8,SBO))
