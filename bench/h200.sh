@@ -2,6 +2,8 @@
 # bench/h200.sh: one call on the H200 machine: register NVIDIA's OpenCL, build,
 # run the correctness suite on the GPU, then time flashcl next to PyTorch.
 #   bench/h200.sh [tests|bench|all|final|decode|serve|backward|fp32|fp8|fp8-kernel|fp8-gap|fp8-table|forward|regs|profile|sanitize|study|optin|pending|setup]   (results also under $OUT when set)
+# REQUIRE_CARD=H200 (any text nvidia-smi -L prints): stop at once, exit 3, on another card. A run
+# for an H200 often gets an H100; this spends seconds of the device budget, not a build's minutes.
 # pending: what waits for a GPU (docs/perf-notes.md, "Waiting for a GPU"), in one call: the
 #         decode rule over FP8 pages checked by the serving tests, then decode over e4m3 against
 #         PyTorch's FA2 over the whole grid (see the mode).
@@ -99,6 +101,9 @@
 #        fp16/bf16 forward vs PyTorch, decode vs PyTorch, tuning runs, a plot.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+if [ -n "${REQUIRE_CARD:-}" ] && ! nvidia-smi -L | grep -q -- "$REQUIRE_CARD"; then
+  echo "not a $REQUIRE_CARD card: $(nvidia-smi -L)"; exit 3
+fi
 what=${1:-all}
 out=${OUT:-/tmp/flashcl-out}
 mkdir -p "$out" /etc/OpenCL/vendors
