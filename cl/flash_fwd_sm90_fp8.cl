@@ -484,21 +484,7 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
      * branch). */
     const int tiles = n_start <= n_end ? (n_end - n_start) / BLOCK_N + 1 : 0;
     const int producer = warp >= 4;
-/* This warpgroup's turn taken and handed over, by immediate barrier ids. */
-#define PP_TAKE_TURN()                                                                             \
-    do {                                                                                           \
-        if (producer)                                                                              \
-            pp_sync(PP_TURN_B);                                                                    \
-        else                                                                                       \
-            pp_sync(PP_TURN_A);                                                                    \
-    } while (0)
-#define PP_HAND_OVER()                                                                             \
-    do {                                                                                           \
-        if (producer)                                                                              \
-            pp_arrive(PP_TURN_A);                                                                  \
-        else                                                                                       \
-            pp_arrive(PP_TURN_B);                                                                  \
-    } while (0)
+    const uint my_turn = producer ? PP_TURN_B : PP_TURN_A, their_turn = producer ? PP_TURN_A : PP_TURN_B;
     if (producer && tiles > 0) {
         COPY_K(n_start);
         COPY_VT(n_start);
@@ -514,11 +500,11 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
         /* ---- S = Q K^T ---- */
         uint qf[K_STEPS][4];
         float s[S_FRAGS][4];
-        PP_TAKE_TURN();
+        pp_sync(my_turn);
         S_ISSUE(qf, s, k_tile, TILE_WAIT(k_bar, tile));
         if (producer)
             COPIES_LANDED(); /* Vt(n0) */
-        PP_HAND_OVER();
+        pp_arrive(their_turn);
         WGMMA_WAIT_ALL();
         WG_FENCE_REGS(s, S_FRAGS);
         if (more)
@@ -535,21 +521,19 @@ flash_fwd_sm90_fp8(FWD_ARGS FP8_TMA_ARGS FWD_FP8_ARGS, __global const uchar *res
          * wait for it in the middle of the softmax). */
         uint p_all = 0;
         _Pragma("unroll") for (int kk = 0; kk < P_STEPS; ++kk) p_all |= pf[kk][0] | pf[kk][1] | pf[kk][2] | pf[kk][3];
-        pp_sync_after(producer ? PP_TURN_B : PP_TURN_A, p_all);
+        pp_sync_after(my_turn, p_all);
         TILE_WAIT(v_bar, tile);
         PV_ADD_AFTER(acc, pf, vt, alpha, {
             if (!producer) {
-                pp_arrive(PP_TURN_B);
+                pp_arrive(their_turn);
             } else if (more) {
                 COPIES_LANDED(); /* K(n1) */
-                pp_arrive(PP_TURN_A);
+                pp_arrive(their_turn);
             }
         });
         if (more)
             PP_REFILL(producer, PP_V_FREE, COPY_VT(n1));
     }
-#undef PP_TAKE_TURN
-#undef PP_HAND_OVER
 #elif !OVERLAP
     if (n_start <= n_end)
         COPY_K(n_start);
