@@ -629,10 +629,10 @@ void flashcl_host_store(void *base, flashcl_dtype dtype, size_t i, float value);
 /* ---- layouts and buffer checks (layout.c) ---- */
 /* All-zero strides become the packed [batch][seqlen][heads][head_dim]. */
 void flashcl_default_layout(flashcl_layout *l, int seqlen, int heads, int head_dim);
-/* Bytes up to the end of the last element a layout touches; 0 on overflow. */
 /* Whether every row of l starts at a multiple of 16 bytes into its buffer (offset and strides
  * in bytes): what the FP8 kernels' 16-byte loads and copies need. */
 int flashcl_layout_rows_16_bytes(const flashcl_layout *l);
+/* Bytes up to the end of the last element a layout touches; 0 on overflow. */
 size_t flashcl_layout_bytes(const flashcl_layout *l, int batch, int seqlen, int heads, int head_dim,
                             size_t elem_size);
 /* A non-NULL cl_mem of at least `need` bytes (need 0 means an overflowed

@@ -383,7 +383,8 @@ int flashcl_nv_wgmma_fp8_eligible(const flashcl_context *ctx, const flashcl_atte
            flashcl_dtype_is_fp8(desc->dtype) &&
            (desc->out_dtype == FLASHCL_FLOAT16 || desc->out_dtype == FLASHCL_BFLOAT16) && desc->head_dim >= 32 &&
            desc->head_dim <= 128 && desc->head_dim % 16 == 0 && flashcl_layout_rows_16_bytes(&desc->q) &&
-           flashcl_layout_rows_16_bytes(&desc->k) && (desc->v_packed ? desc->v.offset % 16 == 0 : flashcl_layout_rows_16_bytes(&desc->v)) &&
+           flashcl_layout_rows_16_bytes(&desc->k) &&
+           (desc->v_packed ? desc->v.offset % 16 == 0 : flashcl_layout_rows_16_bytes(&desc->v)) &&
            (!desc->fp8.per_head || desc->fp8.block_rows % 8 == 0);
 }
 
