@@ -297,7 +297,8 @@ flashcl_status flashcl_fp8_vt_scratch(flashcl_context *ctx, size_t bytes);
  * built with -DFLASHCL_NV_PTX, falling back to the portable kernel. */
 int flashcl_variant_is_nv(const char *variant);
 /* LPT_HEADS (cl/common_nv.cl) for the tensor-core forward kernels and the
- * nv-mma backward on a resolved desc: 8 (16 for `variant` "nv-tf32") where
+ * nv-mma backward on a resolved desc: 8 (16 for `variant` "nv-tf32", and for
+ * "nv-wgmma-fp8" at head dims up to 64) where
  * later rows see more keys (a causal mask, or a window bounded on the right
  * only), so that the longest blocks run first; 0 elsewhere, where each
  * head's blocks take turns. */

@@ -168,10 +168,16 @@ int flashcl_lpt_heads(const flashcl_attention_desc *r, const char *variant) {
      * (causal f16 (4,32,4096,128) 501 against 494 TFLOP/s, D=64 396 against
      * 388; 16 and 32 pairs within 1 % of it). nv-tf32 takes chunks of 16: causal f32
      * (4,32,4096,128) ran 46.1 TFLOP/s at 16 against 44.7 at 8, 42.5 at 4
-     * and 41.4 at 2 (D=64: 50.0 against 49.4). */
+     * and 41.4 at 2 (D=64: 50.0 against 49.4). nv-wgmma-fp8 at D <= 64 takes
+     * 16 too: on an H100 (2026-12-06) causal (4,32,4096,64) ran 538 and 535
+     * TFLOP/s at 16 against 518-522 at 8, (2,16,8192,64) 588 and 596 against
+     * 583-584, level at (1,32,16384,64) and (16,16,1024,64); 32 pairs lost
+     * 2 % at 16384 keys. At D=128 8 stays best by about 1 %. */
     if (!(r->window_left < 0 && r->window_right >= 0))
         return 0;
-    return variant && !strcmp(variant, "nv-tf32") ? 16 : 8;
+    if (variant && !strcmp(variant, "nv-tf32"))
+        return 16;
+    return variant && !strcmp(variant, "nv-wgmma-fp8") && r->head_dim <= 64 ? 16 : 8;
 }
 
 int flashcl_nv_wgmma_max_registers(const flashcl_params *p, int head_dim) {

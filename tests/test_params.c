@@ -787,16 +787,21 @@ static void test_block_order(void) {
         {0, 1, 50, 50, 0, "a window bounded on both sides: by head"},
         {0, 1, 20, -1, 0, "a window bounded on the left only: by head"},
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
-        flashcl_attention_desc d = desc_of(FLASHCL_FLOAT16, 300, 64, cases[i].causal);
-        d.windowed = cases[i].windowed;
-        d.window_left = cases[i].left;
-        d.window_right = cases[i].right;
-        expect(flashcl_attention_desc_resolve(&d) == FLASHCL_SUCCESS && flashcl_lpt_heads(&d, "nv-mma") == cases[i].lpt,
-               cases[i].what, &failures);
-        /* float32's tensor-core kernel orders the same blocks in chunks of 16 */
-        expect(flashcl_lpt_heads(&d, "nv-tf32") == 2 * cases[i].lpt, "nv-tf32: chunks of 16 pairs", &failures);
-    }
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i)
+        for (int head_dim = 64; head_dim <= 128; head_dim += 64) {
+            flashcl_attention_desc d = desc_of(FLASHCL_FLOAT16, 300, head_dim, cases[i].causal);
+            d.windowed = cases[i].windowed;
+            d.window_left = cases[i].left;
+            d.window_right = cases[i].right;
+            expect(flashcl_attention_desc_resolve(&d) == FLASHCL_SUCCESS &&
+                       flashcl_lpt_heads(&d, "nv-mma") == cases[i].lpt,
+                   cases[i].what, &failures);
+            /* float32's tensor-core kernel orders the same blocks in chunks of 16, the FP8 one
+             * at D=64 too */
+            expect(flashcl_lpt_heads(&d, "nv-tf32") == 2 * cases[i].lpt, "nv-tf32: chunks of 16 pairs", &failures);
+            expect(flashcl_lpt_heads(&d, "nv-wgmma-fp8") == (head_dim <= 64 ? 2 : 1) * cases[i].lpt,
+                   "nv-wgmma-fp8: chunks of 16 pairs at D=64, 8 at D=128", &failures);
+        }
     /* How the host passes it (and the register cap): unless the user's
      * FLASHCL_BUILD_OPTIONS already define it. */
     char opt[32];
