@@ -5,8 +5,8 @@
  *
  * Why. Issue 35's FP8 forward runs at 1.26x cuDNN's float16 at (4,32,4096,128) but 1.12x causal,
  * and its causal rate is 0.74x its full rate where the float16 kernel's is 0.91x (H200, 2026-12-05,
- * BENCHMARKS.md). A model of the schedule puts that on a fixed cost per work-group (docs/perf-notes.md,
- * "FP8 forward on warpgroup MMA"); a profile says which.
+ * BENCHMARKS.md). A model of the schedule puts that on a fixed cost per work-group
+ * (docs/perf-notes-fp8.md, "FP8 forward on warpgroup MMA"); a profile says which.
  *
  * What it does, at one shape (seeded inputs, an empty disk program cache as ptx_harness uses):
  *   1. flashcl's forward on the NVIDIA GPU (dtype e4m3, e5m2: FP8 q, k, v with per-tensor descales

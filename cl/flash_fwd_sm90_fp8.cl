@@ -14,7 +14,7 @@
  * accumulator) ran at 0.56-0.70x the 16-bit kernel (H200, 2026-12-05). This
  * version (Vt by a pre-pass and TMA, the two-level P V sum) passed
  * test_fp8_forward on an H100 and ran at 1.24-1.63x the 16-bit kernel in
- * the same call (2026-12-05, docs/perf-notes.md, "FP8 forward on warpgroup
+ * the same call (2026-12-05, docs/perf-notes-fp8.md, "FP8 forward on warpgroup
  * MMA"), and on the H200 from 4096 keys at 1.26-1.56x cuDNN's float16 at D=128, 1.01-1.12x at
  * D=64 (2026-12-05, 2e86b2a: the softmax below and the host's 168-register cap above D=64);
  * OVERLAP and EX2_FMA_EVERY, on request, are slower (below).
@@ -107,7 +107,7 @@
  * (FLASHCL_PARAMS=VARIANT=nv-wgmma-fp8,WARPS=8,BLOCK_M=128): on an H100 (2026-12-06) it ran
  * 8-13 % slower than one warpgroup, (4,32,4096,64) 532-539 TFLOP/s against 600-608; the products
  * are a tile's short phase at D=64, so there is little to hide under the softmax
- * (docs/perf-notes.md, "FlashAttention-3's ping-pong at D <= 64"). */
+ * (docs/perf-notes-fp8.md, "FlashAttention-3's ping-pong at D <= 64"). */
 #define PINGPONG (WARPS == 8)
 #define K_STEPS ((HEAD_DIM + 31) / 32)  // k32 steps of S = Q K^T (bytes past HEAD_DIM are zero)
 #define VT_PANELS ((HEAD_DIM + 63) / 64) // 64-dim groups of O = P V
@@ -174,7 +174,7 @@
  * the sum (SOFTMAX_EXPS_BIASED, common_nv.cl): per score an fma and the exponent, where the
  * subtraction, the multiply by the scale and the one by P_SCALE had been three instructions.
  * 16-26 % fewer on a tile's path, yet level on the H200 (2026-12-05): ncu found the kernel
- * waiting on latency, not on issue (docs/perf-notes.md, "FP8 forward on warpgroup MMA"). */
+ * waiting on latency, not on issue (docs/perf-notes-fp8.md, "FP8 forward on warpgroup MMA"). */
 #undef SOFTMAX_EXPS
 #define SOFTMAX_EXPS(s, n_s, h, mr, sc, psum) SOFTMAX_EXPS_BIASED(s, n_s, h, mr, sc, psum, P_SCALE_LOG2)
 /* -DSOFTMAX_CHAINS=4, a study: the row's max and sum in four chains (common_nv.cl). */
@@ -252,7 +252,7 @@
  * mantissa bits of the D it adds to (SageAttention2's measurement; DeepSeek-V3
  * reports 14-bit alignment of the products), truncating: O chained through
  * every tile's MMAs shrank by 2.2 % at 32768 keys and 8.4 % at 131072 in a
- * model of it, against 0.1 % in two levels (docs/perf-notes.md, "FP8 forward
+ * model of it, against 0.1 % in two levels (docs/perf-notes-fp8.md, "FP8 forward
  * on warpgroup MMA"). acc stays out of the tensor cores; the 4 k-steps of a
  * tile still chain, truncating relative to that tile's sum only. */
 #define PV_TWO_LEVEL(acc, pf, vt) PV_TWO_LEVEL_SCALED(acc, pf, vt, 1.0f, 1.0f)
@@ -278,7 +278,7 @@
  * to it. SOFTMAX_PHASED (default 1): the softmax's phases over both rows at once, so that every
  * exponent of the tile sits in one straight run with P's packing (ONLINE_SOFTMAX_16_P_BIASED,
  * common_nv.cl), 16 PRMT fewer a 128-key tile: 1.1-4.9 % faster than row by row (-DSOFTMAX_PHASED=0)
- * at every one of issue 35's cells on an H100 (2026-12-06, docs/perf-notes.md, FP8). */
+ * at every one of issue 35's cells on an H100 (2026-12-06, docs/perf-notes-fp8.md). */
 #ifndef SOFTMAX_PHASED
 #define SOFTMAX_PHASED 1
 #endif

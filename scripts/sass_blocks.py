@@ -7,7 +7,7 @@ instruction mix of each piece, to count the instructions on one path through a l
 
 Each line is one straight run: its address range, its instruction count and its commonest
 opcodes, then the branch or vote that ends it. Which way a path goes at each branch is for the
-reader (the kernel's source says which side a full, unmasked tile takes); docs/perf-notes.md
+reader (the kernel's source says which side a full, unmasked tile takes); docs/perf-notes-fp8.md
 adds the runs of such a path. No GPU needed: the SASS comes from ptxas's cubin.
 """
 import collections

@@ -4,7 +4,7 @@
  * 8-bit warpgroup MMA reads both operands K-major, so the nv-wgmma-fp8 forward needs V with
  * keys along its rows (Vt). Each call writes it into the context's scratch before the forward,
  * a pass that reads and writes V once: 27-42 us a call on the H200 at issue 35's shapes, up to
- * 6 % of a causal call's wall clock (docs/perf-notes.md, FP8). A caller whose V several calls
+ * 6 % of a causal call's wall clock (docs/perf-notes-fp8.md). A caller whose V several calls
  * read over the same keys (cross-attention to a fixed encoder output, a shared prefix queried by
  * many requests), or who quantizes V itself, can write that layout once and pass it: the Hopper
  * kernel then reads it as it is, and every other kernel unpacks it into the scratch first

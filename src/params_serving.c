@@ -329,7 +329,7 @@ static void decode_derive(const flashcl_context *ctx, const flashcl_decode_probl
          * 2026-12-05, `flashcl bench --decode --kv-dtype e4m3 --head-dim 64`, two alternated
          * rounds at 688a8ca): batch 16 9-22 % less time a call ((16, 65536) 430 us against 550),
          * batch 4 3-6 % less at 16384 and 65536 keys, batch 1 and (4, 131072) level
-         * (docs/perf-notes.md). D=96 is not a multiple of 64 (decode_hg_wide). */
+         * (docs/perf-notes-fp8.md). D=96 is not a multiple of 64 (decode_hg_wide). */
         c->hg_keys = pb->kv_fp8 && (pb->head_dim == 128 || pb->head_dim == 64) ? 32 : 16;
         /* FP8 pages always run REG_COPY's loop (decode_reg_copy): the fit checks made before
          * that must count its one tile buffer a warp, not STAGES of them. */

@@ -278,10 +278,11 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         /* The LSE's tolerance. The FP8 warpgroup MMA does not sum in float32: it aligns a k-step's
          * products to the largest and keeps 14 bits of each (DeepSeek-V3's report, section
          * 3.5.2), and keeps 13 mantissa bits of the accumulator it adds to (SageAttention2's
-         * measurement on Ada and Hopper), both by truncation. A model of both (docs/perf-notes.md,
-         * "FP8 forward on warpgroup MMA") put every score's error, and so the LSE's, at most about
-         * 2^-14 of the row's largest sum |q||k| x scale; 2^-12 of it is allowed on that kernel. A
-         * wrong factor or index errs by a good fraction of that sum, far outside. */
+         * measurement on Ada and Hopper), both by truncation. A model of both
+         * (docs/perf-notes-fp8.md, "FP8 forward on warpgroup MMA") put every score's error, and
+         * so the LSE's, at most about 2^-14 of the row's largest sum |q||k| x scale; 2^-12 of it
+         * is allowed on that kernel. A wrong factor or index errs by a good fraction of that sum,
+         * far outside. */
         size_t worst_lse = nlse;
         for (size_t i = 0; i < nlse; ++i) {
             const double want = ref_lse[i], got = lse[i];
