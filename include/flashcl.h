@@ -102,9 +102,15 @@ typedef struct flashcl_context flashcl_context;
  * the first device of any type). Specs, case-insensitive:
  *   "gpu", "cpu", "accelerator"  first device of that type
  *   "nvidia", "amd", "intel", "pocl", any other word:
- *                                first device whose platform or device name
- *                                contains the word
- *   "P:D"                        platform index P, device index D
+ *                                the first device of the first platform whose
+ *                                name, vendor or version contains the word;
+ *                                where none does, the first device whose name
+ *                                or vendor does (so "intel" takes Intel's
+ *                                runtime before PoCL's device on an Intel CPU)
+ *   "PLATFORM:DEVICE"            a platform by index or word (name, vendor or
+ *                                version), then its device by index or word
+ *                                (name or vendor); either part may be empty:
+ *                                "0:1", "intel:", "nvidia:H100", ":gfx90a"
  *   "host"                       no OpenCL: the multi-threaded C path
  * When no OpenCL platform exists at all and `spec` does not demand one, the
  * context falls back to the host path and flashcl_context_is_host() says so.

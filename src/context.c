@@ -333,6 +333,72 @@ static flashcl_status make_host(flashcl_context *ctx, const char *why) {
     return FLASHCL_SUCCESS;
 }
 
+/* 1 where the platform's name, vendor or version holds word (case-insensitive). */
+static int platform_names(cl_platform_id platform, const char *word) {
+    static const cl_platform_info fields[] = {CL_PLATFORM_NAME, CL_PLATFORM_VENDOR, CL_PLATFORM_VERSION};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
+        char text[256] = "";
+        if (clGetPlatformInfo(platform, fields[i], sizeof text - 1, text, NULL) == CL_SUCCESS &&
+            contains_nocase(text, word))
+            return 1;
+    }
+    return 0;
+}
+
+/* 1 where the device's name or vendor holds word. */
+static int device_names(cl_platform_id platform, cl_device_id device, const char *word) {
+    flashcl_device_info info;
+    read_device_info(platform, device, &info);
+    return contains_nocase(info.name, word) || contains_nocase(info.vendor, word);
+}
+
+/* 1 where text is a decimal number, its value in *value. */
+static int is_index(const char *text, unsigned long *value) {
+    char *end = NULL;
+    *value = strtoul(text, &end, 10);
+    return *text >= '0' && *text <= '9' && *end == '\0';
+}
+
+/* "PLATFORM:DEVICE" (pick_device): the first platform that PLATFORM names (its index, or a word
+ * of its name, vendor or version; any, where empty) holding a device that DEVICE picks (its index
+ * on that platform, a word of its name or vendor, or its first device where empty). */
+static flashcl_status pick_on_platform(flashcl_context *ctx, const char *spec, const char *colon,
+                                       const cl_platform_id *plats, cl_uint nplat, cl_platform_id *platform,
+                                       cl_device_id *device) {
+    char word[128];
+    const size_t len = (size_t)(colon - spec);
+    if (len >= sizeof word)
+        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': the platform's name is too long",
+                            spec);
+    memcpy(word, spec, len);
+    word[len] = '\0';
+    const char *dev_word = colon + 1;
+    unsigned long plat_index, index;
+    const int plat_by_index = is_index(word, &plat_index), by_index = is_index(dev_word, &index);
+    int platforms = 0;
+    for (cl_uint p = 0; p < nplat; ++p) {
+        if (plat_by_index ? p != plat_index : !platform_names(plats[p], word))
+            continue;
+        ++platforms;
+        cl_device_id devs[64];
+        cl_uint ndev = 0;
+        if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &ndev) != CL_SUCCESS)
+            continue;
+        for (cl_uint d = 0; d < ndev && d < 64; ++d) {
+            if (by_index ? d != index : !device_names(plats[p], devs[d], dev_word))
+                continue;
+            *platform = plats[p];
+            *device = devs[d];
+            return FLASHCL_SUCCESS;
+        }
+    }
+    if (!platforms)
+        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no OpenCL platform named '%s'", spec,
+                            word);
+    return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no device '%s' on the platforms named '%s'",
+                        spec, dev_word, word);
+}
+
 /* Parses spec into a device; returns the status and sets *platform / *device. */
 static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_platform_id *platform,
                                   cl_device_id *device) {
@@ -345,20 +411,12 @@ static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_pla
     if (nplat > 32)
         nplat = 32;
 
-    /* "P:D": explicit indices. */
-    unsigned pi, di;
-    char tail;
-    if (sscanf(spec, "%u:%u%c", &pi, &di, &tail) == 2) {
-        cl_device_id devs[64];
-        cl_uint ndev = 0;
-        if (pi >= nplat || clGetDeviceIDs(plats[pi], CL_DEVICE_TYPE_ALL, 64, devs, &ndev) != CL_SUCCESS ||
-            di >= ndev || di >= 64)
-            return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no such platform:device",
-                                spec);
-        *platform = plats[pi];
-        *device = devs[di];
-        return FLASHCL_SUCCESS;
-    }
+    /* "PLATFORM:DEVICE": "P:D" indices as `flashcl devices` lists them, or words: the platform
+     * by its name, vendor or version, then its device by an index or a word of the device's name
+     * or vendor (either part may be empty). */
+    const char *colon = strchr(spec, ':');
+    if (colon)
+        return pick_on_platform(ctx, spec, colon, plats, nplat, platform, device);
 
     cl_device_type want = CL_DEVICE_TYPE_ALL;
     const char *word = NULL; /* a name fragment to match */
@@ -373,29 +431,30 @@ static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_pla
     else
         word = spec;
 
+    /* A word names an implementation before a device: first the platforms it names, then the
+     * devices whose name or vendor hold it. PoCL on an Intel CPU calls its device
+     * "pthread-...-Intel(R) Xeon(R)...", so "intel" would otherwise take PoCL's device where
+     * Intel's own runtime is installed too. */
     for (int pass = 0; pass < 2; ++pass) {
         for (cl_uint p = 0; p < nplat; ++p) {
+            if (word && pass == 0 && !platform_names(plats[p], word))
+                continue;
             cl_device_id devs[64];
             cl_uint ndev = 0;
             if (clGetDeviceIDs(plats[p], want, 64, devs, &ndev) != CL_SUCCESS)
                 continue;
             for (cl_uint d = 0; d < ndev && d < 64; ++d) {
-                if (word) {
-                    flashcl_device_info info;
-                    read_device_info(plats[p], devs[d], &info);
-                    if (!contains_nocase(info.name, word) && !contains_nocase(info.vendor, word) &&
-                        !contains_nocase(info.platform_name, word) &&
-                        !contains_nocase(info.platform_version, word))
-                        continue;
-                }
+                if (word && pass == 1 && !device_names(plats[p], devs[d], word))
+                    continue;
                 *platform = plats[p];
                 *device = devs[d];
                 return FLASHCL_SUCCESS;
             }
         }
-        if (spec[0] != '\0')
+        if (spec[0] == '\0')
+            want = CL_DEVICE_TYPE_ALL; /* default spec, second pass: any device */
+        else if (!word)
             break;
-        want = CL_DEVICE_TYPE_ALL; /* default spec, second pass: any device */
     }
     return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no matching device", spec);
 }

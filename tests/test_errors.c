@@ -60,6 +60,75 @@ static flashcl_status fwd(fixture *f, const flashcl_attention_desc *d) {
     return flashcl_attention_forward(f->ctx, d, f->q, f->k, f->v, f->out, f->lse, 0, NULL);
 }
 
+/* The platform a context's device is on. */
+static cl_platform_id platform_of(flashcl_context *ctx) {
+    cl_platform_id platform = NULL;
+    clGetDeviceInfo(flashcl_context_cl_device(ctx), CL_DEVICE_PLATFORM, sizeof platform, &platform, NULL);
+    return platform;
+}
+
+/* 1 where spec makes a context on a device of `platform` (and, where device is not NULL, on it). */
+static int spec_picks(const char *spec, cl_platform_id platform, cl_device_id device) {
+    flashcl_context *c = NULL;
+    if (flashcl_context_create(&c, spec) != FLASHCL_SUCCESS)
+        return 0;
+    const int ok = !flashcl_context_is_host(c) && platform_of(c) == platform &&
+                   (!device || flashcl_context_cl_device(c) == device);
+    flashcl_context_destroy(c);
+    return ok;
+}
+
+/* 1 where spec fails with FLASHCL_ERROR_NO_DEVICE and a message holding why. */
+static int spec_refused(const char *spec, const char *why) {
+    flashcl_context *c = NULL;
+    const flashcl_status st = flashcl_context_create(&c, spec);
+    const int ok = st == FLASHCL_ERROR_NO_DEVICE && !c && strstr(flashcl_last_error(NULL), why);
+    if (!ok)
+        printf("    '%s': %s, '%s'\n", spec, flashcl_status_string(st), flashcl_last_error(NULL));
+    flashcl_context_destroy(c);
+    return ok;
+}
+
+/* Device specs naming a platform, "PLATFORM:DEVICE" by index or by word, on the test's device. */
+static void device_specs(flashcl_context *ctx) {
+    cl_platform_id plats[32], platform = platform_of(ctx);
+    cl_device_id device = flashcl_context_cl_device(ctx), devs[64];
+    cl_uint nplat = 0, ndev = 0;
+    char name[256] = "", dev_name[256] = "", spec[600];
+    clGetPlatformIDs(32, plats, &nplat);
+    cl_uint p = 0, d = 0;
+    while (p < nplat && p < 32 && plats[p] != platform)
+        ++p;
+    clGetDeviceIDs(platform, CL_DEVICE_TYPE_ALL, 64, devs, &ndev);
+    while (d < ndev && d < 64 && devs[d] != device)
+        ++d;
+    clGetPlatformInfo(platform, CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
+    clGetDeviceInfo(device, CL_DEVICE_NAME, sizeof dev_name - 1, dev_name, NULL);
+    snprintf(spec, sizeof spec, "%u:%u", p, d);
+    expect(spec_picks(spec, platform, device), "device spec \"P:D\" by indices", &failures);
+    snprintf(spec, sizeof spec, "%u:", p);
+    expect(spec_picks(spec, platform, NULL), "device spec \"P:\": a device of platform P", &failures);
+    if (strchr(name, ':')) {
+        printf("the platform's name '%s' holds a ':': the platform-word specs are not checked\n", name);
+        return;
+    }
+    snprintf(spec, sizeof spec, "%s:%u", name, d);
+    expect(spec_picks(spec, platform, device), "device spec \"NAME:D\": the platform by name, the device by index",
+           &failures);
+    snprintf(spec, sizeof spec, "%s:%s", name, dev_name);
+    expect(spec_picks(spec, platform, device), "device spec \"NAME:DEVICE\": both by name", &failures);
+    snprintf(spec, sizeof spec, "%s:", name);
+    expect(spec_picks(spec, platform, NULL), "device spec \"NAME:\": a device of the named platform", &failures);
+    expect(spec_picks(name, platform, NULL), "a word naming a platform picks that platform's device", &failures);
+    expect(spec_refused("no-such-platform-anywhere:", "no OpenCL platform named 'no-such-platform-anywhere'"),
+           "a platform named by nothing -> no device, and says so", &failures);
+    snprintf(spec, sizeof spec, "%s:no-such-device-anywhere", name);
+    expect(spec_refused(spec, "no device 'no-such-device-anywhere'"),
+           "a device the named platform lacks -> no device, and says so", &failures);
+    snprintf(spec, sizeof spec, "%s:%u", name, ndev);
+    expect(spec_refused(spec, "no device"), "a device index past the platform's -> no device", &failures);
+}
+
 int main(void) {
     static fixture f;
     f.ctx = test_context();
@@ -213,6 +282,8 @@ int main(void) {
     unsetenv("FLASHCL_DEVICE");
     expect(flashcl_context_create(&none, "99:0") == FLASHCL_ERROR_NO_DEVICE && !none,
            "platform index out of range -> no device", &failures);
+    if (!flashcl_context_is_host(f.ctx))
+        device_specs(f.ctx);
     expect(flashcl_context_create(NULL, NULL) == FLASHCL_ERROR_INVALID_ARGUMENT, "NULL out pointer",
            &failures);
     expect(flashcl_attention_forward(NULL, &d, f.q, f.k, f.v, f.out, NULL, 0, NULL) ==

@@ -15,12 +15,16 @@
 #define CLI_CL_PLATFORM_NOT_FOUND (-1001)
 
 const char usage_devices[] =
-    "usage: flashcl devices\n"
+    "usage: flashcl devices [--device SPEC]\n"
     "\n"
     "Lists every OpenCL platform and device (name, vendor, type, version, driver,\n"
     "compute units, local memory, max work-group size) and the kernel parameters\n"
     "flashcl picks on each for float16, head_dim 64 and 128, causal and not.\n"
-    "Without any OpenCL platform it says so: flashcl then runs its host path.\n";
+    "Without any OpenCL platform it says so: flashcl then runs its host path.\n"
+    "\n"
+    "  --device SPEC   only the device SPEC picks (as --device and FLASHCL_DEVICE\n"
+    "                  take it everywhere) and its parameters; exit 1 where SPEC\n"
+    "                  picks none, with the reason\n";
 
 static void platform_string(cl_platform_id platform, cl_platform_info what, char *buf,
                             size_t size) {
@@ -108,18 +112,20 @@ static void print_params(flashcl_context *ctx, const char *indent) {
     }
 }
 
-static void print_context_params(const char *spec, const char *indent) {
+/* Returns the status of making a context on spec. */
+static flashcl_status print_context_params(const char *spec, const char *indent) {
     flashcl_context *ctx = NULL;
     flashcl_status status = flashcl_context_create(&ctx, spec);
     if (status != FLASHCL_SUCCESS) {
-        printf("%sflashcl cannot use it (spec \"%s\"): %s (%d)\n", indent, spec,
-               flashcl_status_string(status), status);
-        return;
+        printf("%sflashcl cannot use it (spec \"%s\"): %s (%d): %s\n", indent, spec,
+               flashcl_status_string(status), status, flashcl_last_error(NULL));
+        return status;
     }
     printf("%sflashcl, spec \"%s\": %s%s\n", indent, spec, flashcl_context_device_name(ctx),
            flashcl_context_is_host(ctx) ? " [host path]" : "");
     print_params(ctx, indent);
     flashcl_context_destroy(ctx);
+    return FLASHCL_SUCCESS;
 }
 
 int cmd_devices(int argc, char **argv) {
@@ -127,12 +133,20 @@ int cmd_devices(int argc, char **argv) {
     cl_platform_id *platforms = NULL;
     cl_int err;
 
+    const char *only = NULL;
     for (int i = 2; i < argc; i++) {
-        if (cli_help(argv[i], usage_devices)) {
+        int r;
+        if (cli_help(argv[i], usage_devices))
             return CLI_EXIT_OK;
+        if ((r = cli_take_value(argc, argv, &i, "--device", &only)) != 0) {
+            if (r < 0)
+                return CLI_EXIT_USAGE;
+            continue;
         }
         return cli_unknown_option(usage_devices, argv[i]);
     }
+    if (only)
+        return print_context_params(only, "") == FLASHCL_SUCCESS ? CLI_EXIT_OK : CLI_EXIT_FAIL;
 
     err = clGetPlatformIDs(0, NULL, &num_platforms);
     if (err == CLI_CL_PLATFORM_NOT_FOUND || (err == CL_SUCCESS && num_platforms == 0)) {
