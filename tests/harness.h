@@ -79,6 +79,12 @@ flashcl_varlen_desc test_varlen_desc(flashcl_dtype dtype, int num_seqs, int head
  * *worst: the largest |a - b| (infinity for a NaN or inf). */
 int test_outputs_agree(const void *a, const void *b, flashcl_dtype dt, size_t n, double *worst);
 
+/* 1 where a call that forced `variant` was refused as flashcl refuses the cpu kernels on Mesa's
+ * rusticl (src/internal.h, FLASHCL_RUSTICL_NO_CPU): variant "cpu", a rusticl device,
+ * FLASHCL_ERROR_INVALID_PARAMS and a message naming rusticl. A test then checks that the call
+ * wrote nothing, in place of its result. */
+int test_cpu_refused_on_rusticl(flashcl_context *ctx, const char *variant, flashcl_status st);
+
 /* The end of a test's main: prints "N FAILED" or "all passed"; returns its exit status. */
 int test_summary(int failures);
 
