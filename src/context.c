@@ -333,13 +333,21 @@ static flashcl_status make_host(flashcl_context *ctx, const char *why) {
     return FLASHCL_SUCCESS;
 }
 
-/* 1 where the platform's name, vendor or version holds word (case-insensitive). */
+/* 1 where the platform's name, vendor or version holds word (case-insensitive), read whole
+ * whatever its length. */
 static int platform_names(cl_platform_id platform, const char *word) {
-    static const cl_platform_info fields[] = {CL_PLATFORM_NAME, CL_PLATFORM_VENDOR, CL_PLATFORM_VERSION};
+    static const cl_platform_info fields[] = {CL_PLATFORM_NAME, CL_PLATFORM_VENDOR,
+                                              CL_PLATFORM_VERSION};
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
-        char text[256] = "";
-        if (clGetPlatformInfo(platform, fields[i], sizeof text - 1, text, NULL) == CL_SUCCESS &&
-            contains_nocase(text, word))
+        size_t size = 0;
+        if (clGetPlatformInfo(platform, fields[i], 0, NULL, &size) != CL_SUCCESS || size == 0)
+            continue;
+        char *text = calloc(size + 1, 1);
+        const int holds = text &&
+                          clGetPlatformInfo(platform, fields[i], size, text, NULL) == CL_SUCCESS &&
+                          contains_nocase(text, word);
+        free(text);
+        if (holds)
             return 1;
     }
     return 0;
@@ -359,23 +367,31 @@ static int is_index(const char *text, unsigned long *value) {
     return *text >= '0' && *text <= '9' && *end == '\0';
 }
 
-/* "PLATFORM:DEVICE" (pick_device): the first platform that PLATFORM names (its index, or a word
- * of its name, vendor or version; any, where empty) holding a device that DEVICE picks (its index
- * on that platform, a word of its name or vendor, or its first device where empty). */
+/* "PLATFORM:DEVICE" (pick_device), split at the first colon: the first platform that PLATFORM
+ * names (its index, or a word of its name, vendor or version; any, where empty) holding a device
+ * that DEVICE picks (its index on that platform, a word of its name or vendor, or its first
+ * device where empty). Returns FLASHCL_ERROR_NO_DEVICE with *named 0, and no message, where
+ * PLATFORM is a word that names no platform: the caller then tries the whole spec as one word
+ * (AMD's device names hold colons: "gfx90a:sramecc+:xnack-"). */
 static flashcl_status pick_on_platform(flashcl_context *ctx, const char *spec, const char *colon,
-                                       const cl_platform_id *plats, cl_uint nplat, cl_platform_id *platform,
-                                       cl_device_id *device) {
+                                       const cl_platform_id *plats, cl_uint nplat,
+                                       cl_platform_id *platform, cl_device_id *device, int *named) {
     char word[128];
     const size_t len = (size_t)(colon - spec);
+    *named = 1;
     if (len >= sizeof word)
-        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': the platform's name is too long",
-                            spec);
+        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE,
+                            "device spec '%s': the platform's part is too long", spec);
     memcpy(word, spec, len);
     word[len] = '\0';
     const char *dev_word = colon + 1;
     unsigned long plat_index, index;
     const int plat_by_index = is_index(word, &plat_index), by_index = is_index(dev_word, &index);
-    int platforms = 0;
+    if (plat_by_index && plat_index >= nplat)
+        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE,
+                            "device spec '%s': no platform %lu (%u found)", spec, plat_index,
+                            nplat);
+    int platforms = 0, devices = 0;
     for (cl_uint p = 0; p < nplat; ++p) {
         if (plat_by_index ? p != plat_index : !platform_names(plats[p], word))
             continue;
@@ -384,6 +400,7 @@ static flashcl_status pick_on_platform(flashcl_context *ctx, const char *spec, c
         cl_uint ndev = 0;
         if (clGetDeviceIDs(plats[p], CL_DEVICE_TYPE_ALL, 64, devs, &ndev) != CL_SUCCESS)
             continue;
+        devices += (int)ndev;
         for (cl_uint d = 0; d < ndev && d < 64; ++d) {
             if (by_index ? d != index : !device_names(plats[p], devs[d], dev_word))
                 continue;
@@ -392,11 +409,17 @@ static flashcl_status pick_on_platform(flashcl_context *ctx, const char *spec, c
             return FLASHCL_SUCCESS;
         }
     }
-    if (!platforms)
-        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no OpenCL platform named '%s'", spec,
+    if (!platforms) {
+        *named = 0;
+        return FLASHCL_ERROR_NO_DEVICE;
+    }
+    if (!devices)
+        return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE,
+                            "device spec '%s': the platforms '%s' names have no devices", spec,
                             word);
-    return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no device '%s' on the platforms named '%s'",
-                        spec, dev_word, word);
+    return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE,
+                        "device spec '%s': no device '%s' on the platforms '%s' names", spec,
+                        dev_word, word);
 }
 
 /* Parses spec into a device; returns the status and sets *platform / *device. */
@@ -415,8 +438,13 @@ static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_pla
      * by its name, vendor or version, then its device by an index or a word of the device's name
      * or vendor (either part may be empty). */
     const char *colon = strchr(spec, ':');
-    if (colon)
-        return pick_on_platform(ctx, spec, colon, plats, nplat, platform, device);
+    int named = 1;
+    if (colon) {
+        const flashcl_status st =
+            pick_on_platform(ctx, spec, colon, plats, nplat, platform, device, &named);
+        if (named)
+            return st;
+    }
 
     cl_device_type want = CL_DEVICE_TYPE_ALL;
     const char *word = NULL; /* a name fragment to match */
@@ -456,6 +484,11 @@ static flashcl_status pick_device(flashcl_context *ctx, const char *spec, cl_pla
         else if (!word)
             break;
     }
+    if (!named)
+        return flashcl_fail(
+            ctx, FLASHCL_ERROR_NO_DEVICE,
+            "device spec '%s': no OpenCL platform named '%.*s', nor a device named '%s'", spec,
+            (int)(colon - spec), spec, spec);
     return flashcl_fail(ctx, FLASHCL_ERROR_NO_DEVICE, "device spec '%s': no matching device", spec);
 }
 

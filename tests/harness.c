@@ -94,7 +94,8 @@ int test_outputs_agree(const void *a, const void *b, flashcl_dtype dt, size_t n,
 }
 
 int test_cpu_refused_on_rusticl(flashcl_context *ctx, const char *variant, flashcl_status st) {
-    return variant && !strcmp(variant, "cpu") && strstr(flashcl_context_device_name(ctx), "rusticl") &&
+    return variant && !strcmp(variant, "cpu") &&
+           strstr(flashcl_context_device_name(ctx), "rusticl") &&
            st == FLASHCL_ERROR_INVALID_PARAMS && strstr(flashcl_last_error(ctx), "rusticl");
 }
 

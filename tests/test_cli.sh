@@ -388,7 +388,7 @@ grep -q 'spec "host": .*\[host path\]' out.txt && ok "  names the host path and 
     bad "devices --device host: $(head -c 300 out.txt)"
 expect_status 1 "devices --device no-such-platform-anywhere: picks nothing" devices \
     --device no-such-platform-anywhere:
-grep -q "no OpenCL platform" out.txt && ok "  and says why" || bad "devices --device NAME:: $(head -c 300 out.txt)"
+grep -q "no OpenCL platform" out.txt && ok "  and says why" || bad "devices --device no-such-platform-anywhere: $(head -c 300 out.txt)"
 expect_status 0 "check --cases 4" check --cases 4
 [ "$(grep -c ' PASS$' out.txt)" -eq 4 ] || bad "check --cases 4: not 4 PASS rows"
 expect_status 0 "bench --json, one small shape" bench --shape 1,2,64,32 --iters 2 --warmup 1 --json

@@ -196,8 +196,10 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         float *fresh_lse = test_xmalloc(nlse * sizeof *fresh_lse);
         flashcl_ref_poison(fresh, c->out_dtype, span_o);
         flashcl_ref_poison(fresh_lse, FLASHCL_FLOAT32, nlse);
-        strncat(what, ": refused on rusticl, out and lse untouched", sizeof what - strlen(what) - 1);
-        expect(!memcmp(out, fresh, span_o * es) && !memcmp(lse, fresh_lse, nlse * sizeof *lse), what, &failures);
+        strncat(what, ": refused on rusticl, out and lse untouched",
+                sizeof what - strlen(what) - 1);
+        expect(!memcmp(out, fresh, span_o * es) && !memcmp(lse, fresh_lse, nlse * sizeof *lse),
+               what, &failures);
         free(fresh), free(fresh_lse);
     } else if (st != FLASHCL_SUCCESS) {
         printf("  %s: %s\n", flashcl_status_string(st), flashcl_last_error(ctx));

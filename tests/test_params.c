@@ -798,7 +798,8 @@ static void test_block_order(void) {
                    cases[i].what, &failures);
             /* float32's tensor-core kernel orders the same blocks in chunks of 16, the FP8 one
              * at D=64 too */
-            expect(flashcl_lpt_heads(&d, "nv-tf32") == 2 * cases[i].lpt, "nv-tf32: chunks of 16 pairs", &failures);
+            expect(flashcl_lpt_heads(&d, "nv-tf32") == 2 * cases[i].lpt,
+                   "nv-tf32: chunks of 16 pairs", &failures);
             expect(flashcl_lpt_heads(&d, "nv-wgmma-fp8") == (head_dim <= 64 ? 2 : 1) * cases[i].lpt,
                    "nv-wgmma-fp8: chunks of 16 pairs at D=64, 8 at D=128", &failures);
         }

@@ -36,8 +36,11 @@ static const char usage_main[] =
     "  --version   show the tool's and the library's version\n"
     "\n"
     "Devices (--device SPEC, else $FLASHCL_DEVICE, else the first GPU, else any device):\n"
-    "  gpu, cpu, accelerator, host (no OpenCL), P:D (platform:device index from\n"
-    "  'flashcl devices'), or a word of the platform or device name (nvidia, pocl...).\n";
+    "  gpu, cpu, accelerator, host (no OpenCL); PLATFORM:DEVICE, each an index from\n"
+    "  'flashcl devices' or a word of the platform's name, vendor or version and of the\n"
+    "  device's name or vendor, either part empty (0:1, intel:, nvidia:H100); or one word,\n"
+    "  the platform it names first, then a device whose name holds it (nvidia, pocl).\n"
+    "  'flashcl devices --device SPEC' shows the device a spec picks.\n";
 
 /* ======================================================================
  * main
