@@ -525,8 +525,14 @@ int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_d
     }
     if (strcmp(variant, "cpu") && strcmp(variant, "portable"))
         return 0;
+    if (!variant_applies(ctx, desc, variant)) /* the cpu kernels on rusticl */
+        return 0;
     entry_params(!strcmp(variant, "cpu") ? &builtin_type[0] : &builtin_global[desc->head_dim > 128], p);
     shrink_to_fit(ctx, desc->head_dim, p);
+    /* Where not one row of the cpu kernel fits, shrink_to_fit takes the portable kernel: right
+     * for a default, not for a kernel asked for by name. */
+    if (strcmp(p->variant, variant))
+        return 0;
     p->source = "FLASHCL_PARAMS";
     return 1;
 }

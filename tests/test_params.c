@@ -913,6 +913,32 @@ static void test_tma_strides(void) {
     expect(!flashcl_tma_strides(dims, fp8_odd, 1, bytes), "TMA strides: an FP8 row of 72 bytes is refused", &failures);
 }
 
+/* A kernel asked for by name is that kernel or an error: where not one row of the cpu kernel fits
+ * the device's local memory (D=256 in 16 KB), a default takes the portable kernel, but
+ * FLASHCL_PARAMS=VARIANT=cpu is refused (it once ran the portable kernel, reported as the
+ * user's choice). */
+static void test_named_variant_fits(void) {
+    flashcl_context *ctx = test_context();
+    ctx->info.type = CL_DEVICE_TYPE_CPU;
+    ctx->info.local_mem = 16 * 1024;
+    ctx->info.is_rusticl = 0;
+    flashcl_attention_desc d = desc_of(FLASHCL_FLOAT32, 300, 256, 0);
+    flashcl_params p;
+    expect(flashcl_attention_params(ctx, &d, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),
+           "D=256 in 16 KB: the default is the portable kernel", &failures);
+    setenv("FLASHCL_PARAMS", "VARIANT=cpu", 1);
+    const flashcl_status st = flashcl_attention_params(ctx, &d, &p);
+    unsetenv("FLASHCL_PARAMS");
+    expect(st == FLASHCL_ERROR_INVALID_PARAMS && strstr(flashcl_last_error(ctx), "local memory"),
+           "D=256 in 16 KB: FLASHCL_PARAMS=VARIANT=cpu is refused, and says why", &failures);
+    d.head_dim = 64;
+    setenv("FLASHCL_PARAMS", "VARIANT=cpu", 1);
+    expect(flashcl_attention_params(ctx, &d, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "cpu"),
+           "D=64 in 16 KB: FLASHCL_PARAMS=VARIANT=cpu is the cpu kernel", &failures);
+    unsetenv("FLASHCL_PARAMS");
+    flashcl_context_destroy(ctx);
+}
+
 int main(void) {
     if (!params_make_dir("flashcl-test-params"))
         return 1;
@@ -930,6 +956,7 @@ int main(void) {
         test_overrides();
         test_levels();
         test_fp8_wgmma_choice();
+        test_named_variant_fits();
     }
     params_remove_dir();
     printf("%s\n", failures ? "FAILED" : "all passed");
