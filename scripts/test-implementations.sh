@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# scripts/test-implementations.sh: the quick forward, backward, serving, speculative, FP8 and
-# error tests and `flashcl check --cases 200` on each OpenCL implementation (CTest labels
+# scripts/test-implementations.sh: the quick forward, backward, serving, speculative, FP8, error
+# and parameter tests and `flashcl check --cases 200` on each OpenCL implementation (CTest labels
 # impl-pocl, impl-intel, impl-rusticl), after scripts/setup-implementations.sh. Run by .ci/run; needs a configured build.
 #   scripts/test-implementations.sh [IMPL...]        (default: pocl intel rusticl)
 # An implementation whose device cannot be found prints one line "IMPL: NOT TESTED: ..." and

@@ -73,7 +73,15 @@ int parses2(const char *text, size_t len, size_t *count, size_t *other, char *er
     return r == 0;
 }
 
+void pretend_plain(flashcl_context *ctx) {
+    ctx->info.is_rusticl = 0;
+    ctx->info.is_pocl = 0;
+    ctx->info.local_scale = 1;
+    ctx->info.max_param = 4096;
+}
+
 void pretend_h200(flashcl_context *ctx) {
+    pretend_plain(ctx);
     /* Not a name with built-in device entries: this tests the arch level. */
     snprintf(ctx->info.name, sizeof ctx->info.name, "Pretend NVIDIA sm_90 GPU");
     snprintf(ctx->info.vendor, sizeof ctx->info.vendor, "NVIDIA Corporation");

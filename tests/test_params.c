@@ -919,9 +919,9 @@ static void test_tma_strides(void) {
  * user's choice). */
 static void test_named_variant_fits(void) {
     flashcl_context *ctx = test_context();
+    pretend_plain(ctx);
     ctx->info.type = CL_DEVICE_TYPE_CPU;
     ctx->info.local_mem = 16 * 1024;
-    ctx->info.is_rusticl = 0;
     flashcl_attention_desc d = desc_of(FLASHCL_FLOAT32, 300, 256, 0);
     flashcl_params p;
     expect(flashcl_attention_params(ctx, &d, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "portable"),

@@ -42,6 +42,7 @@ static void test_backward_levels(void) {
     flashcl_backward_choice c;
     flashcl_context *ctx = test_context();
     /* A CPU with room for every tile: the CPU default as the table has it. */
+    pretend_plain(ctx);
     ctx->info.type = CL_DEVICE_TYPE_CPU;
     ctx->info.local_mem = 1 << 20;
     ctx->info.max_wg = 4096;
