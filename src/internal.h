@@ -313,7 +313,8 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
                        char *why, size_t why_size);
 /* The built-in tiles of one forward variant ("portable", "cpu", or a
  * tensor-core one where it applies to desc on this device), shrunk to fit:
- * FLASHCL_PARAMS=VARIANT=...; 0 when the variant does not apply. */
+ * FLASHCL_PARAMS=VARIANT=...; 0 when the variant does not apply, or ("cpu")
+ * where not even one row of its tiles fits the device's local memory. */
 int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
                            flashcl_params *params);
 /* The most keys (or query rows) one work-item of the forward, backward or

@@ -606,6 +606,8 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
                                 ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 32..128)"
                             : !strcmp(e->variant, "nv-wgmma-fp8")
                                 ? "the nv-wgmma-fp8 kernel does not apply here (" FLASHCL_NV_WGMMA_FP8_NEEDS ")"
+                            : !strcmp(e->variant, "cpu")
+                                ? FLASHCL_RUSTICL_NO_CPU
                                 : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))

@@ -75,9 +75,7 @@ int parses2(const char *text, size_t len, size_t *count, size_t *other, char *er
 
 void pretend_plain(flashcl_context *ctx) {
     ctx->info.is_rusticl = 0;
-    ctx->info.is_pocl = 0;
-    ctx->info.local_scale = 1;
-    ctx->info.max_param = 4096;
+    ctx->info.max_wg = 1024;
 }
 
 void pretend_h200(flashcl_context *ctx) {

@@ -28,9 +28,9 @@ flashcl_status params_with_file(const char *path, const flashcl_attention_desc *
 const char *device_name(void);
 /* 1 when text parses; *count: forward entries, *other (may be NULL): serving + backward. */
 int parses2(const char *text, size_t len, size_t *count, size_t *other, char *err, size_t n);
-/* ctx's device info cleared of one implementation's quirks (rusticl's refusals and doubled
- * __local count, PoCL's, a small argument size), so that a pretend device's tables come out the
- * same whichever implementation runs the test. */
+/* ctx's device info cleared of what the running implementation adds to the parameter rules
+ * (rusticl's refusals, and its probed 32 work-items a group: 1024 here), so that a pretend
+ * device's tables come out the same whichever implementation runs the test. */
 void pretend_plain(flashcl_context *ctx);
 /* ctx's device info made an H200 without its name (the arch level's entries apply), plain. */
 void pretend_h200(flashcl_context *ctx);

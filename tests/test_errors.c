@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "harness.h"
 
@@ -95,17 +96,24 @@ static int spec_refused(const char *spec, const char *why) {
 static int platform_holds(cl_platform_id platform, const char *word) {
     static const cl_platform_info fields[] = {CL_PLATFORM_NAME, CL_PLATFORM_VENDOR,
                                               CL_PLATFORM_VERSION};
+    char low[256];
+    size_t n = 0;
+    for (; word[n] && n < sizeof low - 1; ++n)
+        low[n] = (char)tolower((unsigned char)word[n]);
+    low[n] = '\0';
     for (size_t i = 0; i < sizeof fields / sizeof fields[0]; ++i) {
-        char text[1024] = "";
-        clGetPlatformInfo(platform, fields[i], sizeof text - 1, text, NULL);
+        size_t size = 0;
+        if (clGetPlatformInfo(platform, fields[i], 0, NULL, &size) != CL_SUCCESS || !size)
+            continue;
+        char *text = test_xmalloc(size + 1);
+        text[0] = '\0';
+        clGetPlatformInfo(platform, fields[i], size, text, NULL);
+        text[size] = '\0';
         for (char *t = text; *t; ++t)
             *t = (char)tolower((unsigned char)*t);
-        char low[256];
-        size_t n = 0;
-        for (; word[n] && n < sizeof low - 1; ++n)
-            low[n] = (char)tolower((unsigned char)word[n]);
-        low[n] = '\0';
-        if (strstr(text, low))
+        const int holds = strstr(text, low) != NULL;
+        free(text);
+        if (holds)
             return 1;
     }
     return 0;
@@ -120,7 +128,9 @@ static void word_names_platform_first(const cl_platform_id *plats, cl_uint nplat
         clGetPlatformInfo(plats[b], CL_PLATFORM_NAME, sizeof name - 1, name, NULL);
         for (char *save = NULL, *w = strtok_r(name, " ,", &save); w;
              w = strtok_r(NULL, " ,", &save)) {
-            if (strlen(w) < 3)
+            /* the library reads these as device types, and a ':' as PLATFORM:DEVICE */
+            if (strlen(w) < 3 || strchr(w, ':') || !strcasecmp(w, "cpu") || !strcasecmp(w, "gpu") ||
+                !strcasecmp(w, "accelerator") || !strcasecmp(w, "host"))
                 continue;
             int earlier_platform = 0, earlier_device = 0;
             for (cl_uint a = 0; a < b; ++a) {

@@ -936,6 +936,12 @@ static void test_named_variant_fits(void) {
     expect(flashcl_attention_params(ctx, &d, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "cpu"),
            "D=64 in 16 KB: FLASHCL_PARAMS=VARIANT=cpu is the cpu kernel", &failures);
     unsetenv("FLASHCL_PARAMS");
+    /* on rusticl the cpu kernels are refused by name, and the message says why */
+    ctx->info.is_rusticl = 1;
+    flashcl_params cpu = p;
+    expect(flashcl_set_params(ctx, &d, &cpu) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "rusticl"),
+           "rusticl: flashcl_set_params with the cpu kernel is refused, and says why", &failures);
     flashcl_context_destroy(ctx);
 }
 
