@@ -146,16 +146,11 @@ static flashcl_status apply_env_params(flashcl_context *ctx, const flashcl_atten
                                 "FLASHCL_PARAMS: VARIANT must be portable, cpu, nv-mma, nv-tf32, nv-wgmma or nv-wgmma-fp8 "
                                 "in '%s'",
                                 env);
-        if (!flashcl_variant_params(ctx, r, name, p)) {
-            const int cpu = !strcmp(name, "cpu"), fp8 = !strcmp(name, "nv-wgmma-fp8");
+        char why[200];
+        if (!flashcl_variant_params(ctx, r, name, p, why, sizeof why))
             return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                                 "FLASHCL_PARAMS: the %s kernel does not apply to this problem on this device%s%s", name,
-                                fp8 || cpu ? ": " : "",
-                                fp8                            ? "it needs " FLASHCL_NV_WGMMA_FP8_NEEDS
-                                : cpu && ctx->info.is_rusticl ? FLASHCL_RUSTICL_NO_CPU
-                                : cpu                          ? "one row of its tiles does not fit the device's local memory"
-                                                               : "");
-        }
+                                why[0] ? ": " : "", why);
     }
     const forward_variant *v = find_variant(p->variant);
     for (const char *s = env; (item = flashcl_kv_next(&s, &kv)) != FLASHCL_KV_END;) {

@@ -314,9 +314,10 @@ int flashcl_params_fit(const flashcl_context *ctx, int head_dim, const flashcl_p
 /* The built-in tiles of one forward variant ("portable", "cpu", or a
  * tensor-core one where it applies to desc on this device), shrunk to fit:
  * FLASHCL_PARAMS=VARIANT=...; 0 when the variant does not apply, or ("cpu")
- * where not even one row of its tiles fits the device's local memory. */
+ * where not even one row of its tiles fits the device's local memory, with
+ * *why saying which where it knows ("" otherwise). */
 int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
-                           flashcl_params *params);
+                           flashcl_params *params, char *why, size_t why_size);
 /* The most keys (or query rows) one work-item of the forward, backward or
  * tiled serving kernels may walk on ctx's driver; 0: no limit. Mesa's rusticl
  * (llvmpipe) ends loops after 65535 iterations: params_forward.c. */

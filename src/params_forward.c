@@ -498,11 +498,14 @@ static int lookup(const flashcl_context *ctx, const flashcl_attention_desc *desc
 }
 
 int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
-                           flashcl_params *p) {
+                           flashcl_params *p, char *why, size_t why_size) {
+    why[0] = '\0';
     /* The FP8 wgmma kernel has one shape, whatever the table says. */
     if (!strcmp(variant, "nv-wgmma-fp8")) {
-        if (!flashcl_nv_wgmma_fp8_eligible(ctx, desc))
+        if (!flashcl_nv_wgmma_fp8_eligible(ctx, desc)) {
+            snprintf(why, why_size, "it needs %s", FLASHCL_NV_WGMMA_FP8_NEEDS);
             return 0;
+        }
         memset(p, 0, sizeof *p);
         p->variant = "nv-wgmma-fp8";
         p->block_m = 64;
@@ -525,14 +528,18 @@ int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_d
     }
     if (strcmp(variant, "cpu") && strcmp(variant, "portable"))
         return 0;
-    if (!variant_applies(ctx, desc, variant)) /* the cpu kernels on rusticl */
+    if (!variant_applies(ctx, desc, variant)) { /* the cpu kernels on rusticl */
+        snprintf(why, why_size, "%s", FLASHCL_RUSTICL_NO_CPU);
         return 0;
+    }
     entry_params(!strcmp(variant, "cpu") ? &builtin_type[0] : &builtin_global[desc->head_dim > 128], p);
     shrink_to_fit(ctx, desc->head_dim, p);
     /* Where not one row of the cpu kernel fits, shrink_to_fit takes the portable kernel: right
      * for a default, not for a kernel asked for by name. */
-    if (strcmp(p->variant, variant))
+    if (strcmp(p->variant, variant)) {
+        snprintf(why, why_size, "one row of its tiles does not fit the device's local memory");
         return 0;
+    }
     p->source = "FLASHCL_PARAMS";
     return 1;
 }
