@@ -294,6 +294,111 @@
 #else
 #define SOFTMAX_TILE(s, alpha) ONLINE_SOFTMAX_16_P(s, S_FRAGS, m_run, l_run, sc, alpha)
 #endif
+
+/* PREV_MAX (a study, default 0): a tile's exponents against the running max of the tiles
+ * before it, m_prev, not against the tile's own, so that they need not wait for the tile's
+ * row maxima (64 FMNMX, two shuffles and a vote a row): the SFU can work beside that chain.
+ * p = 2^((s - m_prev) sc + bias) by one fma and the exponent, the maxima beside them; then a
+ * vote. Where no row's max passed m_prev by more than PREV_MAX_TAU (in log2 units) p stays as
+ * it is (below 2^(bias + tau) = 430, under e4m3's 448), m_run keeps m_prev and alpha is 1: no
+ * rescale of O or l. Where one did (a row's max still rising) each row takes its new max and
+ * p, l and O the factor 2^-(m_new - m_prev) sc, exact in form. Where a max leapt so far past
+ * m_prev that p may have overflowed (PREV_MAX_FAR: never on data, where scores of that size
+ * would already have set m_prev), the warp computes the tile's scores again from global memory
+ * (its K tile's buffer may already hold the next tile) and takes the exact step. A warp whose
+ * rows have no finite m_prev yet, or one too far for the one-fma form, takes the exact step
+ * too. bias 7, not 8, leaves P room for tau: one step of e4m3's subnormal range.
+ * FlashAttention-4 keeps a stale max the same way to skip O's rescale. */
+#ifndef PREV_MAX
+#define PREV_MAX 0
+#endif
+#if PREV_MAX
+#if PV_CHAINED || !SOFTMAX_PHASED
+#error "PREV_MAX is a form of the phased softmax, over two-level sums"
+#endif
+#undef P_SCALE_LOG2
+#define P_SCALE_LOG2 7
+#define PREV_MAX_TAU 1.75f
+#define PREV_MAX_FAR 100.0f
+/* Four FP8 bytes of format fmt from p, decoded. */
+#define FP8_LOAD4(fmt, p)                                                                          \
+    ((float4)(FP8_DECODE(fmt, (p)[0]), FP8_DECODE(fmt, (p)[1]), FP8_DECODE(fmt, (p)[2]),          \
+              FP8_DECODE(fmt, (p)[3])))
+/* The scores of keys n0.. again, by this lane, from the head's Q and K bytes in global memory
+ * (rows qr0 and qr1, key rows kb + key * k_ss, keys past nk reading the last one: masked after)
+ * into out[S_FRAGS * 4] in s's order: the rare path of PREV_MAX. Not inlined, so that its
+ * registers are its own: the loop around the call keeps its allocation, and the call saves
+ * what is live only where it is made. */
+__attribute__((noinline)) void s_again(float *out, __global const uchar *qr0, __global const uchar *qr1,
+                                       __global const uchar *kb, ulong k_ss, int n0, int nk, int t) {
+    for (int j = 0; j < S_FRAGS; ++j)
+        for (int c = 0; c < 2; ++c) {
+            __global const uchar *kr = kb + (ulong)min(n0 + 8 * j + 2 * t + c, nk - 1) * k_ss;
+            float s0 = 0.0f, s1 = 0.0f;
+            for (int d = 0; d < HEAD_DIM; ++d) {
+                const float kf = FP8_DECODE(KV_FP8, kr[d]);
+                s0 += FP8_DECODE(Q_FP8, qr0[d]) * kf;
+                s1 += FP8_DECODE(Q_FP8, qr1[d]) * kf;
+            }
+            out[4 * j + c] = s0;
+            out[4 * j + 2 + c] = s1;
+        }
+}
+#define S_AGAIN(s, n0)                                                                             \
+    do {                                                                                           \
+        float again_[S_FRAGS * 4];                                                                 \
+        s_again(again_, qb + (ulong)min(w0 + g, nq - 1) * q_ss, qb + (ulong)min(w0 + g + 8, nq - 1) * q_ss, \
+                kb, k_ss, n0, nk, t);                                                              \
+        _Pragma("unroll") for (int j_ = 0; j_ < S_FRAGS; ++j_)                                     \
+            _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] = again_[4 * j_ + e_];     \
+    } while (0)
+#undef SOFTMAX_TILE
+#define SOFTMAX_TILE(s, alpha) SOFTMAX_PREV_MAX(s, alpha, n0)
+#define SOFTMAX_PREV_MAX(s, alpha, n0)                                                             \
+    do {                                                                                           \
+        const float msc_[2] = {m_run[0] * sc, m_run[1] * sc};                                      \
+        int exact_ = warp_any(!(msc_[0] < 1024.0f && msc_[0] > -1024.0f && msc_[1] < 1024.0f &&    \
+                                msc_[1] > -1024.0f));                                              \
+        if (!exact_) {                                                                             \
+            const float c_[2] = {(float)P_SCALE_LOG2 - msc_[0], (float)P_SCALE_LOG2 - msc_[1]};   \
+            float mx_[2] = {-INFINITY, -INFINITY}, ps_[2] = {0.0f, 0.0f}, d_[2];                   \
+            _Pragma("unroll") for (int j_ = 0; j_ < S_FRAGS; ++j_)                                 \
+                _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_) {                                 \
+                const float x_ = (s)[j_][e_];                                                      \
+                mx_[e_ >> 1] = fmax(mx_[e_ >> 1], x_);                                             \
+                const float p_ = ex2(fma(x_, sc, c_[e_ >> 1]));                                    \
+                (s)[j_][e_] = p_;                                                                  \
+                ps_[e_ >> 1] += p_;                                                                \
+            }                                                                                      \
+            _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                                     \
+                mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 1));                                     \
+                mx_[h_] = fmax(mx_[h_], shfl_xor(mx_[h_], 2));                                     \
+                d_[h_] = (fmax(m_run[h_], mx_[h_]) - m_run[h_]) * sc;                              \
+            }                                                                                      \
+            (alpha)[0] = (alpha)[1] = 1.0f;                                                        \
+            if (warp_any(d_[0] > PREV_MAX_TAU || d_[1] > PREV_MAX_TAU)) {                          \
+                if (warp_any(d_[0] > PREV_MAX_FAR || d_[1] > PREV_MAX_FAR)) {                      \
+                    S_AGAIN(s, n0);                                                                \
+                    SCORES_POST(s, n0);                                                            \
+                    exact_ = 1;                                                                    \
+                } else {                                                                           \
+                    _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) {                             \
+                        (alpha)[h_] = ex2(-d_[h_]);                                                \
+                        m_run[h_] = fmax(m_run[h_], mx_[h_]);                                      \
+                        ps_[h_] *= (alpha)[h_];                                                    \
+                    }                                                                              \
+                    _Pragma("unroll") for (int j_ = 0; j_ < S_FRAGS; ++j_)                         \
+                        _Pragma("unroll") for (int e_ = 0; e_ < 4; ++e_)(s)[j_][e_] *= (alpha)[e_ >> 1]; \
+                }                                                                                  \
+            }                                                                                      \
+            if (!exact_)                                                                           \
+                _Pragma("unroll") for (int h_ = 0; h_ < 2; ++h_) l_run[h_] =                       \
+                    l_run[h_] * (alpha)[h_] + ps_[h_];                                             \
+        }                                                                                          \
+        if (exact_)                                                                                \
+            ONLINE_SOFTMAX_16_P_BIASED(s, S_FRAGS, m_run, l_run, sc, alpha, P_SCALE_LOG2);         \
+    } while (0)
+#endif
 #if !PV_CHAINED
 #define PV_ADD_AFTER(acc, pf, vt, alpha, issued)                                                   \
     PV_TWO_LEVEL_SCALED_AFTER(acc, pf, vt, (alpha)[0], (alpha)[1], issued)

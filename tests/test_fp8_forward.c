@@ -55,6 +55,10 @@ typedef struct fp8_case {
      * rows' scores reach thousands of bits, past where the FP8 kernel's softmax folds m sc into
      * one fma (SOFTMAX_EXPS_BIASED, cl/common_nv.cl), beside rows that stay below */
     float boost;
+    /* nonzero (with scales 2): k's factors of every key block from key 128 on (the FP8 kernel's
+     * second tile) set to this, so that rows whose first tile is ordinary leap by hundreds of
+     * bits in a later one: what the kernel's PREV_MAX study must compute its scores again for */
+    float k_boost;
 } fp8_case;
 
 /* A padded layout for (seqlen, heads, head_dim) rows: gaps after each head,
@@ -168,6 +172,9 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
         for (size_t i = 1; c->boost > 0.0f && i < hq * bq; i += 4)
             qs[i] = c->boost;
         d.fp8.k_descale = ks = random_factors(&rng, hk * bk);
+        for (size_t i = 0; c->k_boost > 0.0f && i < hk * bk; ++i)
+            if (i % bk * (size_t)c->block_rows >= 128)
+                ks[i] = c->k_boost;
         d.fp8.v_descale = vs = random_factors(&rng, hk);
     }
     const size_t es = flashcl_dtype_size(c->out_dtype), nlse = (size_t)c->batch * c->heads_q * c->seqlen_q;
@@ -250,7 +257,9 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
                              * unit in scores of thousands, so p moves by up to e^(2 x that) where
                              * two keys nearly tie. */
                             const double trunc =
-                                c->boost > 0.0f ? expm1(0x1p-13 * abs_sums[((size_t)b * Hq + h) * Nq + n]) : 0.0;
+                                c->boost > 0.0f || c->k_boost > 0.0f
+                                    ? expm1(0x1p-13 * abs_sums[((size_t)b * Hq + h) * Nq + n])
+                                    : 0.0;
                             *pe = (0x1p-4 * 1.01 + trunc) * *pe + 0x1p-18 * sub;
                         }
                     }
@@ -316,6 +325,16 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
             snprintf(why, sizeof why, "%s: %zu rows past 1024 bits, %zu below", what, past, below);
             expect(past > 0 && below > 0, why, &failures);
         }
+        if (c->k_boost > 0.0f) {
+            /* Rows whose max leaps past their first tile's by more than 100 bits (their first
+             * 128 keys keep ordinary factors, so their first tile's max is a few units). */
+            size_t leap = 0;
+            for (size_t i = 0; i < nlse; ++i)
+                leap += ref_lse[i] > 100.0 * log(2.0) + log((double)Nk);
+            char why[sizeof what + 64];
+            snprintf(why, sizeof why, "%s: %zu rows whose max leaps in a later tile", what, leap);
+            expect(leap > 0, why, &failures);
+        }
         /* The gaps of a padded out stay as poisoned. */
         size_t written = 0;
         for (size_t i = 0; i < span_o; ++i)
@@ -368,24 +387,25 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
 }
 
 static const fp8_case cases[] = {
-    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded, boost */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0, 1, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0, 1, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0, 0, 0},
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap,
+     * padded, boost, k_boost */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 2, 2, 1, 45, 45, 64, 0, 1, 7, 3, 2, 16, 0, 1, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 2, 19, 70, 64, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 37, 61, 128, 1, 0, 0, 0, 2, 32, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 2, 2, 2, 17, 33, 40, 0, 1, 5, 0, 2, 7, 0, 1, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 50, 50, 40, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
     /* scores of thousands of bits in every fourth block of 8 rows, beside ordinary ones */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 40, 70, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300.0f},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 40, 70, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300, 0},
 };
 #define CASES (sizeof cases / sizeof cases[0])
 
 /* `oclgrind` mode (ctest -L oclgrind): shapes tiny enough for Oclgrind's
  * checks, still odd lengths, GQA, blocks that straddle tiles, both formats. */
 static const fp8_case tiny_cases[] = {
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT32, 1, 2, 1, 9, 13, 16, 1, 0, 0, 0, 2, 4, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 2, 5, 7, 8, 0, 1, 2, 1, 1, 0, 0, 1, 0, 0},
 };
 
 /* The FP8 warpgroup-MMA kernel (cl/flash_fwd_sm90_fp8.cl): head dims in steps
@@ -393,27 +413,34 @@ static const fp8_case tiny_cases[] = {
  * lengths, several 128-key tiles and a partial last one, GQA, causal,
  * windows, soft-cap, every kind of factors, block rows straddling tiles. */
 static const fp8_case wgmma_cases[] = {
-    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap, padded, boost */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 200, 333, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 150, 300, 128, 1, 0, 0, 0, 2, 64, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 70, 260, 96, 0, 1, 50, 10, 2, 16, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 3, 8, 2, 1, 515, 128, 0, 0, 0, 0, 1, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0, 0},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 64, 32768, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0}, /* long rows */
+    /* format, out, B, Hq, Hk, Nq, Nk, D, causal, windowed, wl, wr, scales, block_rows, softcap,
+     * padded, boost, k_boost */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 4, 2, 37, 61, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 200, 333, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 1, 150, 300, 128, 1, 0, 0, 0, 2, 64, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 70, 260, 96, 0, 1, 50, 10, 2, 16, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 3, 1, 33, 29, 64, 1, 0, 0, 0, 3, 0, 20.0f, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 3, 8, 2, 1, 515, 128, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_BFLOAT16, 1, 2, 1, 129, 129, 32, 1, 0, 0, 0, 2, 8, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 2, 64, 1000, 80, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    /* long rows */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 64, 32768, 128, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0},
     /* causal, more queries than keys (bottom-right): the first 200 rows see no key, so the first
      * three blocks of 64 rows run no tile and only store zeros and LSE -inf */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 300, 100, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 300, 100, 64, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0},
     /* scores of thousands of bits (the softmax's exact form) in every fourth block of 8 rows, so
      * in warps beside warps of ordinary rows (which take the fma form), and in one of two heads */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 130, 300, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300.0f},
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 2048.0f},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 130, 300, 64, 0, 0, 0, 0, 2, 8, 0, 0, 300, 0},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 1, 100, 200, 128, 1, 0, 0, 0, 1, 0, 0, 0, 2048,
+     0},
     /* several 128-row blocks over several tiles (the two-warpgroup shape's warpgroups then see
-     * different tiles' keys): a window that leaves some rows no key in a tile both see, and causal */
-    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 260, 700, 64, 0, 1, 100, 30, 2, 16, 0, 0, 0},
-    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 2, 513, 513, 48, 1, 0, 0, 0, 1, 0, 0, 0, 0},
+     * different tiles' keys): a window leaving some rows no key in a tile both see, and causal */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 2, 2, 1, 260, 700, 64, 0, 1, 100, 30, 2, 16, 0, 0, 0,
+     0},
+    {FLASHCL_FLOAT8_E5M2, FLASHCL_FLOAT16, 1, 4, 2, 513, 513, 48, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0},
+    /* keys from 128 on boosted: rows whose max leaps by hundreds of bits after their first tile */
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_FLOAT16, 1, 2, 1, 100, 400, 64, 0, 0, 0, 0, 2, 8, 0, 0, 0, 100},
+    {FLASHCL_FLOAT8_E4M3, FLASHCL_BFLOAT16, 1, 2, 2, 300, 300, 128, 1, 0, 0, 0, 2, 16, 0, 0, 0, 60},
 };
 
 /* Below (descale factors kept on the device between calls); the wgmma cases run it on that kernel. */
