@@ -57,7 +57,8 @@ typedef struct fp8_case {
     float boost;
     /* nonzero (with scales 2): k's factors of every key block from key 128 on (the FP8 kernel's
      * second tile) set to this, so that rows whose first tile is ordinary leap by hundreds of
-     * bits in a later one: what the kernel's PREV_MAX study must compute its scores again for */
+     * bits in a later one: what a softmax keeping a stale max must notice (docs/perf-notes-fp8.md,
+     * "Exponents against the running max") */
     float k_boost;
 } fp8_case;
 
