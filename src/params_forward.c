@@ -319,19 +319,31 @@ static int class_match(const flashcl_param_entry *e, const flashcl_attention_des
            (e->head_dim_min > 1 || e->head_dim_max < 256);
 }
 
+/* Why kernel v does not apply to d on ctx's device (what it needs, or why it is not used there),
+ * or NULL where it applies: the one text of both ways to name a kernel (FLASHCL_PARAMS and
+ * flashcl_set_params). */
+static const char *variant_refusal(const flashcl_context *ctx, const flashcl_attention_desc *d,
+                                   const char *v) {
+    if (!strcmp(v, "cpu"))
+        return ctx->info.is_rusticl ? FLASHCL_RUSTICL_NO_CPU : NULL;
+    if (!strcmp(v, "nv-mma"))
+        return flashcl_nv_mma_eligible(ctx, d) ? NULL
+                                               : "it needs NVIDIA sm_80+, f16/bf16, D 32..256";
+    if (!strcmp(v, "nv-wgmma"))
+        return flashcl_nv_wgmma_eligible(ctx, d) ? NULL
+                                                 : "it needs NVIDIA sm_90, f16/bf16, D 32..128";
+    if (!strcmp(v, "nv-wgmma-fp8"))
+        return flashcl_nv_wgmma_fp8_eligible(ctx, d) ? NULL
+                                                     : "it needs " FLASHCL_NV_WGMMA_FP8_NEEDS;
+    if (!strcmp(v, "nv-tf32"))
+        return flashcl_nv_tf32_eligible(ctx, d) ? NULL : "it needs NVIDIA sm_80+, f32, D <= 128";
+    return NULL;
+}
+
+/* Whether kernel v may be chosen for d by default: it applies, and (the FP8 one) has not failed
+ * to build on this context. A kernel named explicitly is tried again, its failure an error. */
 static int variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d, const char *v) {
-    /* See FLASHCL_RUSTICL_NO_CPU. */
-    if (v && !strcmp(v, "cpu") && ctx->info.is_rusticl)
-        return 0;
-    if (v && !strcmp(v, "nv-mma"))
-        return flashcl_nv_mma_eligible(ctx, d);
-    if (v && !strcmp(v, "nv-wgmma"))
-        return flashcl_nv_wgmma_eligible(ctx, d);
-    if (v && !strcmp(v, "nv-wgmma-fp8"))
-        return !ctx->no_fp8_wgmma && flashcl_nv_wgmma_fp8_eligible(ctx, d);
-    if (v && !strcmp(v, "nv-tf32"))
-        return flashcl_nv_tf32_eligible(ctx, d);
-    return v != NULL;
+    return v && !(ctx->no_fp8_wgmma && !strcmp(v, "nv-wgmma-fp8")) && !variant_refusal(ctx, d, v);
 }
 
 static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
@@ -500,12 +512,13 @@ static int lookup(const flashcl_context *ctx, const flashcl_attention_desc *desc
 int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_desc *desc, const char *variant,
                            flashcl_params *p, char *why, size_t why_size) {
     why[0] = '\0';
+    const char *refusal = variant_refusal(ctx, desc, variant);
+    if (refusal) {
+        snprintf(why, why_size, "%s", refusal);
+        return 0;
+    }
     /* The FP8 wgmma kernel has one shape, whatever the table says. */
     if (!strcmp(variant, "nv-wgmma-fp8")) {
-        if (!flashcl_nv_wgmma_fp8_eligible(ctx, desc)) {
-            snprintf(why, why_size, "it needs %s", FLASHCL_NV_WGMMA_FP8_NEEDS);
-            return 0;
-        }
         memset(p, 0, sizeof *p);
         p->variant = "nv-wgmma-fp8";
         p->block_m = 64;
@@ -517,21 +530,20 @@ int flashcl_variant_params(const flashcl_context *ctx, const flashcl_attention_d
     }
     /* The tensor-core variants' tiles are the architecture table's, where
      * one of its entries applies to the problem on this device. */
-    for (size_t i = 0; i < COUNT(builtin_arch); ++i) {
-        const flashcl_param_entry *e = &builtin_arch[i];
-        if (!strcmp(e->variant, variant) && flashcl_variant_is_nv(variant) && variant_applies(ctx, desc, variant) &&
-            class_match(e, desc) >= 0) {
-            entry_params(e, p);
-            p->source = "FLASHCL_PARAMS";
-            return 1;
+    if (flashcl_variant_is_nv(variant)) {
+        for (size_t i = 0; i < COUNT(builtin_arch); ++i) {
+            const flashcl_param_entry *e = &builtin_arch[i];
+            if (!strcmp(e->variant, variant) && class_match(e, desc) >= 0) {
+                entry_params(e, p);
+                p->source = "FLASHCL_PARAMS";
+                return 1;
+            }
         }
+        snprintf(why, why_size, "none of its built-in tile shapes is for this problem");
+        return 0;
     }
     if (strcmp(variant, "cpu") && strcmp(variant, "portable"))
         return 0;
-    if (!variant_applies(ctx, desc, variant)) { /* the cpu kernels on rusticl */
-        snprintf(why, why_size, "%s", FLASHCL_RUSTICL_NO_CPU);
-        return 0;
-    }
     entry_params(!strcmp(variant, "cpu") ? &builtin_type[0] : &builtin_global[desc->head_dim > 128], p);
     shrink_to_fit(ctx, desc->head_dim, p);
     /* Where not one row of the cpu kernel fits, shrink_to_fit takes the portable kernel: right
@@ -605,17 +617,10 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma, nv-wgmma-fp8)",
                             p.variant ? p.variant : "(null)");
-    if (!variant_applies(ctx, d, e->variant))
+    const char *refusal = variant_refusal(ctx, d, e->variant);
+    if (refusal)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
-                            !strcmp(e->variant, "nv-mma")
-                                ? "the nv-mma kernel does not apply here (NVIDIA sm_80+, f16/bf16, D 32..256)"
-                            : !strcmp(e->variant, "nv-wgmma")
-                                ? "the nv-wgmma kernel does not apply here (NVIDIA sm_90, f16/bf16, D 32..128)"
-                            : !strcmp(e->variant, "nv-wgmma-fp8")
-                                ? "the nv-wgmma-fp8 kernel does not apply here (" FLASHCL_NV_WGMMA_FP8_NEEDS ")"
-                            : !strcmp(e->variant, "cpu")
-                                ? FLASHCL_RUSTICL_NO_CPU
-                                : "the nv-tf32 kernel does not apply here (NVIDIA sm_80+, f32, D <= 128)");
+                            "the %s kernel does not apply here: %s", e->variant, refusal);
     p.variant = e->variant;
     if (!strcmp(e->variant, "portable"))
         p.work_group_size = p.block_m * p.threads_per_row;

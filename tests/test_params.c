@@ -936,6 +936,18 @@ static void test_named_variant_fits(void) {
     expect(flashcl_attention_params(ctx, &d, &p) == FLASHCL_SUCCESS && !strcmp(p.variant, "cpu"),
            "D=64 in 16 KB: FLASHCL_PARAMS=VARIANT=cpu is the cpu kernel", &failures);
     unsetenv("FLASHCL_PARAMS");
+    /* a tensor-core kernel named either way, off NVIDIA: both refusals say what it needs */
+    setenv("FLASHCL_PARAMS", "VARIANT=nv-mma", 1);
+    const flashcl_status by_env = flashcl_attention_params(ctx, &d, &p);
+    unsetenv("FLASHCL_PARAMS");
+    const int env_says = strstr(flashcl_last_error(ctx), "it needs NVIDIA sm_80+") != NULL;
+    flashcl_params mma = {64, 64, 0, 128, "nv-mma", NULL};
+    expect(by_env == FLASHCL_ERROR_INVALID_PARAMS && env_says &&
+               flashcl_set_params(ctx, &d, &mma) == FLASHCL_ERROR_INVALID_PARAMS &&
+               strstr(flashcl_last_error(ctx), "it needs NVIDIA sm_80+"),
+           "nv-mma off NVIDIA: FLASHCL_PARAMS and flashcl_set_params both refuse it, saying what "
+           "it needs",
+           &failures);
     /* on rusticl the cpu kernels are refused by name, and the message says why */
     ctx->info.is_rusticl = 1;
     flashcl_params cpu = p;
