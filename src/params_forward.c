@@ -319,13 +319,22 @@ static int class_match(const flashcl_param_entry *e, const flashcl_attention_des
            (e->head_dim_min > 1 || e->head_dim_max < 256);
 }
 
-/* Why kernel v does not apply to d on ctx's device (what it needs, or why it is not used there),
- * or NULL where it applies: the one text of both ways to name a kernel (FLASHCL_PARAMS and
+/* Why kernel v does not apply to d on ctx's device (what holds it off, else what it needs), or
+ * NULL where it applies: the one text of both ways to name a kernel (FLASHCL_PARAMS and
  * flashcl_set_params). */
 static const char *variant_refusal(const flashcl_context *ctx, const flashcl_attention_desc *d,
                                    const char *v) {
     if (!strcmp(v, "cpu"))
         return ctx->info.is_rusticl ? FLASHCL_RUSTICL_NO_CPU : NULL;
+    if (!flashcl_variant_is_nv(v))
+        return NULL;
+    const int wgmma = !strncmp(v, "nv-wgmma", 8);
+    if (flashcl_variant_forced("portable"))
+        return "FLASHCL_VARIANT=portable keeps the tensor-core kernels off";
+    if (wgmma && flashcl_variant_forced("nv-mma"))
+        return "FLASHCL_VARIANT=nv-mma keeps the warpgroup-MMA kernels off";
+    if (wgmma && ctx->no_sm90a)
+        return "sm_90a code failed to build on this context";
     if (!strcmp(v, "nv-mma"))
         return flashcl_nv_mma_eligible(ctx, d) ? NULL
                                                : "it needs NVIDIA sm_80+, f16/bf16, D 32..256";
@@ -335,15 +344,21 @@ static const char *variant_refusal(const flashcl_context *ctx, const flashcl_att
     if (!strcmp(v, "nv-wgmma-fp8"))
         return flashcl_nv_wgmma_fp8_eligible(ctx, d) ? NULL
                                                      : "it needs " FLASHCL_NV_WGMMA_FP8_NEEDS;
-    if (!strcmp(v, "nv-tf32"))
-        return flashcl_nv_tf32_eligible(ctx, d) ? NULL : "it needs NVIDIA sm_80+, f32, D <= 128";
-    return NULL;
+    return flashcl_nv_tf32_eligible(ctx, d) ? NULL : "it needs NVIDIA sm_80+, f32, D <= 128";
 }
 
-/* Whether kernel v may be chosen for d by default: it applies, and (the FP8 one) has not failed
- * to build on this context. A kernel named explicitly is tried again, its failure an error. */
+/* variant_refusal, or for the FP8 kernel once it failed to build on this context, that: what
+ * keeps a kernel from the lookup (defaults and flashcl_set_params's entries alike).
+ * FLASHCL_PARAMS names it past that and builds it again, a failure then an error. */
+static const char *stored_refusal(const flashcl_context *ctx, const flashcl_attention_desc *d,
+                                  const char *v) {
+    if (ctx->no_fp8_wgmma && !strcmp(v, "nv-wgmma-fp8"))
+        return "it failed to build on this context";
+    return variant_refusal(ctx, d, v);
+}
+
 static int variant_applies(const flashcl_context *ctx, const flashcl_attention_desc *d, const char *v) {
-    return v && !(ctx->no_fp8_wgmma && !strcmp(v, "nv-wgmma-fp8")) && !variant_refusal(ctx, d, v);
+    return v && !stored_refusal(ctx, d, v);
 }
 
 static void entry_params(const flashcl_param_entry *e, flashcl_params *p) {
@@ -617,7 +632,7 @@ static flashcl_status params_entry(flashcl_context *ctx, const flashcl_attention
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "unknown variant '%s' (portable, cpu, nv-mma, nv-tf32, nv-wgmma, nv-wgmma-fp8)",
                             p.variant ? p.variant : "(null)");
-    const char *refusal = variant_refusal(ctx, d, e->variant);
+    const char *refusal = stored_refusal(ctx, d, e->variant);
     if (refusal)
         return flashcl_fail(ctx, FLASHCL_ERROR_INVALID_PARAMS,
                             "the %s kernel does not apply here: %s", e->variant, refusal);

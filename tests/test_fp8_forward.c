@@ -174,7 +174,7 @@ static void run_fp8_case(flashcl_context *ctx, const char *where, const char *va
             qs[i] = c->boost;
         d.fp8.k_descale = ks = random_factors(&rng, hk * bk);
         for (size_t i = 0; c->k_boost > 0.0f && i < hk * bk; ++i)
-            if (i % bk * (size_t)c->block_rows >= 128)
+            if ((i % bk) * (size_t)c->block_rows >= 128) /* i % bk: the key block within (b, h) */
                 ks[i] = c->k_boost;
         d.fp8.v_descale = vs = random_factors(&rng, hk);
     }
