@@ -953,8 +953,10 @@ static void test_named_variant_fits(void) {
     /* a tensor-core kernel named either way off NVIDIA (an f16 problem it would take there):
      * both refusals say what it needs */
     const flashcl_attention_desc h = desc_of(FLASHCL_FLOAT16, 300, 64, 0);
+    ctx->info.nv_cc_major = ctx->info.nv_cc_minor = 0; /* the pretend CPU, on an NVIDIA GPU too */
+    flashcl_params by_env_p;
     setenv("FLASHCL_PARAMS", "VARIANT=nv-mma", 1);
-    const flashcl_status by_env = flashcl_attention_params(ctx, &h, &p);
+    const flashcl_status by_env = flashcl_attention_params(ctx, &h, &by_env_p);
     unsetenv("FLASHCL_PARAMS");
     const int env_says = strstr(flashcl_last_error(ctx), "it needs NVIDIA sm_80+") != NULL;
     flashcl_params mma = {64, 64, 0, 128, "nv-mma", NULL};
