@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # scripts/test-implementations.sh: the quick forward, backward, serving, speculative, FP8, error
 # and parameter tests and `flashcl check --cases 200` on each OpenCL implementation (CTest labels
-# impl-pocl, impl-intel, impl-rusticl), after scripts/setup-implementations.sh. Run by .ci/run; needs a configured build.
+# impl-pocl, impl-intel, impl-rusticl), after scripts/setup-implementations.sh. Run by .ci/run;
+# needs a configured build.
 #   scripts/test-implementations.sh [IMPL...]        (default: pocl intel rusticl)
 # An implementation whose device cannot be found prints one line "IMPL: NOT TESTED: ..." and
 # counts as a failure only with FLASHCL_REQUIRE_IMPLS=1; the summary names every one. A label
